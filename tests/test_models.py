@@ -1,0 +1,164 @@
+"""The DiT/SiT backbone: exact DiT parity, presets, CFG, save/load, bad input."""
+
+import pytest
+import torch
+
+from nala_dit.models import MODELS, DiT, count_flops, count_params, create_model, sincos_pos_embed_2d
+from tests.utils import TINY, assert_close
+
+# REFERENCE.md: learned σ, 1000 classes, 256 px (32×32 latents).
+PAPER_PARAMS = {
+    "S/2": 32.96e6, "S/4": 32.95e6, "S/8": 33.15e6,
+    "B/2": 130.51e6, "B/4": 130.48e6, "B/8": 130.88e6,
+    "L/2": 458.10e6, "L/4": 458.05e6, "L/8": 458.59e6,
+    "XL/2": 675_129_632, "XL/4": 675.07e6, "XL/8": 675.68e6,
+}
+
+
+@pytest.mark.parametrize("size", list(PAPER_PARAMS))
+def test_softmax_presets_have_the_paper_parameter_counts(size):
+    with torch.device("meta"):
+        model = MODELS[f"DiT-{size}"]()
+    n = count_params(model)
+    if size == "XL/2":
+        assert n == 675_129_632
+    else:  # the table gives 2 decimals in millions
+        assert abs(n - PAPER_PARAMS[size]) < 0.005e6, n
+
+
+def test_flops_match_the_paper_for_s2_and_b2():
+    # DiT paper Gflops are multiply-accumulates: 6.06 (S/2), 23.01 (B/2) at 256 px.
+    assert abs(count_flops(create_model("DiT-S/2")) / 2e9 - 6.06) < 0.01
+    assert abs(count_flops(create_model("DiT-B/2")) / 2e9 - 23.01) < 0.01
+
+
+def test_families_differ_in_one_argument():
+    with torch.device("meta"):
+        dit, nala, sit, nalasit = (MODELS[f"{f}-S/2"]() for f in ("DiT", "NaLaDiT", "SiT", "NaLaSiT"))
+    assert dit.config.attention == "softmax" and nala.config.attention == "nala"
+    assert dit.out_channels == 8 and sit.out_channels == 4 and nalasit.out_channels == 4
+    assert sit.config.objective == nalasit.config.objective == "transport"
+    assert dit.config.objective == "diffusion"
+    strip = lambda m: {k: v for k, v in m.config.items() if k != "attention"}
+    assert strip(dit) == strip(nala)
+
+
+def test_official_key_layout():
+    with torch.device("meta"):
+        keys = set(create_model("DiT-XL/2").state_dict())
+    for key in ["pos_embed", "x_embedder.proj.weight", "t_embedder.mlp.0.weight", "t_embedder.mlp.2.bias",
+                "y_embedder.embedding_table.weight", "blocks.0.attn.qkv.weight", "blocks.27.attn.proj.bias",
+                "blocks.3.mlp.fc1.weight", "blocks.3.mlp.fc2.weight", "blocks.0.adaLN_modulation.1.weight",
+                "final_layer.linear.weight", "final_layer.adaLN_modulation.1.bias"]:
+        assert key in keys, key
+    # pos_embed, x_embedder (2), t_embedder (4), y_embedder, 28 blocks × 10, final layer (4)
+    assert len(keys) == 1 + 2 + 4 + 1 + 28 * 10 + 4
+
+
+@pytest.mark.parametrize("name", ["DiT-T/2", "NaLaDiT-T/2", "SiT-T/2", "NaLaSiT-T/2"])
+def test_untrained_output_is_exactly_zero(name):
+    model = create_model(name, **{k: v for k, v in TINY.items() if k in ("input_size", "num_classes")})
+    x = torch.randn(3, 4, 8, 8)
+    out = model(x, torch.tensor([1.0, 500.0, 999.0]), torch.tensor([0, 3, 10]))
+    assert out.shape == (3, model.out_channels, 8, 8)
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def perturbed(**kw):
+    torch.manual_seed(0)
+    model = DiT(**{**TINY, **kw}).eval()
+    with torch.no_grad():  # break the zero init so outputs depend on the input
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def test_unpatchify_inverts_patchify_layout():
+    model = perturbed()
+    p, c = 2, model.out_channels
+    img = torch.arange(2 * c * 8 * 8, dtype=torch.float32).reshape(2, c, 8, 8)
+    tokens = img.reshape(2, c, 4, p, 4, p).permute(0, 2, 4, 3, 5, 1).reshape(2, 16, p * p * c)
+    assert torch.equal(model.unpatchify(tokens, 4, 4), img)
+
+
+@pytest.mark.parametrize("guide_channels", [None, 3])
+def test_cfg_equals_manual_two_pass(guide_channels):
+    model = perturbed()
+    x = torch.randn(2, 4, 8, 8)
+    t = torch.tensor([10.0, 10.0, 10.0, 10.0])
+    y = torch.tensor([1, 7, 10, 10])
+    xx = torch.cat([x, x])
+    out = model.forward_with_cfg(xx, t, y, cfg_scale=4.0, guide_channels=guide_channels)
+    cond = model(x, t[:2], y[:2])
+    uncond = model(x, t[2:], y[2:])
+    g = 4 if guide_channels is None else guide_channels
+    guided = uncond[:, :g] + 4.0 * (cond[:, :g] - uncond[:, :g])
+    assert_close("guided channels", guided, out[:2, :g], 1e-6)
+    assert_close("unguided channels", cond[:, g:], out[:2, g:], 1e-6)
+    assert torch.equal(out[:2, :g], out[2:, :g])
+
+
+@pytest.mark.parametrize("attention", ["softmax", "nala", "relu", "elu"])
+def test_save_load_round_trip_is_bit_exact(tmp_path, attention):
+    model = perturbed(attention=attention)
+    model.save_pretrained(tmp_path)
+    loaded = DiT.from_pretrained(tmp_path).eval()
+    assert not any(p.is_meta for p in loaded.parameters())
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([3.0, 700.0]), torch.tensor([2, 10])
+    assert torch.equal(model(x, t, y), loaded(x, t, y))
+    assert loaded.config.attention == attention
+
+
+def test_any_class_count_and_unconditional():
+    model = perturbed(num_classes=1, class_dropout_prob=0.0)
+    assert model.null_label is None and model.y_embedder.embedding_table.num_embeddings == 1
+    cond = perturbed(num_classes=37)
+    assert cond.null_label == 37 and cond.y_embedder.embedding_table.num_embeddings == 38
+
+
+def test_other_grid_sizes_use_their_own_position_table():
+    model = perturbed()
+    assert torch.equal(model.position_embedding(4, 4), model.pos_embed)
+    table = model.position_embedding(2, 6)
+    assert torch.equal(table[0], sincos_pos_embed_2d(32, 2, 6))
+    out = model(torch.randn(1, 4, 4, 12), torch.tensor([5.0]), torch.tensor([1]))
+    assert out.shape == (1, 8, 4, 12)
+
+
+def test_position_table_closed_form():
+    # Channel 0 of the first half is sin(col · 1) and of the second half sin(row · 1).
+    table = sincos_pos_embed_2d(16, 3, 5).reshape(3, 5, 16)
+    cols = torch.arange(5, dtype=torch.float32)
+    rows = torch.arange(3, dtype=torch.float32)
+    torch.testing.assert_close(table[1, :, 0], torch.sin(cols))
+    torch.testing.assert_close(table[:, 2, 8], torch.sin(rows))
+    torch.testing.assert_close(table[:, 2, 12], torch.cos(rows))
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = perturbed(attention="nala").train()
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([3.0, 7.0]), torch.tensor([2, 4])
+    torch.manual_seed(1)
+    g1 = torch.autograd.grad(model(x, t, y).square().sum(), list(model.parameters())[1:])
+    model.gradient_checkpointing = True
+    torch.manual_seed(1)
+    g2 = torch.autograd.grad(model(x, t, y).square().sum(), list(model.parameters())[1:])
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b)
+
+
+def test_bad_input_gives_clear_errors():
+    with pytest.raises(ValueError, match="unknown model 'DiT-Q/2'; choose one of"):
+        create_model("DiT-Q/2")
+    with pytest.raises(ValueError, match="attention must be one of"):
+        DiT(**{**TINY, "attention": "flash"})
+    with pytest.raises(ValueError, match="input_size=9 must be divisible by patch_size=2"):
+        DiT(**{**TINY, "input_size": 9})
+    with pytest.raises(ValueError, match="num_heads=3 must divide hidden_size=32"):
+        DiT(**{**TINY, "num_heads": 3})
+    model = perturbed()
+    with pytest.raises(ValueError, match="must be divisible by patch_size=2"):
+        model(torch.randn(1, 4, 7, 8), torch.tensor([1.0]), torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"x must be \(B, 4, H, W\)"):
+        model(torch.randn(1, 3, 8, 8), torch.tensor([1.0]), torch.tensor([1]))
