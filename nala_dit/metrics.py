@@ -1,0 +1,648 @@
+"""Sample-quality metrics: FID, sFID, IS, precision/recall, KID, and their inputs.
+
+The numbers papers quote come from ADM's evaluator (openai/guided-diffusion,
+`evaluations/evaluator.py`, TensorFlow). We follow its definitions with
+torch-fidelity's PyTorch port of the same Inception graph ("inception-v3-compat"):
+
+- FID: Frechet distance of pool_3 (2048-d) Gaussians;
+- sFID: the same on the first 7 channels of `mixed_6/conv` = `Mixed_6d.branch1x1`
+  (192x17x17 after BN+ReLU), flattened in ADM's NHWC order (2023-d);
+- IS: softmax of the bias-free logits, 5000-image splits, no shuffling;
+- precision/recall: k = 3 nearest-neighbour manifolds (Kynkaanniemi et al.).
+
+Scores from another Inception port are not interchangeable, so every output records
+the extractor and its weights file. The `digits` extractor is a small CNN for the
+embedded 8x8 digits (see `nala_dit.digits`); its scores are not comparable to
+Inception FID.
+
+Layout: statistics (pure numpy/torch functions), feature extractors with one
+interface `extract(uint8 NCHW batch) -> dict`, streaming input readers, and the
+`reference_statistics` / `calc_metrics` pipeline used by `evaluate_fid.py`.
+"""
+
+import hashlib
+import json
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import scipy.linalg
+import torch
+
+INCEPTION_NAME = "inception-v3-compat"
+INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
+DIGITS_NAME = "digits-classifier"
+FEATURE_CHOICES = ("inception", "digits")
+DIGITS_NOTE = "digits-classifier scores are not comparable to Inception FID"
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+SFID_CHANNELS = 7  # ADM keeps mixed_6/conv[..., :7]: 17 * 17 * 7 = 2023 features
+
+
+# Statistics.
+
+
+def feature_statistics(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean (D,) and unbiased covariance (D, D) in float64, as ADM and torch-fidelity."""
+    features = np.asarray(features, dtype=np.float64)
+    return features.mean(axis=0), np.cov(features, rowvar=False)
+
+
+def frechet_distance(mu1, sigma1, mu2, sigma2, eps: float = 1e-6) -> float:
+    """||mu1 - mu2||^2 + Tr(S1 + S2 - 2 (S1 S2)^(1/2)) in float64.
+
+    Follows ADM's `FIDStatistics.frechet_distance` (TTUR): scipy's sqrtm of the
+    product, retried with eps on the diagonals when the product is singular, and
+    the real part kept when round-off leaves a small imaginary one. If sqrtm still
+    fails we use torch-fidelity's route, Tr sqrt(S1 S2) = sum sqrt(eig(S1 S2)),
+    which is exact in theory (the product of two PSD matrices has real,
+    non-negative eigenvalues) and never fails.
+    """
+    mu1, mu2 = (np.atleast_1d(np.asarray(m, dtype=np.float64)) for m in (mu1, mu2))
+    sigma1, sigma2 = (np.atleast_2d(np.asarray(s, dtype=np.float64)) for s in (sigma1, sigma2))
+    if mu1.shape != mu2.shape or sigma1.shape != sigma2.shape:
+        raise ValueError(f"shape mismatch: mu {mu1.shape} vs {mu2.shape}, sigma {sigma1.shape} vs {sigma2.shape}")
+    diff = mu1 - mu2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sqrtm warns on near-singular input; we check the result
+        covmean = scipy.linalg.sqrtm(sigma1 @ sigma2)
+        if not np.isfinite(covmean).all():
+            offset = np.eye(sigma1.shape[0]) * eps
+            covmean = scipy.linalg.sqrtm((sigma1 + offset) @ (sigma2 + offset))
+    if np.isfinite(covmean).all() and np.allclose(np.diagonal(covmean).imag, 0, atol=1e-3):
+        tr_covmean = float(np.trace(covmean.real))
+    else:
+        eig = np.linalg.eigvals(sigma1 @ sigma2).astype(np.complex128)
+        tr_covmean = float(np.sqrt(eig).real.sum())
+    return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2.0 * tr_covmean)
+
+
+def inception_score(
+    logits_or_probs: np.ndarray, split_size: int = 5000, from_logits: bool = True
+) -> tuple[float, float]:
+    """(mean, std) of exp(E_x KL(p(y|x) || p(y))) over consecutive splits.
+
+    ADM's `compute_inception_score`: splits of `split_size` images in the given
+    order (no shuffling; torch-fidelity shuffles by default), the last split may
+    be shorter. Pass probabilities with `from_logits=False`.
+    """
+    x = torch.as_tensor(np.asarray(logits_or_probs), dtype=torch.float64)
+    log_p = torch.log_softmax(x, dim=1) if from_logits else torch.log(x.clamp_min(1e-30))
+    p = log_p.exp()
+    scores = []
+    for start in range(0, len(x), split_size):
+        p_part, log_p_part = p[start : start + split_size], log_p[start : start + split_size]
+        log_marginal = torch.log(p_part.mean(0, keepdim=True))
+        kl = (p_part * (log_p_part - log_marginal)).sum(1).mean()
+        scores.append(float(kl.exp()))
+    return float(np.mean(scores)), float(np.std(scores))
+
+
+def _pairwise_sq_dists(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # Squared Euclidean distances via the expansion, clamped at 0 as ADM's DistanceBlock.
+    d = a.pow(2).sum(1, keepdim=True) - 2.0 * (a @ b.T) + b.pow(2).sum(1)[None]
+    return d.clamp_min_(0.0)
+
+
+def manifold_radii(features, k: int = 3, batch_size: int = 4096) -> torch.Tensor:
+    """Squared distance of each point to its k-th nearest neighbour (self excluded).
+
+    Distances are computed in (batch_size x batch_size) blocks with a running
+    top-(k+1), so memory stays O(batch_size^2) whatever the number of points.
+    Index k of the sorted row skips the point itself at distance 0, as ADM's
+    `ManifoldEstimator.manifold_radii` (nhood_sizes=(3,)).
+    """
+    x = torch.as_tensor(np.asarray(features), dtype=torch.float32)
+    if len(x) <= k:
+        raise ValueError(f"need more than k={k} points to estimate a manifold, got {len(x)}")
+    radii = torch.empty(len(x))
+    for r in range(0, len(x), batch_size):
+        rows = x[r : r + batch_size]
+        best = None
+        for c in range(0, len(x), batch_size):
+            d = _pairwise_sq_dists(rows, x[c : c + batch_size])
+            cand = d if best is None else torch.cat([best, d], dim=1)
+            best = cand.topk(min(k + 1, cand.shape[1]), dim=1, largest=False).values
+        radii[r : r + batch_size] = best[:, k]
+    return radii
+
+
+def precision_recall(real_feats, fake_feats, k: int = 3, batch_size: int = 4096) -> tuple[float, float]:
+    """Improved precision and recall (Kynkaanniemi et al. 2019) as in ADM's evaluator.
+
+    precision: share of fake points inside some real point's k-NN ball;
+    recall: share of real points inside some fake point's k-NN ball.
+    Distances are float32 (ADM tries float16 first, then float32).
+    """
+    real = torch.as_tensor(np.asarray(real_feats), dtype=torch.float32)
+    fake = torch.as_tensor(np.asarray(fake_feats), dtype=torch.float32)
+    real_radii = manifold_radii(real, k, batch_size)
+    fake_radii = manifold_radii(fake, k, batch_size)
+    fake_in = torch.zeros(len(fake), dtype=torch.bool)
+    real_in = torch.zeros(len(real), dtype=torch.bool)
+    for i in range(0, len(real), batch_size):
+        for j in range(0, len(fake), batch_size):
+            d = _pairwise_sq_dists(real[i : i + batch_size], fake[j : j + batch_size])  # (Br, Bf)
+            fake_in[j : j + batch_size] |= (d <= real_radii[i : i + batch_size, None]).any(0)
+            real_in[i : i + batch_size] |= (d <= fake_radii[None, j : j + batch_size]).any(1)
+    return float(fake_in.float().mean()), float(real_in.float().mean())
+
+
+def kid(
+    real_feats, fake_feats, subsets: int = 100, subset_size: int = 1000, degree: int = 3, seed: int = 0
+) -> tuple[float, float]:
+    """Kernel Inception Distance (Binkowski et al. 2018), torch-fidelity's defaults.
+
+    Unbiased MMD^2 with the cubic polynomial kernel (x.y / D + 1)^3, averaged over
+    `subsets` random subsets of min(subset_size, N_real, N_fake) points each.
+    """
+    real = np.asarray(real_feats, dtype=np.float64)
+    fake = np.asarray(fake_feats, dtype=np.float64)
+    m = min(subset_size, len(real), len(fake))
+    if m < 2:
+        raise ValueError("KID needs at least 2 samples in each set")
+    rng = np.random.RandomState(seed)
+    dim = real.shape[1]
+
+    def kernel(a, b):
+        return (a @ b.T / dim + 1.0) ** degree
+
+    values = []
+    for _ in range(subsets):
+        x = real[rng.choice(len(real), m, replace=False)]
+        y = fake[rng.choice(len(fake), m, replace=False)]
+        k_xx, k_yy, k_xy = kernel(x, x), kernel(y, y), kernel(x, y)
+        within = (k_xx.sum() - np.trace(k_xx) + k_yy.sum() - np.trace(k_yy)) / (m * (m - 1))
+        values.append(within - 2.0 * k_xy.mean())
+    return float(np.mean(values)), float(np.std(values))
+
+
+def class_consistency(logits, labels) -> float:
+    """Share of samples the classifier assigns to their conditioning label."""
+    return float((np.asarray(logits).argmax(1) == np.asarray(labels)).mean())
+
+
+# Feature extractors: `extract(uint8 (B, C, H, W)) -> {"pool", "logits"[, "spatial"]}`.
+
+
+class MissingWeightsError(FileNotFoundError):
+    """The Inception weights are not on disk; the message says what to fetch."""
+
+
+def default_inception_weights_path() -> Path:
+    # torch-fidelity downloads with torch.hub.load_state_dict_from_url, which caches
+    # in <torch hub dir>/checkpoints/<file name>.
+    return Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_WEIGHTS_FILE
+
+
+def find_inception_weights(path: str | Path | None = None) -> Path:
+    """The weights file to use: `path` if given, else torch-fidelity's cache; never downloads."""
+    if path is not None:
+        path = Path(path)
+        if path.is_file():
+            return path
+        where = f"--inception-weights {path} does not exist."
+    else:
+        path = default_inception_weights_path()
+        if path.is_file():
+            return path
+        where = "No --inception-weights given and torch-fidelity's cache has no copy."
+    from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
+
+    raise MissingWeightsError(
+        f"Inception weights not found. {where}\n"
+        f"Needed file: {INCEPTION_WEIGHTS_FILE}\n"
+        f"Download it on a machine with internet from:\n  {URL_INCEPTION_V3}\n"
+        f"and either put it in {default_inception_weights_path().parent}/ "
+        f"or pass --inception-weights /path/to/{INCEPTION_WEIGHTS_FILE}"
+    )
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class InceptionExtractor:
+    """torch-fidelity's Inception-v3 port: pool (2048), bias-free logits (1008) and
+    sFID spatial features (2023) from one forward pass."""
+
+    name = INCEPTION_NAME
+
+    def __init__(self, weights_path: str | Path | None = None, device: str = "cpu"):
+        from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+        self.weights_file = find_inception_weights(weights_path).resolve()
+        self.device = torch.device(device)
+        # "logits_unbiased" = pool @ fc.weight.T, no bias: what ADM's softmax graph uses.
+        self.model = FeatureExtractorInceptionV3(
+            INCEPTION_NAME, ["2048", "logits_unbiased"], feature_extractor_weights_path=str(self.weights_file)
+        ).to(self.device)
+        self._spatial = None
+        # Mixed_6d.branch1x1 is BasicConv2d (conv, BN, ReLU): its output is ADM's mixed_6/conv.
+        self.model.Mixed_6d.branch1x1.register_forward_hook(self._keep_spatial)
+
+    def _keep_spatial(self, module, inputs, output):
+        self._spatial = output
+
+    def describe(self) -> dict:
+        return {"extractor": self.name, "weights_file": str(self.weights_file), "weights_sha256": _file_sha256(self.weights_file)}
+
+    @torch.no_grad()
+    def extract(self, images: torch.Tensor) -> dict[str, np.ndarray]:
+        if images.shape[1] == 1:
+            images = images.expand(-1, 3, -1, -1)  # grayscale -> RGB, as PIL's convert("RGB")
+        pool, logits = self.model(images.to(self.device))
+        s = self._spatial[:, :SFID_CHANNELS]  # (B, 7, 17, 17)
+        spatial = s.permute(0, 2, 3, 1).reshape(len(s), -1)  # NHWC flatten as ADM: (B, 2023)
+        self._spatial = None
+        return {
+            "pool": pool.float().cpu().numpy(),
+            "logits": logits.float().cpu().numpy(),
+            "spatial": spatial.float().cpu().numpy(),
+        }
+
+
+class DigitsExtractor:
+    """The embedded digits classifier: penultimate features (128) and logits (10)."""
+
+    name = DIGITS_NAME
+
+    def __init__(self, classifier_dir: str | Path | None = None, device: str = "cpu"):
+        from nala_dit.digits import CLASSIFIER_DIR, load_digits_classifier
+
+        self.device = torch.device(device)
+        model, self.info = load_digits_classifier(classifier_dir or CLASSIFIER_DIR)
+        self.model = model.to(self.device)
+
+    def describe(self) -> dict:
+        return {
+            "extractor": self.name,
+            "weights_file": self.info["weights_file"],
+            "classifier_heldout_accuracy": self.info["heldout_accuracy"],
+            "note": DIGITS_NOTE,
+        }
+
+    @torch.no_grad()
+    def extract(self, images: torch.Tensor) -> dict[str, np.ndarray]:
+        from nala_dit.digits import digits_to_input
+
+        feats, logits = self.model(digits_to_input(images.to(self.device)))
+        return {"pool": feats.cpu().numpy(), "logits": logits.cpu().numpy()}
+
+
+def build_extractor(
+    features: str = "inception",
+    device: str = "cpu",
+    inception_weights: str | Path | None = None,
+    digits_classifier_dir: str | Path | None = None,
+):
+    if features == "inception":
+        return InceptionExtractor(inception_weights, device)
+    if features == "digits":
+        return DigitsExtractor(digits_classifier_dir, device)
+    raise ValueError(f"features must be one of {FEATURE_CHOICES}, got {features!r}")
+
+
+# Streaming inputs: every reader yields uint8 NHWC numpy batches.
+
+
+def _npy_member(zip_f: zipfile.ZipFile, name: str) -> str:
+    member = f"{name}.npy"
+    if member not in zip_f.namelist():
+        raise KeyError(f"{zip_f.filename} has no array {name!r} (members: {zip_f.namelist()})")
+    return member
+
+
+def _read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(f)
+    raise ValueError(f"unsupported .npy format version {version}")
+
+
+def npz_array_shape(path: str | Path, name: str = "arr_0") -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of one array inside an .npz, from its header only."""
+    with zipfile.ZipFile(path) as zip_f, zip_f.open(_npy_member(zip_f, name)) as f:
+        shape, _, dtype = _read_npy_header(f)
+    return shape, dtype
+
+
+def iter_npz_array(path: str | Path, name: str = "arr_0", batch_size: int = 250) -> Iterator[np.ndarray]:
+    """Yield `name` from an .npz in batches along axis 0 without loading it whole.
+
+    An .npz is a zip of .npy files, so np.load's mmap_mode does not apply; as in
+    ADM's `StreamingNpzArrayReader` we read the .npy header from the zip member and
+    then exactly one batch of raw bytes at a time (works for stored and deflated
+    members alike).
+    """
+    with zipfile.ZipFile(path) as zip_f, zip_f.open(_npy_member(zip_f, name)) as f:
+        shape, fortran_order, dtype = _read_npy_header(f)
+        if fortran_order or dtype.hasobject:
+            raise ValueError(f"{path}:{name} must be a C-ordered plain array to stream it")
+        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        for start in range(0, shape[0], batch_size):
+            count = min(batch_size, shape[0] - start)
+            data = f.read(count * row_bytes)
+            if len(data) != count * row_bytes:
+                raise ValueError(f"{path}:{name} is truncated")
+            yield np.frombuffer(data, dtype=dtype).reshape(count, *shape[1:])
+
+
+def npz_has(path: str | Path, name: str) -> bool:
+    with zipfile.ZipFile(path) as zip_f:
+        return f"{name}.npy" in zip_f.namelist()
+
+
+def list_image_files(folder: str | Path) -> list[Path]:
+    """Image files under `folder`, recursive, sorted by path for a stable order."""
+    files = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+    if not files:
+        raise FileNotFoundError(f"no {'/'.join(IMAGE_EXTENSIONS)} images under {folder}")
+    return files
+
+
+class _ImageFiles(torch.utils.data.Dataset):
+    def __init__(self, files: list[Path]):
+        self.files = files
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        with Image.open(self.files[i]) as img:
+            gray = img.mode in ("1", "L", "I", "I;16", "F")
+            arr = np.asarray(img.convert("L" if gray else "RGB"))
+        return torch.from_numpy(arr[..., None] if gray else arr)  # (H, W, C)
+
+
+def _collate_images(items: list[torch.Tensor]) -> np.ndarray:
+    if len({tuple(x.shape[:2]) for x in items}) > 1:
+        raise ValueError("all images in a folder must have the same size")
+    if len({x.shape[2] for x in items}) > 1:  # mixed gray and colour: promote to RGB
+        items = [x.expand(-1, -1, 3) for x in items]
+    return torch.stack(items).numpy()
+
+
+def iter_image_folder(folder: str | Path, batch_size: int = 250, num_workers: int = 0) -> Iterator[np.ndarray]:
+    loader = torch.utils.data.DataLoader(
+        _ImageFiles(list_image_files(folder)), batch_size=batch_size, num_workers=num_workers, collate_fn=_collate_images
+    )
+    yield from loader
+
+
+def iter_images(path: str | Path, batch_size: int = 250, num_workers: int = 0) -> Iterator[np.ndarray]:
+    """uint8 NHWC batches from an image folder or an ADM .npz (`arr_0`)."""
+    path = Path(path)
+    if path.is_dir():
+        yield from iter_image_folder(path, batch_size, num_workers)
+        return
+    if path.suffix != ".npz":
+        raise ValueError(f"{path}: expected an image folder or an .npz with arr_0")
+    for batch in iter_npz_array(path, "arr_0", batch_size):
+        if batch.dtype != np.uint8:
+            raise ValueError(f"{path}: arr_0 must be uint8 NHWC, got {batch.dtype}")
+        yield batch[..., None] if batch.ndim == 3 else batch
+
+
+def sidecar_path(path: str | Path) -> Path | None:
+    """Metadata json beside the samples: `<samples>.json` (e.g. samples.npz.json),
+    else the same name with .json instead of the suffix (samples.json)."""
+    path = Path(path)
+    for candidate in (Path(str(path) + ".json"), path.with_suffix(".json")):
+        if candidate != path and candidate.is_file():
+            return candidate
+    return None
+
+
+def read_sidecar(path: str | Path) -> dict | None:
+    found = sidecar_path(path)
+    return json.loads(found.read_text()) if found else None
+
+
+def read_labels(path: str | Path) -> np.ndarray | None:
+    """Class labels of the samples: `arr_1` of an .npz, else the sidecar's "labels"."""
+    path = Path(path)
+    if path.suffix == ".npz" and npz_has(path, "arr_1"):
+        with np.load(path, allow_pickle=False) as data:
+            return data["arr_1"].astype(np.int64)
+    meta = read_sidecar(path)
+    if meta and meta.get("labels") is not None:
+        return np.asarray(meta["labels"], dtype=np.int64)
+    return None
+
+
+# Pipeline: features -> reference statistics -> metrics.
+
+
+def compute_features(extractor, batches) -> dict[str, np.ndarray]:
+    """Run `extractor` over uint8 NHWC batches; concatenated float32 features by name."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for batch in batches:
+        images = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2)  # (B, C, H, W)
+        for key, value in extractor.extract(images).items():
+            parts.setdefault(key, []).append(value)
+    if not parts:
+        raise ValueError("no images found")
+    return {key: np.concatenate(value) for key, value in parts.items()}
+
+
+def reference_statistics(features: dict[str, np.ndarray], describe: dict) -> dict[str, np.ndarray]:
+    """Arrays for a reference .npz: ADM's mu, sigma (and mu_s, sigma_s for Inception)
+    plus the pool features for precision/recall and the extractor's record."""
+    mu, sigma = feature_statistics(features["pool"])
+    stats = {"mu": mu, "sigma": sigma, "pool": features["pool"].astype(np.float32)}
+    if "spatial" in features:
+        stats["mu_s"], stats["sigma_s"] = feature_statistics(features["spatial"])
+    stats["num_images"] = np.array(len(features["pool"]))
+    stats["extractor"] = np.array(describe["extractor"])
+    stats["weights_file"] = np.array(describe["weights_file"])
+    return stats
+
+
+def save_reference(path: str | Path, stats: dict[str, np.ndarray]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **stats)
+
+
+def load_reference(path: str | Path) -> dict:
+    """A reference .npz: ours, or an ADM reference batch (arr_0 + mu, sigma, mu_s, sigma_s).
+
+    Statistics come back as float64 (ADM stores float64, torch-fidelity needs
+    equal dtypes); large arrays (arr_0) are not loaded, only flagged.
+    """
+    ref = {}
+    with np.load(path, allow_pickle=False) as data:
+        for key in data.files:
+            if key in ("mu", "sigma", "mu_s", "sigma_s"):
+                ref[key] = data[key].astype(np.float64)
+            elif key == "pool":
+                ref[key] = data[key]
+            elif key in ("extractor", "weights_file"):
+                ref[key] = str(data[key])
+            elif key == "num_images":
+                ref[key] = int(data[key])
+        ref["has_images"] = "arr_0" in data.files
+    return ref
+
+
+def calc_metrics(
+    samples: dict[str, np.ndarray],
+    ref: dict,
+    extractor_name: str,
+    labels: np.ndarray | None = None,
+    with_kid: bool = False,
+    split_size: int = 5000,
+) -> dict[str, float]:
+    """Scores of sample features against a loaded reference (see `load_reference`).
+
+    Inception: fid, sfid, inception_score(_std), precision, recall[, kid(_std)].
+    Digits: fd_digits, precision_digits, recall_digits[, kid_digits(_std)],
+    class_consistency when labels are given.
+    """
+    out: dict[str, float] = {}
+    suffix = "" if extractor_name == INCEPTION_NAME else "_digits"
+    mu, sigma = feature_statistics(samples["pool"])
+    fd_name = "fid" if extractor_name == INCEPTION_NAME else "fd_digits"
+    out[fd_name] = frechet_distance(mu, sigma, ref["mu"], ref["sigma"])
+    if "spatial" in samples and "mu_s" in ref:
+        mu_s, sigma_s = feature_statistics(samples["spatial"])
+        out["sfid"] = frechet_distance(mu_s, sigma_s, ref["mu_s"], ref["sigma_s"])
+    if extractor_name == INCEPTION_NAME:
+        out["inception_score"], out["inception_score_std"] = inception_score(samples["logits"], split_size)
+    if "pool" in ref:
+        out["precision" + suffix], out["recall" + suffix] = precision_recall(ref["pool"], samples["pool"])
+        if with_kid:
+            out["kid" + suffix], out["kid" + suffix + "_std"] = kid(ref["pool"], samples["pool"])
+    if labels is not None and extractor_name == DIGITS_NAME:
+        if len(labels) != len(samples["logits"]):
+            raise ValueError(f"{len(labels)} labels for {len(samples['logits'])} samples")
+        out["class_consistency"] = class_consistency(samples["logits"], labels)
+    return out
+
+
+# What `evaluate_fid.py ref` and `calc` do, callable without the CLI.
+
+DATASETS = ("digits-train", "digits-heldout")
+
+
+def iter_dataset(name: str, batch_size: int = 250) -> Iterator[np.ndarray]:
+    """uint8 NHWC batches of an embedded dataset (see `nala_dit.digits`)."""
+    from nala_dit.digits import load_digits_split
+
+    if name not in DATASETS:
+        raise ValueError(f"dataset must be one of {DATASETS}, got {name!r}")
+    images, _ = load_digits_split(name.removeprefix("digits-"))
+    for start in range(0, len(images), batch_size):
+        yield images[start : start + batch_size, :, :, None]
+
+
+def make_reference(
+    out: str | Path,
+    data: str | Path | None = None,
+    dataset: str | None = None,
+    features: str = "inception",
+    batch_size: int = 250,
+    device: str = "cpu",
+    num_workers: int = 0,
+    inception_weights: str | Path | None = None,
+    digits_classifier_dir: str | Path | None = None,
+) -> dict:
+    """Extract features of a folder/.npz (`data`) or an embedded `dataset` and save
+    reference statistics to `out`. Returns a summary dict."""
+    if (data is None) == (dataset is None):
+        raise ValueError("give exactly one of data (folder or .npz) and dataset")
+    extractor = build_extractor(features, device, inception_weights, digits_classifier_dir)
+    batches = iter_dataset(dataset, batch_size) if dataset else iter_images(data, batch_size, num_workers)
+    feats = compute_features(extractor, batches)
+    describe = extractor.describe()
+    save_reference(out, reference_statistics(feats, describe))
+    return {"out": str(out), "source": str(data or dataset), "num_images": len(feats["pool"]), **describe}
+
+
+def evaluate_samples(
+    samples: str | Path,
+    ref: str | Path,
+    features: str | None = None,
+    with_kid: bool = False,
+    batch_size: int = 250,
+    device: str = "cpu",
+    num_workers: int = 0,
+    inception_weights: str | Path | None = None,
+    digits_classifier_dir: str | Path | None = None,
+    split_size: int = 5000,
+) -> dict:
+    """Score a folder/.npz of samples against a reference .npz; the JSON-able result.
+
+    The extractor defaults to the one recorded in the reference; asking for a
+    different one is an error, since features from two networks cannot be compared.
+    An ADM reference batch (arr_0 + statistics, no pool features) gets its pool
+    features computed from arr_0 for precision/recall, as ADM's evaluator does.
+    """
+    reference = load_reference(ref)
+    recorded = reference.get("extractor")
+    if features is None:
+        features = "digits" if recorded == DIGITS_NAME else "inception"
+    extractor = build_extractor(features, device, inception_weights, digits_classifier_dir)
+    if recorded is not None and recorded != extractor.name:
+        raise ValueError(f"{ref} holds {recorded} statistics; cannot score with {extractor.name} features")
+    if reference["has_images"] and ("pool" not in reference or "mu" not in reference):
+        ref_feats = compute_features(extractor, iter_images(ref, batch_size))
+        computed = reference_statistics(ref_feats, extractor.describe())
+        for key in ("mu", "sigma", "mu_s", "sigma_s", "pool"):
+            if key in computed:
+                reference.setdefault(key, computed[key])
+    if "mu" not in reference:
+        raise ValueError(f"{ref} has neither statistics (mu, sigma) nor images (arr_0)")
+
+    sample_feats = compute_features(extractor, iter_images(samples, batch_size, num_workers))
+    labels = read_labels(samples)
+    metrics = calc_metrics(sample_feats, reference, extractor.name, labels, with_kid, split_size)
+    result = {
+        "metrics": metrics,
+        "num_samples": len(sample_feats["pool"]),
+        "samples": str(samples),
+        "reference": str(ref),
+        "reference_extractor": recorded or "unrecorded (e.g. an ADM reference batch: TensorFlow Inception)",
+        "reference_num_images": reference.get("num_images"),
+        **extractor.describe(),
+        "sampler": read_sidecar(samples),
+    }
+    return result
+
+
+METRIC_TITLES = {
+    "fid": "FID",
+    "sfid": "sFID",
+    "inception_score": "Inception Score",
+    "precision": "Precision",
+    "recall": "Recall",
+    "kid": "KID",
+    "fd_digits": "Frechet distance (digits classifier)",
+    "precision_digits": "Precision (digits classifier)",
+    "recall_digits": "Recall (digits classifier)",
+    "kid_digits": "KID (digits classifier)",
+    "class_consistency": "Class consistency",
+}
+
+
+def format_table(result: dict) -> str:
+    """Plain-text table of a result from `evaluate_samples`."""
+    metrics = result["metrics"]
+    rows = [(title, metrics[key]) for key, title in METRIC_TITLES.items() if key in metrics]
+    width = max(len(title) for title, _ in rows)
+    lines = [f"{title:<{width}}  {value:.6g}" for title, value in rows]
+    lines.append(f"{'samples':<{width}}  {result['num_samples']}")
+    lines.append(f"{'extractor':<{width}}  {result['extractor']} ({result['weights_file']})")
+    if result["extractor"] == DIGITS_NAME:
+        lines.append(f"note: {DIGITS_NOTE}")
+    return "\n".join(lines)

@@ -1,0 +1,53 @@
+"""Shared pytest fixtures. Session-scoped fixtures build expensive offline assets once."""
+
+import numpy as np
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def inception_weights(tmp_path_factory):
+    """A torch-fidelity Inception-v3 weights file with random but well-scaled weights.
+
+    The real file cannot be downloaded here. torch-fidelity's default init leaves
+    dead features (FID 0, IS 1), so convs get N(0, 2/fan_in) (He) and the fc layer
+    N(0, 1/fan_in). About 95 MB in a temp dir: never commit it.
+    """
+    from unittest import mock
+
+    import torch_fidelity.feature_extractor_inceptionv3 as tfi
+
+    with mock.patch.object(tfi, "load_state_dict_from_url", lambda *a, **k: None), \
+            mock.patch.object(tfi.FeatureExtractorInceptionV3, "load_state_dict", lambda self, sd: None):
+        model = tfi.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+                fan_in = module.weight[0].numel()
+                std = (2.0 / fan_in) ** 0.5 if isinstance(module, torch.nn.Conv2d) else (1.0 / fan_in) ** 0.5
+                module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * std)
+    path = tmp_path_factory.mktemp("inception") / "weights-inception-2015-12-05-6726825d.pth"
+    torch.save(model.state_dict(), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def digits_classifier_dir(tmp_path_factory):
+    """The digits classifier, trained once per session (a few seconds on CPU)."""
+    from nala_dit.digits import train_digits_classifier
+
+    out = tmp_path_factory.mktemp("digits_classifier")
+    train_digits_classifier(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def image_sets():
+    """Two visibly different sets of 12 uint8 NHWC 32x32 RGB images: smooth dark
+    gradients with noise (a) and bright random blocks (b)."""
+    rng = np.random.default_rng(0)
+    ramp = np.linspace(0, 1, 32)[None, :, None, None] * np.linspace(0, 1, 32)[None, None, :, None]
+    a = 40 + 120 * ramp * rng.uniform(0.5, 1.0, (12, 1, 1, 3)) + rng.normal(0, 8, (12, 32, 32, 3))
+    blocks = rng.uniform(120, 255, (12, 4, 4, 3)).repeat(8, axis=1).repeat(8, axis=2)
+    return {"a": np.clip(a, 0, 255).astype(np.uint8), "b": blocks.astype(np.uint8)}
