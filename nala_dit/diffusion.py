@@ -301,13 +301,18 @@ class GaussianDiffusion:
 
     def ddim_step(self, model_fn, x, t, y, noise=None, eta=0.0, clip_denoised=False):
         """One DDIM step x_t -> x_{t-1} (Song 2021, eq. 12); ``noise`` unused if eta == 0."""
-        out = self.p_mean_variance(model_fn, x, t, y, clip_denoised=clip_denoised)
-        # Re-derive eps from the (possibly clipped) x_0 so both stay consistent.
-        eps = self.predict_eps_from_xstart(x, t, out["pred_xstart"])
+        # DDIM needs eps only: any variance channels of the output are ignored.
+        eps = model_fn(x, self.model_timesteps(t), y)[:, :x.shape[1]]
+        pred_xstart = self.predict_xstart_from_eps(x, t, eps)
+        if clip_denoised:
+            pred_xstart = pred_xstart.clamp(-1, 1)
+            # Re-derive eps from the clipped x_0 so both stay consistent.
+            eps = self.predict_eps_from_xstart(x, t, pred_xstart)
+        out = {"pred_xstart": pred_xstart, "eps": eps}
         abar = _gather(self.alphas_cumprod, t, x)
         abar_prev = _gather(self.alphas_cumprod_prev, t, x)
         sigma = eta * torch.sqrt((1 - abar_prev) / (1 - abar)) * torch.sqrt(1 - abar / abar_prev)
-        mean = abar_prev.sqrt() * out["pred_xstart"] + torch.sqrt(1 - abar_prev - sigma ** 2) * eps
+        mean = abar_prev.sqrt() * pred_xstart + torch.sqrt(1 - abar_prev - sigma ** 2) * eps
         if eta == 0:
             return mean, out
         nonzero = (t != 0).to(x.dtype).reshape(-1, *([1] * (x.ndim - 1)))

@@ -28,7 +28,7 @@ where D_t >= 0 is the "diffusion form" (SiT's ``compute_diffusion``, which SiT c
 w_t); every choice keeps the marginals p_t.
 
 Likelihood (SiT sec. 3, FFJORD): along the ODE, d log p_t(x_t)/dt = -div v(x_t, t), so
-    log p_1(x) = log N(x_0; 0, I) + int_0^1 div v(x_t, t) dt   (integrated from t=1 to 0)
+    log p_1(x) = log N(x_0; 0, I) - int_0^1 div v(x_t, t) dt   (integrated from t=1 to 0)
 with div v estimated by Hutchinson, E_z[z^T (dv/dx) z], z Gaussian or Rademacher.
 
 Endpoint handling follows SiT's ``create_transport``/``check_interval``: velocity models
@@ -272,8 +272,8 @@ class Transport:
         """Bits/dim of data x1 by the augmented probability-flow ODE (see module doc).
 
         Integrates (x, delta) from t1 (data) down to t0 (noise) with
-        d delta / dt = div v; then log p(x1) = log N(x_t0; 0, I) - delta(t0) (delta
-        accumulates in the backward direction, hence the sign).  One Hutchinson probe
+        d delta / dt = div v, so delta(t0) = -int_{t0}^{t1} div v dt and
+        log p(x1) = log N(x_t0; 0, I) + delta(t0).  One Hutchinson probe
         z per sample is drawn once and reused along the trajectory (FFJORD).
         Returns a dict: ``bpd``, ``logp`` (nats), ``prior_logp``, ``nfe``.
         """
@@ -297,8 +297,7 @@ class Transport:
         (x0, delta), nfe = integrate_ode(f, state0, t1, t0, method, num_steps,
                                          atol=atol, rtol=rtol, max_nfe=max_nfe)
         prior = self.prior_logp(x0)
-        # delta = int_{t1}^{t0} div v dt = -int_{t0}^{t1} div v dt.
-        logp = prior - delta
+        logp = prior + delta
         D = x1[0].numel()
         return {"bpd": -logp / (D * math.log(2.0)), "logp": logp, "prior_logp": prior,
                 "nfe": nfe}
@@ -336,11 +335,12 @@ def integrate_ode(f, state, t0, t1, method="euler", num_steps=50, atol=1e-6, rto
         return tuple(f(s, torch.as_tensor(t, dtype=x_ref.dtype, device=x_ref.device)))
 
     if method == "dopri5":
-        if options is None:
-            options = {}
         from torchdiffeq import odeint
 
         ts = torch.tensor([t0, t1], dtype=x_ref.dtype, device=x_ref.device)
+        # torchdiffeq steps past the end and interpolates back; the paths are not
+        # defined beyond [0, 1] (VP's sigma is NaN there), so make it land on t1.
+        options = {"step_t": ts[1:], **(options or {})}
         out = odeint(lambda t, s: call(s, t), state, ts, method="dopri5",
                      atol=atol, rtol=rtol, options=options)
         return tuple(o[-1] for o in out), nfe
