@@ -1,0 +1,153 @@
+"""Configs whose keys are the CLI flags: defaults < YAML file < command line.
+
+A config is a dataclass. Each field ``global_batch_size`` is the flag
+``--global-batch-size`` and the YAML key ``global-batch-size`` (exactly the flag without
+its dashes). An unknown YAML key or a mistyped flag is an error with a suggestion, never
+silently ignored (a SiT complaint); argparse prefix-abbreviations are off for the same
+reason. The resolved config is a plain dict that goes into every checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def flag_name(field_name: str) -> str:
+    return field_name.replace("_", "-")
+
+
+def _base_type(annotation: Any) -> tuple[type, bool]:
+    """(the scalar type, whether None is allowed) of a field annotation."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, {"typing": typing}, {})  # dataclass string annotations
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0], True
+    return annotation, False
+
+
+def _parse_value(text: str, typ: type, optional: bool, name: str):
+    if optional and text.lower() in ("none", "null"):
+        return None
+    if typ is bool:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise argparse.ArgumentTypeError(f"--{name} expects true/false, got {text!r}")
+    return typ(text)
+
+
+def build_parser(cls, description: str | None = None, epilog: str | None = None) -> argparse.ArgumentParser:
+    """An argparse parser with one flag per dataclass field (help from field metadata)."""
+    parser = argparse.ArgumentParser(
+        description=description, epilog=epilog, allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", type=Path, default=None,
+                        help="YAML file whose keys are these flags (without the leading --)")
+    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        typ, optional = _base_type(hints[field.name])
+        name = flag_name(field.name)
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        kwargs = dict(dest=field.name, default=argparse.SUPPRESS,
+                      help=f"{field.metadata.get('help', '')} (default: {default})")
+        if "choices" in field.metadata:
+            kwargs["choices"] = field.metadata["choices"]
+        if typ is bool:
+            kwargs["type"] = lambda s, n=name: _parse_value(s, bool, False, n)
+            kwargs["nargs"] = "?"
+            kwargs["const"] = True
+            kwargs["metavar"] = "BOOL"
+        else:
+            kwargs["type"] = lambda s, t=typ, o=optional, n=name: _parse_value(s, t, o, n)
+        parser.add_argument(f"--{name}", **kwargs)
+    return parser
+
+
+def load_yaml(path: Path, cls) -> dict:
+    """Read a YAML config, check every key is a flag of ``cls``; returns field-name keys."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a config must be a mapping of flag: value, got {type(data).__name__}")
+    flags = {flag_name(f.name): f.name for f in dataclasses.fields(cls)}
+    out = {}
+    for key, value in data.items():
+        if key not in flags:
+            close = difflib.get_close_matches(str(key), list(flags), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{path}: unknown key {key!r}{hint} (keys are the CLI flags without --)")
+        out[flags[key]] = value
+    return out
+
+
+def check_types(cfg) -> None:
+    """YAML gives ints where floats are meant etc.: coerce numbers, reject nonsense."""
+    hints = typing.get_type_hints(type(cfg))
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        typ, optional = _base_type(hints[field.name])
+        name = flag_name(field.name)
+        if value is None:
+            if not optional:
+                raise ValueError(f"{name} may not be empty")
+            continue
+        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+            setattr(cfg, field.name, float(value))
+        elif typ in (int, float, str, bool) and not isinstance(value, typ):
+            raise ValueError(f"{name} must be {typ.__name__}, got {value!r}")
+        if "choices" in field.metadata and value not in field.metadata["choices"]:
+            raise ValueError(f"{name} must be one of {field.metadata['choices']}, got {value!r}")
+
+
+def resolve(cls, argv: list[str] | None = None, description: str | None = None, epilog: str | None = None):
+    """Parse the command line: defaults < ``--config`` YAML < flags. Returns (cfg, args)."""
+    parser = build_parser(cls, description, epilog)
+    args = parser.parse_args(argv)
+    values = {}
+    if args.config is not None:
+        try:
+            values.update(load_yaml(args.config, cls))
+        except (ValueError, FileNotFoundError) as err:
+            parser.error(str(err))
+    values.update({k: v for k, v in vars(args).items() if k not in ("config", "dry_run")})
+    cfg = cls(**values)
+    try:
+        check_types(cfg)
+        if hasattr(cfg, "validate"):
+            cfg.validate()
+    except ValueError as err:
+        parser.error(str(err))
+    return cfg, args
+
+
+def to_dict(cfg) -> dict:
+    """The resolved config with flag-named keys (what YAML files and checkpoints hold)."""
+    return {flag_name(k): v for k, v in dataclasses.asdict(cfg).items()}
+
+
+def from_dict(cls, data: dict):
+    """Inverse of ``to_dict``; unknown keys are an error."""
+    fields = {flag_name(f.name): f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(fields)
+    if unknown:
+        raise ValueError(f"unknown config keys {sorted(unknown)} for {cls.__name__}")
+    return cls(**{fields[k]: v for k, v in data.items()})
+
+
+def dump_yaml(cfg) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -1,0 +1,228 @@
+"""Training data: image folders, pre-extracted VAE latents, and the embedded digits.
+
+Every dataset returns ``(x, label)`` with x a float tensor and *no* randomness: the
+horizontal flip and the VAE posterior sample happen in the training step, drawn from
+the step's seeded RNG, so an interrupted and resumed run sees exactly the same data.
+
+* ``ImageFolderDataset`` — ``root/<class>/<image>``; ADM's center crop (box-halve,
+  bicubic resize, crop), pixels in [-1, 1]. Fed through a VAE on the fly, or trained on
+  directly in pixel space.
+* ``LatentDataset`` — shards written by ``extract_latents``: the posterior mean and
+  log-variance of each image *and of its mirror image*, so training still draws a fresh
+  latent and a fresh flip every time (fast-DiT freezes one of each).
+* ``DigitsDataset`` — scikit-learn's 1,797 real 8×8 handwritten digits (no download).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset, Sampler
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".JPEG", ".PNG", ".JPG")
+LATENT_META = "meta.json"
+DEFAULT_SCALING_FACTOR = 0.18215
+
+
+def center_crop_arr(pil_image: Image.Image, image_size: int) -> np.ndarray:
+    """ADM's center crop: halve with a box filter while large, bicubic resize, crop."""
+    while min(*pil_image.size) >= 2 * image_size:
+        pil_image = pil_image.resize(tuple(x // 2 for x in pil_image.size), resample=Image.BOX)
+    scale = image_size / min(*pil_image.size)
+    pil_image = pil_image.resize(tuple(round(x * scale) for x in pil_image.size), resample=Image.BICUBIC)
+    arr = np.array(pil_image)
+    top = (arr.shape[0] - image_size) // 2
+    left = (arr.shape[1] - image_size) // 2
+    return arr[top: top + image_size, left: left + image_size]
+
+
+def to_model_range(arr_uint8: np.ndarray) -> torch.Tensor:
+    """(H, W, C) uint8 → (C, H, W) float in [-1, 1]."""
+    return torch.from_numpy(arr_uint8).permute(2, 0, 1).float() / 127.5 - 1.0
+
+
+def to_uint8(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) in [-1, 1] → (B, H, W, C) uint8, rounding as ADM's sample scripts."""
+    return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
+
+
+class ImageFolderDataset(Dataset):
+    """``root/<class name>/**/<image>``; classes are the sorted sub-folder names."""
+
+    def __init__(self, root: str | os.PathLike, image_size: int, skip_corrupt: bool = False):
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise FileNotFoundError(
+                f"data folder not found: {self.root} (expected <root>/<class name>/<images>)"
+            )
+        self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir())
+        if not self.classes:
+            raise ValueError(
+                f"data folder {self.root} has no class sub-folders; put images in <root>/<class name>/"
+            )
+        self.samples = [
+            (path, label)
+            for label, name in enumerate(self.classes)
+            for path in sorted((self.root / name).rglob("*"))
+            if path.suffix in IMAGE_EXTENSIONS
+        ]
+        if not self.samples:
+            raise ValueError(f"data folder {self.root} holds no images with extensions {IMAGE_EXTENSIONS}")
+        self.image_size = image_size
+        self.skip_corrupt = skip_corrupt
+        self.num_classes = len(self.classes)
+        self.channels = 3
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def load(self, index: int) -> np.ndarray:
+        path, _ = self.samples[index]
+        try:
+            with Image.open(path) as img:
+                return center_crop_arr(img.convert("RGB"), self.image_size)
+        except Exception as err:  # PIL raises several types for broken files
+            raise OSError(f"cannot read image {path}: {err} (pass --skip-corrupt to skip such files)") from err
+
+    def __getitem__(self, index: int):
+        try:
+            arr = self.load(index)
+        except OSError as err:
+            if not self.skip_corrupt:
+                raise
+            warnings.warn(f"skipping corrupt image: {err}")
+            return self[(index + 1) % len(self)]
+        return to_model_range(arr), self.samples[index][1]
+
+
+class DigitsDataset(Dataset):
+    """The embedded digits, 1×8×8 in [-1, 1] (pixel space, no VAE, no download)."""
+
+    def __init__(self, split: str = "train"):
+        from .digits import DIGIT_LABELS, load_digits_split
+
+        images, labels = load_digits_split(split)
+        self.images = torch.from_numpy(images).float().unsqueeze(1) / 127.5 - 1.0  # (N, 1, 8, 8)
+        self.labels = torch.from_numpy(labels).long()
+        self.classes = list(DIGIT_LABELS)
+        self.num_classes = len(self.classes)
+        self.channels = 1
+        self.image_size = images.shape[-1]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        return self.images[index], int(self.labels[index])
+
+
+class LatentDataset(Dataset):
+    """Shards of ``extract_latents``: each item is (mean‖logvar of image and mirror, label).
+
+    x has shape ``(2, 2, C, h, w)``: [orig, flipped] × [mean, logvar]. Use
+    ``sample_latents`` in the training step to draw the flip and the latent.
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        from safetensors.torch import load_file
+
+        self.root = Path(root)
+        meta_path = self.root / LATENT_META
+        if not meta_path.is_file():
+            raise FileNotFoundError(
+                f"{meta_path} not found: {self.root} is not a latent folder written by extract_latents.py"
+            )
+        self.meta = json.loads(meta_path.read_text())
+        shards = [self.root / name for name in self.meta["shards"]]
+        missing = [str(s) for s in shards if not s.is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"latent folder {self.root} is incomplete: missing {missing[:3]}; rerun extract_latents.py to resume"
+            )
+        parts = [load_file(str(s)) for s in shards]
+        self.moments = torch.cat([p["moments"] for p in parts])   # (N, 2, 2, C, h, w)
+        self.labels = torch.cat([p["labels"] for p in parts]).long()
+        self.classes = self.meta["classes"]
+        self.num_classes = len(self.classes)
+        self.scaling_factor = self.meta["scaling_factor"]
+        self.channels = self.moments.shape[3]
+        self.image_size = self.meta["image_size"]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        return self.moments[index], int(self.labels[index])
+
+
+def random_flip(x: torch.Tensor) -> torch.Tensor:
+    """Mirror each image of a (B, C, H, W) batch with probability 1/2 (global RNG)."""
+    flip = torch.rand(x.shape[0], device=x.device) < 0.5
+    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+
+
+def sample_latents(moments: torch.Tensor, scaling_factor: float, flip: bool = True) -> torch.Tensor:
+    """(B, 2, 2, C, h, w) stored moments → a fresh scaled latent sample (B, C, h, w).
+
+    Picks the mirrored image's posterior with probability 1/2, then draws
+    ``z = mean + exp(logvar / 2)·ε`` (the VAE's DiagonalGaussian sample).
+    """
+    b = moments.shape[0]
+    which = (torch.rand(b, device=moments.device) < 0.5).long() if flip else torch.zeros(b, dtype=torch.long, device=moments.device)
+    chosen = moments[torch.arange(b, device=moments.device), which]   # (B, 2, C, h, w)
+    mean, logvar = chosen[:, 0], chosen[:, 1].clamp(-30.0, 20.0)
+    return (mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)) * scaling_factor
+
+
+class EpochSampler(Sampler[int]):
+    """Deterministic shuffled indices for one rank: a fixed permutation per epoch
+    (seeded by ``seed + epoch``), split round-robin over ranks, padded so every rank
+    gets the same count, starting at ``start`` (the data position of a resumed run)."""
+
+    def __init__(self, size: int, rank: int, world_size: int, seed: int, epoch: int = 0, start: int = 0):
+        self.size, self.rank, self.world_size, self.seed = size, rank, world_size, seed
+        self.epoch, self.start = epoch, start
+        self.per_rank = math.ceil(size / world_size)
+
+    def indices(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        perm = torch.randperm(self.size, generator=g).tolist()
+        perm += perm[: self.per_rank * self.world_size - self.size]
+        return perm[self.rank:: self.world_size]
+
+    def __iter__(self):
+        return iter(self.indices()[self.start:])
+
+    def __len__(self) -> int:
+        return self.per_rank - self.start
+
+
+def load_vae(name_or_path: str, device: torch.device | str = "cpu"):
+    """A diffusers ``AutoencoderKL`` from a local folder or a hub id, with a clear
+    offline error. Returns (vae, scaling_factor): the factor comes from the VAE's config,
+    0.18215 (SD VAE) when the config predates the field."""
+    from diffusers import AutoencoderKL
+
+    local = Path(name_or_path)
+    if local.exists() and not (local / "config.json").is_file():
+        if (local / "vae" / "config.json").is_file():
+            local = local / "vae"
+        else:
+            raise FileNotFoundError(f"{local} has no config.json: not a diffusers AutoencoderKL folder")
+    try:
+        vae = AutoencoderKL.from_pretrained(str(local) if local.exists() else name_or_path)
+    except OSError as err:
+        raise OSError(
+            f"cannot load the VAE {name_or_path!r}: {err}\nOffline? Download it once on a connected machine "
+            f"(e.g. `huggingface-cli download stabilityai/sd-vae-ft-ema --local-dir sd-vae-ft-ema`) "
+            f"and pass the local folder with --vae PATH."
+        ) from None
+    scaling = getattr(vae.config, "scaling_factor", None) or DEFAULT_SCALING_FACTOR
+    return vae.to(device).eval().requires_grad_(False), float(scaling)

@@ -1,0 +1,367 @@
+"""The training loop behind ``train.py`` (DiT / SiT recipes, Hugging Face Accelerate).
+
+One optimizer step consumes ``grad_accum`` micro-batches per process. Every random draw
+of a step (timesteps, noise, label dropout, flips, VAE samples) comes from the global
+RNG re-seeded from ``(seed, rank, step)``, and the data order is a fixed permutation per
+epoch, so a run resumed from a checkpoint continues bit for bit (on CPU, same process
+count) where an uninterrupted run would be.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from . import data as data_lib
+from .attention import ATTENTIONS, DIRECTIONS
+from .checkpoint import build_objective, list_checkpoints, open_checkpoint, save_checkpoint
+from .config import dump_yaml, to_dict
+from .diffusion import BETA_SCHEDULES
+from .generate import SAMPLERS, decode, generate
+from .models import MODELS, create_model
+from .transport import LOSS_WEIGHTS, PATHS, PREDICTIONS
+
+
+def _opt(help, **kw):
+    return field(default=kw.pop("default", None), metadata=dict(help=help, **kw))
+
+
+@dataclass
+class TrainConfig:
+    # model
+    model: str = field(default="NaLaDiT-S/2", metadata=dict(help="preset name", choices=list(MODELS)))
+    attention: str | None = _opt("override the preset's attention", choices=list(ATTENTIONS))
+    direction: str | None = _opt("NaLa direction map", choices=list(DIRECTIONS))
+    lepe: bool | None = _opt("NaLa/linear: depthwise-conv positional term on v")
+    gate: bool | None = _opt("NaLa/linear: SiLU output gate")
+    out_norm: bool | None = _opt("NaLa/linear: LayerNorm before the gate")
+    power: float | None = _opt("NaLa λ")
+    offset: float | None = _opt("NaLa τ")
+    norm_scale: float | None = _opt("NaLa s (query-norm scale)")
+    alpha: float | None = _opt("NaLa α (direction sharpness)")
+    class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
+    # data
+    data: str = field(default="digits", metadata=dict(help="'digits' (embedded), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
+    image_size: int = field(default=256, metadata=dict(help="image side in pixels (image folders)"))
+    vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
+    flip: bool = field(default=True, metadata=dict(help="random horizontal flips"))
+    skip_corrupt: bool = field(default=False, metadata=dict(help="skip unreadable images with a warning"))
+    num_classes: int | None = _opt("expected class count (checked against the data)")
+    num_workers: int = field(default=4, metadata=dict(help="data loader workers per process"))
+    # objective
+    diffusion_steps: int = field(default=1000, metadata=dict(help="DiT: training timesteps"))
+    noise_schedule: str = field(default="linear", metadata=dict(help="DiT: β schedule", choices=list(BETA_SCHEDULES)))
+    path_type: str = field(default="linear", metadata=dict(help="SiT: interpolant path", choices=list(PATHS)))
+    prediction: str = field(default="velocity", metadata=dict(help="SiT: model prediction", choices=list(PREDICTIONS)))
+    loss_weight: str = field(default="none", metadata=dict(help="SiT: loss weight", choices=list(LOSS_WEIGHTS)))
+    train_eps: float | None = _opt("SiT: train eps (default per path, as SiT)")
+    sample_eps: float | None = _opt("SiT: sample eps (default per path, as SiT)")
+    # optimisation
+    global_batch_size: int = field(default=256, metadata=dict(help="images per optimizer step, all processes"))
+    grad_accum: int = field(default=1, metadata=dict(help="micro-batches per optimizer step"))
+    lr: float = field(default=1e-4, metadata=dict(help="AdamW learning rate (constant)"))
+    weight_decay: float = field(default=0.0, metadata=dict(help="AdamW weight decay"))
+    max_grad_norm: float = field(default=0.0, metadata=dict(help="gradient clipping; 0 = off"))
+    ema_decay: float = field(default=0.9999, metadata=dict(help="EMA decay per step"))
+    max_steps: int = field(default=400_000, metadata=dict(help="optimizer steps"))
+    mixed_precision: str = field(default="no", metadata=dict(help="autocast dtype (attention reductions stay fp32)", choices=["no", "bf16", "fp16"]))
+    grad_checkpointing: bool = field(default=False, metadata=dict(help="recompute blocks in backward"))
+    compile: bool = field(default=False, metadata=dict(help="torch.compile the model"))
+    seed: int = field(default=0, metadata=dict(help="global seed (per-rank streams derive from it)"))
+    # bookkeeping
+    results_dir: str = field(default="runs", metadata=dict(help="parent folder of run folders"))
+    exp_name: str | None = _opt("run folder name (default: the model name)")
+    log_every: int = field(default=100, metadata=dict(help="steps between log lines"))
+    ckpt_every: int = field(default=50_000, metadata=dict(help="steps between checkpoints (and one at the end)"))
+    keep_last: int = field(default=0, metadata=dict(help="checkpoints to keep; 0 = all"))
+    sample_every: int = field(default=10_000, metadata=dict(help="steps between EMA sample grids; 0 = off"))
+    sample_sampler: str | None = _opt("sampler for grids (default ddim / ode-heun)", choices=list(SAMPLERS))
+    sample_steps: int = field(default=50, metadata=dict(help="sampler steps for grids"))
+    sample_cfg_scale: float = field(default=1.0, metadata=dict(help="guidance scale for grids"))
+    resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
+
+    def validate(self) -> None:
+        if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
+            raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
+        for name in ("log_every", "ckpt_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1")
+
+    def run_dir(self) -> Path:
+        return Path(self.results_dir) / (self.exp_name or self.model.replace("/", "-"))
+
+
+MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha")
+
+
+def build_dataset(cfg: TrainConfig):
+    """The dataset named by ``--data`` and the model-space (channels, side)."""
+    if cfg.data == "digits":
+        ds = data_lib.DigitsDataset("train")
+    elif (Path(cfg.data) / data_lib.LATENT_META).is_file():
+        ds = data_lib.LatentDataset(cfg.data)
+        if cfg.vae is None:
+            raise ValueError(f"{cfg.data} holds latents: pass --vae (the VAE they came from) to decode sample grids")
+    else:
+        ds = data_lib.ImageFolderDataset(cfg.data, cfg.image_size, cfg.skip_corrupt)
+    if cfg.num_classes is not None and cfg.num_classes != ds.num_classes:
+        raise ValueError(
+            f"--num-classes {cfg.num_classes} does not match the data: {cfg.data} has {ds.num_classes} classes"
+        )
+    latent = isinstance(ds, data_lib.LatentDataset) or cfg.vae is not None
+    channels = ds.channels if not latent or isinstance(ds, data_lib.LatentDataset) else 4
+    side = ds.image_size // 8 if latent else ds.image_size
+    return ds, channels, side
+
+
+def build_model(cfg: TrainConfig, num_classes: int, in_channels: int, input_size: int):
+    overrides = {k: getattr(cfg, k) for k in MODEL_OVERRIDES if getattr(cfg, k) is not None}
+    return create_model(cfg.model, input_size=input_size, in_channels=in_channels, num_classes=num_classes,
+                        class_dropout_prob=cfg.class_dropout_prob, **overrides)
+
+
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """A distinct, reproducible RNG stream per (seed, rank, step)."""
+    return (seed * 1_000_003 + step * 4099 + rank) % (2**63)
+
+
+@torch.no_grad()
+def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
+    for e, p in zip(ema.parameters(), model.parameters()):
+        e.mul_(decay).add_(p.detach().float(), alpha=1 - decay)
+
+
+class Logger:
+    """JSON lines + TensorBoard on the main process."""
+
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.enabled = enabled
+        self.writer = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            self.file = open(run_dir / "log.jsonl", "a")
+
+    def log(self, step: int, values: dict) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps({"step": step, **values}) + "\n")
+        self.file.flush()
+        for k, v in values.items():
+            if isinstance(v, (int, float)):
+                self.writer.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+            self.writer.close()
+
+
+def train(cfg: TrainConfig) -> Path:
+    """Train; returns the run folder. Raises with a clear message on bad input."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+
+    accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    device = accelerator.device
+    set_seed(cfg.seed + rank)
+
+    per_step = world * cfg.grad_accum
+    if cfg.global_batch_size % per_step:
+        raise ValueError(
+            f"global-batch-size {cfg.global_batch_size} must be divisible by processes × grad-accum = {per_step}"
+        )
+    micro_batch = cfg.global_batch_size // per_step
+
+    run_dir = cfg.run_dir()
+    ckpt_dir = run_dir / "checkpoints"
+    resume_from = None
+    if cfg.resume == "auto":
+        found = list_checkpoints(ckpt_dir)
+        resume_from = found[-1] if found else None
+    elif cfg.resume:
+        resume_from = open_checkpoint(cfg.resume).path
+    elif list_checkpoints(ckpt_dir):
+        raise FileExistsError(
+            f"{run_dir} already holds checkpoints; pass --resume auto to continue it, "
+            f"or choose another --exp-name / --results-dir"
+        )
+
+    dataset, channels, side = build_dataset(cfg)
+    model = build_model(cfg, dataset.num_classes, channels, side)
+    objective = build_objective(dict(model.config), to_dict(cfg))
+    vae, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
+    if cfg.vae is not None:
+        vae, scaling = data_lib.load_vae(cfg.vae, device)
+        if isinstance(dataset, data_lib.LatentDataset):
+            scaling = dataset.scaling_factor
+    ema = copy.deepcopy(model).float().requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    step, epoch, position = 0, 0, 0
+    if resume_from is not None:
+        ckpt = open_checkpoint(resume_from)
+        stored = ckpt.model_config
+        for key in ("num_classes", "in_channels", "input_size", "attention", "hidden_size", "depth", "patch_size"):
+            if stored.get(key) != model.config[key]:
+                raise ValueError(
+                    f"checkpoint {ckpt.path} has {key}={stored.get(key)} but this run builds {key}={model.config[key]}: "
+                    f"resume with the same model and data"
+                )
+        if ckpt.state.get("world_size") != world:
+            accelerator.print(f"warning: resuming a {ckpt.state.get('world_size')}-process run on {world} processes; "
+                              "data order and RNG streams will differ from an uninterrupted run")
+        model.load_state_dict(ckpt.weights("model"))
+        ema.load_state_dict(ckpt.weights("ema"))
+        optimizer.load_state_dict(ckpt.optimizer_state())
+        step, epoch, position = ckpt.step, ckpt.state["epoch"], ckpt.state["position"]
+        rng = ckpt.rng_state(rank)
+        if rng is not None:
+            torch.set_rng_state(rng)
+        accelerator.print(f"resumed from {ckpt.path} at step {step}")
+
+    if cfg.grad_checkpointing:
+        model.gradient_checkpointing = True
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    train_model = torch.compile(model) if cfg.compile else model
+    train_model, optimizer = accelerator.prepare(train_model, optimizer)
+    ema.to(device)
+    logger = Logger(run_dir, accelerator.is_main_process)
+
+    def loader_for(epoch: int, start: int):
+        sampler = data_lib.EpochSampler(len(dataset), rank, world, cfg.seed, epoch, start)
+        return iter(DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True,
+                               num_workers=cfg.num_workers, persistent_workers=False))
+
+    batches_per_epoch = math.ceil(len(dataset) / world) // micro_batch
+    if batches_per_epoch < 1:
+        raise ValueError(f"the data ({len(dataset)} items) is smaller than one micro-batch of {micro_batch} per process")
+    batches = loader_for(epoch, position * micro_batch)
+
+    def next_batch():
+        nonlocal batches, epoch, position
+        if position >= batches_per_epoch:
+            epoch, position = epoch + 1, 0
+            batches = loader_for(epoch, 0)
+        x, y = next(batches)
+        position += 1
+        return x.to(device), y.to(device)
+
+    def to_model_space(x):
+        if isinstance(dataset, data_lib.LatentDataset):
+            return data_lib.sample_latents(x, scaling, flip=cfg.flip)
+        if cfg.flip:
+            x = data_lib.random_flip(x)
+        if vae is not None:
+            with torch.no_grad():
+                x = vae.encode(x.to(vae.dtype)).latent_dist.sample().float() * scaling
+        return x
+
+    def loss_fn(x, y):
+        if model.config.objective == "diffusion":
+            t = torch.randint(0, objective.num_timesteps, (x.shape[0],), device=device)
+            return objective.training_losses(train_model, x, t, y)["loss"].mean()
+        return objective.training_losses(train_model, x, y)["loss"].mean()
+
+    grid_noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
+    grid_labels = (torch.arange(16) % dataset.num_classes).to(device)
+    if step == 0:
+        update_ema(ema, model, 0.0)  # EMA starts as a copy of the model (DiT)
+
+    def checkpoint():
+        rng_states = accelerator.gather(torch.get_rng_state().to(device).unsqueeze(0)).cpu()
+        if accelerator.is_main_process:
+            state = dict(step=step, epoch=epoch, position=position, world_size=world,
+                         config=to_dict(cfg), model_config=dict(model.config))
+            path = save_checkpoint(ckpt_dir, model=model, ema=ema, optimizer=optimizer, state=state,
+                                   rng_states=list(rng_states), keep_last=cfg.keep_last)
+            accelerator.print(f"saved checkpoint {path}")
+        accelerator.wait_for_everyone()
+
+    first_block = model.blocks[0].attn if len(model.blocks) else None
+    progress = tqdm(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
+                    desc=f"train {cfg.model}", dynamic_ncols=True)
+    window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
+    train_model.train()
+    while step < cfg.max_steps:
+        torch.manual_seed(step_seed(cfg.seed, rank, step))
+        log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps
+        if first_block is not None and hasattr(first_block, "record_stats"):
+            first_block.record_stats = log_now
+        local = torch.zeros((), device=device)
+        for micro in range(cfg.grad_accum):
+            x, y = next_batch()
+            x = to_model_space(x)
+            # Gradients are all-reduced only on the last micro-batch.
+            sync = micro == cfg.grad_accum - 1
+            with accelerator.no_sync(train_model) if not sync else contextlib.nullcontext():
+                with accelerator.autocast():
+                    loss = loss_fn(x, y)
+                accelerator.backward(loss / cfg.grad_accum)
+            local += loss.detach().float() / cfg.grad_accum
+        if cfg.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(train_model.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        update_ema(ema, model, cfg.ema_decay)
+        per_rank = accelerator.gather(local.unsqueeze(0))
+        mean_loss = per_rank.mean().item()
+        step += 1
+        if not math.isfinite(mean_loss):
+            progress.close()
+            last = list_checkpoints(ckpt_dir)
+            raise FloatingPointError(
+                f"non-finite loss ({mean_loss}) at step {step}; stopping without saving. Last good checkpoint: "
+                f"{last[-1] if last else 'none'}. Try a lower --lr, --max-grad-norm 1, or --mixed-precision no."
+            )
+        window_loss += mean_loss
+        window_steps += 1
+        progress.update(1)
+        if log_now:
+            elapsed = time.perf_counter() - window_start
+            values = dict(loss=window_loss / window_steps, loss_per_rank=per_rank.cpu().tolist(),
+                          steps_per_sec=window_steps / elapsed,
+                          images_per_sec=window_steps * cfg.global_batch_size / elapsed)
+            if first_block is not None and getattr(first_block, "last_stats", None):
+                values.update({f"nala/{k}": v for k, v in first_block.last_stats.items()})
+            logger.log(step, values)
+            progress.set_postfix(loss=f"{values['loss']:.4f}", img_s=f"{values['images_per_sec']:.1f}")
+            window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
+        if cfg.sample_every > 0 and step % cfg.sample_every == 0 and accelerator.is_main_process:
+            save_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
+                      cfg, vae, scaling, nrow=min(dataset.num_classes, 8))
+        if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
+            checkpoint()
+    progress.close()
+    logger.close()
+    accelerator.end_training()
+    return run_dir
+
+
+def save_grid(model, objective, noise, labels, path: Path, cfg: TrainConfig, vae, scaling, nrow: int = 8) -> None:
+    """EMA samples as a PNG grid (fixed noise and labels, so grids are comparable)."""
+    from torchvision.utils import save_image
+
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator(noise.device).manual_seed(cfg.seed)
+    out = generate(model, objective, noise, labels, sampler=cfg.sample_sampler or (
+        "ddim" if model.config.objective == "diffusion" else "ode-heun"),
+        num_steps=cfg.sample_steps, cfg_scale=cfg.sample_cfg_scale, generator=gen)
+    images = decode(out.samples, vae, scaling)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_image((images + 1) / 2, path, nrow=nrow)
+    model.train(was_training)

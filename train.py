@@ -1,0 +1,34 @@
+"""Train a DiT / SiT / NaLaDiT / NaLaSiT model with Hugging Face Accelerate.
+
+One process (CPU or one GPU):
+    python train.py --config configs/digits_nala_dit.yaml
+Many GPUs / nodes (same command, accelerate decides the topology):
+    accelerate launch --multi_gpu --num_processes 8 train.py --config configs/nala_dit_s2_imagenet256.yaml
+Resume after an interruption (same flags):
+    accelerate launch ... train.py --config ... --resume auto
+Print the resolved config (defaults < YAML < flags) and exit:
+    python train.py --config configs/nala_dit_s2_imagenet256.yaml --lr 2e-4 --dry-run
+"""
+
+import sys
+
+from nala_dit.config import dump_yaml, resolve
+from nala_dit.training import TrainConfig, train
+
+
+def main(argv=None) -> int:
+    cfg, args = resolve(TrainConfig, argv, description=__doc__)
+    if args.dry_run:
+        print(dump_yaml(cfg), end="")
+        return 0
+    try:
+        run_dir = train(cfg)
+    except (ValueError, FileNotFoundError, FileExistsError, OSError, FloatingPointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"done: {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
