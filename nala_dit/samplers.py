@@ -161,7 +161,8 @@ def sde_sample(transport: Transport, model_fn, noise, labels, method="euler", nu
         te = _expand(t, x)
         alpha, sigma = transport.path.alpha(te)[0], transport.path.sigma(te)[0]
         x = (x + sigma ** 2 * transport.score(model, x, t, labels)) / alpha
-    return SampleOutput(x, model.nfe)
+    # Path coefficients are at least float32, so low-precision noise got promoted.
+    return SampleOutput(x.to(noise.dtype), model.nfe)
 
 
 def likelihood(transport: Transport, model_fn, x, labels, method="dopri5", num_steps=50,

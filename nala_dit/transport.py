@@ -52,9 +52,14 @@ def _check(name, value, allowed):
         raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(map(str, allowed))}")
 
 
+def _time_dtype(x):
+    # Times stay in at least float32: in bf16, 0.999 rounds to 1.0 where VP is singular.
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def _expand(t, x):
     """(B,) or scalar t -> broadcastable against x (B, ...)."""
-    t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+    t = torch.as_tensor(t, dtype=_time_dtype(x), device=x.device)
     if t.ndim == 0:
         t = t.expand(x.shape[0])
     return t.reshape(-1, *([1] * (x.ndim - 1)))
@@ -212,7 +217,7 @@ class Transport:
         return self.score_to_velocity(self.noise_to_score(noise, x, t), x, t)
 
     def _call(self, model_fn, x, t, y):
-        t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+        t = torch.as_tensor(t, dtype=_time_dtype(x), device=x.device)
         if t.ndim == 0:
             t = t.expand(x.shape[0])
         return model_fn(x, t, y)[:, :x.shape[1]]
@@ -332,12 +337,12 @@ def integrate_ode(f, state, t0, t1, method="euler", num_steps=50, atol=1e-6, rto
             raise RuntimeError(f"ODE solver needed more than max_nfe={max_nfe} function "
                                "evaluations; raise max_nfe or loosen atol/rtol")
         nfe += 1
-        return tuple(f(s, torch.as_tensor(t, dtype=x_ref.dtype, device=x_ref.device)))
+        return tuple(f(s, torch.as_tensor(t, dtype=_time_dtype(x_ref), device=x_ref.device)))
 
     if method == "dopri5":
         from torchdiffeq import odeint
 
-        ts = torch.tensor([t0, t1], dtype=x_ref.dtype, device=x_ref.device)
+        ts = torch.tensor([t0, t1], dtype=_time_dtype(x_ref), device=x_ref.device)
         # torchdiffeq steps past the end and interpolates back; the paths are not
         # defined beyond [0, 1] (VP's sigma is NaN there), so make it land on t1.
         options = {"step_t": ts[1:], **(options or {})}
