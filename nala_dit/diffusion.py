@@ -8,7 +8,7 @@ Notation (timesteps t = 0..T-1, T = 1000 for DiT; a batch of t is a ``(B,)`` ten
         mu~_t   = beta_t sqrt(abar_{t-1}) / (1-abar_t) x_0
                   + (1-abar_{t-1}) sqrt(alpha_t) / (1-abar_t) x_t
         beta~_t = beta_t (1-abar_{t-1}) / (1-abar_t)
-    x_0 from eps: x_0 = (x_t - sqrt(1-abar_t) eps) / sqrt(abar_t)         (Ho 2020, eq. 9)
+    x_0 from eps: x_0 = (x_t - sqrt(1-abar_t) eps) / sqrt(abar_t)         (eq. 4 inverted)
 
 The model predicts eps and, with ``learned_range`` variance (iDDPM, Nichol & Dhariwal
 2021, eq. 15), an interpolation value v in [-1, 1]:

@@ -38,7 +38,8 @@ def cfg_model_fn(model_fn, scale, null_label, interval=None, guide_channels=None
             "model was trained without a null class (num_classes=1 / no label dropout), "
             "so there is no unconditional prediction to guide with; use scale 1")
     if interval is not None and interval[0] > interval[1]:
-        raise ValueError(f"guidance interval must be (t_lo, t_hi) with t_lo <= t_hi, got {interval}")
+        raise ValueError(f"guidance interval must be (t_lo, t_hi) with t_lo <= t_hi, "
+                         f"got {interval}")
 
     def guided(x, t, y):
         if interval is not None:

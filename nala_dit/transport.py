@@ -2,38 +2,49 @@
 
 Convention of SiT (Ma et al. 2024): t in [0, 1], t = 0 is noise, t = 1 is data,
 
-    x_t = alpha_t x_1 + sigma_t eps,   x_1 ~ data, eps ~ N(0, I)            (SiT eq. 1)
+    x_t = alpha_t x_1 + sigma_t eps,   x_1 ~ data, eps ~ N(0, I)     (SiT's compute_mu_t)
 
-Paths (``alpha_t``, ``sigma_t``):
+Paths (alpha_t, sigma_t):
     Linear: t, 1 - t
     GVP:    sin(pi t / 2), cos(pi t / 2)
-    VP:     exp(-(1-t)^2 (b_max - b_min)/4 - (1-t) b_min/2), sqrt(1 - alpha_t^2)
-            with b_min = 0.1, b_max = 20 (SiT's ``VPCPlan``; beta_t = b_min + (1-t)(b_max - b_min))
+    VP:     exp(-(1-t)^2 (b_max - b_min) / 4 - (1-t) b_min / 2), sqrt(1 - alpha_t^2),
+            b_min = 0.1, b_max = 20, i.e. beta_t = b_min + (1-t)(b_max - b_min)  (VPCPlan)
 
 The model predicts one of
-    velocity  u_t = alpha'_t x_1 + sigma'_t eps   (target of the loss, SiT eq. 5)
-    score     s_t = grad log p_t(x_t) = -E[eps | x_t] / sigma_t
+    velocity  E[u_t | x_t], u_t = alpha'_t x_1 + sigma'_t eps      (SiT's compute_ut)
+    score     grad log p_t(x_t) = -E[eps | x_t] / sigma_t
     noise     E[eps | x_t]
-and, with r_t = alpha'_t / alpha_t and the "drift variance"
-w_t = r_t sigma_t^2 - sigma_t sigma'_t (SiT eq. 9, ``compute_drift``),
+With r_t = alpha'_t / alpha_t and the drift variance w_t = r_t sigma_t^2 - sigma_t sigma'_t
+(SiT's compute_drift):
 
-    v(x, t) = r_t x + w_t s(x, t)                         (velocity from score)
-    s(x, t) = (v / r_t - x) / (sigma_t^2 - sigma_t sigma'_t / r_t)
-            = (v / r_t - x) / (w_t / r_t)                 (score from velocity)
+    v = r_t x + w_t s                  (velocity from score)
+    s = (v / r_t - x) / (w_t / r_t)    (score from velocity; alpha_t / alpha'_t is
+                                        finite at t = 0, r_t is not)
 
-Sampling integrates from noise (t0 ~ 0) to data (t1 ~ 1):
-    ODE  dx = v(x, t) dt                                   (probability flow)
-    SDE  dx = [v(x, t) + D_t s(x, t)] dt + sqrt(2 D_t) dW            (SiT eq. 8-10)
-where D_t >= 0 is the "diffusion form" (SiT's ``compute_diffusion``, which SiT calls
-w_t); every choice keeps the marginals p_t.
+Losses (SiT's training_losses), per sample averaged over dimensions:
+    velocity  ||v_hat - u_t||^2
+    noise     lambda_t ||eps_hat - eps||^2
+    score     lambda_t ||sigma_t s_hat + eps||^2
+with lambda_t = 1 ("none"), (w_t / sigma_t)^2 ("velocity") or w_t / sigma_t^2
+("likelihood").
 
-Likelihood (SiT sec. 3, FFJORD): along the ODE, d log p_t(x_t)/dt = -div v(x_t, t), so
-    log p_1(x) = log N(x_0; 0, I) - int_0^1 div v(x_t, t) dt   (integrated from t=1 to 0)
-with div v estimated by Hutchinson, E_z[z^T (dv/dx) z], z Gaussian or Rademacher.
+Sampling runs from noise (t0 ~ 0) to data (t1 ~ 1):
+    ODE  dx = v dt                                    (probability flow)
+    SDE  dx = (v + D_t s) dt + sqrt(2 D_t) dW         (any D_t >= 0 keeps p_t)
+D_t is the "diffusion form" of SiT's compute_diffusion: constant, SBDM (w_t), sigma
+(sigma_t, the default), linear (1 - t), decreasing, increasing-decreasing.
 
-Endpoint handling follows SiT's ``create_transport``/``check_interval``: velocity models
-on Linear/GVP are regular on [0, 1] (eps = 0); score/noise models and VP keep away
-from the singular ends (see ``Transport.interval``).
+Likelihood (FFJORD, Grathwohl et al. 2019; SiT's ODE likelihood): along the ODE
+d log p_t(x_t) / dt = -div v(x_t, t), so
+
+    log p_1(x) = log N(x_0; 0, I) - int_0^1 div v(x_t, t) dt
+
+integrated from t = 1 back to 0, with div v by Hutchinson's E_z[z^T (dv/dx) z], z
+Gaussian or Rademacher.
+
+Endpoints follow SiT's create_transport/check_interval: velocity models on Linear/GVP
+are regular on [0, 1] (eps = 0); score/noise models and VP keep eps away from the
+singular ends (see ``Transport.interval``).
 """
 
 import math

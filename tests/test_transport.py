@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from nala_dit.transport import PATHS, PREDICTIONS, Path, Transport, integrate_ode
+from nala_dit.transport import PATHS, Path, Transport, integrate_ode
 from tests.helpers_oracle import MU, S, TransportOracle, gaussian_logp
 
 TS = torch.tensor([0.05, 0.3, 0.5, 0.7, 0.95], dtype=torch.float64)
@@ -26,10 +26,12 @@ def test_path_values_and_derivatives(kind):
     torch.testing.assert_close(ds, torch.autograd.grad(s.sum(), t)[0])
     one = torch.ones(1, dtype=torch.float64)
     if kind == "linear":
-        torch.testing.assert_close(a, t.detach()), torch.testing.assert_close(s, 1 - t.detach())
+        torch.testing.assert_close(a, t.detach())
+        torch.testing.assert_close(s, 1 - t.detach())
     else:
         # GVP and VP are variance preserving.
         torch.testing.assert_close(a ** 2 + s ** 2, torch.ones_like(a))
+    torch.testing.assert_close(p.alpha_over_dalpha(t.detach()), (a / da).detach())
     # Data at t = 1 for every path.
     assert p.alpha(one)[0].item() == pytest.approx(1.0)
     if kind == "vp":
