@@ -40,6 +40,7 @@ def test_cosine_schedule_matches_diffusers():
 def test_space_timesteps_keeps_endpoints():
     # ADM's rule for 250 of 1000 already gives 0 and 999 with 250 steps.
     steps = space_timesteps(1000, 250)
+    assert steps == [round(j * 999 / 249) for j in range(250)]
     assert len(steps) == 250 and steps[0] == 0 and steps[-1] == 999
     # ADM's ddim50 would stop at 980; ours keeps 999 and still has 50 steps.
     steps = space_timesteps(1000, "ddim50")

@@ -124,6 +124,10 @@ def test_dopri5_nfe_bounded():
     out = ode_sample(tr, oracle, _noise(n=8), _labels(8), method="dopri5", max_nfe=1000,
                      atol=1e-3, rtol=1e-3)
     assert 0 < out.nfe == oracle.calls <= 1000
+    # torchdiffeq options pass through (here: at most 2 steps, which is too few).
+    with pytest.raises(AssertionError, match="max_num_steps"):
+        ode_sample(tr, TransportOracle(tr), _noise(n=8), _labels(8), method="dopri5",
+                   options={"max_num_steps": 2})
 
 
 @pytest.mark.parametrize("method", ["euler", "heun"])
