@@ -15,6 +15,7 @@ the step's seeded RNG, so an interrupted and resumed run sees exactly the same d
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -124,14 +125,15 @@ class DigitsDataset(Dataset):
 
 
 class LatentDataset(Dataset):
-    """Shards of ``extract_latents``: each item is (mean‖logvar of image and mirror, label).
+    """Shards of ``extract_latents``: each item is (moments of image and mirror, label).
 
     x has shape ``(2, 2, C, h, w)``: [orig, flipped] × [mean, logvar]. Use
-    ``sample_latents`` in the training step to draw the flip and the latent.
+    ``sample_latents`` in the training step to draw the flip and the latent. Shards are
+    memory-mapped (safetensors), so an ImageNet-size folder does not need to fit in RAM.
     """
 
     def __init__(self, root: str | os.PathLike):
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
         self.root = Path(root)
         meta_path = self.root / LATENT_META
@@ -140,26 +142,41 @@ class LatentDataset(Dataset):
                 f"{meta_path} not found: {self.root} is not a latent folder written by extract_latents.py"
             )
         self.meta = json.loads(meta_path.read_text())
-        shards = [self.root / name for name in self.meta["shards"]]
-        missing = [str(s) for s in shards if not s.is_file()]
+        self.shards = [self.root / name for name in self.meta["shards"]]
+        missing = [str(s) for s in self.shards if not s.is_file()]
         if missing:
             raise FileNotFoundError(
                 f"latent folder {self.root} is incomplete: missing {missing[:3]}; rerun extract_latents.py to resume"
             )
-        parts = [load_file(str(s)) for s in shards]
-        self.moments = torch.cat([p["moments"] for p in parts])   # (N, 2, 2, C, h, w)
-        self.labels = torch.cat([p["labels"] for p in parts]).long()
+        self.offsets = [0]
+        labels = []
+        for shard in self.shards:
+            with safe_open(str(shard), "pt") as f:
+                labels.append(f.get_tensor("labels"))
+            self.offsets.append(self.offsets[-1] + len(labels[-1]))
+        self.labels = torch.cat(labels).long()
         self.classes = self.meta["classes"]
         self.num_classes = len(self.classes)
         self.scaling_factor = self.meta["scaling_factor"]
-        self.channels = self.moments.shape[3]
+        self.channels = self.meta["latent_channels"]
         self.image_size = self.meta["image_size"]
+        self._handles: dict[int, object] = {}
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, index: int):
-        return self.moments[index], int(self.labels[index])
+        from safetensors import safe_open
+
+        shard = bisect.bisect_right(self.offsets, index) - 1
+        if shard not in self._handles:  # one open handle per shard and worker
+            self._handles[shard] = safe_open(str(self.shards[shard]), "pt")
+        row = index - self.offsets[shard]
+        moments = self._handles[shard].get_slice("moments")[row: row + 1][0].float()
+        return moments, int(self.labels[index])
+
+    def __getstate__(self):  # handles do not pickle into DataLoader workers
+        return {**self.__dict__, "_handles": {}}
 
 
 def random_flip(x: torch.Tensor) -> torch.Tensor:

@@ -103,7 +103,7 @@ MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power"
 
 
 def build_dataset(cfg: TrainConfig):
-    """The dataset named by ``--data`` and the model-space (channels, side)."""
+    """The dataset named by ``--data`` (embedded digits, latent folder or image folder)."""
     if cfg.data == "digits":
         ds = data_lib.DigitsDataset("train")
     elif (Path(cfg.data) / data_lib.LATENT_META).is_file():
@@ -116,10 +116,17 @@ def build_dataset(cfg: TrainConfig):
         raise ValueError(
             f"--num-classes {cfg.num_classes} does not match the data: {cfg.data} has {ds.num_classes} classes"
         )
-    latent = isinstance(ds, data_lib.LatentDataset) or cfg.vae is not None
-    channels = ds.channels if not latent or isinstance(ds, data_lib.LatentDataset) else 4
-    side = ds.image_size // 8 if latent else ds.image_size
-    return ds, channels, side
+    return ds
+
+
+def model_space(dataset, vae) -> tuple[int, int]:
+    """(channels, side) of what the model sees: latents or pixels."""
+    if vae is None:
+        return dataset.channels, dataset.image_size
+    factor = 2 ** (len(vae.config.block_out_channels) - 1)
+    if dataset.image_size % factor:
+        raise ValueError(f"image-size {dataset.image_size} must be divisible by the VAE's downsampling {factor}")
+    return vae.config.latent_channels, dataset.image_size // factor
 
 
 def build_model(cfg: TrainConfig, num_classes: int, in_channels: int, input_size: int):
@@ -198,14 +205,15 @@ def train(cfg: TrainConfig) -> Path:
             f"or choose another --exp-name / --results-dir"
         )
 
-    dataset, channels, side = build_dataset(cfg)
-    model = build_model(cfg, dataset.num_classes, channels, side)
-    objective = build_objective(dict(model.config), to_dict(cfg))
+    dataset = build_dataset(cfg)
     vae, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
     if cfg.vae is not None:
         vae, scaling = data_lib.load_vae(cfg.vae, device)
         if isinstance(dataset, data_lib.LatentDataset):
             scaling = dataset.scaling_factor
+    channels, side = model_space(dataset, vae)
+    model = build_model(cfg, dataset.num_classes, channels, side)
+    objective = build_objective(dict(model.config), to_dict(cfg))
     ema = copy.deepcopy(model).float().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 

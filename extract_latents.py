@@ -1,0 +1,43 @@
+"""Cache VAE latents of an image folder for fast training (resumable, multi-process).
+
+One process:
+    python extract_latents.py --data /data/imagenet/train --vae stabilityai/sd-vae-ft-ema \\
+        --out /data/imagenet256-latents
+Many GPUs (shards are split across processes; rerun the same command to resume):
+    accelerate launch --multi_gpu --num_processes 8 extract_latents.py --data ... --vae ... --out ...
+Then train on them:
+    accelerate launch train.py --config configs/nala_dit_s2_imagenet256.yaml --data /data/imagenet256-latents
+"""
+
+import argparse
+import sys
+
+from nala_dit.extract import extract_latents
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="image folder <root>/<class>/<images>")
+    p.add_argument("--out", required=True, help="output folder for shards + meta.json")
+    p.add_argument("--vae", required=True, help="diffusers AutoencoderKL folder or hub id")
+    p.add_argument("--image-size", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--shard-size", type=int, default=4096, help="images per shard (the unit of resume)")
+    p.add_argument("--num-workers", type=int, default=4)
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
+                   help="storage dtype of the moments")
+    p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable images with a warning")
+    args = p.parse_args(argv)
+    try:
+        out = extract_latents(args.data, args.out, args.vae, args.image_size, args.batch_size,
+                              args.shard_size, args.num_workers, args.dtype, args.skip_corrupt)
+    except (ValueError, FileNotFoundError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"latents in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

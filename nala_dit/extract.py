@@ -1,0 +1,96 @@
+"""Pre-extract VAE latents of an image folder, sharded, multi-process and resumable.
+
+For every image we store the posterior *mean and log-variance* of the image and of its
+mirror image, ``moments[(2 flips), (mean, logvar), C, h, w]``, so training on cached
+latents still draws a fresh flip and a fresh posterior sample each time (fast-DiT caches
+one sample of one flip and so freezes both).
+
+Shard ``k`` holds images ``[k·S, (k+1)·S)`` of the folder's sorted order; process ``r``
+of ``W`` writes the shards with ``k % W == r``. A shard is written under a temporary
+name and renamed, so an interrupted extraction resumes by skipping finished shards.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch.utils.data import DataLoader, Subset
+
+from .data import LATENT_META, ImageFolderDataset, load_vae
+
+
+def shard_name(index: int) -> str:
+    return f"latents-{index:05d}.safetensors"
+
+
+@torch.no_grad()
+def encode_moments(vae, x: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) in [-1, 1] → (B, 2, 2, C, h, w): [orig, mirror] × [mean, logvar]."""
+    out = []
+    for img in (x, x.flip(-1)):
+        dist = vae.encode(img.to(vae.dtype)).latent_dist
+        out.append(torch.stack([dist.mean, dist.logvar], dim=1))
+    return torch.stack(out, dim=1).float()
+
+
+def extract_latents(
+    data: str,
+    out: str,
+    vae_path: str,
+    image_size: int = 256,
+    batch_size: int = 32,
+    shard_size: int = 4096,
+    num_workers: int = 4,
+    dtype: str = "float16",
+    skip_corrupt: bool = False,
+) -> Path:
+    from accelerate import Accelerator
+    from tqdm.auto import tqdm
+
+    accelerator = Accelerator()
+    rank, world = accelerator.process_index, accelerator.num_processes
+    dataset = ImageFolderDataset(data, image_size, skip_corrupt)
+    vae, scaling = load_vae(vae_path, accelerator.device)
+    out_dir = Path(out)
+    num_shards = math.ceil(len(dataset) / shard_size)
+    meta = dict(
+        source=str(Path(data).resolve()), vae=vae_path, scaling_factor=scaling, image_size=image_size,
+        latent_channels=vae.config.latent_channels, classes=dataset.classes, num_images=len(dataset),
+        shard_size=shard_size, shards=[shard_name(k) for k in range(num_shards)], dtype=dtype,
+    )
+    meta_path = out_dir / LATENT_META
+    if meta_path.is_file():
+        old = json.loads(meta_path.read_text())
+        changed = [k for k in ("num_images", "image_size", "shard_size", "classes", "vae", "dtype") if old.get(k) != meta[k]]
+        if changed:
+            raise ValueError(
+                f"{out_dir} holds an extraction with different {changed}; use another --out or delete it"
+            )
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, indent=2))
+        os.replace(tmp, meta_path)
+    accelerator.wait_for_everyone()
+
+    mine = [k for k in range(num_shards) if k % world == rank and not (out_dir / shard_name(k)).is_file()]
+    store = getattr(torch, dtype)
+    for k in tqdm(mine, desc=f"extract (rank {rank})", disable=not accelerator.is_local_main_process):
+        indices = range(k * shard_size, min((k + 1) * shard_size, len(dataset)))
+        loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, num_workers=num_workers)
+        moments, labels = [], []
+        for x, y in loader:
+            moments.append(encode_moments(vae, x.to(accelerator.device)).cpu().to(store))
+            labels.append(y)
+        path = out_dir / shard_name(k)
+        tmp = path.with_name(f".tmp-{path.name}")
+        save_file({"moments": torch.cat(moments).contiguous(), "labels": torch.cat(labels).contiguous()}, str(tmp))
+        os.replace(tmp, path)
+    accelerator.wait_for_everyone()
+    return out_dir

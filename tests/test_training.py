@@ -1,0 +1,241 @@
+"""train.py: config resolution, resume equivalence, atomic saves, latents, bad input."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+import train as train_cli
+from nala_dit import checkpoint as ckpt_lib
+from nala_dit.config import resolve
+from nala_dit.training import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Tiny pixel-space digits run: a few steps take seconds.
+TINY_RUN = ["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "8", "--num-workers", "0",
+            "--sample-every", "0", "--log-every", "1", "--flip", "false"]
+
+
+def run_train(tmp_path, *extra, name="run"):
+    argv = TINY_RUN + ["--results-dir", str(tmp_path), "--exp-name", name, *extra]
+    assert train_cli.main(argv) == 0
+    return tmp_path / name
+
+
+def read_log(run_dir):
+    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+
+
+def test_config_precedence_and_unknown_keys(tmp_path, capsys):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("model: DiT-S/2\nlr: 3.0e-4\nglobal-batch-size: 32\n")
+    cfg, _ = resolve(TrainConfig, ["--config", str(cfg_file), "--lr", "5e-4"])
+    assert cfg.model == "DiT-S/2" and cfg.lr == 5e-4 and cfg.global_batch_size == 32 and cfg.ema_decay == 0.9999
+    cfg_file.write_text("global_batch_size: 32\n")
+    with pytest.raises(SystemExit):
+        resolve(TrainConfig, ["--config", str(cfg_file)])
+    assert "unknown key 'global_batch_size'; did you mean 'global-batch-size'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # no prefix abbreviations, no silent typos
+        resolve(TrainConfig, ["--global-batch", "32"])
+    assert "unrecognized arguments: --global-batch" in capsys.readouterr().err
+    assert train_cli.main(["--config", str(ROOT / "configs/nala_dit_s2_imagenet256.yaml"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "model: NaLaDiT-S/2" in out and "global-batch-size: 256" in out and "max-steps: 400000" in out
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_shipped_configs_resolve(config):
+    cfg, _ = resolve(TrainConfig, ["--config", str(ROOT / "configs" / config)])
+    assert cfg.model in config.replace("_", "").lower() or cfg.model.lower().replace("-", "").replace("/", "") != ""
+
+
+def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path):
+    straight = run_train(tmp_path, "--max-steps", "6", "--ckpt-every", "6", name="straight")
+    # Interrupted after 3 steps (its last checkpoint), then resumed to 6.
+    interrupted = run_train(tmp_path, "--max-steps", "3", "--ckpt-every", "3", name="resumed")
+    run_train(tmp_path, "--max-steps", "6", "--ckpt-every", "6", "--resume", "auto", name="resumed")
+    a = ckpt_lib.open_checkpoint(straight)
+    b = ckpt_lib.open_checkpoint(interrupted)
+    assert a.step == b.step == 6
+    for which in ("model", "ema"):
+        wa, wb = a.weights(which), b.weights(which)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), which
+    assert [r["loss"] for r in read_log(straight)] == [r["loss"] for r in read_log(interrupted)]
+    assert a.state["epoch"] == b.state["epoch"] and a.state["position"] == b.state["position"]
+
+
+def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    run = run_train(tmp_path, "--max-steps", "2", "--ckpt-every", "2")
+    real_save = ckpt_lib.save_file
+
+    def dying_save(tensors, path):
+        if "ema" in path:
+            raise KeyboardInterrupt("killed mid-save")
+        real_save(tensors, path)
+
+    monkeypatch.setattr(ckpt_lib, "save_file", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        run_train(tmp_path, "--max-steps", "4", "--ckpt-every", "4", "--resume", "auto")
+    monkeypatch.undo()
+    done = ckpt_lib.list_checkpoints(run / "checkpoints")
+    assert [p.name for p in done] == ["0000002"]
+    assert ckpt_lib.open_checkpoint(run).step == 2
+    ckpt_lib.load_model(run)  # still loads
+    run_train(tmp_path, "--max-steps", "4", "--ckpt-every", "4", "--resume", "auto")
+    assert ckpt_lib.open_checkpoint(run).step == 4
+
+
+def test_checkpoint_alone_rebuilds_the_model_and_keep_last(tmp_path):
+    run = run_train(tmp_path, "--max-steps", "4", "--ckpt-every", "1", "--keep-last", "2")
+    assert [p.name for p in ckpt_lib.list_checkpoints(run / "checkpoints")] == ["0000003", "0000004"]
+    model, ckpt = ckpt_lib.load_model(run)
+    assert ckpt.config["model"] == "NaLaDiT-T/2" and model.config.num_classes == 10
+    raw = load_file(str(ckpt.path / "model.safetensors"))
+    assert set(raw) == set(model.state_dict())
+    opt = ckpt.optimizer_state()  # weights_only load
+    assert "state" in opt and "param_groups" in opt
+
+
+def test_digits_loss_falls(tmp_path):
+    run = run_train(tmp_path, "--model", "SiT-T/2", "--max-steps", "60", "--global-batch-size", "32",
+                    "--lr", "1e-3", "--ckpt-every", "60")
+    losses = [r["loss"] for r in read_log(run)]
+    assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:5]), losses
+
+
+def test_nala_exponent_is_logged(tmp_path):
+    run = run_train(tmp_path, "--max-steps", "1", "--ckpt-every", "1")
+    record = read_log(run)[0]
+    # p = λ(τ + tanh(‖q‖)) lies in [1.5, 4.5)
+    assert 1.5 <= record["nala/exponent_mean"] < 4.5
+
+
+def make_image_folder(root, classes=("cat", "dog"), per_class=3, size=64, seed=0):
+    rng = np.random.default_rng(seed)
+    for c in classes:
+        (root / c).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (size, size + 8, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    return root
+
+
+def tiny_vae(path):
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    vae = AutoencoderKL(block_out_channels=(8, 8, 16, 16), down_block_types=("DownEncoderBlock2D",) * 4,
+                        up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=1, norm_num_groups=8,
+                        latent_channels=4, sample_size=64)
+    vae.save_pretrained(path)
+    return path
+
+
+def test_latent_extraction_resume_and_training(tmp_path):
+    from extract_latents import main as extract_main
+    from nala_dit.data import ImageFolderDataset, LatentDataset, load_vae
+    from nala_dit.extract import encode_moments
+
+    images = make_image_folder(tmp_path / "images")
+    vae_dir = tiny_vae(tmp_path / "vae")
+    argv = ["--data", str(images), "--out", str(tmp_path / "lat"), "--vae", str(vae_dir), "--image-size", "64",
+            "--shard-size", "4", "--num-workers", "0", "--dtype", "float32"]
+    assert extract_main(argv) == 0
+    shards = sorted((tmp_path / "lat").glob("latents-*.safetensors"))
+    assert len(shards) == 2  # 6 images in shards of 4
+    first_mtime = shards[0].stat().st_mtime_ns
+    shards[1].unlink()  # simulate an interruption before the second shard
+    assert extract_main(argv) == 0
+    assert shards[0].stat().st_mtime_ns == first_mtime and shards[1].is_file()
+
+    lat = LatentDataset(tmp_path / "lat")
+    assert len(lat) == 6 and lat.num_classes == 2 and lat.channels == 4
+    vae, _ = load_vae(str(vae_dir))
+    x, y = ImageFolderDataset(images, 64)[5]
+    expected = encode_moments(vae, x[None])[0]
+    got, label = lat[5]
+    assert label == y == 1
+    torch.testing.assert_close(got, expected)
+    # The mirror half is the encoding of the mirrored image.
+    torch.testing.assert_close(got[1], encode_moments(vae, x.flip(-1)[None])[0, 0])
+
+    run = run_train(tmp_path, "--data", str(tmp_path / "lat"), "--vae", str(vae_dir), "--flip", "true",
+                    "--global-batch-size", "2", "--max-steps", "2", "--ckpt-every", "2",
+                    "--sample-every", "2", name="latent")
+    model, _ = ckpt_lib.load_model(run)
+    assert model.config.in_channels == 4 and model.config.input_size == 8 and model.config.num_classes == 2
+    assert (run / "samples" / "0000002.png").is_file()
+
+
+def test_on_the_fly_vae_training(tmp_path):
+    images = make_image_folder(tmp_path / "images")
+    vae_dir = tiny_vae(tmp_path / "vae")
+    run = run_train(tmp_path, "--data", str(images), "--vae", str(vae_dir), "--image-size", "64",
+                    "--global-batch-size", "2", "--max-steps", "1", "--ckpt-every", "1", "--model", "SiT-T/2")
+    model, _ = ckpt_lib.load_model(run)
+    assert model.config.input_size == 8 and model.config.in_channels == 4
+
+
+def test_bad_inputs_give_clear_errors(tmp_path, capsys):
+    def fails(*extra, match, name="bad"):
+        code = train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), "--exp-name", name,
+                                          "--max-steps", "1", *extra])
+        assert code == 1
+        err = capsys.readouterr().err
+        assert match in err, err
+
+    fails("--data", str(tmp_path / "nope"), match=f"data folder not found: {tmp_path / 'nope'}")
+    (tmp_path / "empty").mkdir()
+    fails("--data", str(tmp_path / "empty"), match="has no class sub-folders")
+    (tmp_path / "noimg" / "a").mkdir(parents=True)
+    fails("--data", str(tmp_path / "noimg"), match="holds no images")
+    images = make_image_folder(tmp_path / "images", per_class=2)
+    (images / "cat" / "broken.png").write_bytes(b"not a png")
+    fails("--data", str(images), "--image-size", "16", "--global-batch-size", "5", match="cannot read image")
+    fails("--num-classes", "7", match="--num-classes 7 does not match the data: digits has 10 classes")
+    fails("--lr", "1e12", "--max-steps", "20", "--ckpt-every", "100", match="non-finite loss")
+    run_train(tmp_path, "--max-steps", "1", "--ckpt-every", "1", name="exists")
+    fails("--ckpt-every", "1", match="already holds checkpoints; pass --resume auto", name="exists")
+    fails("--resume", "auto", "--model", "DiT-T/2", "--max-steps", "2", match="checkpoint", name="exists")
+
+
+def test_skip_corrupt_warns_and_continues(tmp_path):
+    images = make_image_folder(tmp_path / "images", per_class=2)
+    (images / "cat" / "broken.png").write_bytes(b"not a png")
+    with pytest.warns(UserWarning, match="skipping corrupt image"):
+        run_train(tmp_path, "--data", str(images), "--image-size", "16", "--global-batch-size", "5",
+                  "--max-steps", "1", "--ckpt-every", "1", "--skip-corrupt", "true")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_process_cpu_run(tmp_path):
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), str(ROOT / "train.py"), *TINY_RUN,
+           "--results-dir", str(tmp_path), "--exp-name", "ddp", "--max-steps", "3", "--ckpt-every", "3"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = read_log(tmp_path / "ddp")
+    assert len(logs) == 3  # only the main process writes the log
+    for record in logs:
+        assert len(record["loss_per_rank"]) == 2  # both ranks ran
+        assert record["loss"] == pytest.approx(sum(record["loss_per_rank"]) / 2, rel=1e-6)
+    assert any(r["loss_per_rank"][0] != r["loss_per_rank"][1] for r in logs)  # different data per rank
+    ckpt = ckpt_lib.open_checkpoint(tmp_path / "ddp")
+    assert ckpt.step == 3 and ckpt.state["world_size"] == 2
+    assert len(load_file(str(ckpt.path / "rng.safetensors"))) == 2
