@@ -1,0 +1,353 @@
+"""diffusers pipelines for our models, and an adapter for diffusers' own ``DiTPipeline``.
+
+    import torch, nala_dit
+    from nala_dit.pipeline import NaLaDiTPipeline
+    pipe = NaLaDiTPipeline.from_pretrained("exported/nala-dit-s2")       # offline, local folder
+    images = pipe(["golden retriever", 207], guidance_scale=1.5,
+                  generator=torch.Generator().manual_seed(0)).images       # PIL images
+
+* ``NaLaDiTPipeline`` (diffusion models): components ``transformer`` (our ``DiT``),
+  ``scheduler`` (a diffusers ``DDIMScheduler`` with the training β schedule; it is what
+  ``sampler="scheduler"`` runs, so swapping in e.g. ``DPMSolverMultistepScheduler`` works)
+  and ``vae`` (None in pixel space). The named samplers (``ddpm``, ``ddim``,
+  ``dpm-solver``) are the project's own (``nala_dit.generate``).
+* ``NaLaSiTPipeline`` (transport models): components ``transformer`` and ``vae``. There
+  is no scheduler component: SiT's ODE/SDE samplers are not diffusers schedulers, so the
+  sampler name, its step count and the transport settings (path, prediction, eps) live
+  in the pipeline config.
+
+Both record ``id2label``, the null class id, the objective settings, the VAE scaling
+factor and where the weights came from with ``register_to_config``, so they survive
+``save_pretrained``. A VAE can also be stored by reference (``vae_path``; loaded on first
+use) instead of copied. Images come from ``nala_dit.sampling.sample_batch``, exactly as
+``sample.py`` makes them: the same seed and settings give the same pixels.
+
+diffusers resolves our components by module path (``nala_dit.models.DiT``), which works
+once ``nala_dit`` is imported, because each such module binds ``ModelMixin``.
+
+``DiTPipelineTransformer`` wraps our DiT so that diffusers' ``DiTPipeline`` can drive it
+(``config.sample_size``/``in_channels``/``out_channels`` and ``forward(x, timestep=,
+class_labels=)`` returning ``.sample``). ``DiTPipeline`` hard-codes the null class 1000,
+so only 1000-class models qualify.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from diffusers import DiffusionPipeline, ImagePipelineOutput
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
+from diffusers.models.modeling_utils import ModelMixin  # noqa: F401  (diffusers finds our classes through it)
+
+from .checkpoint import build_objective
+from .data import DEFAULT_SCALING_FACTOR, load_vae, to_uint8
+from .generate import DEFAULT_STEPS, decode, default_sampler, scheduler_sample
+from .guidance import cfg_model_fn
+from .models import DiT
+from .sampling import (SampleSettings, _Precision, index_seed, initial_noise, resolve_labels, sample_batch,
+                       seed_from)
+
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+
+
+def assert_no_meta(module: torch.nn.Module, where: str) -> None:
+    """diffusers leaves weights missing from a checkpoint on ``meta`` with only a warning."""
+    meta = [name for name, p in module.named_parameters() if p.device.type == "meta"]
+    if meta:
+        raise ValueError(f"{where}: {len(meta)} parameters were not in the saved weights and stayed on the "
+                         f"meta device (e.g. {meta[:3]}); the folder does not match this model class")
+
+
+class _NaLaPipeline(DiffusionPipeline):
+    """What both pipelines share: settings, label lookup, VAE resolution, ``__call__``."""
+
+    model_cpu_offload_seq = "transformer->vae"
+    _optional_components = ["vae", "scheduler"]
+    _objective = "diffusion"
+
+    def _register_settings(self, transformer, id2label, objective_config, scaling_factor, vae_path, sampler,
+                           num_inference_steps, source):
+        if transformer.config.objective != self._objective:
+            other = "NaLaSiTPipeline" if transformer.config.objective == "transport" else "NaLaDiTPipeline"
+            raise ValueError(f"{type(self).__name__} needs a {self._objective} model, but this transformer is a "
+                             f"{transformer.config.objective} model: use {other}")
+        num_classes = transformer.config.num_classes
+        id2label = {int(k): str(v) for k, v in (id2label or {}).items()} or {i: str(i) for i in range(num_classes)}
+        if len(id2label) != num_classes:
+            raise ValueError(f"id2label has {len(id2label)} names but the model has {num_classes} classes")
+        self._vae_cache = None
+        # JSON turns int keys into strings; store them as strings from the start.
+        self.register_to_config(
+            id2label={str(k): v for k, v in sorted(id2label.items())},
+            null_class_id=transformer.null_label,
+            objective_config=dict(objective_config or {}),
+            scaling_factor=scaling_factor,
+            vae_path=vae_path,
+            sampler=sampler,
+            num_inference_steps=num_inference_steps,
+            source=dict(source or {}),
+        )
+        self.objective()  # fail now, not at the first call, on bad objective settings
+        if sampler is not None:
+            SampleSettings(sampler).resolved(self.objective())
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        pipe = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        assert_no_meta(pipe.transformer, f"{pretrained_model_name_or_path}/transformer")
+        if pipe.vae is not None:
+            assert_no_meta(pipe.vae, f"{pretrained_model_name_or_path}/vae")
+        return pipe
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return {int(k): v for k, v in self.config.id2label.items()}
+
+    @property
+    def labels(self) -> dict[str, int]:
+        """Class name → id (as ``DiTPipeline.labels``)."""
+        return {v: k for k, v in self.id2label.items()}
+
+    def get_label_ids(self, labels) -> list[int]:
+        """Ids for ids or class names (``"golden retriever"``, ``"golden_retriever"``)."""
+        return resolve_labels(labels, self.id2label, self.transformer.config.num_classes)
+
+    def objective(self):
+        """The ``GaussianDiffusion`` or ``Transport`` the transformer was trained with."""
+        return build_objective(dict(self.transformer.config), dict(self.config.objective_config or {}))
+
+    @property
+    def scaling_factor(self) -> float:
+        if self.config.scaling_factor is not None:
+            return float(self.config.scaling_factor)
+        vae = self.vae if self.vae is not None else self._vae_cache
+        return float(getattr(getattr(vae, "config", None), "scaling_factor", None) or DEFAULT_SCALING_FACTOR)
+
+    def resolved_vae(self, device=None):
+        """The VAE component, else the referenced one (``vae_path``, loaded once), else None."""
+        if self.vae is not None:
+            return self.vae
+        if self._vae_cache is None and self.config.vae_path:
+            self._vae_cache, _ = load_vae(self.config.vae_path, device or self.transformer.device)
+        return self._vae_cache
+
+    def vae_override(self, path: str) -> None:
+        """Use the VAE at ``path`` instead of the stored one (e.g. a local copy offline)."""
+        self._vae_cache, _ = load_vae(path, self.transformer.device)
+        self.register_modules(vae=None)
+
+    def _latents(self, labels, indices, seed, settings, progress):
+        return sample_batch(self.transformer, self.objective(), labels, indices, seed, settings,
+                            progress=progress, decode_output=False)
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        class_labels,
+        num_inference_steps: int | None = None,
+        guidance_scale: float = 1.0,
+        generator: torch.Generator | int | None = None,
+        output_type: str = "pil",
+        sampler: str | None = None,
+        guidance_interval: tuple[float, float] | None = None,
+        guide_channels: int | None = None,
+        precision: str = "fp32",
+        return_dict: bool = True,
+    ):
+        """Class-conditional images.
+
+        class_labels: an id, a class name, or a list of them (see ``labels``).
+        num_inference_steps: sampler steps / NFE budget (default: the pipeline's, else the sampler's).
+        guidance_scale: classifier-free guidance scale; 1 = none.
+        generator: a ``torch.Generator`` or an int seed. Sample b gets the noise of global
+            index b under that seed, as ``sample.py --seed`` does.
+        output_type: "pil", "np" (float NHWC in [0, 1]), "pt" (NCHW in [0, 1]) or "latent".
+        sampler: a name of ``nala_dit.generate.SAMPLERS`` fitting the model, or (NaLaDiT)
+            "scheduler" to run this pipeline's diffusers scheduler.
+        guidance_interval: (lo, hi) in model time (DiT timesteps, SiT t) where guidance applies.
+        guide_channels: guide only the first k channels (3 = the original DiT code).
+        precision: "fp32" or "bf16" (autocast for the transformer).
+        """
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
+        ids = self.get_label_ids(class_labels)
+        seed = seed_from(generator)
+        if num_inference_steps is None and sampler is None:
+            num_inference_steps = self.config.num_inference_steps
+        settings = SampleSettings(sampler or self.config.sampler, num_inference_steps, guidance_scale,
+                                  guidance_interval, guide_channels, precision)
+        progress = not getattr(self, "_progress_bar_config", {}).get("disable", False)
+        labels = torch.tensor(ids, dtype=torch.long, device=self.transformer.device)
+        latents, nfe = self._latents(labels, list(range(len(ids))), seed, settings, progress)
+        if output_type == "latent":
+            images = latents
+        else:
+            images = decode(latents, self.resolved_vae(), self.scaling_factor)    # (B, C, H, W) in [-1, 1]
+            if output_type == "pil":
+                from PIL import Image
+                arr = to_uint8(images).numpy()
+                images = [Image.fromarray(a[..., 0] if a.shape[-1] == 1 else a) for a in arr]
+            elif output_type == "np":
+                images = ((images + 1) / 2).permute(0, 2, 3, 1).cpu().numpy()
+            else:
+                images = (images + 1) / 2
+        self.maybe_free_model_hooks()
+        if not return_dict:
+            return (images,)
+        return ImagePipelineOutput(images=images)
+
+
+class NaLaDiTPipeline(_NaLaPipeline):
+    """Class-conditional sampling for diffusion (DiT / NaLaDiT) models."""
+
+    _objective = "diffusion"
+
+    def __init__(self, transformer: DiT, scheduler=None, vae=None, id2label: dict | None = None,
+                 objective_config: dict | None = None, scaling_factor: float | None = None,
+                 vae_path: str | None = None, sampler: str | None = "ddpm", num_inference_steps: int | None = None,
+                 source: dict | None = None, null_class_id: int | None = None):
+        # null_class_id is recorded for readers of model_index.json; it always comes
+        # from the transformer, so a stored value is ignored here.
+        super().__init__()
+        self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae)
+        self._register_settings(transformer, id2label, objective_config, scaling_factor, vae_path, sampler,
+                                num_inference_steps, source)
+
+    def _latents(self, labels, indices, seed, settings, progress):
+        if settings.sampler != "scheduler":
+            return super()._latents(labels, indices, seed, settings, progress)
+        if self.scheduler is None:
+            raise ValueError("sampler='scheduler' needs a scheduler component; this pipeline has none")
+        model, size = self.transformer, self.transformer.config.input_size
+        noise = initial_noise(indices, (model.in_channels, size, size), seed, model.device)
+        model_fn = cfg_model_fn(_Precision(model, settings.precision), settings.cfg_scale, model.null_label,
+                                interval=settings.guidance_interval, guide_channels=settings.guide_channels,
+                                eps_channels=model.in_channels)
+        if settings.cfg_scale != 1 and model.null_label is None:
+            raise ValueError("guidance needs a model with a null class; use guidance_scale=1")
+        # Stochastic schedulers (DDPM, DDIM with eta > 0) draw through step(generator=...);
+        # ``scheduler_sample`` does not pass one, so seed the global RNG from the batch.
+        torch.manual_seed(index_seed(seed, indices[0], 1))
+        steps = settings.num_steps or DEFAULT_STEPS["ddim"]
+        out = scheduler_sample(self.scheduler, model_fn, noise, labels, steps, progress)
+        return out.samples, out.nfe
+
+    @classmethod
+    def from_model(cls, model: DiT, vae=None, train_config: dict | None = None, **settings) -> "NaLaDiTPipeline":
+        """A pipeline around an in-memory model; ``train_config`` supplies the β schedule."""
+        from .generate import diffusers_scheduler
+
+        objective_config = _objective_config(model, train_config or {})
+        scheduler = diffusers_scheduler("ddim", build_objective(dict(model.config), objective_config))
+        return cls(model, scheduler=scheduler, vae=vae, objective_config=objective_config, **settings)
+
+
+class NaLaSiTPipeline(_NaLaPipeline):
+    """Class-conditional sampling for transport (SiT / NaLaSiT) models (no scheduler component)."""
+
+    _objective = "transport"
+
+    def __init__(self, transformer: DiT, vae=None, id2label: dict | None = None,
+                 objective_config: dict | None = None, scaling_factor: float | None = None,
+                 vae_path: str | None = None, sampler: str | None = "ode-heun", num_inference_steps: int | None = None,
+                 source: dict | None = None, null_class_id: int | None = None):
+        # null_class_id is recorded for readers of model_index.json; it always comes
+        # from the transformer, so a stored value is ignored here.
+        super().__init__()
+        self.register_modules(transformer=transformer, vae=vae)
+        self._register_settings(transformer, id2label, objective_config, scaling_factor, vae_path, sampler,
+                                num_inference_steps, source)
+
+    @classmethod
+    def from_model(cls, model: DiT, vae=None, train_config: dict | None = None, **settings) -> "NaLaSiTPipeline":
+        return cls(model, vae=vae, objective_config=_objective_config(model, train_config or {}), **settings)
+
+
+PIPELINES = {"diffusion": NaLaDiTPipeline, "transport": NaLaSiTPipeline}
+OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps"),
+                  "transport": ("path-type", "prediction", "loss-weight", "train-eps", "sample-eps")}
+
+
+def _objective_config(model: DiT, train_config: dict) -> dict:
+    """The training-config keys ``build_objective`` reads, for this model's objective."""
+    keys = OBJECTIVE_KEYS[model.config.objective]
+    return {k: train_config[k] for k in keys if train_config.get(k) is not None}
+
+
+def pipeline_for(model: DiT, vae=None, train_config: dict | None = None, **settings):
+    """``NaLaDiTPipeline`` or ``NaLaSiTPipeline``, whichever fits ``model.config.objective``."""
+    settings.setdefault("sampler", default_sampler(build_objective(
+        dict(model.config), _objective_config(model, train_config or {}))))
+    return PIPELINES[model.config.objective].from_model(model, vae=vae, train_config=train_config, **settings)
+
+
+def load_pipeline(path: str | os.PathLike, **kwargs):
+    """Open a saved pipeline folder with the class recorded in its ``model_index.json``."""
+    index = Path(path) / "model_index.json"
+    if not index.is_file():
+        raise FileNotFoundError(f"{index} not found: {path} is not a saved pipeline folder")
+    name = json.loads(index.read_text()).get("_class_name")
+    classes = {cls.__name__: cls for cls in PIPELINES.values()}
+    if name not in classes:
+        raise ValueError(f"{path} holds a {name}, not one of {sorted(classes)}")
+    return classes[name].from_pretrained(str(path), **kwargs)
+
+
+class DiTPipelineTransformer(ModelMixin, ConfigMixin):
+    """Our DiT as the ``transformer`` of diffusers' ``DiTPipeline``.
+
+        adapter = DiTPipelineTransformer.from_dit(model)          # shares model's weights
+        pipe = diffusers.DiTPipeline(transformer=adapter, vae=vae, scheduler=DDIMScheduler(...))
+
+    The weights sit under ``dit.`` and the config carries the DiT config, so the adapter
+    saves and loads as any diffusers model.
+    """
+
+    @register_to_config
+    def __init__(self, dit_config: dict, sample_size: int, in_channels: int, out_channels: int):
+        super().__init__()
+        self.dit = DiT(**{k: v for k, v in dit_config.items() if not k.startswith("_")})
+
+    @classmethod
+    def from_dit(cls, model: DiT) -> "DiTPipelineTransformer":
+        if model.config.objective != "diffusion":
+            raise ValueError("DiTPipeline runs ε-prediction diffusion models; this is a transport (SiT) model: "
+                             "use NaLaSiTPipeline")
+        if model.config.num_classes != 1000 or model.null_label != 1000:
+            raise ValueError(f"diffusers' DiTPipeline hard-codes the null class as 1000, so it needs a 1000-class "
+                             f"model with label dropout; this one has num_classes={model.config.num_classes}, "
+                             f"null class {model.null_label}: use NaLaDiTPipeline")
+        with torch.device("meta"):  # skip a second full init; the real model is put in below
+            adapter = cls(dict(model.config), model.config.input_size, model.in_channels, model.out_channels)
+        adapter.dit = model
+        return adapter
+
+    def forward(self, hidden_states: torch.Tensor, timestep=None, class_labels=None, return_dict: bool = True):
+        t = torch.as_tensor(timestep, device=hidden_states.device)
+        if t.ndim == 0:
+            t = t.expand(hidden_states.shape[0])
+        out = self.dit(hidden_states, t, class_labels)                     # (B, C_out, H, W)
+        return Transformer2DModelOutput(sample=out) if return_dict else (out,)
+
+
+def diffusers_dit_pipeline(model: DiT, vae, scheduler=None, id2label: dict | None = None):
+    """diffusers' own ``DiTPipeline`` around our model (DDIM with our β schedule by default)."""
+    from diffusers import DiTPipeline
+
+    from .diffusion import GaussianDiffusion
+    from .generate import diffusers_scheduler
+
+    if vae is None:
+        raise ValueError("diffusers' DiTPipeline always decodes with a VAE; pixel-space models need NaLaDiTPipeline")
+    if scheduler is None:
+        scheduler = diffusers_scheduler("ddim", GaussianDiffusion.from_schedule("linear", 1000, "learned_range"))
+    return DiTPipeline(transformer=DiTPipelineTransformer.from_dit(model), vae=vae, scheduler=scheduler,
+                       id2label=id2label)
+
+
+__all__ = ["NaLaDiTPipeline", "NaLaSiTPipeline", "DiTPipelineTransformer", "diffusers_dit_pipeline",
+           "load_pipeline", "pipeline_for"]
