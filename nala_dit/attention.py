@@ -185,23 +185,23 @@ def _token_chunks(shape: torch.Size) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def _lift(theta: torch.Tensor | None, mag: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``[mag ⊙ cos θ ; mag ⊙ sin θ]`` (cosine) or ``[mag ⊙ 1(x>0) ; mag ⊙ 1(x<0)]``
-    (relu_split), written into one (…, 2, D) buffer whose (…, 2D) view is exactly
-    ``torch.cat`` of the halves (§2) -- no concatenation, one GEMM downstream."""
-    feat = mag.new_empty(*mag.shape[:-1], 2, mag.shape[-1])
-    if theta is not None:
-        sin = torch.sin(theta)
-        # |θ| < π/4, so cos θ = √(1 − sin²θ) ≥ 1/√2 has no cancellation, and a square
-        # root costs far less than a second transcendental.
-        cos = (sin * sin).neg_().add_(1.0).sqrt_()
-        torch.mul(cos, mag, out=feat[..., 0, :])
-        torch.mul(sin, mag, out=feat[..., 1, :])
-    else:
-        torch.mul(mag, x > 0, out=feat[..., 0, :])
+Halves = tuple[torch.Tensor, torch.Tensor]
+
+
+def _lift(theta: torch.Tensor | None, mag: torch.Tensor, x: torch.Tensor) -> Halves:
+    """The two halves of a §2 feature map, each contiguous (B, H, C, D):
+    ``(mag ⊙ cos θ, mag ⊙ sin θ)`` (cosine) or ``(mag ⊙ 1(x>0), mag ⊙ 1(x<0))``
+    (relu_split). ``torch.cat`` of them is the 2D-wide feature; it is never built:
+    each product with the state is two GEMMs into one output instead."""
+    if theta is None:
+        first = mag * (x > 0)
         # mag − mag·1(x>0) = mag·1(x<0): at x = 0 the magnitude is 0^p = 0 anyway.
-        torch.sub(mag, feat[..., 0, :], out=feat[..., 1, :])
-    return feat
+        return first, mag.sub_(first)
+    sin = torch.sin(theta)
+    # |θ| < π/4, so cos θ = √(1 − sin²θ) ≥ 1/√2 has no cancellation, and a square root
+    # costs far less than a second transcendental.
+    cos = (sin * sin).neg_().add_(1.0).sqrt_()
+    return cos.mul_(mag), sin.mul_(mag)
 
 
 def _angle(x_hat: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -216,8 +216,8 @@ def _unit(x: torch.Tensor, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor,
     return x / clamped, norm, clamped
 
 
-def _query_lift(q: torch.Tensor, o: dict) -> tuple[torch.Tensor, tuple]:
-    """φ_q of §2 for a chunk of fp32 queries: (B, H, C, 2, D) and what the backward needs."""
+def _query_lift(q: torch.Tensor, o: dict) -> tuple[Halves, tuple]:
+    """φ_q of §2 for a chunk of fp32 queries, and what the backward needs."""
     q_hat, norm, clamped = _unit(q, o["norm_eps"])
     p = o["power"] * (o["offset"] + torch.tanh(norm / o["norm_scale"]))   # (B, H, C, 1)
     # a = |q̂|^p as exp(p·log|q̂|): log 0 = −inf gives exactly 0 here, and this forward
@@ -227,8 +227,8 @@ def _query_lift(q: torch.Tensor, o: dict) -> tuple[torch.Tensor, tuple]:
     return _lift(theta, a, q_hat), (q_hat, norm, clamped, p, theta)
 
 
-def _key_lift(k: torch.Tensor, o: dict) -> tuple[torch.Tensor, tuple]:
-    """φ_k of §2 for a chunk of fp32 keys: (B, H, C, 2, D) and what the backward needs."""
+def _key_lift(k: torch.Tensor, o: dict) -> tuple[Halves, tuple]:
+    """φ_k of §2 for a chunk of fp32 keys, and what the backward needs."""
     b = k.abs().pow_(o["power"])                                  # norm kept
     theta = k_hat = norm = clamped = None
     if o["direction"] == "cosine":
@@ -237,17 +237,17 @@ def _key_lift(k: torch.Tensor, o: dict) -> tuple[torch.Tensor, tuple]:
     return _lift(theta, b, k), (k_hat, norm, clamped, theta)
 
 
-def _lift_grads(feat: torch.Tensor, grad: torch.Tensor, theta: torch.Tensor | None, alpha: float):
-    """Backward of ``_lift`` without storing cos, sin or the magnitude separately.
+def _lift_grads(feat: Halves, grad: Halves, theta: torch.Tensor | None, alpha: float):
+    """Backward of ``_lift`` from the features themselves (cos, sin, mag are not kept).
 
-    With ``F = [m c ; m s]`` and its gradient ``G = [G₁ ; G₂]``:
-    ``m·∂L/∂m = G₁·F₁ + G₂·F₂`` and ``∂L/∂θ = G₂·F₁ − G₁·F₂``. Returns
-    ``(m·∂L/∂m, ∂L/∂x̂ through θ or None)``.
+    With ``F = (m c, m s)`` and its gradient ``G = (G₁, G₂)``:
+    ``m·∂L/∂m = G₁F₁ + G₂F₂`` and ``∂L/∂θ = G₂F₁ − G₁F₂``. Returns
+    ``(m·∂L/∂m, ∂L/∂x̂ through θ, or None)``.
     """
-    m_dm = (grad * feat).sum(-2)
+    m_dm = torch.addcmul(grad[0] * feat[0], grad[1], feat[1])
     if theta is None:
         return m_dm, None
-    d_theta = grad[..., 1, :] * feat[..., 0, :] - grad[..., 0, :] * feat[..., 1, :]
+    d_theta = torch.addcmul(grad[1] * feat[0], grad[0], feat[1], value=-1.0)
     # θ = (π/4)·tanh(α x̂): dθ/dx̂ = (π/4)·α·(1 − tanh²), with tanh = (4/π)·θ.
     t = theta * (4 / math.pi)
     return m_dm, d_theta.mul_((1 - t * t).mul_(math.pi / 4 * alpha))
@@ -258,7 +258,7 @@ def _through_unit(x, x_hat, norm, clamped, d_hat, d_norm, norm_eps):
     d_clamped = -(d_hat * x_hat).sum(-1, keepdim=True) / clamped
     # clamp_min passes the gradient where ‖x‖ ≥ ε; ‖x‖ has gradient x/‖x‖, 0 at x = 0.
     d_norm = d_norm + torch.where(norm >= norm_eps, d_clamped, 0.0)
-    return d_hat / clamped + (d_norm / norm.masked_fill(norm == 0, 1.0)) * x
+    return (d_hat / clamped).addcmul_(d_norm / norm.masked_fill(norm == 0, 1.0), x)
 
 
 def _query_grad(q, feat, grad, parts, o):
@@ -268,7 +268,7 @@ def _query_grad(q, feat, grad, parts, o):
     d_a_hat = a_da * p / q_hat.masked_fill(q_hat == 0, 1.0)
     d_hat = d_a_hat if d_hat is None else d_hat.add_(d_a_hat)
     d_p = torch.special.xlogy(a_da, q_hat.abs()).sum(-1, keepdim=True)
-    tanh_n = (p / o["power"] - o["offset"])                      # tanh(‖q‖/s)
+    tanh_n = p / o["power"] - o["offset"]                         # tanh(‖q‖/s)
     d_norm = d_p * (o["power"] / o["norm_scale"]) * (1 - tanh_n * tanh_n)
     return _through_unit(q, q_hat, norm, clamped, d_hat, d_norm, o["norm_eps"])
 
@@ -277,10 +277,10 @@ def _key_grad(k, feat, grad, parts, o):
     k_hat, norm, clamped, theta = parts
     b_db, d_hat = _lift_grads(feat, grad, theta, o["alpha"])
     # b = |k|^λ: ∂b/∂k = λ·b/k, 0 at k = 0.
-    d_k = b_db * o["power"] / k.masked_fill(k == 0, 1.0)
+    d_k = b_db.mul_(o["power"]).div_(k.masked_fill(k == 0, 1.0))
     if d_hat is None:
         return d_k
-    return d_k + _through_unit(k, k_hat, norm, clamped, d_hat, torch.zeros_like(norm), o["norm_eps"])
+    return d_k.add_(_through_unit(k, k_hat, norm, clamped, d_hat, torch.zeros_like(norm), o["norm_eps"]))
 
 
 def _with_ones(v: torch.Tensor) -> torch.Tensor:
@@ -289,24 +289,26 @@ def _with_ones(v: torch.Tensor) -> torch.Tensor:
 
 
 class _FusedNaLa(torch.autograd.Function):
-    """§3 linear form in token chunks; the backward saves q, k, v, the (2D × (D+1)) state
-    ``[S | z]`` and the per-token denominator, and recomputes the features."""
+    """§3 linear form in token chunks. The state is kept as its two halves
+    ``[S | z]`` (each D × (D+1), one per feature half). The backward saves q, k, v, the
+    state and the per-token denominator only, and recomputes the features."""
 
     @staticmethod
     def forward(ctx, q, k, v, opts):
         with _no_autocast(q.device):
             b, h, n, d = q.shape
-            state = q.new_zeros(b, h, 2 * d, d + 1, dtype=torch.float32)   # [S | z]
+            state = q.new_zeros(2, b, h, d, d + 1, dtype=torch.float32)    # [S | z] halves
             for sl in _token_chunks(q.shape):
-                phi_k, _ = _key_lift(k[:, :, sl].float(), opts)
-                phi_k = phi_k.flatten(-2)                                 # (B, H, C, 2D)
-                state.add_(phi_k.transpose(-2, -1) @ _with_ones(v[:, :, sl].float()))
+                phi_k = _key_lift(k[:, :, sl].float(), opts)[0]
+                v1 = _with_ones(v[:, :, sl].float())                       # (B, H, C, D+1)
+                for half, f in zip(state, phi_k):
+                    half.add_(f.transpose(-2, -1) @ v1)
             state.div_(n)
             out = q.new_empty(b, h, n, d, dtype=torch.float32)
             den = q.new_empty(b, h, n, 1, dtype=torch.float32)
             for sl in _token_chunks(q.shape):
-                phi_q, _ = _query_lift(q[:, :, sl].float(), opts)
-                num_den = phi_q.flatten(-2) @ state                       # (B, H, C, D+1)
+                f1, f2 = _query_lift(q[:, :, sl].float(), opts)[0]
+                num_den = (f1 @ state[0]).add_(f2 @ state[1])              # (B, H, C, D+1)
                 torch.add(num_den[..., d:], opts["eps"], out=den[:, :, sl])
                 torch.div(num_den[..., :d], den[:, :, sl], out=out[:, :, sl])
         ctx.opts = opts
@@ -320,8 +322,8 @@ class _FusedNaLa(torch.autograd.Function):
         b, h, n, d = q.shape
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
         with _no_autocast(q.device):
-            s_t = state[..., :d].transpose(-2, -1)                       # (B, H, D, 2D)
-            z = state[..., d].unsqueeze(-2)                              # (B, H, 1, 2D)
+            s_t = state[..., :d].transpose(-2, -1)                       # (2, B, H, D, D)
+            z = state[..., d].unsqueeze(-2)                              # (2, B, H, 1, D)
             d_state = torch.zeros_like(state)
             dq = torch.empty_like(q, dtype=torch.float32) if need_q else None
             for sl in _token_chunks(q.shape):
@@ -329,13 +331,17 @@ class _FusedNaLa(torch.autograd.Function):
                 phi_q, parts = _query_lift(qc, o)
                 dd = den[:, :, sl]
                 d_num = grad_out[:, :, sl].float() / dd                  # (B, H, C, D)
-                d_phi = d_num @ s_t                                      # (B, H, C, 2D)
+                d_phi = [d_num @ s_t[0], d_num @ s_t[1]]                 # halves of ∂L/∂φ_q
                 # ∂L/∂den = −Σ g·o/den, and g·num = den·(φ_q · d_num Sᵀ).
-                d_den = -(phi_q.flatten(-2) * d_phi).sum(-1, keepdim=True) / dd
-                d_state.add_(phi_q.flatten(-2).transpose(-2, -1) @ torch.cat([d_num, d_den], -1))
+                dot = torch.addcmul(phi_q[0] * d_phi[0], phi_q[1], d_phi[1])
+                d_den = dot.sum(-1, keepdim=True).div_(dd).neg_()
+                d_nd = torch.cat([d_num, d_den], -1)
+                for half, f in zip(d_state, phi_q):
+                    half.add_(f.transpose(-2, -1) @ d_nd)
                 if need_q:
-                    d_phi.addcmul_(d_den, z)
-                    dq[:, :, sl] = _query_grad(qc, phi_q, d_phi.unflatten(-1, (2, d)), parts, o)
+                    for g, zh in zip(d_phi, z):
+                        g.addcmul_(d_den, zh)
+                    dq[:, :, sl] = _query_grad(qc, phi_q, d_phi, parts, o)
             d_state.div_(n)
             dk = torch.empty_like(k, dtype=torch.float32) if need_k else None
             dv = torch.empty_like(v, dtype=torch.float32) if need_v else None
@@ -344,10 +350,11 @@ class _FusedNaLa(torch.autograd.Function):
                     kc = k[:, :, sl].float()
                     phi_k, parts = _key_lift(kc, o)
                     if need_v:
-                        dv[:, :, sl] = phi_k.flatten(-2) @ d_state[..., :d]
+                        dv[:, :, sl] = (phi_k[0] @ d_state[0, ..., :d]).add_(phi_k[1] @ d_state[1, ..., :d])
                     if need_k:
-                        d_phi = _with_ones(v[:, :, sl].float()) @ d_state.transpose(-2, -1)
-                        dk[:, :, sl] = _key_grad(kc, phi_k, d_phi.unflatten(-1, (2, d)), parts, o)
+                        v1 = _with_ones(v[:, :, sl].float())
+                        d_phi = [v1 @ half.transpose(-2, -1) for half in d_state]
+                        dk[:, :, sl] = _key_grad(kc, phi_k, d_phi, parts, o)
         cast = lambda g, x: None if g is None else g.to(x.dtype)
         return cast(dq, q), cast(dk, k), cast(dv, v), None
 
@@ -393,9 +400,10 @@ def nala_attention(
     runs in fp32. No N×N tensor is ever formed. ``impl`` picks the code path, all with
     the same numbers up to fp32 rounding:
 
-    * ``"fused"`` (what ``"auto"`` runs): token-chunked features written straight into
-      one buffer, ``[S | z]`` from one GEMM, and a hand-written backward that saves only
-      q, k, v, the small state and the denominator (features are recomputed);
+    * ``"fused"`` (what ``"auto"`` runs): token-chunked features kept as their cos/sin
+      halves (no concatenation; two GEMMs per product), ``[S | z]`` from the same GEMM,
+      and a hand-written backward that saves only q, k, v, the small state and the
+      denominator (features are recomputed);
     * ``"eager"``: the readable composition ``nala_features`` → §3, plain autograd;
     * ``"compile"``: ``torch.compile`` of the eager composition (opt-in; slow to build).
     """
