@@ -22,13 +22,11 @@ interface `extract(uint8 NCHW batch) -> dict`, streaming input readers, and the
 
 import hashlib
 import json
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import scipy.linalg
 import torch
 
 INCEPTION_NAME = "inception-v3-compat"
@@ -49,33 +47,31 @@ def feature_statistics(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return features.mean(axis=0), np.cov(features, rowvar=False)
 
 
-def frechet_distance(mu1, sigma1, mu2, sigma2, eps: float = 1e-6) -> float:
+def frechet_distance(mu1, sigma1, mu2, sigma2) -> float:
     """||mu1 - mu2||^2 + Tr(S1 + S2 - 2 (S1 S2)^(1/2)) in float64.
 
-    Follows ADM's `FIDStatistics.frechet_distance` (TTUR): scipy's sqrtm of the
-    product, retried with eps on the diagonals when the product is singular, and
-    the real part kept when round-off leaves a small imaginary one. If sqrtm still
-    fails we use torch-fidelity's route, Tr sqrt(S1 S2) = sum sqrt(eig(S1 S2)),
-    which is exact in theory (the product of two PSD matrices has real,
-    non-negative eigenvalues) and never fails.
+    ADM (after TTUR) takes scipy's sqrtm of S1 S2 and drops round-off imaginary
+    parts; torch-fidelity sums sqrt(eigvals(S1 S2)). Both only need the trace, and
+    Tr (S1 S2)^(1/2) = Tr (R^T S2 R)^(1/2) with S1 = R R^T, R = U diag(sqrt(l)) from
+    eigh(S1). The right-hand matrix is symmetric PSD, so two symmetric eigensolves
+    give the trace with no complex arithmetic, no failure on singular covariances
+    (fewer samples than dimensions), and about 5x faster than sqrtm at 2048-d.
+    Tests check agreement with both references.
     """
     mu1, mu2 = (np.atleast_1d(np.asarray(m, dtype=np.float64)) for m in (mu1, mu2))
     sigma1, sigma2 = (np.atleast_2d(np.asarray(s, dtype=np.float64)) for s in (sigma1, sigma2))
     if mu1.shape != mu2.shape or sigma1.shape != sigma2.shape:
         raise ValueError(f"shape mismatch: mu {mu1.shape} vs {mu2.shape}, sigma {sigma1.shape} vs {sigma2.shape}")
     diff = mu1 - mu2
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # sqrtm warns on near-singular input; we check the result
-        covmean = scipy.linalg.sqrtm(sigma1 @ sigma2)
-        if not np.isfinite(covmean).all():
-            offset = np.eye(sigma1.shape[0]) * eps
-            covmean = scipy.linalg.sqrtm((sigma1 + offset) @ (sigma2 + offset))
-    if np.isfinite(covmean).all() and np.allclose(np.diagonal(covmean).imag, 0, atol=1e-3):
-        tr_covmean = float(np.trace(covmean.real))
-    else:
-        eig = np.linalg.eigvals(sigma1 @ sigma2).astype(np.complex128)
-        tr_covmean = float(np.sqrt(eig).real.sum())
+    eigval, eigvec = np.linalg.eigh(sigma1)
+    # Null directions of S1 add nothing to the trace; dropping eigenvalues below eigh's
+    # own error bound (D * eps * max) shrinks the second eigensolve to rank(S1), which is
+    # small when there are fewer samples than dimensions.
+    keep = eigval > eigval.max() * len(eigval) * np.finfo(np.float64).eps
+    root1 = eigvec[:, keep] * np.sqrt(eigval[keep])  # S1 = root1 @ root1.T, (D, r)
+    inner = root1.T @ sigma2 @ root1
+    inner = (inner + inner.T) / 2  # exact symmetry for eigvalsh
+    tr_covmean = np.sqrt(np.clip(np.linalg.eigvalsh(inner), 0.0, None)).sum()
     return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2.0 * tr_covmean)
 
 
@@ -147,7 +143,7 @@ def precision_recall(real_feats, fake_feats, k: int = 3, batch_size: int = 4096)
             d = _pairwise_sq_dists(real[i : i + batch_size], fake[j : j + batch_size])  # (Br, Bf)
             fake_in[j : j + batch_size] |= (d <= real_radii[i : i + batch_size, None]).any(0)
             real_in[i : i + batch_size] |= (d <= fake_radii[None, j : j + batch_size]).any(1)
-    return float(fake_in.float().mean()), float(real_in.float().mean())
+    return float(fake_in.double().mean()), float(real_in.double().mean())
 
 
 def kid(
@@ -350,10 +346,10 @@ def iter_npz_array(path: str | Path, name: str = "arr_0", batch_size: int = 250)
         row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
         for start in range(0, shape[0], batch_size):
             count = min(batch_size, shape[0] - start)
-            data = f.read(count * row_bytes)
+            data = f.read(count * row_bytes)  # zip members return full reads until EOF
             if len(data) != count * row_bytes:
                 raise ValueError(f"{path}:{name} is truncated")
-            yield np.frombuffer(data, dtype=dtype).reshape(count, *shape[1:])
+            yield np.frombuffer(bytearray(data), dtype=dtype).reshape(count, *shape[1:])
 
 
 def npz_has(path: str | Path, name: str) -> bool:
@@ -381,7 +377,7 @@ class _ImageFiles(torch.utils.data.Dataset):
 
         with Image.open(self.files[i]) as img:
             gray = img.mode in ("1", "L", "I", "I;16", "F")
-            arr = np.asarray(img.convert("L" if gray else "RGB"))
+            arr = np.array(img.convert("L" if gray else "RGB"))
         return torch.from_numpy(arr[..., None] if gray else arr)  # (H, W, C)
 
 

@@ -1,0 +1,123 @@
+"""End-to-end tests of evaluate_fid.py through its main(), offline, on tiny inputs."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import evaluate_fid  # noqa: E402
+from nala_dit.digits import load_digits_split  # noqa: E402
+
+
+def _write_folder(folder: Path, images: np.ndarray) -> Path:
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    for i, img in enumerate(images):
+        Image.fromarray(img).save(folder / f"{i:05d}.png")
+    return folder
+
+
+def test_ref_and_calc_inception(tmp_path, image_sets, inception_weights, capsys):
+    common = ["--device", "cpu", "--batch-size", "8", "--inception-weights", str(inception_weights)]
+    stats = tmp_path / "ref_a.npz"
+    folder_a = _write_folder(tmp_path / "a", image_sets["a"])
+    assert evaluate_fid.main(["ref", "--data", str(folder_a), "--out", str(stats), *common]) == 0
+    with np.load(stats) as ref:
+        assert {"mu", "sigma", "mu_s", "sigma_s", "pool", "extractor", "weights_file"} <= set(ref.files)
+        assert ref["mu"].shape == (2048,) and ref["sigma_s"].shape == (2023, 2023)
+        assert ref["pool"].shape == (12, 2048) and str(ref["extractor"]) == "inception-v3-compat"
+
+    # Same images as an ADM-style .npz: identical features, so FID = sFID = 0 and P = R = 1.
+    samples_a = tmp_path / "a.npz"
+    np.savez(samples_a, image_sets["a"])
+    out_a = tmp_path / "a.json"
+    assert evaluate_fid.main(["calc", "--samples", str(samples_a), "--ref", str(stats), "--json", str(out_a), *common]) == 0
+    res_a = json.loads(out_a.read_text())
+    scale = np.trace(np.load(stats)["sigma"])
+    assert abs(res_a["metrics"]["fid"]) < 1e-4 * scale
+    assert res_a["metrics"]["precision"] == 1.0 and res_a["metrics"]["recall"] == 1.0
+
+    samples_b = tmp_path / "b.npz"
+    np.savez(samples_b, image_sets["b"])
+    Path(str(samples_b) + ".json").write_text(json.dumps({"sampler": "ddpm", "steps": 250, "cfg_scale": 1.5}))
+    out_b = tmp_path / "b.json"
+    assert evaluate_fid.main(["calc", "--samples", str(samples_b), "--ref", str(stats), "--json", str(out_b), "--kid", *common]) == 0
+    res_b = json.loads(out_b.read_text())
+    m = res_b["metrics"]
+    assert m["fid"] > 1e3 * max(abs(res_a["metrics"]["fid"]), 1e-9) and m["fid"] > 0.01 * scale
+    assert m["sfid"] > 0 and m["kid"] > 0
+    assert 1.0 <= m["inception_score"] <= 1008
+    assert 0.0 <= m["precision"] <= 1.0 and 0.0 <= m["recall"] <= 1.0
+    assert res_b["num_samples"] == 12
+    assert res_b["extractor"] == "inception-v3-compat"
+    assert res_b["weights_file"] == str(Path(inception_weights).resolve())
+    assert res_b["sampler"] == {"sampler": "ddpm", "steps": 250, "cfg_scale": 1.5}
+    table = capsys.readouterr().out
+    assert "FID" in table and "sFID" in table and "Precision" in table
+
+
+def test_missing_inception_weights_gives_clear_message(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    data = tmp_path / "x.npz"
+    np.savez(data, np.zeros((4, 16, 16, 3), np.uint8))
+    code = evaluate_fid.main(["ref", "--data", str(data), "--out", str(tmp_path / "r.npz"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "weights-inception-2015-12-05-6726825d.pth" in err
+    assert "releases/download/v0.2.0/weights-inception-2015-12-05-6726825d.pth" in err
+    assert str(tmp_path / "hub" / "checkpoints") in err
+    assert "Traceback" not in err and "URLError" not in err
+
+
+def test_digits_ref_and_calc(tmp_path, digits_classifier_dir, capsys):
+    common = ["--features", "digits", "--digits-classifier", str(digits_classifier_dir), "--device", "cpu"]
+    stats = tmp_path / "digits_heldout.npz"
+    assert evaluate_fid.main(["ref", "--dataset", "digits-heldout", "--out", str(stats), *common]) == 0
+
+    # Real held-out digits scored against their own statistics, with labels in arr_1.
+    images, labels = load_digits_split("heldout")
+    samples = tmp_path / "heldout.npz"
+    np.savez(samples, images[..., None], labels)
+    out = tmp_path / "digits.json"
+    assert evaluate_fid.main(["calc", "--samples", str(samples), "--ref", str(stats), "--json", str(out),
+                              "--digits-classifier", str(digits_classifier_dir), "--device", "cpu"]) == 0
+    res = json.loads(out.read_text())
+    assert res["extractor"] == "digits-classifier"  # taken from the reference file
+    assert "not comparable to Inception FID" in res["note"]
+    assert abs(res["metrics"]["fd_digits"]) < 1e-8 * np.trace(np.load(stats)["sigma"])
+    assert res["metrics"]["class_consistency"] >= 0.95
+    assert "fid" not in res["metrics"]
+
+    # Training digits as 3-channel 16x16 images with labels in the sidecar.
+    train, train_labels = load_digits_split("train")
+    train_rgb = np.repeat(np.repeat(np.repeat(train[:200, :, :, None], 3, axis=3), 2, axis=1), 2, axis=2)
+    samples_t = tmp_path / "train.npz"
+    np.savez(samples_t, train_rgb)
+    Path(str(samples_t) + ".json").write_text(json.dumps({"labels": train_labels[:200].tolist()}))
+    assert evaluate_fid.main(["calc", "--samples", str(samples_t), "--ref", str(stats), "--json", str(out), *common]) == 0
+    res_t = json.loads(out.read_text())
+    assert res_t["metrics"]["fd_digits"] > 0 and res_t["metrics"]["class_consistency"] >= 0.95
+    assert "not comparable to Inception FID" in capsys.readouterr().out
+
+    # Asking for Inception features against digits statistics is refused.
+    code = evaluate_fid.main(["calc", "--samples", str(samples_t), "--ref", str(stats), "--features", "inception",
+                              "--inception-weights", str(tmp_path / "none.pth")])
+    assert code == 1
+
+
+def test_gen_is_not_yet_available(capsys):
+    assert evaluate_fid.main(["gen"]) == 2
+    assert "not yet available" in capsys.readouterr().err
+
+
+def test_help_lists_subcommands(capsys):
+    with pytest.raises(SystemExit):
+        evaluate_fid.main(["--help"])
+    out = capsys.readouterr().out
+    assert "ref" in out and "calc" in out and "gen" in out
