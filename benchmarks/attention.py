@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -337,6 +338,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     results, methods = benchmark(args)
     slopes, ratios = summarise(results, args.min_fit_tokens)
     meta = dict(
@@ -350,7 +352,10 @@ def main(argv=None):
         repeats=1 if args.tiny else args.repeats, statistic="median",
         memory_method="torch.cuda.max_memory_allocated" if device.type == "cuda"
         else "TorchDispatchMode storage tracking (tensors created during the call)",
-        methods=list(methods),
+        methods=list(methods), cpu_count=os.cpu_count(),
+        # Other processes on a shared machine slow everything; the 1-minute load average
+        # before and after the run says how busy it was.
+        load_average=[load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
     )
     print_table(results, ratios)
     print("\nslope of time vs N (N >= %d):" % args.min_fit_tokens,

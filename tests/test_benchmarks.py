@@ -1,0 +1,54 @@
+"""The benchmark scripts run end to end in --tiny mode and write valid JSON."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(script, out, *extra):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), "--tiny", "--threads", "1", "--out", str(out), *extra]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def finite(x):
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def test_attention_benchmark_tiny(tmp_path):
+    data, stdout = run_script("attention.py", tmp_path / "attention.json")
+    meta = data["meta"]
+    for key in ("device", "dtype", "threads", "torch", "sdpa_backend", "memory_method", "command"):
+        assert key in meta, key
+    assert meta["threads"] == 1 and meta["dtype"] == "fp32"
+    methods = {r["method"] for r in data["results"]}
+    assert {"nala", "nala_naive", "relu", "sdpa", "math"} <= methods
+    for r in data["results"]:
+        assert r["mode"] in ("fwd", "fwd+bwd") and r["n"] in (64, 256)
+        assert r["skipped"] is None, r
+        assert finite(r["time_ms"]) and r["time_ms"] > 0
+        assert finite(r["peak_mib"]) and r["peak_mib"] > 0
+    assert set(data["slopes"]) == {"fwd", "fwd+bwd"}
+    row = next(r for r in data["ratios"] if r["mode"] == "fwd" and r["n"] == 256)
+    assert finite(row["time_nala/relu"]) and finite(row["time_nala/sdpa"]) and finite(row["mem_nala/sdpa"])
+    assert (tmp_path / "attention.png").stat().st_size > 0
+    assert "nala/relu" in stdout
+
+
+def test_model_benchmark_tiny(tmp_path):
+    data, stdout = run_script("model.py", tmp_path / "model.json")
+    rows = data["results"]
+    assert {r["model"] for r in rows} == {"DiT-S/2", "NaLaDiT-S/2"}
+    assert {r["task"] for r in rows} == {"train", "sample"}
+    for r in rows:
+        assert r["skipped"] is None, r
+        for key in ("images_per_s", "peak_mib", "gflops_fwd_per_image", "time_ms"):
+            assert finite(r[key]) and r[key] >= 0, (key, r)
+        assert r["params"] > 0 and r["latent"] == r["resolution"] // 8
+    assert data["meta"]["tiny"] is True
+    assert "img/s" in stdout
