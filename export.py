@@ -1,0 +1,86 @@
+"""Export models to diffusers pipeline folders that load offline with ``from_pretrained``.
+
+From a training checkpoint (EMA weights; a run folder picks its latest checkpoint):
+    python export.py checkpoint runs/NaLaDiT-S-2 exported/nala-dit-s2
+    python export.py checkpoint runs/NaLaDiT-S-2/checkpoints/0400000 exported/nala-dit-s2 \\
+        --vae sd-vae-ft-ema --copy-vae --labels-file imagenet_classes.txt
+From the published DiT / SiT weights (softmax models, official key layout):
+    python export.py official DiT-XL-2-256x256.pt exported/dit-xl2-256 --model DiT-XL/2 --image-size 256 \\
+        --vae sd-vae-ft-ema --copy-vae
+    python export.py official SiT-XL-2-256.pt exported/sit-xl2-256 --model SiT-XL/2 --model-only
+Then:
+    python -c "import nala_dit.pipeline as p; print(p.load_pipeline('exported/nala-dit-s2')([1]).images)"
+    python sample.py --ckpt exported/nala-dit-s2 --labels 1,2 --grid grid.png
+
+Without --copy-vae the pipeline stores only the VAE's path or hub id (``vae_path``) and
+loads it on first use; with it the VAE is saved inside the folder.
+"""
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    ck = sub.add_parser("checkpoint", help="a training checkpoint → pipeline folder")
+    ck.add_argument("ckpt", help="checkpoint folder or run folder")
+    ck.add_argument("out_dir")
+    ck.add_argument("--weights", choices=["ema", "model"], default="ema")
+
+    off = sub.add_parser("official", help="a published DiT/SiT .pt → pipeline (or model) folder")
+    off.add_argument("pt", help="e.g. DiT-XL-2-256x256.pt or SiT-XL-2-256.pt")
+    off.add_argument("out_dir")
+    off.add_argument("--model", required=True, help="softmax preset, e.g. DiT-XL/2 or SiT-XL/2")
+    off.add_argument("--image-size", type=int, default=256, help="pixels (the latent side is a 1/8 of it)")
+    off.add_argument("--num-classes", type=int, default=1000)
+    off.add_argument("--model-only", action="store_true", help="save only the transformer (DiT.from_pretrained)")
+
+    for sp in (ck, off):
+        sp.add_argument("--vae", help="VAE folder or hub id (checkpoint: default the one it trained with)")
+        sp.add_argument("--copy-vae", action="store_true", help="save the VAE inside the folder (else a reference)")
+        sp.add_argument("--labels-file", help="class names: .json (list or {id: name}) or one name per line")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, FileNotFoundError, OSError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+def run(args) -> int:
+    from nala_dit.sampling import read_labels_file
+
+    id2label = read_labels_file(args.labels_file) if args.labels_file else None
+    if args.command == "checkpoint":
+        from nala_dit.pipeline import pipeline_from_checkpoint
+
+        pipe = pipeline_from_checkpoint(args.ckpt, args.weights, args.vae, args.copy_vae, id2label)
+    else:
+        from nala_dit.data import load_vae
+        from nala_dit.pipeline import load_official_state_dict, model_from_official, pipeline_for
+
+        model = model_from_official(load_official_state_dict(args.pt), args.model, args.image_size, args.num_classes)
+        if args.model_only:
+            model.save_pretrained(args.out_dir)
+            print(f"wrote model folder {args.out_dir} (nala_dit.DiT.from_pretrained)")
+            return 0
+        if args.copy_vae and not args.vae:
+            raise ValueError("--copy-vae needs --vae PATH (the VAE folder to copy)")
+        vae, scaling = (load_vae(args.vae) if args.vae else (None, None))
+        vae_path = args.vae or "stabilityai/sd-vae-ft-ema"  # what DiT and SiT were trained with
+        pipe = pipeline_for(model, vae=vae if args.copy_vae else None, id2label=id2label, scaling_factor=scaling,
+                            vae_path=None if args.copy_vae else vae_path,
+                            source=dict(model=args.model, checkpoint=str(args.pt), weights="official"))
+    pipe.save_pretrained(args.out_dir)
+    print(f"wrote {type(pipe).__name__} folder {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The diffusers pipelines: save → load round trips, diffusers' DiTPipeline, bad input.
+
+Models are tiny (depth 4, width 128, 8×8 inputs) with randomised weights, so images are
+not all zero (DiT's zero init makes an untrained model output exactly 0).
+"""
+
+import numpy as np
+import pytest
+import torch
+from diffusers import AutoencoderKL, DDIMScheduler
+from safetensors.torch import load_file, save_file
+
+import nala_dit  # noqa: F401  (diffusers resolves nala_dit.models.DiT through sys.modules)
+from nala_dit.models import create_model
+from nala_dit.pipeline import (DiTPipelineTransformer, NaLaDiTPipeline, NaLaSiTPipeline, diffusers_dit_pipeline,
+                               load_pipeline, pipeline_for)
+
+NAMES = {i: name for i, name in enumerate(["tench, Tinca tinca", "golden retriever", "tabby cat"])}
+
+
+def randomised(model, seed=0, std=0.05):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * std)
+    return model.eval()
+
+
+def tiny(name, **overrides):
+    kw = dict(input_size=8, in_channels=1, num_classes=3)
+    return randomised(create_model(name, **{**kw, **overrides}))
+
+
+@pytest.fixture(scope="module")
+def tiny_vae(tmp_path_factory):
+    """The ≈67k-parameter offline VAE (true 8× downsampling), saved once."""
+    torch.manual_seed(0)
+    vae = AutoencoderKL(block_out_channels=(8, 8, 16, 16), down_block_types=("DownEncoderBlock2D",) * 4,
+                        up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=1, norm_num_groups=8,
+                        latent_channels=4, sample_size=64)
+    path = tmp_path_factory.mktemp("vae") / "tiny-vae"
+    vae.save_pretrained(path)
+    return path
+
+
+def quiet(pipe):
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run(pipe, **kw):
+    kw = {"class_labels": [1, "tabby_cat", 0], "num_inference_steps": 2, "generator": 7, "output_type": "np", **kw}
+    return quiet(pipe)(**kw).images
+
+
+@pytest.mark.parametrize("name,sampler", [("NaLaDiT-T/2", "ddim"), ("NaLaSiT-T/2", "ode-euler")])
+def test_round_trip_pixel_space(tmp_path, name, sampler):
+    pipe = pipeline_for(tiny(name), id2label=NAMES)
+    before = run(pipe, sampler=sampler, guidance_scale=2.0)
+    assert before.shape == (3, 8, 8, 1) and before.std() > 0
+    pipe.save_pretrained(tmp_path)
+    loaded = load_pipeline(tmp_path)
+    assert type(loaded) is type(pipe)
+    assert loaded.vae is None and loaded.id2label == NAMES and loaded.config.null_class_id == 3
+    assert not any(p.device.type == "meta" for p in loaded.transformer.parameters())
+    np.testing.assert_array_equal(run(loaded, sampler=sampler, guidance_scale=2.0), before)
+    # The class's own from_pretrained works too, and a torch.Generator seeds like diffusers.
+    again = quiet(type(pipe).from_pretrained(tmp_path))
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    a = again([2, 2], sampler=sampler, num_inference_steps=2, generator=g(), output_type="pil").images
+    b = quiet(pipe)([2, 2], sampler=sampler, num_inference_steps=2, generator=g(), output_type="pil").images
+    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
+
+
+def test_round_trip_latent_with_tiny_vae(tmp_path, tiny_vae):
+    """DiT with the VAE copied into the folder, SiT with the VAE stored by reference."""
+    from nala_dit.data import load_vae
+
+    vae, scaling = load_vae(str(tiny_vae))
+    dit = NaLaDiTPipeline.from_model(tiny("NaLaDiT-T/2", in_channels=4), vae=vae, id2label=NAMES,
+                                     scaling_factor=scaling)
+    sit = NaLaSiTPipeline.from_model(tiny("NaLaSiT-T/2", in_channels=4), id2label=NAMES, vae_path=str(tiny_vae))
+    for pipe, sampler, copied in ((dit, "dpm-solver", True), (sit, "sde-euler", False)):
+        before = run(pipe, sampler=sampler, guidance_scale=1.5, num_inference_steps=2)
+        assert before.shape == (3, 64, 64, 3)
+        pipe.save_pretrained(tmp_path / sampler)
+        assert (tmp_path / sampler / "vae").is_dir() == copied
+        after = run(load_pipeline(tmp_path / sampler), sampler=sampler, guidance_scale=1.5, num_inference_steps=2)
+        np.testing.assert_array_equal(after, before)
+
+
+def test_scheduler_sampler_runs_the_pipelines_diffusers_scheduler():
+    from diffusers import DPMSolverMultistepScheduler
+
+    pipe = pipeline_for(tiny("NaLaDiT-T/2"), id2label=NAMES)
+    out = run(pipe, sampler="scheduler")
+    assert out.shape == (3, 8, 8, 1) and np.isfinite(out).all()
+    np.testing.assert_array_equal(run(pipe, sampler="scheduler"), out)
+    pipe.scheduler = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
+    assert not np.array_equal(run(pipe, sampler="scheduler"), out)
+
+
+def test_our_dit_inside_diffusers_dit_pipeline(tiny_vae):
+    from diffusers import DiTPipeline
+
+    from nala_dit.data import load_vae
+
+    model = tiny("NaLaDiT-T/4", in_channels=4, num_classes=1000)
+    vae, _ = load_vae(str(tiny_vae))
+    pipe = quiet(diffusers_dit_pipeline(model, vae, scheduler=DDIMScheduler(timestep_spacing="trailing")))
+    assert isinstance(pipe, DiTPipeline)
+    images = pipe([1, 999], num_inference_steps=2, guidance_scale=1.5, output_type="np",
+                  generator=torch.manual_seed(0)).images
+    assert images.shape == (2, 64, 64, 3) and np.isfinite(images).all()
+    # The adapter is the same function as the model.
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([10, 500]), torch.tensor([3, 1000])
+    torch.testing.assert_close(pipe.transformer(x, timestep=t, class_labels=y).sample, model(x, t, y))
+    with pytest.raises(ValueError, match="null class as 1000"):
+        DiTPipelineTransformer.from_dit(tiny("NaLaDiT-T/4", in_channels=4, num_classes=10))
+
+
+def test_missing_weights_are_an_error_not_meta(tmp_path):
+    pipe = pipeline_for(tiny("NaLaDiT-T/2"), id2label=NAMES)
+    pipe.save_pretrained(tmp_path)
+    weights = tmp_path / "transformer" / "diffusion_pytorch_model.safetensors"
+    state = load_file(str(weights))
+    state.pop("final_layer.linear.weight")
+    save_file(state, str(weights))
+    with pytest.raises(ValueError, match="meta device"):
+        load_pipeline(tmp_path)
+
+
+def test_bad_input_is_named():
+    dit = pipeline_for(tiny("NaLaDiT-T/2"), id2label=NAMES)
+    with pytest.raises(ValueError, match="for transport"):
+        run(dit, sampler="ode-heun")
+    with pytest.raises(ValueError, match="unknown class name.*'golden retrever'.*did you mean golden retriever"):
+        run(dit, class_labels=["golden retrever"])
+    with pytest.raises(ValueError, match="out of range"):
+        run(dit, class_labels=[3])
+    with pytest.raises(ValueError, match="null class"):
+        run(pipeline_for(tiny("NaLaSiT-T/2", class_dropout_prob=0.0), id2label=NAMES), guidance_scale=2.0)
+    with pytest.raises(ValueError, match="use NaLaSiTPipeline"):
+        NaLaDiTPipeline(tiny("NaLaSiT-T/2"))
+    with pytest.raises(ValueError, match="id2label has 2 names"):
+        NaLaSiTPipeline(tiny("NaLaSiT-T/2"), id2label={0: "a", 1: "b"})
