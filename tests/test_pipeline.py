@@ -93,11 +93,11 @@ def test_scheduler_sampler_runs_the_pipelines_diffusers_scheduler():
     from diffusers import DPMSolverMultistepScheduler
 
     pipe = pipeline_for(tiny("NaLaDiT-T/2"), id2label=NAMES)
-    out = run(pipe, sampler="scheduler")
-    assert out.shape == (3, 8, 8, 1) and np.isfinite(out).all()
-    np.testing.assert_array_equal(run(pipe, sampler="scheduler"), out)
+    out = run(pipe, sampler="scheduler", output_type="latent")
+    assert out.shape == (3, 1, 8, 8) and torch.isfinite(out).all()
+    torch.testing.assert_close(run(pipe, sampler="scheduler", output_type="latent"), out, rtol=0, atol=0)
     pipe.scheduler = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
-    assert not np.array_equal(run(pipe, sampler="scheduler"), out)
+    assert not torch.equal(run(pipe, sampler="scheduler", output_type="latent"), out)
 
 
 def test_our_dit_inside_diffusers_dit_pipeline(tiny_vae):
