@@ -17,6 +17,10 @@ Subcommands (the shape of EDM2's calculate_metrics.py):
   # an ADM reference batch works as --ref directly (mu, sigma, mu_s, sigma_s + arr_0)
   python evaluate_fid.py calc --samples samples.npz --ref VIRTUAL_imagenet256_labeled.npz
 
+  # generate from a checkpoint and score in one go, no images written
+  python evaluate_fid.py gen --ckpt runs/digits-dit --ref runs/ref/digits.npz --num-samples 1000 \
+      --sampler ddim --steps 50
+
 Evaluation runs in one process (feature extraction is cheap next to sampling), so
 there is no `accelerate launch` form. Nothing is downloaded: the Inception weights
 come from --inception-weights or torch-fidelity's cache, else the command says
@@ -27,6 +31,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from nala_dit import metrics
 
@@ -62,17 +68,55 @@ def build_parser() -> argparse.ArgumentParser:
     calc.add_argument("--split-size", type=int, default=5000, help="Inception Score split size (ADM: 5000)")
     _add_common(calc, None)
 
-    sub.add_parser("gen", help="generate and score without writing images (not yet available)")
+    gen = sub.add_parser("gen", help="generate samples from a checkpoint and score them without writing images")
+    gen.add_argument("--ckpt", required=True, help="checkpoint folder, run folder (latest checkpoint) or pipeline folder")
+    gen.add_argument("--ref", required=True, help="reference .npz from `ref`, or an ADM reference batch")
+    gen.add_argument("--num-samples", type=int, required=True, help="balanced, seeded-shuffled labels as sample.py")
+    gen.add_argument("--seed", type=int, default=0, help="same seed and index = same image as sample.py")
+    gen.add_argument("--weights", choices=["ema", "model"], default="ema")
+    gen.add_argument("--vae", default=None, help="VAE folder (default: the one the checkpoint names)")
+    gen.add_argument("--sampler", default=None, help="default: ddpm (DiT) / ode-heun (SiT); see nala_dit.generate")
+    gen.add_argument("--steps", type=int, default=None)
+    gen.add_argument("--cfg-scale", type=float, default=1.0)
+    gen.add_argument("--kid", action="store_true", help="also compute KID")
+    gen.add_argument("--json", default=None, help="write the result here")
+    gen.add_argument("--split-size", type=int, default=5000, help="Inception Score split size (ADM: 5000)")
+    _add_common(gen, None)
     return parser
+
+
+def _generated_batches(source, labels, seed, settings, batch_size):
+    """uint8 NHWC batches from the shared sampler. Noise is seeded per global sample
+    index (nala_dit.sampling), so with the same settings and --batch-size these are the
+    images `sample.py --num-samples N --seed S` would write."""
+    import torch
+
+    from nala_dit.data import to_uint8
+    from nala_dit.sampling import sample_batch
+
+    for start in range(0, len(labels), batch_size):
+        idx = list(range(start, min(start + batch_size, len(labels))))
+        y = torch.tensor([labels[i] for i in idx], dtype=torch.long)
+        images, _ = sample_batch(source.model, source.objective, y, idx, seed, settings,
+                                 source.vae, source.scaling_factor)
+        yield to_uint8(images).numpy()
+
+
+def _gen(args, common) -> dict:
+    from nala_dit.sampling import SampleSettings, balanced_labels, load_source
+
+    source = load_source(args.ckpt, args.weights, args.vae, common["device"])
+    settings = SampleSettings(args.sampler, args.steps, args.cfg_scale).resolved(source.objective)
+    labels = balanced_labels(args.num_samples, source.num_classes, args.seed).tolist()
+    sampler = dict(source.info, sampler=settings.sampler, num_steps=settings.num_steps,
+                   cfg_scale=settings.cfg_scale, seed=args.seed, num_samples=args.num_samples)
+    batches = _generated_batches(source, labels, args.seed, settings, args.batch_size)
+    return metrics.evaluate_samples(batches, args.ref, args.features, args.kid, split_size=args.split_size,
+                                    labels=np.asarray(labels), sampler=sampler, **common)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "gen":
-        print("evaluate_fid.py gen is not yet available: generate with sample.py into an .npz, "
-              "then run `evaluate_fid.py calc --samples that.npz --ref stats.npz`.", file=sys.stderr)
-        return 2
-
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -83,8 +127,11 @@ def main(argv: list[str] | None = None) -> int:
             summary = metrics.make_reference(args.out, args.data, args.dataset, args.features, **common)
             print(f"wrote {summary['out']}: {summary['num_images']} images, {summary['extractor']}")
             return 0
-        result = metrics.evaluate_samples(args.samples, args.ref, args.features, args.kid,
-                                          split_size=args.split_size, **common)
+        if args.command == "gen":
+            result = _gen(args, common)
+        else:
+            result = metrics.evaluate_samples(args.samples, args.ref, args.features, args.kid,
+                                              split_size=args.split_size, **common)
     except (metrics.MissingWeightsError, FileNotFoundError, ValueError, KeyError) as err:
         # Expected user errors (missing weights, wrong paths, mismatched extractors): a message, no traceback.
         print(f"error: {err}", file=sys.stderr)

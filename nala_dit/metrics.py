@@ -566,7 +566,7 @@ def make_reference(
 
 
 def evaluate_samples(
-    samples: str | Path,
+    samples,
     ref: str | Path,
     features: str | None = None,
     with_kid: bool = False,
@@ -576,8 +576,15 @@ def evaluate_samples(
     inception_weights: str | Path | None = None,
     digits_classifier_dir: str | Path | None = None,
     split_size: int = 5000,
+    labels: np.ndarray | None = None,
+    sampler: dict | None = None,
 ) -> dict:
-    """Score a folder/.npz of samples against a reference .npz; the JSON-able result.
+    """Score samples against a reference .npz; the JSON-able result.
+
+    `samples` is a folder or .npz (labels from arr_1 or the sidecar, sampler
+    metadata from the sidecar), or any iterable of uint8 NHWC batches (then pass
+    `labels` and `sampler` yourself; `evaluate_fid.py gen` streams generated
+    batches this way without writing images).
 
     The extractor defaults to the one recorded in the reference; asking for a
     different one is an error, since features from two networks cannot be compared.
@@ -600,18 +607,21 @@ def evaluate_samples(
     if "mu" not in reference:
         raise ValueError(f"{ref} has neither statistics (mu, sigma) nor images (arr_0)")
 
-    sample_feats = compute_features(extractor, iter_images(samples, batch_size, num_workers))
-    labels = read_labels(samples)
+    from_path = isinstance(samples, (str, Path))
+    batches = iter_images(samples, batch_size, num_workers) if from_path else samples
+    sample_feats = compute_features(extractor, batches)
+    if from_path:
+        labels, sampler = read_labels(samples), read_sidecar(samples)
     metrics = calc_metrics(sample_feats, reference, extractor.name, labels, with_kid, split_size)
     result = {
         "metrics": metrics,
         "num_samples": len(sample_feats["pool"]),
-        "samples": str(samples),
+        "samples": str(samples) if from_path else "generated in memory",
         "reference": str(ref),
         "reference_extractor": recorded or "unrecorded (e.g. an ADM reference batch: TensorFlow Inception)",
         "reference_num_images": reference.get("num_images"),
         **extractor.describe(),
-        "sampler": read_sidecar(samples),
+        "sampler": sampler,
     }
     return result
 

@@ -51,3 +51,26 @@ def image_sets():
     a = 40 + 120 * ramp * rng.uniform(0.5, 1.0, (12, 1, 1, 3)) + rng.normal(0, 8, (12, 32, 32, 3))
     blocks = rng.uniform(120, 255, (12, 4, 4, 3)).repeat(8, axis=1).repeat(8, axis=2)
     return {"a": np.clip(a, 0, 255).astype(np.uint8), "b": blocks.astype(np.uint8)}
+
+
+@pytest.fixture(scope="session")
+def digits_checkpoint(tmp_path_factory):
+    """A train.py-style run folder: a tiny pixel-space digits DiT (8x8, 1 channel) with
+    random weights, for end-to-end sampling tests."""
+    from nala_dit.checkpoint import save_checkpoint
+    from nala_dit.config import to_dict
+    from nala_dit.models import create_model
+    from nala_dit.training import TrainConfig
+
+    run_dir = tmp_path_factory.mktemp("runs") / "digits-dit"
+    model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+    cfg = TrainConfig(model="NaLaDiT-T/2", data="digits", exp_name=run_dir.name, results_dir=str(run_dir.parent),
+                      class_dropout_prob=model.config.class_dropout_prob)
+    state = dict(step=5, epoch=0, position=5, world_size=1, config=to_dict(cfg), model_config=dict(model.config))
+    save_checkpoint(run_dir / "checkpoints", model=model, ema=model, state=state,
+                    optimizer=torch.optim.AdamW(model.parameters()), rng_states=[torch.get_rng_state()])
+    return run_dir

@@ -111,9 +111,22 @@ def test_digits_ref_and_calc(tmp_path, digits_classifier_dir, capsys):
     assert code == 1
 
 
-def test_gen_is_not_yet_available(capsys):
-    assert evaluate_fid.main(["gen"]) == 2
-    assert "not yet available" in capsys.readouterr().err
+def test_gen_scores_generated_digits_without_writing_images(tmp_path, digits_checkpoint, digits_classifier_dir):
+    classifier = ["--digits-classifier", str(digits_classifier_dir), "--device", "cpu"]
+    stats = tmp_path / "digits.npz"
+    assert evaluate_fid.main(["ref", "--dataset", "digits-heldout", "--features", "digits", "--out", str(stats),
+                              *classifier]) == 0
+    out = tmp_path / "gen.json"
+    before = {p for p in tmp_path.rglob("*")}
+    assert evaluate_fid.main(["gen", "--ckpt", str(digits_checkpoint), "--ref", str(stats), "--num-samples", "20",
+                              "--sampler", "ddim", "--steps", "2", "--batch-size", "8", "--json", str(out),
+                              *classifier]) == 0
+    assert {p for p in tmp_path.rglob("*")} - before == {out}
+    res = json.loads(out.read_text())
+    assert res["num_samples"] == 20 and res["extractor"] == "digits-classifier"
+    # An untrained model: far from real digits, labels ignored (class consistency near chance).
+    assert res["metrics"]["fd_digits"] > 0 and 0.0 <= res["metrics"]["class_consistency"] <= 1.0
+    assert res["sampler"]["sampler"] == "ddim" and res["sampler"]["num_steps"] == 2 and res["sampler"]["seed"] == 0
 
 
 def test_help_lists_subcommands(capsys):
