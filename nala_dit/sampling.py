@@ -281,7 +281,8 @@ def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int) -> None:
     from PIL import Image
     from torchvision.utils import make_grid
 
-    grid = make_grid(images.permute(0, 3, 1, 2), nrow=nrow, padding=2, pad_value=0)  # (C, H', W')
+    grid = make_grid(images.permute(0, 3, 1, 2), nrow=nrow, padding=2, pad_value=0)  # (3, H', W')
+    grid = grid[: images.shape[-1]]  # make_grid repeats a grey channel three times
     arr = grid.permute(1, 2, 0).numpy()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr).save(path)

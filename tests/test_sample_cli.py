@@ -1,0 +1,139 @@
+"""sample.py: grids and PNGs, identity with the pipeline, mass sampling (2 processes,
+exact balance, resume), and clear errors."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import sample
+from nala_dit.checkpoint import save_checkpoint
+from nala_dit.config import to_dict
+from nala_dit.models import create_model
+from nala_dit.training import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["--sampler", "ddim", "--steps", "2"]
+
+
+def write_checkpoint(run_dir: Path, model_name="NaLaDiT-T/2", **overrides) -> Path:
+    """A checkpoint as train.py writes it, for a pixel-space digits model with random weights."""
+    model = create_model(model_name, input_size=8, in_channels=1, num_classes=10, **overrides)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+    cfg = TrainConfig(model=model_name, data="digits", exp_name=run_dir.name, results_dir=str(run_dir.parent),
+                      class_dropout_prob=model.config.class_dropout_prob)
+    state = dict(step=5, epoch=0, position=5, world_size=1, config=to_dict(cfg), model_config=dict(model.config))
+    save_checkpoint(run_dir / "checkpoints", model=model, ema=model, state=state,
+                    optimizer=torch.optim.AdamW(model.parameters()), rng_states=[torch.get_rng_state()])
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("runs") / "dit")
+
+
+def cli(*args) -> int:
+    return sample.main([str(a) for a in args])
+
+
+def test_grid_and_pngs_match_the_pipeline(run_dir, tmp_path):
+    from nala_dit.pipeline import pipeline_from_checkpoint
+
+    assert cli("--ckpt", run_dir, "--labels", "1,7", "--per-label", 3, "--seed", 5, *FAST,
+               "--grid", tmp_path / "grid.png", "--out-dir", tmp_path / "pngs") == 0
+    grid = np.asarray(Image.open(tmp_path / "grid.png"))
+    assert grid.shape == (2 * 10 + 2, 3 * 10 + 2)  # one row per label, 8 px + 2 px padding
+    pngs = sorted((tmp_path / "pngs").glob("*.png"))
+    assert [p.name for p in pngs][-1] == "000005_class7.png"
+    pipe = pipeline_from_checkpoint(run_dir)
+    pipe.set_progress_bar_config(disable=True)
+    images = pipe([1, 1, 1, 7, 7, 7], sampler="ddim", num_inference_steps=2, generator=5).images
+    for png, img in zip(pngs, images):
+        np.testing.assert_array_equal(np.asarray(Image.open(png)), np.asarray(img))
+
+
+def test_balanced_labels_and_class_names(run_dir, tmp_path):
+    assert cli("--ckpt", run_dir, "--num-samples", 20, *FAST, "--batch-size", 8, "--out-dir", tmp_path) == 0
+    labels = [int(p.stem.split("class")[1]) for p in sorted(tmp_path.glob("*.png"))]
+    assert np.bincount(labels).tolist() == [2] * 10
+
+
+def test_errors_name_the_problem(run_dir, tmp_path, capsys):
+    grid = ["--grid", tmp_path / "g.png"]
+    cases = [
+        (["--ckpt", tmp_path / "missing", "--labels", "1", *grid], "no checkpoint or pipeline folder"),
+        (["--ckpt", run_dir, "--labels", "1,seven", *grid], "unknown class name(s): 'seven'"),
+        (["--ckpt", run_dir, "--labels", "12", *grid], "class id 12 is out of range"),
+        (["--ckpt", run_dir, "--labels", "1", "--sampler", "sde-heun", *grid], "sampler 'sde-heun' is for transport"),
+        (["--ckpt", run_dir, "--labels", "1"], "nothing to write"),
+        (["--ckpt", run_dir, "--labels", "1", "--out", tmp_path / "x.npz"], "takes --num-samples"),
+    ]
+    for args, message in cases:
+        assert cli(*args) == 1, message
+        assert message in capsys.readouterr().err
+    uncond = write_checkpoint(tmp_path / "uncond", class_dropout_prob=0.0)
+    assert cli("--ckpt", uncond, "--labels", "1", "--cfg-scale", 1.5, *FAST, *grid) == 1
+    assert "null class" in capsys.readouterr().err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_mass_sampling_two_processes_balanced_and_resumable(run_dir, tmp_path):
+    common = ["--ckpt", run_dir, "--num-samples", 30, "--seed", 3, *FAST, "--batch-size", 2, "--shard-size", 4]
+    # Reference: one process, in this interpreter.
+    assert cli(*common, "--out", tmp_path / "one.npz") == 0
+    with np.load(tmp_path / "one.npz") as ref:
+        ref_images, ref_labels = ref["arr_0"], ref["arr_1"]
+    assert ref_images.shape == (30, 8, 8, 1) and ref_images.dtype == np.uint8
+    assert np.bincount(ref_labels).tolist() == [3] * 10
+    assert not (tmp_path / "one.npz.parts").exists()  # shards are removed once assembled
+
+    # An interrupted run: two shards, then "killed".
+    out = tmp_path / "two.npz"
+    assert cli(*common, "--out", out, "--stop-after", 2, "--keep-parts") == 0
+    parts = Path(f"{out}.parts")
+    done = {p: p.stat().st_mtime_ns for p in parts.glob("shard-*.npz")}
+    assert len(done) == 2 and not out.exists()
+
+    # Resume with two processes: the finished shards are kept, the rest is split.
+    env = dict(os.environ, ACCELERATE_USE_CPU="1", HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
+               OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), str(ROOT / "sample.py"),
+           *map(str, common), "--out", str(out), "--keep-parts"]
+    result = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in done} == done
+    assert len(list(parts.glob("shard-*.npz"))) == 8
+    with np.load(out) as got:
+        np.testing.assert_array_equal(got["arr_0"], ref_images)
+        np.testing.assert_array_equal(got["arr_1"], ref_labels)
+    meta = json.loads(Path(f"{out}.json").read_text())
+    assert meta["num_samples"] == 30 and meta["world_size"] == 2 and meta["step"] == 5
+    assert meta["sampler"] == "ddim" and meta["steps"] == 2 and meta["nfe"] == 2 and meta["seed"] == 3
+    assert meta["per_class_min"] == meta["per_class_max"] == 3 and meta["precision"] == "fp32"
+
+
+def test_mass_sampling_refuses_mixed_settings(run_dir, tmp_path, capsys):
+    common = ["--ckpt", run_dir, "--num-samples", 4, *FAST, "--batch-size", 2, "--shard-size", 2,
+              "--out", tmp_path / "s.npz"]
+    assert cli(*common, "--stop-after", 1) == 0
+    assert cli(*common, "--seed", 9) == 1
+    assert "other settings" in capsys.readouterr().err
