@@ -65,13 +65,13 @@ def run(args) -> int:
         from nala_dit.data import load_vae
         from nala_dit.pipeline import load_official_state_dict, model_from_official, pipeline_for
 
+        if args.copy_vae and not args.vae:
+            raise ValueError("--copy-vae needs --vae PATH (the VAE folder to copy)")
         model = model_from_official(load_official_state_dict(args.pt), args.model, args.image_size, args.num_classes)
         if args.model_only:
             model.save_pretrained(args.out_dir)
             print(f"wrote model folder {args.out_dir} (nala_dit.DiT.from_pretrained)")
             return 0
-        if args.copy_vae and not args.vae:
-            raise ValueError("--copy-vae needs --vae PATH (the VAE folder to copy)")
         vae, scaling = (load_vae(args.vae) if args.vae else (None, None))
         vae_path = args.vae or "stabilityai/sd-vae-ft-ema"  # what DiT and SiT were trained with
         pipe = pipeline_for(model, vae=vae if args.copy_vae else None, id2label=id2label, scaling_factor=scaling,

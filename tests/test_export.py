@@ -1,0 +1,89 @@
+"""export.py: training checkpoints and official DiT/SiT weights → pipeline folders."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import export
+import train
+from nala_dit.models import DiT, create_model
+from nala_dit.pipeline import NaLaDiTPipeline, NaLaSiTPipeline, load_pipeline
+from nala_dit.sampling import SampleSettings, load_source, sample_images
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Two real train.py steps on the digits (pixel space, 10 classes)."""
+    root = tmp_path_factory.mktemp("train")
+    assert train.main(["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "16",
+                       "--max-steps", "2", "--num-workers", "0", "--results-dir", str(root), "--exp-name", "x",
+                       "--sample-every", "0", "--log-every", "1", "--ckpt-every", "2"]) == 0
+    return root / "x"
+
+
+def test_export_checkpoint_written_by_train(trained, tmp_path):
+    labels_file = tmp_path / "names.txt"
+    labels_file.write_text("\n".join(f"digit {i}" for i in range(10)))
+    out = tmp_path / "pipe"
+    assert export.main(["checkpoint", str(trained), str(out), "--labels-file", str(labels_file)]) == 0
+    index = json.loads((out / "model_index.json").read_text())
+    assert index["transformer"] == ["nala_dit.models", "DiT"] and index["vae"] == [None, None]
+    assert index["source"]["step"] == 2 and index["source"]["weights"] == "ema"
+    assert index["objective_config"] == {"noise-schedule": "linear", "diffusion-steps": 1000}
+    # The EMA weights, bit for bit.
+    ema = load_file(str(trained / "checkpoints" / "0000002" / "ema.safetensors"))
+    saved = load_file(str(out / "transformer" / "diffusion_pytorch_model.safetensors"))
+    assert all(torch.equal(ema[k], saved[k]) for k in ema)
+
+    pipe = load_pipeline(out)
+    assert isinstance(pipe, NaLaDiTPipeline) and pipe.id2label[3] == "digit 3"
+    pipe.set_progress_bar_config(disable=True)
+    got = pipe(["digit_3", 4], sampler="ddim", num_inference_steps=3, generator=11).images
+    # The checkpoint through sample.py's code path gives the same pixels.
+    ref, _ = sample_images(load_source(trained), [3, 4], 11, SampleSettings("ddim", 3))
+    for a, b in zip(got, ref.numpy()):
+        np.testing.assert_array_equal(np.asarray(a), b[..., 0])
+
+
+def test_export_official_weights(tmp_path):
+    """Fake "official" checkpoints from our own softmax state dicts, saved with torch.save."""
+    dit = create_model("DiT-T/4", input_size=8, num_classes=1000)
+    torch.save(dit.state_dict(), tmp_path / "DiT.pt")
+    assert export.main(["official", str(tmp_path / "DiT.pt"), str(tmp_path / "dit"), "--model", "DiT-T/4",
+                        "--image-size", "64"]) == 0
+    pipe = load_pipeline(tmp_path / "dit")
+    assert pipe.config.vae_path == "stabilityai/sd-vae-ft-ema" and pipe.config.null_class_id == 1000
+    assert all(torch.equal(v, pipe.transformer.state_dict()[k]) for k, v in dit.state_dict().items())
+
+    # SiT's released weights keep DiT's learned-sigma head; training dicts wrap them in "ema".
+    sit = create_model("SiT-T/4", input_size=8, num_classes=1000, learn_sigma=True)
+    torch.save({"model": {}, "ema": sit.state_dict()}, tmp_path / "SiT.pt")
+    assert export.main(["official", str(tmp_path / "SiT.pt"), str(tmp_path / "sit"), "--model", "SiT-T/4",
+                        "--image-size", "64"]) == 0
+    assert isinstance(load_pipeline(tmp_path / "sit"), NaLaSiTPipeline)
+    assert export.main(["official", str(tmp_path / "SiT.pt"), str(tmp_path / "sit-model"), "--model", "SiT-T/4",
+                        "--image-size", "64", "--model-only"]) == 0
+    loaded = DiT.from_pretrained(tmp_path / "sit-model")
+    assert loaded.config.learn_sigma and torch.equal(loaded.pos_embed, sit.pos_embed)
+
+
+def test_official_mismatches_are_named(tmp_path, capsys):
+    torch.save(create_model("DiT-T/4", input_size=8, num_classes=1000).state_dict(), tmp_path / "DiT.pt")
+    pt, out = str(tmp_path / "DiT.pt"), str(tmp_path / "out")
+    cases = [
+        (["--model", "DiT-T/2", "--image-size", "64"], "patch size 4, DiT-T/2 uses 2"),
+        (["--model", "DiT-T/4", "--image-size", "64", "--num-classes", "10"], "pass --num-classes 1000"),
+        (["--model", "DiT-T/4", "--image-size", "128"], "fits --image-size 64"),
+        (["--model", "NaLaDiT-T/4"], "official checkpoints are softmax"),
+        (["--model", "DiT-T/4", "--copy-vae"], "--copy-vae needs --vae"),
+    ]
+    for flags, message in cases:
+        assert export.main(["official", pt, out, *flags]) == 1, message
+        assert message in capsys.readouterr().err
+    assert export.main(["official", str(tmp_path / "nope.pt"), out, "--model", "DiT-T/4"]) == 1
+    assert "official checkpoint not found" in capsys.readouterr().err
+    assert export.main(["checkpoint", str(tmp_path / "no-run"), out]) == 1
+    assert "no checkpoint found" in capsys.readouterr().err
