@@ -55,6 +55,20 @@ def test_frechet_distance_singular_covariances_stay_finite():
     assert metrics.frechet_distance(mu1, s1, mu2, s2) > 30
 
 
+def test_frechet_distance_to_features_matches_statistics():
+    from torch_fidelity.metric_fid import fid_statistics_to_metric
+
+    rng = np.random.default_rng(4)
+    mu2, s2 = rng.normal(size=63), _random_cov(rng, 63)
+    for n in (12, 257):  # the low-rank shortcut (n < D) and the eigh path
+        x = rng.normal(size=(n, 63)) * rng.uniform(0.5, 2, 63)
+        mu1, s1 = metrics.feature_statistics(x)
+        ref = fid_statistics_to_metric({"mu": mu1, "sigma": s1}, {"mu": mu2, "sigma": s2}, False)
+        ref = ref["frechet_inception_distance"]
+        assert_close(f"fd features n={n}", ref, metrics.frechet_distance_to_features(x, mu2, s2), 1e-7 * ref)
+        assert_close(f"fd stats n={n}", ref, metrics.frechet_distance(mu1, s1, mu2, s2), 1e-7 * ref)
+
+
 def test_inception_score_known_answers():
     k = 10
     same = np.tile(np.random.default_rng(0).normal(size=(1, k)), (50, 1))
