@@ -92,7 +92,7 @@ class _NaLaPipeline(DiffusionPipeline):
             source=dict(source or {}),
         )
         self.objective()  # fail now, not at the first call, on bad objective settings
-        if sampler is not None:
+        if sampler not in (None, "scheduler"):
             SampleSettings(sampler).resolved(self.objective())
 
     @classmethod
@@ -229,11 +229,13 @@ class NaLaDiTPipeline(_NaLaPipeline):
                                 eps_channels=model.in_channels)
         if settings.cfg_scale != 1 and model.null_label is None:
             raise ValueError("guidance needs a model with a null class; use guidance_scale=1")
-        # Stochastic schedulers (DDPM, DDIM with eta > 0) draw through step(generator=...);
-        # ``scheduler_sample`` does not pass one, so seed the global RNG from the batch.
-        torch.manual_seed(index_seed(seed, indices[0], 1))
+        # Stochastic schedulers (DDPM, DDIM with eta > 0) draw from the global RNG, as
+        # ``scheduler_sample`` passes them no generator: seed it from the batch, in a
+        # fork so the caller's RNG state is left alone.
         steps = settings.num_steps or DEFAULT_STEPS["ddim"]
-        out = scheduler_sample(self.scheduler, model_fn, noise, labels, steps, progress)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(index_seed(seed, indices[0], 1))
+            out = scheduler_sample(self.scheduler, model_fn, noise, labels, steps, progress)
         return out.samples, out.nfe
 
     @classmethod

@@ -229,6 +229,10 @@ def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None =
     if (path / "model_index.json").is_file():
         from .pipeline import load_pipeline
 
+        if weights != "ema":
+            raise ValueError(f"--weights {weights}: a pipeline folder holds one set of weights (exported from "
+                             f"the checkpoint's EMA by default); export the raw weights with "
+                             f"`export.py checkpoint --weights model` instead")
         pipe = load_pipeline(path)
         if vae is not None:
             pipe.vae_override(vae)

@@ -100,7 +100,7 @@ def test_scheduler_sampler_runs_the_pipelines_diffusers_scheduler():
     assert not torch.equal(run(pipe, sampler="scheduler", output_type="latent"), out)
 
 
-def test_our_dit_inside_diffusers_dit_pipeline(tiny_vae):
+def test_our_dit_inside_diffusers_dit_pipeline(tiny_vae, tmp_path):
     from diffusers import DiTPipeline
 
     from nala_dit.data import load_vae
@@ -112,6 +112,13 @@ def test_our_dit_inside_diffusers_dit_pipeline(tiny_vae):
     images = pipe([1, 999], num_inference_steps=2, guidance_scale=1.5, output_type="np",
                   generator=torch.manual_seed(0)).images
     assert images.shape == (2, 64, 64, 3) and np.isfinite(images).all()
+    # It saves and loads as diffusers' own pipeline (the adapter lives in nala_dit.pipeline).
+    pipe.save_pretrained(tmp_path)
+    loaded = quiet(DiTPipeline.from_pretrained(tmp_path))
+    assert isinstance(loaded.transformer, DiTPipelineTransformer)
+    again = loaded([1, 999], num_inference_steps=2, guidance_scale=1.5, output_type="np",
+                   generator=torch.manual_seed(0)).images
+    np.testing.assert_array_equal(again, images)
     # The adapter is the same function as the model.
     x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([10, 500]), torch.tensor([3, 1000])
     torch.testing.assert_close(pipe.transformer(x, timestep=t, class_labels=y).sample, model(x, t, y))

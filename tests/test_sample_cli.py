@@ -23,14 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--sampler", "ddim", "--steps", "2"]
 
 
-def write_checkpoint(run_dir: Path, model_name="NaLaDiT-T/2", **overrides) -> Path:
-    """A checkpoint as train.py writes it, for a pixel-space digits model with random weights."""
-    model = create_model(model_name, input_size=8, in_channels=1, num_classes=10, **overrides)
+def write_checkpoint(run_dir: Path, model_name="NaLaDiT-T/2", vae=None, **overrides) -> Path:
+    """A checkpoint as train.py writes it, for a digits model with random weights
+    (pixel space, or 4-channel latents of ``vae``)."""
+    model = create_model(model_name, input_size=8, in_channels=4 if vae else 1, num_classes=10, **overrides)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.02)
-    cfg = TrainConfig(model=model_name, data="digits", exp_name=run_dir.name, results_dir=str(run_dir.parent),
+    cfg = TrainConfig(model=model_name, data="digits", vae=vae, exp_name=run_dir.name, results_dir=str(run_dir.parent),
                       class_dropout_prob=model.config.class_dropout_prob)
     state = dict(step=5, epoch=0, position=5, world_size=1, config=to_dict(cfg), model_config=dict(model.config))
     save_checkpoint(run_dir / "checkpoints", model=model, ema=model, state=state,
@@ -85,6 +86,34 @@ def test_errors_name_the_problem(run_dir, tmp_path, capsys):
     uncond = write_checkpoint(tmp_path / "uncond", class_dropout_prob=0.0)
     assert cli("--ckpt", uncond, "--labels", "1", "--cfg-scale", 1.5, *FAST, *grid) == 1
     assert "null class" in capsys.readouterr().err
+
+
+def test_latent_checkpoint_with_vae_matches_exported_pipeline(tmp_path):
+    from diffusers import AutoencoderKL
+
+    import export
+    from nala_dit.pipeline import load_pipeline
+
+    torch.manual_seed(0)
+    vae_dir = tmp_path / "tiny-vae"
+    AutoencoderKL(block_out_channels=(8, 8, 16, 16), down_block_types=("DownEncoderBlock2D",) * 4,
+                  up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=1, norm_num_groups=8,
+                  latent_channels=4, sample_size=64).save_pretrained(vae_dir)
+    run = write_checkpoint(tmp_path / "latent", "NaLaSiT-T/2", vae=str(vae_dir))
+    flags = ["--ckpt", run, "--labels", "2,5", "--sampler", "ode-euler", "--steps", 2, "--cfg-scale", 1.5]
+    assert cli(*flags, "--out-dir", tmp_path / "fp32") == 0
+    assert cli(*flags, "--out-dir", tmp_path / "bf16", "--precision", "bf16", "--vae", vae_dir) == 0
+    fp32 = [np.asarray(Image.open(p)) for p in sorted((tmp_path / "fp32").glob("*.png"))]
+    bf16 = [np.asarray(Image.open(p)) for p in sorted((tmp_path / "bf16").glob("*.png"))]
+    assert fp32[0].shape == (64, 64, 3)
+    assert np.abs(np.stack(fp32).astype(int) - np.stack(bf16)).mean() < 8  # same images, bf16 rounding
+
+    assert export.main(["checkpoint", str(run), str(tmp_path / "pipe"), "--copy-vae"]) == 0
+    pipe = load_pipeline(tmp_path / "pipe")
+    pipe.set_progress_bar_config(disable=True)
+    images = pipe([2, 5], sampler="ode-euler", num_inference_steps=2, guidance_scale=1.5, generator=0).images
+    for ref, img in zip(fp32, images):
+        np.testing.assert_array_equal(ref, np.asarray(img))
 
 
 def free_port() -> int:
