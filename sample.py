@@ -11,7 +11,8 @@ Random, class-balanced labels, individual PNGs, DPM-Solver++ in bf16:
 FID-50K samples as ADM's .npz (+ samples.npz.json), resumable, on every GPU:
     accelerate launch --multi_gpu --num_processes 8 sample.py --ckpt runs/NaLaDiT-S-2 \\
         --num-samples 50000 --cfg-scale 1.5 --out samples.npz
-On CPUs, several processes (see docs/INTEGRATION.md):
+On CPUs, several processes (`accelerate launch --cpu` would start only one; torchrun
+with ACCELERATE_USE_CPU=1 works too):
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \\
         --mixed_precision no --dynamo_backend no sample.py --ckpt ... --num-samples 1000 --out s.npz
 
@@ -41,7 +42,8 @@ def _pair(text: str) -> tuple[float, float]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint folder, run folder (latest checkpoint) or pipeline folder")
-    p.add_argument("--weights", choices=["ema", "model"], default="ema", help="checkpoint weights (pipelines hold one set)")
+    p.add_argument("--weights", choices=["ema", "model"], default="ema",
+                   help="checkpoint weights (a pipeline folder holds one set)")
     p.add_argument("--vae", help="VAE folder or hub id (default: the one the checkpoint/pipeline names)")
     what = p.add_argument_group("what to sample")
     what.add_argument("--labels", help="comma-separated class ids or names, e.g. 1,2,3 or golden_retriever,tabby")

@@ -434,7 +434,8 @@ def model_from_official(state: dict[str, torch.Tensor], model_name: str, image_s
             hints.append(f"the checkpoint has {table.shape[0] - 1} classes (+ the null row); pass "
                          f"--num-classes {table.shape[0] - 1}")
         pos = state.get("pos_embed")
-        if not hints and pos is not None and pos.shape[-1] == expected["pos_embed"].shape[-1] and pos.shape != expected["pos_embed"].shape:
+        want = expected["pos_embed"].shape
+        if not hints and pos is not None and pos.shape[-1] == want[-1] and pos.shape != want:
             side = int(round(pos.shape[1] ** 0.5)) * model.patch_size * 8
             hints.append(f"the position table fits --image-size {side}")
         if not hints:

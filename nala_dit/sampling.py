@@ -153,7 +153,8 @@ def resolve_labels(labels, id2label: dict[int, str], num_classes: int) -> list[i
             continue
         label = int(label)
         if not 0 <= label < num_classes:
-            raise ValueError(f"class id {label} is out of range: this model has {num_classes} classes (0..{num_classes - 1})")
+            raise ValueError(f"class id {label} is out of range: this model has {num_classes} classes "
+                             f"(0..{num_classes - 1})")
         ids.append(label)
     if unknown:
         hints = []
@@ -356,7 +357,8 @@ def mass_sample(source: Source, out: str | os.PathLike, num_samples: int, seed: 
     parts = Path(f"{out}.parts")
     model = source.model
     num_classes = model.config.num_classes
-    recipe = dict(model=source.info.get("model"), checkpoint=source.info.get("checkpoint") or source.info.get("pipeline"),
+    recipe = dict(model=source.info.get("model"),
+                  checkpoint=source.info.get("checkpoint") or source.info.get("pipeline"),
                   step=source.info.get("step"), weights=source.info.get("weights"), vae=source.info.get("vae"),
                   sampler=s.sampler, steps=s.num_steps, cfg_scale=s.cfg_scale,
                   guidance_interval=list(s.guidance_interval) if s.guidance_interval else None,
@@ -382,7 +384,10 @@ def mass_sample(source: Source, out: str | os.PathLike, num_samples: int, seed: 
 
     labels = balanced_labels(num_samples, num_classes, seed)
     num_shards = math.ceil(num_samples / shard_size)
-    shard_path = lambda k: parts / f"shard-{k:06d}.npz"  # noqa: E731
+
+    def shard_path(k: int) -> Path:
+        return parts / f"shard-{k:06d}.npz"
+
     mine = [k for k in range(rank, num_shards, world) if not shard_path(k).is_file()]
     if stop_after is not None:
         mine = mine[:stop_after]
