@@ -238,7 +238,10 @@ def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None =
         if vae is not None:
             pipe.vae_override(vae)
         model = pipe.transformer.to(device).eval()
-        return Source(model, pipe.objective(), pipe.resolved_vae(device), pipe.scaling_factor, pipe.id2label,
+        vae_model = pipe.resolved_vae(device)
+        if vae_model is not None:
+            vae_model.to(device)
+        return Source(model, pipe.objective(), vae_model, pipe.scaling_factor, pipe.id2label,
                       dict(pipe.config.get("source") or {}, pipeline=str(path)))
     model, ckpt = load_model(path, weights)
     model = model.to(device)
