@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 Direction = Literal["cosine", "relu_split"]
 DIRECTIONS = ("cosine", "relu_split")
@@ -316,6 +317,7 @@ class _FusedNaLa(torch.autograd.Function):
         return out.to(v.dtype)
 
     @staticmethod
+    @once_differentiable  # the hand-written backward is not itself differentiated
     def backward(ctx, grad_out):
         q, k, v, state, den = ctx.saved_tensors
         o = ctx.opts
