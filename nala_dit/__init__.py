@@ -12,3 +12,12 @@ from .models import MODELS, DiT, create_model
 
 __all__ = ["MODELS", "DiT", "create_model", "nala_attention", "nala_attention_reference", "nala_features"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The pipelines pull in diffusers' pipeline stack; import them only when asked for.
+    if name in ("NaLaDiTPipeline", "NaLaSiTPipeline", "DiTPipelineTransformer"):
+        from . import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'nala_dit' has no attribute {name!r}")
