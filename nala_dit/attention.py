@@ -21,6 +21,7 @@ in fp32 whatever the autocast dtype: ``|k|^3`` overflows fp16 at |k| > 40 and
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Literal
 
@@ -66,8 +67,13 @@ def _fp32(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t.float() for t in tensors]
 
 
-def _no_autocast(device: torch.device) -> torch.autocast:
-    """Disable autocast on the tensors' device so fp32 stays fp32 inside."""
+def _no_autocast(device: torch.device):
+    """Disable autocast on the tensors' device so fp32 stays fp32 inside.
+
+    Meta tensors (shape-only runs such as FLOP counting) have no autocast to disable.
+    """
+    if device.type == "meta":
+        return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, enabled=False)
 
 
