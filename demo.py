@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     for name, config, sampler, steps in MODELS:
         train_args = ["train.py", "--config", config, "--results-dir", out, "--exp-name", name]
         if args.quick:
-            train_args += ["--max-steps", "30", "--ckpt-every", "30", "--log-every", "5"]
+            train_args += ["--max-steps", "20", "--ckpt-every", "20", "--log-every", "5"]
         start = time.perf_counter()
         run(train_args)
         train_time = time.perf_counter() - start
