@@ -54,8 +54,15 @@ def test_config_precedence_and_unknown_keys(tmp_path, capsys):
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
 def test_shipped_configs_resolve(config):
+    """Every shipped config parses, names its model in its file name, and fits the recipe."""
     cfg, _ = resolve(TrainConfig, ["--config", str(ROOT / "configs" / config)])
-    assert cfg.model in config.replace("_", "").lower() or cfg.model.lower().replace("-", "").replace("/", "") != ""
+    family, size = cfg.model.split("-")
+    assert config.startswith(("nala_" if family.startswith("NaLa") else "") + family.replace("NaLa", "").lower()) \
+        or config.startswith("digits_")
+    if config.startswith("digits_"):
+        assert cfg.data == "digits" and size == "T/2"
+    else:
+        assert size.replace("/", "").lower() in config and cfg.global_batch_size == 256 and cfg.lr == 1e-4
 
 
 def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path):
