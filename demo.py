@@ -2,7 +2,7 @@
 
 Trains NaLaDiT, NaLaSiT and the softmax DiT of the same (tiny) size on scikit-learn's
 8×8 handwritten digits through the same ``train.py`` a user calls, samples a labelled
-grid per model with ``sample.py``, scores 50 samples per digit with
+grid per model with ``sample.py``, scores 30 samples per digit with
 ``evaluate_fid.py --features digits`` against the held-out digits (plus real training
 digits as the ceiling), and writes ``runs/demo/report.md`` / ``report.json`` and a loss
 plot. Every number in the report is measured in this run.
@@ -25,10 +25,11 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent
 MODELS = [  # (name, config, sampler, steps)
-    ("NaLaDiT", "configs/digits_nala_dit.yaml", "ddim", 50),
-    ("NaLaSiT", "configs/digits_nala_sit.yaml", "ode-heun", 50),
-    ("DiT", "configs/digits_dit.yaml", "ddim", 50),
+    ("NaLaDiT", "configs/digits_nala_dit.yaml", "ddpm", 40),
+    ("NaLaSiT", "configs/digits_nala_sit.yaml", "ode-heun", 16),
+    ("DiT", "configs/digits_dit.yaml", "ddpm", 40),
 ]
+CFG_SCALE = 2.0  # the same guidance for every model
 
 
 def run(cmd: list[str]) -> None:
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
     if out.exists():
         shutil.rmtree(out)  # a demo always starts fresh, so its numbers belong to one run
     out.mkdir(parents=True)
-    per_class = 10 if args.quick else 50
+    per_class = 10 if args.quick else 30
     classifier = out / "digits_classifier"
 
     ref = out / "ref_heldout.npz"
@@ -101,11 +102,11 @@ def main(argv=None) -> int:
         images_per_sec = float(np.median([r["images_per_sec"] for r in log]))
         sample_steps = 10 if args.quick else steps
         run(["sample.py", "--ckpt", run_dir, "--labels", ",".join(map(str, range(10))), "--per-label", "10",
-             "--sampler", sampler, "--steps", sample_steps, "--grid", out / f"{name}_grid.png", "--seed", "0"])
+             "--sampler", sampler, "--steps", sample_steps, "--cfg-scale", CFG_SCALE, "--grid", out / f"{name}_grid.png", "--seed", "0"])
         samples = out / f"{name}_samples.npz"
         start = time.perf_counter()
         run(["sample.py", "--ckpt", run_dir, "--num-samples", 10 * per_class, "--sampler", sampler,
-             "--steps", sample_steps, "--batch-size", 250, "--out", samples, "--seed", "1"])
+             "--steps", sample_steps, "--cfg-scale", CFG_SCALE, "--batch-size", 300, "--out", samples, "--seed", "1"])
         sample_time = time.perf_counter() - start
         metrics_path = out / f"{name}_metrics.json"
         run(["evaluate_fid.py", "calc", "--samples", samples, "--ref", ref, "--features", "digits",
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
         rows.append(dict(
             model=name, preset=ckpt.config["model"], params=count_params(model), steps=ckpt.step,
             train_time_s=round(train_time, 1), images_per_sec=round(images_per_sec, 1),
-            sampler=sampler, nfe=sidecar.get("nfe"), sample_time_s=round(sample_time, 1),
+            sampler=sampler, cfg_scale=CFG_SCALE, nfe=sidecar.get("nfe"), sample_time_s=round(sample_time, 1),
             class_consistency=metrics["metrics"]["class_consistency"],
             frechet_distance=metrics["metrics"]["fd_digits"],
             final_loss=curves[name][1][-1],
@@ -158,7 +159,7 @@ def render_report(report: dict) -> str:
     for r in report["models"]:
         lines.append(
             f"| {r['model']} | {r['preset']} | {r['params']:,} | {r['steps']} | {r['train_time_s']} | "
-            f"{r['images_per_sec']} | {r['sampler']} | {r['nfe']} | {r['class_consistency']:.3f} | "
+            f"{r['images_per_sec']} | {r['sampler']}, cfg {r['cfg_scale']} | {r['nfe']} | {r['class_consistency']:.3f} | "
             f"{r['frechet_distance']:.3f} |"
         )
     c = report["ceiling"]
