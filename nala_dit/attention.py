@@ -1,6 +1,6 @@
 """Attention for diffusion transformers: NaLa, its linear baselines, and softmax.
 
-The contract is ``shared/docs/NALA_SPEC.md`` (Meng et al., "Norm×Direction: Restoring
+The contract is ``docs/NALA_SPEC.md`` (Meng et al., "Norm×Direction: Restoring
 the Missing Query Norm in Vision Linear Attention", arXiv 2506.21137). Section numbers
 below (§2, §3, §4) refer to it.
 
