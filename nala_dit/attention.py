@@ -599,7 +599,7 @@ class GatedLinearAttention(nn.Module):
         self.out_norm = nn.LayerNorm(dim) if out_norm else None
         self.proj = nn.Linear(dim, dim)
         # Mean query exponent p of the last forward (NaLa only): the raw norm saturates
-        # tanh for typical head dims, so training logs this (INTEGRATION.md).
+        # tanh for typical head dims, so training logs this to see how the exponent is distributed.
         self.record_stats = False
         self.last_stats: dict[str, float] = {}
 

@@ -6,7 +6,7 @@ import torch
 from nala_dit.models import MODELS, DiT, count_flops, count_params, create_model, sincos_pos_embed_2d
 from tests.utils import TINY, assert_close
 
-# REFERENCE.md: learned σ, 1000 classes, 256 px (32×32 latents).
+# The DiT paper's numbers: learned σ, 1000 classes, 256 px (32×32 latents).
 PAPER_PARAMS = {
     "S/2": 32.96e6, "S/4": 32.95e6, "S/8": 33.15e6,
     "B/2": 130.51e6, "B/4": 130.48e6, "B/8": 130.88e6,
