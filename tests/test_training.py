@@ -246,3 +246,17 @@ def test_two_process_cpu_run(tmp_path):
     ckpt = ckpt_lib.open_checkpoint(tmp_path / "ddp")
     assert ckpt.step == 3 and ckpt.state["world_size"] == 2
     assert len(load_file(str(ckpt.path / "rng.safetensors"))) == 2
+
+
+def test_bf16_mixed_precision_run(tmp_path):
+    """bf16 autocast on CPU: finite losses, fp32 master weights and EMA in the checkpoint."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf")}
+    cmd = [sys.executable, str(ROOT / "train.py"), *TINY_RUN, "--results-dir", str(tmp_path), "--exp-name", "bf16",
+           "--max-steps", "2", "--ckpt-every", "2", "--mixed-precision", "bf16"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert all(np.isfinite(r["loss"]) for r in read_log(tmp_path / "bf16"))
+    ckpt = ckpt_lib.open_checkpoint(tmp_path / "bf16")
+    assert ckpt.config["mixed-precision"] == "bf16"
+    assert all(w.dtype == torch.float32 for w in ckpt.weights("ema").values())
+    assert all(w.dtype == torch.float32 for w in ckpt.weights("model").values())
