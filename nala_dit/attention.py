@@ -80,6 +80,12 @@ def _no_autocast(device: torch.device):
 # --------------------------------------------------------------------------- features
 
 
+def nala_exponent(norm: torch.Tensor, power: float = POWER, offset: float = OFFSET,
+                  norm_scale: float = NORM_SCALE) -> torch.Tensor:
+    """The per-token exponent ``p = λ(τ + tanh(‖q‖/s))`` of §2, in ``[λτ, λ(τ+1))``."""
+    return power * (offset + torch.tanh(norm / norm_scale))
+
+
 def nala_query_weights(
     q: torch.Tensor,
     power: float = POWER,
@@ -96,7 +102,7 @@ def nala_query_weights(
     """
     norm = q.norm(dim=-1, keepdim=True)                      # (B, H, N, 1)
     q_hat = q / norm.clamp_min(norm_eps)
-    p = power * (offset + torch.tanh(norm / norm_scale))     # (B, H, N, 1)
+    p = nala_exponent(norm, power, offset, norm_scale)       # (B, H, N, 1)
     # torch.pow keeps 0^p and its gradients finite (unlike exp(p·log x)).
     a = q_hat.abs().pow(p)                                   # (B, H, N, D), in [0, 1]
     return a, q_hat, p
@@ -616,7 +622,7 @@ class GatedLinearAttention(nn.Module):
         if self.record_stats and self.kernel == "nala":
             with torch.no_grad():
                 fk = self.feature_kwargs
-                p = fk["power"] * (fk["offset"] + torch.tanh(q.float().norm(dim=-1) / fk["norm_scale"]))
+                p = nala_exponent(q.float().norm(dim=-1), fk["power"], fk["offset"], fk["norm_scale"])
                 self.last_stats = {"exponent_mean": p.mean().item(), "exponent_std": p.std().item()}
         o = self.attend(q, k, v).transpose(1, 2).reshape(b, n, c)      # (B, N, C)
         if self.lepe is not None:

@@ -140,14 +140,5 @@ def to_dict(cfg) -> dict:
     return {flag_name(k): v for k, v in dataclasses.asdict(cfg).items()}
 
 
-def from_dict(cls, data: dict):
-    """Inverse of ``to_dict``; unknown keys are an error."""
-    fields = {flag_name(f.name): f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - set(fields)
-    if unknown:
-        raise ValueError(f"unknown config keys {sorted(unknown)} for {cls.__name__}")
-    return cls(**{fields[k]: v for k, v in data.items()})
-
-
 def dump_yaml(cfg) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -20,7 +20,7 @@ DIFFUSION_SAMPLERS = ("ddpm", "ddim", "dpm-solver")
 TRANSPORT_SAMPLERS = ("ode-euler", "ode-heun", "dopri5", "sde-euler", "sde-heun")
 SAMPLERS = DIFFUSION_SAMPLERS + TRANSPORT_SAMPLERS
 DEFAULT_STEPS = {"ddpm": 250, "ddim": 50, "dpm-solver": 25, "ode-euler": 50, "ode-heun": 50,
-                 "dopri5": 0, "sde-euler": 250, "sde-heun": 250}
+                 "dopri5": 50, "sde-euler": 250, "sde-heun": 250}
 
 
 def default_sampler(objective) -> str:
@@ -121,7 +121,7 @@ def generate(
         return scheduler_sample(scheduler, model_fn, noise, labels, steps, progress)
     if sampler in ("ode-euler", "ode-heun", "dopri5"):
         method = {"ode-euler": "euler", "ode-heun": "heun", "dopri5": "dopri5"}[sampler]
-        return ode_sample(objective, model_fn, noise, labels, method=method, num_steps=steps or 50,
+        return ode_sample(objective, model_fn, noise, labels, method=method, num_steps=steps,
                           atol=atol, rtol=rtol, max_nfe=max_nfe, progress=progress)
     method = "euler" if sampler == "sde-euler" else "heun"
     return sde_sample(objective, model_fn, noise, labels, method=method, num_steps=steps,

@@ -27,6 +27,7 @@ from .config import dump_yaml, to_dict
 from .diffusion import BETA_SCHEDULES
 from .generate import SAMPLERS, decode, generate
 from .models import MODELS, create_model
+from .sampling import save_grid
 from .transport import LOSS_WEIGHTS, PATHS, PREDICTIONS
 
 
@@ -142,8 +143,10 @@ def step_seed(seed: int, rank: int, step: int) -> int:
 
 @torch.no_grad()
 def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
-    for e, p in zip(ema.parameters(), model.parameters()):
-        e.mul_(decay).add_(p.detach().float(), alpha=1 - decay)
+    """``ema ← decay·ema + (1 − decay)·model`` over all parameters in one fused call."""
+    ema_params = list(ema.parameters())
+    torch._foreach_lerp_(ema_params, [p.detach().to(e.dtype) for e, p in zip(ema_params, model.parameters())],
+                         1 - decay)
 
 
 class Logger:
@@ -302,7 +305,24 @@ def train(cfg: TrainConfig) -> Path:
     first_block = model.blocks[0].attn if len(model.blocks) else None
     progress = tqdm(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
                     desc=f"train {cfg.model}", dynamic_ncols=True)
-    window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
+    # Losses stay on the device between log steps: no host sync in the step itself. A
+    # non-finite loss is remembered by step and checked (across ranks) at every log step
+    # and before every checkpoint, so no NaN weights are ever saved.
+    window_loss = torch.zeros((), device=device)
+    first_bad = torch.full((), -1, dtype=torch.long, device=device)
+    window_steps, window_start = 0, time.perf_counter()
+
+    def check_finite():
+        bad = accelerator.gather(first_bad.unsqueeze(0))
+        bad = bad[bad >= 0]
+        if len(bad):
+            progress.close()
+            last = list_checkpoints(ckpt_dir)
+            raise FloatingPointError(
+                f"non-finite loss at step {int(bad.min())}; stopping without saving. Last good checkpoint: "
+                f"{last[-1] if last else 'none'}. Try a lower --lr, --max-grad-norm 1, or --mixed-precision no."
+            )
+
     train_model.train()
     while step < cfg.max_steps:
         torch.manual_seed(step_seed(cfg.seed, rank, step))
@@ -325,33 +345,29 @@ def train(cfg: TrainConfig) -> Path:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         update_ema(ema, model, cfg.ema_decay)
-        per_rank = accelerator.gather(local.unsqueeze(0))
-        mean_loss = per_rank.mean().item()
         step += 1
-        if not math.isfinite(mean_loss):
-            progress.close()
-            last = list_checkpoints(ckpt_dir)
-            raise FloatingPointError(
-                f"non-finite loss ({mean_loss}) at step {step}; stopping without saving. Last good checkpoint: "
-                f"{last[-1] if last else 'none'}. Try a lower --lr, --max-grad-norm 1, or --mixed-precision no."
-            )
-        window_loss += mean_loss
+        first_bad = torch.where((first_bad < 0) & ~torch.isfinite(local), step, first_bad)
+        window_loss += local
         window_steps += 1
         progress.update(1)
         if log_now:
+            check_finite()
+            per_rank = accelerator.gather((window_loss / window_steps).unsqueeze(0)).cpu()
             elapsed = time.perf_counter() - window_start
-            values = dict(loss=window_loss / window_steps, loss_per_rank=per_rank.cpu().tolist(),
+            values = dict(loss=per_rank.mean().item(), loss_per_rank=per_rank.tolist(),
                           steps_per_sec=window_steps / elapsed,
                           images_per_sec=window_steps * cfg.global_batch_size / elapsed)
             if first_block is not None and getattr(first_block, "last_stats", None):
                 values.update({f"nala/{k}": v for k, v in first_block.last_stats.items()})
             logger.log(step, values)
             progress.set_postfix(loss=f"{values['loss']:.4f}", img_s=f"{values['images_per_sec']:.1f}")
-            window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
+            window_loss.zero_()
+            window_steps, window_start = 0, time.perf_counter()
         if cfg.sample_every > 0 and step % cfg.sample_every == 0 and accelerator.is_main_process:
-            save_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
-                      cfg, vae, scaling, nrow=min(dataset.num_classes, 8))
+            write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
+                              cfg, vae, scaling, nrow=min(dataset.num_classes, 8))
         if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
+            check_finite()
             checkpoint()
     progress.close()
     logger.close()
@@ -359,17 +375,15 @@ def train(cfg: TrainConfig) -> Path:
     return run_dir
 
 
-def save_grid(model, objective, noise, labels, path: Path, cfg: TrainConfig, vae, scaling, nrow: int = 8) -> None:
+def write_sample_grid(model, objective, noise, labels, path: Path, cfg: TrainConfig, vae, scaling,
+                      nrow: int = 8) -> None:
     """EMA samples as a PNG grid (fixed noise and labels, so grids are comparable)."""
-    from torchvision.utils import save_image
-
     was_training = model.training
     model.eval()
     gen = torch.Generator(noise.device).manual_seed(cfg.seed)
-    out = generate(model, objective, noise, labels, sampler=cfg.sample_sampler or (
-        "ddim" if model.config.objective == "diffusion" else "ode-heun"),
-        num_steps=cfg.sample_steps, cfg_scale=cfg.sample_cfg_scale, generator=gen)
-    images = decode(out.samples, vae, scaling)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_image((images + 1) / 2, path, nrow=nrow)
+    # DDIM / Heun by default: a grid is a progress check, 250 DDPM steps would dominate the step time.
+    sampler = cfg.sample_sampler or ("ddim" if model.config.objective == "diffusion" else "ode-heun")
+    out = generate(model, objective, noise, labels, sampler=sampler, num_steps=cfg.sample_steps,
+                   cfg_scale=cfg.sample_cfg_scale, generator=gen)
+    save_grid(data_lib.to_uint8(decode(out.samples, vae, scaling)), path, nrow=nrow)
     model.train(was_training)
