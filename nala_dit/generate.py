@@ -96,12 +96,20 @@ def generate(
     max_nfe: int | None = None,
     generator: torch.Generator | None = None,
     progress: bool = False,
+    scheduler=None,
 ) -> SampleOutput:
     """Sample ``noise.shape`` outputs of ``model`` for ``labels`` (model space: latents
-    or pixels). ``null_label`` defaults to the model's own (``num_classes``)."""
-    sampler = sampler or default_sampler(objective)
-    check_sampler(sampler, objective)
-    steps = DEFAULT_STEPS[sampler] if num_steps is None else num_steps
+    or pixels). ``null_label`` defaults to the model's own (``num_classes``).
+
+    ``scheduler``: a diffusers ε-scheduler to run instead of a named ``sampler`` (the
+    pipelines' ``sampler="scheduler"``); guidance applies the same way.
+    """
+    if scheduler is None:
+        sampler = sampler or default_sampler(objective)
+        check_sampler(sampler, objective)
+        steps = DEFAULT_STEPS[sampler] if num_steps is None else num_steps
+    else:
+        steps = DEFAULT_STEPS["ddim"] if num_steps is None else num_steps
     if null_label is None:
         null_label = getattr(model, "null_label", None)
     if cfg_scale != 1.0 and null_label is None:
@@ -111,6 +119,8 @@ def generate(
         )
     model_fn = cfg_model_fn(model, cfg_scale, null_label, interval=guidance_interval,
                             guide_channels=guide_channels, eps_channels=noise.shape[1])
+    if scheduler is not None:
+        return scheduler_sample(scheduler, model_fn, noise, labels, steps, progress)
     if sampler == "ddpm":
         return ddpm_sample(objective, model_fn, noise, labels, num_steps=steps, generator=generator, progress=progress)
     if sampler == "ddim":

@@ -45,8 +45,7 @@ from diffusers.models.modeling_utils import ModelMixin  # noqa: F401  (diffusers
 
 from .checkpoint import build_objective
 from .data import DEFAULT_SCALING_FACTOR, load_vae, to_uint8
-from .generate import DEFAULT_STEPS, decode, default_sampler, scheduler_sample
-from .guidance import cfg_model_fn
+from .generate import decode, default_sampler, generate
 from .models import DiT
 from .sampling import (SampleSettings, _Precision, index_seed, initial_noise, resolve_labels, sample_batch,
                        seed_from)
@@ -224,18 +223,15 @@ class NaLaDiTPipeline(_NaLaPipeline):
             raise ValueError("sampler='scheduler' needs a scheduler component; this pipeline has none")
         model, size = self.transformer, self.transformer.config.input_size
         noise = initial_noise(indices, (model.in_channels, size, size), seed, model.device)
-        model_fn = cfg_model_fn(_Precision(model, settings.precision), settings.cfg_scale, model.null_label,
-                                interval=settings.guidance_interval, guide_channels=settings.guide_channels,
-                                eps_channels=model.in_channels)
-        if settings.cfg_scale != 1 and model.null_label is None:
-            raise ValueError("guidance needs a model with a null class; use guidance_scale=1")
         # Stochastic schedulers (DDPM, DDIM with eta > 0) draw from the global RNG, as
-        # ``scheduler_sample`` passes them no generator: seed it from the batch, in a
+        # the scheduler loop passes them no generator: seed it from the batch, in a
         # fork so the caller's RNG state is left alone.
-        steps = settings.num_steps or DEFAULT_STEPS["ddim"]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(index_seed(seed, indices[0], 1))
-            out = scheduler_sample(self.scheduler, model_fn, noise, labels, steps, progress)
+            out = generate(_Precision(model, settings.precision), None, noise, labels, scheduler=self.scheduler,
+                           num_steps=settings.num_steps, cfg_scale=settings.cfg_scale,
+                           guidance_interval=settings.guidance_interval, guide_channels=settings.guide_channels,
+                           progress=progress)
         return out.samples, out.nfe
 
     @classmethod
