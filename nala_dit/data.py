@@ -124,6 +124,22 @@ class DigitsDataset(Dataset):
         return self.images[index], int(self.labels[index])
 
 
+class DigitsCanvasDataset(DigitsDataset):
+    """The digits canvas (``--data digits-canvas``): 1×32×32 in [-1, 1], one upscaled
+    digit at a random position (``nala_dit.digits.load_canvas_split``)."""
+
+    def __init__(self, split: str = "train"):
+        from .digits import DIGIT_LABELS, load_canvas_split
+
+        images, labels, self.offsets = load_canvas_split(split)
+        self.images = torch.from_numpy(images).float().unsqueeze(1) / 127.5 - 1.0  # (N, 1, 32, 32)
+        self.labels = torch.from_numpy(labels).long()
+        self.classes = list(DIGIT_LABELS)
+        self.num_classes = len(self.classes)
+        self.channels = 1
+        self.image_size = images.shape[-1]
+
+
 class LatentDataset(Dataset):
     """Shards of ``extract_latents``: each item is (moments of image and mirror, label).
 

@@ -50,7 +50,7 @@ class TrainConfig:
     alpha: float | None = _opt("NaLa α (direction sharpness)")
     class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
     # data
-    data: str = field(default="digits", metadata=dict(help="'digits' (embedded), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
+    data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8), 'digits-canvas' (embedded, one digit on a 32x32 canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
     image_size: int = field(default=256, metadata=dict(help="image side in pixels (image folders)"))
     vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
     flip: bool = field(default=True, metadata=dict(help="random horizontal flips"))
@@ -107,6 +107,8 @@ def build_dataset(cfg: TrainConfig):
     """The dataset named by ``--data`` (embedded digits, latent folder or image folder)."""
     if cfg.data == "digits":
         ds = data_lib.DigitsDataset("train")
+    elif cfg.data == "digits-canvas":
+        ds = data_lib.DigitsCanvasDataset("train")
     elif (Path(cfg.data) / data_lib.LATENT_META).is_file():
         ds = data_lib.LatentDataset(cfg.data)
         if cfg.vae is None:
