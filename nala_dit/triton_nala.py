@@ -366,6 +366,9 @@ def _dkv_kernel(
 
 # --------------------------------------------------------------------------- launcher
 
+# Whether triton.jit built interpreter objects (TRITON_INTERPRET=1 at import time).
+INTERPRETED = "Interpreted" in type(_output_kernel).__name__
+
 
 def launch_config(head_dim: int) -> dict:
     """Block sizes for a head dim: BD is D padded to a power of two (≥ 16, what tl.dot
@@ -478,6 +481,10 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
     """Run the kernels: ``norm_scale`` a float or a tensor with 1 or H elements (per head);
     ``opts`` the §2 constants as ``attention._FusedNaLa`` takes them. ``splits`` overrides
     the number of token ranges of the state passes (tests)."""
+    if q.device.type != "cuda" and not INTERPRETED:
+        raise ValueError(f"impl='triton' needs CUDA tensors, got {q.device.type} (on CPU use impl='fused', "
+                         "or set TRITON_INTERPRET=1 before importing nala_dit.triton_nala to run the "
+                         "kernels in Triton's interpreter)")
     reason = unsupported_reason(q)
     if reason:
         raise ValueError(f"impl='triton' does not support {reason}; use impl='fused' or 'eager'")
