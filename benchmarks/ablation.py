@@ -173,7 +173,9 @@ def reference(task: str, work: Path, classifier_dir: Path) -> Path:
     if path.is_file():
         return path
     images = classifier_view(task, to_uint8(heldout_set(task).images).numpy())
-    extractor = metrics.build_extractor("digits", digits_classifier_dir=classifier_dir)
+    from nala_dit.metric_inputs import build_extractor
+
+    extractor = build_extractor("digits", digits_classifier_dir=classifier_dir)
     feats = metrics.compute_features(extractor, [images[i:i + 250] for i in range(0, len(images), 250)])
     tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
     metrics.save_reference(tmp, metrics.reference_statistics(feats, extractor.describe()))
@@ -185,7 +187,9 @@ def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifi
     import numpy as np
 
     from nala_dit import metrics
-    from nala_dit.sampling import SampleSettings, load_source, sample_images
+    from nala_dit.generate import SampleSettings
+    from nala_dit.sampling import sample_images
+    from nala_dit.sources import load_source
 
     source = load_source(ckpt)
     source.model.eval()
@@ -293,13 +297,16 @@ def cell_main(args) -> int:
 
 
 def grid(args) -> list[tuple[str, str, int, float]]:
-    """Cells in priority order: seed 0 of every variant first, then seed 1, ...; the lr
-    sweep (seed 0 of --sweep-variants at --sweep-lrs) after the seeds."""
+    """Cells in priority order: seed 0 of every variant first, then seed 1, ... (with
+    ``--core N``: all seeds of the first N variants before the others); the lr sweep
+    (seed 0 of --sweep-variants at --sweep-lrs) after the seeds."""
     cells = []
+    groups = [args.variants[:args.core], args.variants[args.core:]] if args.core else [args.variants]
     for task in args.tasks:
         recipe = task_recipe(task, args.quick)
-        for seed in args.seeds:
-            cells += [(task, v, seed, recipe["lr"]) for v in args.variants]
+        for group in groups:
+            for seed in args.seeds:
+                cells += [(task, v, seed, recipe["lr"]) for v in group]
         for lr in args.sweep_lrs:
             cells += [(task, v, 0, lr) for v in args.sweep_variants if v in args.variants and lr != recipe["lr"]]
     return cells
@@ -313,6 +320,10 @@ def _locked(lock: Path) -> bool:
         return True
     except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
         return False
+
+
+def _live_cells(out: Path) -> int:
+    return sum(_locked(lock) for lock in (out / "locks").glob("*.pid"))
 
 
 def run_main(args) -> int:
@@ -342,7 +353,9 @@ def run_main(args) -> int:
             lock.unlink(missing_ok=True)
             write_table(out, args.md)
             continue
-        while len(running) >= args.jobs:
+        # Slots count every live cell, also those of an earlier runner still finishing
+        # (a restarted runner picks up where the old one is, without oversubscribing).
+        while len(running) >= args.jobs or _live_cells(out) >= args.jobs:
             time.sleep(2)
             failures += _reap(running, out, args.md)
         log = open(out / "logs" / (cell_name(*cell).replace("/", "__") + ".log"), "a")
@@ -479,6 +492,8 @@ def main(argv=None) -> int:
     run.add_argument("--sweep-lrs", type=_csv(float), default=[1e-3, 4e-3],
                      help="extra learning rates run at seed 0 for --sweep-variants")
     run.add_argument("--sweep-variants", type=_csv(str), default=["softmax", "nala"])
+    run.add_argument("--core", type=int, default=0,
+                     help="run every seed of the first N --variants before the other variants start")
     run.add_argument("--jobs", type=int, default=1, help="cells at once, one thread each (1 = in this process)")
     run.add_argument("--md", type=Path, default=None, help="also write the table here (default <out>/table.md)")
     run.add_argument("--quick", action="store_true",

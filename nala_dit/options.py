@@ -11,9 +11,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# attention.py: the attention kinds and NaLa's direction maps.
-ATTENTIONS = ("softmax", "nala", "relu", "elu")
+# attention.py: the attention kinds and NaLa's direction maps. "softmax" is DiT's own
+# layer; the others live in the gated layer of spec §4 (qkvg, LePE, LayerNorm, gate),
+# "softmax_gated" being softmax in that layer (to separate kernel from extras).
+ATTENTIONS = ("softmax", "nala", "relu", "elu", "softmax_gated")
+LINEAR_KERNELS = ("nala", "relu", "elu")
 DIRECTIONS = ("cosine", "relu_split")
+# NaLa's norm scale s in p = λ(τ + tanh(‖q‖/s)): a positive number (1 = the paper), or
+# one of these words: "sqrt_d" (s = √D) or "learned" (one s = exp(ρ) per head).
+NORM_SCALE_MODES = ("sqrt_d", "learned")
+
+
+def parse_norm_scale(value) -> float | str:
+    """``norm_scale`` as the model takes it: a positive finite float, "sqrt_d" or "learned".
+
+    Accepts numbers and numeric strings (a CLI flag or YAML value); anything else is a
+    ValueError that names the option and what it allows.
+    """
+    allowed = f"a positive number (1 = the paper's raw norm) or one of {NORM_SCALE_MODES}"
+    if isinstance(value, str) and value in NORM_SCALE_MODES:
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"norm_scale must be {allowed}, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"norm_scale must be {allowed}, got {value!r}") from None
+    if not (number > 0 and number != float("inf")):
+        raise ValueError(f"norm_scale must be {allowed}, got {value!r}")
+    return number
 
 # models.py builds one constructor per preset from these tables.
 # Sizes from the DiT paper (Table 1) plus a tiny one for tests and the demo.
@@ -69,8 +95,11 @@ class TrainConfig:
     out_norm: bool | None = _opt("NaLa/linear: LayerNorm before the gate")
     power: float | None = _opt("NaLa λ")
     offset: float | None = _opt("NaLa τ")
-    norm_scale: float | None = _opt("NaLa s (query-norm scale)")
+    norm_scale: str | None = _opt("NaLa s in p = λ(τ + tanh(‖q‖/s)): a positive number (1 = the paper), "
+                                  "'sqrt_d' (s = √D) or 'learned' (one exp(ρ) per head)")
     alpha: float | None = _opt("NaLa α (direction sharpness)")
+    rope: bool | None = _opt("linear kernels: 2-D rotary embedding on the numerator features only "
+                             "(as the NaLa authors' code)")
     class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
     # data
     data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8), 'digits-canvas' (embedded, one digit on a 32x32 canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
@@ -113,6 +142,8 @@ class TrainConfig:
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
 
     def validate(self) -> None:
+        if self.norm_scale is not None:
+            self.norm_scale = parse_norm_scale(self.norm_scale)
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
             raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
         for name in ("log_every", "ckpt_every"):
@@ -124,4 +155,5 @@ class TrainConfig:
 
 
 # The TrainConfig fields that override a preset's constructor arguments.
-MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha")
+MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha",
+                   "rope")

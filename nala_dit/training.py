@@ -63,6 +63,39 @@ def build_model(cfg: TrainConfig, num_classes: int, in_channels: int, input_size
                         class_dropout_prob=cfg.class_dropout_prob, **overrides)
 
 
+# Parameters that weight decay must not pull towards 0: a learned NaLa norm scale is
+# exp(ρ), and decaying ρ would drag every scale to s = 1 (the saturated regime).
+NO_DECAY = ("log_norm_scale",)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: everything decays except ``NO_DECAY`` parameters (one group when a
+    model has none, so optimizer states of older checkpoints still load)."""
+    decay, keep = [], []
+    for name, p in model.named_parameters():
+        (keep if name.rsplit(".", 1)[-1] in NO_DECAY else decay).append(p)
+    groups = [dict(params=decay, weight_decay=weight_decay)]
+    if keep:
+        groups.append(dict(params=keep, weight_decay=0.0))
+    return groups
+
+
+def exponent_log(layers) -> dict:
+    """The NaLa exponent statistics of the last forward: the first layer's as
+    ``nala/exponent_mean`` / ``nala/exponent_std`` / ``nala/saturated`` (as before), and the
+    saturated share and mean exponent of every layer as ``nala/layer{i}/...``."""
+    values = {}
+    for i, layer in enumerate(layers):
+        stats = getattr(layer, "last_stats", None)
+        if not stats:
+            continue
+        if not values:
+            values.update({f"nala/{k}": v for k, v in stats.items()})
+        values[f"nala/layer{i}/exponent_mean"] = stats["exponent_mean"]
+        values[f"nala/layer{i}/saturated"] = stats["saturated"]
+    return values
+
+
 def step_seed(seed: int, rank: int, step: int) -> int:
     """A distinct, reproducible RNG stream per (seed, rank, step)."""
     return (seed * 1_000_003 + step * 4099 + rank) % (2**63)
@@ -145,7 +178,7 @@ def train(cfg: TrainConfig) -> Path:
     model = build_model(cfg, dataset.num_classes, channels, side)
     objective = build_objective(dict(model.config), to_dict(cfg))
     ema = copy.deepcopy(model).float().requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
 
     step, epoch, position = 0, 0, 0
     if resume_from is not None:
@@ -229,7 +262,8 @@ def train(cfg: TrainConfig) -> Path:
             accelerator.print(f"saved checkpoint {path}")
         accelerator.wait_for_everyone()
 
-    first_block = model.blocks[0].attn if len(model.blocks) else None
+    # NaLa layers record their exponent statistics on log steps only (a norm per layer).
+    stat_layers = [b.attn for b in model.blocks if hasattr(b.attn, "record_stats")]
     progress = tqdm(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
                     desc=f"train {cfg.model}", dynamic_ncols=True)
     # Losses stay on the device between log steps: no host sync in the step itself. A
@@ -254,8 +288,8 @@ def train(cfg: TrainConfig) -> Path:
     while step < cfg.max_steps:
         torch.manual_seed(step_seed(cfg.seed, rank, step))
         log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps
-        if first_block is not None and hasattr(first_block, "record_stats"):
-            first_block.record_stats = log_now
+        for layer in stat_layers:
+            layer.record_stats = log_now
         local = torch.zeros((), device=device)
         for micro in range(cfg.grad_accum):
             x, y = next_batch()
@@ -284,8 +318,7 @@ def train(cfg: TrainConfig) -> Path:
             values = dict(loss=per_rank.mean().item(), loss_per_rank=per_rank.tolist(),
                           steps_per_sec=window_steps / elapsed,
                           images_per_sec=window_steps * cfg.global_batch_size / elapsed)
-            if first_block is not None and getattr(first_block, "last_stats", None):
-                values.update({f"nala/{k}": v for k, v in first_block.last_stats.items()})
+            values.update(exponent_log(stat_layers))
             logger.log(step, values)
             progress.set_postfix(loss=f"{values['loss']:.4f}", img_s=f"{values['images_per_sec']:.1f}")
             window_loss.zero_()
