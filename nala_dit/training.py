@@ -15,97 +15,20 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 
 from . import data as data_lib
-from .attention import ATTENTIONS, DIRECTIONS
 from .checkpoint import (build_objective, config_changes, list_checkpoints, open_checkpoint, remove_temporaries,
                          save_checkpoint, set_aside_newer)
 from .config import dump_yaml, to_dict
-from .diffusion import BETA_SCHEDULES
-from .generate import SAMPLERS, decode, generate
-from .models import MODELS, create_model
+from .generate import decode, generate
+from .models import create_model
+from .options import MODEL_OVERRIDES, TrainConfig  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
 from .runlock import LOCK_NAME, check_process_count, hold_lock
 from .sampling import save_grid
-from .transport import LOSS_WEIGHTS, PATHS, PREDICTIONS
-
-
-def _opt(help, **kw):
-    return field(default=kw.pop("default", None), metadata=dict(help=help, **kw))
-
-
-@dataclass
-class TrainConfig:
-    # model
-    model: str = field(default="NaLaDiT-S/2", metadata=dict(help="preset name", choices=list(MODELS)))
-    attention: str | None = _opt("override the preset's attention", choices=list(ATTENTIONS))
-    direction: str | None = _opt("NaLa direction map", choices=list(DIRECTIONS))
-    lepe: bool | None = _opt("NaLa/linear: depthwise-conv positional term on v")
-    gate: bool | None = _opt("NaLa/linear: SiLU output gate")
-    out_norm: bool | None = _opt("NaLa/linear: LayerNorm before the gate")
-    power: float | None = _opt("NaLa λ")
-    offset: float | None = _opt("NaLa τ")
-    norm_scale: float | None = _opt("NaLa s (query-norm scale)")
-    alpha: float | None = _opt("NaLa α (direction sharpness)")
-    class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
-    # data
-    data: str = field(default="digits", metadata=dict(help="'digits' (embedded), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
-    image_size: int = field(default=256, metadata=dict(help="image side in pixels (image folders)"))
-    vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
-    flip: bool = field(default=True, metadata=dict(help="random horizontal flips"))
-    skip_corrupt: bool = field(default=False, metadata=dict(help="skip unreadable images with a warning"))
-    check_data: bool = field(default=False, metadata=dict(help="image folders: open every image before training; list the unreadable ones"))
-    num_classes: int | None = _opt("expected class count (checked against the data)")
-    num_workers: int = field(default=4, metadata=dict(help="data loader workers per process"))
-    # objective
-    diffusion_steps: int = field(default=1000, metadata=dict(help="DiT: training timesteps"))
-    noise_schedule: str = field(default="linear", metadata=dict(help="DiT: β schedule", choices=list(BETA_SCHEDULES)))
-    path_type: str = field(default="linear", metadata=dict(help="SiT: interpolant path", choices=list(PATHS)))
-    prediction: str = field(default="velocity", metadata=dict(help="SiT: model prediction", choices=list(PREDICTIONS)))
-    loss_weight: str = field(default="none", metadata=dict(help="SiT: loss weight", choices=list(LOSS_WEIGHTS)))
-    train_eps: float | None = _opt("SiT: train eps (default per path, as SiT)")
-    sample_eps: float | None = _opt("SiT: sample eps (default per path, as SiT)")
-    # optimisation
-    global_batch_size: int = field(default=256, metadata=dict(help="images per optimizer step, all processes"))
-    grad_accum: int = field(default=1, metadata=dict(help="micro-batches per optimizer step"))
-    lr: float = field(default=1e-4, metadata=dict(help="AdamW learning rate (constant)"))
-    weight_decay: float = field(default=0.0, metadata=dict(help="AdamW weight decay"))
-    max_grad_norm: float = field(default=0.0, metadata=dict(help="gradient clipping; 0 = off"))
-    ema_decay: float = field(default=0.9999, metadata=dict(help="EMA decay per step"))
-    max_steps: int = field(default=400_000, metadata=dict(help="optimizer steps"))
-    mixed_precision: str = field(default="no", metadata=dict(help="autocast dtype (attention reductions stay fp32)", choices=["no", "bf16", "fp16"]))
-    grad_checkpointing: bool = field(default=False, metadata=dict(help="recompute blocks in backward"))
-    compile: bool = field(default=False, metadata=dict(help="torch.compile the model"))
-    seed: int = field(default=0, metadata=dict(help="global seed (per-rank streams derive from it)"))
-    # bookkeeping
-    results_dir: str = field(default="runs", metadata=dict(help="parent folder of run folders"))
-    exp_name: str | None = _opt("run folder name (default: the model name)")
-    log_every: int = field(default=100, metadata=dict(help="steps between log lines"))
-    ckpt_every: int = field(default=50_000, metadata=dict(help="steps between checkpoints (and one at the end)"))
-    keep_last: int = field(default=0, metadata=dict(help="checkpoints to keep; 0 = all"))
-    sample_every: int = field(default=10_000, metadata=dict(help="steps between EMA sample grids; 0 = off"))
-    sample_sampler: str | None = _opt("sampler for grids (default ddim / ode-heun)", choices=list(SAMPLERS))
-    sample_steps: int = field(default=50, metadata=dict(help="sampler steps for grids"))
-    sample_cfg_scale: float = field(default=1.0, metadata=dict(help="guidance scale for grids"))
-    resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
-    allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the checkpoint")
-
-    def validate(self) -> None:
-        if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
-            raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
-        for name in ("log_every", "ckpt_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be >= 1")
-
-    def run_dir(self) -> Path:
-        return Path(self.results_dir) / (self.exp_name or self.model.replace("/", "-"))
-
-
-MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha")
 
 
 def build_dataset(cfg: TrainConfig, state=None):
