@@ -11,10 +11,13 @@ point so machine noise hits both alike), peak memory of one call (see
 ``benchmarks/attention.py`` for the CPU method), parameters and forward FLOPs
 (``count_flops``: torch's counter, 2 per multiply-accumulate; SDPA counted as the
 math path). A configuration whose call took longer than ``--time-cap`` seconds is
-skipped at larger resolutions.
+skipped at larger resolutions; one that raises (out of memory) is recorded as skipped
+with the error; ``--budget-s`` starts no new size/resolution after that many seconds.
+On CUDA, NaLaDiT's attention runs the Triton kernels (``impl="auto"``).
 
     python benchmarks/model.py --out benchmarks/model_cpu.json
-    python benchmarks/model.py --sizes S/2,B/2 --resolutions 256,512,1024 --device cuda
+    python benchmarks/model.py --sizes S/2,XL/2 --resolutions 256,512,1024 --device cuda \
+        --dtype bf16 --batch 8 --out model_cuda.json
     python benchmarks/model.py --tiny --out /tmp/model.json     # smoke test
 """
 
@@ -89,6 +92,7 @@ def benchmark(args):
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     rows, too_slow = [], set()
+    start = time.perf_counter()
     overrides = {}
     if args.tiny:
         # The shared tiny test config's width, so the smoke test runs in seconds.
@@ -96,11 +100,18 @@ def benchmark(args):
     for size in args.sizes.split(","):
         for res in args.resolutions:
             latent = res // 8
+            if args.budget_s and time.perf_counter() - start > args.budget_s:
+                for family in FAMILIES:
+                    for task in ("train", "sample"):
+                        rows.append(dict(model=f"{family}-{size}", size=size, resolution=res, latent=latent,
+                                         task=task, skipped=f"--budget-s {args.budget_s} s spent"))
+                continue
             models = {}
             for family in FAMILIES:
                 name = f"{family}-{size}"
                 torch.manual_seed(0)
-                model = create_model(name, input_size=latent, **overrides).to(device)
+                with device:  # initialise on the device: an XL/2 init on the host takes many seconds
+                    model = create_model(name, input_size=latent, **overrides).to(device)
                 if dtype != torch.float32:
                     model.to(dtype)
                 models[family] = dict(name=name, model=model,
@@ -115,8 +126,14 @@ def benchmark(args):
                         continue
                     calls[family] = ((lambda m=m: train_step(m["model"], m["opt"], m["batch"]))
                                      if task == "train" else (lambda m=m: sample_step(m["model"], m["batch"])))
-                for fn in calls.values():       # warm-up (allocator, AdamW state, thread pool)
-                    fn()
+                for family, fn in list(calls.items()):  # warm-up (allocator, AdamW state, thread pool)
+                    try:
+                        fn()
+                    except torch.cuda.OutOfMemoryError as err:
+                        rows.append(dict(model=models[family]["name"], size=size, resolution=res, latent=latent,
+                                         task=task, skipped=f"OutOfMemoryError: {str(err).splitlines()[0][:200]}"))
+                        del calls[family]
+                        torch.cuda.empty_cache()
                 times = {f: [] for f in calls}
                 for _ in range(args.repeats):   # back to back, repeat after repeat
                     for family, fn in calls.items():
@@ -160,6 +177,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--time-cap", type=float, default=20.0, help="seconds per call before skipping larger sizes")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="start no new size/resolution after this many seconds (0: no limit)")
     parser.add_argument("--tiny", action="store_true", help="narrow 2-block models at 64 px, one repeat (tests)")
     parser.add_argument("--out", default="", help="JSON path")
     args = parser.parse_args(argv)

@@ -39,6 +39,7 @@ import math
 
 import torch
 import triton
+from torch.autograd.function import once_differentiable
 import triton.language as tl
 
 MAX_HEAD_DIM = 128
@@ -372,12 +373,15 @@ INTERPRETED = "Interpreted" in type(_output_kernel).__name__
 
 def launch_config(head_dim: int) -> dict:
     """Block sizes for a head dim: BD is D padded to a power of two (≥ 16, what tl.dot
-    needs); value tiles of at most 64 keep a (BD × BV) state tile and the (BLOCK_N × BD)
-    feature blocks within registers at D = 128 (reasoned, not tuned on a GPU)."""
+    needs); value tiles of at most 64 columns. The backward of a token block keeps about
+    eight (BLOCK_N × BD) fp32 blocks live (q, q̂, both feature halves, both gradient
+    halves, temporaries): at 8 warps that is 16 registers each for D ≤ 64 and D = 128,
+    leaving room for the two (BD × BV) state tiles. Reasoned, not tuned on a GPU
+    (``benchmarks/triton_configs.py`` times alternatives)."""
     bd = max(16, triton.next_power_of_2(head_dim))
     bv = min(bd, 64)
     block_n = 64 if bd <= 64 else 32
-    return dict(BD=bd, BV=bv, NV=bd // bv, BLOCK_N=block_n, num_warps=4 if bd <= 64 else 8)
+    return dict(BD=bd, BV=bv, NV=bd // bv, BLOCK_N=block_n, num_warps=4 if bd <= 32 else 8)
 
 
 def num_splits(n_tokens: int, n_heads_total: int, n_vtiles: int, block_n: int, device: torch.device) -> int:
@@ -400,8 +404,8 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     Returns ``(S, z)``: (B·H, 2, BD, BD) and (B·H, 2, BD), fp32, divided by N."""
     b, h, n, d = x.shape
     bd, bv, block_n = cfg["BD"], cfg["BV"], cfg["BLOCK_N"]
-    per_split = -(-(-(-n // splits)) // block_n) * block_n          # a whole number of blocks
-    splits = -(-n // per_split)
+    per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n    # whole blocks
+    splits = triton.cdiv(n, per_split)
     s_part = x.new_empty(b * h, splits, 2, bd, bd, dtype=torch.float32)
     z_part = x.new_empty(b * h, splits, 2, bd, dtype=torch.float32)
     _state_kernel[(b * h, splits, cfg["NV"])](
@@ -422,9 +426,10 @@ class TritonNaLa(torch.autograd.Function):
     gradient is returned when it requires one (a learned per-head s)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, opts, splits=None):
+    def forward(ctx, q, k, v, scale, opts, splits=None, config=None):
         b, h, n, d = q.shape
-        cfg = launch_config(d)
+        cfg = dict(launch_config(d), **(config or {}))
+        cfg["NV"] = cfg["BD"] // cfg["BV"]
         if splits is None:
             splits = num_splits(n, b * h, cfg["NV"], cfg["BLOCK_N"], q.device)
         scale32 = scale.detach().to(device=q.device, dtype=torch.float32).contiguous()
@@ -444,6 +449,7 @@ class TritonNaLa(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # the kernels' backward is not itself differentiable
     def backward(ctx, grad_out):
         q, k, v, scale32, state, z, den = ctx.saved_tensors
         opts, cfg = ctx.opts, ctx.cfg
@@ -474,13 +480,18 @@ class TritonNaLa(torch.autograd.Function):
         d_scale = None
         if need_scale:
             d_scale = d_u.view(b, h, n).sum((0, 2)).reshape(ctx.scale_shape)
-        return dq, dk, dv, d_scale, None, None
+        return dq, dk, dv, d_scale, None, None, None
 
 
-def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = None) -> torch.Tensor:
+# torch.compile'd models treat this call as opaque (a graph break): dynamo would otherwise
+# trace the launch code (device queries, Python-side block arithmetic) into the graph.
+@torch.compiler.disable
+def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = None,
+                          config: dict | None = None) -> torch.Tensor:
     """Run the kernels: ``norm_scale`` a float or a tensor with 1 or H elements (per head);
     ``opts`` the §2 constants as ``attention._FusedNaLa`` takes them. ``splits`` overrides
-    the number of token ranges of the state passes (tests)."""
+    the number of token ranges of the state passes (tests), ``config`` entries of
+    ``launch_config`` (block-size sweeps)."""
     if q.device.type != "cuda" and not INTERPRETED:
         raise ValueError(f"impl='triton' needs CUDA tensors, got {q.device.type} (on CPU use impl='fused', "
                          "or set TRITON_INTERPRET=1 before importing nala_dit.triton_nala to run the "
@@ -500,5 +511,4 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
     # cores for half inputs, whose output rounding (2^-8 for bf16) dominates anyway.
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     opts = dict(opts, precision=precision)
-    out = TritonNaLa.apply(q, k, v, scale, opts, splits)
-    return out
+    return TritonNaLa.apply(q, k, v, scale, opts, splits, config)
