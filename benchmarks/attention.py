@@ -243,55 +243,58 @@ def benchmark(args):
     results, too_slow, failed = [], set(), {}
     start = time.perf_counter()
     # Both modes at each N before the next N, so a spent --budget-s cuts large N only.
-    for n in token_counts(args):
-        over_budget = args.budget_s and time.perf_counter() - start > args.budget_s
-        for mode in MODES:
-            inputs, grad = make_inputs(n, args, device, dtype, mode == "fwd+bwd")
-            active = {}
-            for name, fn in methods.items():
-                skip = None
-                bytes_nn = args.batch * args.heads * n * n * 4
-                if over_budget:
-                    skip = f"--budget-s {args.budget_s} s spent before this point"
-                elif (name, mode) in failed:
-                    skip = failed[(name, mode)]
-                elif name == "math" and bytes_nn > args.math_cap_gib * 2**30:
-                    skip = f"N×N weights {bytes_nn / 2**30:.1f} GiB > --math-cap-gib"
-                elif (name, mode) in too_slow:
-                    skip = f"a call took > --time-cap {args.time_cap} s at a smaller N"
-                if skip:
-                    results.append(dict(method=name, mode=mode, n=n, skipped=skip))
-                else:
-                    active[name] = fn
-            for name, fn in list(active.items()):
-                # The warm-up call doubles as the check that a method runs here at all.
-                try:
-                    for _ in range(warmup):
-                        run_once(fn, inputs, grad, mode)
-                except Exception as err:  # noqa: BLE001  (a backend refusing the dtype, OOM)
-                    message = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
-                    if not isinstance(err, torch.cuda.OutOfMemoryError):
-                        failed[(name, mode)] = message       # it will not run at larger N either
-                    results.append(dict(method=name, mode=mode, n=n, skipped=message))
-                    del active[name]
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-            times = {name: [] for name in active}
-            # Round robin: every method sees the same stretch of machine noise.
-            for _ in range(repeats):
+    try:
+        for n in token_counts(args):
+            over_budget = args.budget_s and time.perf_counter() - start > args.budget_s
+            for mode in MODES:
+                inputs, grad = make_inputs(n, args, device, dtype, mode == "fwd+bwd")
+                active = {}
+                for name, fn in methods.items():
+                    skip = None
+                    bytes_nn = args.batch * args.heads * n * n * 4
+                    if over_budget:
+                        skip = f"--budget-s {args.budget_s} s spent before this point"
+                    elif (name, mode) in failed:
+                        skip = failed[(name, mode)]
+                    elif name == "math" and bytes_nn > args.math_cap_gib * 2**30:
+                        skip = f"N×N weights {bytes_nn / 2**30:.1f} GiB > --math-cap-gib"
+                    elif (name, mode) in too_slow:
+                        skip = f"a call took > --time-cap {args.time_cap} s at a smaller N"
+                    if skip:
+                        results.append(dict(method=name, mode=mode, n=n, skipped=skip))
+                    else:
+                        active[name] = fn
+                for name, fn in list(active.items()):
+                    # The warm-up call doubles as the check that a method runs here at all.
+                    try:
+                        for _ in range(warmup):
+                            run_once(fn, inputs, grad, mode)
+                    except Exception as err:  # noqa: BLE001  (a backend refusing the dtype, OOM)
+                        message = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+                        if not isinstance(err, torch.cuda.OutOfMemoryError):
+                            failed[(name, mode)] = message       # it will not run at larger N either
+                        results.append(dict(method=name, mode=mode, n=n, skipped=message))
+                        del active[name]
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+                times = {name: [] for name in active}
+                # Round robin: every method sees the same stretch of machine noise.
+                for _ in range(repeats):
+                    for name, fn in active.items():
+                        times[name].append(timed(fn, inputs, grad, mode, device))
                 for name, fn in active.items():
-                    times[name].append(timed(fn, inputs, grad, mode, device))
-            for name, fn in active.items():
-                median = statistics.median(times[name])
-                if median > args.time_cap:
-                    too_slow.add((name, mode))
-                peak = peak_memory(fn, inputs, grad, mode, device)
-                results.append(dict(method=name, mode=mode, n=n, time_ms=1e3 * median,
-                                    time_min_ms=1e3 * min(times[name]), peak_mib=peak / 2**20,
-                                    skipped=None))
-            print(f"{mode:8s} N={n:6d} " + " ".join(
-                f"{r['method']}={r['time_ms']:.1f}ms" for r in results
-                if r["mode"] == mode and r["n"] == n and not r["skipped"]), flush=True)
+                    median = statistics.median(times[name])
+                    if median > args.time_cap:
+                        too_slow.add((name, mode))
+                    peak = peak_memory(fn, inputs, grad, mode, device)
+                    results.append(dict(method=name, mode=mode, n=n, time_ms=1e3 * median,
+                                        time_min_ms=1e3 * min(times[name]), peak_mib=peak / 2**20,
+                                        skipped=None))
+                print(f"{mode:8s} N={n:6d} " + " ".join(
+                    f"{r['method']}={r['time_ms']:.1f}ms" for r in results
+                    if r["mode"] == mode and r["n"] == n and not r["skipped"]), flush=True)
+    except KeyboardInterrupt:  # a time limit (timeout --signal=INT): keep what was measured
+        print("interrupted: reporting the results so far", flush=True)
     return results, methods
 
 

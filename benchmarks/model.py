@@ -97,59 +97,62 @@ def benchmark(args):
     if args.tiny:
         # The shared tiny test config's width, so the smoke test runs in seconds.
         overrides = dict(depth=2, hidden_size=64, num_heads=2)
-    for size in args.sizes.split(","):
-        for res in args.resolutions:
-            latent = res // 8
-            if args.budget_s and time.perf_counter() - start > args.budget_s:
+    try:
+        for size in args.sizes.split(","):
+            for res in args.resolutions:
+                latent = res // 8
+                if args.budget_s and time.perf_counter() - start > args.budget_s:
+                    for family in FAMILIES:
+                        for task in ("train", "sample"):
+                            rows.append(dict(model=f"{family}-{size}", size=size, resolution=res, latent=latent,
+                                             task=task, skipped=f"--budget-s {args.budget_s} s spent"))
+                    continue
+                models = {}
                 for family in FAMILIES:
-                    for task in ("train", "sample"):
-                        rows.append(dict(model=f"{family}-{size}", size=size, resolution=res, latent=latent,
-                                         task=task, skipped=f"--budget-s {args.budget_s} s spent"))
-                continue
-            models = {}
-            for family in FAMILIES:
-                name = f"{family}-{size}"
-                torch.manual_seed(0)
-                with device:  # initialise on the device: an XL/2 init on the host takes many seconds
-                    model = create_model(name, input_size=latent, **overrides).to(device)
-                if dtype != torch.float32:
-                    model.to(dtype)
-                models[family] = dict(name=name, model=model,
-                                      opt=torch.optim.AdamW(model.parameters(), lr=1e-4),
-                                      batch=make_batch(model, args.batch, latent, device, dtype))
-            for task in ("train", "sample"):
-                calls = {}
-                for family, m in models.items():
-                    if (family, size, task) in too_slow:
-                        rows.append(dict(model=m["name"], size=size, resolution=res, latent=latent,
-                                         task=task, skipped=f"a call took > --time-cap {args.time_cap} s"))
-                        continue
-                    calls[family] = ((lambda m=m: train_step(m["model"], m["opt"], m["batch"]))
-                                     if task == "train" else (lambda m=m: sample_step(m["model"], m["batch"])))
-                for family, fn in list(calls.items()):  # warm-up (allocator, AdamW state, thread pool)
-                    try:
-                        fn()
-                    except torch.cuda.OutOfMemoryError as err:
-                        rows.append(dict(model=models[family]["name"], size=size, resolution=res, latent=latent,
-                                         task=task, skipped=f"OutOfMemoryError: {str(err).splitlines()[0][:200]}"))
-                        del calls[family]
-                        torch.cuda.empty_cache()
-                times = {f: [] for f in calls}
-                for _ in range(args.repeats):   # back to back, repeat after repeat
+                    name = f"{family}-{size}"
+                    torch.manual_seed(0)
+                    with device:  # initialise on the device: an XL/2 init on the host takes many seconds
+                        model = create_model(name, input_size=latent, **overrides).to(device)
+                    if dtype != torch.float32:
+                        model.to(dtype)
+                    models[family] = dict(name=name, model=model,
+                                          opt=torch.optim.AdamW(model.parameters(), lr=1e-4),
+                                          batch=make_batch(model, args.batch, latent, device, dtype))
+                for task in ("train", "sample"):
+                    calls = {}
+                    for family, m in models.items():
+                        if (family, size, task) in too_slow:
+                            rows.append(dict(model=m["name"], size=size, resolution=res, latent=latent,
+                                             task=task, skipped=f"a call took > --time-cap {args.time_cap} s"))
+                            continue
+                        calls[family] = ((lambda m=m: train_step(m["model"], m["opt"], m["batch"]))
+                                         if task == "train" else (lambda m=m: sample_step(m["model"], m["batch"])))
+                    for family, fn in list(calls.items()):  # warm-up (allocator, AdamW state, thread pool)
+                        try:
+                            fn()
+                        except torch.cuda.OutOfMemoryError as err:
+                            rows.append(dict(model=models[family]["name"], size=size, resolution=res, latent=latent,
+                                             task=task, skipped=f"OutOfMemoryError: {str(err).splitlines()[0][:200]}"))
+                            del calls[family]
+                            torch.cuda.empty_cache()
+                    times = {f: [] for f in calls}
+                    for _ in range(args.repeats):   # back to back, repeat after repeat
+                        for family, fn in calls.items():
+                            times[family] += measure(fn, device, 1)
                     for family, fn in calls.items():
-                        times[family] += measure(fn, device, 1)
-                for family, fn in calls.items():
-                    m = models[family]
-                    med = statistics.median(times[family])
-                    if med > args.time_cap:
-                        too_slow.add((family, size, task))
-                    rows.append(dict(
-                        model=m["name"], size=size, resolution=res, latent=latent, task=task,
-                        batch=args.batch, time_ms=1e3 * med, images_per_s=args.batch / med,
-                        peak_mib=peak(fn, device) / 2**20, params=count_params(m["model"]),
-                        gflops_fwd_per_image=count_flops(m["model"], latent) / 1e9, skipped=None))
-                    print(f"{m['name']:14s} {res:5d}px {task:6s} {rows[-1]['images_per_s']:8.2f} img/s "
-                          f"{rows[-1]['peak_mib']:9.1f} MiB", flush=True)
+                        m = models[family]
+                        med = statistics.median(times[family])
+                        if med > args.time_cap:
+                            too_slow.add((family, size, task))
+                        rows.append(dict(
+                            model=m["name"], size=size, resolution=res, latent=latent, task=task,
+                            batch=args.batch, time_ms=1e3 * med, images_per_s=args.batch / med,
+                            peak_mib=peak(fn, device) / 2**20, params=count_params(m["model"]),
+                            gflops_fwd_per_image=count_flops(m["model"], latent) / 1e9, skipped=None))
+                        print(f"{m['name']:14s} {res:5d}px {task:6s} {rows[-1]['images_per_s']:8.2f} img/s "
+                              f"{rows[-1]['peak_mib']:9.1f} MiB", flush=True)
+    except KeyboardInterrupt:  # a time limit (timeout --signal=INT): keep what was measured
+        print("interrupted: reporting the results so far", flush=True)
     return rows
 
 
@@ -164,6 +167,30 @@ def print_table(rows):
         speed = f"{r['images_per_s'] / base['images_per_s']:.2f}x" if base else "-"
         print(f"{r['model']:14s} {r['resolution']:5d} {r['task']:6s} {r['images_per_s']:9.2f} "
               f"{r['peak_mib']:10.1f} {r['params'] / 1e6:9.2f} {r['gflops_fwd_per_image']:8.2f} {speed:>8s}")
+
+
+def plot(rows, path, meta):
+    """Images/s against resolution, one panel per task, a line per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, task in zip(axes, ("train", "sample")):
+        for model in sorted({r["model"] for r in rows}):
+            pts = sorted((r["resolution"], r["images_per_s"]) for r in rows
+                         if r["model"] == model and r["task"] == task and not r["skipped"])
+            if pts:
+                ax.loglog(*zip(*pts), marker="o", label=model, linestyle="--" if model.startswith("DiT") else "-")
+        ax.set_title(f"{task}, {meta['dtype']}, batch {meta['batch']}, {meta['device_name']}", fontsize=9)
+        ax.set_xlabel("image size (px)")
+        ax.set_ylabel("images / s")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
 
 
 def main(argv=None):
@@ -201,7 +228,8 @@ def main(argv=None):
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(dict(meta=meta, results=rows), indent=1))
-        print(f"wrote {out}")
+        plot(rows, out.with_suffix(".png"), meta)
+        print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":
