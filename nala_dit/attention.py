@@ -31,9 +31,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from .options import ATTENTIONS, DIRECTIONS  # the names live with the CLI options (torch-free)
+
 Direction = Literal["cosine", "relu_split"]
-DIRECTIONS = ("cosine", "relu_split")
-ATTENTIONS = ("softmax", "nala", "relu", "elu")
 
 # Spec §2 / §3 defaults.
 POWER = 3.0          # λ
