@@ -107,6 +107,7 @@ class TrainConfig:
     vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
     flip: bool = field(default=True, metadata=dict(help="random horizontal flips"))
     skip_corrupt: bool = field(default=False, metadata=dict(help="skip unreadable images with a warning"))
+    check_data: bool = field(default=False, metadata=dict(help="image folders: open every image before training; list the unreadable ones"))
     num_classes: int | None = _opt("expected class count (checked against the data)")
     num_workers: int = field(default=4, metadata=dict(help="data loader workers per process"))
     # objective
@@ -140,6 +141,7 @@ class TrainConfig:
     sample_steps: int = field(default=50, metadata=dict(help="sampler steps for grids"))
     sample_cfg_scale: float = field(default=1.0, metadata=dict(help="guidance scale for grids"))
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
+    allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the checkpoint")
 
     def validate(self) -> None:
         if self.norm_scale is not None:
