@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from . import convert
 from . import data as data_lib
 from .attention import ATTENTIONS, DIRECTIONS
 from .checkpoint import build_objective, list_checkpoints, open_checkpoint, save_checkpoint
@@ -88,10 +89,19 @@ class TrainConfig:
     sample_steps: int = field(default=50, metadata=dict(help="sampler steps for grids"))
     sample_cfg_scale: float = field(default=1.0, metadata=dict(help="guidance scale for grids"))
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
+    # conversion from a softmax model (nala_dit/convert.py, LiT's recipe)
+    init_from: str | None = _opt("start from a softmax DiT/SiT: official .pt, run/checkpoint folder (EMA) or pipeline folder")
+    inherit: str = field(default="all-but-attention", metadata=dict(
+        help="what --init-from copies", choices=["all-but-attention", "attention-qkv"]))
+    teacher: str | None = _opt("distil from this model (same forms as --init-from; frozen, EMA weights)")
+    distill_weight: float = field(default=0.5, metadata=dict(help="weight of ‖teacher − student‖² on ε / velocity"))
+    distill_sigma_weight: float | None = _opt("weight on the learned-variance channels (default 0.05 if both learn it)")
 
     def validate(self) -> None:
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
             raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
+        if self.distill_weight < 0 or (self.distill_sigma_weight or 0) < 0:
+            raise ValueError("distill-weight and distill-sigma-weight must be >= 0")
         for name in ("log_every", "ckpt_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1")
@@ -217,6 +227,13 @@ def train(cfg: TrainConfig) -> Path:
     channels, side = model_space(dataset, vae)
     model = build_model(cfg, dataset.num_classes, channels, side)
     objective = build_objective(dict(model.config), to_dict(cfg))
+    if cfg.init_from and resume_from is None:
+        report = convert.init_from(cfg.init_from, model, cfg.model, cfg.inherit, to_dict(cfg))
+        accelerator.print(report.table())
+    distiller = None
+    if cfg.teacher:  # not saved in checkpoints: its path is in the config, reloaded on resume
+        distiller = convert.Distiller.load(cfg.teacher, model, cfg.model, to_dict(cfg), cfg.distill_weight,
+                                           cfg.distill_sigma_weight, device)
     ema = copy.deepcopy(model).float().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
@@ -282,10 +299,17 @@ def train(cfg: TrainConfig) -> Path:
         return x
 
     def loss_fn(x, y):
+        """(loss, its terms [L_simple, distillation, variance distillation]) of one micro-batch."""
+        fn = distiller.watch(train_model) if distiller else train_model
         if model.config.objective == "diffusion":
             t = torch.randint(0, objective.num_timesteps, (x.shape[0],), device=device)
-            return objective.training_losses(train_model, x, t, y)["loss"].mean()
-        return objective.training_losses(train_model, x, y)["loss"].mean()
+            loss = objective.training_losses(fn, x, t, y)["loss"].mean()
+        else:
+            loss = objective.training_losses(fn, x, y)["loss"].mean()
+        if distiller is None:
+            return loss, loss.detach().reshape(1)
+        extra, terms = distiller.terms()
+        return loss + extra, torch.cat([loss.detach().reshape(1), terms])
 
     grid_noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
     grid_labels = (torch.arange(16) % dataset.num_classes).to(device)
@@ -309,6 +333,7 @@ def train(cfg: TrainConfig) -> Path:
     # non-finite loss is remembered by step and checked (across ranks) at every log step
     # and before every checkpoint, so no NaN weights are ever saved.
     window_loss = torch.zeros((), device=device)
+    window_terms = torch.zeros(3 if distiller else 1, device=device)
     first_bad = torch.full((), -1, dtype=torch.long, device=device)
     window_steps, window_start = 0, time.perf_counter()
 
@@ -337,9 +362,10 @@ def train(cfg: TrainConfig) -> Path:
             sync = micro == cfg.grad_accum - 1
             with accelerator.no_sync(train_model) if not sync else contextlib.nullcontext():
                 with accelerator.autocast():
-                    loss = loss_fn(x, y)
+                    loss, terms = loss_fn(x, y)
                 accelerator.backward(loss / cfg.grad_accum)
             local += loss.detach().float() / cfg.grad_accum
+            window_terms += terms.float() / cfg.grad_accum
         if cfg.max_grad_norm > 0:
             accelerator.clip_grad_norm_(train_model.parameters(), cfg.max_grad_norm)
         optimizer.step()
@@ -359,9 +385,13 @@ def train(cfg: TrainConfig) -> Path:
                           images_per_sec=window_steps * cfg.global_batch_size / elapsed)
             if first_block is not None and getattr(first_block, "last_stats", None):
                 values.update({f"nala/{k}": v for k, v in first_block.last_stats.items()})
+            if distiller:
+                terms = accelerator.gather((window_terms / window_steps).unsqueeze(0)).mean(0).tolist()
+                values.update(loss_simple=terms[0], loss_distill=terms[1], loss_distill_sigma=terms[2])
             logger.log(step, values)
             progress.set_postfix(loss=f"{values['loss']:.4f}", img_s=f"{values['images_per_sec']:.1f}")
             window_loss.zero_()
+            window_terms.zero_()
             window_steps, window_start = 0, time.perf_counter()
         if cfg.sample_every > 0 and step % cfg.sample_every == 0 and accelerator.is_main_process:
             write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
