@@ -32,19 +32,17 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from nala_dit import metrics
+from nala_dit import options
 
 
 def _add_common(p: argparse.ArgumentParser, features_default: str | None) -> None:
-    p.add_argument("--features", choices=metrics.FEATURE_CHOICES, default=features_default,
+    p.add_argument("--features", choices=options.FEATURE_CHOICES, default=features_default,
                    help="feature extractor (calc: default = the one recorded in --ref)")
     p.add_argument("--batch-size", type=int, default=250)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--num-workers", type=int, default=0, help="image-folder decoding workers")
     p.add_argument("--inception-weights", default=None,
-                   help=f"path to {metrics.INCEPTION_WEIGHTS_FILE} (default: torch-fidelity's cache)")
+                   help=f"path to {options.INCEPTION_WEIGHTS_FILE} (default: torch-fidelity's cache)")
     p.add_argument("--digits-classifier", default=None,
                    help="folder of the digits classifier (default runs/digits_classifier; trained if absent)")
 
@@ -56,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("ref", help="compute reference statistics")
     source = ref.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", help="image folder (recursive PNG/JPG) or .npz with arr_0")
-    source.add_argument("--dataset", choices=metrics.DATASETS, help="an embedded dataset")
+    source.add_argument("--dataset", choices=options.DATASETS, help="an embedded dataset")
     ref.add_argument("--out", required=True, help="output .npz")
     _add_common(ref, "inception")
 
@@ -92,7 +90,7 @@ def _generated_batches(source, labels, seed, settings, batch_size):
     import torch
 
     from nala_dit.data import to_uint8
-    from nala_dit.sampling import sample_batch
+    from nala_dit.generate import sample_batch
 
     for start in range(0, len(labels), batch_size):
         idx = list(range(start, min(start + batch_size, len(labels))))
@@ -103,7 +101,12 @@ def _generated_batches(source, labels, seed, settings, batch_size):
 
 
 def _gen(args, common) -> dict:
-    from nala_dit.sampling import SampleSettings, balanced_labels, load_source
+    import numpy as np
+
+    from nala_dit import metrics
+    from nala_dit.generate import SampleSettings
+    from nala_dit.sampling import balanced_labels
+    from nala_dit.sources import load_source
 
     source = load_source(args.ckpt, args.weights, args.vae, common["device"])
     settings = SampleSettings(args.sampler, args.steps, args.cfg_scale).resolved(source.objective)
@@ -118,6 +121,8 @@ def _gen(args, common) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import torch
+
+    from nala_dit import metrics
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     common = dict(batch_size=args.batch_size, device=device, num_workers=args.num_workers,

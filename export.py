@@ -54,7 +54,7 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    from nala_dit.sampling import read_labels_file
+    from nala_dit.sources import read_labels_file
 
     id2label = read_labels_file(args.labels_file) if args.labels_file else None
     if args.command == "checkpoint":
@@ -63,7 +63,8 @@ def run(args) -> int:
         pipe = pipeline_from_checkpoint(args.ckpt, args.weights, args.vae, args.copy_vae, id2label)
     else:
         from nala_dit.data import load_vae
-        from nala_dit.pipeline import load_official_state_dict, model_from_official, pipeline_for
+        from nala_dit.pipeline import pipeline_for
+        from nala_dit.sources import load_official_state_dict, model_from_official
 
         if args.copy_vae and not args.vae:
             raise ValueError("--copy-vae needs --vae PATH (the VAE folder to copy)")

@@ -12,8 +12,6 @@ Then train on them:
 import argparse
 import sys
 
-from nala_dit.extract import extract_latents
-
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
@@ -29,6 +27,8 @@ def main(argv=None) -> int:
                    help="storage dtype of the moments")
     p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable images with a warning")
     args = p.parse_args(argv)
+    from nala_dit.extract import extract_latents  # torch, diffusers: only once there is work to do
+
     try:
         out = extract_latents(args.data, args.out, args.vae, args.image_size, args.batch_size,
                               args.shard_size, args.num_workers, args.dtype, args.skip_corrupt)

@@ -27,8 +27,7 @@ import math
 import sys
 from datetime import timedelta
 
-from nala_dit.generate import SAMPLERS
-from nala_dit.sampling import PRECISIONS
+from nala_dit.options import PRECISIONS, SAMPLERS
 
 
 def _pair(text: str) -> tuple[float, float]:
@@ -81,8 +80,9 @@ def main(argv=None) -> int:
 def run(args) -> int:
     import torch
 
-    from nala_dit.sampling import (SampleSettings, balanced_labels, load_source, mass_sample, resolve_labels,
-                                   sample_images, save_grid, save_pngs)
+    from nala_dit.generate import SampleSettings
+    from nala_dit.sampling import balanced_labels, mass_sample, sample_images, save_grid, save_pngs
+    from nala_dit.sources import load_source, resolve_labels
 
     settings = SampleSettings(args.sampler, args.steps, args.cfg_scale, args.guidance_interval,
                               args.guide_channels, args.precision)

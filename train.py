@@ -13,7 +13,7 @@ Print the resolved config (defaults < YAML < flags) and exit:
 import sys
 
 from nala_dit.config import dump_yaml, resolve
-from nala_dit.training import TrainConfig, train
+from nala_dit.options import TrainConfig
 
 
 def main(argv=None) -> int:
@@ -21,6 +21,8 @@ def main(argv=None) -> int:
     if args.dry_run:
         print(dump_yaml(cfg), end="")
         return 0
+    from nala_dit.training import train  # torch and accelerate: only once there is work to do
+
     try:
         run_dir = train(cfg)
     except (ValueError, FileNotFoundError, FileExistsError, OSError, FloatingPointError) as err:

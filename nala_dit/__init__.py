@@ -2,22 +2,31 @@
 
 Where things are: ``attention.py`` (NaLa and baselines), ``models.py`` (backbone and
 presets), ``diffusion.py`` / ``transport.py`` (objectives), ``samplers.py`` (every
-sampler as a plain function), ``pipeline.py`` (diffusers pipelines).
+sampler as a plain function), ``pipeline.py`` (diffusers pipelines), ``options.py``
+(every name the CLIs offer, as plain data).
+
+Importing the package costs nothing: the names below are looked up on first use, so a
+CLI's ``--help`` (which imports ``nala_dit.options``) never loads torch or diffusers.
 """
 
-from diffusers.models.modeling_utils import ModelMixin  # noqa: F401  (diffusers resolves our components through this module)
-
-from .attention import nala_attention, nala_attention_reference, nala_features
-from .models import MODELS, DiT, create_model
-
-__all__ = ["MODELS", "DiT", "create_model", "nala_attention", "nala_attention_reference", "nala_features"]
 __version__ = "0.1.0"
+
+# name -> submodule that defines it (imported on first access).
+_LAZY = {
+    "MODELS": "models", "DiT": "models", "create_model": "models",
+    "nala_attention": "attention", "nala_attention_reference": "attention", "nala_features": "attention",
+    "NaLaDiTPipeline": "pipeline", "NaLaSiTPipeline": "pipeline", "DiTPipelineTransformer": "pipeline",
+}
+__all__ = sorted(_LAZY)
 
 
 def __getattr__(name):
-    # The pipelines pull in diffusers' pipeline stack; import them only when asked for.
-    if name in ("NaLaDiTPipeline", "NaLaSiTPipeline", "DiTPipelineTransformer"):
-        from . import pipeline
+    if name in _LAZY:
+        import importlib
 
-        return getattr(pipeline, name)
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'nala_dit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

@@ -22,6 +22,7 @@ in fp32 whatever the autocast dtype: ``|k|^3`` overflows fp16 at |k| > 40 and
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 from typing import Literal
 
@@ -30,9 +31,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from .options import ATTENTIONS, DIRECTIONS  # the names live with the CLI options (torch-free)
+
 Direction = Literal["cosine", "relu_split"]
-DIRECTIONS = ("cosine", "relu_split")
-ATTENTIONS = ("softmax", "nala", "relu", "elu")
 
 # Spec §2 / §3 defaults.
 POWER = 3.0          # λ
@@ -184,17 +185,20 @@ def normalized_attention_reference(
     return weights @ v.float(), weights
 
 
-NALA_IMPLS = ("auto", "fused", "eager", "compile")
+NALA_IMPLS = ("auto", "fused", "eager", "compile", "triton")
 
 # Tokens are processed in chunks of about this many elements per (B, H, C, D) slice:
 # the feature maps are per token, so chunking bounds their temporaries (O(chunk), not
-# O(N)) and keeps each elementwise pass inside the cache.
+# O(N)) and keeps each elementwise pass inside the cache. On a GPU small chunks only
+# multiply kernel launches, so there a chunk is most or all of the sequence.
 _CHUNK_ELEMENTS = 2**18
+_CHUNK_ELEMENTS_GPU = 2**25
 
 
-def _token_chunks(shape: torch.Size) -> list[slice]:
+def _token_chunks(shape: torch.Size, device: torch.device) -> list[slice]:
     b, h, n, d = shape
-    size = max(64, _CHUNK_ELEMENTS // max(1, b * h * d))
+    elements = _CHUNK_ELEMENTS if device.type in ("cpu", "meta") else _CHUNK_ELEMENTS_GPU
+    size = max(64, elements // max(1, b * h * d))
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
@@ -311,7 +315,7 @@ class _FusedNaLa(torch.autograd.Function):
         with _no_autocast(q.device):
             b, h, n, d = q.shape
             state = q.new_zeros(2, b, h, d, d + 1, dtype=torch.float32)    # [S | z] halves
-            for sl in _token_chunks(q.shape):
+            for sl in _token_chunks(q.shape, q.device):
                 phi_k = _key_lift(k[:, :, sl].float(), opts)[0]
                 v1 = _with_ones(v[:, :, sl].float())                       # (B, H, C, D+1)
                 for half, f in zip(state, phi_k):
@@ -319,7 +323,7 @@ class _FusedNaLa(torch.autograd.Function):
             state.div_(n)
             out = q.new_empty(b, h, n, d, dtype=torch.float32)
             den = q.new_empty(b, h, n, 1, dtype=torch.float32)
-            for sl in _token_chunks(q.shape):
+            for sl in _token_chunks(q.shape, q.device):
                 f1, f2 = _query_lift(q[:, :, sl].float(), opts)[0]
                 num_den = (f1 @ state[0]).add_(f2 @ state[1])              # (B, H, C, D+1)
                 torch.add(num_den[..., d:], opts["eps"], out=den[:, :, sl])
@@ -340,7 +344,7 @@ class _FusedNaLa(torch.autograd.Function):
             z = state[..., d].unsqueeze(-2)                              # (2, B, H, 1, D)
             d_state = torch.zeros_like(state)
             dq = torch.empty_like(q, dtype=torch.float32) if need_q else None
-            for sl in _token_chunks(q.shape):
+            for sl in _token_chunks(q.shape, q.device):
                 qc = q[:, :, sl].float()
                 phi_q, parts = _query_lift(qc, o)
                 dd = den[:, :, sl]
@@ -360,7 +364,7 @@ class _FusedNaLa(torch.autograd.Function):
             dk = torch.empty_like(k, dtype=torch.float32) if need_k else None
             dv = torch.empty_like(v, dtype=torch.float32) if need_v else None
             if need_k or need_v:
-                for sl in _token_chunks(k.shape):
+                for sl in _token_chunks(k.shape, k.device):
                     kc = k[:, :, sl].float()
                     phi_k, parts = _key_lift(kc, o)
                     if need_v:
@@ -394,6 +398,26 @@ def _nala_compiled(*args):
     return _compiled_eager(*args)
 
 
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def select_nala_impl(device_type: str, head_dim: int, dtype: torch.dtype, has_triton: bool) -> str:
+    """The code path ``impl="auto"`` runs; a pure function of what it is given.
+
+    CPU (and meta, for FLOP counting): the token-chunked fused path. CUDA: the Triton
+    kernels when Triton is installed and takes the shape (head dim ≤ 128; fp32/bf16/fp16),
+    else the unchunked composition (``"eager"``: a few large kernels). ``torch.compile``
+    is never picked: on CUDA it needs Triton too, which would have run the kernels.
+    """
+    if device_type in ("cpu", "meta"):
+        return "fused"
+    if device_type == "cuda" and has_triton and head_dim <= 128 and dtype in (
+            torch.float32, torch.bfloat16, torch.float16):
+        return "triton"
+    return "eager"
+
+
 def nala_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -414,10 +438,14 @@ def nala_attention(
     runs in fp32. No N×N tensor is ever formed. ``impl`` picks the code path, all with
     the same numbers up to fp32 rounding:
 
-    * ``"fused"`` (what ``"auto"`` runs): token-chunked features kept as their cos/sin
-      halves (no concatenation; two GEMMs per product), ``[S | z]`` from the same GEMM,
-      and a hand-written backward that saves only q, k, v, the small state and the
+    * ``"auto"``: ``select_nala_impl`` for the tensors' device (fused on CPU, Triton on
+      CUDA);
+    * ``"fused"``: token-chunked features kept as their cos/sin halves (no
+      concatenation; two GEMMs per product), ``[S | z]`` from the same GEMM, and a
+      hand-written backward that saves only q, k, v, the small state and the
       denominator (features are recomputed);
+    * ``"triton"``: the same algorithm as GPU kernels (``nala_dit/triton_nala.py``), the
+      features computed in registers;
     * ``"eager"``: the readable composition ``nala_features`` → §3, plain autograd;
     * ``"compile"``: ``torch.compile`` of the eager composition (opt-in; slow to build).
     """
@@ -425,6 +453,14 @@ def nala_attention(
     _check_direction(direction)
     if impl not in NALA_IMPLS:
         raise ValueError(f"impl must be one of {NALA_IMPLS}, got {impl!r}")
+    if impl == "auto":
+        impl = select_nala_impl(q.device.type, q.shape[-1], q.dtype, triton_available())
+    if impl == "triton":
+        from nala_dit.triton_nala import nala_attention_triton
+
+        return nala_attention_triton(q, k, v, norm_scale, dict(
+            direction=direction, power=float(power), offset=float(offset), alpha=float(alpha),
+            norm_eps=float(norm_eps), eps=float(eps)))
     if impl == "eager":
         return _nala_eager(q, k, v, direction, power, offset, norm_scale, alpha, norm_eps, eps)
     if impl == "compile":

@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 
 from .models import DiT
-
-INHERIT_MODES = ("all-but-attention", "attention-qkv")
+from .options import INHERIT_MODES
 LIT_DISTILL_WEIGHT, LIT_SIGMA_WEIGHT = 0.5, 0.05
 _ATTN = re.compile(r"^blocks\.\d+\.attn\.")
 # What must agree between a student and the model it inherits from or distils from.
@@ -66,9 +65,10 @@ def _official_file(preset: str, input_size: int) -> str:
 
 
 def load_reference(path: str | os.PathLike, student: DiT, student_preset: str) -> Reference:
-    """An official ``.pt``, a checkpoint / run folder (EMA weights) or a pipeline folder."""
-    from .checkpoint import load_model
-    from .pipeline import OBJECTIVE_KEYS, load_official_state_dict, load_pipeline, model_from_official
+    """An official ``.pt``, a checkpoint / run folder (EMA weights) or a pipeline folder
+    (its transformer only: a teacher needs no VAE)."""
+    from .checkpoint import OBJECTIVE_KEYS, load_model
+    from .sources import assert_no_meta, load_official_state_dict, model_from_official, read_pipeline_index
 
     p = Path(path)
     if p.is_file() or (not p.exists() and p.suffix in (".pt", ".pth")):
@@ -83,8 +83,10 @@ def load_reference(path: str | os.PathLike, student: DiT, student_preset: str) -
     if not p.exists():
         raise FileNotFoundError(f"no official .pt, checkpoint, run folder or pipeline folder at {p}")
     if (p / "model_index.json").is_file():
-        pipe = load_pipeline(p)
-        return Reference(pipe.transformer.eval(), dict(pipe.config.objective_config or {}), str(p), "pipeline")
+        index = read_pipeline_index(p)
+        model = DiT.from_pretrained(str(p / "transformer"))
+        assert_no_meta(model, f"{p}/transformer")
+        return Reference(model.eval(), dict(index.get("objective_config") or {}), str(p), "pipeline")
     model, ckpt = load_model(p, "ema")
     keys = OBJECTIVE_KEYS[model.config.objective]
     objective_config = {k: ckpt.config[k] for k in keys if ckpt.config.get(k) is not None}

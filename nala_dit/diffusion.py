@@ -45,8 +45,9 @@ import math
 
 import torch
 
+from .options import BETA_SCHEDULES  # noqa: F401  (plain data, shared with the CLIs)
+
 MODEL_VAR_TYPES = ("learned_range", "fixed_small", "fixed_large")
-BETA_SCHEDULES = ("linear", "cosine")
 
 
 def get_named_beta_schedule(name, num_timesteps=1000):

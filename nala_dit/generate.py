@@ -5,22 +5,28 @@ grids, ``sample.py``, ``evaluate_fid.py gen`` and the pipelines all call it, so 
 seed and setting produce the same images everywhere. The samplers themselves are the
 plain functions of ``samplers.py``; ``scheduler_sample`` runs a diffusers scheduler
 (DDIM, DPM-Solver++) over the same model function.
+
+``sample_batch`` adds what every caller shares around it: per-index seeded noise
+(``index_seed``, ``initial_noise``), the precision wrapper and ``SampleSettings``. Every
+sample has a *global index*; its starting noise comes from its own generator seeded with
+``(seed, index)``, so it does not depend on the batch, the process or the process count.
+Stochastic samplers (ddpm, sde-*) also draw noise inside the loop from one generator per
+batch, seeded with ``(seed, first index of the batch)``: for them ``--batch-size`` is part
+of the recipe.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from .diffusion import GaussianDiffusion
 from .guidance import cfg_model_fn
+from .options import DEFAULT_STEPS, DIFFUSION_SAMPLERS, PRECISIONS, SAMPLERS, TRANSPORT_SAMPLERS  # noqa: F401
 from .samplers import SampleOutput, ddim_sample, ddpm_sample, ode_sample, sde_sample
 from .transport import Transport
-
-DIFFUSION_SAMPLERS = ("ddpm", "ddim", "dpm-solver")
-TRANSPORT_SAMPLERS = ("ode-euler", "ode-heun", "dopri5", "sde-euler", "sde-heun")
-SAMPLERS = DIFFUSION_SAMPLERS + TRANSPORT_SAMPLERS
-DEFAULT_STEPS = {"ddpm": 250, "ddim": 50, "dpm-solver": 25, "ode-euler": 50, "ode-heun": 50,
-                 "dopri5": 50, "sde-euler": 250, "sde-heun": 250}
 
 
 def default_sampler(objective) -> str:
@@ -144,3 +150,87 @@ def decode(latents: torch.Tensor, vae=None, scaling_factor: float = 0.18215) -> 
         return latents.clamp(-1, 1)
     out = vae.decode((latents / scaling_factor).to(vae.dtype)).sample
     return out.float().clamp(-1, 1)
+
+
+# ----------------------------------------------------------------- seeds and noise
+NOISE_STREAM, LOOP_STREAM = 0, 1
+
+
+def index_seed(seed: int, index: int, stream: int = NOISE_STREAM) -> int:
+    """A 63-bit seed for one global sample index (numpy's SeedSequence mixes the words)."""
+    state = np.random.SeedSequence([seed, index, stream]).generate_state(2, np.uint32)
+    return int(state[0]) << 31 | int(state[1]) >> 1
+
+
+def initial_noise(indices, shape: tuple[int, ...], seed: int, device="cpu") -> torch.Tensor:
+    """(B, *shape) standard normal noise, row b drawn from its own ``(seed, indices[b])`` stream."""
+    rows = [torch.randn(shape, generator=torch.Generator().manual_seed(index_seed(seed, int(i))))
+            for i in indices]
+    return torch.stack(rows).to(device)
+
+
+def seed_from(generator) -> int:
+    """The integer seed behind a pipeline's ``generator`` argument (None: a fresh random one)."""
+    if generator is None:
+        return int(torch.randint(0, 2**62, ()).item())
+    if isinstance(generator, int):
+        return generator
+    if isinstance(generator, torch.Generator):
+        # Drawing from the caller's generator keeps diffusers' convention: the same
+        # manual_seed gives the same images, and a used generator gives new ones.
+        return int(torch.randint(0, 2**62, (), generator=generator, device=generator.device).item())
+    raise TypeError(f"generator must be None, an int seed or a torch.Generator, got {type(generator).__name__}")
+
+
+class _Precision:
+    """The model under autocast, returning fp32 so the sampler arithmetic stays fp32."""
+
+    def __init__(self, model, precision: str):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        self.model, self.precision = model, precision
+        self.null_label = getattr(model, "null_label", None)
+
+    def __call__(self, x, t, y):
+        if self.precision == "fp32":
+            return self.model(x, t, y)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return self.model(x, t, y).float()
+
+
+@dataclass
+class SampleSettings:
+    """Everything besides labels and indices that decides the images."""
+
+    sampler: str | None = None
+    num_steps: int | None = None
+    cfg_scale: float = 1.0
+    guidance_interval: tuple[float, float] | None = None
+    guide_channels: int | None = None
+    precision: str = "fp32"
+
+    def resolved(self, objective) -> "SampleSettings":
+        sampler = self.sampler or default_sampler(objective)
+        check_sampler(sampler, objective)
+        steps = DEFAULT_STEPS[sampler] if self.num_steps is None else self.num_steps
+        interval = tuple(self.guidance_interval) if self.guidance_interval is not None else None
+        return SampleSettings(sampler, steps, float(self.cfg_scale), interval, self.guide_channels, self.precision)
+
+
+@torch.no_grad()
+def sample_batch(model, objective, labels: torch.Tensor, indices, seed: int, settings: SampleSettings,
+                 vae=None, scaling_factor: float = 0.18215, progress: bool = False,
+                 decode_output: bool = True) -> tuple[torch.Tensor, int]:
+    """One batch: pixels in [-1, 1] (B, C, H, W) (or latents) and the NFE per sample."""
+    device = next(model.parameters()).device
+    size = model.config.input_size
+    noise = initial_noise(indices, (model.in_channels, size, size), seed, device)
+    loop_gen = torch.Generator(device).manual_seed(index_seed(seed, int(indices[0]), LOOP_STREAM))
+    s = settings.resolved(objective)
+    out = generate(_Precision(model, s.precision), objective, noise, labels.to(device), sampler=s.sampler,
+                   num_steps=s.num_steps, cfg_scale=s.cfg_scale, guidance_interval=s.guidance_interval,
+                   guide_channels=s.guide_channels, null_label=model.null_label, generator=loop_gen,
+                   progress=progress)
+    if not decode_output:
+        return out.samples, out.nfe
+    return decode(out.samples, vae, scaling_factor), out.nfe

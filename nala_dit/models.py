@@ -26,6 +26,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
 from .attention import ATTENTIONS, build_attention
+from .options import FAMILIES, PATCHES, SIZES  # preset tables (plain data, shared with the CLIs)
 
 OBJECTIVES = ("diffusion", "transport")
 
@@ -350,22 +351,8 @@ def sincos_pos_embed_2d(dim: int, h: int, w: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- presets
-# Sizes from the DiT paper (Table 1) plus a tiny one for tests and the demo.
-SIZES = {
-    "S": dict(depth=12, hidden_size=384, num_heads=6),
-    "B": dict(depth=12, hidden_size=768, num_heads=12),
-    "L": dict(depth=24, hidden_size=1024, num_heads=16),
-    "XL": dict(depth=28, hidden_size=1152, num_heads=16),
-    "T": dict(depth=4, hidden_size=128, num_heads=4),
-}
-PATCHES = {"S": (2, 4, 8), "B": (2, 4, 8), "L": (2, 4, 8), "XL": (2, 4, 8), "T": (1, 2, 4)}
-FAMILIES = {
-    # name prefix: (objective, learn_sigma, attention)
-    "DiT": ("diffusion", True, "softmax"),
-    "NaLaDiT": ("diffusion", True, "nala"),
-    "SiT": ("transport", False, "softmax"),
-    "NaLaSiT": ("transport", False, "nala"),
-}
+# The preset tables (SIZES, PATCHES, FAMILIES) are plain data in options.py, where the
+# CLIs read the names without importing torch.
 
 
 def _constructor(family: str, size: str, patch: int):

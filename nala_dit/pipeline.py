@@ -19,7 +19,7 @@
 Both record ``id2label``, the null class id, the objective settings, the VAE scaling
 factor and where the weights came from with ``register_to_config``, so they survive
 ``save_pretrained``. A VAE can also be stored by reference (``vae_path``; loaded on first
-use) instead of copied. Images come from ``nala_dit.sampling.sample_batch``, exactly as
+use) instead of copied. Images come from ``nala_dit.generate.sample_batch``, exactly as
 ``sample.py`` makes them: the same seed and settings give the same pixels.
 
 diffusers resolves our components by module path (``nala_dit.models.DiT``), which works
@@ -33,9 +33,7 @@ so only 1000-class models qualify.
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import torch
 from diffusers import DiffusionPipeline, ImagePipelineOutput
@@ -44,21 +42,13 @@ from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin  # noqa: F401  (diffusers finds our classes through it)
 
 from .checkpoint import build_objective
-from .data import DEFAULT_SCALING_FACTOR, load_vae, to_uint8
-from .generate import decode, default_sampler, generate
+from .data import load_vae, to_uint8
+from .generate import (SampleSettings, _Precision, decode, default_sampler, generate, index_seed, initial_noise,
+                       sample_batch, seed_from)
 from .models import DiT
-from .sampling import (SampleSettings, _Precision, index_seed, initial_noise, resolve_labels, sample_batch,
-                       seed_from)
+from .sources import assert_no_meta, read_pipeline_index, resolve_labels, scaling_factor
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
-
-
-def assert_no_meta(module: torch.nn.Module, where: str) -> None:
-    """diffusers leaves weights missing from a checkpoint on ``meta`` with only a warning."""
-    meta = [name for name, p in module.named_parameters() if p.device.type == "meta"]
-    if meta:
-        raise ValueError(f"{where}: {len(meta)} parameters were not in the saved weights and stayed on the "
-                         f"meta device (e.g. {meta[:3]}); the folder does not match this model class")
 
 
 class _NaLaPipeline(DiffusionPipeline):
@@ -121,10 +111,7 @@ class _NaLaPipeline(DiffusionPipeline):
 
     @property
     def scaling_factor(self) -> float:
-        if self.config.scaling_factor is not None:
-            return float(self.config.scaling_factor)
-        vae = self.vae if self.vae is not None else self._vae_cache
-        return float(getattr(getattr(vae, "config", None), "scaling_factor", None) or DEFAULT_SCALING_FACTOR)
+        return scaling_factor(self.config.scaling_factor, self.vae if self.vae is not None else self._vae_cache)
 
     def resolved_vae(self, device=None):
         """The VAE component, else the referenced one (``vae_path``, loaded once), else None."""
@@ -285,13 +272,8 @@ def pipeline_for(model: DiT, vae=None, train_config: dict | None = None, **setti
 
 def load_pipeline(path: str | os.PathLike, **kwargs):
     """Open a saved pipeline folder with the class recorded in its ``model_index.json``."""
-    index = Path(path) / "model_index.json"
-    if not index.is_file():
-        raise FileNotFoundError(f"{index} not found: {path} is not a saved pipeline folder")
-    name = json.loads(index.read_text()).get("_class_name")
+    name = read_pipeline_index(path)["_class_name"]
     classes = {cls.__name__: cls for cls in PIPELINES.values()}
-    if name not in classes:
-        raise ValueError(f"{path} holds a {name}, not one of {sorted(classes)}")
     return classes[name].from_pretrained(str(path), **kwargs)
 
 
@@ -356,93 +338,17 @@ def pipeline_from_checkpoint(path: str | os.PathLike, weights: str = "ema", vae:
     """A pipeline from a training checkpoint: its EMA (default) weights, the β schedule or
     transport settings it was trained with, class names and the VAE (copied or referenced)."""
     from .checkpoint import load_model
-    from .sampling import _latent_scaling, default_id2label
+    from .sources import default_id2label, latent_scaling
 
     model, ckpt = load_model(path, weights)
     vae_path = vae or ckpt.config.get("vae")
     vae_model, scaling = None, None
     if vae_path:
         vae_model, scaling = load_vae(vae_path)   # also checks that a referenced VAE exists now
-        scaling = _latent_scaling(ckpt.config) or scaling
+        scaling = latent_scaling(ckpt.config) or scaling
     source = dict(model=ckpt.config.get("model"), checkpoint=str(ckpt.path), step=ckpt.step, weights=weights,
                   vae=vae_path)
     return pipeline_for(model, vae=vae_model if copy_vae else None, train_config=ckpt.config,
                         id2label=id2label or default_id2label(ckpt.config, model.config.num_classes),
                         scaling_factor=scaling, vae_path=None if copy_vae or not vae_path else str(vae_path),
                         source=source)
-
-
-def load_official_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The weights of a published DiT/SiT ``.pt``: a plain state dict, or SiT's training
-    dict with "ema"/"model" entries (EMA preferred). Read with ``weights_only=True``."""
-    import argparse
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"official checkpoint not found: {path} (e.g. DiT-XL-2-256x256.pt from "
-                                f"https://dl.fbaipublicfiles.com/DiT/models/, downloaded on a connected machine)")
-    # SiT's training checkpoints also pickle their argparse namespace; allow just that class.
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    for key in ("ema", "model", "state_dict"):
-        if isinstance(state, dict) and isinstance(state.get(key), dict):
-            state = state[key]
-            break
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{path} is not a DiT/SiT state dict (expected tensors, or an 'ema'/'model' entry)")
-    return {k.removeprefix("module."): v for k, v in state.items()}
-
-
-def model_from_official(state: dict[str, torch.Tensor], model_name: str, image_size: int = 256,
-                        num_classes: int = 1000) -> DiT:
-    """Our softmax DiT holding official weights (``load_state_dict(strict=True)``).
-
-    ``learn_sigma`` and the input channels are read off the weights (SiT's released models
-    keep DiT's 8 output channels; our samplers use the first 4). Any other mismatch with
-    the preset is an error that names the tensor and the likely cause.
-    """
-    from .models import create_model
-
-    if model_name not in _softmax_presets():
-        raise ValueError(f"--model {model_name!r}: official checkpoints are softmax DiT/SiT; choose one of "
-                         f"{', '.join(_softmax_presets())}")
-    if image_size % 8:
-        raise ValueError(f"--image-size {image_size} must be a multiple of 8 (the SD VAE downsamples by 8)")
-    overrides = dict(input_size=image_size // 8, num_classes=num_classes)
-    if "x_embedder.proj.weight" in state and "final_layer.linear.weight" in state:
-        in_channels = state["x_embedder.proj.weight"].shape[1]
-        patch = state["x_embedder.proj.weight"].shape[-1]
-        out_channels = state["final_layer.linear.weight"].shape[0] // (patch * patch)
-        overrides.update(in_channels=in_channels, learn_sigma=out_channels == 2 * in_channels)
-    model = create_model(model_name, **overrides)
-    expected = model.state_dict()
-    problems = [f"missing {k}" for k in expected if k not in state]
-    problems += [f"unexpected {k}" for k in state if k not in expected]
-    problems += [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
-                 for k, v in state.items() if k in expected and v.shape != expected[k].shape]
-    if problems:
-        hints = []
-        proj = state.get("x_embedder.proj.weight")
-        if proj is not None and proj.shape[-1] != model.patch_size:
-            hints.append(f"the checkpoint uses patch size {proj.shape[-1]}, {model_name} uses {model.patch_size}")
-        table = state.get("y_embedder.embedding_table.weight")
-        if table is not None and table.shape[0] != expected["y_embedder.embedding_table.weight"].shape[0]:
-            hints.append(f"the checkpoint has {table.shape[0] - 1} classes (+ the null row); pass "
-                         f"--num-classes {table.shape[0] - 1}")
-        pos = state.get("pos_embed")
-        want = expected["pos_embed"].shape
-        if not hints and pos is not None and pos.shape[-1] == want[-1] and pos.shape != want:
-            side = int(round(pos.shape[1] ** 0.5)) * model.patch_size * 8
-            hints.append(f"the position table fits --image-size {side}")
-        if not hints:
-            hints.append(f"the checkpoint is not a {model_name} (depth, width or patch size differ)")
-        raise ValueError(f"checkpoint does not fit --model {model_name}: {'; '.join(hints)}. "
-                         f"{len(problems)} mismatches, e.g. {problems[:4]}")
-    model.load_state_dict(state, strict=True)
-    return model.eval()
-
-
-def _softmax_presets() -> list[str]:
-    from .models import MODELS
-
-    return [name for name in MODELS if name.startswith(("DiT-", "SiT-"))]

@@ -1,13 +1,13 @@
-"""From a trained model to image files: loading, labels, seeded noise, mass sampling.
+"""From a loaded model (``sources.Source``) to image files: grids, PNGs and mass sampling.
 
-Used by ``sample.py`` and by the pipelines (``pipeline.py``), so one seed gives the
-same images through either door.
+Used by ``sample.py`` and ``evaluate_fid.py``. The batches come from
+``generate.sample_batch``, which the pipelines (``pipeline.py``) call too, so one seed
+gives the same images through either door.
 
-Determinism. Every sample has a *global index*. Its starting noise comes from its own
-generator seeded with ``(seed, index)``, so it does not depend on the batch it lands
-in, the process that draws it or the process count. Stochastic samplers (ddpm,
-sde-*) also draw fresh noise inside the loop; that comes from one generator per batch,
-seeded with ``(seed, first index of the batch)``, so for them the batch layout
+Determinism (see ``generate.py``). Every sample has a *global index*; its starting
+noise is seeded with ``(seed, index)``, so it does not depend on the batch it lands in,
+the process that draws it or the process count. Stochastic samplers (ddpm, sde-*) also
+draw noise inside the loop, seeded per batch, so for them the batch layout
 (``--batch-size``) is part of the recipe. Deterministic samplers (ddim, dpm-solver,
 ode-*) depend only on the per-index noise.
 
@@ -23,149 +23,20 @@ sidecar ``<out>.json``.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
 import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .generate import DEFAULT_STEPS, check_sampler, decode, default_sampler, generate
-
-PRECISIONS = ("fp32", "bf16")
-NOISE_STREAM, LOOP_STREAM = 0, 1
+from .generate import SampleSettings, sample_batch
+from .sources import Source
 
 
-# ----------------------------------------------------------------- seeds and noise
-def index_seed(seed: int, index: int, stream: int = NOISE_STREAM) -> int:
-    """A 63-bit seed for one global sample index (numpy's SeedSequence mixes the words)."""
-    state = np.random.SeedSequence([seed, index, stream]).generate_state(2, np.uint32)
-    return int(state[0]) << 31 | int(state[1]) >> 1
-
-
-def initial_noise(indices, shape: tuple[int, ...], seed: int, device="cpu") -> torch.Tensor:
-    """(B, *shape) standard normal noise, row b drawn from its own ``(seed, indices[b])`` stream."""
-    rows = [torch.randn(shape, generator=torch.Generator().manual_seed(index_seed(seed, int(i))))
-            for i in indices]
-    return torch.stack(rows).to(device)
-
-
-def seed_from(generator) -> int:
-    """The integer seed behind a pipeline's ``generator`` argument (None: a fresh random one)."""
-    if generator is None:
-        return int(torch.randint(0, 2**62, ()).item())
-    if isinstance(generator, int):
-        return generator
-    if isinstance(generator, torch.Generator):
-        # Drawing from the caller's generator keeps diffusers' convention: the same
-        # manual_seed gives the same images, and a used generator gives new ones.
-        return int(torch.randint(0, 2**62, (), generator=generator, device=generator.device).item())
-    raise TypeError(f"generator must be None, an int seed or a torch.Generator, got {type(generator).__name__}")
-
-
-class _Precision:
-    """The model under autocast, returning fp32 so the sampler arithmetic stays fp32."""
-
-    def __init__(self, model, precision: str):
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        self.model, self.precision = model, precision
-        self.null_label = getattr(model, "null_label", None)
-
-    def __call__(self, x, t, y):
-        if self.precision == "fp32":
-            return self.model(x, t, y)
-        with torch.autocast(x.device.type, dtype=torch.bfloat16):
-            return self.model(x, t, y).float()
-
-
-@dataclass
-class SampleSettings:
-    """Everything besides labels and indices that decides the images."""
-
-    sampler: str | None = None
-    num_steps: int | None = None
-    cfg_scale: float = 1.0
-    guidance_interval: tuple[float, float] | None = None
-    guide_channels: int | None = None
-    precision: str = "fp32"
-
-    def resolved(self, objective) -> "SampleSettings":
-        sampler = self.sampler or default_sampler(objective)
-        check_sampler(sampler, objective)
-        steps = DEFAULT_STEPS[sampler] if self.num_steps is None else self.num_steps
-        interval = tuple(self.guidance_interval) if self.guidance_interval is not None else None
-        return SampleSettings(sampler, steps, float(self.cfg_scale), interval, self.guide_channels, self.precision)
-
-
-@torch.no_grad()
-def sample_batch(model, objective, labels: torch.Tensor, indices, seed: int, settings: SampleSettings,
-                 vae=None, scaling_factor: float = 0.18215, progress: bool = False,
-                 decode_output: bool = True) -> tuple[torch.Tensor, int]:
-    """One batch: pixels in [-1, 1] (B, C, H, W) (or latents) and the NFE per sample."""
-    device = next(model.parameters()).device
-    size = model.config.input_size
-    noise = initial_noise(indices, (model.in_channels, size, size), seed, device)
-    loop_gen = torch.Generator(device).manual_seed(index_seed(seed, int(indices[0]), LOOP_STREAM))
-    s = settings.resolved(objective)
-    out = generate(_Precision(model, s.precision), objective, noise, labels.to(device), sampler=s.sampler,
-                   num_steps=s.num_steps, cfg_scale=s.cfg_scale, guidance_interval=s.guidance_interval,
-                   guide_channels=s.guide_channels, null_label=model.null_label, generator=loop_gen,
-                   progress=progress)
-    if not decode_output:
-        return out.samples, out.nfe
-    return decode(out.samples, vae, scaling_factor), out.nfe
-
-
-# ----------------------------------------------------------------- labels
-def _normalise(name: str) -> str:
-    return name.strip().lower().replace("_", " ")
-
-
-def label_lookup(id2label: dict[int, str]) -> dict[str, int]:
-    """Every spelling of every class name → id; ImageNet names list synonyms with ", "."""
-    lookup = {}
-    for idx, names in id2label.items():
-        lookup[_normalise(names)] = int(idx)
-        for synonym in names.split(","):
-            lookup.setdefault(_normalise(synonym), int(idx))
-    return lookup
-
-
-def resolve_labels(labels, id2label: dict[int, str], num_classes: int) -> list[int]:
-    """Class ids from ids, id strings or class names (``golden_retriever`` = "golden retriever")."""
-    if isinstance(labels, (int, str)):
-        labels = [labels]
-    lookup = label_lookup(id2label)
-    ids, unknown = [], []
-    for label in labels:
-        if isinstance(label, str) and label.strip().lstrip("-").isdigit():
-            label = int(label)
-        if isinstance(label, str):
-            if _normalise(label) in lookup:
-                ids.append(lookup[_normalise(label)])
-            else:
-                unknown.append(label)
-            continue
-        label = int(label)
-        if not 0 <= label < num_classes:
-            raise ValueError(f"class id {label} is out of range: this model has {num_classes} classes "
-                             f"(0..{num_classes - 1})")
-        ids.append(label)
-    if unknown:
-        hints = []
-        for name in unknown:
-            close = difflib.get_close_matches(_normalise(name), list(lookup), n=3)
-            hints.append(f"{name!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
-        raise ValueError(f"unknown class name(s): {'; '.join(hints)}. Known classes: "
-                         f"{', '.join(list(id2label.values())[:20])}{' ...' if len(id2label) > 20 else ''}")
-    return ids
-
-
+# ----------------------------------------------------------------- small runs
 def balanced_labels(num_samples: int, num_classes: int, seed: int) -> torch.Tensor:
     """``i % num_classes`` over the global index, then a permutation seeded with ``seed``."""
     base = torch.arange(num_samples) % num_classes
@@ -173,100 +44,6 @@ def balanced_labels(num_samples: int, num_classes: int, seed: int) -> torch.Tens
     return base[perm]
 
 
-def default_id2label(train_config: dict, num_classes: int) -> dict[int, str]:
-    """Class names of the training data when they can be found, else the ids as text."""
-    from . import data as data_lib
-
-    names = None
-    source = train_config.get("data")
-    if source == "digits":
-        from .digits import DIGIT_LABELS
-        names = list(DIGIT_LABELS)
-    elif source and (Path(source) / data_lib.LATENT_META).is_file():
-        names = json.loads((Path(source) / data_lib.LATENT_META).read_text()).get("classes")
-    elif source and Path(source).is_dir():
-        names = sorted(d.name for d in Path(source).iterdir() if d.is_dir())
-    if not names or len(names) != num_classes:
-        names = [str(i) for i in range(num_classes)]
-    return dict(enumerate(names))
-
-
-def read_labels_file(path: str | os.PathLike) -> dict[int, str]:
-    """``id2label`` from a JSON object/list or a text file with one class name per line."""
-    text = Path(path).read_text()
-    if Path(path).suffix == ".json":
-        data = json.loads(text)
-        if isinstance(data, list):
-            return dict(enumerate(map(str, data)))
-        return {int(k): str(v) for k, v in data.items()}
-    return dict(enumerate(line.strip() for line in text.splitlines() if line.strip()))
-
-
-# ----------------------------------------------------------------- sources
-@dataclass
-class Source:
-    """A model ready to sample: weights, objective, decoder, class names, provenance."""
-
-    model: torch.nn.Module
-    objective: object
-    vae: object = None
-    scaling_factor: float = 0.18215
-    id2label: dict = field(default_factory=dict)
-    info: dict = field(default_factory=dict)
-
-    @property
-    def num_classes(self) -> int:
-        return self.model.config.num_classes
-
-
-def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None = None, device="cpu") -> Source:
-    """A training checkpoint (folder, ``checkpoints/`` or run folder) or a pipeline folder."""
-    from . import data as data_lib
-    from .checkpoint import build_objective, load_model
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no checkpoint or pipeline folder at {path}")
-    if (path / "model_index.json").is_file():
-        from .pipeline import load_pipeline
-
-        if weights != "ema":
-            raise ValueError(f"--weights {weights}: a pipeline folder holds one set of weights (exported from "
-                             f"the checkpoint's EMA by default); export the raw weights with "
-                             f"`export.py checkpoint --weights model` instead")
-        pipe = load_pipeline(path)
-        if vae is not None:
-            pipe.vae_override(vae)
-        model = pipe.transformer.to(device).eval()
-        vae_model = pipe.resolved_vae(device)
-        if vae_model is not None:
-            vae_model.to(device)
-        return Source(model, pipe.objective(), vae_model, pipe.scaling_factor, pipe.id2label,
-                      dict(pipe.config.get("source") or {}, pipeline=str(path)))
-    model, ckpt = load_model(path, weights)
-    model = model.to(device)
-    vae_path = vae or ckpt.config.get("vae")
-    vae_model, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
-    if vae_path:
-        vae_model, scaling = data_lib.load_vae(vae_path, device)
-        scaling = _latent_scaling(ckpt.config) or scaling
-    info = dict(model=ckpt.config.get("model"), checkpoint=str(ckpt.path), step=ckpt.step, weights=weights,
-                vae=vae_path)
-    return Source(model, build_objective(ckpt.model_config, ckpt.config), vae_model, scaling,
-                  default_id2label(ckpt.config, model.config.num_classes), info)
-
-
-def _latent_scaling(train_config: dict) -> float | None:
-    """The scaling factor a latent folder was written with (it overrides the VAE's)."""
-    from . import data as data_lib
-
-    meta = Path(train_config.get("data") or "") / data_lib.LATENT_META
-    if train_config.get("data") and meta.is_file():
-        return json.loads(meta.read_text()).get("scaling_factor")
-    return None
-
-
-# ----------------------------------------------------------------- small runs
 def sample_images(source: Source, labels: list[int], seed: int, settings: SampleSettings,
                   batch_size: int = 32, progress: bool = False) -> tuple[torch.Tensor, int]:
     """Images for ``labels`` (global indices 0..n-1) as uint8 (N, H, W, C), and the NFE."""

@@ -13,8 +13,8 @@ import contextlib
 import copy
 import json
 import math
+import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,99 +22,19 @@ from torch.utils.data import DataLoader
 
 from . import convert
 from . import data as data_lib
-from .attention import ATTENTIONS, DIRECTIONS
-from .checkpoint import build_objective, list_checkpoints, open_checkpoint, save_checkpoint
+from .checkpoint import (build_objective, config_changes, list_checkpoints, open_checkpoint, remove_temporaries,
+                         save_checkpoint, set_aside_newer)
 from .config import dump_yaml, to_dict
-from .diffusion import BETA_SCHEDULES
-from .generate import SAMPLERS, decode, generate
-from .models import MODELS, create_model
+from .generate import decode, generate
+from .models import create_model
+from .options import MODEL_OVERRIDES, TrainConfig  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
+from .runlock import LOCK_NAME, check_process_count, hold_lock
 from .sampling import save_grid
-from .transport import LOSS_WEIGHTS, PATHS, PREDICTIONS
 
 
-def _opt(help, **kw):
-    return field(default=kw.pop("default", None), metadata=dict(help=help, **kw))
-
-
-@dataclass
-class TrainConfig:
-    # model
-    model: str = field(default="NaLaDiT-S/2", metadata=dict(help="preset name", choices=list(MODELS)))
-    attention: str | None = _opt("override the preset's attention", choices=list(ATTENTIONS))
-    direction: str | None = _opt("NaLa direction map", choices=list(DIRECTIONS))
-    lepe: bool | None = _opt("NaLa/linear: depthwise-conv positional term on v")
-    gate: bool | None = _opt("NaLa/linear: SiLU output gate")
-    out_norm: bool | None = _opt("NaLa/linear: LayerNorm before the gate")
-    power: float | None = _opt("NaLa λ")
-    offset: float | None = _opt("NaLa τ")
-    norm_scale: float | None = _opt("NaLa s (query-norm scale)")
-    alpha: float | None = _opt("NaLa α (direction sharpness)")
-    class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
-    # data
-    data: str = field(default="digits", metadata=dict(help="'digits' (embedded), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
-    image_size: int = field(default=256, metadata=dict(help="image side in pixels (image folders)"))
-    vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
-    flip: bool = field(default=True, metadata=dict(help="random horizontal flips"))
-    skip_corrupt: bool = field(default=False, metadata=dict(help="skip unreadable images with a warning"))
-    num_classes: int | None = _opt("expected class count (checked against the data)")
-    num_workers: int = field(default=4, metadata=dict(help="data loader workers per process"))
-    # objective
-    diffusion_steps: int = field(default=1000, metadata=dict(help="DiT: training timesteps"))
-    noise_schedule: str = field(default="linear", metadata=dict(help="DiT: β schedule", choices=list(BETA_SCHEDULES)))
-    path_type: str = field(default="linear", metadata=dict(help="SiT: interpolant path", choices=list(PATHS)))
-    prediction: str = field(default="velocity", metadata=dict(help="SiT: model prediction", choices=list(PREDICTIONS)))
-    loss_weight: str = field(default="none", metadata=dict(help="SiT: loss weight", choices=list(LOSS_WEIGHTS)))
-    train_eps: float | None = _opt("SiT: train eps (default per path, as SiT)")
-    sample_eps: float | None = _opt("SiT: sample eps (default per path, as SiT)")
-    # optimisation
-    global_batch_size: int = field(default=256, metadata=dict(help="images per optimizer step, all processes"))
-    grad_accum: int = field(default=1, metadata=dict(help="micro-batches per optimizer step"))
-    lr: float = field(default=1e-4, metadata=dict(help="AdamW learning rate (constant)"))
-    weight_decay: float = field(default=0.0, metadata=dict(help="AdamW weight decay"))
-    max_grad_norm: float = field(default=0.0, metadata=dict(help="gradient clipping; 0 = off"))
-    ema_decay: float = field(default=0.9999, metadata=dict(help="EMA decay per step"))
-    max_steps: int = field(default=400_000, metadata=dict(help="optimizer steps"))
-    mixed_precision: str = field(default="no", metadata=dict(help="autocast dtype (attention reductions stay fp32)", choices=["no", "bf16", "fp16"]))
-    grad_checkpointing: bool = field(default=False, metadata=dict(help="recompute blocks in backward"))
-    compile: bool = field(default=False, metadata=dict(help="torch.compile the model"))
-    seed: int = field(default=0, metadata=dict(help="global seed (per-rank streams derive from it)"))
-    # bookkeeping
-    results_dir: str = field(default="runs", metadata=dict(help="parent folder of run folders"))
-    exp_name: str | None = _opt("run folder name (default: the model name)")
-    log_every: int = field(default=100, metadata=dict(help="steps between log lines"))
-    ckpt_every: int = field(default=50_000, metadata=dict(help="steps between checkpoints (and one at the end)"))
-    keep_last: int = field(default=0, metadata=dict(help="checkpoints to keep; 0 = all"))
-    sample_every: int = field(default=10_000, metadata=dict(help="steps between EMA sample grids; 0 = off"))
-    sample_sampler: str | None = _opt("sampler for grids (default ddim / ode-heun)", choices=list(SAMPLERS))
-    sample_steps: int = field(default=50, metadata=dict(help="sampler steps for grids"))
-    sample_cfg_scale: float = field(default=1.0, metadata=dict(help="guidance scale for grids"))
-    resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
-    # conversion from a softmax model (nala_dit/convert.py, LiT's recipe)
-    init_from: str | None = _opt("start from a softmax DiT/SiT: official .pt, run/checkpoint folder (EMA) or pipeline folder")
-    inherit: str = field(default="all-but-attention", metadata=dict(
-        help="what --init-from copies", choices=["all-but-attention", "attention-qkv"]))
-    teacher: str | None = _opt("distil from this model (same forms as --init-from; frozen, EMA weights)")
-    distill_weight: float = field(default=0.5, metadata=dict(help="weight of ‖teacher − student‖² on ε / velocity"))
-    distill_sigma_weight: float | None = _opt("weight on the learned-variance channels (default 0.05 if both learn it)")
-
-    def validate(self) -> None:
-        if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
-            raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
-        if self.distill_weight < 0 or (self.distill_sigma_weight or 0) < 0:
-            raise ValueError("distill-weight and distill-sigma-weight must be >= 0")
-        for name in ("log_every", "ckpt_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be >= 1")
-
-    def run_dir(self) -> Path:
-        return Path(self.results_dir) / (self.exp_name or self.model.replace("/", "-"))
-
-
-MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha")
-
-
-def build_dataset(cfg: TrainConfig):
-    """The dataset named by ``--data`` (embedded digits, latent folder or image folder)."""
+def build_dataset(cfg: TrainConfig, state=None):
+    """The dataset named by ``--data`` (embedded digits, latent folder or image folder);
+    ``state`` (Accelerate) splits the ``--check-data`` pass over the processes."""
     if cfg.data == "digits":
         ds = data_lib.DigitsDataset("train")
     elif (Path(cfg.data) / data_lib.LATENT_META).is_file():
@@ -123,6 +43,8 @@ def build_dataset(cfg: TrainConfig):
             raise ValueError(f"{cfg.data} holds latents: pass --vae (the VAE they came from) to decode sample grids")
     else:
         ds = data_lib.ImageFolderDataset(cfg.data, cfg.image_size, cfg.skip_corrupt)
+        if cfg.check_data:
+            data_lib.check_images(ds, state)
     if cfg.num_classes is not None and cfg.num_classes != ds.num_classes:
         raise ValueError(
             f"--num-classes {cfg.num_classes} does not match the data: {cfg.data} has {ds.num_classes} classes"
@@ -160,15 +82,18 @@ def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> No
 
 
 class Logger:
-    """JSON lines + TensorBoard on the main process."""
+    """JSON lines + TensorBoard on the main process, starting after ``step``: records of
+    later steps (written by a run that died before its next checkpoint, or by an abandoned
+    branch) are dropped, so a resumed run's log holds every step once."""
 
-    def __init__(self, run_dir: Path, enabled: bool):
+    def __init__(self, run_dir: Path, enabled: bool, step: int = 0):
         self.enabled = enabled
         self.writer = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            truncate_log(run_dir / "log.jsonl", step)
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=step + 1 if step else None)
             self.file = open(run_dir / "log.jsonl", "a")
 
     def log(self, step: int, values: dict) -> None:
@@ -186,13 +111,76 @@ class Logger:
             self.writer.close()
 
 
+def truncate_log(path: Path, step: int) -> None:
+    """Keep the JSON lines of steps <= ``step`` (atomic rewrite; a torn last line is dropped)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+
+
+def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int, print=print) -> None:
+    """Load a checkpoint into this run after checking it is the same model and objective.
+
+    Changed settings are refused with the list of differences unless named in
+    ``--allow-changes``; ``--lr`` and ``--weight-decay`` are applied to the restored
+    optimizer (its saved param groups would otherwise silently win)."""
+    changes = config_changes(ckpt, to_dict(cfg), dict(model.config))
+    allowed = {k.strip().replace("_", "-") for k in (cfg.allow_changes or "").split(",") if k.strip()}
+    refused = {k: v for k, v in changes.items() if k not in allowed}
+    if refused:
+        listed = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in refused.items())
+        raise ValueError(
+            f"checkpoint {ckpt.path} was trained with other settings ({listed}). Resume with the checkpoint's "
+            f"settings, or pass --allow-changes {','.join(refused)} to change them deliberately"
+        )
+    for k, (a, b) in changes.items():
+        print(f"resume: {k} changes from {a!r} to {b!r} (--allow-changes)")
+    if ckpt.state["world_size"] != world:
+        print(f"warning: resuming a {ckpt.state['world_size']}-process run on {world} processes; "
+              "data order and RNG streams will differ from an uninterrupted run")
+    ckpt.load_into(model, "model")
+    ckpt.load_into(ema, "ema")
+    optimizer.load_state_dict(ckpt.optimizer_state())
+    for name, key in (("lr", "lr"), ("weight-decay", "weight_decay")):
+        wanted = getattr(cfg, key)
+        saved = sorted({group[key] for group in optimizer.param_groups})
+        if saved != [wanted]:
+            print(f"resume: --{name} {wanted} replaces the checkpoint's {', '.join(map(str, saved))}")
+            for group in optimizer.param_groups:
+                group[key] = wanted
+    rng = ckpt.rng_state(rank)
+    if rng is not None:
+        torch.set_rng_state(rng)
+
+
 def train(cfg: TrainConfig) -> Path:
-    """Train; returns the run folder. Raises with a clear message on bad input."""
+    """Train; returns the run folder. Raises with a clear message on bad input.
+
+    The run folder is locked for the whole run: a second run into it stops with the
+    holder's pid and host."""
     from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
+    check_process_count(accelerator.num_processes, "train.py")
+    run_dir = cfg.run_dir()
+    with hold_lock(run_dir / LOCK_NAME, f"run folder {run_dir}", "choose another --exp-name / --results-dir",
+                   accelerator):
+        return _train(cfg, accelerator)
+
+
+def _train(cfg: TrainConfig, accelerator) -> Path:
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
-    accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
     rank, world = accelerator.process_index, accelerator.num_processes
     device = accelerator.device
     set_seed(cfg.seed + rank)
@@ -217,8 +205,10 @@ def train(cfg: TrainConfig) -> Path:
             f"{run_dir} already holds checkpoints; pass --resume auto to continue it, "
             f"or choose another --exp-name / --results-dir"
         )
+    if accelerator.is_main_process:
+        remove_temporaries(ckpt_dir)  # half-written saves of killed runs (we hold the lock)
 
-    dataset = build_dataset(cfg)
+    dataset = build_dataset(cfg, accelerator)
     vae, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
     if cfg.vae is not None:
         vae, scaling = data_lib.load_vae(cfg.vae, device)
@@ -240,24 +230,15 @@ def train(cfg: TrainConfig) -> Path:
     step, epoch, position = 0, 0, 0
     if resume_from is not None:
         ckpt = open_checkpoint(resume_from)
-        stored = ckpt.model_config
-        for key in ("num_classes", "in_channels", "input_size", "attention", "hidden_size", "depth", "patch_size"):
-            if stored.get(key) != model.config[key]:
-                raise ValueError(
-                    f"checkpoint {ckpt.path} has {key}={stored.get(key)} but this run builds {key}={model.config[key]}: "
-                    f"resume with the same model and data"
-                )
-        if ckpt.state.get("world_size") != world:
-            accelerator.print(f"warning: resuming a {ckpt.state.get('world_size')}-process run on {world} processes; "
-                              "data order and RNG streams will differ from an uninterrupted run")
-        model.load_state_dict(ckpt.weights("model"))
-        ema.load_state_dict(ckpt.weights("ema"))
-        optimizer.load_state_dict(ckpt.optimizer_state())
+        restore(ckpt, cfg, model, ema, optimizer, world, rank, accelerator.print)
         step, epoch, position = ckpt.step, ckpt.state["epoch"], ckpt.state["position"]
-        rng = ckpt.rng_state(rank)
-        if rng is not None:
-            torch.set_rng_state(rng)
         accelerator.print(f"resumed from {ckpt.path} at step {step}")
+        if accelerator.is_main_process:
+            # A rollback: this run's later checkpoints belong to the abandoned branch.
+            aside = set_aside_newer(ckpt_dir, step)
+            if aside is not None:
+                accelerator.print(f"rolled back to step {step}: moved this run's later checkpoints to {aside}")
+        accelerator.wait_for_everyone()
 
     if cfg.grad_checkpointing:
         model.gradient_checkpointing = True
@@ -267,7 +248,7 @@ def train(cfg: TrainConfig) -> Path:
     train_model = torch.compile(model) if cfg.compile else model
     train_model, optimizer = accelerator.prepare(train_model, optimizer)
     ema.to(device)
-    logger = Logger(run_dir, accelerator.is_main_process)
+    logger = Logger(run_dir, accelerator.is_main_process, step)
 
     def loader_for(epoch: int, start: int):
         sampler = data_lib.EpochSampler(len(dataset), rank, world, cfg.seed, epoch, start)

@@ -51,9 +51,8 @@ import math
 
 import torch
 
-PATHS = ("linear", "gvp", "vp")
-PREDICTIONS = ("velocity", "score", "noise")
-LOSS_WEIGHTS = ("none", "velocity", "likelihood")
+from .options import LOSS_WEIGHTS, PATHS, PREDICTIONS  # noqa: F401  (plain data, shared with the CLIs)
+
 DIFFUSION_FORMS = ("constant", "SBDM", "sigma", "linear", "decreasing", "increasing-decreasing")
 DIVERGENCE_ESTIMATORS = ("gaussian", "rademacher")
 

@@ -11,7 +11,9 @@ import export
 import train
 from nala_dit.models import DiT, create_model
 from nala_dit.pipeline import NaLaDiTPipeline, NaLaSiTPipeline, load_pipeline
-from nala_dit.sampling import SampleSettings, load_source, sample_images
+from nala_dit.generate import SampleSettings
+from nala_dit.sampling import sample_images
+from nala_dit.sources import load_source
 
 
 @pytest.fixture(scope="module")

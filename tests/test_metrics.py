@@ -5,7 +5,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from nala_dit import metrics
+from nala_dit import metric_inputs, metrics
 from nala_dit.digits import DIGIT_LABELS, load_digits_split
 
 
@@ -129,11 +129,11 @@ def test_npz_streaming_reader_returns_the_array(tmp_path):
     for save in (np.savez, np.savez_compressed):
         path = tmp_path / f"{save.__name__}.npz"
         save(path, arr, np.arange(23))
-        batches = list(metrics.iter_npz_array(path, "arr_0", batch_size=10))
+        batches = list(metric_inputs.iter_npz_array(path, "arr_0", batch_size=10))
         assert [len(b) for b in batches] == [10, 10, 3]
         np.testing.assert_array_equal(np.concatenate(batches), arr)
-        assert metrics.npz_array_shape(path) == ((23, 5, 7, 3), np.dtype(np.uint8))
-        np.testing.assert_array_equal(metrics.read_labels(path), np.arange(23))
+        assert metric_inputs.npz_array_shape(path) == ((23, 5, 7, 3), np.dtype(np.uint8))
+        np.testing.assert_array_equal(metric_inputs.read_labels(path), np.arange(23))
 
 
 def test_image_folder_reader(tmp_path, image_sets):
@@ -143,7 +143,7 @@ def test_image_folder_reader(tmp_path, image_sets):
     (tmp_path / "sub").mkdir()
     for i, img in enumerate(images):
         Image.fromarray(img).save(tmp_path / ("sub" if i % 2 else ".") / f"{i:03d}.png")
-    got = np.concatenate(list(metrics.iter_images(tmp_path, batch_size=2)))
+    got = np.concatenate(list(metric_inputs.iter_images(tmp_path, batch_size=2)))
     # Sorted by path: 000, 002, 004 at the top level, then sub/001, sub/003.
     np.testing.assert_array_equal(got, images[[0, 2, 4, 1, 3]])
 
@@ -165,7 +165,7 @@ def test_digits_classifier_accuracy_and_class_consistency(digits_classifier_dir)
 
     info = json.loads((digits_classifier_dir / "classifier.json").read_text())
     assert info["heldout_accuracy"] >= 0.95
-    extractor = metrics.DigitsExtractor(digits_classifier_dir)
+    extractor = metric_inputs.DigitsExtractor(digits_classifier_dir)
     images, labels = load_digits_split("heldout")
     feats = metrics.compute_features(extractor, [images[..., None]])
     assert feats["pool"].shape == (360, 128) and feats["logits"].shape == (360, 10)
@@ -178,7 +178,7 @@ def test_digits_classifier_accuracy_and_class_consistency(digits_classifier_dir)
 
 
 def test_sfid_features_are_mixed_6d_branch1x1_nhwc(inception_weights):
-    extractor = metrics.InceptionExtractor(inception_weights)
+    extractor = metric_inputs.InceptionExtractor(inception_weights)
     images = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (2, 3, 29, 29), dtype=np.uint8))
     feats = extractor.extract(images)
     assert feats["pool"].shape == (2, 2048)
@@ -210,8 +210,8 @@ def test_sfid_features_are_mixed_6d_branch1x1_nhwc(inception_weights):
 
 def test_missing_weights_message(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
-    with pytest.raises(metrics.MissingWeightsError) as info:
-        metrics.InceptionExtractor()
+    with pytest.raises(metric_inputs.MissingWeightsError) as info:
+        metric_inputs.InceptionExtractor()
     text = str(info.value)
     assert "weights-inception-2015-12-05-6726825d.pth" in text
     assert "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" in text

@@ -1,0 +1,294 @@
+"""What the metrics read: feature extractors and streaming image readers.
+
+Extractors share one interface, ``extract(uint8 (B, C, H, W)) -> {"pool", "logits"[,
+"spatial"]}``: torch-fidelity's Inception-v3 port (FID, sFID, IS, precision/recall as
+ADM defines them) and the embedded digits classifier. Readers yield uint8 NHWC numpy
+batches from an image folder, an ADM ``.npz`` (streamed, never loaded whole) or an
+embedded dataset, plus the labels and sidecar metadata stored beside samples. The
+statistics computed from the features are in ``metrics.py``.
+"""
+
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from .options import DATASETS, FEATURE_CHOICES, INCEPTION_WEIGHTS_FILE
+
+INCEPTION_NAME = "inception-v3-compat"
+DIGITS_NAME = "digits-classifier"
+DIGITS_NOTE = "digits-classifier scores are not comparable to Inception FID"
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+SFID_CHANNELS = 7  # ADM keeps mixed_6/conv[..., :7]: 17 * 17 * 7 = 2023 features
+
+
+# Feature extractors: `extract(uint8 (B, C, H, W)) -> {"pool", "logits"[, "spatial"]}`.
+
+
+class MissingWeightsError(FileNotFoundError):
+    """The Inception weights are not on disk; the message says what to fetch."""
+
+
+def default_inception_weights_path() -> Path:
+    # torch-fidelity downloads with torch.hub.load_state_dict_from_url, which caches
+    # in <torch hub dir>/checkpoints/<file name>.
+    return Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_WEIGHTS_FILE
+
+
+def find_inception_weights(path: str | Path | None = None) -> Path:
+    """The weights file to use: `path` if given, else torch-fidelity's cache; never downloads."""
+    if path is not None:
+        path = Path(path)
+        if path.is_file():
+            return path
+        where = f"--inception-weights {path} does not exist."
+    else:
+        path = default_inception_weights_path()
+        if path.is_file():
+            return path
+        where = "No --inception-weights given and torch-fidelity's cache has no copy."
+    from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
+
+    raise MissingWeightsError(
+        f"Inception weights not found. {where}\n"
+        f"Needed file: {INCEPTION_WEIGHTS_FILE}\n"
+        f"Download it on a machine with internet from:\n  {URL_INCEPTION_V3}\n"
+        f"and either put it in {default_inception_weights_path().parent}/ "
+        f"or pass --inception-weights /path/to/{INCEPTION_WEIGHTS_FILE}"
+    )
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class InceptionExtractor:
+    """torch-fidelity's Inception-v3 port: pool (2048), bias-free logits (1008) and
+    sFID spatial features (2023) from one forward pass."""
+
+    name = INCEPTION_NAME
+
+    def __init__(self, weights_path: str | Path | None = None, device: str = "cpu"):
+        from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+        self.weights_file = find_inception_weights(weights_path).resolve()
+        self.device = torch.device(device)
+        # "logits_unbiased" = pool @ fc.weight.T, no bias: what ADM's softmax graph uses.
+        self.model = FeatureExtractorInceptionV3(
+            INCEPTION_NAME, ["2048", "logits_unbiased"], feature_extractor_weights_path=str(self.weights_file)
+        ).to(self.device)
+        self._spatial = None
+        # Mixed_6d.branch1x1 is BasicConv2d (conv, BN, ReLU): its output is ADM's mixed_6/conv.
+        self.model.Mixed_6d.branch1x1.register_forward_hook(self._keep_spatial)
+
+    def _keep_spatial(self, module, inputs, output):
+        self._spatial = output
+
+    def describe(self) -> dict:
+        return {"extractor": self.name, "weights_file": str(self.weights_file), "weights_sha256": _file_sha256(self.weights_file)}
+
+    @torch.no_grad()
+    def extract(self, images: torch.Tensor) -> dict[str, np.ndarray]:
+        if images.shape[1] == 1:
+            images = images.expand(-1, 3, -1, -1)  # grayscale -> RGB, as PIL's convert("RGB")
+        pool, logits = self.model(images.to(self.device))
+        s = self._spatial[:, :SFID_CHANNELS]  # (B, 7, 17, 17)
+        spatial = s.permute(0, 2, 3, 1).reshape(len(s), -1)  # NHWC flatten as ADM: (B, 2023)
+        self._spatial = None
+        return {
+            "pool": pool.float().cpu().numpy(),
+            "logits": logits.float().cpu().numpy(),
+            "spatial": spatial.float().cpu().numpy(),
+        }
+
+
+class DigitsExtractor:
+    """The embedded digits classifier: penultimate features (128) and logits (10)."""
+
+    name = DIGITS_NAME
+
+    def __init__(self, classifier_dir: str | Path | None = None, device: str = "cpu"):
+        from nala_dit.digits import CLASSIFIER_DIR, load_digits_classifier
+
+        self.device = torch.device(device)
+        model, self.info = load_digits_classifier(classifier_dir or CLASSIFIER_DIR)
+        self.model = model.to(self.device)
+
+    def describe(self) -> dict:
+        return {
+            "extractor": self.name,
+            "weights_file": self.info["weights_file"],
+            "classifier_heldout_accuracy": self.info["heldout_accuracy"],
+            "note": DIGITS_NOTE,
+        }
+
+    @torch.no_grad()
+    def extract(self, images: torch.Tensor) -> dict[str, np.ndarray]:
+        from nala_dit.digits import digits_to_input
+
+        feats, logits = self.model(digits_to_input(images.to(self.device)))
+        return {"pool": feats.cpu().numpy(), "logits": logits.cpu().numpy()}
+
+
+def build_extractor(
+    features: str = "inception",
+    device: str = "cpu",
+    inception_weights: str | Path | None = None,
+    digits_classifier_dir: str | Path | None = None,
+):
+    if features == "inception":
+        return InceptionExtractor(inception_weights, device)
+    if features == "digits":
+        return DigitsExtractor(digits_classifier_dir, device)
+    raise ValueError(f"features must be one of {FEATURE_CHOICES}, got {features!r}")
+
+
+# Streaming inputs: every reader yields uint8 NHWC numpy batches.
+
+
+def _npy_member(zip_f: zipfile.ZipFile, name: str) -> str:
+    member = f"{name}.npy"
+    if member not in zip_f.namelist():
+        raise KeyError(f"{zip_f.filename} has no array {name!r} (members: {zip_f.namelist()})")
+    return member
+
+
+def _read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(f)
+    raise ValueError(f"unsupported .npy format version {version}")
+
+
+def npz_array_shape(path: str | Path, name: str = "arr_0") -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of one array inside an .npz, from its header only."""
+    with zipfile.ZipFile(path) as zip_f, zip_f.open(_npy_member(zip_f, name)) as f:
+        shape, _, dtype = _read_npy_header(f)
+    return shape, dtype
+
+
+def iter_npz_array(path: str | Path, name: str = "arr_0", batch_size: int = 250) -> Iterator[np.ndarray]:
+    """Yield `name` from an .npz in batches along axis 0 without loading it whole.
+
+    An .npz is a zip of .npy files, so np.load's mmap_mode does not apply; as in
+    ADM's `StreamingNpzArrayReader` we read the .npy header from the zip member and
+    then exactly one batch of raw bytes at a time (works for stored and deflated
+    members alike).
+    """
+    with zipfile.ZipFile(path) as zip_f, zip_f.open(_npy_member(zip_f, name)) as f:
+        shape, fortran_order, dtype = _read_npy_header(f)
+        if fortran_order or dtype.hasobject:
+            raise ValueError(f"{path}:{name} must be a C-ordered plain array to stream it")
+        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        for start in range(0, shape[0], batch_size):
+            count = min(batch_size, shape[0] - start)
+            data = f.read(count * row_bytes)  # zip members return full reads until EOF
+            if len(data) != count * row_bytes:
+                raise ValueError(f"{path}:{name} is truncated")
+            yield np.frombuffer(bytearray(data), dtype=dtype).reshape(count, *shape[1:])
+
+
+def npz_has(path: str | Path, name: str) -> bool:
+    with zipfile.ZipFile(path) as zip_f:
+        return f"{name}.npy" in zip_f.namelist()
+
+
+def list_image_files(folder: str | Path) -> list[Path]:
+    """Image files under `folder`, recursive, sorted by path for a stable order."""
+    files = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+    if not files:
+        raise FileNotFoundError(f"no {'/'.join(IMAGE_EXTENSIONS)} images under {folder}")
+    return files
+
+
+class _ImageFiles(torch.utils.data.Dataset):
+    def __init__(self, files: list[Path]):
+        self.files = files
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        with Image.open(self.files[i]) as img:
+            gray = img.mode in ("1", "L", "I", "I;16", "F")
+            arr = np.array(img.convert("L" if gray else "RGB"))
+        return torch.from_numpy(arr[..., None] if gray else arr)  # (H, W, C)
+
+
+def _collate_images(items: list[torch.Tensor]) -> np.ndarray:
+    if len({tuple(x.shape[:2]) for x in items}) > 1:
+        raise ValueError("all images in a folder must have the same size")
+    if len({x.shape[2] for x in items}) > 1:  # mixed gray and colour: promote to RGB
+        items = [x.expand(-1, -1, 3) for x in items]
+    return torch.stack(items).numpy()
+
+
+def iter_image_folder(folder: str | Path, batch_size: int = 250, num_workers: int = 0) -> Iterator[np.ndarray]:
+    loader = torch.utils.data.DataLoader(
+        _ImageFiles(list_image_files(folder)), batch_size=batch_size, num_workers=num_workers, collate_fn=_collate_images
+    )
+    yield from loader
+
+
+def iter_images(path: str | Path, batch_size: int = 250, num_workers: int = 0) -> Iterator[np.ndarray]:
+    """uint8 NHWC batches from an image folder or an ADM .npz (`arr_0`)."""
+    path = Path(path)
+    if path.is_dir():
+        yield from iter_image_folder(path, batch_size, num_workers)
+        return
+    if path.suffix != ".npz":
+        raise ValueError(f"{path}: expected an image folder or an .npz with arr_0")
+    for batch in iter_npz_array(path, "arr_0", batch_size):
+        if batch.dtype != np.uint8:
+            raise ValueError(f"{path}: arr_0 must be uint8 NHWC, got {batch.dtype}")
+        yield batch[..., None] if batch.ndim == 3 else batch
+
+
+def sidecar_path(path: str | Path) -> Path | None:
+    """Metadata json beside the samples: `<samples>.json` (e.g. samples.npz.json),
+    else the same name with .json instead of the suffix (samples.json)."""
+    path = Path(path)
+    for candidate in (Path(str(path) + ".json"), path.with_suffix(".json")):
+        if candidate != path and candidate.is_file():
+            return candidate
+    return None
+
+
+def read_sidecar(path: str | Path) -> dict | None:
+    found = sidecar_path(path)
+    return json.loads(found.read_text()) if found else None
+
+
+def read_labels(path: str | Path) -> np.ndarray | None:
+    """Class labels of the samples: `arr_1` of an .npz, else the sidecar's "labels"."""
+    path = Path(path)
+    if path.suffix == ".npz" and npz_has(path, "arr_1"):
+        with np.load(path, allow_pickle=False) as data:
+            return data["arr_1"].astype(np.int64)
+    meta = read_sidecar(path)
+    if meta and meta.get("labels") is not None:
+        return np.asarray(meta["labels"], dtype=np.int64)
+    return None
+
+
+def iter_dataset(name: str, batch_size: int = 250) -> Iterator[np.ndarray]:
+    """uint8 NHWC batches of an embedded dataset (see `nala_dit.digits`)."""
+    from nala_dit.digits import load_digits_split
+
+    if name not in DATASETS:
+        raise ValueError(f"dataset must be one of {DATASETS}, got {name!r}")
+    images, _ = load_digits_split(name.removeprefix("digits-"))
+    for start in range(0, len(images), batch_size):
+        yield images[start : start + batch_size, :, :, None]

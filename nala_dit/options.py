@@ -1,0 +1,142 @@
+"""Every name a CLI offers, as plain data: importing this module costs no torch.
+
+``--help``, ``--dry-run`` and argument errors of the CLIs need only these names, so
+they answer at once; the modules that do the work (``attention.py``, ``models.py``,
+``generate.py``, ...) import their choice lists from here, so there is one copy of each.
+``TrainConfig`` is the training CLI: each field is a flag and a YAML key (``config.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# attention.py: the attention kinds and NaLa's direction maps.
+ATTENTIONS = ("softmax", "nala", "relu", "elu")
+DIRECTIONS = ("cosine", "relu_split")
+
+# models.py builds one constructor per preset from these tables.
+# Sizes from the DiT paper (Table 1) plus a tiny one for tests and the demo.
+SIZES = {
+    "S": dict(depth=12, hidden_size=384, num_heads=6),
+    "B": dict(depth=12, hidden_size=768, num_heads=12),
+    "L": dict(depth=24, hidden_size=1024, num_heads=16),
+    "XL": dict(depth=28, hidden_size=1152, num_heads=16),
+    "T": dict(depth=4, hidden_size=128, num_heads=4),
+}
+PATCHES = {"S": (2, 4, 8), "B": (2, 4, 8), "L": (2, 4, 8), "XL": (2, 4, 8), "T": (1, 2, 4)}
+FAMILIES = {
+    # name prefix: (objective, learn_sigma, attention)
+    "DiT": ("diffusion", True, "softmax"),
+    "NaLaDiT": ("diffusion", True, "nala"),
+    "SiT": ("transport", False, "softmax"),
+    "NaLaSiT": ("transport", False, "nala"),
+}
+MODEL_NAMES = tuple(f"{family}-{size}/{patch}" for family in FAMILIES for size in SIZES for patch in PATCHES[size])
+
+# diffusion.py / transport.py: objective settings.
+BETA_SCHEDULES = ("linear", "cosine")
+PATHS = ("linear", "gvp", "vp")
+PREDICTIONS = ("velocity", "score", "noise")
+LOSS_WEIGHTS = ("none", "velocity", "likelihood")
+
+# generate.py: sampler names and their default step counts.
+DIFFUSION_SAMPLERS = ("ddpm", "ddim", "dpm-solver")
+TRANSPORT_SAMPLERS = ("ode-euler", "ode-heun", "dopri5", "sde-euler", "sde-heun")
+SAMPLERS = DIFFUSION_SAMPLERS + TRANSPORT_SAMPLERS
+DEFAULT_STEPS = {"ddpm": 250, "ddim": 50, "dpm-solver": 25, "ode-euler": 50, "ode-heun": 50,
+                 "dopri5": 50, "sde-euler": 250, "sde-heun": 250}
+PRECISIONS = ("fp32", "bf16")
+
+# metrics.py / features: evaluation inputs.
+FEATURE_CHOICES = ("inception", "digits")
+DATASETS = ("digits-train", "digits-heldout")
+INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
+
+
+# convert.py: what --init-from copies from a softmax model.
+INHERIT_MODES = ("all-but-attention", "attention-qkv")
+
+
+def _opt(help, **kw):
+    return field(default=kw.pop("default", None), metadata=dict(help=help, **kw))
+
+
+@dataclass
+class TrainConfig:
+    # model
+    model: str = field(default="NaLaDiT-S/2", metadata=dict(help="preset name", choices=list(MODEL_NAMES)))
+    attention: str | None = _opt("override the preset's attention", choices=list(ATTENTIONS))
+    direction: str | None = _opt("NaLa direction map", choices=list(DIRECTIONS))
+    lepe: bool | None = _opt("NaLa/linear: depthwise-conv positional term on v")
+    gate: bool | None = _opt("NaLa/linear: SiLU output gate")
+    out_norm: bool | None = _opt("NaLa/linear: LayerNorm before the gate")
+    power: float | None = _opt("NaLa λ")
+    offset: float | None = _opt("NaLa τ")
+    norm_scale: float | None = _opt("NaLa s (query-norm scale)")
+    alpha: float | None = _opt("NaLa α (direction sharpness)")
+    class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
+    # data
+    data: str = field(default="digits", metadata=dict(help="'digits' (embedded), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
+    image_size: int = field(default=256, metadata=dict(help="image side in pixels (image folders)"))
+    vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
+    flip: bool = field(default=True, metadata=dict(help="random horizontal flips"))
+    skip_corrupt: bool = field(default=False, metadata=dict(help="skip unreadable images with a warning"))
+    check_data: bool = field(default=False, metadata=dict(help="image folders: open every image before training; list the unreadable ones"))
+    num_classes: int | None = _opt("expected class count (checked against the data)")
+    num_workers: int = field(default=4, metadata=dict(help="data loader workers per process"))
+    # objective
+    diffusion_steps: int = field(default=1000, metadata=dict(help="DiT: training timesteps"))
+    noise_schedule: str = field(default="linear", metadata=dict(help="DiT: β schedule", choices=list(BETA_SCHEDULES)))
+    path_type: str = field(default="linear", metadata=dict(help="SiT: interpolant path", choices=list(PATHS)))
+    prediction: str = field(default="velocity", metadata=dict(help="SiT: model prediction", choices=list(PREDICTIONS)))
+    loss_weight: str = field(default="none", metadata=dict(help="SiT: loss weight", choices=list(LOSS_WEIGHTS)))
+    train_eps: float | None = _opt("SiT: train eps (default per path, as SiT)")
+    sample_eps: float | None = _opt("SiT: sample eps (default per path, as SiT)")
+    # optimisation
+    global_batch_size: int = field(default=256, metadata=dict(help="images per optimizer step, all processes"))
+    grad_accum: int = field(default=1, metadata=dict(help="micro-batches per optimizer step"))
+    lr: float = field(default=1e-4, metadata=dict(help="AdamW learning rate (constant)"))
+    weight_decay: float = field(default=0.0, metadata=dict(help="AdamW weight decay"))
+    max_grad_norm: float = field(default=0.0, metadata=dict(help="gradient clipping; 0 = off"))
+    ema_decay: float = field(default=0.9999, metadata=dict(help="EMA decay per step"))
+    max_steps: int = field(default=400_000, metadata=dict(help="optimizer steps"))
+    mixed_precision: str = field(default="no", metadata=dict(help="autocast dtype (attention reductions stay fp32)", choices=["no", "bf16", "fp16"]))
+    grad_checkpointing: bool = field(default=False, metadata=dict(help="recompute blocks in backward"))
+    compile: bool = field(default=False, metadata=dict(help="torch.compile the model"))
+    seed: int = field(default=0, metadata=dict(help="global seed (per-rank streams derive from it)"))
+    # bookkeeping
+    results_dir: str = field(default="runs", metadata=dict(help="parent folder of run folders"))
+    exp_name: str | None = _opt("run folder name (default: the model name)")
+    log_every: int = field(default=100, metadata=dict(help="steps between log lines"))
+    ckpt_every: int = field(default=50_000, metadata=dict(help="steps between checkpoints (and one at the end)"))
+    keep_last: int = field(default=0, metadata=dict(help="checkpoints to keep; 0 = all"))
+    sample_every: int = field(default=10_000, metadata=dict(help="steps between EMA sample grids; 0 = off"))
+    sample_sampler: str | None = _opt("sampler for grids (default ddim / ode-heun)", choices=list(SAMPLERS))
+    sample_steps: int = field(default=50, metadata=dict(help="sampler steps for grids"))
+    sample_cfg_scale: float = field(default=1.0, metadata=dict(help="guidance scale for grids"))
+    resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
+    allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the checkpoint")
+    # conversion from a softmax model (nala_dit/convert.py, LiT's recipe)
+    init_from: str | None = _opt("start from a softmax DiT/SiT: official .pt, run/checkpoint folder (EMA) or pipeline folder")
+    inherit: str = field(default="all-but-attention", metadata=dict(help="what --init-from copies",
+                                                                    choices=list(INHERIT_MODES)))
+    teacher: str | None = _opt("distil from this model (same forms as --init-from; frozen, EMA weights)")
+    distill_weight: float = field(default=0.5, metadata=dict(help="weight of ‖teacher − student‖² on ε / velocity"))
+    distill_sigma_weight: float | None = _opt("weight on the learned-variance channels (default 0.05 if both learn it)")
+
+    def validate(self) -> None:
+        if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
+            raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
+        if self.distill_weight < 0 or (self.distill_sigma_weight or 0) < 0:
+            raise ValueError("distill-weight and distill-sigma-weight must be >= 0")
+        for name in ("log_every", "ckpt_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1")
+
+    def run_dir(self) -> Path:
+        return Path(self.results_dir) / (self.exp_name or self.model.replace("/", "-"))
+
+
+# The TrainConfig fields that override a preset's constructor arguments.
+MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha")

@@ -1,0 +1,504 @@
+"""NaLa (``docs/NALA_SPEC.md`` §2-§3) as Triton kernels, forward and backward.
+
+The structure is that of fused bidirectional linear attention: the state is a sum over
+all tokens, so the forward is two passes and the backward three, each a kernel:
+
+1. ``_state_kernel``   φ_k(k) in registers, ``[S | z]`` halves accumulated in fp32 over a
+                       token range (several ranges per head run in parallel; their partial
+                       sums are added by one small ``torch.sum``);
+2. ``_output_kernel``  φ_q(q) in registers, ``o = φ_qᵀS / (φ_qᵀz + ε)``; keeps the
+                       per-token denominator (one fp32 per token) for the backward;
+3. ``_dq_kernel``      ∂L/∂φ_q = (g/den) Sᵀ + (∂L/∂den) zᵀ, then ∂L/∂q through the
+                       feature map; keeps ∂L/∂den (one fp32 per token);
+4. ``_dstate_kernel``  ∂L/∂[S | z] = Σ_i φ_q(q_i) [g_i/den_i | ∂L/∂den_i]  (the state pass
+                       again, with queries);
+5. ``_dkv_kernel``     ∂L/∂v = φ_k ∂L/∂S, ∂L/∂φ_k = v ∂L/∂Sᵀ + ∂L/∂z, then ∂L/∂k.
+
+What is saved for the backward: q, k, v, the state (2 × D × (D+1) per head) and the
+denominator. The 2D-wide features (norm, exponent, ``|q̂|^p``, angles, cos/sin halves,
+``|k|^λ``) are recomputed in registers in every pass and never written to memory. As in
+the CPU path (``attention._FusedNaLa``), the feature is never concatenated: its two halves
+each meet the state in their own ``tl.dot``.
+
+Precision: every load is cast to fp32, features, state, normaliser and division are fp32,
+and only the stores cast to the tensor's dtype (§3 "Precision"). Products of fp32 blocks
+use exact fp32 (``ieee``) for fp32 inputs, so the kernels match the fp32 reference to
+rounding, and TF32 tensor cores for bf16/fp16 inputs, whose outputs are rounded to 8 (11)
+mantissa bits anyway. Head dims up to 128 (padded to a power of two with masks: 72 runs
+as 128 with 56 dead lanes whose features are exactly 0); any N (masked token blocks; a
+zero token has zero features, so padding adds nothing to the state).
+
+The kernels run on CUDA and, for the tests, on CPU tensors under Triton's interpreter
+(``TRITON_INTERPRET=1`` set before this module is imported). The block sizes below are
+reasoned, not tuned: no GPU was available when this was written (see the README).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_HEAD_DIM = 128
+QUARTER_PI = math.pi / 4
+
+
+def unsupported_reason(q: torch.Tensor) -> str | None:
+    """Why these kernels cannot take ``q`` (None when they can)."""
+    if q.shape[-1] > MAX_HEAD_DIM:
+        return f"head dim {q.shape[-1]} > {MAX_HEAD_DIM}"
+    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"dtype {q.dtype} (fp32, bf16 or fp16 only)"
+    return None
+
+
+# ------------------------------------------------------------------ feature maps (§2)
+
+
+@triton.jit
+def _tanh(x):
+    # exp(−2|x|) ∈ (0, 1]: no overflow at any |x| (tl has no tanh on every backend).
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _abs_pow(x, p):
+    """|x|^p for p > 0 as exp(p·log|x|), exactly 0 at x = 0 (never log of a signed base)."""
+    ax = tl.abs(x)
+    return tl.where(ax > 0, tl.exp(p * tl.log(tl.where(ax > 0, ax, 1.0))), 0.0)
+
+
+@triton.jit
+def _unit(x, norm_eps):
+    norm = tl.sqrt(tl.sum(x * x, 1))                       # (BN,)
+    clamped = tl.maximum(norm, norm_eps)
+    return x / clamped[:, None], norm, clamped
+
+
+@triton.jit
+def _lift(mag, x_hat, alpha, COSINE: tl.constexpr):
+    """The two halves of φ: (m cos θ, m sin θ) with θ = (π/4)·tanh(α x̂), or
+    (m·1(x̂>0), m·1(x̂<0)) in the relu_split mode."""
+    if COSINE:
+        theta = 0.7853981633974483 * _tanh(alpha * x_hat)
+        f1 = mag * tl.cos(theta)
+        f2 = mag * tl.sin(theta)
+    else:
+        f1 = tl.where(x_hat > 0, mag, 0.0)
+        f2 = tl.where(x_hat < 0, mag, 0.0)
+    return f1, f2
+
+
+@triton.jit
+def _query_features(q, scale, power, offset, alpha, norm_eps, COSINE: tl.constexpr):
+    """φ_q of §2 for a (BN, BD) fp32 block: a = |q̂|^p with p = λ(τ + tanh(‖q‖/s))."""
+    q_hat, norm, clamped = _unit(q, norm_eps)
+    t_norm = _tanh(norm / scale)
+    p = power * (offset + t_norm)                          # (BN,)
+    a = _abs_pow(q_hat, p[:, None])
+    f1, f2 = _lift(a, q_hat, alpha, COSINE)
+    return f1, f2, q_hat, norm, clamped, p, t_norm
+
+
+@triton.jit
+def _key_features(k, power, alpha, norm_eps, COSINE: tl.constexpr):
+    """φ_k of §2: b = |k|^λ (norm kept), direction from k̂ = k/‖k‖."""
+    b = _abs_pow(k, power)
+    if COSINE:
+        k_hat, norm, clamped = _unit(k, norm_eps)
+        f1, f2 = _lift(b, k_hat, alpha, COSINE)
+    else:
+        f1, f2 = _lift(b, k, alpha, COSINE)
+    return f1, f2
+
+
+@triton.jit
+def _lift_grad(f1, f2, g1, g2, x_hat, alpha, COSINE: tl.constexpr):
+    """From the halves F = (m c, m s) and their gradient G: m·∂L/∂m = G·F, and
+    ∂L/∂x̂ through θ: (G₂F₁ − G₁F₂)·(π/4)·α·(1 − tanh²(α x̂)) (0 in relu_split)."""
+    m_dm = g1 * f1 + g2 * f2
+    if COSINE:
+        t = _tanh(alpha * x_hat)
+        d_hat = (g2 * f1 - g1 * f2) * ((0.7853981633974483 * alpha) * (1.0 - t * t))
+    else:
+        d_hat = tl.zeros_like(m_dm)
+    return m_dm, d_hat
+
+
+@triton.jit
+def _through_unit(x, x_hat, norm, clamped, d_hat, d_norm, norm_eps):
+    """∂L/∂x for x̂ = x / max(‖x‖, ε), plus an extra ∂L/∂‖x‖ (d_norm)."""
+    d_clamped = -tl.sum(d_hat * x_hat, 1) / clamped
+    # max(·, ε) passes the gradient where ‖x‖ ≥ ε; ∂‖x‖/∂x = x/‖x‖, 0 at x = 0.
+    d_norm = d_norm + tl.where(norm >= norm_eps, d_clamped, 0.0)
+    safe = tl.where(norm == 0, 1.0, norm)
+    return d_hat / clamped[:, None] + (d_norm / safe)[:, None] * x
+
+
+@triton.jit
+def _query_grad(q, f1, f2, g1, g2, q_hat, norm, clamped, p, t_norm, scale, power, alpha,
+                norm_eps, COSINE: tl.constexpr):
+    """∂L/∂q from ∂L/∂φ_q, and ∂L/∂(‖q‖/s) (for a learned s)."""
+    a_da, d_hat = _lift_grad(f1, f2, g1, g2, q_hat, alpha, COSINE)
+    nonzero = q_hat != 0
+    safe = tl.where(nonzero, q_hat, 1.0)
+    # a = |q̂|^p: ∂a/∂q̂ = p·a/q̂ and ∂a/∂p = a·log|q̂|, both 0 where q̂ = 0 (as torch.pow).
+    d_hat += a_da * p[:, None] / safe
+    d_p = tl.sum(tl.where(nonzero, a_da * tl.log(tl.abs(safe)), 0.0), 1)
+    d_u = d_p * power * (1.0 - t_norm * t_norm)             # ∂L/∂u, u = ‖q‖/s
+    dq = _through_unit(q, q_hat, norm, clamped, d_hat, d_u / scale, norm_eps)
+    return dq, d_u
+
+
+@triton.jit
+def _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE: tl.constexpr):
+    """∂L/∂k from ∂L/∂φ_k: b = |k|^λ gives λ·b/k (0 at k = 0), θ goes through k̂."""
+    if COSINE:
+        k_hat, norm, clamped = _unit(k, norm_eps)
+        b_db, d_hat = _lift_grad(f1, f2, g1, g2, k_hat, alpha, COSINE)
+        dk = _through_unit(k, k_hat, norm, clamped, d_hat, tl.zeros_like(norm), norm_eps)
+    else:
+        b_db, d_hat = _lift_grad(f1, f2, g1, g2, k, alpha, COSINE)
+        dk = tl.zeros_like(k)
+    return dk + b_db * power / tl.where(k != 0, k, 1.0)
+
+
+# ---------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _load_block(ptr, stride_n, stride_d, offs_n, offs_d, n_mask, d_mask):
+    """A (BN, BD) block of a (N, D) slice, masked to 0, in fp32."""
+    x = tl.load(ptr + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d,
+                mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _head_offset(bh, H, stride_b, stride_h):
+    return (bh // H).to(tl.int64) * stride_b + (bh % H).to(tl.int64) * stride_h
+
+
+@triton.jit
+def _state_kernel(
+    X, V, ScaleP, S_part, Z_part,
+    sx_b, sx_h, sx_n, sx_d, sv_b, sv_h, sv_n, sv_d,
+    H, N, D, tokens_per_split, n_splits,
+    power, offset, alpha, norm_eps,
+    QUERY: tl.constexpr, COSINE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+    DEN=None, DDEN=None,
+):
+    """Partial sums over one token range of Σ φ(x_j) v_jᵀ and Σ φ(x_j) w_j, per half.
+
+    Forward (QUERY=False): x = k, v = v, w = 1 → [S | z]·N.
+    Backward (QUERY=True):  x = q, v = g/den, w = ∂L/∂den → ∂L/∂[S | z]·N.
+    Grid: (B·H, splits, BD/BV); the z part is written by the first value tile only.
+    """
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    vt = tl.program_id(2)
+    x_base = X + _head_offset(bh, H, sx_b, sx_h)
+    v_base = V + _head_offset(bh, H, sv_b, sv_h)
+    offs_d = tl.arange(0, BD)
+    offs_v = vt * BV + tl.arange(0, BV)
+    d_mask = offs_d < D
+    v_mask = offs_v < D
+    scale = tl.load(ScaleP + bh % H)
+    acc1 = tl.zeros((BD, BV), dtype=tl.float32)
+    acc2 = tl.zeros((BD, BV), dtype=tl.float32)
+    z1 = tl.zeros((BD,), dtype=tl.float32)
+    z2 = tl.zeros((BD,), dtype=tl.float32)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, N)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        x = _load_block(x_base, sx_n, sx_d, offs_n, offs_d, n_mask, d_mask)
+        w = _load_block(v_base, sv_n, sv_d, offs_n, offs_v, n_mask, v_mask)
+        if QUERY:
+            f1, f2, _h, _n, _c, _p, _t = _query_features(x, scale, power, offset, alpha, norm_eps, COSINE)
+            den = tl.load(DEN + bh * N + offs_n, mask=n_mask, other=1.0)
+            d_den = tl.load(DDEN + bh * N + offs_n, mask=n_mask, other=0.0)
+            w = w / den[:, None]                              # ∂L/∂num = g/den
+            z1 += tl.sum(f1 * d_den[:, None], 0)
+            z2 += tl.sum(f2 * d_den[:, None], 0)
+        else:
+            f1, f2 = _key_features(x, power, alpha, norm_eps, COSINE)
+            z1 += tl.sum(f1, 0)
+            z2 += tl.sum(f2, 0)
+        acc1 += tl.dot(tl.trans(f1), w, input_precision=PREC)
+        acc2 += tl.dot(tl.trans(f2), w, input_precision=PREC)
+    # Partial buffers are (B·H, splits, 2, BD, BD) and (B·H, splits, 2, BD), padded lanes 0.
+    part = bh * n_splits + split
+    s_ptr = S_part + part * 2 * BD * BD + offs_d[:, None] * BD + offs_v[None, :]
+    tl.store(s_ptr, acc1)
+    tl.store(s_ptr + BD * BD, acc2)
+    z_ptr = Z_part + part * 2 * BD + offs_d
+    first = (offs_d < BD) & (vt == 0)
+    tl.store(z_ptr, z1, mask=first)
+    tl.store(z_ptr + BD, z2, mask=first)
+
+
+@triton.jit
+def _output_kernel(
+    Q, ScaleP, S, Z, O, DEN,
+    sq_b, sq_h, sq_n, sq_d,
+    H, N, D,
+    power, offset, alpha, norm_eps, eps,
+    COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """o = φ_qᵀ S / (φ_qᵀ z + ε) for one token block and one value tile (§3 linear form).
+    Grid: (B·H, token blocks, BD/BV). O is contiguous (B, H, N, D); DEN is (B·H, N) fp32."""
+    bh = tl.program_id(0)
+    nb = tl.program_id(1)
+    vt = tl.program_id(2)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BD)
+    offs_v = vt * BV + tl.arange(0, BV)
+    n_mask = offs_n < N
+    v_mask = offs_v < D
+    q = _load_block(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_d, n_mask, offs_d < D)
+    scale = tl.load(ScaleP + bh % H)
+    f1, f2, _h, _n, _c, _p, _t = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE)
+    s_ptr = S + bh * 2 * BD * BD + offs_d[:, None] * BD + offs_v[None, :]
+    num = tl.dot(f1, tl.load(s_ptr), input_precision=PREC)
+    num += tl.dot(f2, tl.load(s_ptr + BD * BD), input_precision=PREC)
+    z1 = tl.load(Z + bh * 2 * BD + offs_d)
+    z2 = tl.load(Z + bh * 2 * BD + BD + offs_d)
+    den = tl.sum(f1 * z1[None, :] + f2 * z2[None, :], 1) + eps
+    out = num / den[:, None]
+    o_ptr = O + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_v[None, :]
+    tl.store(o_ptr, out.to(O.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
+    tl.store(DEN + bh * N + offs_n, den, mask=n_mask & (vt == 0))
+
+
+@triton.jit
+def _dq_kernel(
+    Q, G, ScaleP, S, Z, DEN, DQ, DDEN, DU,
+    sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d,
+    H, N, D,
+    power, offset, alpha, norm_eps,
+    COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
+    NV: tl.constexpr, PREC: tl.constexpr, NEED_DU: tl.constexpr,
+):
+    """∂L/∂q for one token block, and ∂L/∂den (for the state gradient).
+    With num = φ_qᵀS and den = φ_qᵀz + ε: ∂L/∂num = g/den, ∂L/∂den = −(g/den)·num/den,
+    ∂L/∂φ_q = (g/den) Sᵀ + (∂L/∂den) zᵀ. Grid: (B·H, token blocks)."""
+    bh = tl.program_id(0)
+    nb = tl.program_id(1)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BD)
+    n_mask = offs_n < N
+    d_mask = offs_d < D
+    q = _load_block(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_d, n_mask, d_mask)
+    scale = tl.load(ScaleP + bh % H)
+    f1, f2, q_hat, norm, clamped, p, t_norm = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE)
+    den = tl.load(DEN + bh * N + offs_n, mask=n_mask, other=1.0)
+    g_base = G + _head_offset(bh, H, sg_b, sg_h)
+    g1 = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
+    g2 = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
+    for vt in tl.static_range(NV):
+        offs_v = vt * BV + tl.arange(0, BV)
+        d_num = _load_block(g_base, sg_n, sg_d, offs_n, offs_v, n_mask, offs_v < D) / den[:, None]
+        s_ptr = S + bh * 2 * BD * BD + offs_d[:, None] * BD + offs_v[None, :]
+        g1 += tl.dot(d_num, tl.trans(tl.load(s_ptr)), input_precision=PREC)
+        g2 += tl.dot(d_num, tl.trans(tl.load(s_ptr + BD * BD)), input_precision=PREC)
+    # (g/den)·num/den = φ_q · ((g/den) Sᵀ) / den: num is never formed.
+    d_den = -tl.sum(f1 * g1 + f2 * g2, 1) / den
+    tl.store(DDEN + bh * N + offs_n, d_den, mask=n_mask)
+    z1 = tl.load(Z + bh * 2 * BD + offs_d)
+    z2 = tl.load(Z + bh * 2 * BD + BD + offs_d)
+    g1 += d_den[:, None] * z1[None, :]
+    g2 += d_den[:, None] * z2[None, :]
+    dq, d_u = _query_grad(q, f1, f2, g1, g2, q_hat, norm, clamped, p, t_norm, scale, power, alpha,
+                          norm_eps, COSINE)
+    dq_ptr = DQ + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_d[None, :]
+    tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
+    if NEED_DU:
+        # ∂L/∂s per token: u = ‖q‖/s, ∂u/∂s = −‖q‖/s².
+        tl.store(DU + bh * N + offs_n, -d_u * norm / (scale * scale), mask=n_mask)
+
+
+@triton.jit
+def _dkv_kernel(
+    K, V, DS, DZ, DK, DV,
+    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
+    H, N, D,
+    power, alpha, norm_eps,
+    COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
+    NV: tl.constexpr, PREC: tl.constexpr,
+):
+    """∂L/∂v = Σ_halves φ_k ∂L/∂S and ∂L/∂φ_k = v ∂L/∂Sᵀ + ∂L/∂z, then ∂L/∂k, for one
+    token block (the 1/N of §3 is already in ∂L/∂[S | z]). Grid: (B·H, token blocks)."""
+    bh = tl.program_id(0)
+    nb = tl.program_id(1)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BD)
+    n_mask = offs_n < N
+    d_mask = offs_d < D
+    k = _load_block(K + _head_offset(bh, H, sk_b, sk_h), sk_n, sk_d, offs_n, offs_d, n_mask, d_mask)
+    f1, f2 = _key_features(k, power, alpha, norm_eps, COSINE)
+    v_base = V + _head_offset(bh, H, sv_b, sv_h)
+    g1 = tl.zeros((BLOCK_N, BD), dtype=tl.float32) + tl.load(DZ + bh * 2 * BD + offs_d)[None, :]
+    g2 = tl.zeros((BLOCK_N, BD), dtype=tl.float32) + tl.load(DZ + bh * 2 * BD + BD + offs_d)[None, :]
+    for vt in tl.static_range(NV):
+        offs_v = vt * BV + tl.arange(0, BV)
+        v_mask = offs_v < D
+        v = _load_block(v_base, sv_n, sv_d, offs_n, offs_v, n_mask, v_mask)
+        ds_ptr = DS + bh * 2 * BD * BD + offs_d[:, None] * BD + offs_v[None, :]
+        ds1 = tl.load(ds_ptr)
+        ds2 = tl.load(ds_ptr + BD * BD)
+        dv = tl.dot(f1, ds1, input_precision=PREC) + tl.dot(f2, ds2, input_precision=PREC)
+        dv_ptr = DV + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_v[None, :]
+        tl.store(dv_ptr, dv.to(DV.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
+        g1 += tl.dot(v, tl.trans(ds1), input_precision=PREC)
+        g2 += tl.dot(v, tl.trans(ds2), input_precision=PREC)
+    dk = _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE)
+    dk_ptr = DK + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_d[None, :]
+    tl.store(dk_ptr, dk.to(DK.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
+
+
+# --------------------------------------------------------------------------- launcher
+
+# Whether triton.jit built interpreter objects (TRITON_INTERPRET=1 at import time).
+INTERPRETED = "Interpreted" in type(_output_kernel).__name__
+
+
+def launch_config(head_dim: int) -> dict:
+    """Block sizes for a head dim: BD is D padded to a power of two (≥ 16, what tl.dot
+    needs); value tiles of at most 64 keep a (BD × BV) state tile and the (BLOCK_N × BD)
+    feature blocks within registers at D = 128 (reasoned, not tuned on a GPU)."""
+    bd = max(16, triton.next_power_of_2(head_dim))
+    bv = min(bd, 64)
+    block_n = 64 if bd <= 64 else 32
+    return dict(BD=bd, BV=bv, NV=bd // bv, BLOCK_N=block_n, num_warps=4 if bd <= 64 else 8)
+
+
+def num_splits(n_tokens: int, n_heads_total: int, n_vtiles: int, block_n: int, device: torch.device) -> int:
+    """Token ranges per head for the two state passes: enough programs to fill the GPU
+    (about 4 per SM; B·H alone is often a few dozen), never a range under one block."""
+    if device.type == "cuda":
+        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        target = 1  # the interpreter runs programs one after another: fewest is fastest
+    want = max(1, -(-target // (n_heads_total * n_vtiles)))
+    return max(1, min(want, -(-n_tokens // block_n)))
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
+    return tuple(t.stride())
+
+
+def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
+    """Launch ``_state_kernel`` over ``splits`` token ranges and add the partial sums.
+    Returns ``(S, z)``: (B·H, 2, BD, BD) and (B·H, 2, BD), fp32, divided by N."""
+    b, h, n, d = x.shape
+    bd, bv, block_n = cfg["BD"], cfg["BV"], cfg["BLOCK_N"]
+    per_split = -(-(-(-n // splits)) // block_n) * block_n          # a whole number of blocks
+    splits = -(-n // per_split)
+    s_part = x.new_empty(b * h, splits, 2, bd, bd, dtype=torch.float32)
+    z_part = x.new_empty(b * h, splits, 2, bd, dtype=torch.float32)
+    _state_kernel[(b * h, splits, cfg["NV"])](
+        x, w, scale, s_part, z_part, *_strides(x), *_strides(w),
+        h, n, d, per_split, splits,
+        opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
+        QUERY=query, COSINE=opts["direction"] == "cosine",
+        BLOCK_N=block_n, BD=bd, BV=bv, PREC=opts["precision"],
+        DEN=den, DDEN=d_den, num_warps=cfg["num_warps"],
+    )
+    # A deterministic sum over the ranges (no atomics), then the 1/N of §3.
+    return s_part.sum(1).div_(n), z_part.sum(1).div_(n)
+
+
+class TritonNaLa(torch.autograd.Function):
+    """``nala_attention`` on the Triton kernels above (same contract as
+    ``attention._FusedNaLa``). ``scale`` is the norm scale s as an fp32 (H,) tensor; its
+    gradient is returned when it requires one (a learned per-head s)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, opts, splits=None):
+        b, h, n, d = q.shape
+        cfg = launch_config(d)
+        if splits is None:
+            splits = num_splits(n, b * h, cfg["NV"], cfg["BLOCK_N"], q.device)
+        scale32 = scale.detach().to(device=q.device, dtype=torch.float32).contiguous()
+        state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
+        out = torch.empty(b, h, n, d, device=q.device, dtype=v.dtype)
+        den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
+        grid = (b * h, triton.cdiv(n, cfg["BLOCK_N"]), cfg["NV"])
+        _output_kernel[grid](
+            q, scale32, state, z, out, den, *_strides(q), h, n, d,
+            opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
+            COSINE=opts["direction"] == "cosine", BLOCK_N=cfg["BLOCK_N"], BD=cfg["BD"],
+            BV=cfg["BV"], PREC=opts["precision"], num_warps=cfg["num_warps"],
+        )
+        ctx.opts, ctx.cfg, ctx.splits = opts, cfg, splits
+        ctx.scale_shape = scale.shape
+        ctx.save_for_backward(q, k, v, scale32, state, z, den)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, scale32, state, z, den = ctx.saved_tensors
+        opts, cfg = ctx.opts, ctx.cfg
+        b, h, n, d = q.shape
+        cosine = opts["direction"] == "cosine"
+        need_scale = ctx.needs_input_grad[3]
+        dq = torch.empty(b, h, n, d, device=q.device, dtype=q.dtype)
+        d_den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
+        d_u = torch.empty(b * h, n, device=q.device, dtype=torch.float32) if need_scale else d_den
+        blocks = triton.cdiv(n, cfg["BLOCK_N"])
+        _dq_kernel[(b * h, blocks)](
+            q, grad_out, scale32, state, z, den, dq, d_den, d_u,
+            *_strides(q), *_strides(grad_out), h, n, d,
+            opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
+            COSINE=cosine, BLOCK_N=cfg["BLOCK_N"], BD=cfg["BD"], BV=cfg["BV"], NV=cfg["NV"],
+            PREC=opts["precision"], NEED_DU=need_scale, num_warps=cfg["num_warps"],
+        )
+        d_state, d_z = _state_pass(q, grad_out, scale32, opts, cfg, ctx.splits, query=True,
+                                   den=den, d_den=d_den)
+        dk = torch.empty(b, h, n, d, device=q.device, dtype=k.dtype)
+        dv = torch.empty(b, h, n, d, device=q.device, dtype=v.dtype)
+        _dkv_kernel[(b * h, blocks)](
+            k, v, d_state, d_z, dk, dv, *_strides(k), *_strides(v), h, n, d,
+            opts["power"], opts["alpha"], opts["norm_eps"],
+            COSINE=cosine, BLOCK_N=cfg["BLOCK_N"], BD=cfg["BD"], BV=cfg["BV"], NV=cfg["NV"],
+            PREC=opts["precision"], num_warps=cfg["num_warps"],
+        )
+        d_scale = None
+        if need_scale:
+            d_scale = d_u.view(b, h, n).sum((0, 2)).reshape(ctx.scale_shape)
+        return dq, dk, dv, d_scale, None, None
+
+
+def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = None) -> torch.Tensor:
+    """Run the kernels: ``norm_scale`` a float or a tensor with 1 or H elements (per head);
+    ``opts`` the §2 constants as ``attention._FusedNaLa`` takes them. ``splits`` overrides
+    the number of token ranges of the state passes (tests)."""
+    if q.device.type != "cuda" and not INTERPRETED:
+        raise ValueError(f"impl='triton' needs CUDA tensors, got {q.device.type} (on CPU use impl='fused', "
+                         "or set TRITON_INTERPRET=1 before importing nala_dit.triton_nala to run the "
+                         "kernels in Triton's interpreter)")
+    reason = unsupported_reason(q)
+    if reason:
+        raise ValueError(f"impl='triton' does not support {reason}; use impl='fused' or 'eager'")
+    h = q.shape[1]
+    if isinstance(norm_scale, torch.Tensor):
+        if norm_scale.numel() not in (1, h):
+            raise ValueError(f"norm_scale must have 1 or H={h} elements, got shape {tuple(norm_scale.shape)}")
+        scale = norm_scale if norm_scale.numel() == h else norm_scale.expand(h)
+        scale = scale.reshape(h)
+    else:
+        scale = torch.full((h,), float(norm_scale), device=q.device)
+    # ieee fp32 products for fp32 inputs (matches the reference to rounding); TF32 tensor
+    # cores for half inputs, whose output rounding (2^-8 for bf16) dominates anyway.
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    opts = dict(opts, precision=precision)
+    out = TritonNaLa.apply(q, k, v, scale, opts, splits)
+    return out

@@ -1,0 +1,100 @@
+"""The package's shape: imports only point down (no circle), and the CLIs answer
+``--help``, ``--dry-run`` and argument errors without loading torch, diffusers or accelerate."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "nala_dit"
+HEAVY = ("torch", "diffusers", "accelerate", "torchvision", "torch_fidelity")
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """Package modules that ``path`` imports anywhere (top level or inside functions)."""
+    here = f"nala_dit.{path.stem}"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = "nala_dit" if node.level else (node.module or "")
+            if node.level and node.module:
+                base = f"nala_dit.{node.module}"
+            # `from . import data` and `from nala_dit import metrics` name submodules.
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        found.update(n for n in names if n in modules and n != here)
+    return found
+
+
+def test_import_graph_has_no_cycle():
+    modules = {f"nala_dit.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    graph = {f"nala_dit.{p.stem}": _imports(p, modules) for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    assert graph["nala_dit.pipeline"] >= {"nala_dit.sources"}, "the walker must see pipeline → sources"
+    state, path = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycle = path[path.index(nxt):] + [nxt]
+                pytest.fail("import cycle: " + " → ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    # The split the layout promises: loading sits below both pipeline and sampling.
+    assert "nala_dit.sampling" not in graph["nala_dit.pipeline"]
+    assert "nala_dit.pipeline" not in graph["nala_dit.sampling"]
+    assert "nala_dit.pipeline" not in graph["nala_dit.sources"]
+    assert "nala_dit.sampling" not in graph["nala_dit.sources"]
+
+
+# (script, argv, expected exit code, text the output must hold)
+CLI_CASES = [
+    ("train.py", ["--help"], 0, "--global-batch-size"),
+    ("train.py", ["--config", "configs/digits_nala_dit.yaml", "--dry-run"], 0, "model: NaLaDiT-T/2"),
+    ("train.py", ["--max-steps", "ten"], 2, "--max-steps"),
+    ("sample.py", ["--help"], 0, "--cfg-scale"),
+    ("sample.py", ["--ckpt", "x", "--sampler", "nope"], 2, "invalid choice"),
+    ("evaluate_fid.py", ["--help"], 0, "calc"),
+    ("evaluate_fid.py", ["calc", "--help"], 0, "--inception-weights"),
+    ("evaluate_fid.py", ["gen", "--help"], 0, "--num-samples"),
+    ("evaluate_fid.py", ["ref", "--help"], 0, "--dataset"),
+    ("export.py", ["--help"], 0, "official"),
+    ("export.py", ["official", "--help"], 0, "--model-only"),
+    ("extract_latents.py", ["--help"], 0, "--shard-size"),
+]
+
+_PROBE = """
+import json, runpy, sys, time
+script, argv = sys.argv[1], sys.argv[2:]
+sys.argv = [script] + argv
+code = 0
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+print(json.dumps({"code": code, "heavy": sorted(m for m in %r if m in sys.modules)}), file=sys.__stderr__)
+""" % (HEAVY,)
+
+
+@pytest.mark.parametrize("script,argv,code,text", CLI_CASES, ids=[" ".join([c[0]] + c[1]) for c in CLI_CASES])
+def test_cli_answers_without_heavy_imports(script, argv, code, text):
+    proc = subprocess.run([sys.executable, "-c", _PROBE, script, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    report = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert report["code"] == code, proc.stdout + proc.stderr
+    assert report["heavy"] == [], f"{script} {' '.join(argv)} imported {report['heavy']}"
+    assert text in proc.stdout + proc.stderr

@@ -1,0 +1,102 @@
+"""The Triton NaLa kernels (run from here in Triton's interpreter) and ``impl="auto"``.
+
+The kernel cases live in ``tests/triton_cases.py``. Triton reads ``TRITON_INTERPRET`` when a
+kernel is defined, so setting it inside this process would be too late (and would leak
+into every other test): the cases run in a subprocess with the variable set.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import nala_dit.attention as attention
+from nala_dit.attention import nala_attention, select_nala_impl
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def run_cases(env_extra, *pytest_args):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(env_extra, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/triton_cases.py", *pytest_args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
+    return proc.stdout
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (pip install triton)")
+def test_kernels_under_the_interpreter():
+    """fp32 outputs and gradients against the quadratic reference, ≤ 1e-5 relative RMS:
+    odd N, both directions, head dims 24/32/40/64/72/128, exact zeros, strided inputs,
+    several token ranges, non-default constants, a per-head norm scale."""
+    stdout = run_cases({"TRITON_INTERPRET": "1"})
+    assert " passed" in stdout and "failed" not in stdout
+    # Everything except the CUDA-only (bf16/fp16, long N, autocast layer) cases ran.
+    assert "15 passed" in stdout, stdout[-2000:]
+
+
+@pytest.mark.skipif(not (HAS_TRITON and torch.cuda.is_available()), reason="needs CUDA and Triton")
+def test_kernels_on_cuda():
+    """The same cases compiled for the GPU, plus bf16/fp16 inputs, N = 8192 with many
+    token ranges against the fused path, and the gated layer under bf16 autocast."""
+    stdout = run_cases({})
+    assert "skipped" not in stdout, stdout[-2000:]
+
+
+# ------------------------------------------------------------------------- dispatch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_and_meta_pick_the_fused_path(dtype):
+    for device in ("cpu", "meta"):
+        assert select_nala_impl(device, 64, dtype, has_triton=True) == "fused"
+        assert select_nala_impl(device, 64, dtype, has_triton=False) == "fused"
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 72, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_picks_triton(head_dim, dtype):
+    assert select_nala_impl("cuda", head_dim, dtype, has_triton=True) == "triton"
+
+
+def test_cuda_falls_back_to_the_unchunked_composition():
+    assert select_nala_impl("cuda", 64, torch.bfloat16, has_triton=False) == "eager"
+    assert select_nala_impl("cuda", 256, torch.bfloat16, has_triton=True) == "eager"   # head dim > 128
+    assert select_nala_impl("cuda", 64, torch.float64, has_triton=True) == "eager"
+    assert select_nala_impl("mps", 64, torch.float32, has_triton=True) == "eager"
+
+
+def test_auto_follows_the_selection(monkeypatch):
+    """``nala_attention(impl="auto")`` runs whatever ``select_nala_impl`` names."""
+    q, k, v = (torch.randn(1, 2, 17, 16) for _ in range(3))
+    seen = []
+    monkeypatch.setattr(attention, "select_nala_impl", lambda *a: seen.append(a) or "eager")
+    out = nala_attention(q, k, v)
+    assert seen == [("cpu", 16, torch.float32, attention.triton_available())]
+    assert torch.equal(out, nala_attention(q, k, v, impl="eager"))
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_triton_on_cpu_without_the_interpreter_is_named():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("this process runs Triton's interpreter")
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        nala_attention(q, q, q, impl="triton")
+
+
+def test_chunk_sizes_per_device():
+    """The fused path chunks tokens finely on a CPU (cache-sized) and hardly at all on a GPU."""
+    shape = torch.Size((1, 6, 4096, 64))
+    cpu = attention._token_chunks(shape, torch.device("cpu"))
+    gpu = attention._token_chunks(shape, torch.device("cuda"))
+    assert len(cpu) == -(-4096 // (attention._CHUNK_ELEMENTS // (6 * 64))) and len(gpu) == 1
+    for chunks in (cpu, gpu):
+        assert chunks[0].start == 0 and chunks[-1].stop == 4096
+        assert all(a.stop == b.start for a, b in zip(chunks, chunks[1:]))
