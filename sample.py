@@ -89,20 +89,17 @@ def run(args) -> int:
     if args.out:
         if args.num_samples is None or args.labels:
             raise ValueError("--out (mass sampling) takes --num-samples N and no --labels (labels are balanced)")
-        import os
-
         from accelerate import PartialState
         from accelerate.utils import parse_flag_from_env
+
+        from nala_dit.runlock import check_process_count
 
         # Without GPUs the processes must form a gloo group (cpu=True), or each would
         # sample everything alone. Ranks that resume with nothing left to do wait at the
         # final barrier for the others: give the group a long timeout.
         cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available()
         state = PartialState(cpu=cpu, timeout=timedelta(hours=12))
-        launched = int(os.environ.get("WORLD_SIZE", "1"))
-        if state.num_processes != launched:
-            raise ValueError(f"{launched} processes were launched but {state.num_processes} joined the group; "
-                             "on CPUs use ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu ... (or torchrun)")
+        check_process_count(state.num_processes, "sample.py")
         source = load_source(args.ckpt, args.weights, args.vae, state.device)
         settings.resolved(source.objective)  # clear errors before any work
         done = mass_sample(source, args.out, args.num_samples, args.seed, settings, args.batch_size,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,10 +173,7 @@ class Checkpoint:
         try:
             return read(file)
         except Exception as err:  # safetensors / zip / unpickler raise many types
-            cause = str(err).splitlines()[0] if str(err) else type(err).__name__
-            if isinstance(err, pickle.UnpicklingError):
-                cause = "holds pickled Python objects, which are refused because loading them could run code"
-            raise self.error(name, f"unreadable, truncated or corrupt ({type(err).__name__}: {cause})") from None
+            raise self.error(name, load_error_cause(err)) from None
 
     def weights(self, which: str = "ema") -> dict[str, torch.Tensor]:
         if which not in ("ema", "model"):
@@ -197,6 +195,29 @@ class Checkpoint:
     def rng_state(self, rank: int) -> torch.Tensor | None:
         states = self._read("rng.safetensors", lambda f: load_file(str(f)))
         return states.get(f"rank{rank}")
+
+
+def load_error_cause(err: Exception) -> str:
+    """Why a file could not be read, in one line. A refused pickle names the refused
+    global only: torch's own text advises ``weights_only=False``, which would run the
+    file's code, so it is never passed on."""
+    if isinstance(err, pickle.UnpicklingError):
+        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        what = f" ({refused.group(1)})" if refused else ""
+        return (f"holds pickled Python objects{what}, which are refused because loading them could run code; "
+                f"only tensors and plain containers are read")
+    first = str(err).splitlines()[0] if str(err) else ""
+    return f"unreadable, truncated or corrupt ({type(err).__name__}: {first})"
+
+
+def torch_load_tensors(path: str | os.PathLike, safe_globals: tuple = ()):
+    """``torch.load(weights_only=True)`` whose failures are one line naming the file."""
+    try:
+        with torch.serialization.safe_globals(list(safe_globals)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # zip reader / unpickler raise many types
+        raise CheckpointError(f"{path}: {load_error_cause(err)}; re-save it as a plain state dict of tensors "
+                              f"(torch.save(model.state_dict(), path)) where it was made, or download it again") from None
 
 
 def state_dict_mismatch(expected: dict, got: dict) -> str:

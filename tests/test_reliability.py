@@ -6,7 +6,10 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -77,7 +80,7 @@ def test_run_folder_lock(tmp_path, capsys):
     run.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        lock = dict(pid=holder.pid, host=socket.gethostname(), time=__import__("time").time())
+        lock = dict(pid=holder.pid, host=socket.gethostname(), time=time.time())
         (run / LOCK_NAME).write_text(json.dumps(lock))
         err = train_fails(tmp_path, capsys, "--max-steps", "1", "--ckpt-every", "1")
         assert f"run folder {run} is in use by pid {holder.pid} on host {socket.gethostname()}" in err
@@ -102,6 +105,10 @@ def test_lock_is_exclusive_and_released(tmp_path):
         with pytest.raises(LockedError, match=f"output x is in use by pid {os.getpid()}.*use another --out"):
             RunLock(path, "output x", "use another --out").acquire()
     assert not path.exists()
+    # A running pid that started after the lock was written is a reused pid: stale.
+    path.write_text(json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), time=0.0)))
+    with RunLock(path, "output x"):
+        assert json.loads(path.read_text())["time"] > 0
     # A lock from another host cannot be checked: never taken over silently.
     path.write_text(json.dumps(dict(pid=1, host="elsewhere", time=0.0)))
     with pytest.raises(LockedError, match=f"on host elsewhere.*delete {path}"):
@@ -174,7 +181,7 @@ def test_bad_checkpoint_files_are_named(tmp_path, capsys, monkeypatch):
     good_opt = opt_file.read_bytes()
     torch.save({"state": Evil()}, opt_file)
     err = resume_error()
-    assert f"{opt_file}: unreadable" in err and "refused because loading them could run code" in err
+    assert f"{opt_file}: holds pickled Python objects (tests.test_reliability.Evil), which are refused" in err
     assert "weights_only=False" not in err
     opt_file.write_bytes(good_opt)
 
@@ -252,3 +259,108 @@ def test_extract_latents_lists_unreadable_files(tmp_path, capsys):
     with pytest.warns(UserWarning, match="leaving out 2 unreadable"):
         assert extract_main(argv + ["--skip-corrupt"]) == 0
     assert len(LatentDataset(tmp_path / "lat")) == 4  # the readable ones, none duplicated
+
+
+def sample_cli(*args):
+    import sample
+
+    return sample.main([str(a) for a in args])
+
+
+def test_mass_sampling_lock_and_leftovers(tmp_path, digits_checkpoint, capsys, monkeypatch):
+    common = ["--ckpt", digits_checkpoint, "--num-samples", 4, "--sampler", "ddim", "--steps", 2,
+              "--batch-size", 2, "--shard-size", 2]
+    out = tmp_path / "s.npz"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        Path(f"{out}.lock").write_text(json.dumps(dict(pid=holder.pid, host=socket.gethostname(), time=time.time())))
+        assert sample_cli(*common, "--out", out) == 1
+        err = capsys.readouterr().err
+        assert f"output {out} is in use by pid {holder.pid}" in err and "choose another --out" in err
+        assert not Path(f"{out}.parts").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # Killed runs left a half-written .npz and shard: removed on the next start (stale lock taken over).
+    Path(f"{out}.parts").mkdir()
+    leftovers = [tmp_path / f".tmp-{holder.pid}-s.npz", Path(f"{out}.parts") / f".tmp-{holder.pid}-shard-000000.npz"]
+    for p in leftovers:
+        p.write_bytes(b"half")
+    # This run is killed while assembling the .npz: its own temporary goes too.
+    real_header = np.lib.format.write_array_header_2_0
+
+    def killed(*args, **kwargs):
+        real_header(*args, **kwargs)
+        raise KeyboardInterrupt("killed during assembly")
+
+    monkeypatch.setattr(np.lib.format, "write_array_header_2_0", killed)
+    with pytest.raises(KeyboardInterrupt):
+        sample_cli(*common, "--out", out)
+    monkeypatch.undo()
+    assert "taking over the stale lock" in capsys.readouterr().out
+    assert not any(p.exists() for p in leftovers) and not list(tmp_path.glob(".tmp-*")) and not out.exists()
+    assert sample_cli(*common, "--out", out) == 0
+    assert not Path(f"{out}.lock").exists()
+    with np.load(out) as done:
+        assert done["arr_0"].shape == (4, 8, 8, 1)
+
+
+def test_export_official_pickle_is_named_without_unsafe_advice(tmp_path, capsys):
+    import export
+
+    torch.save({"model": Evil()}, tmp_path / "evil.pt")
+    (tmp_path / "trunc.pt").write_bytes((tmp_path / "evil.pt").read_bytes()[:100])
+    for name, cause in (("evil.pt", "holds pickled Python objects (tests.test_reliability.Evil), which are refused"),
+                        ("trunc.pt", "unreadable, truncated or corrupt")):
+        assert export.main(["official", str(tmp_path / name), str(tmp_path / "out"), "--model", "DiT-T/4"]) == 1
+        err = capsys.readouterr().err
+        assert f"{tmp_path / name}: {cause}" in err and "weights_only=False" not in err, err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_calc_validates_samples_and_reference(tmp_path, digits_classifier_dir, capsys):
+    import evaluate_fid
+    from nala_dit.digits import load_digits_split
+
+    common = ["--digits-classifier", str(digits_classifier_dir), "--device", "cpu"]
+    ref = tmp_path / "ref.npz"
+    assert evaluate_fid.main(["ref", "--dataset", "digits-heldout", "--features", "digits", "--out", str(ref),
+                              *common]) == 0
+    images, labels = load_digits_split("heldout")
+    images = images[:20, :, :, None]  # (20, 8, 8, 1) uint8
+
+    def calc(samples, reference=ref):
+        code = evaluate_fid.main(["calc", "--samples", str(samples), "--ref", str(reference), *common])
+        return code, capsys.readouterr().err
+
+    def npz(name, *arrays):
+        path = tmp_path / name
+        np.savez(path, *arrays)
+        return path
+
+    cases = [
+        (npz("labels.npz", images, np.arange(100, 120) % 10 + 100),
+         "(labels): labels range over [100, 109] but the digits-classifier knows classes [0, 10)"),
+        (npz("wide.npz", np.zeros((20, 8, 12, 1), np.uint8)), "(arr_0): images must be square, got 8x12"),
+        (npz("tiny.npz", images[:, ::2, ::2]), "the digits classifier reads 8x8 images"),
+        (npz("nchw.npz", images.transpose(0, 3, 1, 2)), "it looks like NCHW: transpose it"),
+        (npz("five.npz", images[:, None]), "images must be (N, H, W, C) with C = 1 or 3"),
+        (npz("float.npz", images / 255.0), "images must be uint8 in [0, 255], got float64"),
+    ]
+    good = npz("good.npz", images, labels[:20])
+    (tmp_path / "trunc.npz").write_bytes(good.read_bytes()[:-200])
+    cases.append((tmp_path / "trunc.npz", "not a readable .npz (truncated or not a zip archive"))
+    for samples, rule in cases:
+        code, err = calc(samples)
+        assert code == 1 and f"{samples}" in err and rule in err, (samples, err)
+
+    stats = dict(np.load(ref))
+    stats["sigma"][3, 3] = np.nan
+    np.savez(tmp_path / "nan_ref.npz", **stats)
+    code, err = calc(good, tmp_path / "nan_ref.npz")
+    assert code == 1 and f"{tmp_path / 'nan_ref.npz'}: sigma holds 1 non-finite value(s)" in err
+    stats = dict(np.load(ref), mu=np.zeros(64), sigma=np.eye(64))
+    np.savez(tmp_path / "dim_ref.npz", **stats)
+    code, err = calc(good, tmp_path / "dim_ref.npz")
+    assert code == 1 and "do not match the digits-classifier features of dimension 128" in err
+    assert calc(good)[0] == 0  # the valid pair still scores
