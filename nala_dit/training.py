@@ -93,7 +93,7 @@ class Logger:
             from torch.utils.tensorboard import SummaryWriter
 
             truncate_log(run_dir / "log.jsonl", step)
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=step + 1 if step else None)
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=step + 1)
             self.file = open(run_dir / "log.jsonl", "a")
 
     def log(self, step: int, values: dict) -> None:
@@ -162,6 +162,21 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
         torch.set_rng_state(rng)
 
 
+def resumed_position(ckpt, micro_batch: int, print=print) -> int:
+    """The data position (micro-batches into this epoch, per process) to resume at. It is
+    stored in the checkpoint's micro-batches; a new batch size keeps the number of
+    images already seen this epoch (rounded down) instead of skipping or repeating."""
+    stored = ckpt.config
+    old_micro = stored.get("global-batch-size", 0) // max(1, ckpt.state["world_size"] * stored.get("grad-accum", 1))
+    position = ckpt.state["position"]
+    if old_micro and old_micro != micro_batch:
+        converted = position * old_micro // micro_batch
+        print(f"resume: micro-batch {old_micro} → {micro_batch}: data position {position} → {converted} "
+              f"({position * old_micro} images into epoch {ckpt.state['epoch']})")
+        return converted
+    return position
+
+
 def train(cfg: TrainConfig) -> Path:
     """Train; returns the run folder. Raises with a clear message on bad input.
 
@@ -172,9 +187,14 @@ def train(cfg: TrainConfig) -> Path:
     accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
     check_process_count(accelerator.num_processes, "train.py")
     run_dir = cfg.run_dir()
-    with hold_lock(run_dir / LOCK_NAME, f"run folder {run_dir}", "choose another --exp-name / --results-dir",
-                   accelerator):
-        return _train(cfg, accelerator)
+    try:
+        with hold_lock(run_dir / LOCK_NAME, f"run folder {run_dir}", "choose another --exp-name / --results-dir",
+                       accelerator):
+            return _train(cfg, accelerator)
+    finally:
+        if accelerator.is_main_process:
+            with contextlib.suppress(OSError):  # only when empty: a run that failed at once leaves no folder
+                run_dir.rmdir()
 
 
 def _train(cfg: TrainConfig, accelerator) -> Path:
@@ -205,8 +225,9 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             f"{run_dir} already holds checkpoints; pass --resume auto to continue it, "
             f"or choose another --exp-name / --results-dir"
         )
-    if accelerator.is_main_process:
-        remove_temporaries(ckpt_dir)  # half-written saves of killed runs (we hold the lock)
+    if accelerator.is_main_process:  # half-written files of killed runs (we hold the lock)
+        remove_temporaries(run_dir)
+        remove_temporaries(ckpt_dir)
 
     dataset = build_dataset(cfg, accelerator)
     vae, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
@@ -231,7 +252,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     if resume_from is not None:
         ckpt = open_checkpoint(resume_from)
         restore(ckpt, cfg, model, ema, optimizer, world, rank, accelerator.print)
-        step, epoch, position = ckpt.step, ckpt.state["epoch"], ckpt.state["position"]
+        step, epoch, position = ckpt.step, ckpt.state["epoch"], resumed_position(ckpt, micro_batch, accelerator.print)
         accelerator.print(f"resumed from {ckpt.path} at step {step}")
         if accelerator.is_main_process:
             # A rollback: this run's later checkpoints belong to the abandoned branch.

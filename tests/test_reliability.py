@@ -54,6 +54,14 @@ def test_resume_applies_new_lr_and_weight_decay(tmp_path, capsys):
     assert {(g["lr"], g["weight_decay"]) for g in groups} == {(2e-3, 0.5)}
 
 
+def test_resume_with_another_batch_size_keeps_the_data_position(tmp_path, capsys):
+    run = run_train(tmp_path, "--max-steps", "2", "--ckpt-every", "2")  # 2 micro-batches of 8 images
+    assert ckpt_lib.open_checkpoint(run).state["position"] == 2
+    run_train(tmp_path, "--max-steps", "3", "--ckpt-every", "3", "--global-batch-size", "4", "--resume", "auto")
+    assert "data position 2 → 4 (16 images into epoch 0)" in capsys.readouterr().out
+    assert ckpt_lib.open_checkpoint(run).state["position"] == 5  # 16 + 4 images = 5 batches of 4
+
+
 def test_rollback_keeps_the_new_branch(tmp_path, capsys):
     run = run_train(tmp_path, "--max-steps", "6", "--ckpt-every", "1")
     old = {s: ckpt_lib.open_checkpoint(run / "checkpoints" / s).weights("model") for s in ("0000004", "0000006")}
@@ -224,7 +232,7 @@ def test_image_folder_problems_are_found_up_front(tmp_path, capsys):
     common = ["--data", str(images), "--image-size", "16", "--global-batch-size", "2", "--max-steps", "1"]
     err = train_fails(tmp_path, capsys, *common, "--check-data", "true")
     assert f"2 unreadable image(s) in {images}: {images / 'cat' / 'a.png'}, {images / 'cat' / 'b.png'}" in err
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (tmp_path / "run").exists()  # a run that failed at once leaves no folder
     with pytest.warns(UserWarning, match="leaving out 2 unreadable image"):
         run_train(tmp_path, *common, "--check-data", "true", "--skip-corrupt", "true", "--ckpt-every", "1",
                   name="skipped")
