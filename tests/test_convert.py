@@ -112,6 +112,25 @@ def test_official_xl2_state_dict_converts_with_the_expected_counts():
     assert counts["inherited"][1] + counts["new"][1] == count_params(student)
 
 
+@pytest.mark.parametrize("family", ["DiT", "SiT"])
+def test_every_preset_pair_converts(family):
+    """DiT-X/p → NaLaDiT-X/p and SiT-X/p (released with 8 output channels) → NaLaSiT-X/p, ReLU/ELU too."""
+    from nala_dit.models import MODELS
+
+    for name in [n for n in MODELS if n.startswith(f"{family}-")]:
+        with torch.device("meta"):
+            source = create_model(name, learn_sigma=True).state_dict()
+            dropped = sum(v.numel() for k, v in source.items() if ".attn." in k)
+            if family == "SiT":  # the variance half of the released 8-channel final layer
+                dropped += sum(v.numel() for k, v in source.items() if k.startswith("final_layer.linear.")) // 2
+            for attention in ("nala", "relu", "elu"):
+                student = create_model(f"NaLa{name}", attention=attention)
+                counts = inherit(student, source).counts()
+                assert counts["dropped"][1] == dropped, (name, attention)
+                assert counts["inherited"][1] + counts["new"][1] == count_params(student), (name, attention)
+                assert counts["partial"] == (0,)
+
+
 def test_shape_mismatch_names_the_keys():
     teacher = randomised("DiT-T/2", num_classes=7)
     student = create_model("NaLaDiT-T/2", **DIGITS)
