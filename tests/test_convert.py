@@ -201,6 +201,23 @@ def test_init_from_official_pt_through_train_py(tmp_path, capsys):
             assert torch.equal(saved[key], value), key
 
 
+def test_checkpoint_and_pipeline_folder_sources(tmp_path):
+    """A run folder and its exported pipeline give the same teacher with its objective settings."""
+    import export
+    from nala_dit.convert import load_reference, objective_settings
+
+    teacher = randomised("DiT-T/2", seed=10)
+    run = write_checkpoint(tmp_path / "run", teacher, "DiT-T/2", **{"noise-schedule": "cosine"})
+    assert export.main(["checkpoint", str(run), str(tmp_path / "pipe")]) == 0
+    student = create_model("NaLaDiT-T/2", **DIGITS)
+    for path, kind in ((run, "checkpoint"), (tmp_path / "pipe", "pipeline")):
+        ref = load_reference(path, student, "NaLaDiT-T/2")
+        assert ref.kind == kind and not ref.model.training
+        loaded = ref.model.state_dict()
+        assert all(torch.equal(loaded[k], v) for k, v in teacher.state_dict().items()), kind
+        assert objective_settings("diffusion", ref.objective_config)["noise-schedule"] == "cosine", kind
+
+
 def test_bad_conversion_inputs_give_clear_errors(tmp_path, capsys):
     nala = write_checkpoint(tmp_path / "nala", randomised("NaLaDiT-T/2"), "NaLaDiT-T/2")
     sit = write_checkpoint(tmp_path / "sit", randomised("SiT-T/2"), "SiT-T/2")
