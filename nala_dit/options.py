@@ -80,6 +80,10 @@ DATASETS = ("digits-train", "digits-heldout")
 INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 
 
+# convert.py: what --init-from copies from a softmax model.
+INHERIT_MODES = ("all-but-attention", "attention-qkv")
+
+
 def _opt(help, **kw):
     return field(default=kw.pop("default", None), metadata=dict(help=help, **kw))
 
@@ -142,12 +146,21 @@ class TrainConfig:
     sample_cfg_scale: float = field(default=1.0, metadata=dict(help="guidance scale for grids"))
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
     allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the checkpoint")
+    # conversion from a softmax model (nala_dit/convert.py, LiT's recipe)
+    init_from: str | None = _opt("start from a softmax DiT/SiT: official .pt, run/checkpoint folder (EMA) or pipeline folder")
+    inherit: str = field(default="all-but-attention", metadata=dict(help="what --init-from copies",
+                                                                    choices=list(INHERIT_MODES)))
+    teacher: str | None = _opt("distil from this model (same forms as --init-from; frozen, EMA weights)")
+    distill_weight: float = field(default=0.5, metadata=dict(help="weight of ‖teacher − student‖² on ε / velocity"))
+    distill_sigma_weight: float | None = _opt("weight on the learned-variance channels (default 0.05 if both learn it)")
 
     def validate(self) -> None:
         if self.norm_scale is not None:
             self.norm_scale = parse_norm_scale(self.norm_scale)
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
             raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
+        if self.distill_weight < 0 or (self.distill_sigma_weight or 0) < 0:
+            raise ValueError("distill-weight and distill-sigma-weight must be >= 0")
         for name in ("log_every", "ckpt_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1")

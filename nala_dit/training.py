@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from . import convert
 from . import data as data_lib
 from .checkpoint import (build_objective, config_changes, list_checkpoints, open_checkpoint, remove_temporaries,
                          save_checkpoint, set_aside_newer)
@@ -272,6 +273,13 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     channels, side = model_space(dataset, vae)
     model = build_model(cfg, dataset.num_classes, channels, side)
     objective = build_objective(dict(model.config), to_dict(cfg))
+    if cfg.init_from and resume_from is None:
+        report = convert.init_from(cfg.init_from, model, cfg.model, cfg.inherit, to_dict(cfg))
+        accelerator.print(report.table())
+    distiller = None
+    if cfg.teacher:  # not saved in checkpoints: its path is in the config, reloaded on resume
+        distiller = convert.Distiller.load(cfg.teacher, model, cfg.model, to_dict(cfg), cfg.distill_weight,
+                                           cfg.distill_sigma_weight, device)
     ema = copy.deepcopy(model).float().requires_grad_(False)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
 
@@ -328,10 +336,17 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         return x
 
     def loss_fn(x, y):
+        """(loss, its terms [L_simple, distillation, variance distillation]) of one micro-batch."""
+        fn = distiller.watch(train_model) if distiller else train_model
         if model.config.objective == "diffusion":
             t = torch.randint(0, objective.num_timesteps, (x.shape[0],), device=device)
-            return objective.training_losses(train_model, x, t, y)["loss"].mean()
-        return objective.training_losses(train_model, x, y)["loss"].mean()
+            loss = objective.training_losses(fn, x, t, y)["loss"].mean()
+        else:
+            loss = objective.training_losses(fn, x, y)["loss"].mean()
+        if distiller is None:
+            return loss, loss.detach().reshape(1)
+        extra, terms = distiller.terms()
+        return loss + extra, torch.cat([loss.detach().reshape(1), terms])
 
     grid_noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
     grid_labels = (torch.arange(16) % dataset.num_classes).to(device)
@@ -356,6 +371,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     # non-finite loss is remembered by step and checked (across ranks) at every log step
     # and before every checkpoint, so no NaN weights are ever saved.
     window_loss = torch.zeros((), device=device)
+    window_terms = torch.zeros(3 if distiller else 1, device=device)
     first_bad = torch.full((), -1, dtype=torch.long, device=device)
     window_steps, window_start = 0, time.perf_counter()
 
@@ -384,9 +400,10 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             sync = micro == cfg.grad_accum - 1
             with accelerator.no_sync(train_model) if not sync else contextlib.nullcontext():
                 with accelerator.autocast():
-                    loss = loss_fn(x, y)
+                    loss, terms = loss_fn(x, y)
                 accelerator.backward(loss / cfg.grad_accum)
             local += loss.detach().float() / cfg.grad_accum
+            window_terms += terms.float() / cfg.grad_accum
         if cfg.max_grad_norm > 0:
             accelerator.clip_grad_norm_(train_model.parameters(), cfg.max_grad_norm)
         optimizer.step()
@@ -405,9 +422,13 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
                           steps_per_sec=window_steps / elapsed,
                           images_per_sec=window_steps * cfg.global_batch_size / elapsed)
             values.update(exponent_log(stat_layers))
+            if distiller:
+                terms = accelerator.gather((window_terms / window_steps).unsqueeze(0)).mean(0).tolist()
+                values.update(loss_simple=terms[0], loss_distill=terms[1], loss_distill_sigma=terms[2])
             logger.log(step, values)
             progress.set_postfix(loss=f"{values['loss']:.4f}", img_s=f"{values['images_per_sec']:.1f}")
             window_loss.zero_()
+            window_terms.zero_()
             window_steps, window_start = 0, time.perf_counter()
         if cfg.sample_every > 0 and step % cfg.sample_every == 0 and accelerator.is_main_process:
             write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
