@@ -155,6 +155,19 @@ def test_resume_refuses_changed_model_and_objective(tmp_path, capsys):
     assert "model.safetensors: does not fit this model" in err and "unexpected (e.g. blocks.0.attn.lepe" in err
 
 
+def test_distillation_settings_are_compared_on_resume(tmp_path):
+    model_config = {"objective": "diffusion", "power": 3.0}
+    stored = dict(teacher="runs/dit", **{"distill-weight": 0.5, "distill-sigma-weight": None})
+    ckpt = ckpt_lib.Checkpoint(tmp_path, dict(config=stored, model_config=model_config))
+    now = dict(teacher="runs/dit", **{"distill-weight": 1.0, "distill-sigma-weight": None})
+    assert ckpt_lib.config_changes(ckpt, now, model_config) == {"distill-weight": (0.5, 1.0)}
+    assert ckpt_lib.config_changes(ckpt, dict(now, teacher=None), model_config) == {
+        "teacher": ("runs/dit", None), "distill-weight": (0.5, 1.0)}
+    # Without a teacher on either side the distillation flags are unused and not compared.
+    plain = ckpt_lib.Checkpoint(tmp_path, dict(config={"distill-weight": 0.5}, model_config=model_config))
+    assert ckpt_lib.config_changes(plain, {"distill-weight": 1.0}, model_config) == {}
+
+
 def test_sit_checkpoint_into_a_dit_run(tmp_path, capsys):
     run_train(tmp_path, "--model", "SiT-T/2", "--max-steps", "1", "--ckpt-every", "1")
     err = train_fails(tmp_path, capsys, "--model", "DiT-T/2", "--max-steps", "2", "--resume", "auto")
