@@ -280,6 +280,10 @@ def test_extract_latents_lists_unreadable_files(tmp_path, capsys):
     with pytest.warns(UserWarning, match="leaving out 2 unreadable"):
         assert extract_main(argv + ["--skip-corrupt"]) == 0
     assert len(LatentDataset(tmp_path / "lat")) == 4  # the readable ones, none duplicated
+    shard = tmp_path / "lat" / "latents-00000.safetensors"
+    shard.write_bytes(shard.read_bytes()[:50])
+    with pytest.raises(ValueError, match=f"{shard}: unreadable latent shard .*delete it and rerun extract_latents"):
+        LatentDataset(tmp_path / "lat")
 
 
 def sample_cli(*args):
@@ -324,6 +328,12 @@ def test_mass_sampling_lock_and_leftovers(tmp_path, digits_checkpoint, capsys, m
     assert not Path(f"{out}.lock").exists()
     with np.load(out) as done:
         assert done["arr_0"].shape == (4, 8, 8, 1)
+    # An interrupted run's settings file damaged by hand: named, with the way out.
+    assert sample_cli(*common, "--out", tmp_path / "t.npz", "--stop-after", 1) == 0
+    (tmp_path / "t.npz.parts" / "settings.json").write_text("{")
+    assert sample_cli(*common, "--out", tmp_path / "t.npz") == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 't.npz.parts' / 'settings.json'}: unreadable" in err and "to start over" in err
 
 
 def test_export_official_pickle_is_named_without_unsafe_advice(tmp_path, capsys):
