@@ -224,7 +224,11 @@ class LatentDataset(Dataset):
             raise FileNotFoundError(
                 f"{meta_path} not found: {self.root} is not a latent folder written by extract_latents.py"
             )
-        self.meta = json.loads(meta_path.read_text())
+        try:
+            self.meta = json.loads(meta_path.read_text())
+        except ValueError as err:
+            raise ValueError(f"{meta_path}: unreadable ({err}); rerun extract_latents.py with the same flags "
+                             f"(finished shards are kept)") from None
         self.shards = [self.root / name for name in self.meta["shards"]]
         missing = [str(s) for s in self.shards if not s.is_file()]
         if missing:
@@ -234,8 +238,12 @@ class LatentDataset(Dataset):
         self.offsets = [0]
         labels = []
         for shard in self.shards:
-            with safe_open(str(shard), "pt") as f:
-                labels.append(f.get_tensor("labels"))
+            try:
+                with safe_open(str(shard), "pt") as f:
+                    labels.append(f.get_tensor("labels"))
+            except Exception as err:  # safetensors raises its own error types
+                raise ValueError(f"{shard}: unreadable latent shard ({type(err).__name__}: {err}); delete it and "
+                                 f"rerun extract_latents.py with the same flags to rewrite it") from None
             self.offsets.append(self.offsets[-1] + len(labels[-1]))
         self.labels = torch.cat(labels).long()
         self.classes = self.meta["classes"]
