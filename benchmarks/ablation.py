@@ -207,7 +207,8 @@ def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifi
                 num_samples=len(labels), nfe=nfe, sample_time_s=round(sample_time, 2))
 
 
-def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bool) -> dict:
+def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bool,
+             budgets: list[int] | None = None) -> dict:
     """Train one cell to its largest budget (resuming if interrupted), score every budget."""
     import torch
 
@@ -216,6 +217,8 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
     from nala_dit.models import count_params
 
     recipe = task_recipe(task, quick)
+    if budgets:
+        recipe["budgets"] = tuple(sorted(budgets))
     work = out / "work"
     run_dir = work / "runs" / cell_name(task, variant, seed, lr)
     budgets = recipe["budgets"]
@@ -282,7 +285,7 @@ def cell_main(args) -> int:
     out = args.out.resolve()
     path = cell_path(out, args.task, args.variant, args.seed, args.lr)
     try:
-        result = run_cell(args.task, args.variant, args.seed, args.lr, out, args.quick)
+        result = run_cell(args.task, args.variant, args.seed, args.lr, out, args.quick, args.budgets)
     except Exception as err:  # a failed cell is recorded, not retried forever
         import traceback
 
@@ -344,6 +347,8 @@ def run_main(args) -> int:
             continue
         flags = ["--task", cell[0], "--variant", cell[1], "--seed", str(cell[2]), "--lr", repr(cell[3]),
                  "--out", str(out)] + (["--quick"] if args.quick else [])
+        if args.budgets:
+            flags += ["--budgets", ",".join(map(str, args.budgets))]
         if args.jobs <= 1:  # in this process: no interpreter start per cell
             lock.write_text(str(os.getpid()))
             import torch
@@ -363,7 +368,7 @@ def run_main(args) -> int:
                                 stdout=log, stderr=subprocess.STDOUT)
         lock.write_text(str(proc.pid))
         running.append((proc, lock))
-    while running:
+    while running and not args.no_wait:
         time.sleep(2)
         failures += _reap(running, out, args.md)
     write_table(out, args.md)
@@ -474,6 +479,7 @@ def cell_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--budgets", type=_csv(int), default=None)
     return p
 
 
@@ -495,6 +501,10 @@ def main(argv=None) -> int:
     run.add_argument("--core", type=int, default=0,
                      help="run every seed of the first N --variants before the other variants start")
     run.add_argument("--jobs", type=int, default=1, help="cells at once, one thread each (1 = in this process)")
+    run.add_argument("--budgets", type=_csv(int), default=None,
+                     help="steps at which to score (train to the largest); default the task's")
+    run.add_argument("--no-wait", action="store_true",
+                     help="return once the last cell has started (a following runner shares the slots)")
     run.add_argument("--md", type=Path, default=None, help="also write the table here (default <out>/table.md)")
     run.add_argument("--quick", action="store_true",
                      help=f"smoke run: variants {QUICK_VARIANTS}, seeds {QUICK_SEEDS}, {QUICK['budgets']} steps, no sweep")
