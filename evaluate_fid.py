@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 from nala_dit import options
+from nala_dit.cli import ArgumentParser
 
 
 def _add_common(p: argparse.ArgumentParser, features_default: str | None) -> None:
@@ -48,7 +49,7 @@ def _add_common(p: argparse.ArgumentParser, features_default: str | None) -> Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     ref = sub.add_parser("ref", help="compute reference statistics")

@@ -19,9 +19,11 @@ loads it on first use; with it the VAE is saved inside the folder.
 import argparse
 import sys
 
+from nala_dit.cli import ArgumentParser
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     ck = sub.add_parser("checkpoint", help="a training checkpoint → pipeline folder")

@@ -9,13 +9,13 @@ Then train on them:
     accelerate launch train.py --config configs/nala_dit_s2_imagenet256.yaml --data /data/imagenet256-latents
 """
 
-import argparse
 import sys
+
+from nala_dit.cli import ArgumentParser
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--data", required=True, help="image folder <root>/<class>/<images>")
     p.add_argument("--out", required=True, help="output folder for shards + meta.json")
     p.add_argument("--vae", required=True, help="diffusers AutoencoderKL folder or hub id")

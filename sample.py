@@ -27,6 +27,7 @@ import math
 import sys
 from datetime import timedelta
 
+from nala_dit.cli import ArgumentParser
 from nala_dit.options import PRECISIONS, SAMPLERS
 
 
@@ -39,7 +40,7 @@ def _pair(text: str) -> tuple[float, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--ckpt", required=True, help="checkpoint folder, run folder (latest checkpoint) or pipeline folder")
     p.add_argument("--weights", choices=["ema", "model"], default="ema",
                    help="checkpoint weights (a pipeline folder holds one set)")

@@ -8,6 +8,7 @@ they answer at once; the modules that do the work (``attention.py``, ``models.py
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +53,53 @@ PRECISIONS = ("fp32", "bf16")
 FEATURE_CHOICES = ("inception", "digits")
 DATASETS = ("digits-train", "digits-heldout")
 INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
+
+
+# Which attention kinds each model option applies to. An option given for a model whose
+# attention ignores it is an error that names both (``--model DiT-S/2 --lepe true`` would
+# otherwise train a plain DiT without a word). A new attention option: add a row.
+LINEAR_ATTENTIONS = tuple(a for a in ATTENTIONS if a != "softmax")
+ATTENTION_OPTIONS = {
+    "lepe": LINEAR_ATTENTIONS,
+    "gate": LINEAR_ATTENTIONS,
+    "out_norm": LINEAR_ATTENTIONS,
+    "direction": ("nala",),
+    "power": ("nala",),
+    "offset": ("nala",),
+    "norm_scale": ("nala",),
+    "alpha": ("nala",),
+}
+# The TrainConfig fields that override a preset's constructor arguments.
+MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha")
+# Training options that only one objective reads (TrainConfig field -> objective).
+OBJECTIVE_OPTIONS = {
+    "diffusion_steps": "diffusion", "noise_schedule": "diffusion",
+    "path_type": "transport", "prediction": "transport", "loss_weight": "transport",
+    "train_eps": "transport", "sample_eps": "transport",
+}
+
+
+def preset(name: str) -> tuple[str, bool, str]:
+    """(objective, learn_sigma, attention) of the preset ``name``, e.g. ``NaLaDiT-S/2``."""
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
+    return FAMILIES[name.split("-")[0]]
+
+
+def check_attention_options(model: str, attention: str, given, flag=lambda name: name) -> None:
+    """Raise if an option in ``given`` (names) does not apply to ``attention``; ``flag``
+    spells a name as the caller's user wrote it (``--out-norm``, ``out-norm``, ``out_norm``)."""
+    wrong = [name for name in given if name in ATTENTION_OPTIONS and attention not in ATTENTION_OPTIONS[name]]
+    if not wrong:
+        return
+    needs = [f"{flag(n)} ({'/'.join(ATTENTION_OPTIONS[n])} attention)" for n in wrong]
+    kind = ATTENTION_OPTIONS[wrong[0]][0]
+    objective = preset(model)[0]
+    fits = [m for m in MODEL_NAMES if preset(m)[2] == kind and preset(m)[0] == objective
+            and m.endswith(model[model.index("-"):])]
+    raise ValueError(f"{', '.join(needs)} {'does' if len(wrong) == 1 else 'do'} not apply to {model}, which uses "
+                     f"{attention} attention; choose a model with that attention, e.g. "
+                     f"{' or '.join(fits + [flag('attention') + ' ' + kind])}")
 
 
 def _opt(help, **kw):
@@ -113,6 +161,22 @@ class TrainConfig:
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
 
     def validate(self) -> None:
+        objective, _, attention = preset(self.model)
+        attention = self.attention or attention
+        flag = lambda name: f"--{name.replace('_', '-')}"  # noqa: E731
+        check_attention_options(self.model, attention, [k for k in MODEL_OVERRIDES if getattr(self, k) is not None
+                                                        and k != "attention"], flag)
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        wrong = [k for k, o in OBJECTIVE_OPTIONS.items() if o != objective and getattr(self, k) != defaults[k]]
+        if wrong:
+            other = "SiT (transport)" if objective == "diffusion" else "DiT (diffusion)"
+            raise ValueError(f"{', '.join(map(flag, wrong))} {'does' if len(wrong) == 1 else 'do'} not apply to "
+                             f"{self.model}, a {objective} model: {'it is an' if len(wrong) == 1 else 'they are'} "
+                             f"{other} option{'' if len(wrong) == 1 else 's'}")
+        sampler_names = DIFFUSION_SAMPLERS if objective == "diffusion" else TRANSPORT_SAMPLERS
+        if self.sample_sampler is not None and self.sample_sampler not in sampler_names:
+            raise ValueError(f"--sample-sampler {self.sample_sampler} is not a sampler for {self.model} "
+                             f"({objective}); choose one of {', '.join(sampler_names)}")
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
             raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
         for name in ("log_every", "ckpt_every"):
@@ -121,7 +185,3 @@ class TrainConfig:
 
     def run_dir(self) -> Path:
         return Path(self.results_dir) / (self.exp_name or self.model.replace("/", "-"))
-
-
-# The TrainConfig fields that override a preset's constructor arguments.
-MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha")
