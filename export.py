@@ -11,6 +11,7 @@ From the published DiT / SiT weights (softmax models, official key layout):
 Then:
     python -c "import nala_dit.pipeline as p; print(p.load_pipeline('exported/nala-dit-s2')([1]).images)"
     python sample.py --ckpt exported/nala-dit-s2 --labels 1,2 --grid grid.png
+    python -c "import nala_dit, diffusers; print(diffusers.DiffusionPipeline.from_pretrained('exported/nala-dit-s2'))"
 
 Without --copy-vae the pipeline stores only the VAE's path or hub id (``vae_path``) and
 loads it on first use; with it the VAE is saved inside the folder.
@@ -19,7 +20,7 @@ loads it on first use; with it the VAE is saved inside the folder.
 import argparse
 import sys
 
-from nala_dit.cli import ArgumentParser
+from nala_dit.cli import ArgumentParser, interrupted
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +54,8 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, OSError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return interrupted(f"{args.out_dir} may be incomplete; run the same command again to rewrite it")
 
 
 def run(args) -> int:

@@ -7,12 +7,15 @@
   ``--cfg_scale`` → ``--cfg-scale``), with a one-line usage instead of argparse's listing
   of every flag.
 * ``closest`` is the one suggestion rule, also used for YAML keys and class names.
+* ``set_threads``: the ``--threads`` option of every CLI that computes.
+* ``interrupted``: Ctrl-C ends a CLI with one line saying what was kept and how to go on.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 
 
@@ -56,7 +59,7 @@ class ArgumentParser(argparse.ArgumentParser):
                     parts.append(f"{flag} (did you mean {near[0]}?)" if near else flag)
             if not parts:
                 parts = [repr(t) for t in extras]
-            parser.error(f"unrecognized argument{'s' if len(parts) > 1 else ''}: {', '.join(parts)}")
+            parser.error(f"unrecognized arguments: {', '.join(parts)}")  # argparse's wording, plus the hints
         return namespace
 
     def short_usage(self) -> str:
@@ -77,3 +80,30 @@ class ArgumentParser(argparse.ArgumentParser):
         # one line and a pointer to --help is easier to read.
         self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {message}\n"
                      f"(`{self.prog} --help` lists every option)\n")
+
+
+def interrupted(kept: str) -> int:
+    """Ctrl-C: one line saying what was kept (instead of a traceback); exit status 130.
+    In a multi-process launch only rank 0 speaks."""
+    tqdm = sys.modules.get("tqdm.std")
+    if tqdm is not None:  # close live progress bars now, or they redraw after this line
+        for bar in list(getattr(tqdm.tqdm, "_instances", ())):
+            bar.close()
+    if os.environ.get("RANK", "0") == "0":
+        print(f"\ninterrupted: {kept}", file=sys.stderr)
+    return 130
+
+
+THREADS_HELP = ("torch CPU threads per process (default: torch's choice, one per core). On a shared or "
+                "busy machine fewer threads are often much faster: 1 per process when cores are scarce")
+
+
+def set_threads(threads: int | None) -> None:
+    """Apply ``--threads`` (None: leave torch's default)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)

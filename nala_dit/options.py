@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cli import THREADS_HELP
+
 # attention.py: the attention kinds and NaLa's direction maps.
 ATTENTIONS = ("softmax", "nala", "relu", "elu")
 DIRECTIONS = ("cosine", "relu_split")
@@ -147,6 +149,7 @@ class TrainConfig:
     mixed_precision: str = field(default="no", metadata=dict(help="autocast dtype (attention reductions stay fp32)", choices=["no", "bf16", "fp16"]))
     grad_checkpointing: bool = field(default=False, metadata=dict(help="recompute blocks in backward"))
     compile: bool = field(default=False, metadata=dict(help="torch.compile the model"))
+    threads: int | None = _opt(THREADS_HELP)
     seed: int = field(default=0, metadata=dict(help="global seed (per-rank streams derive from it)"))
     # bookkeeping
     results_dir: str = field(default="runs", metadata=dict(help="parent folder of run folders"))
@@ -177,6 +180,8 @@ class TrainConfig:
         if self.sample_sampler is not None and self.sample_sampler not in sampler_names:
             raise ValueError(f"--sample-sampler {self.sample_sampler} is not a sampler for {self.model} "
                              f"({objective}); choose one of {', '.join(sampler_names)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
             raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
         for name in ("log_every", "ckpt_every"):

@@ -107,6 +107,8 @@ def train(cfg: TrainConfig) -> Path:
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
     rank, world = accelerator.process_index, accelerator.num_processes
     device = accelerator.device
