@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from nala_dit import options
-from nala_dit.cli import THREADS_HELP, ArgumentParser, interrupted, set_threads
+from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
 
 
 def _add_common(p: argparse.ArgumentParser, features_default: str | None) -> None:
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return interrupted("nothing was written (scores need every image); run the same command to start again")
+        raise Interrupted("nothing was written (scores need every image); run the same command to start again")
     print(metrics.format_table(result))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -160,4 +160,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

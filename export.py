@@ -20,7 +20,7 @@ loads it on first use; with it the VAE is saved inside the folder.
 import argparse
 import sys
 
-from nala_dit.cli import ArgumentParser, interrupted
+from nala_dit.cli import ArgumentParser, Interrupted, run_main
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return interrupted(f"{args.out_dir} may be incomplete; run the same command again to rewrite it")
+        raise Interrupted(f"{args.out_dir} may be incomplete; run the same command again to rewrite it")
 
 
 def run(args) -> int:
@@ -89,4 +89,4 @@ def run(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -11,7 +11,7 @@ Then train on them:
 
 import sys
 
-from nala_dit.cli import THREADS_HELP, ArgumentParser, interrupted, set_threads
+from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
 
 
 def main(argv=None) -> int:
@@ -41,11 +41,11 @@ def main(argv=None) -> int:
         from nala_dit.extract import shards_done
 
         done, total = shards_done(args.out)
-        return interrupted(f"{done} of {total if total is not None else '?'} shards kept in {args.out}; "
+        raise Interrupted(f"{done} of {total if total is not None else '?'} shards kept in {args.out}; "
                            f"run the same command to resume")
     print(f"latents in {out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

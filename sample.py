@@ -27,7 +27,7 @@ import math
 import sys
 from datetime import timedelta
 
-from nala_dit.cli import THREADS_HELP, ArgumentParser, interrupted, set_threads
+from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
 from nala_dit.options import PRECISIONS, SAMPLERS
 
 
@@ -80,11 +80,11 @@ def main(argv=None) -> int:
         return 1
     except KeyboardInterrupt:
         if not args.out:
-            return interrupted("nothing was written (images are saved at the end); run the same command again")
+            raise Interrupted("nothing was written (images are saved at the end); run the same command again")
         from nala_dit.sampling import shards_done
 
         samples, shards = shards_done(args.out)
-        return interrupted(f"{samples} of {args.num_samples} samples kept ({shards} finished shards in "
+        raise Interrupted(f"{samples} of {args.num_samples} samples kept ({shards} finished shards in "
                            f"{args.out}.parts/); run the same command to resume")
 
 
@@ -103,20 +103,17 @@ def run(args) -> int:
     if args.out:
         if args.num_samples is None or args.labels:
             raise ValueError("--out (mass sampling) takes --num-samples N and no --labels (labels are balanced)")
-        import os
-
         from accelerate import PartialState
         from accelerate.utils import parse_flag_from_env
+
+        from nala_dit.runlock import check_process_count
 
         # Without GPUs the processes must form a gloo group (cpu=True), or each would
         # sample everything alone. Ranks that resume with nothing left to do wait at the
         # final barrier for the others: give the group a long timeout.
         cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available()
         state = PartialState(cpu=cpu, timeout=timedelta(hours=12))
-        launched = int(os.environ.get("WORLD_SIZE", "1"))
-        if state.num_processes != launched:
-            raise ValueError(f"{launched} processes were launched but {state.num_processes} joined the group; "
-                             "on CPUs use ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu ... (or torchrun)")
+        check_process_count(state.num_processes, "sample.py")
         source = load_source(args.ckpt, args.weights, args.vae, state.device)
         settings.resolved(source.objective)  # clear errors before any work
         if state.is_main_process and balance_notice(args.num_samples, source.num_classes):
@@ -156,4 +153,4 @@ def run(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

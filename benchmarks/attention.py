@@ -2,7 +2,8 @@
 
 Methods, all on DiT-S/2 heads (B=1, 6 heads × 64) unless told otherwise:
 
-* ``nala``        -- ``nala_attention`` (the fused path that ``impl="auto"`` runs);
+* ``nala``        -- ``nala_attention`` with ``impl="auto"``: the fused token-chunked path
+  on CPU, the Triton kernels (``nala_dit/triton_nala.py``) on CUDA;
 * ``nala_naive``  -- NaLa written like the authors' released code (concatenated
   features, a chain of elementwise ops, einsums, autograd saving everything): the
   reference point the fast path is measured against;
@@ -12,6 +13,17 @@ Methods, all on DiT-S/2 heads (B=1, 6 heads × 64) unless told otherwise:
 * ``math``        -- explicit ``softmax(q kᵀ/√D) v``, only while its N×N matrix fits
   under ``--math-cap-gib``;
 * ``nala_compile``-- ``nala_attention(impl="compile")`` with ``--compile`` (slow to build).
+
+On CUDA also:
+
+* ``nala_eager``  -- the unchunked composition ``impl="eager"`` (what ``auto`` falls back
+  to without Triton);
+* ``sdpa_flash``, ``sdpa_cudnn`` -- SDPA forced onto the FlashAttention and cuDNN
+  backends (``sdpa`` is whatever SDPA picks by itself).
+
+A method that raises (a backend that does not take the dtype, out of memory) is recorded
+as skipped with the error, and the others go on; ``--budget-s`` stops starting new token
+counts once that many seconds have passed, so a run fits a fixed time slot.
 
 All methods at one N run back to back, repeat after repeat (round robin), so a noisy
 shared machine disturbs them alike and the ratios stay meaningful. A method whose
@@ -26,7 +38,8 @@ returning it (e.g. SDPA's per-thread blocks) is not seen; it is small.
 
     python benchmarks/attention.py --out benchmarks/attention_cpu.json
     python benchmarks/attention.py --dtype bf16 --max-tokens 16384 --repeats 3
-    python benchmarks/attention.py --device cuda --compile --out attention_cuda.json
+    python benchmarks/attention.py --device cuda --dtype bf16 --compile --min-tokens 1024 --step 2 \
+        --out attention_cuda.json
     python benchmarks/attention.py --tiny --out /tmp/attention.json     # smoke test
 """
 
@@ -54,6 +67,7 @@ from nala_dit.attention import (  # noqa: E402
     nala_attention,
     softmax_attention_reference,
 )
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("fwd", "fwd+bwd")
@@ -83,12 +97,25 @@ def nala_compiled(q, k, v):
     return nala_attention(q, k, v, impl="compile")
 
 
+def sdpa_on(backend):
+    def sdpa(q, k, v):
+        # The backend picked in the forward also runs the backward (its own autograd node).
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v)
+    return sdpa
+
+
 METHODS = {
     "nala": nala_attention,
     "nala_naive": nala_naive,
     "relu": lambda q, k, v: linear_attention(q, k, v, kernel="relu"),
     "sdpa": F.scaled_dot_product_attention,
     "math": softmax_attention_reference,
+}
+CUDA_METHODS = {
+    "nala_eager": lambda q, k, v: nala_attention(q, k, v, impl="eager"),
+    "sdpa_flash": sdpa_on(SDPBackend.FLASH_ATTENTION),
+    "sdpa_cudnn": sdpa_on(SDPBackend.CUDNN_ATTENTION),
 }
 
 
@@ -182,7 +209,7 @@ def sdpa_backend(device, dtype):
 def token_counts(args):
     if args.tiny:
         return [64, 256]
-    counts, n = [], 256
+    counts, n = [], args.min_tokens
     while n <= args.max_tokens:
         counts.append(n)
         n *= 2 if args.step == 2 else 4
@@ -205,47 +232,69 @@ def benchmark(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     methods = dict(METHODS)
+    if device.type == "cuda":
+        methods.update(CUDA_METHODS)
     if args.compile:
         methods["nala_compile"] = nala_compiled
     if args.methods:
         methods = {m: methods[m] for m in args.methods.split(",")}
     repeats = 1 if args.tiny else args.repeats
     warmup = 1 if args.tiny else args.warmup
-    results, too_slow = [], set()
-    for mode in MODES:
+    results, too_slow, failed = [], set(), {}
+    start = time.perf_counter()
+    # Both modes at each N before the next N, so a spent --budget-s cuts large N only.
+    try:
         for n in token_counts(args):
-            inputs, grad = make_inputs(n, args, device, dtype, mode == "fwd+bwd")
-            active = {}
-            for name, fn in methods.items():
-                skip = None
-                bytes_nn = args.batch * args.heads * n * n * 4
-                if name == "math" and bytes_nn > args.math_cap_gib * 2**30:
-                    skip = f"N×N weights {bytes_nn / 2**30:.1f} GiB > --math-cap-gib"
-                elif (name, mode) in too_slow:
-                    skip = f"a call took > --time-cap {args.time_cap} s at a smaller N"
-                if skip:
-                    results.append(dict(method=name, mode=mode, n=n, skipped=skip))
-                else:
-                    active[name] = fn
-            times = {name: [] for name in active}
-            for _ in range(warmup):
+            over_budget = args.budget_s and time.perf_counter() - start > args.budget_s
+            for mode in MODES:
+                inputs, grad = make_inputs(n, args, device, dtype, mode == "fwd+bwd")
+                active = {}
+                for name, fn in methods.items():
+                    skip = None
+                    bytes_nn = args.batch * args.heads * n * n * 4
+                    if over_budget:
+                        skip = f"--budget-s {args.budget_s} s spent before this point"
+                    elif (name, mode) in failed:
+                        skip = failed[(name, mode)]
+                    elif name == "math" and bytes_nn > args.math_cap_gib * 2**30:
+                        skip = f"N×N weights {bytes_nn / 2**30:.1f} GiB > --math-cap-gib"
+                    elif (name, mode) in too_slow:
+                        skip = f"a call took > --time-cap {args.time_cap} s at a smaller N"
+                    if skip:
+                        results.append(dict(method=name, mode=mode, n=n, skipped=skip))
+                    else:
+                        active[name] = fn
+                for name, fn in list(active.items()):
+                    # The warm-up call doubles as the check that a method runs here at all.
+                    try:
+                        for _ in range(warmup):
+                            run_once(fn, inputs, grad, mode)
+                    except Exception as err:  # noqa: BLE001  (a backend refusing the dtype, OOM)
+                        message = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+                        if not isinstance(err, torch.cuda.OutOfMemoryError):
+                            failed[(name, mode)] = message       # it will not run at larger N either
+                        results.append(dict(method=name, mode=mode, n=n, skipped=message))
+                        del active[name]
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+                times = {name: [] for name in active}
+                # Round robin: every method sees the same stretch of machine noise.
+                for _ in range(repeats):
+                    for name, fn in active.items():
+                        times[name].append(timed(fn, inputs, grad, mode, device))
                 for name, fn in active.items():
-                    run_once(fn, inputs, grad, mode)
-            # Round robin: every method sees the same stretch of machine noise.
-            for _ in range(repeats):
-                for name, fn in active.items():
-                    times[name].append(timed(fn, inputs, grad, mode, device))
-            for name, fn in active.items():
-                median = statistics.median(times[name])
-                if median > args.time_cap:
-                    too_slow.add((name, mode))
-                peak = peak_memory(fn, inputs, grad, mode, device)
-                results.append(dict(method=name, mode=mode, n=n, time_ms=1e3 * median,
-                                    time_min_ms=1e3 * min(times[name]), peak_mib=peak / 2**20,
-                                    skipped=None))
-            print(f"{mode:8s} N={n:6d} " + " ".join(
-                f"{r['method']}={r['time_ms']:.1f}ms" for r in results
-                if r["mode"] == mode and r["n"] == n and not r["skipped"]), flush=True)
+                    median = statistics.median(times[name])
+                    if median > args.time_cap:
+                        too_slow.add((name, mode))
+                    peak = peak_memory(fn, inputs, grad, mode, device)
+                    results.append(dict(method=name, mode=mode, n=n, time_ms=1e3 * median,
+                                        time_min_ms=1e3 * min(times[name]), peak_mib=peak / 2**20,
+                                        skipped=None))
+                print(f"{mode:8s} N={n:6d} " + " ".join(
+                    f"{r['method']}={r['time_ms']:.1f}ms" for r in results
+                    if r["mode"] == mode and r["n"] == n and not r["skipped"]), flush=True)
+    except KeyboardInterrupt:  # a time limit (timeout --signal=INT): keep what was measured
+        print("interrupted: reporting the results so far", flush=True)
     return results, methods
 
 
@@ -263,7 +312,7 @@ def summarise(results, min_fit_tokens):
         for n in sorted({r["n"] for r in ok if r["mode"] == mode}):
             row = dict(mode=mode, n=n)
             nala = get.get(("nala", mode, n))
-            for other in ("relu", "sdpa", "nala_naive"):
+            for other in ("relu", "sdpa", "sdpa_flash", "sdpa_cudnn", "nala_naive", "nala_eager", "nala_compile"):
                 ref = get.get((other, mode, n))
                 if nala and ref:
                     row[f"time_nala/{other}"] = nala["time_ms"] / ref["time_ms"]
@@ -283,10 +332,12 @@ def print_table(results, ratios):
                 r = next((r for r in results if (r["method"], r["mode"], r["n"]) == (m, mode, n)), None)
                 cells.append("skipped" if r is None or r["skipped"] else f"{r['time_ms']:.1f} ({r['peak_mib']:.1f})")
             print(f"{n:7d}" + "".join(c.rjust(22) for c in cells))
-        print("ratios".rjust(7) + "".join(k.rjust(18) for k in
-              ("t nala/relu", "t nala/sdpa", "t nala/naive", "mem nala/sdpa")))
+        keys = ["time_nala/relu", "time_nala/sdpa", "time_nala/nala_naive", "mem_nala/sdpa"]
+        keys += [k for k in ("time_nala/sdpa_flash", "mem_nala/sdpa_flash", "time_nala/sdpa_cudnn")
+                 if any(k in r for r in ratios)]
+        print("ratios".rjust(7) + "".join(k.replace("time_", "t ").replace("_", " ").rjust(18) for k in keys))
         for row in (r for r in ratios if r["mode"] == mode):
-            vals = [row.get(k) for k in ("time_nala/relu", "time_nala/sdpa", "time_nala/nala_naive", "mem_nala/sdpa")]
+            vals = [row.get(k) for k in keys]
             print(f"{row['n']:7d}" + "".join(("-" if v is None else f"{v:.3f}").rjust(18) for v in vals))
 
 
@@ -320,6 +371,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
+    parser.add_argument("--min-tokens", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=65536)
     parser.add_argument("--step", type=int, choices=(2, 4), default=4, help="N grows by this factor")
     parser.add_argument("--repeats", type=int, default=5)
@@ -333,6 +385,8 @@ def main(argv=None):
     parser.add_argument("--math-cap-gib", type=float, default=1.0, help="largest N×N matrix for 'math'")
     parser.add_argument("--time-cap", type=float, default=3.0, help="seconds per call before skipping larger N")
     parser.add_argument("--min-fit-tokens", type=int, default=4096, help="slopes fit N >= this")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="start no new token count after this many seconds (0: no limit)")
     parser.add_argument("--tiny", action="store_true", help="N = 64, 256, one repeat (tests)")
     parser.add_argument("--out", default="", help="JSON path; a PNG plot is written beside it")
     args = parser.parse_args(argv)

@@ -11,10 +11,13 @@ point so machine noise hits both alike), peak memory of one call (see
 ``benchmarks/attention.py`` for the CPU method), parameters and forward FLOPs
 (``count_flops``: torch's counter, 2 per multiply-accumulate; SDPA counted as the
 math path). A configuration whose call took longer than ``--time-cap`` seconds is
-skipped at larger resolutions.
+skipped at larger resolutions; one that raises (out of memory) is recorded as skipped
+with the error; ``--budget-s`` starts no new size/resolution after that many seconds.
+On CUDA, NaLaDiT's attention runs the Triton kernels (``impl="auto"``).
 
     python benchmarks/model.py --out benchmarks/model_cpu.json
-    python benchmarks/model.py --sizes S/2,B/2 --resolutions 256,512,1024 --device cuda
+    python benchmarks/model.py --sizes S/2,XL/2 --resolutions 256,512,1024 --device cuda \
+        --dtype bf16 --batch 8 --out model_cuda.json
     python benchmarks/model.py --tiny --out /tmp/model.json     # smoke test
 """
 
@@ -89,50 +92,67 @@ def benchmark(args):
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     rows, too_slow = [], set()
+    start = time.perf_counter()
     overrides = {}
     if args.tiny:
         # The shared tiny test config's width, so the smoke test runs in seconds.
         overrides = dict(depth=2, hidden_size=64, num_heads=2)
-    for size in args.sizes.split(","):
-        for res in args.resolutions:
-            latent = res // 8
-            models = {}
-            for family in FAMILIES:
-                name = f"{family}-{size}"
-                torch.manual_seed(0)
-                model = create_model(name, input_size=latent, **overrides).to(device)
-                if dtype != torch.float32:
-                    model.to(dtype)
-                models[family] = dict(name=name, model=model,
-                                      opt=torch.optim.AdamW(model.parameters(), lr=1e-4),
-                                      batch=make_batch(model, args.batch, latent, device, dtype))
-            for task in ("train", "sample"):
-                calls = {}
-                for family, m in models.items():
-                    if (family, size, task) in too_slow:
-                        rows.append(dict(model=m["name"], size=size, resolution=res, latent=latent,
-                                         task=task, skipped=f"a call took > --time-cap {args.time_cap} s"))
-                        continue
-                    calls[family] = ((lambda m=m: train_step(m["model"], m["opt"], m["batch"]))
-                                     if task == "train" else (lambda m=m: sample_step(m["model"], m["batch"])))
-                for fn in calls.values():       # warm-up (allocator, AdamW state, thread pool)
-                    fn()
-                times = {f: [] for f in calls}
-                for _ in range(args.repeats):   # back to back, repeat after repeat
+    try:
+        for size in args.sizes.split(","):
+            for res in args.resolutions:
+                latent = res // 8
+                if args.budget_s and time.perf_counter() - start > args.budget_s:
+                    for family in FAMILIES:
+                        for task in ("train", "sample"):
+                            rows.append(dict(model=f"{family}-{size}", size=size, resolution=res, latent=latent,
+                                             task=task, skipped=f"--budget-s {args.budget_s} s spent"))
+                    continue
+                models = {}
+                for family in FAMILIES:
+                    name = f"{family}-{size}"
+                    torch.manual_seed(0)
+                    with device:  # initialise on the device: an XL/2 init on the host takes many seconds
+                        model = create_model(name, input_size=latent, **overrides).to(device)
+                    if dtype != torch.float32:
+                        model.to(dtype)
+                    models[family] = dict(name=name, model=model,
+                                          opt=torch.optim.AdamW(model.parameters(), lr=1e-4),
+                                          batch=make_batch(model, args.batch, latent, device, dtype))
+                for task in ("train", "sample"):
+                    calls = {}
+                    for family, m in models.items():
+                        if (family, size, task) in too_slow:
+                            rows.append(dict(model=m["name"], size=size, resolution=res, latent=latent,
+                                             task=task, skipped=f"a call took > --time-cap {args.time_cap} s"))
+                            continue
+                        calls[family] = ((lambda m=m: train_step(m["model"], m["opt"], m["batch"]))
+                                         if task == "train" else (lambda m=m: sample_step(m["model"], m["batch"])))
+                    for family, fn in list(calls.items()):  # warm-up (allocator, AdamW state, thread pool)
+                        try:
+                            fn()
+                        except torch.cuda.OutOfMemoryError as err:
+                            rows.append(dict(model=models[family]["name"], size=size, resolution=res, latent=latent,
+                                             task=task, skipped=f"OutOfMemoryError: {str(err).splitlines()[0][:200]}"))
+                            del calls[family]
+                            torch.cuda.empty_cache()
+                    times = {f: [] for f in calls}
+                    for _ in range(args.repeats):   # back to back, repeat after repeat
+                        for family, fn in calls.items():
+                            times[family] += measure(fn, device, 1)
                     for family, fn in calls.items():
-                        times[family] += measure(fn, device, 1)
-                for family, fn in calls.items():
-                    m = models[family]
-                    med = statistics.median(times[family])
-                    if med > args.time_cap:
-                        too_slow.add((family, size, task))
-                    rows.append(dict(
-                        model=m["name"], size=size, resolution=res, latent=latent, task=task,
-                        batch=args.batch, time_ms=1e3 * med, images_per_s=args.batch / med,
-                        peak_mib=peak(fn, device) / 2**20, params=count_params(m["model"]),
-                        gflops_fwd_per_image=count_flops(m["model"], latent) / 1e9, skipped=None))
-                    print(f"{m['name']:14s} {res:5d}px {task:6s} {rows[-1]['images_per_s']:8.2f} img/s "
-                          f"{rows[-1]['peak_mib']:9.1f} MiB", flush=True)
+                        m = models[family]
+                        med = statistics.median(times[family])
+                        if med > args.time_cap:
+                            too_slow.add((family, size, task))
+                        rows.append(dict(
+                            model=m["name"], size=size, resolution=res, latent=latent, task=task,
+                            batch=args.batch, time_ms=1e3 * med, images_per_s=args.batch / med,
+                            peak_mib=peak(fn, device) / 2**20, params=count_params(m["model"]),
+                            gflops_fwd_per_image=count_flops(m["model"], latent) / 1e9, skipped=None))
+                        print(f"{m['name']:14s} {res:5d}px {task:6s} {rows[-1]['images_per_s']:8.2f} img/s "
+                              f"{rows[-1]['peak_mib']:9.1f} MiB", flush=True)
+    except KeyboardInterrupt:  # a time limit (timeout --signal=INT): keep what was measured
+        print("interrupted: reporting the results so far", flush=True)
     return rows
 
 
@@ -149,6 +169,30 @@ def print_table(rows):
               f"{r['peak_mib']:10.1f} {r['params'] / 1e6:9.2f} {r['gflops_fwd_per_image']:8.2f} {speed:>8s}")
 
 
+def plot(rows, path, meta):
+    """Images/s against resolution, one panel per task, a line per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, task in zip(axes, ("train", "sample")):
+        for model in sorted({r["model"] for r in rows}):
+            pts = sorted((r["resolution"], r["images_per_s"]) for r in rows
+                         if r["model"] == model and r["task"] == task and not r["skipped"])
+            if pts:
+                ax.loglog(*zip(*pts), marker="o", label=model, linestyle="--" if model.startswith("DiT") else "-")
+        ax.set_title(f"{task}, {meta['dtype']}, batch {meta['batch']}, {meta['device_name']}", fontsize=9)
+        ax.set_xlabel("image size (px)")
+        ax.set_ylabel("images / s")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -160,6 +204,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--time-cap", type=float, default=20.0, help="seconds per call before skipping larger sizes")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="start no new size/resolution after this many seconds (0: no limit)")
     parser.add_argument("--tiny", action="store_true", help="narrow 2-block models at 64 px, one repeat (tests)")
     parser.add_argument("--out", default="", help="JSON path")
     args = parser.parse_args(argv)
@@ -182,7 +228,8 @@ def main(argv=None):
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(dict(meta=meta, results=rows), indent=1))
-        print(f"wrote {out}")
+        plot(rows, out.with_suffix(".png"), meta)
+        print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

@@ -8,15 +8,19 @@ A checkpoint is a folder ``<run>/checkpoints/<step:07d>/`` holding
 * ``state.json`` — step, data position, world size, the resolved training config and
   the model config, so the checkpoint alone rebuilds the model (SiT's do not).
 
-It is written under a temporary name and renamed into place, so a run killed mid-save
-leaves the previous checkpoint intact (and the half-written folder is ignored).
-Loaders prefer the EMA weights (DiT's ``find_model``).
+It is written under a temporary name (unique per process) and renamed into place, so a
+run killed mid-save leaves the previous checkpoint intact (and the half-written folder is
+ignored, and removed by the next run). A save that fails (disk full) removes its
+temporary folder. Every file read is checked: a truncated or edited file is an error
+naming the file, the cause and the fix. Loaders prefer the EMA weights (DiT's ``find_model``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +34,11 @@ from .transport import Transport
 
 STATE = "state.json"
 TMP_PREFIX = ".tmp-"
+ABANDONED = "abandoned"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used; the message names the file, cause and fix."""
 
 
 def _contiguous(state_dict: dict) -> dict:
@@ -50,14 +59,25 @@ def save_checkpoint(
     root = Path(ckpt_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{state['step']:07d}"
-    tmp = root / f"{TMP_PREFIX}{final.name}"
+    tmp = root / f"{TMP_PREFIX}{os.getpid()}-{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file(_contiguous(model.state_dict()), str(tmp / "model.safetensors"))
-    save_file(_contiguous(ema.state_dict()), str(tmp / "ema.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    save_file({f"rank{i}": s.contiguous() for i, s in enumerate(rng_states)}, str(tmp / "rng.safetensors"))
-    (tmp / STATE).write_text(json.dumps(state, indent=2))
+    try:
+        tmp.mkdir()
+        save_file(_contiguous(model.state_dict()), str(tmp / "model.safetensors"))
+        save_file(_contiguous(ema.state_dict()), str(tmp / "ema.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        save_file({f"rank{i}": s.contiguous() for i, s in enumerate(rng_states)}, str(tmp / "rng.safetensors"))
+        (tmp / STATE).write_text(json.dumps(state, indent=2))
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, (OSError, RuntimeError)):  # disk full surfaces as either
+            previous = list_checkpoints(root)
+            raise OSError(
+                f"cannot write checkpoint {final}: {str(err).splitlines()[0] if str(err) else type(err).__name__} "
+                f"(disk full?); removed the partial copy, the previous checkpoint "
+                f"{previous[-1] if previous else '(none)'} is intact: free space and rerun with --resume auto"
+            ) from err
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)  # the commit point: atomic on POSIX
@@ -65,6 +85,31 @@ def save_checkpoint(
         for old in list_checkpoints(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def remove_temporaries(ckpt_dir: str | os.PathLike) -> list[Path]:
+    """Delete half-written checkpoints (or files) left by killed runs (call while holding the run lock)."""
+    root = Path(ckpt_dir)
+    stale = sorted(p for p in root.glob(f"{TMP_PREFIX}*")) if root.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    return stale
+
+
+def set_aside_newer(ckpt_dir: str | os.PathLike, step: int) -> Path | None:
+    """Rolling back to ``step``: move this run's checkpoints after it into
+    ``abandoned/<time>-from-<step>/`` so ``--resume auto`` and ``--keep-last`` see only the
+    new branch (nothing is deleted). Returns that folder, or None when there were none."""
+    import time
+
+    newer = [p for p in list_checkpoints(ckpt_dir) if int(p.name) > step]
+    if not newer:
+        return None
+    aside = Path(ckpt_dir) / ABANDONED / f"{time.strftime('%Y%m%d-%H%M%S')}-from-{step:07d}"
+    aside.mkdir(parents=True, exist_ok=False)
+    for p in newer:
+        os.replace(p, aside / p.name)
+    return aside
 
 
 def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[Path]:
@@ -91,6 +136,10 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
     )
 
 
+# state.json keys and the types a resume relies on.
+STATE_TYPES = dict(step=int, epoch=int, position=int, world_size=int, config=dict, model_config=dict)
+
+
 @dataclass
 class Checkpoint:
     path: Path
@@ -109,22 +158,96 @@ class Checkpoint:
     def model_config(self) -> dict:
         return self.state["model_config"]
 
+    def error(self, name: str, cause: str, fix: str | None = None) -> CheckpointError:
+        """A one-line error naming ``self.path/name``, the cause and the way out (by
+        default: the previous checkpoint, for a damaged file)."""
+        if fix is None:
+            earlier = [p for p in list_checkpoints(self.path.parent) if int(p.name) < int(self.path.name)] \
+                if self.path.name.isdigit() else []
+            fix = (f"resume from the previous checkpoint (--resume {earlier[-1]}) or delete {self.path}" if earlier
+                   else f"use another checkpoint or delete {self.path}")
+        return CheckpointError(f"{self.path / name}: {cause}; {fix}")
+
+    def _read(self, name: str, read):
+        file = self.path / name
+        if not file.is_file():
+            raise self.error(name, "missing (the checkpoint is incomplete)")
+        try:
+            return read(file)
+        except Exception as err:  # safetensors / zip / unpickler raise many types
+            raise self.error(name, load_error_cause(err)) from None
+
     def weights(self, which: str = "ema") -> dict[str, torch.Tensor]:
         if which not in ("ema", "model"):
             raise ValueError(f"weights must be 'ema' or 'model', got {which!r}")
-        return load_file(str(self.path / f"{which}.safetensors"))
+        return self._read(f"{which}.safetensors", lambda f: load_file(str(f)))
+
+    def load_into(self, module: torch.nn.Module, which: str = "ema") -> None:
+        """``module.load_state_dict`` of these weights, with one line saying what does not fit."""
+        tensors = self.weights(which)
+        problem = state_dict_mismatch(module.state_dict(), tensors)
+        if problem:
+            raise self.error(f"{which}.safetensors", f"does not fit this model ({problem})",
+                             f"build the model the checkpoint was trained with (see {self.path / STATE})")
+        module.load_state_dict(tensors, strict=True)
 
     def optimizer_state(self) -> dict:
-        return torch.load(self.path / "optimizer.pt", weights_only=True, map_location="cpu")
+        return self._read("optimizer.pt", lambda f: torch.load(f, weights_only=True, map_location="cpu"))
 
     def rng_state(self, rank: int) -> torch.Tensor | None:
-        states = load_file(str(self.path / "rng.safetensors"))
+        states = self._read("rng.safetensors", lambda f: load_file(str(f)))
         return states.get(f"rank{rank}")
+
+
+def load_error_cause(err: Exception) -> str:
+    """Why a file could not be read, in one line. A refused pickle names the refused
+    global only: torch's own text advises ``weights_only=False``, which would run the
+    file's code, so it is never passed on."""
+    if isinstance(err, pickle.UnpicklingError):
+        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        what = f" ({refused.group(1)})" if refused else ""
+        return (f"holds pickled Python objects{what}, which are refused because loading them could run code; "
+                f"only tensors and plain containers are read")
+    first = str(err).splitlines()[0] if str(err) else ""
+    return f"unreadable, truncated or corrupt ({type(err).__name__}: {first})"
+
+
+def torch_load_tensors(path: str | os.PathLike, safe_globals: tuple = ()):
+    """``torch.load(weights_only=True)`` whose failures are one line naming the file."""
+    try:
+        with torch.serialization.safe_globals(list(safe_globals)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # zip reader / unpickler raise many types
+        raise CheckpointError(f"{path}: {load_error_cause(err)}; re-save it as a plain state dict of tensors "
+                              f"(torch.save(model.state_dict(), path)) where it was made, or download it again") from None
+
+
+def state_dict_mismatch(expected: dict, got: dict) -> str:
+    """'' when ``got`` loads strictly into a module with ``expected``; else a short summary."""
+    missing = [k for k in expected if k not in got]
+    unexpected = [k for k in got if k not in expected]
+    shapes = [f"{k}: {tuple(got[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
+              if k in got and tuple(got[k].shape) != tuple(v.shape)]
+    parts = [f"{len(items)} {what} (e.g. {items[0]})" for what, items in
+             (("missing", missing), ("unexpected", unexpected), ("shape mismatches, file vs model", shapes)) if items]
+    return ", ".join(parts)
 
 
 def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     found = find_checkpoint(path)
-    return Checkpoint(found, json.loads((found / STATE).read_text()))
+    ckpt = Checkpoint(found, {})
+    state = ckpt._read(STATE, lambda f: json.loads(f.read_text()))
+    if not isinstance(state, dict):
+        raise ckpt.error(STATE, f"must hold a JSON object, got {type(state).__name__}")
+    for key, typ in STATE_TYPES.items():
+        value = state.get(key)
+        if not isinstance(value, typ) or isinstance(value, bool):
+            raise ckpt.error(STATE, f"{key!r} must be {'an integer' if typ is int else 'an object'}, "
+                                    f"got {value!r} ({type(value).__name__}): the file was edited or damaged")
+    if state["step"] < 0 or state["position"] < 0 or state["world_size"] < 1:
+        raise ckpt.error(STATE, "step/position must be >= 0 and world_size >= 1")
+    ckpt.state = state
+    return ckpt
 
 
 def build_model_from_config(model_config: dict) -> DiT:
@@ -137,8 +260,44 @@ def load_model(path: str | os.PathLike, weights: str = "ema") -> tuple[DiT, Chec
     """The model of a training checkpoint with its EMA (default) or raw weights."""
     ckpt = open_checkpoint(path)
     model = build_model_from_config(ckpt.model_config)
-    model.load_state_dict(ckpt.weights(weights), strict=True)
+    ckpt.load_into(model, weights)
     return model.eval(), ckpt
+
+
+# The training-config keys each objective is built from (``build_objective``), plus the
+# VAE that defines the latent space: a resume must not change them silently.
+OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps"),
+                  "transport": ("path-type", "prediction", "loss-weight", "train-eps", "sample-eps")}
+
+
+def config_changes(ckpt: Checkpoint, train_config: dict, model_config: dict) -> dict[str, tuple]:
+    """``{flag name: (checkpoint value, new value)}`` for every model-config key (the whole
+    architecture: preset sizes, attention and its options, classes, objective type) and
+    every objective key that differs between ``ckpt`` and a run about to resume from it."""
+    import inspect
+
+    from .config import flag_name
+
+    defaults = {k: p.default for k, p in inspect.signature(DiT.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    changes = {}
+    for key, now in model_config.items():
+        if key.startswith("_"):  # diffusers bookkeeping
+            continue
+        stored = ckpt.model_config.get(key, defaults.get(key))  # keys added later keep their defaults
+        if _jsonable(stored) != _jsonable(now):
+            changes[flag_name(key)] = (stored, now)
+    objective = model_config.get("objective", "diffusion")
+    for key in (*OBJECTIVE_KEYS.get(objective, ()), "vae"):
+        stored, now = ckpt.config.get(key, train_config.get(key)), train_config.get(key)
+        if _jsonable(stored) != _jsonable(now):
+            changes[key] = (stored, now)
+    return changes
+
+
+def _jsonable(value):
+    """What ``value`` reads back as from state.json (tuples → lists, ints vs floats kept)."""
+    return json.loads(json.dumps(value))
 
 
 def build_objective(model_config: dict, train_config: dict):

@@ -8,7 +8,8 @@
   of every flag.
 * ``closest`` is the one suggestion rule, also used for YAML keys and class names.
 * ``set_threads``: the ``--threads`` option of every CLI that computes.
-* ``interrupted``: Ctrl-C ends a CLI with one line saying what was kept and how to go on.
+* ``Interrupted`` / ``run_main``: Ctrl-C ends a CLI with one line saying what was kept and how
+  to go on.
 """
 
 from __future__ import annotations
@@ -82,11 +83,21 @@ class ArgumentParser(argparse.ArgumentParser):
                      f"(`{self.prog} --help` lists every option)\n")
 
 
-def interrupted(kept: str) -> int:
-    """Ctrl-C: one line saying what was kept (instead of a traceback); exit status 130.
-    In a multi-process launch only rank 0 speaks."""
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C inside a CLI's ``main``, carrying one line on what was kept. It is still a
+    KeyboardInterrupt, so in-process callers of ``main`` see the interrupt as before."""
+
+
+def run_main(main) -> int:
+    """A script's entry point: ``main()``, with Ctrl-C ending in one line that says what
+    was kept and how to go on (instead of a traceback); exit status 130. In a
+    multi-process launch only rank 0 speaks."""
+    try:
+        return main()
+    except KeyboardInterrupt as err:
+        kept = str(err) if isinstance(err, Interrupted) else "run the same command to start again"
     tqdm = sys.modules.get("tqdm.std")
-    if tqdm is not None:  # close live progress bars now, or they redraw after this line
+    if tqdm is not None:  # close live progress bars now, or they redraw after the line
         for bar in list(getattr(tqdm.tqdm, "_instances", ())):
             bar.close()
     if os.environ.get("RANK", "0") == "0":

@@ -76,6 +76,7 @@ class ImageFolderDataset(Dataset):
         ]
         if not self.samples:
             raise ValueError(f"data folder {self.root} holds no images with extensions {IMAGE_EXTENSIONS}")
+        self.refuse_empty_classes()
         self.image_size = image_size
         self.skip_corrupt = skip_corrupt
         self.num_classes = len(self.classes)
@@ -93,14 +94,80 @@ class ImageFolderDataset(Dataset):
             raise OSError(f"cannot read image {path}: {err} (pass --skip-corrupt to skip such files)") from err
 
     def __getitem__(self, index: int):
-        try:
-            arr = self.load(index)
-        except OSError as err:
-            if not self.skip_corrupt:
-                raise
-            warnings.warn(f"skipping corrupt image: {err}")
-            return self[(index + 1) % len(self)]
-        return to_model_range(arr), self.samples[index][1]
+        # With --skip-corrupt an unreadable image is replaced by the next readable one
+        # (a loop, not recursion: a folder of broken files must end in an error, not a
+        # RecursionError).
+        for offset in range(len(self)):
+            candidate = (index + offset) % len(self)
+            try:
+                arr = self.load(candidate)
+            except OSError as err:
+                if not self.skip_corrupt:
+                    raise
+                warnings.warn(f"skipping corrupt image: {err}")
+                continue
+            return to_model_range(arr), self.samples[candidate][1]
+        raise OSError(f"no readable image in {self.root}: all {len(self)} files failed to open")
+
+    def refuse_empty_classes(self, why: str = "without images") -> None:
+        # An empty class would still take a label (and a class embedding never trained).
+        empty = sorted(set(self.classes) - {self.classes[label] for _, label in self.samples})
+        if empty:
+            raise ValueError(
+                f"data folder {self.root}: class folders {why}: {_some(empty)}; "
+                f"add images or remove those folders (every sub-folder is a class)"
+            )
+
+    def find_unreadable(self, rank: int = 0, world: int = 1) -> list[Path]:
+        """Open every image of this process's share (``rank`` of ``world``); the failures."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def unreadable(path: Path) -> bool:
+            try:
+                with Image.open(path) as img:
+                    img.draft("RGB", (self.image_size, self.image_size))  # JPEG: decode at reduced size
+                    img.load()
+                return False
+            except Exception:  # PIL raises several types for broken files
+                return True
+
+        mine = [path for path, _ in self.samples[rank::world]]
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            return [p for p, b in zip(mine, pool.map(unreadable, mine)) if b]
+
+    def drop_unreadable(self, bad: list[Path]) -> list[Path]:
+        """Refuse (listing every file) or, with ``skip_corrupt``, drop the given unreadable images."""
+        if not bad:
+            return []
+        if not self.skip_corrupt:
+            raise OSError(f"{len(bad)} unreadable image(s) in {self.root}: {_some([str(p) for p in bad], 20)}; "
+                          f"fix or remove them, or pass --skip-corrupt to leave them out")
+        dropped = set(bad)
+        self.samples = [(p, y) for p, y in self.samples if p not in dropped]
+        if not self.samples:
+            raise OSError(f"no readable image in {self.root}: all {len(bad)} files failed to open")
+        self.refuse_empty_classes("whose images are all unreadable")
+        warnings.warn(f"leaving out {len(bad)} unreadable image(s) of {self.root}: {_some([str(p) for p in bad], 20)}")
+        return bad
+
+
+def check_images(dataset: ImageFolderDataset, state=None) -> list[Path]:
+    """The up-front check (``--check-data``, ``extract_latents.py``): every process of an
+    Accelerate ``state`` opens its share, all see the full list of unreadable files, which
+    is an error naming them all, or with ``skip_corrupt`` a warning and their removal."""
+    rank, world = (state.process_index, state.num_processes) if state is not None else (0, 1)
+    bad = dataset.find_unreadable(rank, world)
+    if world > 1:
+        from accelerate.utils import gather_object
+
+        bad = gather_object(bad)
+    return dataset.drop_unreadable(sorted(bad))
+
+
+def _some(items: list, limit: int = 10) -> str:
+    """``a, b, c`` or ``a, b, … (N in all)``: lists in error messages stay one line."""
+    shown = ", ".join(map(str, items[:limit]))
+    return shown if len(items) <= limit else f"{shown}, … ({len(items)} in all)"
 
 
 class DigitsDataset(Dataset):

@@ -8,6 +8,7 @@ one sample of one flip and so freezes both).
 Shard ``k`` holds images ``[k·S, (k+1)·S)`` of the folder's sorted order; process ``r``
 of ``W`` writes the shards with ``k % W == r``. A shard is written under a temporary
 name and renamed, so an interrupted extraction resumes by skipping finished shards.
+All images are opened up front; the unreadable ones are reported together.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import torch
 from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Subset
 
-from .data import LATENT_META, ImageFolderDataset, load_vae
+from .data import LATENT_META, ImageFolderDataset, check_images, load_vae
+from .runlock import check_process_count
 
 
 def shard_name(index: int) -> str:
@@ -54,7 +56,11 @@ def extract_latents(
 
     accelerator = Accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
+    check_process_count(world, "extract_latents.py")
     dataset = ImageFolderDataset(data, image_size, skip_corrupt)
+    # Every image is opened before any encoding: unreadable files are reported in one list
+    # (or, with --skip-corrupt, left out of the shards rather than replaced by a neighbour).
+    check_images(dataset, accelerator)
     vae, scaling = load_vae(vae_path, accelerator.device)
     out_dir = Path(out)
     num_shards = math.ceil(len(dataset) / shard_size)
@@ -93,7 +99,7 @@ def extract_latents(
                 labels.append(y)
                 bar.update(len(y))
             path = out_dir / shard_name(k)
-            tmp = path.with_name(f".tmp-{path.name}")
+            tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
             save_file({"moments": torch.cat(moments).contiguous(), "labels": torch.cat(labels).contiguous()}, str(tmp))
             os.replace(tmp, path)
     accelerator.wait_for_everyone()

@@ -75,6 +75,7 @@ class InceptionExtractor:
     sFID spatial features (2023) from one forward pass."""
 
     name = INCEPTION_NAME
+    feature_dim, spatial_dim, num_classes = 2048, 17 * 17 * SFID_CHANNELS, None  # labels are not scored
 
     def __init__(self, weights_path: str | Path | None = None, device: str = "cpu"):
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
@@ -114,6 +115,7 @@ class DigitsExtractor:
     """The embedded digits classifier: penultimate features (128) and logits (10)."""
 
     name = DIGITS_NAME
+    feature_dim, spatial_dim, num_classes = 128, None, 10  # DigitsClassifier.feature_dim, NUM_CLASSES
 
     def __init__(self, classifier_dir: str | Path | None = None, device: str = "cpu"):
         from nala_dit.digits import CLASSIFIER_DIR, load_digits_classifier
@@ -172,8 +174,12 @@ def _read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
 
 def npz_array_shape(path: str | Path, name: str = "arr_0") -> tuple[tuple[int, ...], np.dtype]:
     """(shape, dtype) of one array inside an .npz, from its header only."""
-    with zipfile.ZipFile(path) as zip_f, zip_f.open(_npy_member(zip_f, name)) as f:
-        shape, _, dtype = _read_npy_header(f)
+    try:
+        with zipfile.ZipFile(path) as zip_f, zip_f.open(_npy_member(zip_f, name)) as f:
+            shape, _, dtype = _read_npy_header(f)
+    except (zipfile.BadZipFile, EOFError) as err:
+        raise ValueError(f"{path}: not a readable .npz (truncated or not a zip archive: {err}); "
+                         f"write it again") from None
     return shape, dtype
 
 
@@ -199,8 +205,12 @@ def iter_npz_array(path: str | Path, name: str = "arr_0", batch_size: int = 250)
 
 
 def npz_has(path: str | Path, name: str) -> bool:
-    with zipfile.ZipFile(path) as zip_f:
-        return f"{name}.npy" in zip_f.namelist()
+    try:
+        with zipfile.ZipFile(path) as zip_f:
+            return f"{name}.npy" in zip_f.namelist()
+    except (zipfile.BadZipFile, EOFError) as err:
+        raise ValueError(f"{path}: not a readable .npz (truncated or not a zip archive: {err}); "
+                         f"write it again") from None
 
 
 def list_image_files(folder: str | Path) -> list[Path]:
@@ -304,3 +314,97 @@ def iter_dataset(name: str, batch_size: int = 250) -> Iterator[np.ndarray]:
     images, _ = load_digits_split(name.removeprefix("digits-"))
     for start in range(0, len(images), batch_size):
         yield images[start : start + batch_size, :, :, None]
+
+
+# Up-front checks: wrong input is named (file and rule) before any feature is computed,
+# instead of being scored (a 4x4 image, labels 100-109) or failing deep inside numpy.
+
+
+def check_image_shape(shape: tuple, dtype, where: str, extractor) -> None:
+    """Images must be uint8 NHWC (N >= 2, square, C = 1 or 3) at a size the extractor reads."""
+    shape, dtype = tuple(shape), np.dtype(dtype)
+    if len(shape) == 3:
+        shape = (*shape, 1)  # (N, H, W) grayscale
+    if len(shape) != 4 or shape[3] not in (1, 3):
+        hint = ""
+        if len(shape) == 4 and shape[1] in (1, 3):
+            hint = "; it looks like NCHW: transpose it with x.transpose(0, 2, 3, 1)"
+        raise ValueError(f"{where}: images must be (N, H, W, C) with C = 1 or 3 (NHWC), got shape {shape}{hint}")
+    n, h, w, _ = shape
+    if dtype != np.uint8:
+        raise ValueError(f"{where}: images must be uint8 in [0, 255], got {dtype}; convert with "
+                         f"np.clip(np.round(x * 255), 0, 255).astype(np.uint8) for values in [0, 1]")
+    if n < 2:
+        raise ValueError(f"{where}: {n} image(s); Frechet distances need at least 2")
+    if h != w:
+        raise ValueError(f"{where}: images must be square, got {h}x{w}")
+    if extractor.name == DIGITS_NAME and h % 8:
+        raise ValueError(f"{where}: the digits classifier reads 8x8 images (or sides that are multiples of 8, "
+                         f"averaged down), got {h}x{w}")
+    if extractor.name == INCEPTION_NAME and h < 16:
+        raise ValueError(f"{where}: {h}x{w} images are too small for Inception features (at least 16x16)")
+
+
+def check_labels(labels: np.ndarray, num_images: int, where: str, extractor) -> None:
+    """Labels: integers, one per image, inside the classifier's classes when it scores them."""
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or len(labels) != num_images:
+        raise ValueError(f"{where}: {labels.shape} labels for {num_images} images (expected one per image)")
+    if labels.dtype.kind not in "iu":
+        raise ValueError(f"{where}: labels must be integers, got {labels.dtype}")
+    classes = extractor.num_classes
+    if len(labels) and (labels.min() < 0 or (classes is not None and labels.max() >= classes)):
+        bound = f"[0, {classes})" if classes is not None else ">= 0"
+        raise ValueError(f"{where}: labels range over [{labels.min()}, {labels.max()}] but the {extractor.name} "
+                         f"knows classes {bound}")
+
+
+def check_samples(path: str | Path, extractor) -> np.ndarray | None:
+    """Check a samples folder or .npz (images, labels) before scoring; returns the labels."""
+    path = Path(path)
+    if path.is_dir():
+        files = list_image_files(path)
+        from PIL import Image
+
+        try:
+            with Image.open(files[0]) as img:
+                first = np.asarray(img.convert("L" if img.mode in ("1", "L", "I", "I;16", "F") else "RGB"))
+        except Exception as err:  # PIL raises several types
+            raise ValueError(f"{files[0]}: unreadable image ({err})") from None
+        check_image_shape((len(files), *first.shape), first.dtype, f"{path} ({files[0].name})", extractor)
+        num_images = len(files)
+    elif path.suffix == ".npz":
+        if not path.is_file():
+            raise FileNotFoundError(f"samples not found: {path}")
+        shape, dtype = npz_array_shape(path, "arr_0")
+        check_image_shape(shape, dtype, f"{path} (arr_0)", extractor)
+        num_images = shape[0]
+    else:
+        raise ValueError(f"{path}: expected an image folder or an .npz with arr_0")
+    labels = read_labels(path)
+    if labels is not None:
+        check_labels(labels, num_images, f"{path} (labels)", extractor)
+    return labels
+
+
+def check_reference(ref: dict, path: str | Path, extractor) -> None:
+    """Reference statistics: shapes match the extractor's feature dimension, all finite."""
+    for mu_key, sigma_key, dim in (("mu", "sigma", extractor.feature_dim), ("mu_s", "sigma_s", extractor.spatial_dim)):
+        if mu_key not in ref or dim is None:
+            continue
+        mu, sigma = ref[mu_key], ref.get(sigma_key)
+        if sigma is None or mu.shape != (dim,) or sigma.shape != (dim, dim):
+            raise ValueError(f"{path}: {mu_key} {mu.shape} / {sigma_key} {None if sigma is None else sigma.shape} "
+                             f"do not match the {extractor.name} features of dimension {dim}; "
+                             f"compute the reference with the same --features")
+        for key, value in ((mu_key, mu), (sigma_key, sigma)):
+            if not np.isfinite(value).all():
+                raise ValueError(f"{path}: {key} holds {int((~np.isfinite(value)).sum())} non-finite value(s); "
+                                 f"recompute the reference")
+    if "pool" in ref:
+        pool = ref["pool"]
+        if pool.ndim != 2 or pool.shape[1] != extractor.feature_dim:
+            raise ValueError(f"{path}: pool features {pool.shape} do not match the {extractor.name} features "
+                             f"of dimension {extractor.feature_dim}")
+        if not np.isfinite(pool).all():
+            raise ValueError(f"{path}: pool holds non-finite values; recompute the reference")

@@ -20,13 +20,15 @@ Layout: statistics (pure numpy/torch functions), then the `reference_statistics`
 streaming readers) are in `metric_inputs.py`.
 """
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .metric_inputs import (DIGITS_NAME, DIGITS_NOTE, INCEPTION_NAME, MissingWeightsError,  # noqa: F401
-                            build_extractor, count_images, iter_dataset, iter_images, read_labels, read_sidecar)
+                            build_extractor, check_image_shape, check_reference, check_samples, count_images,
+                            iter_dataset, iter_images, npz_array_shape, read_sidecar)
 
 
 # Statistics.
@@ -240,7 +242,14 @@ def load_reference(path: str | Path) -> dict:
     equal dtypes); large arrays (arr_0) are not loaded, only flagged.
     """
     ref = {}
-    with np.load(path, allow_pickle=False) as data:
+    try:
+        data = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"reference not found: {path}") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{path}: not a readable .npz ({type(err).__name__}: {err}); recompute it with "
+                         f"`evaluate_fid.py ref`") from None
+    with data:
         for key in data.files:
             if key in ("mu", "sigma", "mu_s", "sigma_s"):
                 ref[key] = data[key].astype(np.float64)
@@ -346,8 +355,11 @@ def evaluate_samples(
     extractor = build_extractor(features, device, inception_weights, digits_classifier_dir)
     if recorded is not None and recorded != extractor.name:
         raise ValueError(f"{ref} holds {recorded} statistics; cannot score with {extractor.name} features")
+    check_reference(reference, ref, extractor)
     if reference["has_images"] and ("pool" not in reference or "mu" not in reference):
-        ref_feats = compute_features(extractor, iter_images(ref, batch_size), count_images(ref), f"features of {ref}")
+        shape, dtype = npz_array_shape(ref, "arr_0")
+        check_image_shape(shape, dtype, f"{ref} (arr_0)", extractor)
+        ref_feats = compute_features(extractor, iter_images(ref, batch_size), shape[0], f"features of {ref}")
         computed = reference_statistics(ref_feats, extractor.describe())
         for key in ("mu", "sigma", "mu_s", "sigma_s", "pool"):
             if key in computed:
@@ -356,11 +368,11 @@ def evaluate_samples(
         raise ValueError(f"{ref} has neither statistics (mu, sigma) nor images (arr_0)")
 
     from_path = isinstance(samples, (str, Path))
+    if from_path:
+        labels, sampler = check_samples(samples, extractor), read_sidecar(samples)
     batches = iter_images(samples, batch_size, num_workers) if from_path else samples
     sample_feats = compute_features(extractor, batches, count_images(samples) if from_path else None,
                                     f"features of {samples}")
-    if from_path:
-        labels, sampler = read_labels(samples), read_sidecar(samples)
     metrics = calc_metrics(sample_feats, reference, extractor.name, labels, with_kid, split_size)
     result = {
         "metrics": metrics,

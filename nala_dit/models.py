@@ -291,11 +291,14 @@ class DiT(ModelMixin, ConfigMixin):
                 f"t and y must be (B,) = ({x.shape[0]},), got t {tuple(t.shape)} and y {tuple(y.shape)}"
             )
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
+                force_drop_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``force_drop_ids`` (B,) 1 = null label: fixes the label dropout (a distillation
+        teacher must see the labels its student saw) instead of drawing it."""
         self._check_input(x, t, y)
         h, w = x.shape[2] // self.patch_size, x.shape[3] // self.patch_size
         x = self.x_embedder(x) + self.position_embedding(h, w)        # (B, N, C)
-        c = self.t_embedder(t) + self.y_embedder(y, self.training)    # (B, C)
+        c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)  # (B, C)
         for block in self.blocks:
             if self.gradient_checkpointing and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, c, (h, w), use_reentrant=False)

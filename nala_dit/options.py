@@ -57,6 +57,9 @@ DATASETS = ("digits-train", "digits-heldout")
 INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 
 
+# convert.py: what --init-from copies from a softmax model.
+INHERIT_MODES = ("all-but-attention", "attention-qkv")
+
 # Which attention kinds each model option applies to. An option given for a model whose
 # attention ignores it is an error that names both (``--model DiT-S/2 --lepe true`` would
 # otherwise train a plain DiT without a word). A new attention option: add a row.
@@ -128,6 +131,7 @@ class TrainConfig:
     vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
     flip: bool = field(default=True, metadata=dict(help="random horizontal flips"))
     skip_corrupt: bool = field(default=False, metadata=dict(help="skip unreadable images with a warning"))
+    check_data: bool = field(default=False, metadata=dict(help="image folders: open every image before training; list the unreadable ones"))
     num_classes: int | None = _opt("expected class count (checked against the data)")
     num_workers: int = field(default=4, metadata=dict(help="data loader workers per process"))
     # objective
@@ -162,6 +166,14 @@ class TrainConfig:
     sample_steps: int = field(default=50, metadata=dict(help="sampler steps for grids"))
     sample_cfg_scale: float = field(default=1.0, metadata=dict(help="guidance scale for grids"))
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
+    allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the checkpoint")
+    # conversion from a softmax model (nala_dit/convert.py, LiT's recipe)
+    init_from: str | None = _opt("start from a softmax DiT/SiT: official .pt, run/checkpoint folder (EMA) or pipeline folder")
+    inherit: str = field(default="all-but-attention", metadata=dict(help="what --init-from copies",
+                                                                    choices=list(INHERIT_MODES)))
+    teacher: str | None = _opt("distil from this model (same forms as --init-from; frozen, EMA weights)")
+    distill_weight: float = field(default=0.5, metadata=dict(help="weight of ‖teacher − student‖² on ε / velocity"))
+    distill_sigma_weight: float | None = _opt("weight on the learned-variance channels (default 0.05 if both learn it)")
 
     def validate(self) -> None:
         objective, _, attention = preset(self.model)
@@ -184,6 +196,8 @@ class TrainConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
             raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
+        if self.distill_weight < 0 or (self.distill_sigma_weight or 0) < 0:
+            raise ValueError("distill-weight and distill-sigma-weight must be >= 0")
         for name in ("log_every", "ckpt_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1")

@@ -18,7 +18,8 @@ shards; shard ``k`` belongs to rank ``k % world_size``. Each finished shard is w
 atomically (temporary name, then rename) to ``<out>.parts/``, so a restarted run skips
 what is done. Rank 0 then streams the shards into ADM's ``.npz`` (``arr_0`` uint8
 NHWC, ``arr_1`` labels) without ever holding the whole array, and writes the JSON
-sidecar ``<out>.json``.
+sidecar ``<out>.json``. ``<out>.lock`` gives the output one run at a time; temporaries
+that killed runs left behind are removed when the next run starts.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 
 from .generate import SampleSettings, sample_batch
+from .runlock import hold_lock
 from .sources import Source
 
 
@@ -125,9 +127,23 @@ def shards_done(out: str | os.PathLike) -> tuple[int, int]:
 
 def _atomic_write(path: Path, write) -> None:
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    with open(tmp, "wb") as f:
-        write(f)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
+
+
+def remove_temporaries(out: Path, parts: Path) -> list[Path]:
+    """Delete what killed runs left half-written: ``.tmp-<pid>-<out name>`` beside ``out``
+    and ``.tmp-*`` in the shard folder (call while holding the output's lock)."""
+    stale = sorted(out.parent.glob(f".tmp-*-{out.name}")) + sorted(out.parent.glob(f".tmp-*-{out.name}.json"))
+    stale += sorted(parts.glob(".tmp-*")) if parts.is_dir() else []
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
 
 
 def write_npz_streaming(out: Path, shards: list[Path], num_samples: int, image_shape: tuple[int, ...]) -> None:
@@ -157,25 +173,38 @@ def mass_sample(source: Source, out: str | os.PathLike, num_samples: int, seed: 
     (an accelerate ``PartialState``; None = this process alone). Returns the ``.npz``
     path, or None when this run stopped early (``stop_after`` shards per process).
     The shards are deleted once the ``.npz`` is complete unless ``keep_parts``.
+    ``<out>.lock`` keeps a second run off the same output while this one works.
     ``shard_size`` None: the one of the run being resumed, else ``auto_shard_size``."""
+    out = Path(out)
+    if shard_size is None:
+        stored = Path(f"{out}.parts") / "settings.json"
+        shard_size = (json.loads(stored.read_text())["shard_size"] if stored.is_file()
+                      else auto_shard_size(num_samples, batch_size))
+    if num_samples < 1 or batch_size < 1 or shard_size < 1:
+        raise ValueError("--num-samples, --batch-size and --shard-size must be >= 1")
+    with hold_lock(Path(f"{out}.lock"), f"output {out}", "choose another --out", state):
+        if state is None or state.is_main_process:
+            for p in remove_temporaries(out, Path(f"{out}.parts")):
+                print(f"removed {p}, left half-written by a killed run")
+        if state is not None:
+            state.wait_for_everyone()
+        return _mass_sample(source, out, num_samples, seed, settings, batch_size, shard_size, stop_after,
+                            keep_parts, progress, state)
+
+
+def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, shard_size, stop_after, keep_parts,
+                 progress, state) -> Path | None:
     from tqdm.auto import tqdm
 
     from .data import to_uint8
 
     rank, world = (state.process_index, state.num_processes) if state is not None else (0, 1)
     is_main = rank == 0
-    out = Path(out)
-    parts = Path(f"{out}.parts")
-    if shard_size is None:
-        stored = parts / "settings.json"
-        shard_size = (json.loads(stored.read_text())["shard_size"] if stored.is_file()
-                      else auto_shard_size(num_samples, batch_size))
-    if num_samples < 1 or batch_size < 1 or shard_size < 1:
-        raise ValueError("--num-samples, --batch-size and --shard-size must be >= 1")
     # Micro-batches start at multiples of batch_size inside each shard; aligning the
     # shard size to it keeps batch boundaries global, whatever the process count.
     shard_size = math.ceil(shard_size / batch_size) * batch_size
     s = settings.resolved(source.objective)
+    parts = Path(f"{out}.parts")
     model = source.model
     num_classes = model.config.num_classes
     recipe = dict(model=source.info.get("model"),

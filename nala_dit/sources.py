@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import build_objective, load_model
+from .checkpoint import build_objective, load_model, torch_load_tensors
 from .models import DiT
 
 # A pipeline folder's class (model_index.json "_class_name") → the objective it runs.
@@ -223,8 +223,7 @@ def load_official_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]
         raise FileNotFoundError(f"official checkpoint not found: {path} (e.g. DiT-XL-2-256x256.pt from "
                                 f"https://dl.fbaipublicfiles.com/DiT/models/, downloaded on a connected machine)")
     # SiT's training checkpoints also pickle their argparse namespace; allow just that class.
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    state = torch_load_tensors(path, safe_globals=(argparse.Namespace,))
     for key in ("ema", "model", "state_dict"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]

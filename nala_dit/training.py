@@ -13,23 +13,28 @@ import contextlib
 import copy
 import json
 import math
+import os
 import time
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 
+from . import convert
 from . import data as data_lib
-from .checkpoint import build_objective, list_checkpoints, open_checkpoint, save_checkpoint
+from .checkpoint import (build_objective, config_changes, list_checkpoints, open_checkpoint, remove_temporaries,
+                         save_checkpoint, set_aside_newer)
 from .config import dump_yaml, to_dict
 from .generate import decode, generate
 from .models import create_model
 from .options import MODEL_OVERRIDES, TrainConfig  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
+from .runlock import LOCK_NAME, check_process_count, hold_lock
 from .sampling import save_grid
 
 
-def build_dataset(cfg: TrainConfig):
-    """The dataset named by ``--data`` (embedded digits, latent folder or image folder)."""
+def build_dataset(cfg: TrainConfig, state=None):
+    """The dataset named by ``--data`` (embedded digits, latent folder or image folder);
+    ``state`` (Accelerate) splits the ``--check-data`` pass over the processes."""
     if cfg.data == "digits":
         ds = data_lib.DigitsDataset("train")
     elif (Path(cfg.data) / data_lib.LATENT_META).is_file():
@@ -38,6 +43,8 @@ def build_dataset(cfg: TrainConfig):
             raise ValueError(f"{cfg.data} holds latents: pass --vae (the VAE they came from) to decode sample grids")
     else:
         ds = data_lib.ImageFolderDataset(cfg.data, cfg.image_size, cfg.skip_corrupt)
+        if cfg.check_data:
+            data_lib.check_images(ds, state)
     if cfg.num_classes is not None and cfg.num_classes != ds.num_classes:
         raise ValueError(
             f"--num-classes {cfg.num_classes} does not match the data: {cfg.data} has {ds.num_classes} classes"
@@ -75,15 +82,18 @@ def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> No
 
 
 class Logger:
-    """JSON lines + TensorBoard on the main process."""
+    """JSON lines + TensorBoard on the main process, starting after ``step``: records of
+    later steps (written by a run that died before its next checkpoint, or by an abandoned
+    branch) are dropped, so a resumed run's log holds every step once."""
 
-    def __init__(self, run_dir: Path, enabled: bool):
+    def __init__(self, run_dir: Path, enabled: bool, step: int = 0):
         self.enabled = enabled
         self.writer = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            truncate_log(run_dir / "log.jsonl", step)
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=step + 1)
             self.file = open(run_dir / "log.jsonl", "a")
 
     def log(self, step: int, values: dict) -> None:
@@ -101,15 +111,98 @@ class Logger:
             self.writer.close()
 
 
+def truncate_log(path: Path, step: int) -> None:
+    """Keep the JSON lines of steps <= ``step`` (atomic rewrite; a torn last line is dropped)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+
+
+def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int, print=print) -> None:
+    """Load a checkpoint into this run after checking it is the same model and objective.
+
+    Changed settings are refused with the list of differences unless named in
+    ``--allow-changes``; ``--lr`` and ``--weight-decay`` are applied to the restored
+    optimizer (its saved param groups would otherwise silently win)."""
+    changes = config_changes(ckpt, to_dict(cfg), dict(model.config))
+    allowed = {k.strip().replace("_", "-") for k in (cfg.allow_changes or "").split(",") if k.strip()}
+    refused = {k: v for k, v in changes.items() if k not in allowed}
+    if refused:
+        listed = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in refused.items())
+        raise ValueError(
+            f"checkpoint {ckpt.path} was trained with other settings ({listed}). Resume with the checkpoint's "
+            f"settings, or pass --allow-changes {','.join(refused)} to change them deliberately"
+        )
+    for k, (a, b) in changes.items():
+        print(f"resume: {k} changes from {a!r} to {b!r} (--allow-changes)")
+    if ckpt.state["world_size"] != world:
+        print(f"warning: resuming a {ckpt.state['world_size']}-process run on {world} processes; "
+              "data order and RNG streams will differ from an uninterrupted run")
+    ckpt.load_into(model, "model")
+    ckpt.load_into(ema, "ema")
+    optimizer.load_state_dict(ckpt.optimizer_state())
+    for name, key in (("lr", "lr"), ("weight-decay", "weight_decay")):
+        wanted = getattr(cfg, key)
+        saved = sorted({group[key] for group in optimizer.param_groups})
+        if saved != [wanted]:
+            print(f"resume: --{name} {wanted} replaces the checkpoint's {', '.join(map(str, saved))}")
+            for group in optimizer.param_groups:
+                group[key] = wanted
+    rng = ckpt.rng_state(rank)
+    if rng is not None:
+        torch.set_rng_state(rng)
+
+
+def resumed_position(ckpt, micro_batch: int, print=print) -> int:
+    """The data position (micro-batches into this epoch, per process) to resume at. It is
+    stored in the checkpoint's micro-batches; a new batch size keeps the number of
+    images already seen this epoch (rounded down) instead of skipping or repeating."""
+    stored = ckpt.config
+    old_micro = stored.get("global-batch-size", 0) // max(1, ckpt.state["world_size"] * stored.get("grad-accum", 1))
+    position = ckpt.state["position"]
+    if old_micro and old_micro != micro_batch:
+        converted = position * old_micro // micro_batch
+        print(f"resume: micro-batch {old_micro} → {micro_batch}: data position {position} → {converted} "
+              f"({position * old_micro} images into epoch {ckpt.state['epoch']})")
+        return converted
+    return position
+
+
 def train(cfg: TrainConfig) -> Path:
-    """Train; returns the run folder. Raises with a clear message on bad input."""
+    """Train; returns the run folder. Raises with a clear message on bad input.
+
+    The run folder is locked for the whole run: a second run into it stops with the
+    holder's pid and host."""
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
 
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
+    check_process_count(accelerator.num_processes, "train.py")
+    run_dir = cfg.run_dir()
+    try:
+        with hold_lock(run_dir / LOCK_NAME, f"run folder {run_dir}", "choose another --exp-name / --results-dir",
+                       accelerator):
+            return _train(cfg, accelerator)
+    finally:
+        if accelerator.is_main_process:
+            with contextlib.suppress(OSError):  # only when empty: a run that failed at once leaves no folder
+                run_dir.rmdir()
+
+
+def _train(cfg: TrainConfig, accelerator) -> Path:
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+
     rank, world = accelerator.process_index, accelerator.num_processes
     device = accelerator.device
     set_seed(cfg.seed + rank)
@@ -134,8 +227,11 @@ def train(cfg: TrainConfig) -> Path:
             f"{run_dir} already holds checkpoints; pass --resume auto to continue it, "
             f"or choose another --exp-name / --results-dir"
         )
+    if accelerator.is_main_process:  # half-written files of killed runs (we hold the lock)
+        remove_temporaries(run_dir)
+        remove_temporaries(ckpt_dir)
 
-    dataset = build_dataset(cfg)
+    dataset = build_dataset(cfg, accelerator)
     vae, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
     if cfg.vae is not None:
         vae, scaling = data_lib.load_vae(cfg.vae, device)
@@ -144,30 +240,28 @@ def train(cfg: TrainConfig) -> Path:
     channels, side = model_space(dataset, vae)
     model = build_model(cfg, dataset.num_classes, channels, side)
     objective = build_objective(dict(model.config), to_dict(cfg))
+    if cfg.init_from and resume_from is None:
+        report = convert.init_from(cfg.init_from, model, cfg.model, cfg.inherit, to_dict(cfg))
+        accelerator.print(report.table())
+    distiller = None
+    if cfg.teacher:  # not saved in checkpoints: its path is in the config, reloaded on resume
+        distiller = convert.Distiller.load(cfg.teacher, model, cfg.model, to_dict(cfg), cfg.distill_weight,
+                                           cfg.distill_sigma_weight, device)
     ema = copy.deepcopy(model).float().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     step, epoch, position = 0, 0, 0
     if resume_from is not None:
         ckpt = open_checkpoint(resume_from)
-        stored = ckpt.model_config
-        for key in ("num_classes", "in_channels", "input_size", "attention", "hidden_size", "depth", "patch_size"):
-            if stored.get(key) != model.config[key]:
-                raise ValueError(
-                    f"checkpoint {ckpt.path} has {key}={stored.get(key)} but this run builds {key}={model.config[key]}: "
-                    f"resume with the same model and data"
-                )
-        if ckpt.state.get("world_size") != world:
-            accelerator.print(f"warning: resuming a {ckpt.state.get('world_size')}-process run on {world} processes; "
-                              "data order and RNG streams will differ from an uninterrupted run")
-        model.load_state_dict(ckpt.weights("model"))
-        ema.load_state_dict(ckpt.weights("ema"))
-        optimizer.load_state_dict(ckpt.optimizer_state())
-        step, epoch, position = ckpt.step, ckpt.state["epoch"], ckpt.state["position"]
-        rng = ckpt.rng_state(rank)
-        if rng is not None:
-            torch.set_rng_state(rng)
+        restore(ckpt, cfg, model, ema, optimizer, world, rank, accelerator.print)
+        step, epoch, position = ckpt.step, ckpt.state["epoch"], resumed_position(ckpt, micro_batch, accelerator.print)
         accelerator.print(f"resumed from {ckpt.path} at step {step}")
+        if accelerator.is_main_process:
+            # A rollback: this run's later checkpoints belong to the abandoned branch.
+            aside = set_aside_newer(ckpt_dir, step)
+            if aside is not None:
+                accelerator.print(f"rolled back to step {step}: moved this run's later checkpoints to {aside}")
+        accelerator.wait_for_everyone()
 
     if cfg.grad_checkpointing:
         model.gradient_checkpointing = True
@@ -177,7 +271,7 @@ def train(cfg: TrainConfig) -> Path:
     train_model = torch.compile(model) if cfg.compile else model
     train_model, optimizer = accelerator.prepare(train_model, optimizer)
     ema.to(device)
-    logger = Logger(run_dir, accelerator.is_main_process)
+    logger = Logger(run_dir, accelerator.is_main_process, step)
 
     def loader_for(epoch: int, start: int):
         sampler = data_lib.EpochSampler(len(dataset), rank, world, cfg.seed, epoch, start)
@@ -209,10 +303,17 @@ def train(cfg: TrainConfig) -> Path:
         return x
 
     def loss_fn(x, y):
+        """(loss, its terms [L_simple, distillation, variance distillation]) of one micro-batch."""
+        fn = distiller.watch(train_model) if distiller else train_model
         if model.config.objective == "diffusion":
             t = torch.randint(0, objective.num_timesteps, (x.shape[0],), device=device)
-            return objective.training_losses(train_model, x, t, y)["loss"].mean()
-        return objective.training_losses(train_model, x, y)["loss"].mean()
+            loss = objective.training_losses(fn, x, t, y)["loss"].mean()
+        else:
+            loss = objective.training_losses(fn, x, y)["loss"].mean()
+        if distiller is None:
+            return loss, loss.detach().reshape(1)
+        extra, terms = distiller.terms()
+        return loss + extra, torch.cat([loss.detach().reshape(1), terms])
 
     grid_noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
     grid_labels = (torch.arange(16) % dataset.num_classes).to(device)
@@ -236,6 +337,7 @@ def train(cfg: TrainConfig) -> Path:
     # non-finite loss is remembered by step and checked (across ranks) at every log step
     # and before every checkpoint, so no NaN weights are ever saved.
     window_loss = torch.zeros((), device=device)
+    window_terms = torch.zeros(3 if distiller else 1, device=device)
     first_bad = torch.full((), -1, dtype=torch.long, device=device)
     window_steps, window_start = 0, time.perf_counter()
 
@@ -264,9 +366,10 @@ def train(cfg: TrainConfig) -> Path:
             sync = micro == cfg.grad_accum - 1
             with accelerator.no_sync(train_model) if not sync else contextlib.nullcontext():
                 with accelerator.autocast():
-                    loss = loss_fn(x, y)
+                    loss, terms = loss_fn(x, y)
                 accelerator.backward(loss / cfg.grad_accum)
             local += loss.detach().float() / cfg.grad_accum
+            window_terms += terms.float() / cfg.grad_accum
         if cfg.max_grad_norm > 0:
             accelerator.clip_grad_norm_(train_model.parameters(), cfg.max_grad_norm)
         optimizer.step()
@@ -286,9 +389,13 @@ def train(cfg: TrainConfig) -> Path:
                           images_per_sec=window_steps * cfg.global_batch_size / elapsed)
             if first_block is not None and getattr(first_block, "last_stats", None):
                 values.update({f"nala/{k}": v for k, v in first_block.last_stats.items()})
+            if distiller:
+                terms = accelerator.gather((window_terms / window_steps).unsqueeze(0)).mean(0).tolist()
+                values.update(loss_simple=terms[0], loss_distill=terms[1], loss_distill_sigma=terms[2])
             logger.log(step, values)
             progress.set_postfix(loss=f"{values['loss']:.4f}", img_s=f"{values['images_per_sec']:.1f}")
             window_loss.zero_()
+            window_terms.zero_()
             window_steps, window_start = 0, time.perf_counter()
         if cfg.sample_every > 0 and step % cfg.sample_every == 0 and accelerator.is_main_process:
             write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",

@@ -39,6 +39,7 @@ import math
 
 import torch
 import triton
+from torch.autograd.function import once_differentiable
 import triton.language as tl
 
 MAX_HEAD_DIM = 128
@@ -233,15 +234,17 @@ def _state_kernel(
             z2 += tl.sum(f2, 0)
         acc1 += tl.dot(tl.trans(f1), w, input_precision=PREC)
         acc2 += tl.dot(tl.trans(f2), w, input_precision=PREC)
-    # Partial buffers are (B·H, splits, 2, BD, BD) and (B·H, splits, 2, BD), padded lanes 0.
+    # Partial buffers are (B·H, splits, 2, D, D) and (B·H, splits, 2, D): unpadded, since
+    # the state is saved for the backward (at D = 72 padding would store 3× the bytes).
     part = bh * n_splits + split
-    s_ptr = S_part + part * 2 * BD * BD + offs_d[:, None] * BD + offs_v[None, :]
-    tl.store(s_ptr, acc1)
-    tl.store(s_ptr + BD * BD, acc2)
-    z_ptr = Z_part + part * 2 * BD + offs_d
-    first = (offs_d < BD) & (vt == 0)
+    s_ptr = S_part + part * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
+    s_mask = d_mask[:, None] & v_mask[None, :]
+    tl.store(s_ptr, acc1, mask=s_mask)
+    tl.store(s_ptr + D * D, acc2, mask=s_mask)
+    z_ptr = Z_part + part * 2 * D + offs_d
+    first = d_mask & (vt == 0)
     tl.store(z_ptr, z1, mask=first)
-    tl.store(z_ptr + BD, z2, mask=first)
+    tl.store(z_ptr + D, z2, mask=first)
 
 
 @triton.jit
@@ -263,14 +266,16 @@ def _output_kernel(
     offs_v = vt * BV + tl.arange(0, BV)
     n_mask = offs_n < N
     v_mask = offs_v < D
-    q = _load_block(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_d, n_mask, offs_d < D)
+    d_mask = offs_d < D
+    q = _load_block(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_d, n_mask, d_mask)
     scale = tl.load(ScaleP + bh % H)
     f1, f2, _h, _n, _c, _p, _t = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE)
-    s_ptr = S + bh * 2 * BD * BD + offs_d[:, None] * BD + offs_v[None, :]
-    num = tl.dot(f1, tl.load(s_ptr), input_precision=PREC)
-    num += tl.dot(f2, tl.load(s_ptr + BD * BD), input_precision=PREC)
-    z1 = tl.load(Z + bh * 2 * BD + offs_d)
-    z2 = tl.load(Z + bh * 2 * BD + BD + offs_d)
+    s_ptr = S + bh * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
+    s_mask = d_mask[:, None] & v_mask[None, :]
+    num = tl.dot(f1, tl.load(s_ptr, mask=s_mask, other=0.0), input_precision=PREC)
+    num += tl.dot(f2, tl.load(s_ptr + D * D, mask=s_mask, other=0.0), input_precision=PREC)
+    z1 = tl.load(Z + bh * 2 * D + offs_d, mask=d_mask, other=0.0)
+    z2 = tl.load(Z + bh * 2 * D + D + offs_d, mask=d_mask, other=0.0)
     den = tl.sum(f1 * z1[None, :] + f2 * z2[None, :], 1) + eps
     out = num / den[:, None]
     o_ptr = O + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_v[None, :]
@@ -305,15 +310,17 @@ def _dq_kernel(
     g2 = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
     for vt in tl.static_range(NV):
         offs_v = vt * BV + tl.arange(0, BV)
-        d_num = _load_block(g_base, sg_n, sg_d, offs_n, offs_v, n_mask, offs_v < D) / den[:, None]
-        s_ptr = S + bh * 2 * BD * BD + offs_d[:, None] * BD + offs_v[None, :]
-        g1 += tl.dot(d_num, tl.trans(tl.load(s_ptr)), input_precision=PREC)
-        g2 += tl.dot(d_num, tl.trans(tl.load(s_ptr + BD * BD)), input_precision=PREC)
+        v_mask = offs_v < D
+        d_num = _load_block(g_base, sg_n, sg_d, offs_n, offs_v, n_mask, v_mask) / den[:, None]
+        s_ptr = S + bh * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
+        s_mask = d_mask[:, None] & v_mask[None, :]
+        g1 += tl.dot(d_num, tl.trans(tl.load(s_ptr, mask=s_mask, other=0.0)), input_precision=PREC)
+        g2 += tl.dot(d_num, tl.trans(tl.load(s_ptr + D * D, mask=s_mask, other=0.0)), input_precision=PREC)
     # (g/den)·num/den = φ_q · ((g/den) Sᵀ) / den: num is never formed.
     d_den = -tl.sum(f1 * g1 + f2 * g2, 1) / den
     tl.store(DDEN + bh * N + offs_n, d_den, mask=n_mask)
-    z1 = tl.load(Z + bh * 2 * BD + offs_d)
-    z2 = tl.load(Z + bh * 2 * BD + BD + offs_d)
+    z1 = tl.load(Z + bh * 2 * D + offs_d, mask=d_mask, other=0.0)
+    z2 = tl.load(Z + bh * 2 * D + D + offs_d, mask=d_mask, other=0.0)
     g1 += d_den[:, None] * z1[None, :]
     g2 += d_den[:, None] * z2[None, :]
     dq, d_u = _query_grad(q, f1, f2, g1, g2, q_hat, norm, clamped, p, t_norm, scale, power, alpha,
@@ -345,15 +352,18 @@ def _dkv_kernel(
     k = _load_block(K + _head_offset(bh, H, sk_b, sk_h), sk_n, sk_d, offs_n, offs_d, n_mask, d_mask)
     f1, f2 = _key_features(k, power, alpha, norm_eps, COSINE)
     v_base = V + _head_offset(bh, H, sv_b, sv_h)
-    g1 = tl.zeros((BLOCK_N, BD), dtype=tl.float32) + tl.load(DZ + bh * 2 * BD + offs_d)[None, :]
-    g2 = tl.zeros((BLOCK_N, BD), dtype=tl.float32) + tl.load(DZ + bh * 2 * BD + BD + offs_d)[None, :]
+    dz1 = tl.load(DZ + bh * 2 * D + offs_d, mask=d_mask, other=0.0)
+    dz2 = tl.load(DZ + bh * 2 * D + D + offs_d, mask=d_mask, other=0.0)
+    g1 = tl.zeros((BLOCK_N, BD), dtype=tl.float32) + dz1[None, :]
+    g2 = tl.zeros((BLOCK_N, BD), dtype=tl.float32) + dz2[None, :]
     for vt in tl.static_range(NV):
         offs_v = vt * BV + tl.arange(0, BV)
         v_mask = offs_v < D
         v = _load_block(v_base, sv_n, sv_d, offs_n, offs_v, n_mask, v_mask)
-        ds_ptr = DS + bh * 2 * BD * BD + offs_d[:, None] * BD + offs_v[None, :]
-        ds1 = tl.load(ds_ptr)
-        ds2 = tl.load(ds_ptr + BD * BD)
+        ds_ptr = DS + bh * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
+        ds_mask = d_mask[:, None] & v_mask[None, :]
+        ds1 = tl.load(ds_ptr, mask=ds_mask, other=0.0)
+        ds2 = tl.load(ds_ptr + D * D, mask=ds_mask, other=0.0)
         dv = tl.dot(f1, ds1, input_precision=PREC) + tl.dot(f2, ds2, input_precision=PREC)
         dv_ptr = DV + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_v[None, :]
         tl.store(dv_ptr, dv.to(DV.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
@@ -372,12 +382,15 @@ INTERPRETED = "Interpreted" in type(_output_kernel).__name__
 
 def launch_config(head_dim: int) -> dict:
     """Block sizes for a head dim: BD is D padded to a power of two (≥ 16, what tl.dot
-    needs); value tiles of at most 64 keep a (BD × BV) state tile and the (BLOCK_N × BD)
-    feature blocks within registers at D = 128 (reasoned, not tuned on a GPU)."""
+    needs); value tiles of at most 64 columns. The backward of a token block keeps about
+    eight (BLOCK_N × BD) fp32 blocks live (q, q̂, both feature halves, both gradient
+    halves, temporaries): at 8 warps that is 16 registers each for D ≤ 64 and D = 128,
+    leaving room for the two (BD × BV) state tiles. Reasoned, not tuned on a GPU
+    (``benchmarks/triton_configs.py`` times alternatives)."""
     bd = max(16, triton.next_power_of_2(head_dim))
     bv = min(bd, 64)
     block_n = 64 if bd <= 64 else 32
-    return dict(BD=bd, BV=bv, NV=bd // bv, BLOCK_N=block_n, num_warps=4 if bd <= 64 else 8)
+    return dict(BD=bd, BV=bv, NV=bd // bv, BLOCK_N=block_n, num_warps=4 if bd <= 32 else 8)
 
 
 def num_splits(n_tokens: int, n_heads_total: int, n_vtiles: int, block_n: int, device: torch.device) -> int:
@@ -397,13 +410,13 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
 
 def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     """Launch ``_state_kernel`` over ``splits`` token ranges and add the partial sums.
-    Returns ``(S, z)``: (B·H, 2, BD, BD) and (B·H, 2, BD), fp32, divided by N."""
+    Returns ``(S, z)``: (B·H, 2, D, D) and (B·H, 2, D), fp32, divided by N."""
     b, h, n, d = x.shape
     bd, bv, block_n = cfg["BD"], cfg["BV"], cfg["BLOCK_N"]
-    per_split = -(-(-(-n // splits)) // block_n) * block_n          # a whole number of blocks
-    splits = -(-n // per_split)
-    s_part = x.new_empty(b * h, splits, 2, bd, bd, dtype=torch.float32)
-    z_part = x.new_empty(b * h, splits, 2, bd, dtype=torch.float32)
+    per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n    # whole blocks
+    splits = triton.cdiv(n, per_split)
+    s_part = x.new_empty(b * h, splits, 2, d, d, dtype=torch.float32)
+    z_part = x.new_empty(b * h, splits, 2, d, dtype=torch.float32)
     _state_kernel[(b * h, splits, cfg["NV"])](
         x, w, scale, s_part, z_part, *_strides(x), *_strides(w),
         h, n, d, per_split, splits,
@@ -413,6 +426,8 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
         DEN=den, DDEN=d_den, num_warps=cfg["num_warps"],
     )
     # A deterministic sum over the ranges (no atomics), then the 1/N of §3.
+    if splits == 1:
+        return s_part[:, 0].div_(n), z_part[:, 0].div_(n)
     return s_part.sum(1).div_(n), z_part.sum(1).div_(n)
 
 
@@ -422,9 +437,10 @@ class TritonNaLa(torch.autograd.Function):
     gradient is returned when it requires one (a learned per-head s)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, opts, splits=None):
+    def forward(ctx, q, k, v, scale, opts, splits=None, config=None):
         b, h, n, d = q.shape
-        cfg = launch_config(d)
+        cfg = dict(launch_config(d), **(config or {}))
+        cfg["NV"] = cfg["BD"] // cfg["BV"]
         if splits is None:
             splits = num_splits(n, b * h, cfg["NV"], cfg["BLOCK_N"], q.device)
         scale32 = scale.detach().to(device=q.device, dtype=torch.float32).contiguous()
@@ -444,6 +460,7 @@ class TritonNaLa(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # the kernels' backward is not itself differentiable
     def backward(ctx, grad_out):
         q, k, v, scale32, state, z, den = ctx.saved_tensors
         opts, cfg = ctx.opts, ctx.cfg
@@ -474,13 +491,18 @@ class TritonNaLa(torch.autograd.Function):
         d_scale = None
         if need_scale:
             d_scale = d_u.view(b, h, n).sum((0, 2)).reshape(ctx.scale_shape)
-        return dq, dk, dv, d_scale, None, None
+        return dq, dk, dv, d_scale, None, None, None
 
 
-def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = None) -> torch.Tensor:
+# torch.compile'd models treat this call as opaque (a graph break): dynamo would otherwise
+# trace the launch code (device queries, Python-side block arithmetic) into the graph.
+@torch.compiler.disable
+def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = None,
+                          config: dict | None = None) -> torch.Tensor:
     """Run the kernels: ``norm_scale`` a float or a tensor with 1 or H elements (per head);
     ``opts`` the §2 constants as ``attention._FusedNaLa`` takes them. ``splits`` overrides
-    the number of token ranges of the state passes (tests)."""
+    the number of token ranges of the state passes (tests), ``config`` entries of
+    ``launch_config`` (block-size sweeps)."""
     if q.device.type != "cuda" and not INTERPRETED:
         raise ValueError(f"impl='triton' needs CUDA tensors, got {q.device.type} (on CPU use impl='fused', "
                          "or set TRITON_INTERPRET=1 before importing nala_dit.triton_nala to run the "
@@ -500,5 +522,8 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
     # cores for half inputs, whose output rounding (2^-8 for bf16) dominates anyway.
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     opts = dict(opts, precision=precision)
-    out = TritonNaLa.apply(q, k, v, scale, opts, splits)
-    return out
+    if q.device.type == "cuda":
+        # Triton launches on the current device; make it q's (a model on a second GPU).
+        with torch.cuda.device(q.device):
+            return TritonNaLa.apply(q, k, v, scale, opts, splits, config)
+    return TritonNaLa.apply(q, k, v, scale, opts, splits, config)

@@ -197,11 +197,21 @@ def test_ctrl_c_keeps_finished_shards_and_the_same_command_resumes(run_dir, tmp_
 
     monkeypatch.setattr(sampling, "sample_batch", interrupt_at_eighth)
     out = tmp_path / "cut.npz"
-    capsys.readouterr()
-    assert cli(*common, "--out", out) == 130
+    with pytest.raises(KeyboardInterrupt) as info:  # main() lets in-process callers see the interrupt
+        cli(*common, "--out", out)
     # 40 samples → automatic shards of 2 (1/20 of the job): 7 finished before the 8th batch.
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"interrupted: 14 of 40 samples kept (7 finished shards in {out}.parts/); run the same command to resume")
+    kept = f"14 of 40 samples kept (7 finished shards in {out}.parts/); run the same command to resume"
+    assert str(info.value) == kept
+    # ... and the script entry point turns it into one line and exit status 130.
+    from nala_dit.cli import run_main
+
+    capsys.readouterr()
+
+    def main():
+        raise info.value
+
+    assert run_main(main) == 130
+    assert capsys.readouterr().err.strip().splitlines() == [f"interrupted: {kept}"]
     calls.clear()
     interrupt_at[0] = None
     assert cli(*common, "--out", out) == 0

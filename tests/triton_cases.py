@@ -101,6 +101,20 @@ def test_options_splits_and_strides(direction):
             norm_scale=3.0, alpha=5.0, eps=1e-4)
 
 
+@pytest.mark.parametrize("config", [dict(BLOCK_N=16, BV=16, num_warps=4), dict(BLOCK_N=128, BV=32, num_warps=8)])
+def test_other_block_sizes(config):
+    """The block sizes that ``benchmarks/triton_configs.py`` sweeps compute the same thing
+    (four value tiles; token blocks larger than N)."""
+    q, k, v = (t.requires_grad_() for t in qkv(n=45, d=40))
+    opts = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
+    results = []
+    for cfg in (None, config):
+        out = triton_nala.nala_attention_triton(q, k, v, 1.0, opts, config=cfg)
+        results.append([out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out))])
+    for name, ref, got in zip(["output", "grad q", "grad k", "grad v"], *results):
+        assert_close(name, ref, got, FP32_TOL)
+
+
 def test_learned_per_head_scale_gradient():
     """A per-head norm scale s (as a learned s = exp(ρ) gives) and its gradient."""
     s = torch.tensor([0.5, 2.0, 8.0], device=DEVICE)

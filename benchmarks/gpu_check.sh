@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# One-shot GPU check for NaLa: correctness of the Triton kernels on CUDA, then attention
+# and whole-model benchmarks. About 7.5 minutes on one H200, bounded: every stage has its
+# own time limit, a failing stage does not stop the others, and the summary at the end
+# says which passed.
+#
+#   bash benchmarks/gpu_check.sh            # writes into $OUT if set, else runs/gpu_check/
+#   PYTHON=/path/to/python bash benchmarks/gpu_check.sh
+#
+# Needs python with torch (CUDA), triton and pytest, plus this repo's dependencies
+# (diffusers: nala_dit imports it). On a machine that cannot install packages, put wheels
+# into .gpu_wheels/ beforehand (e.g. `pip download diffusers --no-deps -d .gpu_wheels`)
+# and they are installed into a temporary folder first.
+#
+# Output (8 files, what a device run returns at most):
+#   gpu_check.log                     everything printed, with the stage summary at the end
+#   attention_cuda_s.json/.png        NaLa (Triton, unchunked, compile) vs ReLU-LA vs SDPA
+#                                     (default, flash, cuDNN), DiT-S heads (6 x 64), bf16,
+#                                     N = 1K..64K, fwd and fwd+bwd, time and peak memory
+#   attention_cuda_xl.json/.png       the same for DiT-XL heads (16 x 72), without compile
+#   model_cuda.json/.png              DiT vs NaLaDiT S/2 and XL/2, training step and
+#                                     sampling forward at 256/512/1024 px, bf16, batch 8
+#   triton_configs.json               block-size sweep of the kernels (fwd+bwd)
+
+set -u
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+DEST="${OUT:-$ROOT/runs/gpu_check}"
+mkdir -p "$DEST"
+LOG="$DEST/gpu_check.log"
+: >"$LOG"
+PY="${PYTHON:-python3}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+unset TRITON_INTERPRET
+TOTAL_LIMIT=460          # seconds for all stages together (8 minutes minus set-up)
+declare -a SUMMARY=()
+
+log() { echo "$@" | tee -a "$LOG"; }
+
+# stage NAME LIMIT_S COMMAND...: run with a time limit, log everything, record the outcome.
+stage() {
+  local name="$1" limit="$2"; shift 2
+  local left=$((TOTAL_LIMIT - SECONDS))
+  if ((left < 20)); then
+    SUMMARY+=("$name: not run (total time limit reached)"); log "== $name: not run"; return
+  fi
+  ((limit > left)) && limit=$left
+  log "== $name (limit ${limit}s): $*"
+  local start=$SECONDS
+  timeout --signal=INT --kill-after=15 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  local took=$((SECONDS - start))
+  case $rc in
+    0) SUMMARY+=("$name: ok (${took}s)") ;;
+    124|130|137) SUMMARY+=("$name: TIME LIMIT after ${took}s (partial results kept)") ;;
+    *) SUMMARY+=("$name: FAILED rc=$rc (${took}s)") ;;
+  esac
+}
+
+log "== gpu_check $(date -u +%FT%TZ) in $ROOT, output in $DEST"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"
+if ! "$PY" -c "import diffusers" 2>/dev/null && ls .gpu_wheels/*.whl >/dev/null 2>&1; then
+  DEPS="$(mktemp -d)"
+  "$PY" -m pip install --quiet --no-index --no-deps --target "$DEPS" .gpu_wheels/*.whl 2>&1 | tee -a "$LOG"
+  export PYTHONPATH="$PYTHONPATH:$DEPS"
+fi
+"$PY" - <<'EOF' 2>&1 | tee -a "$LOG"
+import importlib
+for name in ("torch", "triton", "pytest", "diffusers", "matplotlib", "xdist"):
+    try:
+        print(f"{name} {getattr(importlib.import_module(name), '__version__', '?')}")
+    except Exception as err:
+        print(f"{name} MISSING ({type(err).__name__}: {err})")
+import torch
+print("cuda", torch.cuda.is_available(), torch.version.cuda,
+      torch.cuda.get_device_name() if torch.cuda.is_available() else "")
+EOF
+
+# (a) Correctness on CUDA: every interpreter case compiled for the GPU (fp32, ≤ 1e-5
+# against the quadratic reference), bf16/fp16 inputs, N = 8192 with many token ranges,
+# the gated layer under bf16 autocast. Workers in parallel when pytest-xdist is there
+# (each kernel variant compiles once per process).
+XDIST=()
+"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 6)
+stage "tests (CUDA, fp32 + bf16/fp16)" 90 \
+  "$PY" -m pytest -q -p no:cacheprovider -rs "${XDIST[@]}" tests/triton_cases.py
+
+# (b) Attention: DiT-S heads with torch.compile, then DiT-XL heads.
+stage "attention S heads" 120 \
+  "$PY" benchmarks/attention.py --device cuda --dtype bf16 --compile --min-tokens 1024 --step 2 \
+  --max-tokens 65536 --heads 6 --head-dim 64 --repeats 5 --time-cap 2 --math-cap-gib 4 \
+  --budget-s 85 --out "$DEST/attention_cuda_s.json"
+stage "attention XL heads" 70 \
+  "$PY" benchmarks/attention.py --device cuda --dtype bf16 --min-tokens 1024 --step 2 \
+  --max-tokens 65536 --heads 16 --head-dim 72 --repeats 5 --time-cap 2 --math-cap-gib 4 \
+  --budget-s 40 --out "$DEST/attention_cuda_xl.json"
+
+# (c) Whole models, bf16 weights and inputs.
+stage "model S/2 + XL/2" 100 \
+  "$PY" benchmarks/model.py --device cuda --dtype bf16 --sizes S/2,XL/2 --resolutions 256,512,1024 \
+  --batch 8 --repeats 5 --time-cap 5 --budget-s 65 --out "$DEST/model_cuda.json"
+
+# (d) Block sizes of the kernels (results for retuning launch_config).
+stage "triton block-size sweep" 45 \
+  "$PY" benchmarks/triton_configs.py --budget-s 30 --out "$DEST/triton_configs.json"
+
+log ""
+log "== summary (${SECONDS}s in all)"
+for line in "${SUMMARY[@]}"; do log "  $line"; done
+ls -la "$DEST" | tee -a "$LOG"

@@ -1,0 +1,94 @@
+"""Time the NaLa Triton kernels under other block sizes than ``launch_config`` picks.
+
+The defaults in ``nala_dit/triton_nala.py`` were chosen by reasoning about registers,
+without a GPU. This sweep (forward + backward, bf16 inputs, one (B, H, N, D) per head
+dim) says whether another (BLOCK_N, BV, num_warps) is faster; each configuration's output
+and gradients are checked against the default configuration's first, so a configuration
+that computes something else is reported, not timed. CUDA only.
+
+    python benchmarks/triton_configs.py --out runs/triton_configs.json --budget-s 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nala_dit import triton_nala  # noqa: E402
+from tests.utils import rel_rms  # noqa: E402
+
+OPTS = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
+
+
+def candidates(head_dim):
+    bd = triton_nala.launch_config(head_dim)["BD"]
+    out = []
+    for block_n in (32, 64, 128):
+        for bv in sorted({min(bd, 32), min(bd, 64), bd}):
+            for warps in (4, 8):
+                if block_n * bd > 64 * 128:     # (BLOCK_N × BD) blocks past 8K elements spill
+                    continue
+                out.append(dict(BLOCK_N=block_n, BV=bv, num_warps=warps))
+    return out
+
+
+def fwd_bwd(q, k, v, grad, config):
+    for t in (q, k, v):
+        t.grad = None
+    out = triton_nala.nala_attention_triton(q, k, v, 1.0, OPTS, config=config)
+    out.backward(grad)
+    return [out.detach().float()] + [t.grad.float() for t in (q, k, v)]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--head-dims", default="64,72", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--budget-s", type=float, default=0.0, help="stop after this many seconds (0: no limit)")
+    parser.add_argument("--out", default="runs/triton_configs.json")
+    args = parser.parse_args(argv)
+    from triton.testing import do_bench
+
+    device = torch.device("cuda")
+    start, rows = time.perf_counter(), []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for d in args.head_dims:
+        g = torch.Generator().manual_seed(0)
+        shape = (args.batch, args.heads, args.tokens, d)
+        q, k, v, grad = (torch.randn(shape, generator=g).to(device, torch.bfloat16) for _ in range(4))
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        default = triton_nala.launch_config(d)
+        ref = fwd_bwd(q, k, v, grad, None)
+        for config in candidates(d):
+            if args.budget_s and time.perf_counter() - start > args.budget_s:
+                rows.append(dict(head_dim=d, **config, skipped="budget spent"))
+                continue
+            row = dict(head_dim=d, **config, default=all(default[key] == val for key, val in config.items()))
+            try:
+                got = fwd_bwd(q, k, v, grad, config)
+                row["max_rel_rms_vs_default"] = max(rel_rms(a, b) for a, b in zip(ref, got))
+                if row["max_rel_rms_vs_default"] > 1e-2:
+                    row["skipped"] = "differs from the default configuration"
+                else:
+                    row["ms"] = do_bench(lambda: fwd_bwd(q, k, v, grad, config), warmup=5, rep=30)
+            except Exception as err:  # noqa: BLE001  (out of resources: shared memory, registers)
+                row["skipped"] = f"{type(err).__name__}: {str(err)[:200]}"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            # Written after every row: a stage killed at its time limit keeps what it measured.
+            out.write_text(json.dumps(dict(shape=dict(batch=args.batch, heads=args.heads, tokens=args.tokens),
+                                           dtype="bf16", mode="fwd+bwd", rows=rows), indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
