@@ -233,13 +233,15 @@ def inherit(student: DiT, source: dict[str, torch.Tensor], mode: str = "all-but-
                 dst.copy_(source[src_key][rows])
             got = source[src_key].numel() if isinstance(rows, slice) else dst.numel()
             report.rows.append((key, got, dst.numel() - got))
+            if not isinstance(rows, slice):
+                report.dropped.append((src_key, source[src_key].numel() - got))  # the variance rows
         elif how == "zero":
             # LePE at zero: the block's output starts as the inherited attention path alone.
             dst.zero_()
             report.rows.append((key, 0, dst.numel()))
         else:
             report.rows.append((key, 0, dst.numel()))
-    report.dropped = [(k, v.numel()) for k, v in source.items() if k not in used]
+    report.dropped += [(k, v.numel()) for k, v in source.items() if k not in used]
     return report
 
 

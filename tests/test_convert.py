@@ -112,6 +112,25 @@ def test_official_xl2_state_dict_converts_with_the_expected_counts():
     assert counts["inherited"][1] + counts["new"][1] == count_params(student)
 
 
+@pytest.mark.parametrize("family", ["DiT", "SiT"])
+def test_every_preset_pair_converts(family):
+    """DiT-X/p → NaLaDiT-X/p and SiT-X/p (released with 8 output channels) → NaLaSiT-X/p, ReLU/ELU too."""
+    from nala_dit.models import MODELS
+
+    for name in [n for n in MODELS if n.startswith(f"{family}-")]:
+        with torch.device("meta"):
+            source = create_model(name, learn_sigma=True).state_dict()
+            dropped = sum(v.numel() for k, v in source.items() if ".attn." in k)
+            if family == "SiT":  # the variance half of the released 8-channel final layer
+                dropped += sum(v.numel() for k, v in source.items() if k.startswith("final_layer.linear.")) // 2
+            for attention in ("nala", "relu", "elu"):
+                student = create_model(f"NaLa{name}", attention=attention)
+                counts = inherit(student, source).counts()
+                assert counts["dropped"][1] == dropped, (name, attention)
+                assert counts["inherited"][1] + counts["new"][1] == count_params(student), (name, attention)
+                assert counts["partial"] == (0,)
+
+
 def test_shape_mismatch_names_the_keys():
     teacher = randomised("DiT-T/2", num_classes=7)
     student = create_model("NaLaDiT-T/2", **DIGITS)
@@ -180,6 +199,23 @@ def test_init_from_official_pt_through_train_py(tmp_path, capsys):
     for key, value in teacher.state_dict().items():
         if ".attn." not in key:
             assert torch.equal(saved[key], value), key
+
+
+def test_checkpoint_and_pipeline_folder_sources(tmp_path):
+    """A run folder and its exported pipeline give the same teacher with its objective settings."""
+    import export
+    from nala_dit.convert import load_reference, objective_settings
+
+    teacher = randomised("DiT-T/2", seed=10)
+    run = write_checkpoint(tmp_path / "run", teacher, "DiT-T/2", **{"noise-schedule": "cosine"})
+    assert export.main(["checkpoint", str(run), str(tmp_path / "pipe")]) == 0
+    student = create_model("NaLaDiT-T/2", **DIGITS)
+    for path, kind in ((run, "checkpoint"), (tmp_path / "pipe", "pipeline")):
+        ref = load_reference(path, student, "NaLaDiT-T/2")
+        assert ref.kind == kind and not ref.model.training
+        loaded = ref.model.state_dict()
+        assert all(torch.equal(loaded[k], v) for k, v in teacher.state_dict().items()), kind
+        assert objective_settings("diffusion", ref.objective_config)["noise-schedule"] == "cosine", kind
 
 
 def test_bad_conversion_inputs_give_clear_errors(tmp_path, capsys):

@@ -86,7 +86,7 @@ CLI_CASES = [
      "--shardsize (did you mean --shard-size?)"),
     # an option the chosen model ignores is an error before anything loads
     ("train.py", ["--model", "DiT-T/2", "--lepe", "true", "--dry-run"], 2,
-     "--lepe (nala/relu/elu attention) does not apply to DiT-T/2"),
+     "--lepe applies to the gated layer (nala/relu/elu/softmax_gated attention), not to DiT-T/2"),
 ]
 
 _PROBE = """
