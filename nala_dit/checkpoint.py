@@ -88,7 +88,7 @@ def save_checkpoint(
 
 
 def remove_temporaries(ckpt_dir: str | os.PathLike) -> list[Path]:
-    """Delete half-written checkpoints left by killed runs (call while holding the run lock)."""
+    """Delete half-written checkpoints (or files) left by killed runs (call while holding the run lock)."""
     root = Path(ckpt_dir)
     stale = sorted(p for p in root.glob(f"{TMP_PREFIX}*")) if root.is_dir() else []
     for p in stale:
@@ -158,12 +158,14 @@ class Checkpoint:
     def model_config(self) -> dict:
         return self.state["model_config"]
 
-    def error(self, name: str, cause: str) -> CheckpointError:
-        """A one-line error naming ``self.path/name``, the cause and the way out."""
-        earlier = [p for p in list_checkpoints(self.path.parent) if int(p.name) < int(self.path.name)] \
-            if self.path.name.isdigit() else []
-        fix = (f"resume from the previous checkpoint (--resume {earlier[-1]}) or delete {self.path}" if earlier
-               else f"use another checkpoint or delete {self.path}")
+    def error(self, name: str, cause: str, fix: str | None = None) -> CheckpointError:
+        """A one-line error naming ``self.path/name``, the cause and the way out (by
+        default: the previous checkpoint, for a damaged file)."""
+        if fix is None:
+            earlier = [p for p in list_checkpoints(self.path.parent) if int(p.name) < int(self.path.name)] \
+                if self.path.name.isdigit() else []
+            fix = (f"resume from the previous checkpoint (--resume {earlier[-1]}) or delete {self.path}" if earlier
+                   else f"use another checkpoint or delete {self.path}")
         return CheckpointError(f"{self.path / name}: {cause}; {fix}")
 
     def _read(self, name: str, read):
@@ -185,7 +187,7 @@ class Checkpoint:
         tensors = self.weights(which)
         problem = state_dict_mismatch(module.state_dict(), tensors)
         if problem:
-            raise self.error(f"{which}.safetensors", f"does not fit this model ({problem}); "
+            raise self.error(f"{which}.safetensors", f"does not fit this model ({problem})",
                              f"build the model the checkpoint was trained with (see {self.path / STATE})")
         module.load_state_dict(tensors, strict=True)
 
@@ -266,6 +268,8 @@ def load_model(path: str | os.PathLike, weights: str = "ema") -> tuple[DiT, Chec
 # VAE that defines the latent space: a resume must not change them silently.
 OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps"),
                   "transport": ("path-type", "prediction", "loss-weight", "train-eps", "sample-eps")}
+# With a distillation teacher (convert.py) these are part of the loss too.
+DISTILL_KEYS = ("teacher", "distill-weight", "distill-sigma-weight")
 
 
 def config_changes(ckpt: Checkpoint, train_config: dict, model_config: dict) -> dict[str, tuple]:
@@ -286,7 +290,8 @@ def config_changes(ckpt: Checkpoint, train_config: dict, model_config: dict) -> 
         if _jsonable(stored) != _jsonable(now):
             changes[flag_name(key)] = (stored, now)
     objective = model_config.get("objective", "diffusion")
-    for key in (*OBJECTIVE_KEYS.get(objective, ()), "vae"):
+    distilled = ckpt.config.get("teacher") or train_config.get("teacher")
+    for key in (*OBJECTIVE_KEYS.get(objective, ()), "vae", *(DISTILL_KEYS if distilled else ())):
         stored, now = ckpt.config.get(key, train_config.get(key)), train_config.get(key)
         if _jsonable(stored) != _jsonable(now):
             changes[key] = (stored, now)

@@ -108,6 +108,9 @@ def check_types(cfg) -> None:
             continue
         if typ is float and isinstance(value, int) and not isinstance(value, bool):
             setattr(cfg, field.name, float(value))
+        elif typ is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)  # a number in YAML for a field that also takes words (norm-scale)
+            setattr(cfg, field.name, value)
         elif typ in (int, float, str, bool) and not isinstance(value, typ):
             raise ValueError(f"{name} must be {typ.__name__}, got {value!r}")
         if "choices" in field.metadata and value not in field.metadata["choices"]:

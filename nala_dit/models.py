@@ -25,7 +25,7 @@ import torch.utils.checkpoint
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
-from .attention import ATTENTIONS, build_attention
+from .attention import ATTENTIONS, LINEAR_KERNELS, build_attention
 from .options import FAMILIES, PATCHES, SIZES  # preset tables (plain data, shared with the CLIs)
 
 OBJECTIVES = ("diffusion", "transport")
@@ -183,11 +183,12 @@ class DiT(ModelMixin, ConfigMixin):
         direction: str = "cosine",
         power: float = 3.0,
         offset: float = 0.5,
-        norm_scale: float = 1.0,
+        norm_scale: float | str = 1.0,
         alpha: float = 20.0,
         lepe: bool = True,
         gate: bool = True,
         out_norm: bool = True,
+        rope: bool = False,
     ):
         super().__init__()
         if attention not in ATTENTIONS:
@@ -210,11 +211,15 @@ class DiT(ModelMixin, ConfigMixin):
         self.gradient_checkpointing = False
 
         attn_options = {}
-        if attention != "softmax":
+        if attention != "softmax":  # the gated layer of spec §4
             attn_options = dict(lepe=lepe, gate=gate, out_norm=out_norm)
+            if attention in LINEAR_KERNELS:
+                attn_options.update(rope=rope)
             if attention == "nala":
                 attn_options.update(direction=direction, power=power, offset=offset,
                                     norm_scale=norm_scale, alpha=alpha)
+        elif rope:
+            raise ValueError(f"rope applies to the linear kernels {LINEAR_KERNELS}, not to attention='softmax'")
 
         self.x_embedder = PatchEmbed(patch_size, in_channels, hidden_size)
         self.t_embedder = TimestepEmbedder(hidden_size)
@@ -254,6 +259,11 @@ class DiT(ModelMixin, ConfigMixin):
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
 
+        # A learned NaLa norm scale starts from the (just re-initialised) query weights.
+        for block in self.blocks:
+            if hasattr(block.attn, "reset_norm_scale"):
+                block.attn.reset_norm_scale()
+
         # adaLN-Zero: every block starts as the identity and the output as exactly 0.
         for block in self.blocks:
             nn.init.constant_(block.adaLN_modulation[-1].weight, 0)
@@ -291,11 +301,14 @@ class DiT(ModelMixin, ConfigMixin):
                 f"t and y must be (B,) = ({x.shape[0]},), got t {tuple(t.shape)} and y {tuple(y.shape)}"
             )
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
+                force_drop_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``force_drop_ids`` (B,) 1 = null label: fixes the label dropout (a distillation
+        teacher must see the labels its student saw) instead of drawing it."""
         self._check_input(x, t, y)
         h, w = x.shape[2] // self.patch_size, x.shape[3] // self.patch_size
         x = self.x_embedder(x) + self.position_embedding(h, w)        # (B, N, C)
-        c = self.t_embedder(t) + self.y_embedder(y, self.training)    # (B, C)
+        c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)  # (B, C)
         for block in self.blocks:
             if self.gradient_checkpointing and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, c, (h, w), use_reentrant=False)

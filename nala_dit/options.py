@@ -11,9 +11,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# attention.py: the attention kinds and NaLa's direction maps.
-ATTENTIONS = ("softmax", "nala", "relu", "elu")
+# attention.py: the attention kinds and NaLa's direction maps. "softmax" is DiT's own
+# layer; the others live in the gated layer of spec §4 (qkvg, LePE, LayerNorm, gate),
+# "softmax_gated" being softmax in that layer (to separate kernel from extras).
+ATTENTIONS = ("softmax", "nala", "relu", "elu", "softmax_gated")
+LINEAR_KERNELS = ("nala", "relu", "elu")
 DIRECTIONS = ("cosine", "relu_split")
+# NaLa's norm scale s in p = λ(τ + tanh(‖q‖/s)): a positive number (1 = the paper), or
+# one of these words: "sqrt_d" (s = √D) or "learned" (one s = exp(ρ) per head).
+NORM_SCALE_MODES = ("sqrt_d", "learned")
+
+
+def parse_norm_scale(value) -> float | str:
+    """``norm_scale`` as the model takes it: a positive finite float, "sqrt_d" or "learned".
+
+    Accepts numbers and numeric strings (a CLI flag or YAML value); anything else is a
+    ValueError that names the option and what it allows.
+    """
+    allowed = f"a positive number (1 = the paper's raw norm) or one of {NORM_SCALE_MODES}"
+    if isinstance(value, str) and value in NORM_SCALE_MODES:
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"norm_scale must be {allowed}, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"norm_scale must be {allowed}, got {value!r}") from None
+    if not (number > 0 and number != float("inf")):
+        raise ValueError(f"norm_scale must be {allowed}, got {value!r}")
+    return number
 
 # models.py builds one constructor per preset from these tables.
 # Sizes from the DiT paper (Table 1) plus a tiny one for tests and the demo.
@@ -54,6 +80,10 @@ DATASETS = ("digits-train", "digits-heldout")
 INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 
 
+# convert.py: what --init-from copies from a softmax model.
+INHERIT_MODES = ("all-but-attention", "attention-qkv")
+
+
 def _opt(help, **kw):
     return field(default=kw.pop("default", None), metadata=dict(help=help, **kw))
 
@@ -69,11 +99,14 @@ class TrainConfig:
     out_norm: bool | None = _opt("NaLa/linear: LayerNorm before the gate")
     power: float | None = _opt("NaLa λ")
     offset: float | None = _opt("NaLa τ")
-    norm_scale: float | None = _opt("NaLa s (query-norm scale)")
+    norm_scale: str | None = _opt("NaLa s in p = λ(τ + tanh(‖q‖/s)): a positive number (1 = the paper), "
+                                  "'sqrt_d' (s = √D) or 'learned' (one exp(ρ) per head)")
     alpha: float | None = _opt("NaLa α (direction sharpness)")
+    rope: bool | None = _opt("linear kernels: 2-D rotary embedding on the numerator features only "
+                             "(as the NaLa authors' code)")
     class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
     # data
-    data: str = field(default="digits", metadata=dict(help="'digits' (embedded), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
+    data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8), 'digits-canvas' (embedded, one digit on a 32x32 canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
     image_size: int = field(default=256, metadata=dict(help="image side in pixels (image folders)"))
     vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
     flip: bool = field(default=True, metadata=dict(help="random horizontal flips"))
@@ -113,10 +146,21 @@ class TrainConfig:
     sample_cfg_scale: float = field(default=1.0, metadata=dict(help="guidance scale for grids"))
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
     allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the checkpoint")
+    # conversion from a softmax model (nala_dit/convert.py, LiT's recipe)
+    init_from: str | None = _opt("start from a softmax DiT/SiT: official .pt, run/checkpoint folder (EMA) or pipeline folder")
+    inherit: str = field(default="all-but-attention", metadata=dict(help="what --init-from copies",
+                                                                    choices=list(INHERIT_MODES)))
+    teacher: str | None = _opt("distil from this model (same forms as --init-from; frozen, EMA weights)")
+    distill_weight: float = field(default=0.5, metadata=dict(help="weight of ‖teacher − student‖² on ε / velocity"))
+    distill_sigma_weight: float | None = _opt("weight on the learned-variance channels (default 0.05 if both learn it)")
 
     def validate(self) -> None:
+        if self.norm_scale is not None:
+            self.norm_scale = parse_norm_scale(self.norm_scale)
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
             raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
+        if self.distill_weight < 0 or (self.distill_sigma_weight or 0) < 0:
+            raise ValueError("distill-weight and distill-sigma-weight must be >= 0")
         for name in ("log_every", "ckpt_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1")
@@ -126,4 +170,5 @@ class TrainConfig:
 
 
 # The TrainConfig fields that override a preset's constructor arguments.
-MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha")
+MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha",
+                   "rope")

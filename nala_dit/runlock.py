@@ -72,20 +72,22 @@ class RunLock:
     def acquire(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         me = dict(pid=os.getpid(), host=socket.gethostname(), time=time.time())
-        for _ in range(3):
+        for _ in range(50):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 holder = self._read_holder()
-                if holder is None or holder_is_gone(holder):
-                    who = f"pid {holder.get('pid')}" if holder else "an unreadable lock"
-                    print(f"note: taking over the stale lock {self.path} ({who} is gone)")
-                    self.path.unlink(missing_ok=True)
+                if holder == {}:  # released meanwhile: try again
                     continue
+                if holder is None or holder_is_gone(holder):
+                    self._remove_stale(holder)
+                    continue
+                since = holder.get("time")
+                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else "?"
                 raise LockedError(
                     f"{self.what} is in use by pid {holder.get('pid')} on host {holder.get('host')} "
-                    f"(since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(holder.get('time', 0)))}, "
-                    f"lock file {self.path}); wait for it to finish{', or ' + self.hint if self.hint else ''}. "
+                    f"(since {since}, lock file {self.path}); wait for it to finish"
+                    f"{', or ' + self.hint if self.hint else ''}. "
                     f"If that process is gone (e.g. another machine crashed), delete {self.path}."
                 ) from None
             with os.fdopen(fd, "w") as f:
@@ -93,6 +95,28 @@ class RunLock:
             self.held = True
             return self
         raise LockedError(f"could not take the lock {self.path}: it keeps reappearing (another process races for it)")
+
+    def _remove_stale(self, holder: dict | None) -> None:
+        """Delete the stale lock we read, unless another process replaced it meanwhile.
+        A short-lived guard file makes check-and-delete atomic: two runs that find the
+        same stale lock cannot both delete it (the second would delete the first's new lock)."""
+        guard = self.path.with_name(self.path.name + ".takeover")
+        try:
+            fd = os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                if time.time() - guard.stat().st_mtime > 10:  # left by a process killed mid-takeover
+                    guard.unlink()
+            time.sleep(0.05)
+            return
+        try:
+            if self._read_holder() == holder:
+                who = f"pid {holder.get('pid')}" if holder else "an unreadable lock"
+                print(f"note: taking over the stale lock {self.path} ({who} is gone)")
+                self.path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+            guard.unlink(missing_ok=True)
 
     def _read_holder(self) -> dict | None:
         try:

@@ -100,6 +100,16 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+def _read_json(path: Path, fix: str) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"{path}: unreadable ({err}); {fix}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object; {fix}")
+    return value
+
+
 def remove_temporaries(out: Path, parts: Path) -> list[Path]:
     """Delete what killed runs left half-written: ``.tmp-<pid>-<out name>`` beside ``out``
     and ``.tmp-*`` in the shard folder (call while holding the output's lock)."""
@@ -176,7 +186,7 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
                   num_classes=num_classes, batch_size=batch_size, shard_size=shard_size)
     sidecar = Path(f"{out}.json")
     if out.is_file() and sidecar.is_file():
-        done = json.loads(sidecar.read_text())
+        done = _read_json(sidecar, f"delete it and {out} and rerun")
         if {k: done.get(k) for k in recipe} == recipe:
             if is_main:
                 print(f"{out} is already complete with these settings; nothing to do")
@@ -184,7 +194,7 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     parts.mkdir(parents=True, exist_ok=True)
     settings_file = parts / "settings.json"
     if settings_file.is_file():
-        stored = json.loads(settings_file.read_text())
+        stored = _read_json(settings_file, f"delete {parts} to start over")
         if stored != recipe:
             diff = {k: (stored.get(k), v) for k, v in recipe.items() if stored.get(k) != v}
             raise ValueError(f"{parts} holds shards made with other settings {diff} (stored, now); "

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from . import convert
 from . import data as data_lib
 from .checkpoint import (build_objective, config_changes, list_checkpoints, open_checkpoint, remove_temporaries,
                          save_checkpoint, set_aside_newer)
@@ -36,6 +37,8 @@ def build_dataset(cfg: TrainConfig, state=None):
     ``state`` (Accelerate) splits the ``--check-data`` pass over the processes."""
     if cfg.data == "digits":
         ds = data_lib.DigitsDataset("train")
+    elif cfg.data == "digits-canvas":
+        ds = data_lib.DigitsCanvasDataset("train")
     elif (Path(cfg.data) / data_lib.LATENT_META).is_file():
         ds = data_lib.LatentDataset(cfg.data)
         if cfg.vae is None:
@@ -67,6 +70,39 @@ def build_model(cfg: TrainConfig, num_classes: int, in_channels: int, input_size
                         class_dropout_prob=cfg.class_dropout_prob, **overrides)
 
 
+# Parameters that weight decay must not pull towards 0: a learned NaLa norm scale is
+# exp(ρ), and decaying ρ would drag every scale to s = 1 (the saturated regime).
+NO_DECAY = ("log_norm_scale",)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: everything decays except ``NO_DECAY`` parameters (one group when a
+    model has none, so optimizer states of older checkpoints still load)."""
+    decay, keep = [], []
+    for name, p in model.named_parameters():
+        (keep if name.rsplit(".", 1)[-1] in NO_DECAY else decay).append(p)
+    groups = [dict(params=decay, weight_decay=weight_decay)]
+    if keep:
+        groups.append(dict(params=keep, weight_decay=0.0))
+    return groups
+
+
+def exponent_log(layers) -> dict:
+    """The NaLa exponent statistics of the last forward: the first layer's as
+    ``nala/exponent_mean`` / ``nala/exponent_std`` / ``nala/saturated`` (as before), and the
+    saturated share and mean exponent of every layer as ``nala/layer{i}/...``."""
+    values = {}
+    for i, layer in enumerate(layers):
+        stats = getattr(layer, "last_stats", None)
+        if not stats:
+            continue
+        if not values:
+            values.update({f"nala/{k}": v for k, v in stats.items()})
+        values[f"nala/layer{i}/exponent_mean"] = stats["exponent_mean"]
+        values[f"nala/layer{i}/saturated"] = stats["saturated"]
+    return values
+
+
 def step_seed(seed: int, rank: int, step: int) -> int:
     """A distinct, reproducible RNG stream per (seed, rank, step)."""
     return (seed * 1_000_003 + step * 4099 + rank) % (2**63)
@@ -92,7 +128,7 @@ class Logger:
             from torch.utils.tensorboard import SummaryWriter
 
             truncate_log(run_dir / "log.jsonl", step)
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=step + 1 if step else None)
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=step + 1)
             self.file = open(run_dir / "log.jsonl", "a")
 
     def log(self, step: int, values: dict) -> None:
@@ -161,6 +197,21 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
         torch.set_rng_state(rng)
 
 
+def resumed_position(ckpt, micro_batch: int, print=print) -> int:
+    """The data position (micro-batches into this epoch, per process) to resume at. It is
+    stored in the checkpoint's micro-batches; a new batch size keeps the number of
+    images already seen this epoch (rounded down) instead of skipping or repeating."""
+    stored = ckpt.config
+    old_micro = stored.get("global-batch-size", 0) // max(1, ckpt.state["world_size"] * stored.get("grad-accum", 1))
+    position = ckpt.state["position"]
+    if old_micro and old_micro != micro_batch:
+        converted = position * old_micro // micro_batch
+        print(f"resume: micro-batch {old_micro} → {micro_batch}: data position {position} → {converted} "
+              f"({position * old_micro} images into epoch {ckpt.state['epoch']})")
+        return converted
+    return position
+
+
 def train(cfg: TrainConfig) -> Path:
     """Train; returns the run folder. Raises with a clear message on bad input.
 
@@ -171,9 +222,14 @@ def train(cfg: TrainConfig) -> Path:
     accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
     check_process_count(accelerator.num_processes, "train.py")
     run_dir = cfg.run_dir()
-    with hold_lock(run_dir / LOCK_NAME, f"run folder {run_dir}", "choose another --exp-name / --results-dir",
-                   accelerator):
-        return _train(cfg, accelerator)
+    try:
+        with hold_lock(run_dir / LOCK_NAME, f"run folder {run_dir}", "choose another --exp-name / --results-dir",
+                       accelerator):
+            return _train(cfg, accelerator)
+    finally:
+        if accelerator.is_main_process:
+            with contextlib.suppress(OSError):  # only when empty: a run that failed at once leaves no folder
+                run_dir.rmdir()
 
 
 def _train(cfg: TrainConfig, accelerator) -> Path:
@@ -204,8 +260,9 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             f"{run_dir} already holds checkpoints; pass --resume auto to continue it, "
             f"or choose another --exp-name / --results-dir"
         )
-    if accelerator.is_main_process:
-        remove_temporaries(ckpt_dir)  # half-written saves of killed runs (we hold the lock)
+    if accelerator.is_main_process:  # half-written files of killed runs (we hold the lock)
+        remove_temporaries(run_dir)
+        remove_temporaries(ckpt_dir)
 
     dataset = build_dataset(cfg, accelerator)
     vae, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
@@ -216,14 +273,21 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     channels, side = model_space(dataset, vae)
     model = build_model(cfg, dataset.num_classes, channels, side)
     objective = build_objective(dict(model.config), to_dict(cfg))
+    if cfg.init_from and resume_from is None:
+        report = convert.init_from(cfg.init_from, model, cfg.model, cfg.inherit, to_dict(cfg))
+        accelerator.print(report.table())
+    distiller = None
+    if cfg.teacher:  # not saved in checkpoints: its path is in the config, reloaded on resume
+        distiller = convert.Distiller.load(cfg.teacher, model, cfg.model, to_dict(cfg), cfg.distill_weight,
+                                           cfg.distill_sigma_weight, device)
     ema = copy.deepcopy(model).float().requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
 
     step, epoch, position = 0, 0, 0
     if resume_from is not None:
         ckpt = open_checkpoint(resume_from)
         restore(ckpt, cfg, model, ema, optimizer, world, rank, accelerator.print)
-        step, epoch, position = ckpt.step, ckpt.state["epoch"], ckpt.state["position"]
+        step, epoch, position = ckpt.step, ckpt.state["epoch"], resumed_position(ckpt, micro_batch, accelerator.print)
         accelerator.print(f"resumed from {ckpt.path} at step {step}")
         if accelerator.is_main_process:
             # A rollback: this run's later checkpoints belong to the abandoned branch.
@@ -272,10 +336,17 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         return x
 
     def loss_fn(x, y):
+        """(loss, its terms [L_simple, distillation, variance distillation]) of one micro-batch."""
+        fn = distiller.watch(train_model) if distiller else train_model
         if model.config.objective == "diffusion":
             t = torch.randint(0, objective.num_timesteps, (x.shape[0],), device=device)
-            return objective.training_losses(train_model, x, t, y)["loss"].mean()
-        return objective.training_losses(train_model, x, y)["loss"].mean()
+            loss = objective.training_losses(fn, x, t, y)["loss"].mean()
+        else:
+            loss = objective.training_losses(fn, x, y)["loss"].mean()
+        if distiller is None:
+            return loss, loss.detach().reshape(1)
+        extra, terms = distiller.terms()
+        return loss + extra, torch.cat([loss.detach().reshape(1), terms])
 
     grid_noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
     grid_labels = (torch.arange(16) % dataset.num_classes).to(device)
@@ -292,13 +363,15 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             accelerator.print(f"saved checkpoint {path}")
         accelerator.wait_for_everyone()
 
-    first_block = model.blocks[0].attn if len(model.blocks) else None
+    # NaLa layers record their exponent statistics on log steps only (a norm per layer).
+    stat_layers = [b.attn for b in model.blocks if hasattr(b.attn, "record_stats")]
     progress = tqdm(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
                     desc=f"train {cfg.model}", dynamic_ncols=True)
     # Losses stay on the device between log steps: no host sync in the step itself. A
     # non-finite loss is remembered by step and checked (across ranks) at every log step
     # and before every checkpoint, so no NaN weights are ever saved.
     window_loss = torch.zeros((), device=device)
+    window_terms = torch.zeros(3 if distiller else 1, device=device)
     first_bad = torch.full((), -1, dtype=torch.long, device=device)
     window_steps, window_start = 0, time.perf_counter()
 
@@ -317,8 +390,8 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     while step < cfg.max_steps:
         torch.manual_seed(step_seed(cfg.seed, rank, step))
         log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps
-        if first_block is not None and hasattr(first_block, "record_stats"):
-            first_block.record_stats = log_now
+        for layer in stat_layers:
+            layer.record_stats = log_now
         local = torch.zeros((), device=device)
         for micro in range(cfg.grad_accum):
             x, y = next_batch()
@@ -327,9 +400,10 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             sync = micro == cfg.grad_accum - 1
             with accelerator.no_sync(train_model) if not sync else contextlib.nullcontext():
                 with accelerator.autocast():
-                    loss = loss_fn(x, y)
+                    loss, terms = loss_fn(x, y)
                 accelerator.backward(loss / cfg.grad_accum)
             local += loss.detach().float() / cfg.grad_accum
+            window_terms += terms.float() / cfg.grad_accum
         if cfg.max_grad_norm > 0:
             accelerator.clip_grad_norm_(train_model.parameters(), cfg.max_grad_norm)
         optimizer.step()
@@ -347,11 +421,14 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             values = dict(loss=per_rank.mean().item(), loss_per_rank=per_rank.tolist(),
                           steps_per_sec=window_steps / elapsed,
                           images_per_sec=window_steps * cfg.global_batch_size / elapsed)
-            if first_block is not None and getattr(first_block, "last_stats", None):
-                values.update({f"nala/{k}": v for k, v in first_block.last_stats.items()})
+            values.update(exponent_log(stat_layers))
+            if distiller:
+                terms = accelerator.gather((window_terms / window_steps).unsqueeze(0)).mean(0).tolist()
+                values.update(loss_simple=terms[0], loss_distill=terms[1], loss_distill_sigma=terms[2])
             logger.log(step, values)
             progress.set_postfix(loss=f"{values['loss']:.4f}", img_s=f"{values['images_per_sec']:.1f}")
             window_loss.zero_()
+            window_terms.zero_()
             window_steps, window_start = 0, time.perf_counter()
         if cfg.sample_every > 0 and step % cfg.sample_every == 0 and accelerator.is_main_process:
             write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",

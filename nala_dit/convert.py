@@ -1,0 +1,325 @@
+"""Linearise a trained softmax DiT / SiT: weight inheritance and teacher distillation.
+
+Following LiT (Wang et al., arXiv 2501.12976, "Delving into a Simplified Linear
+Diffusion Transformer"), a NaLa (or ReLU / 1+ELU) student starts from a softmax model:
+
+* ``inherit(student, state, "all-but-attention")`` copies every tensor except the
+  attention's (LiT's recipe: patch/time/label embedders, adaLN, MLPs, final layer);
+* ``"attention-qkv"`` also maps the softmax ``attn.qkv`` onto the q, k, v rows of the
+  student's ``attn.qkvg`` and ``attn.proj`` onto ``attn.proj``; the gate rows and the
+  output LayerNorm keep their fresh init and LePE starts at zero, so the block begins
+  as close to the teacher's as a different kernel allows.
+
+``Distiller`` adds LiT's teacher terms to the training loss: on the same noisy input,
+time and (dropped) label, ``weight·‖out_t − out_s‖²`` over the prediction channels
+(ε for DiT, the velocity / model output for SiT) and ``sigma_weight·‖Σ_t − Σ_s‖²``
+over the learned-variance channels (LiT: L_simple + 0.5·ε + 0.05·Σ).
+
+A source or teacher is an official ``.pt`` (DiT-XL-2-256x256.pt, SiT-XL-2-256.pt),
+a training run / checkpoint folder (EMA weights) or an exported pipeline folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .models import DiT
+from .options import INHERIT_MODES
+LIT_DISTILL_WEIGHT, LIT_SIGMA_WEIGHT = 0.5, 0.05
+_ATTN = re.compile(r"^blocks\.\d+\.attn\.")
+# What must agree between a student and the model it inherits from or distils from.
+_SAME_IO = ("objective", "num_classes", "in_channels", "input_size", "patch_size")
+_SAME_TRUNK = ("hidden_size", "depth", "mlp_ratio")
+
+
+@dataclass
+class Reference:
+    """A trained model to inherit from or distil from, with its objective settings."""
+
+    model: DiT
+    objective_config: dict          # flag-named keys (``noise-schedule``, ``path-type``, ...)
+    path: str
+    kind: str                       # "official", "checkpoint" or "pipeline"
+
+    def describe(self) -> str:
+        c = self.model.config
+        return f"{self.path} ({self.kind}, {c.attention} attention, {c.objective})"
+
+
+def softmax_preset(student_preset: str) -> str:
+    """The softmax preset a student's weights come from: NaLaDiT-XL/2 → DiT-XL/2."""
+    return student_preset.replace("NaLa", "", 1) if student_preset.startswith("NaLa") else student_preset
+
+
+def _official_file(preset: str, input_size: int) -> str:
+    """The published file for a softmax preset (DiT/SiT released only XL/2)."""
+    px = input_size * 8
+    if preset.startswith("SiT"):
+        return f"SiT-XL-2-{px}.pt (linked from github.com/willisma/SiT's README)"
+    return f"DiT-XL-2-{px}x{px}.pt (https://dl.fbaipublicfiles.com/DiT/models/DiT-XL-2-{px}x{px}.pt)"
+
+
+def load_reference(path: str | os.PathLike, student: DiT, student_preset: str) -> Reference:
+    """An official ``.pt``, a checkpoint / run folder (EMA weights) or a pipeline folder
+    (its transformer only: a teacher needs no VAE)."""
+    from .checkpoint import OBJECTIVE_KEYS, load_model
+    from .sources import assert_no_meta, load_official_state_dict, model_from_official, read_pipeline_index
+
+    p = Path(path)
+    if p.is_file() or (not p.exists() and p.suffix in (".pt", ".pth")):
+        preset = softmax_preset(student_preset)
+        if not p.exists():
+            raise FileNotFoundError(
+                f"official checkpoint not found: {p}. Nothing is downloaded at run time: fetch "
+                f"{_official_file(preset, student.config.input_size)} on a connected machine and pass its path")
+        model = model_from_official(load_official_state_dict(p), preset, image_size=student.config.input_size * 8,
+                                    num_classes=student.config.num_classes)
+        return Reference(model, {}, str(p), "official")
+    if not p.exists():
+        raise FileNotFoundError(f"no official .pt, checkpoint, run folder or pipeline folder at {p}")
+    if (p / "model_index.json").is_file():
+        index = read_pipeline_index(p)
+        model = DiT.from_pretrained(str(p / "transformer"))
+        assert_no_meta(model, f"{p}/transformer")
+        return Reference(model.eval(), dict(index.get("objective_config") or {}), str(p), "pipeline")
+    model, ckpt = load_model(p, "ema")
+    keys = OBJECTIVE_KEYS[model.config.objective]
+    objective_config = {k: ckpt.config[k] for k in keys if ckpt.config.get(k) is not None}
+    return Reference(model, objective_config, str(ckpt.path), "checkpoint")
+
+
+def objective_settings(objective_kind: str, objective_config: dict) -> dict:
+    """The settings that define a training target, with the project's defaults filled in."""
+    from .checkpoint import build_objective
+
+    obj = build_objective({"objective": objective_kind, "learn_sigma": False}, objective_config)
+    if objective_kind == "diffusion":
+        return {"noise-schedule": objective_config.get("noise-schedule", "linear"),
+                "diffusion-steps": obj.num_timesteps}
+    return {"path-type": obj.path.kind, "prediction": obj.prediction, "train-eps": obj.train_eps}
+
+
+def check_compatible(ref: Reference, student: DiT, student_objective_config: dict, role: str,
+                     trunk: bool = False) -> None:
+    """Raise naming both sides if ``ref`` cannot serve ``student`` as ``role``."""
+    s, r = student.config, ref.model.config
+    keys = _SAME_IO + (_SAME_TRUNK if trunk else ())
+    problems = [f"{k}={r[k]} vs {s[k]}" for k in keys if r[k] != s[k]]
+    if not problems:
+        ours = objective_settings(s.objective, student_objective_config)
+        theirs = objective_settings(r.objective, ref.objective_config)
+        problems = [f"{k}={theirs[k]} vs {ours[k]}" for k in ours if ours[k] != theirs[k]]
+    if problems:
+        raise ValueError(f"{role} {ref.describe()} does not match the student (theirs vs student's): "
+                         f"{'; '.join(problems)}. Use a {role.lstrip('-')} trained on the same data, "
+                         f"objective and patch size, or change the student's flags to match")
+
+
+# ------------------------------------------------------------------ inheritance
+@dataclass
+class InheritReport:
+    """What ``inherit`` did, per tensor: copied / new element counts and dropped keys."""
+
+    mode: str
+    rows: list = field(default_factory=list)       # (student key, inherited elements, new elements)
+    dropped: list = field(default_factory=list)    # (source key, elements)
+
+    def counts(self) -> dict:
+        """Tensor and element counts: inherited (whole), partial, new, dropped."""
+        out = {k: [0, 0] for k in ("inherited", "partial", "new", "dropped")}
+        for _, got, new in self.rows:
+            kind = "inherited" if new == 0 else "new" if got == 0 else "partial"
+            out[kind][0] += 1
+        for _, n in self.dropped:
+            out["dropped"][0] += 1
+            out["dropped"][1] += n
+        out["inherited"][1] = sum(got for _, got, _ in self.rows)  # copied elements, partial ones included
+        out["new"][1] = sum(new for _, _, new in self.rows)
+        del out["partial"][1]
+        return {k: tuple(v) for k, v in out.items()}
+
+    def table(self) -> str:
+        """Inherited / new / dropped parameters (elements) by module, blocks folded together."""
+        groups: dict[str, list[int]] = {}
+
+        def group(key):
+            return groups.setdefault(re.sub(r"\.\d+\.", ".*.", key.rsplit(".", 1)[0]), [0, 0, 0])
+
+        for key, got, new in self.rows:
+            g = group(key)
+            g[0] += got
+            g[1] += new
+        for key, n in self.dropped:
+            group(key)[2] += n
+        width = max(len(k) for k in groups)
+        lines = [f"inheritance ({self.mode}):", f"{'module':<{width}}  {'inherited':>12}  {'new':>12}  {'dropped':>12}"]
+        for name, (got, new, drop) in groups.items():
+            lines.append(f"{name:<{width}}  {got:>12,}  {new:>12,}  {drop:>12,}")
+        total = [sum(v[i] for v in groups.values()) for i in range(3)]
+        lines.append(f"{'total':<{width}}  {total[0]:>12,}  {total[1]:>12,}  {total[2]:>12,}")
+        return "\n".join(lines)
+
+
+def _variance_free_rows(student: DiT) -> torch.Tensor:
+    """Rows of a learned-sigma final layer that hold the prediction channels.
+
+    The output of a patch is laid out (p, p, C_out) with channels fastest (``unpatchify``),
+    so SiT's released 8-channel layer maps onto a 4-channel SiT student by keeping the first
+    C of every 2C rows.
+    """
+    p, c = student.patch_size, student.in_channels
+    return torch.arange(p * p * 2 * c).view(p * p, 2 * c)[:, :c].reshape(-1)
+
+
+@torch.no_grad()
+def inherit(student: DiT, source: dict[str, torch.Tensor], mode: str = "all-but-attention") -> InheritReport:
+    """Copy ``source`` (a softmax model's state dict) into ``student`` in place; see the module doc.
+
+    Shape mismatches are an error naming every key; nothing is copied then.
+    """
+    if mode not in INHERIT_MODES:
+        raise ValueError(f"--inherit {mode!r} is not one of {', '.join(INHERIT_MODES)}")
+    target = student.state_dict()
+    report = InheritReport(mode)
+    plan, problems, used = [], [], set()
+    dim = student.config.hidden_size
+    for key, dst in target.items():
+        if _ATTN.match(key):
+            src_key = key.replace(".attn.qkvg.", ".attn.qkv.") if mode == "attention-qkv" else None
+            if mode == "attention-qkv" and ".attn.lepe." in key:
+                plan.append((key, "zero", None))
+                continue
+            if src_key is None or src_key not in source:
+                plan.append((key, "new", None))
+                continue
+            src = source[src_key]
+            if ".qkvg." in key and src.shape[0] == 3 * dim and dst.shape[0] in (3 * dim, 4 * dim) \
+                    and src.shape[1:] == dst.shape[1:]:
+                plan.append((key, "rows", (src_key, slice(0, 3 * dim))))  # q, k, v rows; the gate rows stay fresh
+                used.add(src_key)
+                continue
+        else:
+            src_key = key
+            if src_key not in source:
+                plan.append((key, "new", None))
+                continue
+            src = source[src_key]
+        if src.shape == dst.shape:
+            plan.append((key, "copy", src_key))
+        elif key.startswith("final_layer.linear.") and not student.config.learn_sigma \
+                and src.shape[0] == 2 * dst.shape[0] and src.shape[1:] == dst.shape[1:]:
+            plan.append((key, "rows", (src_key, _variance_free_rows(student))))
+        else:
+            problems.append(f"{key}: source {tuple(src.shape)} vs student {tuple(dst.shape)}")
+        used.add(src_key)
+    if problems:
+        raise ValueError(f"cannot inherit: {len(problems)} shape mismatches between the source and the student: "
+                         f"{'; '.join(problems[:6])}{' ...' if len(problems) > 6 else ''}")
+    for key, how, arg in plan:
+        dst = target[key]
+        if how == "copy":
+            dst.copy_(source[arg])
+            report.rows.append((key, dst.numel(), 0))
+        elif how == "rows":
+            src_key, rows = arg
+            if isinstance(rows, slice):
+                dst[rows].copy_(source[src_key])
+            else:
+                dst.copy_(source[src_key][rows])
+            got = source[src_key].numel() if isinstance(rows, slice) else dst.numel()
+            report.rows.append((key, got, dst.numel() - got))
+            if not isinstance(rows, slice):
+                report.dropped.append((src_key, source[src_key].numel() - got))  # the variance rows
+        elif how == "zero":
+            # LePE at zero: the block's output starts as the inherited attention path alone.
+            dst.zero_()
+            report.rows.append((key, 0, dst.numel()))
+        else:
+            report.rows.append((key, 0, dst.numel()))
+    report.dropped += [(k, v.numel()) for k, v in source.items() if k not in used]
+    return report
+
+
+def init_from(path: str | os.PathLike, student: DiT, student_preset: str, mode: str,
+              student_objective_config: dict) -> InheritReport:
+    """``train.py --init-from``: check the source, then ``inherit`` its (EMA) weights."""
+    if mode not in INHERIT_MODES:
+        raise ValueError(f"--inherit {mode!r} is not one of {', '.join(INHERIT_MODES)}")
+    ref = load_reference(path, student, student_preset)
+    if ref.model.config.attention != "softmax":
+        raise ValueError(f"--init-from {ref.describe()} is a {ref.model.config.attention}-attention model, not a "
+                         f"softmax DiT/SiT; inheritance converts softmax weights (give the DiT/SiT checkpoint "
+                         f"or official .pt the student {student_preset} should start from)")
+    check_compatible(ref, student, student_objective_config, "--init-from", trunk=True)
+    if mode == "attention-qkv" and ref.model.config.num_heads != student.config.num_heads:
+        raise ValueError(f"--inherit attention-qkv: the source has {ref.model.config.num_heads} heads, the student "
+                         f"{student.config.num_heads}; use all-but-attention or the same head count")
+    return inherit(student, ref.model.state_dict(), mode)
+
+
+# ------------------------------------------------------------------ distillation
+def _sq_err(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Mean squared error per sample, then over the batch (as L_simple's ``mean_flat``)."""
+    return (a.float() - b.float()).pow(2).flatten(1).mean(1).mean()
+
+
+class Distiller:
+    """A frozen teacher and LiT's output-matching terms, fed by the student's own call.
+
+    ``watch(model_fn)`` wraps the student for one loss computation: it draws the label
+    dropout itself (the same ``torch.rand`` ``LabelEmbedder.token_drop`` would, so the
+    RNG stream and the student's inputs are unchanged) and records the student's inputs
+    and output; ``terms()`` then runs the teacher on exactly those inputs. The teacher
+    is never wrapped for DDP: every process holds its own copy.
+    """
+
+    def __init__(self, teacher: DiT, student: DiT, weight: float, sigma_weight: float | None):
+        both_sigma = teacher.config.learn_sigma and student.config.learn_sigma
+        if sigma_weight is None:
+            sigma_weight = LIT_SIGMA_WEIGHT if both_sigma else 0.0
+        if sigma_weight and not both_sigma:
+            raise ValueError(f"--distill-sigma-weight {sigma_weight}: matching the learned variance needs "
+                             f"learn_sigma on both (teacher {teacher.config.learn_sigma}, student "
+                             f"{student.config.learn_sigma}); set it to 0")
+        if student.config.class_dropout_prob > 0 and teacher.null_label is None:
+            raise ValueError("the student drops labels for guidance but the teacher has no null class "
+                             "(trained with class-dropout-prob 0); use --class-dropout-prob 0 or another teacher")
+        if weight < 0 or sigma_weight < 0:
+            raise ValueError(f"distillation weights must be >= 0, got {weight} and {sigma_weight}")
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.weight, self.sigma_weight = weight, sigma_weight
+        self.dropout_prob = student.config.class_dropout_prob
+        self._last = None
+
+    @classmethod
+    def load(cls, path, student: DiT, student_preset: str, student_objective_config: dict, weight: float,
+             sigma_weight: float | None, device) -> "Distiller":
+        ref = load_reference(path, student, student_preset)
+        check_compatible(ref, student, student_objective_config, "--teacher")
+        return cls(ref.model.to(device), student, weight, sigma_weight)
+
+    def watch(self, model_fn):
+        def student_fn(x, t, y):
+            drop = None
+            if self.dropout_prob > 0:
+                drop = (torch.rand(y.shape[0], device=y.device) < self.dropout_prob).long()
+            out = model_fn(x, t, y, force_drop_ids=drop)
+            self._last = (x, t, y, drop, out)
+            return out
+        return student_fn
+
+    def terms(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weighted sum, [prediction term, variance term]) for the last watched call."""
+        x, t, y, drop, out = self._last
+        self._last = None
+        with torch.no_grad():
+            target = self.teacher(x.detach(), t, y, force_drop_ids=drop)
+        c = x.shape[1]
+        pred = _sq_err(target[:, :c], out[:, :c])
+        sigma = _sq_err(target[:, c:2 * c], out[:, c:2 * c]) if self.sigma_weight else pred.new_zeros(())
+        return self.weight * pred + self.sigma_weight * sigma, torch.stack([pred.detach(), sigma.detach()])

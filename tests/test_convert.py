@@ -1,0 +1,303 @@
+"""Linearising a softmax DiT/SiT: weight inheritance, distillation, train.py --init-from / --teacher."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import train as train_cli
+from nala_dit import checkpoint as ckpt_lib
+from nala_dit.config import to_dict
+from nala_dit.convert import Distiller, InheritReport, Reference, check_compatible, inherit
+from nala_dit.diffusion import GaussianDiffusion
+from nala_dit.models import count_params, create_model
+from nala_dit.training import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS = dict(input_size=8, in_channels=1, num_classes=10)  # what train.py builds for --data digits
+TINY_RUN = ["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "8", "--num-workers", "0",
+            "--sample-every", "0", "--log-every", "1", "--flip", "false"]
+
+
+def randomised(preset, seed=0, **overrides):
+    """A model whose every tensor is random (adaLN-Zero would leave many exactly 0)."""
+    torch.manual_seed(seed)
+    model = create_model(preset, **{**DIGITS, **overrides})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def write_checkpoint(run_dir, model, preset, **config):
+    """A train.py checkpoint of ``model`` (EMA = raw weights), without training."""
+    cfg = {**to_dict(TrainConfig(model=preset)), **config}
+    ckpt_lib.save_checkpoint(run_dir / "checkpoints", model=model, ema=model,
+                             optimizer=torch.optim.AdamW(model.parameters()),
+                             state=dict(step=1, epoch=0, position=0, world_size=1, config=cfg,
+                                        model_config=dict(model.config)),
+                             rng_states=[torch.get_rng_state()])
+    return run_dir
+
+
+def read_log(run_dir):
+    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("attention", ["nala", "relu"])
+def test_all_but_attention_copies_exactly_the_reported_tensors(attention):
+    teacher = randomised("DiT-T/2", seed=1)
+    student = create_model("NaLaDiT-T/2", attention=attention, **DIGITS)
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    report = inherit(student, teacher.state_dict(), "all-but-attention")
+    after, source = student.state_dict(), teacher.state_dict()
+    attn = [k for k in after if ".attn." in k]
+    for key, value in after.items():
+        expected = before[key] if ".attn." in key else source[key]
+        assert torch.equal(value, expected), key
+    counts = report.counts()
+    assert counts["inherited"] == (len(after) - len(attn), sum(source[k].numel() for k in after if k not in attn))
+    assert counts["new"] == (len(attn), sum(after[k].numel() for k in attn))
+    assert counts["dropped"][0] == 4 * teacher.config.depth  # qkv and proj, weight and bias
+    assert "blocks.*.attn.qkvg" in report.table() and "total" in report.table()
+
+
+def test_attention_qkv_maps_qkv_rows_and_proj_and_zeroes_lepe():
+    teacher = randomised("DiT-T/2", seed=2)
+    student = create_model("NaLaDiT-T/2", **DIGITS)
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    report = inherit(student, teacher.state_dict(), "attention-qkv")
+    s, t, c = student.state_dict(), teacher.state_dict(), student.config.hidden_size
+    for i in range(student.config.depth):
+        pre = f"blocks.{i}.attn."
+        for part in ("weight", "bias"):
+            assert torch.equal(s[pre + f"qkvg.{part}"][:3 * c], t[pre + f"qkv.{part}"])
+            assert torch.equal(s[pre + f"qkvg.{part}"][3 * c:], before[pre + f"qkvg.{part}"][3 * c:])  # gate: fresh
+            assert torch.equal(s[pre + f"proj.{part}"], t[pre + f"proj.{part}"])
+            assert not s[pre + f"lepe.{part}"].any()
+            assert torch.equal(s[pre + f"out_norm.{part}"], before[pre + f"out_norm.{part}"])
+    assert report.counts()["dropped"] == (0, 0)
+    assert report.counts()["partial"] == (2 * student.config.depth,)
+
+
+def test_sit_final_layer_keeps_the_prediction_channels():
+    """SiT's released weights have DiT's 8 output channels; a 4-channel SiT student keeps the first 4."""
+    teacher = randomised("SiT-T/2", seed=3, in_channels=4, learn_sigma=True)
+    student = create_model("NaLaSiT-T/2", **{**DIGITS, "in_channels": 4})
+    inherit(student, teacher.state_dict(), "all-but-attention")
+    x = torch.randn(3, 5, teacher.config.hidden_size)
+    p, c = 2, 4
+    full = teacher.final_layer.linear(x).reshape(3, 5, p, p, 2 * c)[..., :c].reshape(3, 5, -1)
+    assert torch.equal(student.final_layer.linear(x), full)
+
+
+def test_official_xl2_state_dict_converts_with_the_expected_counts():
+    """An official-layout DiT-XL/2 state dict (meta tensors: names and shapes, no memory)."""
+    with torch.device("meta"):
+        official = create_model("DiT-XL/2").state_dict()
+        student = create_model("NaLaDiT-XL/2")
+    assert sum(v.numel() for v in official.values()) == 675_129_632  # the DiT paper's count
+    report = inherit(student, official, "all-but-attention")
+    c, depth = 1152, 28
+    softmax_attn = 4 * c * c + 4 * c                                   # qkv + proj
+    nala_attn = (4 * c * c + 4 * c) + (25 * c + c) + 2 * c + (c * c + c)  # qkvg + lepe + LayerNorm + proj
+    counts = report.counts()
+    assert counts["inherited"] == (292 - 4 * depth, 675_129_632 - depth * softmax_attn)
+    assert counts["new"] == (8 * depth, depth * nala_attn)
+    assert counts["dropped"] == (4 * depth, depth * softmax_attn)
+    assert counts["inherited"][1] + counts["new"][1] == count_params(student)
+
+
+@pytest.mark.parametrize("family", ["DiT", "SiT"])
+def test_every_preset_pair_converts(family):
+    """DiT-X/p → NaLaDiT-X/p and SiT-X/p (released with 8 output channels) → NaLaSiT-X/p, ReLU/ELU too."""
+    from nala_dit.models import MODELS
+
+    for name in [n for n in MODELS if n.startswith(f"{family}-")]:
+        with torch.device("meta"):
+            source = create_model(name, learn_sigma=True).state_dict()
+            dropped = sum(v.numel() for k, v in source.items() if ".attn." in k)
+            if family == "SiT":  # the variance half of the released 8-channel final layer
+                dropped += sum(v.numel() for k, v in source.items() if k.startswith("final_layer.linear.")) // 2
+            for attention in ("nala", "relu", "elu"):
+                student = create_model(f"NaLa{name}", attention=attention)
+                counts = inherit(student, source).counts()
+                assert counts["dropped"][1] == dropped, (name, attention)
+                assert counts["inherited"][1] + counts["new"][1] == count_params(student), (name, attention)
+                assert counts["partial"] == (0,)
+
+
+def test_shape_mismatch_names_the_keys():
+    teacher = randomised("DiT-T/2", num_classes=7)
+    student = create_model("NaLaDiT-T/2", **DIGITS)
+    with pytest.raises(ValueError, match=r"y_embedder.embedding_table.weight: source \(8, 128\) vs student \(11, 128\)"):
+        inherit(student, teacher.state_dict())
+    with pytest.raises(ValueError, match="--inherit 'attention' is not one of all-but-attention, attention-qkv"):
+        inherit(student, teacher.state_dict(), "attention")
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(preset="SiT-T/2"), "objective=transport vs diffusion"),
+    (dict(num_classes=7), "num_classes=7 vs 10"),
+    (dict(input_size=16), "input_size=16 vs 8"),
+    (dict(preset="DiT-T/4"), "patch_size=4 vs 2"),
+])
+def test_incompatible_teacher_names_both_sides(change, message):
+    preset = change.pop("preset", "DiT-T/2")
+    ref = Reference(create_model(preset, **{**DIGITS, **change}), {}, "teacher-path", "checkpoint")
+    with pytest.raises(ValueError, match=f"--teacher teacher-path .*{message}"):
+        check_compatible(ref, create_model("NaLaDiT-T/2", **DIGITS), {}, "--teacher")
+    other = Reference(create_model("DiT-T/2", **DIGITS), {"noise-schedule": "cosine"}, "t", "checkpoint")
+    with pytest.raises(ValueError, match="noise-schedule=cosine vs linear"):
+        check_compatible(other, create_model("NaLaDiT-T/2", **DIGITS), {}, "--teacher")
+
+
+def test_student_equal_to_teacher_gives_zero_terms_and_grads_only_in_the_student():
+    teacher = randomised("DiT-T/2", seed=4, class_dropout_prob=0.5)
+    student = randomised("DiT-T/2", seed=4, class_dropout_prob=0.5).train()  # a softmax "student" = its teacher
+    distiller = Distiller(teacher, student, weight=0.5, sigma_weight=None)
+    assert distiller.sigma_weight == 0.05  # LiT's default when both learn the variance
+    diffusion = GaussianDiffusion.from_schedule("linear", 1000)
+    torch.manual_seed(0)
+    x, y, t = torch.randn(16, 1, 8, 8), torch.arange(16) % 10, torch.randint(0, 1000, (16,))
+    loss = diffusion.training_losses(distiller.watch(student), x, t, y)["loss"].mean()
+    extra, terms = distiller.terms()
+    # Exactly 0 only if the teacher saw the same noisy input, time and dropped labels (half are dropped).
+    assert extra.item() == 0.0 and terms.tolist() == [0.0, 0.0]
+    (loss + extra).backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    assert not any(p.requires_grad for p in teacher.parameters()) and not teacher.training
+    assert all(p.grad is not None for p in student.parameters() if p.requires_grad)
+
+    # A different student: the terms are the known mean squared errors, and their gradient reaches it.
+    other = randomised("NaLaDiT-T/2", seed=5, class_dropout_prob=0.5).train()
+    distiller = Distiller(teacher, other, weight=0.5, sigma_weight=0.05)
+    drop = (torch.arange(16) % 2).long()
+    distiller._last = (x, t.float(), y, drop, other(x, t.float(), y, force_drop_ids=drop))
+    extra, terms = distiller.terms()
+    with torch.no_grad():
+        want, got = teacher(x, t.float(), y, force_drop_ids=drop), other(x, t.float(), y, force_drop_ids=drop)
+    assert terms[0].item() == pytest.approx(((want[:, :1] - got[:, :1]) ** 2).mean().item(), rel=1e-5)
+    assert terms[1].item() == pytest.approx(((want[:, 1:] - got[:, 1:]) ** 2).mean().item(), rel=1e-5)
+    extra.backward()
+    assert other.final_layer.linear.weight.grad.abs().sum() > 0
+
+
+def test_init_from_official_pt_through_train_py(tmp_path, capsys):
+    """An official-format .pt (a plain state dict): with lr 0 the saved student holds it bitwise."""
+    teacher = randomised("DiT-T/2", seed=6)
+    torch.save(teacher.state_dict(), tmp_path / "DiT-T-2.pt")
+    argv = TINY_RUN + ["--results-dir", str(tmp_path), "--exp-name", "conv", "--max-steps", "1",
+                       "--ckpt-every", "1", "--lr", "0", "--init-from", str(tmp_path / "DiT-T-2.pt")]
+    assert train_cli.main(argv) == 0
+    assert "inheritance (all-but-attention)" in capsys.readouterr().out
+    saved = ckpt_lib.open_checkpoint(tmp_path / "conv").weights("ema")
+    for key, value in teacher.state_dict().items():
+        if ".attn." not in key:
+            assert torch.equal(saved[key], value), key
+
+
+def test_checkpoint_and_pipeline_folder_sources(tmp_path):
+    """A run folder and its exported pipeline give the same teacher with its objective settings."""
+    import export
+    from nala_dit.convert import load_reference, objective_settings
+
+    teacher = randomised("DiT-T/2", seed=10)
+    run = write_checkpoint(tmp_path / "run", teacher, "DiT-T/2", **{"noise-schedule": "cosine"})
+    assert export.main(["checkpoint", str(run), str(tmp_path / "pipe")]) == 0
+    student = create_model("NaLaDiT-T/2", **DIGITS)
+    for path, kind in ((run, "checkpoint"), (tmp_path / "pipe", "pipeline")):
+        ref = load_reference(path, student, "NaLaDiT-T/2")
+        assert ref.kind == kind and not ref.model.training
+        loaded = ref.model.state_dict()
+        assert all(torch.equal(loaded[k], v) for k, v in teacher.state_dict().items()), kind
+        assert objective_settings("diffusion", ref.objective_config)["noise-schedule"] == "cosine", kind
+
+
+def test_bad_conversion_inputs_give_clear_errors(tmp_path, capsys):
+    nala = write_checkpoint(tmp_path / "nala", randomised("NaLaDiT-T/2"), "NaLaDiT-T/2")
+    sit = write_checkpoint(tmp_path / "sit", randomised("SiT-T/2"), "SiT-T/2")
+
+    def fails(*extra, match):
+        code = train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), "--exp-name", "bad", "--max-steps", "1",
+                                          *extra])
+        assert code == 1
+        err = capsys.readouterr().err
+        assert match in err, err
+
+    fails("--init-from", str(nala), match="is a nala-attention model, not a softmax DiT/SiT")
+    fails("--teacher", str(sit), match="objective=transport vs diffusion")
+    fails("--init-from", str(tmp_path / "DiT-XL-2-256x256.pt"),
+          match="fetch DiT-XL-2-64x64.pt (https://dl.fbaipublicfiles.com/DiT/models/DiT-XL-2-64x64.pt)")
+    fails("--init-from", str(tmp_path / "nowhere"), match="no official .pt, checkpoint, run folder or pipeline")
+    fails("--teacher", str(sit), "--model", "NaLaSiT-T/2", "--distill-sigma-weight", "0.05",
+          match="matching the learned variance needs learn_sigma on both")
+    with pytest.raises(SystemExit):
+        train_cli.main(TINY_RUN + ["--inherit", "attention"])
+    assert "invalid choice: 'attention'" in capsys.readouterr().err
+
+
+def test_distillation_lowers_the_teacher_student_gap(tmp_path):
+    """The same student recipe with and without the teacher term: only the former tracks the teacher."""
+    teacher = randomised("DiT-T/2", seed=7)
+    write_checkpoint(tmp_path / "teacher", teacher, "DiT-T/2")
+    common = ["--results-dir", str(tmp_path), "--max-steps", "30", "--ckpt-every", "30", "--log-every", "30",
+              "--global-batch-size", "16", "--lr", "2e-3", "--class-dropout-prob", "0"]
+    gaps = {}
+    for name, extra in (("plain", []), ("distil", ["--teacher", str(tmp_path / "teacher"), "--distill-weight", "1"])):
+        assert train_cli.main(TINY_RUN + common + ["--exp-name", name, *extra]) == 0
+        student = ckpt_lib.load_model(tmp_path / name, "model")[0]
+        torch.manual_seed(0)
+        x, t, y = torch.randn(64, 1, 8, 8), torch.randint(0, 1000, (64,)).float(), torch.arange(64) % 10
+        with torch.no_grad():
+            gaps[name] = ((student(x, t, y) - teacher.eval()(x, t, y))[:, :1] ** 2).mean().item()
+    assert read_log(tmp_path / "distil")[-1]["loss_distill"] > 0
+    print(gaps)
+    assert gaps["distil"] < 0.5 * gaps["plain"], gaps
+
+
+@pytest.mark.slow
+def test_two_process_distillation_resumes_bitwise(tmp_path):
+    """accelerate, 2 CPU processes, grad accumulation, a teacher: 4 steps straight = resumed at 2 + 2 more."""
+    from tests.test_training import free_port
+
+    write_checkpoint(tmp_path / "teacher", randomised("DiT-T/2", seed=8), "DiT-T/2")
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    base = TINY_RUN + ["--results-dir", str(tmp_path), "--grad-accum", "2", "--teacher", str(tmp_path / "teacher"),
+                       "--init-from", str(tmp_path / "teacher"), "--max-steps", "4", "--ckpt-every", "2"]
+    for extra in (["--exp-name", "straight"],
+                  ["--exp-name", "resumed", "--resume", str(tmp_path / "straight" / "checkpoints" / "0000002")]):
+        # One launch per run: accelerate tears its process group down at the end of a run.
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(free_port()), str(ROOT / "train.py"), *base, *extra]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    a = ckpt_lib.open_checkpoint(tmp_path / "straight")
+    b = ckpt_lib.open_checkpoint(tmp_path / "resumed")
+    assert a.step == b.step == 4 and a.state["world_size"] == 2 and b.path.parent.parent.name == "resumed"
+    for which in ("model", "ema"):
+        wa, wb = a.weights(which), b.weights(which)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), which
+    la, lb = read_log(tmp_path / "straight"), read_log(tmp_path / "resumed")
+    assert [r["step"] for r in lb] == [3, 4]
+    assert [(r["loss"], r["loss_distill"]) for r in la[2:]] == [(r["loss"], r["loss_distill"]) for r in lb]
+    assert all(len(r["loss_per_rank"]) == 2 and r["loss_distill"] > 0 for r in la)
+
+
+def test_bf16_distillation_run(tmp_path):
+    write_checkpoint(tmp_path / "teacher", randomised("DiT-T/2", seed=9), "DiT-T/2")
+    # A fresh process: accelerate fixes the precision of its first Accelerator per process.
+    cmd = [sys.executable, str(ROOT / "train.py"), *TINY_RUN, "--results-dir", str(tmp_path), "--exp-name", "bf16",
+           "--max-steps", "2", "--ckpt-every", "2", "--mixed-precision", "bf16", "--teacher", str(tmp_path / "teacher")]
+    proc = subprocess.run(cmd, env={**os.environ, "HF_HOME": str(tmp_path / "hf")}, capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for record in read_log(tmp_path / "bf16"):
+        assert all(torch.isfinite(torch.tensor(record[k])) for k in ("loss", "loss_distill", "loss_distill_sigma"))
+        assert record["loss"] == pytest.approx(record["loss_simple"] + 0.5 * record["loss_distill"]
+                                               + 0.05 * record["loss_distill_sigma"], rel=1e-3)
