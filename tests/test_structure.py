@@ -75,6 +75,7 @@ CLI_CASES = [
     ("export.py", ["--help"], 0, "official"),
     ("export.py", ["official", "--help"], 0, "--model-only"),
     ("extract_latents.py", ["--help"], 0, "--shard-size"),
+    ("demo.py", ["--help"], 0, "--quick"),
     # typos name the nearest flag, with the same no-abbreviation rule in every CLI
     ("train.py", ["--max-step", "10"], 2, "--max-step (did you mean --max-steps?)"),
     ("sample.py", ["--ckpt", "x", "--cfg_scale", "2"], 2, "--cfg_scale (did you mean --cfg-scale?)"),
