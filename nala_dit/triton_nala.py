@@ -410,8 +410,9 @@ INTERPRETED = "Interpreted" in type(_output_kernel).__name__
 # state kernel's backward use too) and for the dq / dkv kernels ("bwd"), which keep more
 # (BLOCK_N × BD) blocks live. Chosen with ``benchmarks/triton_compile_check.py`` (ptxas
 # of Triton 3.8, sm_90a, no GPU needed): for bf16/fp16 inputs no kernel spills registers
-# in the cosine mode and at most 80 bytes in relu_split. fp32 inputs (exact FMA products,
-# the reference-precision path) spill up to a few KB at D ≥ 64. Not yet timed on a GPU:
+# in the cosine mode and at most 80 bytes in relu_split. fp32 inputs with exact FMA
+# products (the reference-precision default) spill 0.3-18 KB at D ≥ 64; with
+# torch.set_float32_matmul_precision("high") they take the TF32 path. Not yet timed on a GPU:
 # ``benchmarks/triton_configs.py`` sweeps alternatives there.
 _CONFIGS = {
     # BD: (fwd (BLOCK_N, BV, warps), bwd (BLOCK_N, BV, warps))
@@ -563,9 +564,11 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
         scale = scale.reshape(h)
     else:
         scale = torch.full((h,), float(norm_scale), device=q.device)
-    # ieee fp32 products for fp32 inputs (matches the reference to rounding); TF32 tensor
-    # cores for half inputs, whose output rounding (2^-8 for bf16) dominates anyway.
-    precision = opts.get("precision") or ("ieee" if q.dtype == torch.float32 else "tf32")
+    # Exact fp32 products for fp32 inputs (matches the reference to rounding) unless torch
+    # is allowed TF32 for fp32 matmuls (torch.set_float32_matmul_precision("high")); TF32
+    # tensor cores for half inputs, whose output rounding (2^-8 for bf16) dominates anyway.
+    exact = q.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
+    precision = opts.get("precision") or ("ieee" if exact else "tf32")
     opts = dict(opts, precision=precision)
     if q.device.type == "cuda":
         # Triton launches on the current device; make it q's (a model on a second GPU).
