@@ -74,10 +74,11 @@ TASKS = {
     "canvas": dict(data="digits-canvas", batch=32, lr=2e-3, ema=0.99, budgets=(300, 600), log_every=50,
                    per_class=20, sampler="ddpm", sample_steps=40, cfg=2.0, sample_batch=100),
 }
-QUICK = dict(batch=16, budgets=(2, 4), log_every=1, per_class=2, sample_steps=4, sample_batch=20)
+QUICK = dict(batch=16, budgets=(2, 4), log_every=1, per_class=2, sample_steps=4, sample_batch=20,
+             heldout_items=64, heldout_repeats=1)
 QUICK_VARIANTS = ("softmax", "nala")
 QUICK_SEEDS = (0, 1)
-HELDOUT_REPEATS = 4  # fixed (t, noise) draws per held-out image
+HELDOUT_REPEATS = 4  # fixed (t, noise) draws per held-out image (all items unless a recipe says)
 METRICS = ("class_consistency", "frechet_distance", "train_loss", "heldout_loss", "train_time_s")
 
 
@@ -133,15 +134,16 @@ def heldout_set(task: str):
     return data_lib.DigitsCanvasDataset("heldout")
 
 
-def heldout_loss(model, objective, dataset, seed: int = 1234) -> float:
+def heldout_loss(model, objective, dataset, seed: int = 1234, items: int | None = None,
+                 repeats: int = HELDOUT_REPEATS) -> float:
     """The training objective on the held-out split, same (t, noise) draws for every model."""
     import torch
 
-    x, y = dataset.images, dataset.labels
+    x, y = dataset.images[:items], dataset.labels[:items]
     gen = torch.Generator().manual_seed(seed)
     total = 0.0
     with torch.no_grad():
-        for _ in range(HELDOUT_REPEATS):
+        for _ in range(repeats):
             for start in range(0, len(x), 256):
                 xb, yb = x[start:start + 256], y[start:start + 256]
                 noise = torch.randn(xb.shape, generator=gen)
@@ -152,7 +154,7 @@ def heldout_loss(model, objective, dataset, seed: int = 1234) -> float:
                     t = objective.sample_t(len(xb), xb.device, gen)
                     loss = objective.training_losses(model, xb, yb, t=t, noise=noise)["loss"]
                 total += loss.sum().item()
-    return total / (HELDOUT_REPEATS * len(x))
+    return total / (repeats * len(x))
 
 
 def classifier_view(task: str, images):
@@ -203,11 +205,14 @@ def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifi
                                       labels=np.asarray(labels))
     return dict(class_consistency=result["metrics"]["class_consistency"],
                 frechet_distance=result["metrics"]["fd_digits"],
-                heldout_loss=heldout_loss(source.model, source.objective, heldout_set(task)),
+                heldout_loss=heldout_loss(source.model, source.objective, heldout_set(task),
+                                          items=recipe.get("heldout_items"),
+                                          repeats=recipe.get("heldout_repeats", HELDOUT_REPEATS)),
                 num_samples=len(labels), nfe=nfe, sample_time_s=round(sample_time, 2))
 
 
-def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bool) -> dict:
+def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bool,
+             budgets: list[int] | None = None, classifier_dir: Path | None = None) -> dict:
     """Train one cell to its largest budget (resuming if interrupted), score every budget."""
     import torch
 
@@ -216,6 +221,8 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
     from nala_dit.models import count_params
 
     recipe = task_recipe(task, quick)
+    if budgets:
+        recipe["budgets"] = tuple(sorted(budgets))
     work = out / "work"
     run_dir = work / "runs" / cell_name(task, variant, seed, lr)
     budgets = recipe["budgets"]
@@ -235,7 +242,7 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
     wall_train = time.perf_counter() - start
     if code:
         raise RuntimeError(f"train.py exited with {code}")
-    classifier_dir = work / "digits_classifier"
+    classifier_dir = classifier_dir or work / "digits_classifier"
     ref = reference(task, work, classifier_dir)
     records = train_log(run_dir)
     by_step = {open_checkpoint(p).step: p for p in list_checkpoints(run_dir / "checkpoints")}
@@ -282,7 +289,8 @@ def cell_main(args) -> int:
     out = args.out.resolve()
     path = cell_path(out, args.task, args.variant, args.seed, args.lr)
     try:
-        result = run_cell(args.task, args.variant, args.seed, args.lr, out, args.quick)
+        result = run_cell(args.task, args.variant, args.seed, args.lr, out, args.quick, args.budgets,
+                          args.classifier_dir)
     except Exception as err:  # a failed cell is recorded, not retried forever
         import traceback
 
@@ -335,8 +343,9 @@ def run_main(args) -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     (out / "locks").mkdir(parents=True, exist_ok=True)
     # Shared by every cell: build them once before the cells run side by side.
+    classifier_dir = (args.classifier_dir or out / "work" / "digits_classifier").resolve()
     for task in args.tasks:
-        reference(task, out / "work", out / "work" / "digits_classifier")
+        reference(task, out / "work", classifier_dir)
     failures = 0
     for cell in todo:
         lock = out / "locks" / (cell_name(*cell).replace("/", "__") + ".pid")
@@ -344,6 +353,9 @@ def run_main(args) -> int:
             continue
         flags = ["--task", cell[0], "--variant", cell[1], "--seed", str(cell[2]), "--lr", repr(cell[3]),
                  "--out", str(out)] + (["--quick"] if args.quick else [])
+        if args.budgets:
+            flags += ["--budgets", ",".join(map(str, args.budgets))]
+        flags += ["--classifier-dir", str(classifier_dir)]
         if args.jobs <= 1:  # in this process: no interpreter start per cell
             lock.write_text(str(os.getpid()))
             import torch
@@ -363,7 +375,7 @@ def run_main(args) -> int:
                                 stdout=log, stderr=subprocess.STDOUT)
         lock.write_text(str(proc.pid))
         running.append((proc, lock))
-    while running:
+    while running and not args.no_wait:
         time.sleep(2)
         failures += _reap(running, out, args.md)
     write_table(out, args.md)
@@ -474,6 +486,8 @@ def cell_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--budgets", type=_csv(int), default=None)
+    p.add_argument("--classifier-dir", type=Path, default=None)
     return p
 
 
@@ -495,7 +509,13 @@ def main(argv=None) -> int:
     run.add_argument("--core", type=int, default=0,
                      help="run every seed of the first N --variants before the other variants start")
     run.add_argument("--jobs", type=int, default=1, help="cells at once, one thread each (1 = in this process)")
+    run.add_argument("--budgets", type=_csv(int), default=None,
+                     help="steps at which to score (train to the largest); default the task's")
+    run.add_argument("--no-wait", action="store_true",
+                     help="return once the last cell has started (a following runner shares the slots)")
     run.add_argument("--md", type=Path, default=None, help="also write the table here (default <out>/table.md)")
+    run.add_argument("--classifier-dir", type=Path, default=None,
+                     help="digits classifier folder (default <out>/work/digits_classifier, trained if absent)")
     run.add_argument("--quick", action="store_true",
                      help=f"smoke run: variants {QUICK_VARIANTS}, seeds {QUICK_SEEDS}, {QUICK['budgets']} steps, no sweep")
     table = sub.add_parser("table", help="rebuild the table from the cell JSONs")

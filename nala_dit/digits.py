@@ -13,6 +13,7 @@ through the same uint8 pipelines (image folders, ADM `.npz`) as real datasets.
 """
 
 import json
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -255,6 +256,9 @@ def load_digits_classifier(
     if not weights.exists():
         if not train_if_missing:
             raise FileNotFoundError(f"no digits classifier at {weights}")
+        # A notice, not a silent side effect: this writes into the working directory.
+        print(f"no digits classifier at {classifier_dir}: training one there (about 5 s, deterministic; "
+              f"--digits-classifier DIR picks another folder)", file=sys.stderr)
         train_digits_classifier(classifier_dir)
     model = DigitsClassifier()
     model.load_state_dict(load_file(str(weights)))

@@ -26,7 +26,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
 from .attention import ATTENTIONS, LINEAR_KERNELS, build_attention
-from .options import FAMILIES, PATCHES, SIZES  # preset tables (plain data, shared with the CLIs)
+from .options import FAMILIES, PATCHES, SIZES, check_attention_options, preset  # plain data, shared with the CLIs
 
 OBJECTIVES = ("diffusion", "transport")
 
@@ -385,9 +385,12 @@ MODELS = {
 
 
 def create_model(name: str, **overrides) -> DiT:
-    """Build the preset ``name`` (a key of ``MODELS``) with keyword overrides."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    """Build the preset ``name`` (a key of ``MODELS``) with keyword overrides.
+
+    An override the model's attention ignores (``lepe`` on a softmax model) is an error.
+    """
+    attention = overrides.get("attention", preset(name)[2])
+    check_attention_options(name, attention, overrides)
     return MODELS[name](**overrides)
 
 

@@ -219,6 +219,8 @@ def train(cfg: TrainConfig) -> Path:
     holder's pid and host."""
     from accelerate import Accelerator
 
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
     check_process_count(accelerator.num_processes, "train.py")
     run_dir = cfg.run_dir()

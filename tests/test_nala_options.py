@@ -206,7 +206,7 @@ def test_train_cli_takes_the_options(tmp_path):
     from nala_dit.config import resolve
     from nala_dit.options import TrainConfig
 
-    cfg, _ = resolve(TrainConfig, ["--norm-scale", "sqrt_d", "--rope", "true", "--attention", "softmax_gated"])
+    cfg, _ = resolve(TrainConfig, ["--norm-scale", "sqrt_d", "--rope", "true", "--attention", "nala"])
     assert cfg.norm_scale == "sqrt_d" and cfg.rope is True
     (tmp_path / "c.yaml").write_text("norm-scale: 2\n")
     cfg, _ = resolve(TrainConfig, ["--config", str(tmp_path / "c.yaml")])
