@@ -136,6 +136,9 @@ def test_shape_mismatch_names_the_keys():
     student = create_model("NaLaDiT-T/2", **DIGITS)
     with pytest.raises(ValueError, match=r"y_embedder.embedding_table.weight: source \(8, 128\) vs student \(11, 128\)"):
         inherit(student, teacher.state_dict())
+    partial = {k: v for k, v in create_model("DiT-T/2", **DIGITS).state_dict().items() if ".mlp.fc" not in k}
+    with pytest.raises(ValueError, match=r"16 mismatches .*blocks.0.mlp.fc1.weight: missing from the source"):
+        inherit(student, partial)
     with pytest.raises(ValueError, match="--inherit 'attention' is not one of all-but-attention, attention-qkv"):
         inherit(student, teacher.state_dict(), "attention")
 
