@@ -202,6 +202,19 @@ def test_init_from_official_pt_through_train_py(tmp_path, capsys):
     for key, value in teacher.state_dict().items():
         if ".attn." not in key:
             assert torch.equal(saved[key], value), key
+    # The converted run is an ordinary NaLaDiT run: sample.py and the pipeline export take it.
+    import export
+    import sample
+
+    assert sample.main(["--ckpt", str(tmp_path / "conv"), "--labels", "1,2", "--sampler", "ddim", "--steps", "2",
+                        "--grid", str(tmp_path / "grid.png")]) == 0
+    assert (tmp_path / "grid.png").is_file()
+    assert export.main(["checkpoint", str(tmp_path / "conv"), str(tmp_path / "pipe")]) == 0
+    from nala_dit.pipeline import load_pipeline
+
+    pipe = load_pipeline(tmp_path / "pipe")
+    assert pipe.transformer.config.attention == "nala"
+    assert len(pipe(class_labels=[3], num_inference_steps=2, generator=0).images) == 1
 
 
 def test_checkpoint_and_pipeline_folder_sources(tmp_path):
