@@ -257,6 +257,20 @@ def test_bad_conversion_inputs_give_clear_errors(tmp_path, capsys):
     assert "invalid choice: 'attention'" in capsys.readouterr().err
 
 
+def test_teacher_with_zero_weights_leaves_training_bitwise_unchanged(tmp_path):
+    """The teacher shares the student's label dropout draw instead of making its own: with
+    zero weights a distillation run is the inheritance-only run, bit for bit."""
+    write_checkpoint(tmp_path / "teacher", randomised("DiT-T/2", seed=11), "DiT-T/2")
+    common = TINY_RUN + ["--results-dir", str(tmp_path), "--max-steps", "3", "--ckpt-every", "3",
+                         "--init-from", str(tmp_path / "teacher")]
+    assert train_cli.main(common + ["--exp-name", "plain"]) == 0
+    assert train_cli.main(common + ["--exp-name", "zero", "--teacher", str(tmp_path / "teacher"),
+                                    "--distill-weight", "0", "--distill-sigma-weight", "0"]) == 0
+    a, b = (ckpt_lib.open_checkpoint(tmp_path / name).weights("model") for name in ("plain", "zero"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(r["loss_distill"] > 0 for r in read_log(tmp_path / "zero"))  # the teacher did run
+
+
 def test_distillation_lowers_the_teacher_student_gap(tmp_path):
     """The same student recipe with and without the teacher term: only the former tracks the teacher."""
     teacher = randomised("DiT-T/2", seed=7)
