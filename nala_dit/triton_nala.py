@@ -173,6 +173,24 @@ def _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE: tl.constexpr):
 
 
 @triton.jit
+def _round_tf32(x):
+    """fp32 rounded to the nearest TF32 value (10 mantissa bits; ties away from zero).
+    Tensor cores truncate the 13 low bits instead, which would shrink every product
+    by 2^-11 on average: a bias the fp32 normaliser (a plain sum) would not share."""
+    bits = x.to(tl.int32, bitcast=True)
+    return ((bits + 0x1000) & -8192).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr):
+    """``a @ b`` of fp32 blocks: exact fp32 ("ieee"), or TF32 tensor cores on rounded operands."""
+    if PREC == "tf32":
+        a = _round_tf32(a)
+        b = _round_tf32(b)
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
 def _load_block(ptr, stride_n, stride_d, offs_n, offs_d, n_mask, d_mask):
     """A (BN, BD) block of a (N, D) slice, masked to 0, in fp32."""
     x = tl.load(ptr + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d,
@@ -233,8 +251,8 @@ def _state_kernel(
             f1, f2 = _key_features(x, power, alpha, norm_eps, COSINE)
             z1 += tl.sum(f1, 0)
             z2 += tl.sum(f2, 0)
-        acc1 += tl.dot(tl.trans(f1), w, input_precision=PREC)
-        acc2 += tl.dot(tl.trans(f2), w, input_precision=PREC)
+        acc1 += _dot(tl.trans(f1), w, PREC)
+        acc2 += _dot(tl.trans(f2), w, PREC)
     # Partial buffers are (B·H, splits, 2, D, D) and (B·H, splits, 2, D): unpadded, since
     # the state is saved for the backward (at D = 72 padding would store 3× the bytes).
     part = bh * n_splits + split
@@ -273,8 +291,8 @@ def _output_kernel(
     f1, f2, _h, _n, _c, _p, _t = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE)
     s_ptr = S + bh * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
     s_mask = d_mask[:, None] & v_mask[None, :]
-    num = tl.dot(f1, tl.load(s_ptr, mask=s_mask, other=0.0), input_precision=PREC)
-    num += tl.dot(f2, tl.load(s_ptr + D * D, mask=s_mask, other=0.0), input_precision=PREC)
+    num = _dot(f1, tl.load(s_ptr, mask=s_mask, other=0.0), PREC)
+    num += _dot(f2, tl.load(s_ptr + D * D, mask=s_mask, other=0.0), PREC)
     z1 = tl.load(Z + bh * 2 * D + offs_d, mask=d_mask, other=0.0)
     z2 = tl.load(Z + bh * 2 * D + D + offs_d, mask=d_mask, other=0.0)
     den = tl.sum(f1 * z1[None, :] + f2 * z2[None, :], 1) + eps
@@ -312,8 +330,8 @@ def _dq_kernel(
         d_num = _load_block(g_base, sg_n, sg_d, offs_n, offs_v, n_mask, v_mask) / den[:, None]
         s_ptr = S + bh * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
         s_mask = d_mask[:, None] & v_mask[None, :]
-        g1 += tl.dot(d_num, tl.trans(tl.load(s_ptr, mask=s_mask, other=0.0)), input_precision=PREC)
-        g2 += tl.dot(d_num, tl.trans(tl.load(s_ptr + D * D, mask=s_mask, other=0.0)), input_precision=PREC)
+        g1 += _dot(d_num, tl.trans(tl.load(s_ptr, mask=s_mask, other=0.0)), PREC)
+        g2 += _dot(d_num, tl.trans(tl.load(s_ptr + D * D, mask=s_mask, other=0.0)), PREC)
     # The features only after the products: fewer blocks live at once (registers).
     q = _load_block(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_d, n_mask, d_mask)
     scale = tl.load(ScaleP + bh % H)
@@ -364,8 +382,8 @@ def _dkv_kernel(
         v = _load_block(v_base, sv_n, sv_d, offs_n, offs_v, n_mask, v_mask)
         ds_ptr = DS + bh * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
         ds_mask = d_mask[:, None] & v_mask[None, :]
-        g1 += tl.dot(v, tl.trans(tl.load(ds_ptr, mask=ds_mask, other=0.0)), input_precision=PREC)
-        g2 += tl.dot(v, tl.trans(tl.load(ds_ptr + D * D, mask=ds_mask, other=0.0)), input_precision=PREC)
+        g1 += _dot(v, tl.trans(tl.load(ds_ptr, mask=ds_mask, other=0.0)), PREC)
+        g2 += _dot(v, tl.trans(tl.load(ds_ptr + D * D, mask=ds_mask, other=0.0)), PREC)
     k = _load_block(K + _head_offset(bh, H, sk_b, sk_h), sk_n, sk_d, offs_n, offs_d, n_mask, d_mask)
     f1, f2 = _key_features(k, power, alpha, norm_eps, COSINE)
     dk = _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE)
@@ -376,8 +394,8 @@ def _dkv_kernel(
         v_mask = offs_v < D
         ds_ptr = DS + bh * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
         ds_mask = d_mask[:, None] & v_mask[None, :]
-        dv = tl.dot(f1, tl.load(ds_ptr, mask=ds_mask, other=0.0), input_precision=PREC)
-        dv += tl.dot(f2, tl.load(ds_ptr + D * D, mask=ds_mask, other=0.0), input_precision=PREC)
+        dv = _dot(f1, tl.load(ds_ptr, mask=ds_mask, other=0.0), PREC)
+        dv += _dot(f2, tl.load(ds_ptr + D * D, mask=ds_mask, other=0.0), PREC)
         dv_ptr = DV + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_v[None, :]
         tl.store(dv_ptr, dv.to(DV.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
 
@@ -392,13 +410,14 @@ INTERPRETED = "Interpreted" in type(_output_kernel).__name__
 # state kernel's backward use too) and for the dq / dkv kernels ("bwd"), which keep more
 # (BLOCK_N × BD) blocks live. Chosen with ``benchmarks/triton_compile_check.py`` (ptxas
 # of Triton 3.8, sm_90a, no GPU needed): for bf16/fp16 inputs no kernel spills registers
-# in the cosine mode and at most 80 bytes in relu_split. fp32 inputs (exact FMA products,
-# the reference-precision path) spill up to a few KB at D ≥ 64. Not yet timed on a GPU:
+# in the cosine mode and at most 80 bytes in relu_split. fp32 inputs with exact FMA
+# products (the reference-precision default) spill 0.3-18 KB at D ≥ 64; with
+# torch.set_float32_matmul_precision("high") they take the TF32 path. Not yet timed on a GPU:
 # ``benchmarks/triton_configs.py`` sweeps alternatives there.
 _CONFIGS = {
     # BD: (fwd (BLOCK_N, BV, warps), bwd (BLOCK_N, BV, warps))
     16: ((64, 16, 4), (32, 16, 4)),
-    32: ((64, 32, 4), (32, 32, 4)),
+    32: ((64, 32, 4), (32, 32, 8)),
     64: ((64, 64, 8), (32, 64, 8)),
     128: ((32, 64, 8), (16, 32, 8)),
 }
@@ -545,9 +564,11 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
         scale = scale.reshape(h)
     else:
         scale = torch.full((h,), float(norm_scale), device=q.device)
-    # ieee fp32 products for fp32 inputs (matches the reference to rounding); TF32 tensor
-    # cores for half inputs, whose output rounding (2^-8 for bf16) dominates anyway.
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    # Exact fp32 products for fp32 inputs (matches the reference to rounding) unless torch
+    # is allowed TF32 for fp32 matmuls (torch.set_float32_matmul_precision("high")); TF32
+    # tensor cores for half inputs, whose output rounding (2^-8 for bf16) dominates anyway.
+    exact = q.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
+    precision = opts.get("precision") or ("ieee" if exact else "tf32")
     opts = dict(opts, precision=precision)
     if q.device.type == "cuda":
         # Triton launches on the current device; make it q's (a model on a second GPU).
