@@ -50,6 +50,8 @@ def unsupported_reason(q: torch.Tensor) -> str | None:
         return f"head dim {q.shape[-1]} > {MAX_HEAD_DIM}"
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return f"dtype {q.dtype} (fp32, bf16 or fp16 only)"
+    if triton.cdiv(q.shape[-2], 16) > 65535:  # token blocks run on grid axis 1 (≤ 65535)
+        return f"N = {q.shape[-2]} tokens (at most {65535 * 16})"
     return None
 
 

@@ -119,3 +119,13 @@ def test_kernels_compile_for_hopper():
         assert r["registers"] is not None and 0 < r["registers"] <= 255, (label, r)
         labels.append(label)
     assert labels == ["state", "output", "dq", "dstate", "dkv"]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_unsupported_shapes_are_named():
+    from nala_dit.triton_nala import unsupported_reason
+
+    assert unsupported_reason(torch.empty(1, 2, 8, 128, device="meta")) is None
+    assert "head dim 160" in unsupported_reason(torch.empty(1, 2, 8, 160, device="meta"))
+    assert "float64" in unsupported_reason(torch.empty(1, 2, 8, 64, dtype=torch.float64, device="meta"))
+    assert "tokens" in unsupported_reason(torch.empty(1, 1, 65535 * 16 + 1, 64, device="meta"))
