@@ -10,8 +10,8 @@ all tokens, so the forward is two passes and the backward three, each a kernel:
                        per-token denominator (one fp32 per token) for the backward;
 3. ``_dq_kernel``      ∂L/∂φ_q = (g/den) Sᵀ + (∂L/∂den) zᵀ, then ∂L/∂q through the
                        feature map; keeps ∂L/∂den (one fp32 per token);
-4. ``_dstate_kernel``  ∂L/∂[S | z] = Σ_i φ_q(q_i) [g_i/den_i | ∂L/∂den_i]  (the state pass
-                       again, with queries);
+4. ``_state_kernel``   again with queries (QUERY=True):
+                       ∂L/∂[S | z] = Σ_i φ_q(q_i) [g_i/den_i | ∂L/∂den_i];
 5. ``_dkv_kernel``     ∂L/∂v = φ_k ∂L/∂S, ∂L/∂φ_k = v ∂L/∂Sᵀ + ∂L/∂z, then ∂L/∂k.
 
 What is saved for the backward: q, k, v, the state (2 × D × (D+1) per head) and the
@@ -23,8 +23,8 @@ each meet the state in their own ``tl.dot``.
 Precision: every load is cast to fp32, features, state, normaliser and division are fp32,
 and only the stores cast to the tensor's dtype (§3 "Precision"). Products of fp32 blocks
 use exact fp32 (``ieee``) for fp32 inputs, so the kernels match the fp32 reference to
-rounding, and TF32 tensor cores for bf16/fp16 inputs, whose outputs are rounded to 8 (11)
-mantissa bits anyway. Head dims up to 128 (padded to a power of two with masks: 72 runs
+rounding, and TF32 tensor cores (operands rounded to nearest first, see ``_round_tf32``)
+for bf16/fp16 inputs, whose outputs are rounded to 8 (11) mantissa bits anyway. Head dims up to 128 (padded to a power of two with masks: 72 runs
 as 128 with 56 dead lanes whose features are exactly 0); any N (masked token blocks; a
 zero token has zero features, so padding adds nothing to the state).
 
@@ -36,15 +36,12 @@ avoid register spills but are not timed: no GPU was available when this was writ
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
-from torch.autograd.function import once_differentiable
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 MAX_HEAD_DIM = 128
-QUARTER_PI = math.pi / 4
 
 
 def unsupported_reason(q: torch.Tensor) -> str | None:
