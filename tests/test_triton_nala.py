@@ -37,8 +37,8 @@ def test_kernels_under_the_interpreter():
     several token ranges, non-default constants, a per-head norm scale."""
     stdout = run_cases({"TRITON_INTERPRET": "1"})
     assert " passed" in stdout and "failed" not in stdout
-    # Everything except the CUDA-only (bf16/fp16, long N, autocast layer) cases ran.
-    assert "18 passed" in stdout, stdout[-2000:]
+    # Everything except the CUDA-only cases (long N, the autocast layer) ran.
+    assert "22 passed" in stdout, stdout[-2000:]
 
 
 @pytest.mark.skipif(not (HAS_TRITON and torch.cuda.is_available()), reason="needs CUDA and Triton")
