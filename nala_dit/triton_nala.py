@@ -436,15 +436,21 @@ def launch_config(head_dim: int, override: dict | None = None) -> dict:
     return cfg
 
 
-def num_splits(n_tokens: int, n_heads_total: int, n_vtiles: int, block_n: int, device: torch.device) -> int:
+# Fewest tokens per range of the state passes: each range writes a partial state of
+# 2·D·(D+1) fp32 per head, so at 512 tokens the partials take at most D/128 of the bytes
+# of one bf16 input (D = 64: half of k's size), which keeps them out of the peak memory.
+MIN_SPLIT_TOKENS = 512
+
+
+def num_splits(n_tokens: int, n_heads_total: int, n_vtiles: int, device: torch.device) -> int:
     """Token ranges per head for the two state passes: enough programs to fill the GPU
-    (about 4 per SM; B·H alone is often a few dozen), never a range under one block."""
+    (about 4 per SM; B·H alone is often a few dozen), no range under MIN_SPLIT_TOKENS."""
     if device.type == "cuda":
         target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
     else:
         target = 1  # the interpreter runs programs one after another: fewest is fastest
-    want = max(1, -(-target // (n_heads_total * n_vtiles)))
-    return max(1, min(want, -(-n_tokens // block_n)))
+    want = -(-target // (n_heads_total * n_vtiles))
+    return max(1, min(want, n_tokens // MIN_SPLIT_TOKENS))
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -486,7 +492,7 @@ class TritonNaLa(torch.autograd.Function):
         cfg = launch_config(d, config)
         fwd = cfg["fwd"]
         if splits is None:
-            splits = num_splits(n, b * h, fwd["NV"], fwd["BLOCK_N"], q.device)
+            splits = num_splits(n, b * h, fwd["NV"], q.device)
         scale32 = scale.detach().to(device=q.device, dtype=torch.float32).contiguous()
         state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
         out = torch.empty(b, h, n, d, device=q.device, dtype=v.dtype)
