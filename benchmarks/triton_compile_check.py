@@ -27,7 +27,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nala_dit import triton_nala as tn  # noqa: E402
 
-FLOAT_ARGS = {"power", "offset", "alpha", "norm_eps", "eps"}
+FLOAT_ARGS = {"power", "offset", "alpha", "norm_eps", "eps", "inv_n"}
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 

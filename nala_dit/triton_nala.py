@@ -206,7 +206,7 @@ def _head_offset(bh, H, stride_b, stride_h):
 def _state_kernel(
     X, V, ScaleP, S_part, Z_part,
     sx_b, sx_h, sx_n, sx_d, sv_b, sv_h, sv_n, sv_d,
-    H, N, D, tokens_per_split, n_splits,
+    H, N, D, tokens_per_split, n_splits, inv_n,
     power, offset, alpha, norm_eps,
     QUERY: tl.constexpr, COSINE: tl.constexpr,
     BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
@@ -214,8 +214,8 @@ def _state_kernel(
 ):
     """Partial sums over one token range of Σ φ(x_j) v_jᵀ and Σ φ(x_j) w_j, per half.
 
-    Forward (QUERY=False): x = k, v = v, w = 1 → [S | z]·N.
-    Backward (QUERY=True):  x = q, v = g/den, w = ∂L/∂den → ∂L/∂[S | z]·N.
+    Forward (QUERY=False): x = k, v = v, w = 1 → [S | z] (times 1/N).
+    Backward (QUERY=True):  x = q, v = g/den, w = ∂L/∂den → ∂L/∂[S | z] (times 1/N).
     Grid: (B·H, splits, BD/BV); the z part is written by the first value tile only.
     """
     bh = tl.program_id(0)
@@ -257,12 +257,13 @@ def _state_kernel(
     part = bh * n_splits + split
     s_ptr = S_part + part * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
     s_mask = d_mask[:, None] & v_mask[None, :]
-    tl.store(s_ptr, acc1, mask=s_mask)
-    tl.store(s_ptr + D * D, acc2, mask=s_mask)
+    # Stored already times 1/N (the mean of §3): partial sums then add up to the state.
+    tl.store(s_ptr, acc1 * inv_n, mask=s_mask)
+    tl.store(s_ptr + D * D, acc2 * inv_n, mask=s_mask)
     z_ptr = Z_part + part * 2 * D + offs_d
     first = d_mask & (vt == 0)
-    tl.store(z_ptr, z1, mask=first)
-    tl.store(z_ptr + D, z2, mask=first)
+    tl.store(z_ptr, z1 * inv_n, mask=first)
+    tl.store(z_ptr + D, z2 * inv_n, mask=first)
 
 
 @triton.jit
@@ -459,7 +460,7 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
 
 def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     """Launch ``_state_kernel`` over ``splits`` token ranges and add the partial sums.
-    Returns ``(S, z)``: (B·H, 2, D, D) and (B·H, 2, D), fp32, divided by N."""
+    Returns ``(S, z)``: (B·H, 2, D, D) and (B·H, 2, D), fp32, means over the N tokens."""
     b, h, n, d = x.shape
     bd, fwd = cfg["BD"], cfg["fwd"]
     bv, block_n = fwd["BV"], fwd["BLOCK_N"]
@@ -469,16 +470,16 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     z_part = x.new_empty(b * h, splits, 2, d, dtype=torch.float32)
     _state_kernel[(b * h, splits, fwd["NV"])](
         x, w, scale, s_part, z_part, *_strides(x), *_strides(w),
-        h, n, d, per_split, splits,
+        h, n, d, per_split, splits, 1.0 / n,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
         QUERY=query, COSINE=opts["direction"] == "cosine",
         BLOCK_N=block_n, BD=bd, BV=bv, PREC=opts["precision"],
         DEN=den, DDEN=d_den, num_warps=fwd["num_warps"],
     )
-    # A deterministic sum over the ranges (no atomics), then the 1/N of §3.
+    # A deterministic sum over the ranges (no atomics); one range needs no extra kernel.
     if splits == 1:
-        return s_part[:, 0].div_(n), z_part[:, 0].div_(n)
-    return s_part.sum(1).div_(n), z_part.sum(1).div_(n)
+        return s_part[:, 0], z_part[:, 0]
+    return s_part.sum(1), z_part.sum(1)
 
 
 class TritonNaLa(torch.autograd.Function):
