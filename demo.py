@@ -13,7 +13,6 @@ plot. Every number in the report is measured in this run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import importlib
 import shutil
@@ -79,7 +78,9 @@ def plot_losses(curves: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from nala_dit.cli import ArgumentParser
+
+    parser = ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smoke run: few steps, few samples")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "demo")
     args = parser.parse_args(argv)
@@ -187,5 +188,16 @@ def render_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _script() -> int:
+    from nala_dit.cli import Interrupted
+
+    try:
+        return main()
+    except KeyboardInterrupt:  # the CLIs' "rerun the same command" would not hold: the demo starts fresh
+        raise Interrupted("nothing is kept (the demo starts fresh every time); run it again") from None
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    from nala_dit.cli import run_main
+
+    sys.exit(run_main(_script))

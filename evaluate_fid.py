@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 from nala_dit import options
+from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
 
 
 def _add_common(p: argparse.ArgumentParser, features_default: str | None) -> None:
@@ -41,6 +42,7 @@ def _add_common(p: argparse.ArgumentParser, features_default: str | None) -> Non
     p.add_argument("--batch-size", type=int, default=250)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--num-workers", type=int, default=0, help="image-folder decoding workers")
+    p.add_argument("--threads", type=int, help=THREADS_HELP)
     p.add_argument("--inception-weights", default=None,
                    help=f"path to {options.INCEPTION_WEIGHTS_FILE} (default: torch-fidelity's cache)")
     p.add_argument("--digits-classifier", default=None,
@@ -48,7 +50,7 @@ def _add_common(p: argparse.ArgumentParser, features_default: str | None) -> Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     ref = sub.add_parser("ref", help="compute reference statistics")
@@ -92,12 +94,16 @@ def _generated_batches(source, labels, seed, settings, batch_size):
     from nala_dit.data import to_uint8
     from nala_dit.generate import sample_batch
 
-    for start in range(0, len(labels), batch_size):
-        idx = list(range(start, min(start + batch_size, len(labels))))
-        y = torch.tensor([labels[i] for i in idx], dtype=torch.long)
-        images, _ = sample_batch(source.model, source.objective, y, idx, seed, settings,
-                                 source.vae, source.scaling_factor)
-        yield to_uint8(images).numpy()
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(labels), unit="img", desc="generate + features", dynamic_ncols=True) as bar:
+        for start in range(0, len(labels), batch_size):
+            idx = list(range(start, min(start + batch_size, len(labels))))
+            y = torch.tensor([labels[i] for i in idx], dtype=torch.long)
+            images, _ = sample_batch(source.model, source.objective, y, idx, seed, settings,
+                                     source.vae, source.scaling_factor)
+            bar.update(len(idx))
+            yield to_uint8(images).numpy()
 
 
 def _gen(args, common) -> dict:
@@ -105,12 +111,14 @@ def _gen(args, common) -> dict:
 
     from nala_dit import metrics
     from nala_dit.generate import SampleSettings
-    from nala_dit.sampling import balanced_labels
+    from nala_dit.sampling import balance_notice, balanced_labels
     from nala_dit.sources import load_source
 
     source = load_source(args.ckpt, args.weights, args.vae, common["device"])
     settings = SampleSettings(args.sampler, args.steps, args.cfg_scale).resolved(source.objective)
     labels = balanced_labels(args.num_samples, source.num_classes, args.seed).tolist()
+    if note := balance_notice(args.num_samples, source.num_classes):
+        print(note, file=sys.stderr)
     sampler = dict(source.info, sampler=settings.sampler, num_steps=settings.num_steps,
                    cfg_scale=settings.cfg_scale, seed=args.seed, num_samples=args.num_samples)
     batches = _generated_batches(source, labels, args.seed, settings, args.batch_size)
@@ -128,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     common = dict(batch_size=args.batch_size, device=device, num_workers=args.num_workers,
                   inception_weights=args.inception_weights, digits_classifier_dir=args.digits_classifier)
     try:
+        set_threads(args.threads)
         if args.command == "ref":
             summary = metrics.make_reference(args.out, args.data, args.dataset, args.features, **common)
             print(f"wrote {summary['out']}: {summary['num_images']} images, {summary['extractor']}")
@@ -141,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         # Expected user errors (missing weights, wrong paths, mismatched extractors): a message, no traceback.
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        raise Interrupted("nothing was written (scores need every image); run the same command to start again")
     print(metrics.format_table(result))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -149,4 +160,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

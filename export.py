@@ -11,6 +11,7 @@ From the published DiT / SiT weights (softmax models, official key layout):
 Then:
     python -c "import nala_dit.pipeline as p; print(p.load_pipeline('exported/nala-dit-s2')([1]).images)"
     python sample.py --ckpt exported/nala-dit-s2 --labels 1,2 --grid grid.png
+    python -c "import nala_dit, diffusers; print(diffusers.DiffusionPipeline.from_pretrained('exported/nala-dit-s2'))"
 
 Without --copy-vae the pipeline stores only the VAE's path or hub id (``vae_path``) and
 loads it on first use; with it the VAE is saved inside the folder.
@@ -19,9 +20,11 @@ loads it on first use; with it the VAE is saved inside the folder.
 import argparse
 import sys
 
+from nala_dit.cli import ArgumentParser, Interrupted, run_main
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     ck = sub.add_parser("checkpoint", help="a training checkpoint → pipeline folder")
@@ -51,6 +54,8 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, OSError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        raise Interrupted(f"{args.out_dir} may be incomplete; run the same command again to rewrite it")
 
 
 def run(args) -> int:
@@ -84,4 +89,4 @@ def run(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

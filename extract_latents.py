@@ -9,13 +9,13 @@ Then train on them:
     accelerate launch train.py --config configs/nala_dit_s2_imagenet256.yaml --data /data/imagenet256-latents
 """
 
-import argparse
 import sys
+
+from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--data", required=True, help="image folder <root>/<class>/<images>")
     p.add_argument("--out", required=True, help="output folder for shards + meta.json")
     p.add_argument("--vae", required=True, help="diffusers AutoencoderKL folder or hub id")
@@ -26,18 +26,26 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
                    help="storage dtype of the moments")
     p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable images with a warning")
+    p.add_argument("--threads", type=int, help=THREADS_HELP)
     args = p.parse_args(argv)
     from nala_dit.extract import extract_latents  # torch, diffusers: only once there is work to do
 
     try:
+        set_threads(args.threads)
         out = extract_latents(args.data, args.out, args.vae, args.image_size, args.batch_size,
                               args.shard_size, args.num_workers, args.dtype, args.skip_corrupt)
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        from nala_dit.extract import shards_done
+
+        done, total = shards_done(args.out)
+        raise Interrupted(f"{done} of {total if total is not None else '?'} shards kept in {args.out}; "
+                           f"run the same command to resume")
     print(f"latents in {out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

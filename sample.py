@@ -27,6 +27,7 @@ import math
 import sys
 from datetime import timedelta
 
+from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
 from nala_dit.options import PRECISIONS, SAMPLERS
 
 
@@ -39,7 +40,7 @@ def _pair(text: str) -> tuple[float, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--ckpt", required=True, help="checkpoint folder, run folder (latest checkpoint) or pipeline folder")
     p.add_argument("--weights", choices=["ema", "model"], default="ema",
                    help="checkpoint weights (a pipeline folder holds one set)")
@@ -58,11 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--guide-channels", type=int, help="guide only the first k channels (3 = original DiT code)")
     how.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help="transformer precision")
     how.add_argument("--batch-size", type=int, default=32, help="samples per forward pass (per process)")
+    how.add_argument("--threads", type=int, help=THREADS_HELP)
     out = p.add_argument_group("outputs")
     out.add_argument("--grid", help="write a PNG grid here")
     out.add_argument("--out-dir", help="write one PNG per sample here")
     out.add_argument("--out", help="mass sampling: ADM .npz path (needs --num-samples; shards in <out>.parts/)")
-    out.add_argument("--shard-size", type=int, default=1000, help="mass sampling: samples per resumable shard")
+    out.add_argument("--shard-size", type=int, help="mass sampling: samples per resumable shard (default: about "
+                     "1/20 of --num-samples, at most 1000; a resumed run keeps its own)")
     out.add_argument("--keep-parts", action="store_true", help="mass sampling: keep the shards after assembling")
     out.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)  # tests: simulate an interruption
     return p
@@ -75,15 +78,26 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, OSError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        if not args.out:
+            raise Interrupted("nothing was written (images are saved at the end); run the same command again")
+        from nala_dit.sampling import shards_done
+
+        samples, shards = shards_done(args.out)
+        raise Interrupted(f"{samples} of {args.num_samples} samples kept ({shards} finished shards in "
+                           f"{args.out}.parts/); run the same command to resume")
 
 
 def run(args) -> int:
     import torch
 
     from nala_dit.generate import SampleSettings
-    from nala_dit.sampling import balanced_labels, mass_sample, sample_images, save_grid, save_pngs
+    from nala_dit.sampling import balance_notice, balanced_labels, mass_sample, sample_images, save_grid, save_pngs
     from nala_dit.sources import load_source, resolve_labels
 
+    set_threads(args.threads)
+    if args.num_samples is not None and args.num_samples < 1:
+        raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
     settings = SampleSettings(args.sampler, args.steps, args.cfg_scale, args.guidance_interval,
                               args.guide_channels, args.precision)
     if args.out:
@@ -102,6 +116,8 @@ def run(args) -> int:
         check_process_count(state.num_processes, "sample.py")
         source = load_source(args.ckpt, args.weights, args.vae, state.device)
         settings.resolved(source.objective)  # clear errors before any work
+        if state.is_main_process and (note := balance_notice(args.num_samples, source.num_classes)):
+            print(note, file=sys.stderr)
         done = mass_sample(source, args.out, args.num_samples, args.seed, settings, args.batch_size,
                            args.shard_size, args.stop_after, args.keep_parts, state=state)
         if state.is_main_process and done is not None:
@@ -123,6 +139,8 @@ def run(args) -> int:
         nrow = args.per_label if args.per_label > 1 else len(labels)
     else:
         labels = balanced_labels(args.num_samples, source.num_classes, args.seed).tolist()
+        if note := balance_notice(args.num_samples, source.num_classes):
+            print(note, file=sys.stderr)
         nrow = math.ceil(math.sqrt(len(labels)))
     images, nfe = sample_images(source, labels, args.seed, settings, args.batch_size, progress=True)
     if args.grid:
@@ -135,4 +153,4 @@ def run(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

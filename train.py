@@ -12,6 +12,7 @@ Print the resolved config (defaults < YAML < flags) and exit:
 
 import sys
 
+from nala_dit.cli import Interrupted, run_main
 from nala_dit.config import dump_yaml, resolve
 from nala_dit.options import TrainConfig
 
@@ -28,9 +29,18 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, OSError, FloatingPointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        from nala_dit.checkpoint import list_checkpoints
+
+        found = list_checkpoints(cfg.run_dir() / "checkpoints")
+        if not found:
+            raise Interrupted(f"no checkpoint was written yet in {cfg.run_dir()}; run the same command to start again")
+        again = "the same command" if cfg.resume == "auto" else "the same command with --resume auto"
+        raise Interrupted(f"kept {len(found)} checkpoint(s) in {cfg.run_dir()}, the latest at step "
+                           f"{int(found[-1].name)}; run {again} to continue from it")
     print(f"done: {run_dir}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

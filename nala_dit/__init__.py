@@ -19,6 +19,11 @@ _LAZY = {
 }
 __all__ = sorted(_LAZY)
 
+# diffusers' generic DiffusionPipeline.from_pretrained finds our pipelines by name.
+from .register import install as _install  # noqa: E402
+
+_install()
+
 
 def __getattr__(name):
     if name in _LAZY:

@@ -31,7 +31,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from .options import ATTENTIONS, DIRECTIONS  # the names live with the CLI options (torch-free)
+from .options import (  # the names live with the CLI options (torch-free)
+    ATTENTIONS, DIRECTIONS, LINEAR_KERNELS, parse_norm_scale,
+)
 
 Direction = Literal["cosine", "relu_split"]
 
@@ -569,6 +571,77 @@ def softmax_attention_reference(
     return (out, weights) if return_weights else out
 
 
+# ------------------------------------------------------------------ rotary (numerator)
+# The NaLa authors' released code adds a 2-D rotary position embedding to the numerator
+# only (spec §7): o_i = [R_i φ_q(q_i)]ᵀ Σ_j [R_j φ_k(k_j)] v_jᵀ / [φ_q(q_i)ᵀ Σ_j φ_k(k_j) + Nε]
+# (both sides on the 1/N mean scale). The denominator keeps the unrotated, non-negative
+# features, so it stays positive; the numerator gains relative position, since
+# (R_i a)·(R_j b) depends on i − j only. The F feature channels form F/2 pairs (2m, 2m+1);
+# the first F/4 pairs turn with the token's row, the last F/4 with its column, at
+# frequencies base^(−m/(F/4)) (their RoPE on a (h, w) grid).
+
+ROPE_BASE = 10000.0
+
+
+def rope_angles(grid: tuple[int, int], features: int, base: float = ROPE_BASE,
+                device=None) -> torch.Tensor:
+    """Rotation angle of every (token, channel pair): ``(h·w, features/2)`` in fp32.
+
+    ``features`` (the feature width F) must be a multiple of 4: half of the pairs rotate
+    with the row index, half with the column index.
+    """
+    if features % 4:
+        raise ValueError(f"rope needs a feature width divisible by 4 (even head dim), got {features}")
+    h, w = grid
+    k = features // 4
+    freqs = base ** (-torch.arange(k, dtype=torch.float32, device=device) / k)          # (F/4,)
+    rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32, device=device),
+                                torch.arange(w, dtype=torch.float32, device=device), indexing="ij")
+    return torch.cat([rows.reshape(-1, 1) * freqs, cols.reshape(-1, 1) * freqs], dim=-1)  # (N, F/2)
+
+
+def apply_rope(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotate each channel pair (2m, 2m+1) of ``x`` (..., N, F) by ``angles`` (N, F/2)."""
+    pairs = x.unflatten(-1, (-1, 2))                                                   # (..., N, F/2, 2)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    even, odd = pairs[..., 0], pairs[..., 1]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+def rope_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                          angles: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    """Linear attention with rotated features in the numerator only (spec §7), fp32, O(N)."""
+    n = phi_k.shape[-2]
+    with _no_autocast(v.device):
+        v32 = v.float()
+        state = apply_rope(phi_k, angles).transpose(-2, -1) @ v32 / n          # (B, H, F, D)
+        num = apply_rope(phi_q, angles) @ state                                # (B, H, N, D)
+        den = (phi_q * phi_k.mean(dim=-2, keepdim=True)).sum(-1, keepdim=True) + eps
+        return num / den
+
+
+def rope_attention_reference(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                             grid: tuple[int, int], eps: float = EPS, base: float = ROPE_BASE):
+    """Quadratic form of ``rope_linear_attention`` (tests only), written independently:
+    rotation as complex multiplication, ``W_ij = Re⟨R_i φ_q(q_i), R_j φ_k(k_j)⟩ /
+    (Σ_j' φ_q(q_i)·φ_k(k_j') + Nε)``. Returns (o, W); rows of W need not be non-negative."""
+    h, w = grid
+    f = phi_q.shape[-1]
+    k = f // 4
+    freqs = 1.0 / base ** (torch.arange(k, dtype=torch.float64) / k)
+    pos = [(r, c) for r in range(h) for c in range(w)]
+    theta = torch.tensor([[r * fr for fr in freqs] + [c * fr for fr in freqs] for r, c in pos])   # (N, F/2)
+    rot = torch.polar(torch.ones_like(theta), theta).to(torch.complex64)
+    cq = torch.view_as_complex(phi_q.float().reshape(*phi_q.shape[:-1], f // 2, 2).contiguous()) * rot
+    ck = torch.view_as_complex(phi_k.float().reshape(*phi_k.shape[:-1], f // 2, 2).contiguous()) * rot
+    # Re(a·conj(b)) summed over pairs is the real dot product of the rotated vectors.
+    num = (cq.unsqueeze(-2) * ck.unsqueeze(-3).conj()).real.sum(-1)          # (B, H, N, N)
+    n = phi_k.shape[-2]
+    den = (phi_q.float() @ phi_k.float().transpose(-2, -1)).sum(-1, keepdim=True) + n * eps
+    weights = num / den
+    return weights @ v.float(), weights
+
+
 # ---------------------------------------------------------------------------- layers
 
 
@@ -599,13 +672,27 @@ class SoftmaxAttention(nn.Module):
 
 
 class GatedLinearAttention(nn.Module):
-    """The gated linear-attention layer of §4, with NaLa (default) or a baseline kernel.
+    """The gated attention layer of §4, with NaLa (default), a linear baseline or softmax.
 
     1. ``[q, k, v, g] = Linear(C → 4C)(x)``   (``g`` only when ``gate``)
-    2. ``o = attention(q, k, v)`` over heads
+    2. ``o = attention(q, k, v)`` over heads  (``kernel``: nala, relu, elu or softmax)
     3. ``o += DWConv5×5(v)`` on the token grid (LePE, when ``lepe``)
     4. ``o = LayerNorm(o) ⊙ SiLU(g)``         (each part switchable)
     5. ``y = Linear(C → C)(o)``
+
+    ``kernel="softmax"`` ("softmax_gated") is SDPA softmax inside the same layer, so an
+    ablation can tell the kernel from the extras (qkvg, LePE, LayerNorm, gate).
+
+    NaLa's ``norm_scale`` s (spec §7) is a positive float (1 = the paper), ``"sqrt_d"``
+    (s = √D) or ``"learned"``: one s = exp(ρ) per head in the parameter
+    ``log_norm_scale`` (state-dict key ``blocks.{i}.attn.log_norm_scale``, shape (H,)),
+    initialised by ``reset_norm_scale`` and kept out of weight decay by the trainer.
+    Since q enters NaLa only through ‖q‖ and q̂ = q/‖q‖, a scale s is applied as
+    ``NaLa(q/s)`` with s = 1: every code path (fused, Triton, eager) runs unchanged and
+    autograd differentiates through the division.
+
+    ``rope`` (linear kernels only): the numerator-only 2-D rotary embedding of §7 on the
+    token grid (``rope_linear_attention``; needs an even head dim and the grid).
     """
 
     def __init__(
@@ -613,42 +700,102 @@ class GatedLinearAttention(nn.Module):
         dim: int,
         num_heads: int,
         *,
-        kernel: Literal["nala", "relu", "elu"] = "nala",
+        kernel: Literal["nala", "relu", "elu", "softmax"] = "nala",
         direction: Direction = "cosine",
         power: float = POWER,
         offset: float = OFFSET,
-        norm_scale: float = NORM_SCALE,
+        norm_scale: float | str = NORM_SCALE,
         alpha: float = ALPHA,
         eps: float = EPS,
         lepe: bool = True,
         gate: bool = True,
         out_norm: bool = True,
+        rope: bool = False,
     ):
         super().__init__()
         _check_heads(dim, num_heads)
-        if kernel not in ("nala", "relu", "elu"):
-            raise ValueError(f"kernel must be one of ('nala', 'relu', 'elu'), got {kernel!r}")
+        kernels = LINEAR_KERNELS + ("softmax",)
+        if kernel not in kernels:
+            raise ValueError(f"kernel must be one of {kernels}, got {kernel!r}")
         if kernel == "nala":
             _check_direction(direction)
+        head_dim = dim // num_heads
+        norm_scale = parse_norm_scale(norm_scale)
+        if rope and kernel not in LINEAR_KERNELS:
+            raise ValueError(f"rope applies to the linear kernels {LINEAR_KERNELS} (numerator-only rotary "
+                             f"embedding), not to kernel={kernel!r}; use rope=False")
+        if rope and head_dim % 2:
+            raise ValueError(f"rope needs an even head dim (the 2·D NaLa features form channel pairs, half per "
+                             f"grid axis), got head dim {head_dim} = {dim}/{num_heads}; use rope=False or "
+                             f"an even head dim")
         self.num_heads = num_heads
         self.kernel = kernel
+        self.norm_scale_mode = norm_scale if isinstance(norm_scale, str) else "fixed"
+        fixed = {"sqrt_d": math.sqrt(head_dim), "learned": 1.0}.get(norm_scale, norm_scale)
         self.feature_kwargs = dict(direction=direction, power=power, offset=offset,
-                                   norm_scale=norm_scale, alpha=alpha)
+                                   norm_scale=fixed, alpha=alpha)
         self.eps = eps
         self.use_gate = gate
+        self.rope = rope
         self.qkvg = nn.Linear(dim, (4 if gate else 3) * dim)
         self.lepe = nn.Conv2d(dim, dim, 5, padding=2, groups=dim) if lepe else None
         self.out_norm = nn.LayerNorm(dim) if out_norm else None
         self.proj = nn.Linear(dim, dim)
-        # Mean query exponent p of the last forward (NaLa only): the raw norm saturates
-        # tanh for typical head dims, so training logs this to see how the exponent is distributed.
+        if self.norm_scale_mode == "learned":
+            self.log_norm_scale = nn.Parameter(torch.zeros(num_heads))
+            self.reset_norm_scale()
+        # Statistics of the query exponent p of the last forward (NaLa only), logged by
+        # training: with s = 1 the raw norm saturates tanh for typical head dims.
         self.record_stats = False
         self.last_stats: dict[str, float] = {}
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    @torch.no_grad()
+    def reset_norm_scale(self) -> None:
+        """Learned scale: s_h = the RMS of ‖q‖ over unit-variance white inputs, i.e. the
+        Frobenius norm of head h's query rows of ``qkvg`` (bias included), so ‖q‖/s ≈ 1
+        at initialisation, where tanh is steep. A DiT block feeds LayerNorm'd tokens
+        (unit variance), so this holds for the real inputs; call again after re-initialising
+        ``qkvg`` (``DiT.initialize_weights`` does)."""
+        if self.norm_scale_mode != "learned":
+            return
+        c = self.proj.in_features
+        h = self.num_heads
+        w = self.qkvg.weight[:c].reshape(h, c // h, c)
+        b = self.qkvg.bias[:c].reshape(h, c // h)
+        rms = (w.square().sum((1, 2)) + b.square().sum(1)).sqrt()
+        self.log_norm_scale.copy_(rms.clamp_min(1e-6).log())
+
+    def norm_scale(self) -> torch.Tensor | float:
+        """The scale s in use: a float, or (learned) a (H, 1, 1) tensor, one per head."""
+        if self.norm_scale_mode == "learned":
+            return self.log_norm_scale.exp().view(-1, 1, 1)
+        return self.feature_kwargs["norm_scale"]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               grid: tuple[int, int] | None = None) -> torch.Tensor:
+        if self.kernel == "softmax":
+            return softmax_attention(q, k, v)
+        if self.kernel == "nala" and self.norm_scale_mode == "learned":
+            q = q / self.norm_scale().to(q.dtype)     # NaLa(q/s, s=1) == NaLa(q, s); see the class doc
+        if not self.rope:
+            if self.kernel == "nala":
+                return nala_attention(q, k, v, eps=self.eps, **self.feature_kwargs)
+            return linear_attention(q, k, v, kernel=self.kernel, eps=self.eps)
+        if grid is None or grid[0] * grid[1] != q.shape[-2]:
+            raise ValueError(f"rope needs the token grid (h, w) with h*w == N={q.shape[-2]}, got grid={grid}")
         if self.kernel == "nala":
-            return nala_attention(q, k, v, eps=self.eps, **self.feature_kwargs)
-        return linear_attention(q, k, v, kernel=self.kernel, eps=self.eps)
+            phi_q, phi_k = nala_features(q, k, **self.feature_kwargs)
+        else:
+            phi_q, phi_k = kernel_features(q, self.kernel), kernel_features(k, self.kernel)
+        angles = rope_angles(grid, phi_q.shape[-1], device=q.device)
+        return rope_linear_attention(phi_q, phi_k, v, angles, self.eps).to(v.dtype)
+
+    def exponent(self, q: torch.Tensor) -> torch.Tensor:
+        """NaLa's per-token exponent p for queries (B, H, N, D): (B, H, N)."""
+        fk = self.feature_kwargs
+        s = self.norm_scale()
+        s = s.squeeze(-1) if isinstance(s, torch.Tensor) else s
+        return nala_exponent(q.float().norm(dim=-1) / s, fk["power"], fk["offset"], 1.0)
 
     def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
         b, n, c = x.shape
@@ -657,10 +804,11 @@ class GatedLinearAttention(nn.Module):
         q, k, v = (t.reshape(b, n, h, c // h).transpose(1, 2) for t in parts[:3])
         if self.record_stats and self.kernel == "nala":
             with torch.no_grad():
-                fk = self.feature_kwargs
-                p = nala_exponent(q.float().norm(dim=-1), fk["power"], fk["offset"], fk["norm_scale"])
-                self.last_stats = {"exponent_mean": p.mean().item(), "exponent_std": p.std().item()}
-        o = self.attend(q, k, v).transpose(1, 2).reshape(b, n, c)      # (B, N, C)
+                p = self.exponent(q)
+                self.last_stats = {"exponent_mean": p.mean().item(), "exponent_std": p.std().item(),
+                                   "saturated": saturated_share(p, self.feature_kwargs["power"],
+                                                                self.feature_kwargs["offset"])}
+        o = self.attend(q, k, v, grid).transpose(1, 2).reshape(b, n, c)      # (B, N, C)
         if self.lepe is not None:
             if grid is None or grid[0] * grid[1] != n:
                 raise ValueError(f"LePE needs the token grid (h, w) with h*w == N={n}, got grid={grid}")
@@ -673,10 +821,22 @@ class GatedLinearAttention(nn.Module):
         return self.proj(o)                                           # (B, N, C)
 
 
+SATURATION = 0.01  # a token is "saturated" when its exponent is within 1 % of the maximum
+
+
+def saturated_share(p: torch.Tensor, power: float = POWER, offset: float = OFFSET) -> float:
+    """Share of exponents within 1 % of their supremum λ(τ + 1): tokens for which the
+    query norm no longer changes anything (tanh is flat there)."""
+    top = power * (offset + 1.0)
+    return (p >= top * (1 - SATURATION)).float().mean().item()
+
+
 def build_attention(attention: str, dim: int, num_heads: int, **options) -> nn.Module:
     """The attention layer named by ``attention`` (one of ``ATTENTIONS``)."""
     if attention == "softmax":
         return SoftmaxAttention(dim, num_heads)
-    if attention in ("nala", "relu", "elu"):
+    if attention in LINEAR_KERNELS:
         return GatedLinearAttention(dim, num_heads, kernel=attention, **options)
+    if attention == "softmax_gated":
+        return GatedLinearAttention(dim, num_heads, kernel="softmax", **options)
     raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")

@@ -268,6 +268,8 @@ def load_model(path: str | os.PathLike, weights: str = "ema") -> tuple[DiT, Chec
 # VAE that defines the latent space: a resume must not change them silently.
 OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps"),
                   "transport": ("path-type", "prediction", "loss-weight", "train-eps", "sample-eps")}
+# With a distillation teacher (convert.py) these are part of the loss too.
+DISTILL_KEYS = ("teacher", "distill-weight", "distill-sigma-weight")
 
 
 def config_changes(ckpt: Checkpoint, train_config: dict, model_config: dict) -> dict[str, tuple]:
@@ -288,7 +290,8 @@ def config_changes(ckpt: Checkpoint, train_config: dict, model_config: dict) -> 
         if _jsonable(stored) != _jsonable(now):
             changes[flag_name(key)] = (stored, now)
     objective = model_config.get("objective", "diffusion")
-    for key in (*OBJECTIVE_KEYS.get(objective, ()), "vae"):
+    distilled = ckpt.config.get("teacher") or train_config.get("teacher")
+    for key in (*OBJECTIVE_KEYS.get(objective, ()), "vae", *(DISTILL_KEYS if distilled else ())):
         stored, now = ckpt.config.get(key, train_config.get(key)), train_config.get(key)
         if _jsonable(stored) != _jsonable(now):
             changes[key] = (stored, now)

@@ -3,21 +3,22 @@
 A config is a dataclass. Each field ``global_batch_size`` is the flag
 ``--global-batch-size`` and the YAML key ``global-batch-size`` (exactly the flag without
 its dashes). An unknown YAML key or a mistyped flag is an error with a suggestion, never
-silently ignored (a SiT complaint); argparse prefix-abbreviations are off for the same
-reason. The resolved config is a plain dict that goes into every checkpoint.
+silently ignored (a SiT complaint); prefix abbreviations are off for the same reason,
+in every CLI (``cli.py``). The resolved config is a plain dict that goes into every checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .cli import ArgumentParser, closest
 
 
 def flag_name(field_name: str) -> str:
@@ -49,10 +50,7 @@ def _parse_value(text: str, typ: type, optional: bool, name: str):
 
 def build_parser(cls, description: str | None = None, epilog: str | None = None) -> argparse.ArgumentParser:
     """An argparse parser with one flag per dataclass field (help from field metadata)."""
-    parser = argparse.ArgumentParser(
-        description=description, epilog=epilog, allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = ArgumentParser(description=description, epilog=epilog)
     parser.add_argument("--config", type=Path, default=None,
                         help="YAML file whose keys are these flags (without the leading --)")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
@@ -88,7 +86,7 @@ def load_yaml(path: Path, cls) -> dict:
     out = {}
     for key, value in data.items():
         if key not in flags:
-            close = difflib.get_close_matches(str(key), list(flags), n=1)
+            close = closest(str(key), list(flags))
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"{path}: unknown key {key!r}{hint} (keys are the CLI flags without --)")
         out[flags[key]] = value
@@ -108,6 +106,9 @@ def check_types(cfg) -> None:
             continue
         if typ is float and isinstance(value, int) and not isinstance(value, bool):
             setattr(cfg, field.name, float(value))
+        elif typ is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)  # a number in YAML for a field that also takes words (norm-scale)
+            setattr(cfg, field.name, value)
         elif typ in (int, float, str, bool) and not isinstance(value, typ):
             raise ValueError(f"{name} must be {typ.__name__}, got {value!r}")
         if "choices" in field.metadata and value not in field.metadata["choices"]:

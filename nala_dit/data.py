@@ -191,6 +191,22 @@ class DigitsDataset(Dataset):
         return self.images[index], int(self.labels[index])
 
 
+class DigitsCanvasDataset(DigitsDataset):
+    """The digits canvas (``--data digits-canvas``): 1×32×32 in [-1, 1], one upscaled
+    digit at a random position (``nala_dit.digits.load_canvas_split``)."""
+
+    def __init__(self, split: str = "train"):
+        from .digits import DIGIT_LABELS, load_canvas_split
+
+        images, labels, self.offsets = load_canvas_split(split)
+        self.images = torch.from_numpy(images).float().unsqueeze(1) / 127.5 - 1.0  # (N, 1, 32, 32)
+        self.labels = torch.from_numpy(labels).long()
+        self.classes = list(DIGIT_LABELS)
+        self.num_classes = len(self.classes)
+        self.channels = 1
+        self.image_size = images.shape[-1]
+
+
 class LatentDataset(Dataset):
     """Shards of ``extract_latents``: each item is (moments of image and mirror, label).
 
@@ -208,7 +224,11 @@ class LatentDataset(Dataset):
             raise FileNotFoundError(
                 f"{meta_path} not found: {self.root} is not a latent folder written by extract_latents.py"
             )
-        self.meta = json.loads(meta_path.read_text())
+        try:
+            self.meta = json.loads(meta_path.read_text())
+        except ValueError as err:
+            raise ValueError(f"{meta_path}: unreadable ({err}); rerun extract_latents.py with the same flags "
+                             f"(finished shards are kept)") from None
         self.shards = [self.root / name for name in self.meta["shards"]]
         missing = [str(s) for s in self.shards if not s.is_file()]
         if missing:
@@ -218,8 +238,12 @@ class LatentDataset(Dataset):
         self.offsets = [0]
         labels = []
         for shard in self.shards:
-            with safe_open(str(shard), "pt") as f:
-                labels.append(f.get_tensor("labels"))
+            try:
+                with safe_open(str(shard), "pt") as f:
+                    labels.append(f.get_tensor("labels"))
+            except Exception as err:  # safetensors raises its own error types
+                raise ValueError(f"{shard}: unreadable latent shard ({type(err).__name__}: {err}); delete it and "
+                                 f"rerun extract_latents.py with the same flags to rewrite it") from None
             self.offsets.append(self.offsets[-1] + len(labels[-1]))
         self.labels = torch.cat(labels).long()
         self.classes = self.meta["classes"]

@@ -13,6 +13,7 @@ through the same uint8 pipelines (image folders, ADM `.npz`) as real datasets.
 """
 
 import json
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -59,6 +60,69 @@ def load_digits_split(split: str) -> tuple[np.ndarray, np.ndarray]:
     images = np.round(bunch.images[idx] * (255.0 / 16.0)).astype(np.uint8)
     labels = bunch.target[idx].astype(np.int64)
     return images, labels
+
+
+# The digits canvas: a harder task for attention (256 tokens at patch 2). Each digit is
+# upscaled 2x (bilinear) to 16x16 and pasted at a random position of an empty 32x32
+# canvas; the label is the digit. A model must place one coherent digit somewhere on a
+# large blank grid, so tokens far apart have to agree (global structure), unlike the 8x8
+# task where 16 tokens see everything. The positions come from a seeded generator: the
+# same (split, seed, copies) always gives the same canvases.
+
+CANVAS_SIZE = 32
+CANVAS_DIGIT = 16
+CANVAS_SEEDS = {"train": 0, "heldout": 1}
+CANVAS_COPIES = {"train": 4, "heldout": 1}
+
+
+def make_canvas(images: np.ndarray, labels: np.ndarray, seed: int, copies: int = 1):
+    """uint8 digits (N, 8, 8) -> (canvases uint8 (N·copies, 32, 32), labels, offsets (N·copies, 2)).
+
+    Canvas ``k`` holds digit ``k % N`` upscaled to 16x16 with its top-left corner at
+    ``offsets[k] = (row, col)``, each uniform in ``0..16``; everything else is 0.
+    """
+    if images.ndim != 3 or images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE) or images.dtype != np.uint8:
+        raise ValueError(f"expected uint8 digits (N, 8, 8), got {images.dtype} {images.shape}")
+    big = F.interpolate(torch.from_numpy(images).float()[:, None], size=(CANVAS_DIGIT, CANVAS_DIGIT),
+                        mode="bilinear", align_corners=False)[:, 0].round().clamp(0, 255).to(torch.uint8).numpy()
+    n = len(images)
+    rng = np.random.default_rng(seed)
+    offsets = rng.integers(0, CANVAS_SIZE - CANVAS_DIGIT + 1, size=(n * copies, 2))
+    canvases = np.zeros((n * copies, CANVAS_SIZE, CANVAS_SIZE), dtype=np.uint8)
+    for k, (r, c) in enumerate(offsets):
+        canvases[k, r:r + CANVAS_DIGIT, c:c + CANVAS_DIGIT] = big[k % n]
+    return canvases, np.tile(labels, copies), offsets
+
+
+def load_canvas_split(split: str, seed: int | None = None, copies: int | None = None):
+    """The canvas of one digits split: (canvases uint8 (N, 32, 32), labels int64, offsets).
+
+    Defaults: train = 4 placements of each of the 1,437 training digits (seed 0), held out =
+    one placement of each of the 360 held-out digits (seed 1).
+    """
+    images, labels = load_digits_split(split)
+    seed = CANVAS_SEEDS[split] if seed is None else seed
+    return make_canvas(images, labels, seed, CANVAS_COPIES[split] if copies is None else copies)
+
+
+def canvas_crop(images: np.ndarray) -> np.ndarray:
+    """uint8 canvases (B, 32, 32, 1) -> the 16x16 window of largest ink, area-averaged to
+    (B, 8, 8, 1): what the digits classifier scores for a canvas sample."""
+    x = torch.from_numpy(np.ascontiguousarray(images)).float().permute(0, 3, 1, 2)   # (B, 1, 32, 32)
+    if x.shape[1:] != (1, CANVAS_SIZE, CANVAS_SIZE):
+        raise ValueError(f"expected canvases (B, {CANVAS_SIZE}, {CANVAS_SIZE}, 1), got {tuple(images.shape)}")
+    ink = F.avg_pool2d(x, CANVAS_DIGIT, stride=1).flatten(1)                        # (B, 17·17)
+    side = CANVAS_SIZE - CANVAS_DIGIT + 1
+    grid = torch.arange(side * side)
+    # Digits have blank border rows/columns, so several windows hold all the ink: take
+    # the middle of those (this recovers the true row of every held-out canvas).
+    best = (ink >= ink.max(1, keepdim=True).values * 0.999).float()
+    count = best.sum(1)
+    rows = ((best * (grid // side)).sum(1) / count).round().long().tolist()
+    cols = ((best * (grid % side)).sum(1) / count).round().long().tolist()
+    crops = torch.stack([x[i, :, r:r + CANVAS_DIGIT, c:c + CANVAS_DIGIT] for i, (r, c) in enumerate(zip(rows, cols))])
+    small = F.interpolate(crops, size=(IMAGE_SIZE, IMAGE_SIZE), mode="area")
+    return small.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
 
 
 # The digits classifier: a stand-in for Inception when the data are 8x8 digits.
@@ -192,6 +256,9 @@ def load_digits_classifier(
     if not weights.exists():
         if not train_if_missing:
             raise FileNotFoundError(f"no digits classifier at {weights}")
+        # A notice, not a silent side effect: this writes into the working directory.
+        print(f"no digits classifier at {classifier_dir}: training one there (about 5 s, deterministic; "
+              f"--digits-classifier DIR picks another folder)", file=sys.stderr)
         train_digits_classifier(classifier_dir)
     model = DigitsClassifier()
     model.load_state_dict(load_file(str(weights)))

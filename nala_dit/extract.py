@@ -87,16 +87,30 @@ def extract_latents(
 
     mine = [k for k in range(num_shards) if k % world == rank and not (out_dir / shard_name(k)).is_file()]
     store = getattr(torch, dtype)
-    for k in tqdm(mine, desc=f"extract (rank {rank})", disable=not accelerator.is_local_main_process):
-        indices = range(k * shard_size, min((k + 1) * shard_size, len(dataset)))
-        loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, num_workers=num_workers)
-        moments, labels = [], []
-        for x, y in loader:
-            moments.append(encode_moments(vae, x.to(accelerator.device)).cpu().to(store))
-            labels.append(y)
-        path = out_dir / shard_name(k)
-        tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-        save_file({"moments": torch.cat(moments).contiguous(), "labels": torch.cat(labels).contiguous()}, str(tmp))
-        os.replace(tmp, path)
+    # Counted in images, not shards, so the ETA moves within a 4096-image shard.
+    with tqdm(total=sum(min(shard_size, len(dataset) - k * shard_size) for k in mine), unit="img",
+              desc=f"extract (rank {rank} of {world})", disable=not accelerator.is_local_main_process) as bar:
+        for k in mine:
+            indices = range(k * shard_size, min((k + 1) * shard_size, len(dataset)))
+            loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, num_workers=num_workers)
+            moments, labels = [], []
+            for x, y in loader:
+                moments.append(encode_moments(vae, x.to(accelerator.device)).cpu().to(store))
+                labels.append(y)
+                bar.update(len(y))
+            path = out_dir / shard_name(k)
+            tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+            save_file({"moments": torch.cat(moments).contiguous(), "labels": torch.cat(labels).contiguous()}, str(tmp))
+            os.replace(tmp, path)
     accelerator.wait_for_everyone()
     return out_dir
+
+
+def shards_done(out: str | os.PathLike) -> tuple[int, int | None]:
+    """(finished shards, all shards) of an extraction folder: what an interrupted run keeps."""
+    out = Path(out)
+    meta = out / LATENT_META
+    if not meta.is_file():
+        return 0, None
+    shards = json.loads(meta.read_text())["shards"]
+    return sum((out / name).is_file() for name in shards), len(shards)

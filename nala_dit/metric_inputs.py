@@ -266,6 +266,18 @@ def iter_images(path: str | Path, batch_size: int = 250, num_workers: int = 0) -
         yield batch[..., None] if batch.ndim == 3 else batch
 
 
+def count_images(source: str | Path) -> int:
+    """How many images `iter_images` / `iter_dataset` will yield (for progress bars)."""
+    if source in DATASETS:
+        from nala_dit.digits import load_digits_split
+
+        return len(load_digits_split(str(source).removeprefix("digits-"))[0])
+    path = Path(source)
+    if path.is_dir():
+        return len(list_image_files(path))
+    return npz_array_shape(path, "arr_0")[0][0]
+
+
 def sidecar_path(path: str | Path) -> Path | None:
     """Metadata json beside the samples: `<samples>.json` (e.g. samples.npz.json),
     else the same name with .json instead of the suffix (samples.json)."""

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from .metric_inputs import (DIGITS_NAME, DIGITS_NOTE, INCEPTION_NAME, MissingWeightsError,  # noqa: F401
-                            build_extractor, check_image_shape, check_reference, check_samples, iter_dataset,
-                            iter_images, npz_array_shape, read_sidecar)
+                            build_extractor, check_image_shape, check_reference, check_samples, count_images,
+                            iter_dataset, iter_images, npz_array_shape, read_sidecar)
 
 
 # Statistics.
@@ -200,13 +200,18 @@ def class_consistency(logits, labels) -> float:
 # Pipeline: features -> reference statistics -> metrics.
 
 
-def compute_features(extractor, batches) -> dict[str, np.ndarray]:
-    """Run `extractor` over uint8 NHWC batches; concatenated float32 features by name."""
+def compute_features(extractor, batches, total: int | None = None, desc: str = "features") -> dict[str, np.ndarray]:
+    """Run `extractor` over uint8 NHWC batches; concatenated float32 features by name.
+    With `total` (the image count), a progress bar with an ETA."""
+    from tqdm.auto import tqdm
+
     parts: dict[str, list[np.ndarray]] = {}
-    for batch in batches:
-        images = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2)  # (B, C, H, W)
-        for key, value in extractor.extract(images).items():
-            parts.setdefault(key, []).append(value)
+    with tqdm(total=total, unit="img", desc=desc, disable=total is None, dynamic_ncols=True) as bar:
+        for batch in batches:
+            images = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2)  # (B, C, H, W)
+            for key, value in extractor.extract(images).items():
+                parts.setdefault(key, []).append(value)
+            bar.update(len(batch))
     if not parts:
         raise ValueError("no images found")
     return {key: np.concatenate(value) for key, value in parts.items()}
@@ -311,7 +316,7 @@ def make_reference(
         raise ValueError("give exactly one of data (folder or .npz) and dataset")
     extractor = build_extractor(features, device, inception_weights, digits_classifier_dir)
     batches = iter_dataset(dataset, batch_size) if dataset else iter_images(data, batch_size, num_workers)
-    feats = compute_features(extractor, batches)
+    feats = compute_features(extractor, batches, count_images(dataset or data), f"features of {data or dataset}")
     describe = extractor.describe()
     save_reference(out, reference_statistics(feats, describe))
     return {"out": str(out), "source": str(data or dataset), "num_images": len(feats["pool"]), **describe}
@@ -354,7 +359,7 @@ def evaluate_samples(
     if reference["has_images"] and ("pool" not in reference or "mu" not in reference):
         shape, dtype = npz_array_shape(ref, "arr_0")
         check_image_shape(shape, dtype, f"{ref} (arr_0)", extractor)
-        ref_feats = compute_features(extractor, iter_images(ref, batch_size))
+        ref_feats = compute_features(extractor, iter_images(ref, batch_size), shape[0], f"features of {ref}")
         computed = reference_statistics(ref_feats, extractor.describe())
         for key in ("mu", "sigma", "mu_s", "sigma_s", "pool"):
             if key in computed:
@@ -366,7 +371,8 @@ def evaluate_samples(
     if from_path:
         labels, sampler = check_samples(samples, extractor), read_sidecar(samples)
     batches = iter_images(samples, batch_size, num_workers) if from_path else samples
-    sample_feats = compute_features(extractor, batches)
+    sample_feats = compute_features(extractor, batches, count_images(samples) if from_path else None,
+                                    f"features of {samples}")
     metrics = calc_metrics(sample_feats, reference, extractor.name, labels, with_kid, split_size)
     result = {
         "metrics": metrics,

@@ -25,8 +25,8 @@ import torch.utils.checkpoint
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
-from .attention import ATTENTIONS, build_attention
-from .options import FAMILIES, PATCHES, SIZES  # preset tables (plain data, shared with the CLIs)
+from .attention import ATTENTIONS, LINEAR_KERNELS, build_attention
+from .options import FAMILIES, PATCHES, SIZES, check_attention_options, preset  # plain data, shared with the CLIs
 
 OBJECTIVES = ("diffusion", "transport")
 
@@ -183,11 +183,12 @@ class DiT(ModelMixin, ConfigMixin):
         direction: str = "cosine",
         power: float = 3.0,
         offset: float = 0.5,
-        norm_scale: float = 1.0,
+        norm_scale: float | str = 1.0,
         alpha: float = 20.0,
         lepe: bool = True,
         gate: bool = True,
         out_norm: bool = True,
+        rope: bool = False,
     ):
         super().__init__()
         if attention not in ATTENTIONS:
@@ -210,11 +211,15 @@ class DiT(ModelMixin, ConfigMixin):
         self.gradient_checkpointing = False
 
         attn_options = {}
-        if attention != "softmax":
+        if attention != "softmax":  # the gated layer of spec §4
             attn_options = dict(lepe=lepe, gate=gate, out_norm=out_norm)
+            if attention in LINEAR_KERNELS:
+                attn_options.update(rope=rope)
             if attention == "nala":
                 attn_options.update(direction=direction, power=power, offset=offset,
                                     norm_scale=norm_scale, alpha=alpha)
+        elif rope:
+            raise ValueError(f"rope applies to the linear kernels {LINEAR_KERNELS}, not to attention='softmax'")
 
         self.x_embedder = PatchEmbed(patch_size, in_channels, hidden_size)
         self.t_embedder = TimestepEmbedder(hidden_size)
@@ -253,6 +258,11 @@ class DiT(ModelMixin, ConfigMixin):
         nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+
+        # A learned NaLa norm scale starts from the (just re-initialised) query weights.
+        for block in self.blocks:
+            if hasattr(block.attn, "reset_norm_scale"):
+                block.attn.reset_norm_scale()
 
         # adaLN-Zero: every block starts as the identity and the output as exactly 0.
         for block in self.blocks:
@@ -375,9 +385,12 @@ MODELS = {
 
 
 def create_model(name: str, **overrides) -> DiT:
-    """Build the preset ``name`` (a key of ``MODELS``) with keyword overrides."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    """Build the preset ``name`` (a key of ``MODELS``) with keyword overrides.
+
+    An override the model's attention ignores (``lepe`` on a softmax model) is an error.
+    """
+    attention = overrides.get("attention", preset(name)[2])
+    check_attention_options(name, attention, overrides)
     return MODELS[name](**overrides)
 
 

@@ -8,12 +8,41 @@ they answer at once; the modules that do the work (``attention.py``, ``models.py
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# attention.py: the attention kinds and NaLa's direction maps.
-ATTENTIONS = ("softmax", "nala", "relu", "elu")
+from .cli import THREADS_HELP
+
+# attention.py: the attention kinds and NaLa's direction maps. "softmax" is DiT's own
+# layer; the others live in the gated layer of spec §4 (qkvg, LePE, LayerNorm, gate),
+# "softmax_gated" being softmax in that layer (to separate kernel from extras).
+ATTENTIONS = ("softmax", "nala", "relu", "elu", "softmax_gated")
+LINEAR_KERNELS = ("nala", "relu", "elu")
 DIRECTIONS = ("cosine", "relu_split")
+# NaLa's norm scale s in p = λ(τ + tanh(‖q‖/s)): a positive number (1 = the paper), or
+# one of these words: "sqrt_d" (s = √D) or "learned" (one s = exp(ρ) per head).
+NORM_SCALE_MODES = ("sqrt_d", "learned")
+
+
+def parse_norm_scale(value) -> float | str:
+    """``norm_scale`` as the model takes it: a positive finite float, "sqrt_d" or "learned".
+
+    Accepts numbers and numeric strings (a CLI flag or YAML value); anything else is a
+    ValueError that names the option and what it allows.
+    """
+    allowed = f"a positive number (1 = the paper's raw norm) or one of {NORM_SCALE_MODES}"
+    if isinstance(value, str) and value in NORM_SCALE_MODES:
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"norm_scale must be {allowed}, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"norm_scale must be {allowed}, got {value!r}") from None
+    if not (number > 0 and number != float("inf")):
+        raise ValueError(f"norm_scale must be {allowed}, got {value!r}")
+    return number
 
 # models.py builds one constructor per preset from these tables.
 # Sizes from the DiT paper (Table 1) plus a tiny one for tests and the demo.
@@ -57,6 +86,55 @@ INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 # convert.py: what --init-from copies from a softmax model.
 INHERIT_MODES = ("all-but-attention", "attention-qkv")
 
+# Which attention kinds each model option applies to. An option given for a model whose
+# attention ignores it is an error that names both (``--model DiT-S/2 --lepe true`` would
+# otherwise train a plain DiT without a word). A new attention option: add a row.
+GATED_ATTENTIONS = tuple(a for a in ATTENTIONS if a != "softmax")  # the gated layer of spec §4
+ATTENTION_OPTIONS = {
+    "lepe": GATED_ATTENTIONS,
+    "gate": GATED_ATTENTIONS,
+    "out_norm": GATED_ATTENTIONS,
+    "rope": LINEAR_KERNELS,
+    "direction": ("nala",),
+    "power": ("nala",),
+    "offset": ("nala",),
+    "norm_scale": ("nala",),
+    "alpha": ("nala",),
+}
+ATTENTION_GROUPS = {GATED_ATTENTIONS: "the gated layer", LINEAR_KERNELS: "the linear kernels", ("nala",): "NaLa"}
+# The TrainConfig fields that override a preset's constructor arguments.
+MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha",
+                   "rope")
+# Training options that only one objective reads (TrainConfig field -> objective).
+OBJECTIVE_OPTIONS = {
+    "diffusion_steps": "diffusion", "noise_schedule": "diffusion",
+    "path_type": "transport", "prediction": "transport", "loss_weight": "transport",
+    "train_eps": "transport", "sample_eps": "transport",
+}
+
+
+def preset(name: str) -> tuple[str, bool, str]:
+    """(objective, learn_sigma, attention) of the preset ``name``, e.g. ``NaLaDiT-S/2``."""
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
+    return FAMILIES[name.split("-")[0]]
+
+
+def check_attention_options(model: str, attention: str, given, flag=lambda name: name) -> None:
+    """Raise if an option in ``given`` (names) does not apply to ``attention``; ``flag``
+    spells a name as the caller's user wrote it (``--out-norm``, ``out-norm``, ``out_norm``)."""
+    wrong = [name for name in given if name in ATTENTION_OPTIONS and attention not in ATTENTION_OPTIONS[name]]
+    if not wrong:
+        return
+    needs = [f"{flag(n)} applies to {ATTENTION_GROUPS[ATTENTION_OPTIONS[n]]} ({'/'.join(ATTENTION_OPTIONS[n])} attention)"
+             for n in wrong]
+    kind = ATTENTION_OPTIONS[wrong[0]][0]
+    objective = preset(model)[0]
+    fits = [m for m in MODEL_NAMES if preset(m)[2] == kind and preset(m)[0] == objective
+            and m.endswith(model[model.index("-"):])]
+    raise ValueError(f"{', '.join(needs)}, not to {model}, which uses {attention} attention; choose a model "
+                     f"with that attention, e.g. {' or '.join(fits + [flag('attention') + ' ' + kind])}")
+
 
 def _opt(help, **kw):
     return field(default=kw.pop("default", None), metadata=dict(help=help, **kw))
@@ -73,11 +151,14 @@ class TrainConfig:
     out_norm: bool | None = _opt("NaLa/linear: LayerNorm before the gate")
     power: float | None = _opt("NaLa λ")
     offset: float | None = _opt("NaLa τ")
-    norm_scale: float | None = _opt("NaLa s (query-norm scale)")
+    norm_scale: str | None = _opt("NaLa s in p = λ(τ + tanh(‖q‖/s)): a positive number (1 = the paper), "
+                                  "'sqrt_d' (s = √D) or 'learned' (one exp(ρ) per head)")
     alpha: float | None = _opt("NaLa α (direction sharpness)")
+    rope: bool | None = _opt("linear kernels: 2-D rotary embedding on the numerator features only "
+                             "(as the NaLa authors' code)")
     class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
     # data
-    data: str = field(default="digits", metadata=dict(help="'digits' (embedded), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
+    data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8), 'digits-canvas' (embedded, one digit on a 32x32 canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
     image_size: int = field(default=256, metadata=dict(help="image side in pixels (image folders)"))
     vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
     flip: bool = field(default=True, metadata=dict(help="random horizontal flips"))
@@ -104,6 +185,7 @@ class TrainConfig:
     mixed_precision: str = field(default="no", metadata=dict(help="autocast dtype (attention reductions stay fp32)", choices=["no", "bf16", "fp16"]))
     grad_checkpointing: bool = field(default=False, metadata=dict(help="recompute blocks in backward"))
     compile: bool = field(default=False, metadata=dict(help="torch.compile the model"))
+    threads: int | None = _opt(THREADS_HELP)
     seed: int = field(default=0, metadata=dict(help="global seed (per-rank streams derive from it)"))
     # bookkeeping
     results_dir: str = field(default="runs", metadata=dict(help="parent folder of run folders"))
@@ -126,6 +208,26 @@ class TrainConfig:
     distill_sigma_weight: float | None = _opt("weight on the learned-variance channels (default 0.05 if both learn it)")
 
     def validate(self) -> None:
+        objective, _, attention = preset(self.model)
+        attention = self.attention or attention
+        flag = lambda name: f"--{name.replace('_', '-')}"  # noqa: E731
+        check_attention_options(self.model, attention, [k for k in MODEL_OVERRIDES if getattr(self, k) is not None
+                                                        and k != "attention"], flag)
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        wrong = [k for k, o in OBJECTIVE_OPTIONS.items() if o != objective and getattr(self, k) != defaults[k]]
+        if wrong:
+            other = "SiT (transport)" if objective == "diffusion" else "DiT (diffusion)"
+            raise ValueError(f"{', '.join(map(flag, wrong))} {'does' if len(wrong) == 1 else 'do'} not apply to "
+                             f"{self.model}, a {objective} model: {'it is an' if len(wrong) == 1 else 'they are'} "
+                             f"{other} option{'' if len(wrong) == 1 else 's'}")
+        sampler_names = DIFFUSION_SAMPLERS if objective == "diffusion" else TRANSPORT_SAMPLERS
+        if self.sample_sampler is not None and self.sample_sampler not in sampler_names:
+            raise ValueError(f"--sample-sampler {self.sample_sampler} is not a sampler for {self.model} "
+                             f"({objective}); choose one of {', '.join(sampler_names)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.norm_scale is not None:
+            self.norm_scale = parse_norm_scale(self.norm_scale)
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
             raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
         if self.distill_weight < 0 or (self.distill_sigma_weight or 0) < 0:
@@ -136,7 +238,3 @@ class TrainConfig:
 
     def run_dir(self) -> Path:
         return Path(self.results_dir) / (self.exp_name or self.model.replace("/", "-"))
-
-
-# The TrainConfig fields that override a preset's constructor arguments.
-MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha")

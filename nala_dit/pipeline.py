@@ -34,6 +34,7 @@ so only 1000-class models qualify.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 from diffusers import DiffusionPipeline, ImagePipelineOutput
@@ -46,9 +47,24 @@ from .data import load_vae, to_uint8
 from .generate import (SampleSettings, _Precision, decode, default_sampler, generate, index_seed, initial_noise,
                        sample_batch, seed_from)
 from .models import DiT
-from .sources import assert_no_meta, read_pipeline_index, resolve_labels, scaling_factor
+from .sources import assert_no_meta, read_pipeline_index, resolve_labels, resolve_scaling_factor
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+# Every saved folder holds <custom pipeline>.py, which only imports the pipeline class from
+# this installed package: diffusers' documented door for pipelines outside diffusers. One
+# name per class: diffusers caches local custom pipelines by file name, so two classes
+# behind one name would collide in a process that loads both.
+CUSTOM_PIPELINES = {"NaLaDiTPipeline": "nala_dit_pipeline", "NaLaSiTPipeline": "nala_sit_pipeline"}
+CUSTOM_PIPELINE_SOURCE = '''"""Names this folder's pipeline class for diffusers' generic loader:
+
+    DiffusionPipeline.from_pretrained(folder, custom_pipeline="{module}", trust_remote_code=True)
+
+The code is the installed nala_dit package; this file only imports from it. Without this
+file, `import nala_dit` before DiffusionPipeline.from_pretrained(folder) does the same.
+"""
+
+from nala_dit.pipeline import {name}  # noqa: F401
+'''
 
 
 class _NaLaPipeline(DiffusionPipeline):
@@ -64,6 +80,11 @@ class _NaLaPipeline(DiffusionPipeline):
             other = "NaLaSiTPipeline" if transformer.config.objective == "transport" else "NaLaDiTPipeline"
             raise ValueError(f"{type(self).__name__} needs a {self._objective} model, but this transformer is a "
                              f"{transformer.config.objective} model: use {other}")
+        # Checked here, not in from_pretrained, so that diffusers' generic
+        # DiffusionPipeline.from_pretrained (which builds us through __init__) checks too.
+        assert_no_meta(transformer, "transformer")
+        if getattr(self, "vae", None) is not None:
+            assert_no_meta(self.vae, "vae")
         num_classes = transformer.config.num_classes
         id2label = {int(k): str(v) for k, v in (id2label or {}).items()} or {i: str(i) for i in range(num_classes)}
         if len(id2label) != num_classes:
@@ -84,13 +105,13 @@ class _NaLaPipeline(DiffusionPipeline):
         if sampler not in (None, "scheduler"):
             SampleSettings(sampler).resolved(self.objective())
 
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        pipe = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
-        assert_no_meta(pipe.transformer, f"{pretrained_model_name_or_path}/transformer")
-        if pipe.vae is not None:
-            assert_no_meta(pipe.vae, f"{pretrained_model_name_or_path}/vae")
-        return pipe
+    def save_pretrained(self, save_directory, **kwargs):
+        """diffusers' save, plus the one-line file that names this class for
+        ``DiffusionPipeline.from_pretrained(folder, custom_pipeline="nala_dit_pipeline")``."""
+        super().save_pretrained(save_directory, **kwargs)
+        module = CUSTOM_PIPELINES[type(self).__name__]
+        shim = Path(save_directory) / f"{module}.py"
+        shim.write_text(CUSTOM_PIPELINE_SOURCE.format(name=type(self).__name__, module=module))
 
     @property
     def id2label(self) -> dict[int, str]:
@@ -111,7 +132,7 @@ class _NaLaPipeline(DiffusionPipeline):
 
     @property
     def scaling_factor(self) -> float:
-        return scaling_factor(self.config.scaling_factor, self.vae if self.vae is not None else self._vae_cache)
+        return resolve_scaling_factor(self.config.scaling_factor, self.vae if self.vae is not None else self._vae_cache)
 
     def resolved_vae(self, device=None):
         """The VAE component, else the referenced one (``vae_path``, loaded once), else None."""
@@ -342,6 +363,9 @@ def pipeline_from_checkpoint(path: str | os.PathLike, weights: str = "ema", vae:
 
     model, ckpt = load_model(path, weights)
     vae_path = vae or ckpt.config.get("vae")
+    if copy_vae and not vae_path:
+        raise ValueError(f"--copy-vae: {path} holds a pixel-space model (trained without --vae), so there is no "
+                         f"VAE to copy; drop --copy-vae")
     vae_model, scaling = None, None
     if vae_path:
         vae_model, scaling = load_vae(vae_path)   # also checks that a referenced VAE exists now

@@ -53,11 +53,15 @@ def _randn_like(x, generator):
 
 
 def _maybe_tqdm(it, progress):
+    """A step bar with its total (``reversed(range(T))`` has no len, only a length hint);
+    it disappears when done, under the caller's bar over images."""
     if not progress:
         return it
+    import operator
+
     from tqdm.auto import tqdm
 
-    return tqdm(it)
+    return tqdm(it, total=operator.length_hint(it) or None, leave=False, desc="steps")
 
 
 def _respaced(diffusion, num_steps):

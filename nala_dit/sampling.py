@@ -46,20 +46,36 @@ def balanced_labels(num_samples: int, num_classes: int, seed: int) -> torch.Tens
     return base[perm]
 
 
+def balance_notice(num_samples: int, num_classes: int) -> str | None:
+    """A line for the user when ``num_samples`` cannot be split evenly over the classes."""
+    if num_samples % num_classes == 0:
+        return None
+    low = num_samples // num_classes
+    high_count = num_samples % num_classes
+    return (f"note: {num_samples} samples over {num_classes} classes are not balanced: {high_count} classes get "
+            f"{low + 1}, the other {num_classes - high_count} get {low} (a multiple of {num_classes} balances them)")
+
+
 def sample_images(source: Source, labels: list[int], seed: int, settings: SampleSettings,
                   batch_size: int = 32, progress: bool = False) -> tuple[torch.Tensor, int]:
     """Images for ``labels`` (global indices 0..n-1) as uint8 (N, H, W, C), and the NFE."""
     from .data import to_uint8
 
+    from tqdm.auto import tqdm
+
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    if not labels:
+        raise ValueError("no samples to make: pass at least one label (or --num-samples >= 1)")
     out, nfe = [], 0
-    for start in range(0, len(labels), batch_size):
-        idx = list(range(start, min(start + batch_size, len(labels))))
-        y = torch.tensor([labels[i] for i in idx], dtype=torch.long)
-        images, nfe = sample_batch(source.model, source.objective, y, idx, seed, settings,
-                                   source.vae, source.scaling_factor, progress)
-        out.append(to_uint8(images))
+    with tqdm(total=len(labels), unit="img", desc="sample", disable=not progress, dynamic_ncols=True) as bar:
+        for start in range(0, len(labels), batch_size):
+            idx = list(range(start, min(start + batch_size, len(labels))))
+            y = torch.tensor([labels[i] for i in idx], dtype=torch.long)
+            images, nfe = sample_batch(source.model, source.objective, y, idx, seed, settings,
+                                       source.vae, source.scaling_factor, progress)
+            out.append(to_uint8(images))
+            bar.update(len(idx))
     return torch.cat(out), nfe
 
 
@@ -89,6 +105,26 @@ def save_pngs(images: torch.Tensor, labels: list[int], out_dir: str | os.PathLik
 
 
 # ----------------------------------------------------------------- mass sampling
+SHARDS_PER_JOB = 20      # auto shard size: an interrupt loses at most ~1/20 of the job per process
+MAX_SHARD_SIZE = 1000    # ... and at most this many samples (FID-50K: 50 shards)
+
+
+def auto_shard_size(num_samples: int, batch_size: int) -> int:
+    """Samples per shard when ``--shard-size`` is not given. It depends only on the job
+    (not on the process count), so a resumed run with other processes finds the same shards."""
+    return min(max(math.ceil(num_samples / SHARDS_PER_JOB), 1), MAX_SHARD_SIZE)
+
+
+def shards_done(out: str | os.PathLike) -> tuple[int, int]:
+    """(samples, shards) finished in ``<out>.parts/``: what an interrupted run keeps."""
+    files = sorted(Path(f"{out}.parts").glob("shard-*.npz"))
+    samples = 0
+    for f in files:
+        with np.load(f) as part:
+            samples += len(part["labels"])
+    return samples, len(files)
+
+
 def _atomic_write(path: Path, write) -> None:
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
@@ -98,6 +134,16 @@ def _atomic_write(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, path)
+
+
+def _read_json(path: Path, fix: str) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"{path}: unreadable ({err}); {fix}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object; {fix}")
+    return value
 
 
 def remove_temporaries(out: Path, parts: Path) -> list[Path]:
@@ -131,16 +177,21 @@ def write_npz_streaming(out: Path, shards: list[Path], num_samples: int, image_s
 
 
 def mass_sample(source: Source, out: str | os.PathLike, num_samples: int, seed: int, settings: SampleSettings,
-                batch_size: int = 32, shard_size: int = 1000, stop_after: int | None = None,
+                batch_size: int = 32, shard_size: int | None = None, stop_after: int | None = None,
                 keep_parts: bool = False, progress: bool = True, state=None) -> Path | None:
     """Generate ``num_samples`` images into ``out`` (.npz) across all processes of ``state``
     (an accelerate ``PartialState``; None = this process alone). Returns the ``.npz``
     path, or None when this run stopped early (``stop_after`` shards per process).
     The shards are deleted once the ``.npz`` is complete unless ``keep_parts``.
-    ``<out>.lock`` keeps a second run off the same output while this one works."""
+    ``<out>.lock`` keeps a second run off the same output while this one works.
+    ``shard_size`` None: the one of the run being resumed, else ``auto_shard_size``."""
+    out = Path(out)
+    if shard_size is None:
+        stored = Path(f"{out}.parts") / "settings.json"
+        shard_size = (json.loads(stored.read_text())["shard_size"] if stored.is_file()
+                      else auto_shard_size(num_samples, batch_size))
     if num_samples < 1 or batch_size < 1 or shard_size < 1:
         raise ValueError("--num-samples, --batch-size and --shard-size must be >= 1")
-    out = Path(out)
     with hold_lock(Path(f"{out}.lock"), f"output {out}", "choose another --out", state):
         if state is None or state.is_main_process:
             for p in remove_temporaries(out, Path(f"{out}.parts")):
@@ -163,7 +214,6 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     # shard size to it keeps batch boundaries global, whatever the process count.
     shard_size = math.ceil(shard_size / batch_size) * batch_size
     s = settings.resolved(source.objective)
-    out = Path(out)
     parts = Path(f"{out}.parts")
     model = source.model
     num_classes = model.config.num_classes
@@ -176,7 +226,7 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
                   num_classes=num_classes, batch_size=batch_size, shard_size=shard_size)
     sidecar = Path(f"{out}.json")
     if out.is_file() and sidecar.is_file():
-        done = json.loads(sidecar.read_text())
+        done = _read_json(sidecar, f"delete it and {out} and rerun")
         if {k: done.get(k) for k in recipe} == recipe:
             if is_main:
                 print(f"{out} is already complete with these settings; nothing to do")
@@ -184,7 +234,7 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     parts.mkdir(parents=True, exist_ok=True)
     settings_file = parts / "settings.json"
     if settings_file.is_file():
-        stored = json.loads(settings_file.read_text())
+        stored = _read_json(settings_file, f"delete {parts} to start over")
         if stored != recipe:
             diff = {k: (stored.get(k), v) for k, v in recipe.items() if stored.get(k) != v}
             raise ValueError(f"{parts} holds shards made with other settings {diff} (stored, now); "
@@ -201,21 +251,21 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     mine = [k for k in range(rank, num_shards, world) if not shard_path(k).is_file()]
     if stop_after is not None:
         mine = mine[:stop_after]
-    bar = tqdm(total=sum(min(shard_size, num_samples - k * shard_size) for k in mine),
-               disable=not (progress and is_main), desc=f"sample (rank 0 of {world})", dynamic_ncols=True)
-    for k in mine:
-        lo, hi = k * shard_size, min((k + 1) * shard_size, num_samples)
-        images, nfes = [], []
-        for start in range(lo, hi, batch_size):
-            idx = list(range(start, min(start + batch_size, hi)))
-            pixels, nfe = sample_batch(model, source.objective, labels[idx], idx, seed, s,
-                                       source.vae, source.scaling_factor)
-            images.append(to_uint8(pixels).numpy())
-            nfes.append(nfe)
-            bar.update(len(idx))
-        _atomic_write(shard_path(k), lambda f: np.savez(f, images=np.concatenate(images),
-                                                          labels=labels[lo:hi].numpy(), nfe=np.array(nfes)))
-    bar.close()
+    with tqdm(total=sum(min(shard_size, num_samples - k * shard_size) for k in mine),
+              disable=not (progress and is_main), desc=f"sample (rank 0 of {world})", unit="img",
+              dynamic_ncols=True) as bar:
+        for k in mine:
+            lo, hi = k * shard_size, min((k + 1) * shard_size, num_samples)
+            images, nfes = [], []
+            for start in range(lo, hi, batch_size):
+                idx = list(range(start, min(start + batch_size, hi)))
+                pixels, nfe = sample_batch(model, source.objective, labels[idx], idx, seed, s,
+                                           source.vae, source.scaling_factor)
+                images.append(to_uint8(pixels).numpy())
+                nfes.append(nfe)
+                bar.update(len(idx))
+            _atomic_write(shard_path(k), lambda f: np.savez(f, images=np.concatenate(images),
+                                                              labels=labels[lo:hi].numpy(), nfe=np.array(nfes)))
     if state is not None:
         state.wait_for_everyone()
     if not is_main:

@@ -103,11 +103,11 @@ def load_pipeline_folder(path: str | os.PathLike, vae: str | None = None, device
         vae_model = None
     id2label = {int(k): v for k, v in (config.get("id2label") or {}).items()}
     return Source(model, build_objective(dict(model.config), dict(config.get("objective_config") or {})),
-                  vae_model, scaling_factor(config.get("scaling_factor"), vae_model), id2label,
+                  vae_model, resolve_scaling_factor(config.get("scaling_factor"), vae_model), id2label,
                   dict(config.get("source") or {}, pipeline=str(path)))
 
 
-def scaling_factor(stored: float | None, vae=None) -> float:
+def resolve_scaling_factor(stored: float | None, vae=None) -> float:
     """The latent scaling factor: the stored one, else the VAE config's, else the SD VAE's."""
     from .data import DEFAULT_SCALING_FACTOR
 

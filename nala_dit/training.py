@@ -37,6 +37,8 @@ def build_dataset(cfg: TrainConfig, state=None):
     ``state`` (Accelerate) splits the ``--check-data`` pass over the processes."""
     if cfg.data == "digits":
         ds = data_lib.DigitsDataset("train")
+    elif cfg.data == "digits-canvas":
+        ds = data_lib.DigitsCanvasDataset("train")
     elif (Path(cfg.data) / data_lib.LATENT_META).is_file():
         ds = data_lib.LatentDataset(cfg.data)
         if cfg.vae is None:
@@ -66,6 +68,39 @@ def build_model(cfg: TrainConfig, num_classes: int, in_channels: int, input_size
     overrides = {k: getattr(cfg, k) for k in MODEL_OVERRIDES if getattr(cfg, k) is not None}
     return create_model(cfg.model, input_size=input_size, in_channels=in_channels, num_classes=num_classes,
                         class_dropout_prob=cfg.class_dropout_prob, **overrides)
+
+
+# Parameters that weight decay must not pull towards 0: a learned NaLa norm scale is
+# exp(ρ), and decaying ρ would drag every scale to s = 1 (the saturated regime).
+NO_DECAY = ("log_norm_scale",)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: everything decays except ``NO_DECAY`` parameters (one group when a
+    model has none, so optimizer states of older checkpoints still load)."""
+    decay, keep = [], []
+    for name, p in model.named_parameters():
+        (keep if name.rsplit(".", 1)[-1] in NO_DECAY else decay).append(p)
+    groups = [dict(params=decay, weight_decay=weight_decay)]
+    if keep:
+        groups.append(dict(params=keep, weight_decay=0.0))
+    return groups
+
+
+def exponent_log(layers) -> dict:
+    """The NaLa exponent statistics of the last forward: the first layer's as
+    ``nala/exponent_mean`` / ``nala/exponent_std`` / ``nala/saturated`` (as before), and the
+    saturated share and mean exponent of every layer as ``nala/layer{i}/...``."""
+    values = {}
+    for i, layer in enumerate(layers):
+        stats = getattr(layer, "last_stats", None)
+        if not stats:
+            continue
+        if not values:
+            values.update({f"nala/{k}": v for k, v in stats.items()})
+        values[f"nala/layer{i}/exponent_mean"] = stats["exponent_mean"]
+        values[f"nala/layer{i}/saturated"] = stats["saturated"]
+    return values
 
 
 def step_seed(seed: int, rank: int, step: int) -> int:
@@ -184,6 +219,8 @@ def train(cfg: TrainConfig) -> Path:
     holder's pid and host."""
     from accelerate import Accelerator
 
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
     check_process_count(accelerator.num_processes, "train.py")
     run_dir = cfg.run_dir()
@@ -246,7 +283,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         distiller = convert.Distiller.load(cfg.teacher, model, cfg.model, to_dict(cfg), cfg.distill_weight,
                                            cfg.distill_sigma_weight, device)
     ema = copy.deepcopy(model).float().requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
 
     step, epoch, position = 0, 0, 0
     if resume_from is not None:
@@ -328,7 +365,8 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             accelerator.print(f"saved checkpoint {path}")
         accelerator.wait_for_everyone()
 
-    first_block = model.blocks[0].attn if len(model.blocks) else None
+    # NaLa layers record their exponent statistics on log steps only (a norm per layer).
+    stat_layers = [b.attn for b in model.blocks if hasattr(b.attn, "record_stats")]
     progress = tqdm(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
                     desc=f"train {cfg.model}", dynamic_ncols=True)
     # Losses stay on the device between log steps: no host sync in the step itself. A
@@ -354,8 +392,8 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     while step < cfg.max_steps:
         torch.manual_seed(step_seed(cfg.seed, rank, step))
         log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps
-        if first_block is not None and hasattr(first_block, "record_stats"):
-            first_block.record_stats = log_now
+        for layer in stat_layers:
+            layer.record_stats = log_now
         local = torch.zeros((), device=device)
         for micro in range(cfg.grad_accum):
             x, y = next_batch()
@@ -385,8 +423,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             values = dict(loss=per_rank.mean().item(), loss_per_rank=per_rank.tolist(),
                           steps_per_sec=window_steps / elapsed,
                           images_per_sec=window_steps * cfg.global_batch_size / elapsed)
-            if first_block is not None and getattr(first_block, "last_stats", None):
-                values.update({f"nala/{k}": v for k, v in first_block.last_stats.items()})
+            values.update(exponent_log(stat_layers))
             if distiller:
                 terms = accelerator.gather((window_terms / window_steps).unsqueeze(0)).mean(0).tolist()
                 values.update(loss_simple=terms[0], loss_distill=terms[1], loss_distill_sigma=terms[2])

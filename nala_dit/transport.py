@@ -368,7 +368,7 @@ def integrate_ode(f, state, t0, t1, method="euler", num_steps=50, atol=1e-6, rto
     if progress:
         from tqdm.auto import tqdm
 
-        steps = tqdm(steps)
+        steps = tqdm(steps, leave=False, desc="steps")
     for i in steps:
         t, t_next = grid[i], grid[i + 1]
         h = t_next - t

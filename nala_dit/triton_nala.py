@@ -10,8 +10,8 @@ all tokens, so the forward is two passes and the backward three, each a kernel:
                        per-token denominator (one fp32 per token) for the backward;
 3. ``_dq_kernel``      ∂L/∂φ_q = (g/den) Sᵀ + (∂L/∂den) zᵀ, then ∂L/∂q through the
                        feature map; keeps ∂L/∂den (one fp32 per token);
-4. ``_dstate_kernel``  ∂L/∂[S | z] = Σ_i φ_q(q_i) [g_i/den_i | ∂L/∂den_i]  (the state pass
-                       again, with queries);
+4. ``_state_kernel``   again with queries (QUERY=True):
+                       ∂L/∂[S | z] = Σ_i φ_q(q_i) [g_i/den_i | ∂L/∂den_i];
 5. ``_dkv_kernel``     ∂L/∂v = φ_k ∂L/∂S, ∂L/∂φ_k = v ∂L/∂Sᵀ + ∂L/∂z, then ∂L/∂k.
 
 What is saved for the backward: q, k, v, the state (2 × D × (D+1) per head) and the
@@ -23,27 +23,25 @@ each meet the state in their own ``tl.dot``.
 Precision: every load is cast to fp32, features, state, normaliser and division are fp32,
 and only the stores cast to the tensor's dtype (§3 "Precision"). Products of fp32 blocks
 use exact fp32 (``ieee``) for fp32 inputs, so the kernels match the fp32 reference to
-rounding, and TF32 tensor cores for bf16/fp16 inputs, whose outputs are rounded to 8 (11)
-mantissa bits anyway. Head dims up to 128 (padded to a power of two with masks: 72 runs
+rounding, and TF32 tensor cores (operands rounded to nearest first, see ``_round_tf32``)
+for bf16/fp16 inputs, whose outputs are rounded to 8 (11) mantissa bits anyway. Head dims up to 128 (padded to a power of two with masks: 72 runs
 as 128 with 56 dead lanes whose features are exactly 0); any N (masked token blocks; a
 zero token has zero features, so padding adds nothing to the state).
 
 The kernels run on CUDA and, for the tests, on CPU tensors under Triton's interpreter
-(``TRITON_INTERPRET=1`` set before this module is imported). The block sizes below are
-reasoned, not tuned: no GPU was available when this was written (see the README).
+(``TRITON_INTERPRET=1`` set before this module is imported); without a GPU,
+``benchmarks/triton_compile_check.py`` compiles them for sm_90. The block sizes below
+avoid register spills but are not timed: no GPU was available when this was written.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
-from torch.autograd.function import once_differentiable
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 MAX_HEAD_DIM = 128
-QUARTER_PI = math.pi / 4
 
 
 def unsupported_reason(q: torch.Tensor) -> str | None:
@@ -52,6 +50,8 @@ def unsupported_reason(q: torch.Tensor) -> str | None:
         return f"head dim {q.shape[-1]} > {MAX_HEAD_DIM}"
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return f"dtype {q.dtype} (fp32, bf16 or fp16 only)"
+    if triton.cdiv(q.shape[-2], 16) > 65535:  # token blocks run on grid axis 1 (≤ 65535)
+        return f"N = {q.shape[-2]} tokens (at most {65535 * 16})"
     return None
 
 
@@ -172,6 +172,24 @@ def _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE: tl.constexpr):
 
 
 @triton.jit
+def _round_tf32(x):
+    """fp32 rounded to the nearest TF32 value (10 mantissa bits; ties away from zero).
+    Tensor cores truncate the 13 low bits instead, which would shrink every product
+    by 2^-11 on average: a bias the fp32 normaliser (a plain sum) would not share."""
+    bits = x.to(tl.int32, bitcast=True)
+    return ((bits + 0x1000) & -8192).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr):
+    """``a @ b`` of fp32 blocks: exact fp32 ("ieee"), or TF32 tensor cores on rounded operands."""
+    if PREC == "tf32":
+        a = _round_tf32(a)
+        b = _round_tf32(b)
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
 def _load_block(ptr, stride_n, stride_d, offs_n, offs_d, n_mask, d_mask):
     """A (BN, BD) block of a (N, D) slice, masked to 0, in fp32."""
     x = tl.load(ptr + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d,
@@ -188,7 +206,7 @@ def _head_offset(bh, H, stride_b, stride_h):
 def _state_kernel(
     X, V, ScaleP, S_part, Z_part,
     sx_b, sx_h, sx_n, sx_d, sv_b, sv_h, sv_n, sv_d,
-    H, N, D, tokens_per_split, n_splits,
+    H, N, D, tokens_per_split, n_splits, inv_n,
     power, offset, alpha, norm_eps,
     QUERY: tl.constexpr, COSINE: tl.constexpr,
     BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
@@ -196,8 +214,8 @@ def _state_kernel(
 ):
     """Partial sums over one token range of Σ φ(x_j) v_jᵀ and Σ φ(x_j) w_j, per half.
 
-    Forward (QUERY=False): x = k, v = v, w = 1 → [S | z]·N.
-    Backward (QUERY=True):  x = q, v = g/den, w = ∂L/∂den → ∂L/∂[S | z]·N.
+    Forward (QUERY=False): x = k, v = v, w = 1 → [S | z] (times 1/N).
+    Backward (QUERY=True):  x = q, v = g/den, w = ∂L/∂den → ∂L/∂[S | z] (times 1/N).
     Grid: (B·H, splits, BD/BV); the z part is written by the first value tile only.
     """
     bh = tl.program_id(0)
@@ -232,19 +250,20 @@ def _state_kernel(
             f1, f2 = _key_features(x, power, alpha, norm_eps, COSINE)
             z1 += tl.sum(f1, 0)
             z2 += tl.sum(f2, 0)
-        acc1 += tl.dot(tl.trans(f1), w, input_precision=PREC)
-        acc2 += tl.dot(tl.trans(f2), w, input_precision=PREC)
+        acc1 += _dot(tl.trans(f1), w, PREC)
+        acc2 += _dot(tl.trans(f2), w, PREC)
     # Partial buffers are (B·H, splits, 2, D, D) and (B·H, splits, 2, D): unpadded, since
     # the state is saved for the backward (at D = 72 padding would store 3× the bytes).
     part = bh * n_splits + split
     s_ptr = S_part + part * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
     s_mask = d_mask[:, None] & v_mask[None, :]
-    tl.store(s_ptr, acc1, mask=s_mask)
-    tl.store(s_ptr + D * D, acc2, mask=s_mask)
+    # Stored already times 1/N (the mean of §3): partial sums then add up to the state.
+    tl.store(s_ptr, acc1 * inv_n, mask=s_mask)
+    tl.store(s_ptr + D * D, acc2 * inv_n, mask=s_mask)
     z_ptr = Z_part + part * 2 * D + offs_d
     first = d_mask & (vt == 0)
-    tl.store(z_ptr, z1, mask=first)
-    tl.store(z_ptr + D, z2, mask=first)
+    tl.store(z_ptr, z1 * inv_n, mask=first)
+    tl.store(z_ptr + D, z2 * inv_n, mask=first)
 
 
 @triton.jit
@@ -272,8 +291,8 @@ def _output_kernel(
     f1, f2, _h, _n, _c, _p, _t = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE)
     s_ptr = S + bh * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
     s_mask = d_mask[:, None] & v_mask[None, :]
-    num = tl.dot(f1, tl.load(s_ptr, mask=s_mask, other=0.0), input_precision=PREC)
-    num += tl.dot(f2, tl.load(s_ptr + D * D, mask=s_mask, other=0.0), input_precision=PREC)
+    num = _dot(f1, tl.load(s_ptr, mask=s_mask, other=0.0), PREC)
+    num += _dot(f2, tl.load(s_ptr + D * D, mask=s_mask, other=0.0), PREC)
     z1 = tl.load(Z + bh * 2 * D + offs_d, mask=d_mask, other=0.0)
     z2 = tl.load(Z + bh * 2 * D + D + offs_d, mask=d_mask, other=0.0)
     den = tl.sum(f1 * z1[None, :] + f2 * z2[None, :], 1) + eps
@@ -301,9 +320,6 @@ def _dq_kernel(
     offs_d = tl.arange(0, BD)
     n_mask = offs_n < N
     d_mask = offs_d < D
-    q = _load_block(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_d, n_mask, d_mask)
-    scale = tl.load(ScaleP + bh % H)
-    f1, f2, q_hat, norm, clamped, p, t_norm = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE)
     den = tl.load(DEN + bh * N + offs_n, mask=n_mask, other=1.0)
     g_base = G + _head_offset(bh, H, sg_b, sg_h)
     g1 = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
@@ -314,8 +330,12 @@ def _dq_kernel(
         d_num = _load_block(g_base, sg_n, sg_d, offs_n, offs_v, n_mask, v_mask) / den[:, None]
         s_ptr = S + bh * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
         s_mask = d_mask[:, None] & v_mask[None, :]
-        g1 += tl.dot(d_num, tl.trans(tl.load(s_ptr, mask=s_mask, other=0.0)), input_precision=PREC)
-        g2 += tl.dot(d_num, tl.trans(tl.load(s_ptr + D * D, mask=s_mask, other=0.0)), input_precision=PREC)
+        g1 += _dot(d_num, tl.trans(tl.load(s_ptr, mask=s_mask, other=0.0)), PREC)
+        g2 += _dot(d_num, tl.trans(tl.load(s_ptr + D * D, mask=s_mask, other=0.0)), PREC)
+    # The features only after the products: fewer blocks live at once (registers).
+    q = _load_block(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_d, n_mask, d_mask)
+    scale = tl.load(ScaleP + bh % H)
+    f1, f2, q_hat, norm, clamped, p, t_norm = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE)
     # (g/den)·num/den = φ_q · ((g/den) Sᵀ) / den: num is never formed.
     d_den = -tl.sum(f1 * g1 + f2 * g2, 1) / den
     tl.store(DDEN + bh * N + offs_n, d_den, mask=n_mask)
@@ -341,16 +361,16 @@ def _dkv_kernel(
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
     NV: tl.constexpr, PREC: tl.constexpr,
 ):
-    """∂L/∂v = Σ_halves φ_k ∂L/∂S and ∂L/∂φ_k = v ∂L/∂Sᵀ + ∂L/∂z, then ∂L/∂k, for one
-    token block (the 1/N of §3 is already in ∂L/∂[S | z]). Grid: (B·H, token blocks)."""
+    """∂L/∂φ_k = v ∂L/∂Sᵀ + ∂L/∂z then ∂L/∂k, and ∂L/∂v = Σ_halves φ_k ∂L/∂S, for one
+    token block (the 1/N of §3 is already in ∂L/∂[S | z]). In that order, so that the
+    features and their gradient are not live in the same loop (registers).
+    Grid: (B·H, token blocks)."""
     bh = tl.program_id(0)
     nb = tl.program_id(1)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BD)
     n_mask = offs_n < N
     d_mask = offs_d < D
-    k = _load_block(K + _head_offset(bh, H, sk_b, sk_h), sk_n, sk_d, offs_n, offs_d, n_mask, d_mask)
-    f1, f2 = _key_features(k, power, alpha, norm_eps, COSINE)
     v_base = V + _head_offset(bh, H, sv_b, sv_h)
     dz1 = tl.load(DZ + bh * 2 * D + offs_d, mask=d_mask, other=0.0)
     dz2 = tl.load(DZ + bh * 2 * D + D + offs_d, mask=d_mask, other=0.0)
@@ -362,16 +382,22 @@ def _dkv_kernel(
         v = _load_block(v_base, sv_n, sv_d, offs_n, offs_v, n_mask, v_mask)
         ds_ptr = DS + bh * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
         ds_mask = d_mask[:, None] & v_mask[None, :]
-        ds1 = tl.load(ds_ptr, mask=ds_mask, other=0.0)
-        ds2 = tl.load(ds_ptr + D * D, mask=ds_mask, other=0.0)
-        dv = tl.dot(f1, ds1, input_precision=PREC) + tl.dot(f2, ds2, input_precision=PREC)
-        dv_ptr = DV + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_v[None, :]
-        tl.store(dv_ptr, dv.to(DV.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
-        g1 += tl.dot(v, tl.trans(ds1), input_precision=PREC)
-        g2 += tl.dot(v, tl.trans(ds2), input_precision=PREC)
+        g1 += _dot(v, tl.trans(tl.load(ds_ptr, mask=ds_mask, other=0.0)), PREC)
+        g2 += _dot(v, tl.trans(tl.load(ds_ptr + D * D, mask=ds_mask, other=0.0)), PREC)
+    k = _load_block(K + _head_offset(bh, H, sk_b, sk_h), sk_n, sk_d, offs_n, offs_d, n_mask, d_mask)
+    f1, f2 = _key_features(k, power, alpha, norm_eps, COSINE)
     dk = _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE)
     dk_ptr = DK + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_d[None, :]
     tl.store(dk_ptr, dk.to(DK.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
+    for vt in tl.static_range(NV):
+        offs_v = vt * BV + tl.arange(0, BV)
+        v_mask = offs_v < D
+        ds_ptr = DS + bh * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
+        ds_mask = d_mask[:, None] & v_mask[None, :]
+        dv = _dot(f1, tl.load(ds_ptr, mask=ds_mask, other=0.0), PREC)
+        dv += _dot(f2, tl.load(ds_ptr + D * D, mask=ds_mask, other=0.0), PREC)
+        dv_ptr = DV + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_v[None, :]
+        tl.store(dv_ptr, dv.to(DV.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
 
 
 # --------------------------------------------------------------------------- launcher
@@ -380,28 +406,52 @@ def _dkv_kernel(
 INTERPRETED = "Interpreted" in type(_output_kernel).__name__
 
 
-def launch_config(head_dim: int) -> dict:
+# Block sizes per padded head dim BD, for the state and output kernels ("fwd"; the
+# state kernel's backward use too) and for the dq / dkv kernels ("bwd"), which keep more
+# (BLOCK_N × BD) blocks live. Chosen with ``benchmarks/triton_compile_check.py`` (ptxas
+# of Triton 3.8, sm_90a, no GPU needed): for bf16/fp16 inputs no kernel spills registers
+# in the cosine mode and at most 80 bytes in relu_split. fp32 inputs with exact FMA
+# products (the reference-precision default) spill 0.3-18 KB at D ≥ 64; with
+# torch.set_float32_matmul_precision("high") they take the TF32 path. Not yet timed on a GPU:
+# ``benchmarks/triton_configs.py`` sweeps alternatives there.
+_CONFIGS = {
+    # BD: (fwd (BLOCK_N, BV, warps), bwd (BLOCK_N, BV, warps))
+    16: ((64, 16, 4), (32, 16, 4)),
+    32: ((64, 32, 4), (32, 32, 8)),
+    64: ((64, 64, 8), (32, 64, 8)),
+    128: ((32, 64, 8), (16, 32, 8)),
+}
+
+
+def launch_config(head_dim: int, override: dict | None = None) -> dict:
     """Block sizes for a head dim: BD is D padded to a power of two (≥ 16, what tl.dot
-    needs); value tiles of at most 64 columns. The backward of a token block keeps about
-    eight (BLOCK_N × BD) fp32 blocks live (q, q̂, both feature halves, both gradient
-    halves, temporaries): at 8 warps that is 16 registers each for D ≤ 64 and D = 128,
-    leaving room for the two (BD × BV) state tiles. Reasoned, not tuned on a GPU
-    (``benchmarks/triton_configs.py`` times alternatives)."""
+    needs), then ``_CONFIGS``; ``override`` (BLOCK_N, BV, num_warps) replaces both groups'
+    values (block-size sweeps)."""
     bd = max(16, triton.next_power_of_2(head_dim))
-    bv = min(bd, 64)
-    block_n = 64 if bd <= 64 else 32
-    return dict(BD=bd, BV=bv, NV=bd // bv, BLOCK_N=block_n, num_warps=4 if bd <= 32 else 8)
+    cfg = dict(BD=bd)
+    for group, (block_n, bv, warps) in zip(("fwd", "bwd"), _CONFIGS[bd]):
+        sub = dict(BLOCK_N=block_n, BV=bv, num_warps=warps)
+        sub.update(override or {})
+        sub["NV"] = bd // sub["BV"]
+        cfg[group] = sub
+    return cfg
 
 
-def num_splits(n_tokens: int, n_heads_total: int, n_vtiles: int, block_n: int, device: torch.device) -> int:
+# Fewest tokens per range of the state passes: each range writes a partial state of
+# 2·D·(D+1) fp32 per head, so at 512 tokens the partials take at most D/128 of the bytes
+# of one bf16 input (D = 64: half of k's size), which keeps them out of the peak memory.
+MIN_SPLIT_TOKENS = 512
+
+
+def num_splits(n_tokens: int, n_heads_total: int, n_vtiles: int, device: torch.device) -> int:
     """Token ranges per head for the two state passes: enough programs to fill the GPU
-    (about 4 per SM; B·H alone is often a few dozen), never a range under one block."""
+    (about 4 per SM; B·H alone is often a few dozen), no range under MIN_SPLIT_TOKENS."""
     if device.type == "cuda":
         target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
     else:
         target = 1  # the interpreter runs programs one after another: fewest is fastest
-    want = max(1, -(-target // (n_heads_total * n_vtiles)))
-    return max(1, min(want, -(-n_tokens // block_n)))
+    want = -(-target // (n_heads_total * n_vtiles))
+    return max(1, min(want, n_tokens // MIN_SPLIT_TOKENS))
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -410,25 +460,26 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
 
 def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     """Launch ``_state_kernel`` over ``splits`` token ranges and add the partial sums.
-    Returns ``(S, z)``: (B·H, 2, D, D) and (B·H, 2, D), fp32, divided by N."""
+    Returns ``(S, z)``: (B·H, 2, D, D) and (B·H, 2, D), fp32, means over the N tokens."""
     b, h, n, d = x.shape
-    bd, bv, block_n = cfg["BD"], cfg["BV"], cfg["BLOCK_N"]
+    bd, fwd = cfg["BD"], cfg["fwd"]
+    bv, block_n = fwd["BV"], fwd["BLOCK_N"]
     per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n    # whole blocks
     splits = triton.cdiv(n, per_split)
     s_part = x.new_empty(b * h, splits, 2, d, d, dtype=torch.float32)
     z_part = x.new_empty(b * h, splits, 2, d, dtype=torch.float32)
-    _state_kernel[(b * h, splits, cfg["NV"])](
+    _state_kernel[(b * h, splits, fwd["NV"])](
         x, w, scale, s_part, z_part, *_strides(x), *_strides(w),
-        h, n, d, per_split, splits,
+        h, n, d, per_split, splits, 1.0 / n,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
         QUERY=query, COSINE=opts["direction"] == "cosine",
         BLOCK_N=block_n, BD=bd, BV=bv, PREC=opts["precision"],
-        DEN=den, DDEN=d_den, num_warps=cfg["num_warps"],
+        DEN=den, DDEN=d_den, num_warps=fwd["num_warps"],
     )
-    # A deterministic sum over the ranges (no atomics), then the 1/N of §3.
+    # A deterministic sum over the ranges (no atomics); one range needs no extra kernel.
     if splits == 1:
-        return s_part[:, 0].div_(n), z_part[:, 0].div_(n)
-    return s_part.sum(1).div_(n), z_part.sum(1).div_(n)
+        return s_part[:, 0], z_part[:, 0]
+    return s_part.sum(1), z_part.sum(1)
 
 
 class TritonNaLa(torch.autograd.Function):
@@ -439,20 +490,20 @@ class TritonNaLa(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, opts, splits=None, config=None):
         b, h, n, d = q.shape
-        cfg = dict(launch_config(d), **(config or {}))
-        cfg["NV"] = cfg["BD"] // cfg["BV"]
+        cfg = launch_config(d, config)
+        fwd = cfg["fwd"]
         if splits is None:
-            splits = num_splits(n, b * h, cfg["NV"], cfg["BLOCK_N"], q.device)
+            splits = num_splits(n, b * h, fwd["NV"], q.device)
         scale32 = scale.detach().to(device=q.device, dtype=torch.float32).contiguous()
         state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
         out = torch.empty(b, h, n, d, device=q.device, dtype=v.dtype)
         den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
-        grid = (b * h, triton.cdiv(n, cfg["BLOCK_N"]), cfg["NV"])
+        grid = (b * h, triton.cdiv(n, fwd["BLOCK_N"]), fwd["NV"])
         _output_kernel[grid](
             q, scale32, state, z, out, den, *_strides(q), h, n, d,
             opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
-            COSINE=opts["direction"] == "cosine", BLOCK_N=cfg["BLOCK_N"], BD=cfg["BD"],
-            BV=cfg["BV"], PREC=opts["precision"], num_warps=cfg["num_warps"],
+            COSINE=opts["direction"] == "cosine", BLOCK_N=fwd["BLOCK_N"], BD=cfg["BD"],
+            BV=fwd["BV"], PREC=opts["precision"], num_warps=fwd["num_warps"],
         )
         ctx.opts, ctx.cfg, ctx.splits = opts, cfg, splits
         ctx.scale_shape = scale.shape
@@ -470,13 +521,14 @@ class TritonNaLa(torch.autograd.Function):
         dq = torch.empty(b, h, n, d, device=q.device, dtype=q.dtype)
         d_den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
         d_u = torch.empty(b * h, n, device=q.device, dtype=torch.float32) if need_scale else d_den
-        blocks = triton.cdiv(n, cfg["BLOCK_N"])
+        bwd = cfg["bwd"]
+        blocks = triton.cdiv(n, bwd["BLOCK_N"])
         _dq_kernel[(b * h, blocks)](
             q, grad_out, scale32, state, z, den, dq, d_den, d_u,
             *_strides(q), *_strides(grad_out), h, n, d,
             opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
-            COSINE=cosine, BLOCK_N=cfg["BLOCK_N"], BD=cfg["BD"], BV=cfg["BV"], NV=cfg["NV"],
-            PREC=opts["precision"], NEED_DU=need_scale, num_warps=cfg["num_warps"],
+            COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], BD=cfg["BD"], BV=bwd["BV"], NV=bwd["NV"],
+            PREC=opts["precision"], NEED_DU=need_scale, num_warps=bwd["num_warps"],
         )
         d_state, d_z = _state_pass(q, grad_out, scale32, opts, cfg, ctx.splits, query=True,
                                    den=den, d_den=d_den)
@@ -485,8 +537,8 @@ class TritonNaLa(torch.autograd.Function):
         _dkv_kernel[(b * h, blocks)](
             k, v, d_state, d_z, dk, dv, *_strides(k), *_strides(v), h, n, d,
             opts["power"], opts["alpha"], opts["norm_eps"],
-            COSINE=cosine, BLOCK_N=cfg["BLOCK_N"], BD=cfg["BD"], BV=cfg["BV"], NV=cfg["NV"],
-            PREC=opts["precision"], num_warps=cfg["num_warps"],
+            COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], BD=cfg["BD"], BV=bwd["BV"], NV=bwd["NV"],
+            PREC=opts["precision"], num_warps=bwd["num_warps"],
         )
         d_scale = None
         if need_scale:
@@ -501,8 +553,8 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
                           config: dict | None = None) -> torch.Tensor:
     """Run the kernels: ``norm_scale`` a float or a tensor with 1 or H elements (per head);
     ``opts`` the §2 constants as ``attention._FusedNaLa`` takes them. ``splits`` overrides
-    the number of token ranges of the state passes (tests), ``config`` entries of
-    ``launch_config`` (block-size sweeps)."""
+    the number of token ranges of the state passes (tests), ``config`` (BLOCK_N, BV,
+    num_warps) the block sizes of every kernel (block-size sweeps)."""
     if q.device.type != "cuda" and not INTERPRETED:
         raise ValueError(f"impl='triton' needs CUDA tensors, got {q.device.type} (on CPU use impl='fused', "
                          "or set TRITON_INTERPRET=1 before importing nala_dit.triton_nala to run the "
@@ -518,9 +570,11 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
         scale = scale.reshape(h)
     else:
         scale = torch.full((h,), float(norm_scale), device=q.device)
-    # ieee fp32 products for fp32 inputs (matches the reference to rounding); TF32 tensor
-    # cores for half inputs, whose output rounding (2^-8 for bf16) dominates anyway.
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    # Exact fp32 products for fp32 inputs (matches the reference to rounding) unless torch
+    # is allowed TF32 for fp32 matmuls (torch.set_float32_matmul_precision("high")); TF32
+    # tensor cores for half inputs, whose output rounding (2^-8 for bf16) dominates anyway.
+    exact = q.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
+    precision = opts.get("precision") or ("ieee" if exact else "tf32")
     opts = dict(opts, precision=precision)
     if q.device.type == "cuda":
         # Triton launches on the current device; make it q's (a model on a second GPU).

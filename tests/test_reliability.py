@@ -155,6 +155,19 @@ def test_resume_refuses_changed_model_and_objective(tmp_path, capsys):
     assert "model.safetensors: does not fit this model" in err and "unexpected (e.g. blocks.0.attn.lepe" in err
 
 
+def test_distillation_settings_are_compared_on_resume(tmp_path):
+    model_config = {"objective": "diffusion", "power": 3.0}
+    stored = dict(teacher="runs/dit", **{"distill-weight": 0.5, "distill-sigma-weight": None})
+    ckpt = ckpt_lib.Checkpoint(tmp_path, dict(config=stored, model_config=model_config))
+    now = dict(teacher="runs/dit", **{"distill-weight": 1.0, "distill-sigma-weight": None})
+    assert ckpt_lib.config_changes(ckpt, now, model_config) == {"distill-weight": (0.5, 1.0)}
+    assert ckpt_lib.config_changes(ckpt, dict(now, teacher=None), model_config) == {
+        "teacher": ("runs/dit", None), "distill-weight": (0.5, 1.0)}
+    # Without a teacher on either side the distillation flags are unused and not compared.
+    plain = ckpt_lib.Checkpoint(tmp_path, dict(config={"distill-weight": 0.5}, model_config=model_config))
+    assert ckpt_lib.config_changes(plain, {"distill-weight": 1.0}, model_config) == {}
+
+
 def test_sit_checkpoint_into_a_dit_run(tmp_path, capsys):
     run_train(tmp_path, "--model", "SiT-T/2", "--max-steps", "1", "--ckpt-every", "1")
     err = train_fails(tmp_path, capsys, "--model", "DiT-T/2", "--max-steps", "2", "--resume", "auto")
@@ -267,6 +280,10 @@ def test_extract_latents_lists_unreadable_files(tmp_path, capsys):
     with pytest.warns(UserWarning, match="leaving out 2 unreadable"):
         assert extract_main(argv + ["--skip-corrupt"]) == 0
     assert len(LatentDataset(tmp_path / "lat")) == 4  # the readable ones, none duplicated
+    shard = tmp_path / "lat" / "latents-00000.safetensors"
+    shard.write_bytes(shard.read_bytes()[:50])
+    with pytest.raises(ValueError, match=f"{shard}: unreadable latent shard .*delete it and rerun extract_latents"):
+        LatentDataset(tmp_path / "lat")
 
 
 def sample_cli(*args):
@@ -311,6 +328,12 @@ def test_mass_sampling_lock_and_leftovers(tmp_path, digits_checkpoint, capsys, m
     assert not Path(f"{out}.lock").exists()
     with np.load(out) as done:
         assert done["arr_0"].shape == (4, 8, 8, 1)
+    # An interrupted run's settings file damaged by hand: named, with the way out.
+    assert sample_cli(*common, "--out", tmp_path / "t.npz", "--stop-after", 1) == 0
+    (tmp_path / "t.npz.parts" / "settings.json").write_text("{")
+    assert sample_cli(*common, "--out", tmp_path / "t.npz") == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 't.npz.parts' / 'settings.json'}: unreadable" in err and "to start over" in err
 
 
 def test_export_official_pickle_is_named_without_unsafe_advice(tmp_path, capsys):

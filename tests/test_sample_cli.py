@@ -178,3 +178,56 @@ def test_mass_sampling_refuses_mixed_settings(run_dir, tmp_path, capsys):
     assert cli(*common, "--stop-after", 1) == 0
     assert cli(*common, "--seed", 9) == 1
     assert "other settings" in capsys.readouterr().err
+
+
+def test_ctrl_c_keeps_finished_shards_and_the_same_command_resumes(run_dir, tmp_path, monkeypatch, capsys):
+    """A real KeyboardInterrupt mid-job: one line says what was kept; the same command
+    finishes only the rest, and the result equals an uninterrupted run."""
+    import nala_dit.sampling as sampling
+
+    common = ["--ckpt", run_dir, "--num-samples", 40, "--seed", 1, *FAST, "--batch-size", 2]
+    assert cli(*common, "--out", tmp_path / "whole.npz") == 0
+    real, calls, interrupt_at = sampling.sample_batch, [], [8]
+
+    def interrupt_at_eighth(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == interrupt_at[0]:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sampling, "sample_batch", interrupt_at_eighth)
+    out = tmp_path / "cut.npz"
+    with pytest.raises(KeyboardInterrupt) as info:  # main() lets in-process callers see the interrupt
+        cli(*common, "--out", out)
+    # 40 samples → automatic shards of 2 (1/20 of the job): 7 finished before the 8th batch.
+    kept = f"14 of 40 samples kept (7 finished shards in {out}.parts/); run the same command to resume"
+    assert str(info.value) == kept
+    # ... and the script entry point turns it into one line and exit status 130.
+    from nala_dit.cli import run_main
+
+    capsys.readouterr()
+
+    def main():
+        raise info.value
+
+    assert run_main(main) == 130
+    assert capsys.readouterr().err.strip().splitlines() == [f"interrupted: {kept}"]
+    calls.clear()
+    interrupt_at[0] = None
+    assert cli(*common, "--out", out) == 0
+    assert len(calls) == 13  # only the 26 samples that were missing
+    with np.load(out) as cut, np.load(tmp_path / "whole.npz") as whole:
+        np.testing.assert_array_equal(cut["arr_0"], whole["arr_0"])
+        np.testing.assert_array_equal(cut["arr_1"], whole["arr_1"])
+
+
+def test_silent_cases_are_notices_or_errors(run_dir, tmp_path, capsys):
+    assert cli("--ckpt", run_dir, "--num-samples", 0, "--grid", tmp_path / "g.png") == 1
+    assert "--num-samples must be >= 1, got 0" in capsys.readouterr().err
+    assert cli("--ckpt", run_dir, "--num-samples", 25, *FAST, "--grid", tmp_path / "g.png") == 0
+    assert ("note: 25 samples over 10 classes are not balanced: 5 classes get 3, the other 5 get 2"
+            in capsys.readouterr().err)
+    import export
+
+    assert export.main(["checkpoint", str(run_dir), str(tmp_path / "exp"), "--copy-vae"]) == 1
+    assert "--copy-vae" in capsys.readouterr().err and not (tmp_path / "exp").exists()

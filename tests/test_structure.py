@@ -75,6 +75,19 @@ CLI_CASES = [
     ("export.py", ["--help"], 0, "official"),
     ("export.py", ["official", "--help"], 0, "--model-only"),
     ("extract_latents.py", ["--help"], 0, "--shard-size"),
+    ("demo.py", ["--help"], 0, "--quick"),
+    # typos name the nearest flag, with the same no-abbreviation rule in every CLI
+    ("train.py", ["--max-step", "10"], 2, "--max-step (did you mean --max-steps?)"),
+    ("sample.py", ["--ckpt", "x", "--cfg_scale", "2"], 2, "--cfg_scale (did you mean --cfg-scale?)"),
+    ("sample.py", ["--ckpt", "x", "--cfg", "2"], 2, "--cfg (did you mean --cfg-scale?)"),
+    ("evaluate_fid.py", ["calc", "--samples", "a", "--ref", "b", "--split_size", "3"], 2,
+     "--split_size (did you mean --split-size?)"),
+    ("export.py", ["checkpoint", "a", "b", "--weigths", "ema"], 2, "--weigths (did you mean --weights?)"),
+    ("extract_latents.py", ["--data", "a", "--out", "b", "--vae", "c", "--shardsize", "1"], 2,
+     "--shardsize (did you mean --shard-size?)"),
+    # an option the chosen model ignores is an error before anything loads
+    ("train.py", ["--model", "DiT-T/2", "--lepe", "true", "--dry-run"], 2,
+     "--lepe applies to the gated layer (nala/relu/elu/softmax_gated attention), not to DiT-T/2"),
 ]
 
 _PROBE = """

@@ -1,0 +1,547 @@
+"""Does NaLa help? A seeded ablation grid trained through ``train.py``.
+
+Every *cell* is one (task, variant, seed, lr): one ``train.py`` run to the largest
+budget, with a checkpoint at every budget. The learning rate is constant, so the
+checkpoint at step S is exactly an S-step run: one training run gives every budget.
+Each checkpoint's EMA weights are then scored:
+
+* class-consistency and Fréchet distance in the digits classifier's feature space
+  (balanced labelled samples, the demo's sampler and guidance);
+* held-out loss: the training objective on the held-out split with fixed timesteps and
+  noise (the same draws for every model);
+* training loss: mean of the logged loss over the last 100 steps before the budget;
+* training time: the summed logged step times up to the budget (no checkpoint/eval).
+
+A cell writes one small JSON (``<out>/cells/<task>/<variant>/seed<k>_lr<lr>.json``);
+finished cells are skipped on a rerun, interrupted runs resume from their last
+checkpoint, and the table is rebuilt from whatever JSONs exist (``n`` per cell shown).
+
+    python benchmarks/ablation.py run --out runs/ablation --jobs 2            # the grid
+    python benchmarks/ablation.py run --out runs/ablation --tasks digits --variants softmax,nala
+    python benchmarks/ablation.py table --out runs/ablation --md benchmarks/ablation/RESULTS.md
+    python benchmarks/ablation.py run --quick --out /tmp/ablation_quick       # smoke (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# Variants: the flags that make them, on top of the task's recipe. Every model is the
+# DiT-T/2 backbone (diffusion objective, learned sigma); only the attention differs.
+VARIANTS = {
+    "softmax": ["--model", "DiT-T/2", "--attention", "softmax"],
+    "softmax_gated": ["--model", "DiT-T/2", "--attention", "softmax_gated"],
+    "relu_gated": ["--model", "DiT-T/2", "--attention", "relu"],
+    "elu_gated": ["--model", "DiT-T/2", "--attention", "elu"],
+    "nala": ["--model", "DiT-T/2", "--attention", "nala"],
+    "nala_sqrt_d": ["--model", "DiT-T/2", "--attention", "nala", "--norm-scale", "sqrt_d"],
+    "nala_learned": ["--model", "DiT-T/2", "--attention", "nala", "--norm-scale", "learned"],
+    "nala_relu_split": ["--model", "DiT-T/2", "--attention", "nala", "--direction", "relu_split"],
+    "nala_no_lepe": ["--model", "DiT-T/2", "--attention", "nala", "--lepe", "false"],
+    "nala_no_gate": ["--model", "DiT-T/2", "--attention", "nala", "--gate", "false"],
+    "nala_rope": ["--model", "DiT-T/2", "--attention", "nala", "--rope", "true"],
+}
+DESCRIPTIONS = {
+    "softmax": "DiT's softmax attention (qkv, proj; no extras)",
+    "softmax_gated": "softmax in the gated layer (qkvg, LePE, LayerNorm, SiLU gate)",
+    "relu_gated": "ReLU linear attention in the gated layer",
+    "elu_gated": "1+ELU linear attention in the gated layer",
+    "nala": "NaLa cosine, s = 1 (the paper), gated layer",
+    "nala_sqrt_d": "NaLa cosine, s = √D",
+    "nala_learned": "NaLa cosine, learned s per head",
+    "nala_relu_split": "NaLa relu_split direction, s = 1",
+    "nala_no_lepe": "NaLa s = 1 without LePE",
+    "nala_no_gate": "NaLa s = 1 without the SiLU gate",
+    "nala_rope": "NaLa s = 1 with numerator-only 2-D RoPE",
+}
+
+# The digits recipe is the demo's (configs/digits_*.yaml): batch 64, lr 2e-3, EMA 0.99;
+# budgets 0.5x, 1x, 2x its 600 steps.
+TASKS = {
+    "digits": dict(data="digits", batch=64, lr=2e-3, ema=0.99, budgets=(300, 600, 1200), log_every=50,
+                   per_class=30, sampler="ddpm", sample_steps=40, cfg=2.0, sample_batch=300),
+    "canvas": dict(data="digits-canvas", batch=32, lr=2e-3, ema=0.99, budgets=(300, 600), log_every=50,
+                   per_class=20, sampler="ddpm", sample_steps=40, cfg=2.0, sample_batch=100),
+}
+QUICK = dict(batch=16, budgets=(2, 4), log_every=1, per_class=2, sample_steps=4, sample_batch=20,
+             heldout_items=64, heldout_repeats=1)
+QUICK_VARIANTS = ("softmax", "nala")
+QUICK_SEEDS = (0, 1)
+HELDOUT_REPEATS = 4  # fixed (t, noise) draws per held-out image (all items unless a recipe says)
+METRICS = ("class_consistency", "frechet_distance", "train_loss", "heldout_loss", "train_time_s")
+
+
+def lr_tag(lr: float) -> str:
+    return f"{lr:.0e}".replace("e-0", "e-")
+
+
+def cell_name(task: str, variant: str, seed: int, lr: float) -> str:
+    return f"{task}/{variant}/seed{seed}_lr{lr_tag(lr)}"
+
+
+def task_recipe(task: str, quick: bool) -> dict:
+    recipe = dict(TASKS[task])
+    if quick:
+        recipe.update(QUICK)
+    return recipe
+
+
+# ------------------------------------------------------------------ one cell
+
+
+def train_log(run_dir: Path) -> list[dict]:
+    """The log records by step; a resumed run's repeated steps keep the later record."""
+    by_step = {}
+    for line in (run_dir / "log.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def log_summary(records: list[dict], budget: int, window: int) -> tuple[float, float]:
+    """(training loss over the last ``window`` steps before ``budget``, summed step time)."""
+    time_s, prev = 0.0, 0
+    losses, weights = [], []
+    for r in records:
+        if r["step"] > budget:
+            break
+        steps = r["step"] - prev
+        time_s += steps / r["steps_per_sec"]
+        if r["step"] > budget - window:
+            losses.append(r["loss"])
+            weights.append(steps)
+        prev = r["step"]
+    loss = sum(l * w for l, w in zip(losses, weights)) / sum(weights) if weights else float("nan")
+    return loss, time_s
+
+
+def heldout_set(task: str):
+    from nala_dit import data as data_lib
+
+    if task == "digits":
+        return data_lib.DigitsDataset("heldout")
+    return data_lib.DigitsCanvasDataset("heldout")
+
+
+def heldout_loss(model, objective, dataset, seed: int = 1234, items: int | None = None,
+                 repeats: int = HELDOUT_REPEATS) -> float:
+    """The training objective on the held-out split, same (t, noise) draws for every model."""
+    import torch
+
+    x, y = dataset.images[:items], dataset.labels[:items]
+    gen = torch.Generator().manual_seed(seed)
+    total = 0.0
+    with torch.no_grad():
+        for _ in range(repeats):
+            for start in range(0, len(x), 256):
+                xb, yb = x[start:start + 256], y[start:start + 256]
+                noise = torch.randn(xb.shape, generator=gen)
+                if model.config.objective == "diffusion":
+                    t = torch.randint(0, objective.num_timesteps, (len(xb),), generator=gen)
+                    loss = objective.training_losses(model, xb, t, yb, noise=noise)["loss"]
+                else:
+                    t = objective.sample_t(len(xb), xb.device, gen)
+                    loss = objective.training_losses(model, xb, yb, t=t, noise=noise)["loss"]
+                total += loss.sum().item()
+    return total / (repeats * len(x))
+
+
+def classifier_view(task: str, images):
+    """uint8 NHWC samples → what the digits classifier scores (canvas: the digit's crop)."""
+    if task == "canvas":
+        from nala_dit.digits import canvas_crop
+
+        return canvas_crop(images)
+    return images
+
+
+def reference(task: str, work: Path, classifier_dir: Path) -> Path:
+    """Digits-classifier statistics of the held-out split (built once per output folder)."""
+    from nala_dit import metrics
+    from nala_dit.data import to_uint8
+
+    path = work / f"ref_{task}_heldout.npz"
+    if path.is_file():
+        return path
+    images = classifier_view(task, to_uint8(heldout_set(task).images).numpy())
+    from nala_dit.metric_inputs import build_extractor
+
+    extractor = build_extractor("digits", digits_classifier_dir=classifier_dir)
+    feats = metrics.compute_features(extractor, [images[i:i + 250] for i in range(0, len(images), 250)])
+    tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
+    metrics.save_reference(tmp, metrics.reference_statistics(feats, extractor.describe()))
+    os.replace(tmp, path)
+    return path
+
+
+def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifier_dir: Path) -> dict:
+    import numpy as np
+
+    from nala_dit import metrics
+    from nala_dit.generate import SampleSettings
+    from nala_dit.sampling import sample_images
+    from nala_dit.sources import load_source
+
+    source = load_source(ckpt)
+    source.model.eval()
+    labels = [c for _ in range(recipe["per_class"]) for c in range(source.num_classes)]
+    settings = SampleSettings(sampler=recipe["sampler"], num_steps=recipe["sample_steps"], cfg_scale=recipe["cfg"])
+    start = time.perf_counter()
+    images, nfe = sample_images(source, labels, seed=1, settings=settings, batch_size=recipe["sample_batch"])
+    sample_time = time.perf_counter() - start
+    view = classifier_view(task, images.numpy())
+    result = metrics.evaluate_samples([view], ref, features="digits", digits_classifier_dir=classifier_dir,
+                                      labels=np.asarray(labels))
+    return dict(class_consistency=result["metrics"]["class_consistency"],
+                frechet_distance=result["metrics"]["fd_digits"],
+                heldout_loss=heldout_loss(source.model, source.objective, heldout_set(task),
+                                          items=recipe.get("heldout_items"),
+                                          repeats=recipe.get("heldout_repeats", HELDOUT_REPEATS)),
+                num_samples=len(labels), nfe=nfe, sample_time_s=round(sample_time, 2))
+
+
+def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bool,
+             budgets: list[int] | None = None, classifier_dir: Path | None = None) -> dict:
+    """Train one cell to its largest budget (resuming if interrupted), score every budget."""
+    import torch
+
+    import train as train_cli
+    from nala_dit.checkpoint import list_checkpoints, open_checkpoint
+    from nala_dit.models import count_params
+
+    recipe = task_recipe(task, quick)
+    if budgets:
+        recipe["budgets"] = tuple(sorted(budgets))
+    work = out / "work"
+    run_dir = work / "runs" / cell_name(task, variant, seed, lr)
+    budgets = recipe["budgets"]
+    every = math.gcd(*budgets)
+    argv = [*VARIANTS[variant], "--data", recipe["data"], "--flip", "false",
+            "--global-batch-size", recipe["batch"], "--lr", lr, "--ema-decay", recipe["ema"],
+            "--max-steps", budgets[-1], "--ckpt-every", every, "--log-every", recipe["log_every"],
+            "--sample-every", 0, "--num-workers", 0, "--mixed-precision", "no", "--seed", seed,
+            "--results-dir", run_dir.parent, "--exp-name", run_dir.name]
+    if list_checkpoints(run_dir / "checkpoints"):
+        argv += ["--resume", "auto"]
+    argv = [str(a) for a in argv]
+    load = os.getloadavg()
+    start = time.perf_counter()
+    print(f"[{cell_name(task, variant, seed, lr)}] python train.py {' '.join(argv)}", flush=True)
+    code = train_cli.main(argv)
+    wall_train = time.perf_counter() - start
+    if code:
+        raise RuntimeError(f"train.py exited with {code}")
+    classifier_dir = classifier_dir or work / "digits_classifier"
+    ref = reference(task, work, classifier_dir)
+    records = train_log(run_dir)
+    by_step = {open_checkpoint(p).step: p for p in list_checkpoints(run_dir / "checkpoints")}
+    rows = []
+    for budget in budgets:
+        ckpt = by_step[budget]
+        loss, time_s = log_summary(records, budget, window=2 * recipe["log_every"])
+        scores = evaluate_checkpoint(task, ckpt, recipe, ref, classifier_dir)
+        rows.append(dict(budget=budget, train_loss=loss, train_time_s=round(time_s, 2), **scores))
+        print(f"[{cell_name(task, variant, seed, lr)}] step {budget}: {rows[-1]}", flush=True)
+    from nala_dit.checkpoint import load_model
+
+    model, _ = load_model(by_step[budgets[-1]])
+    result = dict(task=task, variant=variant, seed=seed, lr=lr, quick=quick, recipe=recipe,
+                  flags=VARIANTS[variant], params=count_params(model), budgets=rows,
+                  wall_train_s=round(wall_train, 1), wall_total_s=round(time.perf_counter() - start, 1),
+                  loadavg_start=load, loadavg_end=os.getloadavg(), torch_threads=torch.get_num_threads(),
+                  last_exponent=records[-1].get("nala/exponent_mean"))
+    # Keep only the final checkpoint (diagnostics read it); earlier ones were scored.
+    for step, path in by_step.items():
+        if step != budgets[-1]:
+            shutil.rmtree(path, ignore_errors=True)
+    return result
+
+
+def cell_path(out: Path, task: str, variant: str, seed: int, lr: float) -> Path:
+    return out / "cells" / f"{cell_name(task, variant, seed, lr)}.json"
+
+
+def cell_done(out: Path, *cell) -> bool:
+    """Finished successfully (a failed cell's JSON holds its error and is retried on a rerun)."""
+    path = cell_path(out, *cell)
+    return path.is_file() and "error" not in json.loads(path.read_text())
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def cell_main(args) -> int:
+    out = args.out.resolve()
+    path = cell_path(out, args.task, args.variant, args.seed, args.lr)
+    try:
+        result = run_cell(args.task, args.variant, args.seed, args.lr, out, args.quick, args.budgets,
+                          args.classifier_dir)
+    except Exception as err:  # a failed cell is recorded, not retried forever
+        import traceback
+
+        traceback.print_exc()
+        result = dict(task=args.task, variant=args.variant, seed=args.seed, lr=args.lr, quick=args.quick,
+                      error=f"{type(err).__name__}: {err}")
+    write_json(path, result)
+    return 0 if "error" not in result else 1
+
+
+# ------------------------------------------------------------------ the grid
+
+
+def grid(args) -> list[tuple[str, str, int, float]]:
+    """Cells in priority order: seed 0 of every variant first, then seed 1, ... (with
+    ``--core N``: all seeds of the first N variants before the others); the lr sweep
+    (seed 0 of --sweep-variants at --sweep-lrs) after the seeds."""
+    cells = []
+    groups = [args.variants[:args.core], args.variants[args.core:]] if args.core else [args.variants]
+    for task in args.tasks:
+        recipe = task_recipe(task, args.quick)
+        for group in groups:
+            for seed in args.seeds:
+                cells += [(task, v, seed, recipe["lr"]) for v in group]
+        for lr in args.sweep_lrs:
+            cells += [(task, v, 0, lr) for v in args.sweep_variants if v in args.variants and lr != recipe["lr"]]
+    return cells
+
+
+def _locked(lock: Path) -> bool:
+    """A cell is being run by a live process (runners may overlap after a restart)."""
+    try:
+        pid = int(lock.read_text())
+        os.kill(pid, 0)
+        return True
+    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+        return False
+
+
+def _live_cells(out: Path) -> int:
+    return sum(_locked(lock) for lock in (out / "locks").glob("*.pid"))
+
+
+def run_main(args) -> int:
+    out = args.out.resolve()
+    todo = [c for c in grid(args) if not cell_done(out, *c)]
+    print(f"{len(todo)} cells to run", flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    running: list[tuple[subprocess.Popen, Path]] = []
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    (out / "locks").mkdir(parents=True, exist_ok=True)
+    # Shared by every cell: build them once before the cells run side by side.
+    classifier_dir = (args.classifier_dir or out / "work" / "digits_classifier").resolve()
+    for task in args.tasks:
+        reference(task, out / "work", classifier_dir)
+    failures = 0
+    for cell in todo:
+        lock = out / "locks" / (cell_name(*cell).replace("/", "__") + ".pid")
+        if cell_done(out, *cell) or _locked(lock):
+            continue
+        flags = ["--task", cell[0], "--variant", cell[1], "--seed", str(cell[2]), "--lr", repr(cell[3]),
+                 "--out", str(out)] + (["--quick"] if args.quick else [])
+        if args.budgets:
+            flags += ["--budgets", ",".join(map(str, args.budgets))]
+        flags += ["--classifier-dir", str(classifier_dir)]
+        if args.jobs <= 1:  # in this process: no interpreter start per cell
+            lock.write_text(str(os.getpid()))
+            import torch
+
+            torch.set_num_threads(1)
+            failures += cell_main(cell_parser().parse_args(flags))
+            lock.unlink(missing_ok=True)
+            write_table(out, args.md)
+            continue
+        # Slots count every live cell, also those of an earlier runner still finishing
+        # (a restarted runner picks up where the old one is, without oversubscribing).
+        while len(running) >= args.jobs or _live_cells(out) >= args.jobs:
+            time.sleep(2)
+            failures += _reap(running, out, args.md)
+        log = open(out / "logs" / (cell_name(*cell).replace("/", "__") + ".log"), "a")
+        proc = subprocess.Popen([sys.executable, __file__, "cell", *flags], env=env, cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT)
+        lock.write_text(str(proc.pid))
+        running.append((proc, lock))
+    while running and not args.no_wait:
+        time.sleep(2)
+        failures += _reap(running, out, args.md)
+    write_table(out, args.md)
+    return 1 if failures else 0
+
+
+def _reap(running: list, out: Path, md: Path | None) -> int:
+    failures = 0
+    for item in list(running):
+        proc, lock = item
+        if proc.poll() is not None:
+            running.remove(item)
+            lock.unlink(missing_ok=True)
+            failures += proc.returncode != 0
+            write_table(out, md)
+    return failures
+
+
+# ------------------------------------------------------------------ the table
+
+
+def load_cells(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((out / "cells").rglob("*.json"))]
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
+    return mean, std
+
+
+def summarize(cells: list[dict]) -> list[dict]:
+    """One row per (task, variant, lr, budget): mean, std (ddof 1) and n over seeds."""
+    groups: dict[tuple, list[dict]] = {}
+    for c in cells:
+        if "error" in c:
+            continue
+        for row in c["budgets"]:
+            groups.setdefault((c["task"], c["variant"], c["lr"], row["budget"]), []).append(row)
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    rows = []
+    for (task, variant, lr, budget), items in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], kv[0][3], kv[0][2], order.get(kv[0][1], 99))):
+        row = dict(task=task, variant=variant, lr=lr, budget=budget, n=len(items))
+        for m in METRICS:
+            row[m], row[m + "_std"] = _mean_std([float(it[m]) for it in items])
+        rows.append(row)
+    return rows
+
+
+def _fmt(mean: float, std: float, digits: int) -> str:
+    if math.isnan(std):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def render_table(rows: list[dict], cells: list[dict]) -> str:
+    lines = ["# Ablation results", "",
+             "Mean ± sample std over seeds (n = seeds finished). Class-consistency: share of samples the "
+             "digits classifier assigns to their label (higher is better). Fréchet distance: digits-classifier "
+             "features vs the held-out split (lower is better; not Inception FID). Losses: the iDDPM hybrid "
+             "training objective (training: last 100 steps; held-out: fixed draws). Time: summed training "
+             "step time on one thread (load varies, see cells' loadavg).", ""]
+    for task in sorted({r["task"] for r in rows}):
+        for budget in sorted({r["budget"] for r in rows if r["task"] == task}):
+            lines += [f"## {task}, {budget} steps", "",
+                      "| variant | lr | n | class-consistency ↑ | Fréchet distance ↓ | train loss | held-out loss | train time (s) |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for r in rows:
+                if r["task"] != task or r["budget"] != budget:
+                    continue
+                lines.append(
+                    f"| {r['variant']} | {lr_tag(r['lr'])} | {r['n']} | "
+                    f"{_fmt(r['class_consistency'], r['class_consistency_std'], 3)} | "
+                    f"{_fmt(r['frechet_distance'], r['frechet_distance_std'], 2)} | "
+                    f"{_fmt(r['train_loss'], r['train_loss_std'], 4)} | "
+                    f"{_fmt(r['heldout_loss'], r['heldout_loss_std'], 4)} | "
+                    f"{_fmt(r['train_time_s'], r['train_time_s_std'], 1)} |")
+            lines.append("")
+    failed = [c for c in cells if "error" in c]
+    if failed:
+        lines += ["## Failed cells", ""] + [
+            f"- {cell_name(c['task'], c['variant'], c['seed'], c['lr'])}: {c['error']}" for c in failed] + [""]
+    lines += ["## Variants", ""] + [f"- `{k}`: {DESCRIPTIONS[k]} (`{' '.join(VARIANTS[k])}`)" for k in VARIANTS]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(out: Path, md: Path | None = None) -> Path:
+    cells = load_cells(out)
+    rows = summarize(cells)
+    write_json(out / "table.json", dict(rows=rows))
+    text = render_table(rows, cells)
+    target = md or out / "table.md"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return target
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def cell_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ablation.py cell", description="train and score one cell")
+    p.add_argument("--task", choices=list(TASKS), required=True)
+    p.add_argument("--variant", choices=list(VARIANTS), required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--lr", type=float, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--budgets", type=_csv(int), default=None)
+    p.add_argument("--classifier-dir", type=Path, default=None)
+    return p
+
+
+def _csv(kind):
+    return lambda s: [kind(x) for x in s.split(",") if x]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the grid (skips finished cells), then write the table")
+    run.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
+    run.add_argument("--tasks", type=_csv(str), default=["digits"])
+    run.add_argument("--variants", type=_csv(str), default=None, help="comma list (default: all)")
+    run.add_argument("--seeds", type=_csv(int), default=[0, 1, 2])
+    run.add_argument("--sweep-lrs", type=_csv(float), default=[1e-3, 4e-3],
+                     help="extra learning rates run at seed 0 for --sweep-variants")
+    run.add_argument("--sweep-variants", type=_csv(str), default=["softmax", "nala"])
+    run.add_argument("--core", type=int, default=0,
+                     help="run every seed of the first N --variants before the other variants start")
+    run.add_argument("--jobs", type=int, default=1, help="cells at once, one thread each (1 = in this process)")
+    run.add_argument("--budgets", type=_csv(int), default=None,
+                     help="steps at which to score (train to the largest); default the task's")
+    run.add_argument("--no-wait", action="store_true",
+                     help="return once the last cell has started (a following runner shares the slots)")
+    run.add_argument("--md", type=Path, default=None, help="also write the table here (default <out>/table.md)")
+    run.add_argument("--classifier-dir", type=Path, default=None,
+                     help="digits classifier folder (default <out>/work/digits_classifier, trained if absent)")
+    run.add_argument("--quick", action="store_true",
+                     help=f"smoke run: variants {QUICK_VARIANTS}, seeds {QUICK_SEEDS}, {QUICK['budgets']} steps, no sweep")
+    table = sub.add_parser("table", help="rebuild the table from the cell JSONs")
+    table.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
+    table.add_argument("--md", type=Path, default=None)
+    sub.add_parser("cell", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "cell":
+        return cell_main(cell_parser().parse_args(rest))
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "table":
+        print(write_table(args.out.resolve(), args.md).read_text())
+        return 0
+    if args.quick:
+        args.variants = args.variants or list(QUICK_VARIANTS)
+        args.seeds, args.sweep_lrs = list(QUICK_SEEDS), []
+    args.variants = args.variants or list(VARIANTS)
+    for name, allowed in (("tasks", TASKS), ("variants", VARIANTS), ("sweep_variants", VARIANTS)):
+        bad = [x for x in getattr(args, name) if x not in allowed]
+        if bad:
+            parser.error(f"--{name.replace('_', '-')}: unknown {bad}; choose from {list(allowed)}")
+    code = run_main(args)
+    print((args.md or args.out.resolve() / "table.md").read_text())
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""What every CLI shares: one argument parser with forgiving errors (torch-free).
+
+* The same rule everywhere: flags are spelled in full (no prefix abbreviations), so a
+  flag means the same on the command line and as a YAML key, and a later flag never
+  silently changes what an old abbreviation meant.
+* A mistyped flag names the nearest real one (``--max-step`` → ``--max-steps``,
+  ``--cfg_scale`` → ``--cfg-scale``), with a one-line usage instead of argparse's listing
+  of every flag.
+* ``closest`` is the one suggestion rule, also used for YAML keys and class names.
+* ``set_threads``: the ``--threads`` option of every CLI that computes.
+* ``Interrupted`` / ``run_main``: Ctrl-C ends a CLI with one line saying what was kept and how
+  to go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+
+
+def closest(word: str, candidates, n: int = 1) -> list[str]:
+    """The candidates nearest to ``word`` (``_`` and ``-`` count as the same character)."""
+    norm = {c.replace("_", "-").lower(): c for c in candidates}
+    found = difflib.get_close_matches(word.replace("_", "-").lower(), list(norm), n=n, cutoff=0.6)
+    return [norm[f] for f in found]
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse without abbreviations, whose errors are short and suggest the nearest flag."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def flags(self) -> list[str]:
+        """Every visible long flag of this parser (not of its subcommands)."""
+        return [s for a in self._actions if a.help != argparse.SUPPRESS
+                for s in a.option_strings if s.startswith("--")]
+
+    def _chosen_subparser(self, namespace):
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(getattr(namespace, action.dest, None) or "")
+        return None
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = self._chosen_subparser(namespace)
+            parser = sub if sub is not None else self
+            candidates = parser.flags() + (self.flags() if sub is not None else [])
+            parts = []
+            for token in extras:
+                if token.startswith("-"):
+                    flag = token.split("=", 1)[0]
+                    near = closest(flag, candidates)
+                    parts.append(f"{flag} (did you mean {near[0]}?)" if near else flag)
+            if not parts:
+                parts = [repr(t) for t in extras]
+            parser.error(f"unrecognized arguments: {', '.join(parts)}")  # argparse's wording, plus the hints
+        return namespace
+
+    def short_usage(self) -> str:
+        """``usage: prog REQUIRED... [options]``: what must be given, not every flag."""
+        parts = []
+        for a in self._actions:
+            if a.help == argparse.SUPPRESS or isinstance(a, argparse._HelpAction):
+                continue
+            if not a.option_strings:
+                parts.append("{" + ",".join(a.choices) + "}" if isinstance(a, argparse._SubParsersAction)
+                             else (a.metavar or a.dest))
+            elif a.required:
+                parts.append(f"{a.option_strings[-1]} {a.metavar or a.dest.upper()}")
+        return f"usage: {' '.join([self.prog] + parts)} [options]"
+
+    def error(self, message: str):
+        # argparse would print the full usage (for train.py, every flag and preset);
+        # one line and a pointer to --help is easier to read.
+        self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {message}\n"
+                     f"(`{self.prog} --help` lists every option)\n")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C inside a CLI's ``main``, carrying one line on what was kept. It is still a
+    KeyboardInterrupt, so in-process callers of ``main`` see the interrupt as before."""
+
+
+def run_main(main) -> int:
+    """A script's entry point: ``main()``, with Ctrl-C ending in one line that says what
+    was kept and how to go on (instead of a traceback); exit status 130. In a
+    multi-process launch only rank 0 speaks."""
+    try:
+        return main()
+    except KeyboardInterrupt as err:
+        kept = str(err) if isinstance(err, Interrupted) else "run the same command to start again"
+    tqdm = sys.modules.get("tqdm.std")
+    if tqdm is not None:  # close live progress bars now, or they redraw after the line
+        for bar in list(getattr(tqdm.tqdm, "_instances", ())):
+            bar.close()
+    if os.environ.get("RANK", "0") == "0":
+        print(f"interrupted: {kept}", file=sys.stderr)
+    return 130
+
+
+THREADS_HELP = ("torch CPU threads per process (default: torch's choice, one per core). On a shared or "
+                "busy machine fewer threads are often much faster: 1 per process when cores are scarce")
+
+
+def set_threads(threads: int | None) -> None:
+    """Apply ``--threads`` (None: leave torch's default)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
