@@ -406,30 +406,32 @@ def _dkv_kernel(
 INTERPRETED = "Interpreted" in type(_output_kernel).__name__
 
 
-# Block sizes per padded head dim BD, for the state and output kernels ("fwd"; the
-# state kernel's backward use too) and for the dq / dkv kernels ("bwd"), which keep more
+# Block sizes per padded head dim BD for the three kinds of kernel: the state passes
+# ("state", forward and backward), the output ("out": BV = BD where that does not spill,
+# so φ_q is computed once, not once per value tile) and dq / dkv ("bwd"), which keep more
 # (BLOCK_N × BD) blocks live. Chosen with ``benchmarks/triton_compile_check.py`` (ptxas
 # of Triton 3.8, sm_90a, no GPU needed): for bf16/fp16 inputs no kernel spills registers
-# in the cosine mode and at most 80 bytes in relu_split. fp32 inputs with exact FMA
+# in the cosine mode and at most 96 bytes in relu_split. fp32 inputs with exact FMA
 # products (the reference-precision default) spill 0.3-18 KB at D ≥ 64; with
-# torch.set_float32_matmul_precision("high") they take the TF32 path. Not yet timed on a GPU:
-# ``benchmarks/triton_configs.py`` sweeps alternatives there.
+# torch.set_float32_matmul_precision("high") they take the TF32 path. Not yet timed on a
+# GPU: ``benchmarks/triton_configs.py`` sweeps alternatives there.
+_GROUPS = ("state", "out", "bwd")
 _CONFIGS = {
-    # BD: (fwd (BLOCK_N, BV, warps), bwd (BLOCK_N, BV, warps))
-    16: ((64, 16, 4), (32, 16, 4)),
-    32: ((64, 32, 4), (32, 32, 8)),
-    64: ((64, 64, 8), (32, 64, 8)),
-    128: ((32, 64, 8), (16, 32, 8)),
+    # BD: (BLOCK_N, BV, warps) for each of _GROUPS
+    16: ((64, 16, 4), (64, 16, 4), (32, 16, 4)),
+    32: ((64, 32, 4), (64, 32, 4), (32, 32, 8)),
+    64: ((64, 64, 8), (64, 64, 8), (32, 64, 8)),
+    128: ((32, 64, 8), (32, 128, 8), (16, 32, 8)),
 }
 
 
 def launch_config(head_dim: int, override: dict | None = None) -> dict:
     """Block sizes for a head dim: BD is D padded to a power of two (≥ 16, what tl.dot
-    needs), then ``_CONFIGS``; ``override`` (BLOCK_N, BV, num_warps) replaces both groups'
-    values (block-size sweeps)."""
+    needs), then ``_CONFIGS``; ``override`` (BLOCK_N, BV, num_warps) replaces every
+    group's values (block-size sweeps)."""
     bd = max(16, triton.next_power_of_2(head_dim))
     cfg = dict(BD=bd)
-    for group, (block_n, bv, warps) in zip(("fwd", "bwd"), _CONFIGS[bd]):
+    for group, (block_n, bv, warps) in zip(_GROUPS, _CONFIGS[bd]):
         sub = dict(BLOCK_N=block_n, BV=bv, num_warps=warps)
         sub.update(override or {})
         sub["NV"] = bd // sub["BV"]
@@ -462,19 +464,19 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     """Launch ``_state_kernel`` over ``splits`` token ranges and add the partial sums.
     Returns ``(S, z)``: (B·H, 2, D, D) and (B·H, 2, D), fp32, means over the N tokens."""
     b, h, n, d = x.shape
-    bd, fwd = cfg["BD"], cfg["fwd"]
-    bv, block_n = fwd["BV"], fwd["BLOCK_N"]
+    bd, st = cfg["BD"], cfg["state"]
+    bv, block_n = st["BV"], st["BLOCK_N"]
     per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n    # whole blocks
     splits = triton.cdiv(n, per_split)
     s_part = x.new_empty(b * h, splits, 2, d, d, dtype=torch.float32)
     z_part = x.new_empty(b * h, splits, 2, d, dtype=torch.float32)
-    _state_kernel[(b * h, splits, fwd["NV"])](
+    _state_kernel[(b * h, splits, st["NV"])](
         x, w, scale, s_part, z_part, *_strides(x), *_strides(w),
         h, n, d, per_split, splits, 1.0 / n,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
         QUERY=query, COSINE=opts["direction"] == "cosine",
         BLOCK_N=block_n, BD=bd, BV=bv, PREC=opts["precision"],
-        DEN=den, DDEN=d_den, num_warps=fwd["num_warps"],
+        DEN=den, DDEN=d_den, num_warps=st["num_warps"],
     )
     # A deterministic sum over the ranges (no atomics); one range needs no extra kernel.
     if splits == 1:
@@ -491,19 +493,19 @@ class TritonNaLa(torch.autograd.Function):
     def forward(ctx, q, k, v, scale, opts, splits=None, config=None):
         b, h, n, d = q.shape
         cfg = launch_config(d, config)
-        fwd = cfg["fwd"]
         if splits is None:
-            splits = num_splits(n, b * h, fwd["NV"], q.device)
+            splits = num_splits(n, b * h, cfg["state"]["NV"], q.device)
         scale32 = scale.detach().to(device=q.device, dtype=torch.float32).contiguous()
         state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
         out = torch.empty(b, h, n, d, device=q.device, dtype=v.dtype)
         den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
-        grid = (b * h, triton.cdiv(n, fwd["BLOCK_N"]), fwd["NV"])
+        oc = cfg["out"]
+        grid = (b * h, triton.cdiv(n, oc["BLOCK_N"]), oc["NV"])
         _output_kernel[grid](
             q, scale32, state, z, out, den, *_strides(q), h, n, d,
             opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
-            COSINE=opts["direction"] == "cosine", BLOCK_N=fwd["BLOCK_N"], BD=cfg["BD"],
-            BV=fwd["BV"], PREC=opts["precision"], num_warps=fwd["num_warps"],
+            COSINE=opts["direction"] == "cosine", BLOCK_N=oc["BLOCK_N"], BD=cfg["BD"],
+            BV=oc["BV"], PREC=opts["precision"], num_warps=oc["num_warps"],
         )
         ctx.opts, ctx.cfg, ctx.splits = opts, cfg, splits
         ctx.scale_shape = scale.shape
