@@ -117,8 +117,8 @@ def _gen(args, common) -> dict:
     source = load_source(args.ckpt, args.weights, args.vae, common["device"])
     settings = SampleSettings(args.sampler, args.steps, args.cfg_scale).resolved(source.objective)
     labels = balanced_labels(args.num_samples, source.num_classes, args.seed).tolist()
-    if balance_notice(args.num_samples, source.num_classes):
-        print(balance_notice(args.num_samples, source.num_classes), file=sys.stderr)
+    if note := balance_notice(args.num_samples, source.num_classes):
+        print(note, file=sys.stderr)
     sampler = dict(source.info, sampler=settings.sampler, num_steps=settings.num_steps,
                    cfg_scale=settings.cfg_scale, seed=args.seed, num_samples=args.num_samples)
     batches = _generated_batches(source, labels, args.seed, settings, args.batch_size)

@@ -116,8 +116,8 @@ def run(args) -> int:
         check_process_count(state.num_processes, "sample.py")
         source = load_source(args.ckpt, args.weights, args.vae, state.device)
         settings.resolved(source.objective)  # clear errors before any work
-        if state.is_main_process and balance_notice(args.num_samples, source.num_classes):
-            print(balance_notice(args.num_samples, source.num_classes), file=sys.stderr)
+        if state.is_main_process and (note := balance_notice(args.num_samples, source.num_classes)):
+            print(note, file=sys.stderr)
         done = mass_sample(source, args.out, args.num_samples, args.seed, settings, args.batch_size,
                            args.shard_size, args.stop_after, args.keep_parts, state=state)
         if state.is_main_process and done is not None:
@@ -139,8 +139,8 @@ def run(args) -> int:
         nrow = args.per_label if args.per_label > 1 else len(labels)
     else:
         labels = balanced_labels(args.num_samples, source.num_classes, args.seed).tolist()
-        if balance_notice(args.num_samples, source.num_classes):
-            print(balance_notice(args.num_samples, source.num_classes), file=sys.stderr)
+        if note := balance_notice(args.num_samples, source.num_classes):
+            print(note, file=sys.stderr)
         nrow = math.ceil(math.sqrt(len(labels)))
     images, nfe = sample_images(source, labels, args.seed, settings, args.batch_size, progress=True)
     if args.grid:

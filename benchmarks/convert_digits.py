@@ -6,7 +6,9 @@ each seed, all with the same recipe, data order and number of steps:
 * ``scratch``  : NaLaDiT-T/2 from its own init (``configs/digits_nala_dit.yaml``);
 * ``inherit``  : every teacher weight but the attention's (``--init-from``, LiT's recipe);
 * ``distill``  : ``inherit`` + LiT's distillation terms (``--teacher``, 0.5 ε + 0.05 Σ),
-  i.e. ``configs/digits_nala_dit_from_dit.yaml``.
+  i.e. ``configs/digits_nala_dit_from_dit.yaml``;
+* ``qkv-distill``: ``distill`` with ``--inherit attention-qkv`` (softmax q, k, v and
+  output projection too; LiT found loading them slightly worse).
 
 Each student's EMA checkpoints at 25 %, 50 % and 100 % of its steps are scored with
 ``evaluate_fid.py gen --features digits`` (class-consistency and Fréchet distance in the
@@ -32,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-VARIANTS = ("scratch", "inherit", "distill")
+VARIANTS = ("scratch", "inherit", "distill", "qkv-distill")
 FRACTIONS = (0.25, 0.5, 1.0)
 
 
@@ -132,6 +134,8 @@ def main(argv=None) -> int:
         "scratch": ["--config", "configs/digits_nala_dit.yaml"],
         "inherit": ["--config", "configs/digits_nala_dit_from_dit.yaml", "--init-from", teacher, "--teacher", "none"],
         "distill": ["--config", "configs/digits_nala_dit_from_dit.yaml", "--init-from", teacher, "--teacher", teacher],
+        "qkv-distill": ["--config", "configs/digits_nala_dit_from_dit.yaml", "--init-from", teacher, "--teacher", teacher,
+                        "--inherit", "attention-qkv"],
     }
     results = {}
     for seed in seeds:

@@ -82,14 +82,14 @@ EOF
 # (each kernel variant compiles once per process).
 XDIST=()
 "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 6)
-stage "tests (CUDA, fp32 + bf16/fp16)" 90 \
+stage "tests (CUDA, fp32 + bf16/fp16)" 120 \
   "$PY" -m pytest -q -p no:cacheprovider -rs "${XDIST[@]}" tests/triton_cases.py
 
 # (b) Attention: DiT-S heads with torch.compile, then DiT-XL heads.
-stage "attention S heads" 120 \
+stage "attention S heads" 110 \
   "$PY" benchmarks/attention.py --device cuda --dtype bf16 --compile --min-tokens 1024 --step 2 \
   --max-tokens 65536 --heads 6 --head-dim 64 --repeats 5 --time-cap 2 --math-cap-gib 4 \
-  --budget-s 85 --out "$DEST/attention_cuda_s.json"
+  --budget-s 75 --out "$DEST/attention_cuda_s.json"
 stage "attention XL heads" 70 \
   "$PY" benchmarks/attention.py --device cuda --dtype bf16 --min-tokens 1024 --step 2 \
   --max-tokens 65536 --heads 16 --head-dim 72 --repeats 5 --time-cap 2 --math-cap-gib 4 \
@@ -101,8 +101,8 @@ stage "model S/2 + XL/2" 100 \
   --batch 8 --repeats 5 --time-cap 5 --budget-s 65 --out "$DEST/model_cuda.json"
 
 # (d) Block sizes of the kernels (results for retuning launch_config).
-stage "triton block-size sweep" 45 \
-  "$PY" benchmarks/triton_configs.py --budget-s 30 --out "$DEST/triton_configs.json"
+stage "triton block-size sweep" 40 \
+  "$PY" benchmarks/triton_configs.py --budget-s 25 --out "$DEST/triton_configs.json"
 
 log ""
 log "== summary (${SECONDS}s in all)"

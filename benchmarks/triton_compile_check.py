@@ -27,26 +27,27 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nala_dit import triton_nala as tn  # noqa: E402
 
-FLOAT_ARGS = {"power", "offset", "alpha", "norm_eps", "eps"}
+FLOAT_ARGS = {"power", "offset", "alpha", "norm_eps", "eps", "inv_n"}
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 
 def kernel_variants(head_dim: int, dtype: str, direction: str):
     """(label, kernel, pointer types, constexprs, num_warps) for every launch of one call."""
     cfg = tn.launch_config(head_dim)
-    fwd, bwd = cfg["fwd"], cfg["bwd"]
+    st, out, bwd = cfg["state"], cfg["out"], cfg["bwd"]
     p, f = f"*{dtype}", "*fp32"
     base = dict(COSINE=direction == "cosine", BD=cfg["BD"], PREC="ieee" if dtype == "fp32" else "tf32")
-    fwd_c = dict(base, BLOCK_N=fwd["BLOCK_N"], BV=fwd["BV"])
+    st_c = dict(base, BLOCK_N=st["BLOCK_N"], BV=st["BV"])
+    out_c = dict(base, BLOCK_N=out["BLOCK_N"], BV=out["BV"])
     bwd_c = dict(base, BLOCK_N=bwd["BLOCK_N"], BV=bwd["BV"], NV=bwd["NV"])
     return [
         ("state", tn._state_kernel, dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f),
-         dict(fwd_c, QUERY=False, DEN=None, DDEN=None), fwd["num_warps"]),
-        ("output", tn._output_kernel, dict(Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f), fwd_c, fwd["num_warps"]),
+         dict(st_c, QUERY=False, DEN=None, DDEN=None), st["num_warps"]),
+        ("output", tn._output_kernel, dict(Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f), out_c, out["num_warps"]),
         ("dq", tn._dq_kernel, dict(Q=p, G=p, ScaleP=f, S=f, Z=f, DEN=f, DQ=p, DDEN=f, DU=f),
          dict(bwd_c, NEED_DU=False), bwd["num_warps"]),
         ("dstate", tn._state_kernel, dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f, DEN=f, DDEN=f),
-         dict(fwd_c, QUERY=True), fwd["num_warps"]),
+         dict(st_c, QUERY=True), st["num_warps"]),
         ("dkv", tn._dkv_kernel, dict(K=p, V=p, DS=f, DZ=f, DK=p, DV=p), bwd_c, bwd["num_warps"]),
     ]
 

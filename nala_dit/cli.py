@@ -101,7 +101,7 @@ def run_main(main) -> int:
         for bar in list(getattr(tqdm.tqdm, "_instances", ())):
             bar.close()
     if os.environ.get("RANK", "0") == "0":
-        print(f"\ninterrupted: {kept}", file=sys.stderr)
+        print(f"interrupted: {kept}", file=sys.stderr)
     return 130
 
 

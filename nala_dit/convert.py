@@ -180,7 +180,8 @@ def _variance_free_rows(student: DiT) -> torch.Tensor:
 def inherit(student: DiT, source: dict[str, torch.Tensor], mode: str = "all-but-attention") -> InheritReport:
     """Copy ``source`` (a softmax model's state dict) into ``student`` in place; see the module doc.
 
-    Shape mismatches are an error naming every key; nothing is copied then.
+    A missing tensor outside the attention or a shape mismatch is an error naming the keys;
+    nothing is copied then.
     """
     if mode not in INHERIT_MODES:
         raise ValueError(f"--inherit {mode!r} is not one of {', '.join(INHERIT_MODES)}")
@@ -205,8 +206,8 @@ def inherit(student: DiT, source: dict[str, torch.Tensor], mode: str = "all-but-
                 continue
         else:
             src_key = key
-            if src_key not in source:
-                plan.append((key, "new", None))
+            if src_key not in source:  # everything outside the attention is promised to come from the source
+                problems.append(f"{key}: missing from the source")
                 continue
             src = source[src_key]
         if src.shape == dst.shape:
@@ -218,7 +219,7 @@ def inherit(student: DiT, source: dict[str, torch.Tensor], mode: str = "all-but-
             problems.append(f"{key}: source {tuple(src.shape)} vs student {tuple(dst.shape)}")
         used.add(src_key)
     if problems:
-        raise ValueError(f"cannot inherit: {len(problems)} shape mismatches between the source and the student: "
+        raise ValueError(f"cannot inherit: {len(problems)} mismatches between the source and the student: "
                          f"{'; '.join(problems[:6])}{' ...' if len(problems) > 6 else ''}")
     for key, how, arg in plan:
         dst = target[key]

@@ -252,7 +252,8 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     if stop_after is not None:
         mine = mine[:stop_after]
     with tqdm(total=sum(min(shard_size, num_samples - k * shard_size) for k in mine),
-              disable=not (progress and is_main), desc=f"sample (rank 0 of {world})", dynamic_ncols=True) as bar:
+              disable=not (progress and is_main), desc=f"sample (rank 0 of {world})", unit="img",
+              dynamic_ncols=True) as bar:
         for k in mine:
             lo, hi = k * shard_size, min((k + 1) * shard_size, num_samples)
             images, nfes = [], []

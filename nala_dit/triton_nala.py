@@ -10,8 +10,8 @@ all tokens, so the forward is two passes and the backward three, each a kernel:
                        per-token denominator (one fp32 per token) for the backward;
 3. ``_dq_kernel``      ∂L/∂φ_q = (g/den) Sᵀ + (∂L/∂den) zᵀ, then ∂L/∂q through the
                        feature map; keeps ∂L/∂den (one fp32 per token);
-4. ``_dstate_kernel``  ∂L/∂[S | z] = Σ_i φ_q(q_i) [g_i/den_i | ∂L/∂den_i]  (the state pass
-                       again, with queries);
+4. ``_state_kernel``   again with queries (QUERY=True):
+                       ∂L/∂[S | z] = Σ_i φ_q(q_i) [g_i/den_i | ∂L/∂den_i];
 5. ``_dkv_kernel``     ∂L/∂v = φ_k ∂L/∂S, ∂L/∂φ_k = v ∂L/∂Sᵀ + ∂L/∂z, then ∂L/∂k.
 
 What is saved for the backward: q, k, v, the state (2 × D × (D+1) per head) and the
@@ -23,8 +23,8 @@ each meet the state in their own ``tl.dot``.
 Precision: every load is cast to fp32, features, state, normaliser and division are fp32,
 and only the stores cast to the tensor's dtype (§3 "Precision"). Products of fp32 blocks
 use exact fp32 (``ieee``) for fp32 inputs, so the kernels match the fp32 reference to
-rounding, and TF32 tensor cores for bf16/fp16 inputs, whose outputs are rounded to 8 (11)
-mantissa bits anyway. Head dims up to 128 (padded to a power of two with masks: 72 runs
+rounding, and TF32 tensor cores (operands rounded to nearest first, see ``_round_tf32``)
+for bf16/fp16 inputs, whose outputs are rounded to 8 (11) mantissa bits anyway. Head dims up to 128 (padded to a power of two with masks: 72 runs
 as 128 with 56 dead lanes whose features are exactly 0); any N (masked token blocks; a
 zero token has zero features, so padding adds nothing to the state).
 
@@ -36,15 +36,12 @@ avoid register spills but are not timed: no GPU was available when this was writ
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
-from torch.autograd.function import once_differentiable
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 MAX_HEAD_DIM = 128
-QUARTER_PI = math.pi / 4
 
 
 def unsupported_reason(q: torch.Tensor) -> str | None:
@@ -53,6 +50,8 @@ def unsupported_reason(q: torch.Tensor) -> str | None:
         return f"head dim {q.shape[-1]} > {MAX_HEAD_DIM}"
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return f"dtype {q.dtype} (fp32, bf16 or fp16 only)"
+    if triton.cdiv(q.shape[-2], 16) > 65535:  # token blocks run on grid axis 1 (≤ 65535)
+        return f"N = {q.shape[-2]} tokens (at most {65535 * 16})"
     return None
 
 
@@ -207,7 +206,7 @@ def _head_offset(bh, H, stride_b, stride_h):
 def _state_kernel(
     X, V, ScaleP, S_part, Z_part,
     sx_b, sx_h, sx_n, sx_d, sv_b, sv_h, sv_n, sv_d,
-    H, N, D, tokens_per_split, n_splits,
+    H, N, D, tokens_per_split, n_splits, inv_n,
     power, offset, alpha, norm_eps,
     QUERY: tl.constexpr, COSINE: tl.constexpr,
     BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
@@ -215,8 +214,8 @@ def _state_kernel(
 ):
     """Partial sums over one token range of Σ φ(x_j) v_jᵀ and Σ φ(x_j) w_j, per half.
 
-    Forward (QUERY=False): x = k, v = v, w = 1 → [S | z]·N.
-    Backward (QUERY=True):  x = q, v = g/den, w = ∂L/∂den → ∂L/∂[S | z]·N.
+    Forward (QUERY=False): x = k, v = v, w = 1 → [S | z] (times 1/N).
+    Backward (QUERY=True):  x = q, v = g/den, w = ∂L/∂den → ∂L/∂[S | z] (times 1/N).
     Grid: (B·H, splits, BD/BV); the z part is written by the first value tile only.
     """
     bh = tl.program_id(0)
@@ -258,12 +257,13 @@ def _state_kernel(
     part = bh * n_splits + split
     s_ptr = S_part + part * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
     s_mask = d_mask[:, None] & v_mask[None, :]
-    tl.store(s_ptr, acc1, mask=s_mask)
-    tl.store(s_ptr + D * D, acc2, mask=s_mask)
+    # Stored already times 1/N (the mean of §3): partial sums then add up to the state.
+    tl.store(s_ptr, acc1 * inv_n, mask=s_mask)
+    tl.store(s_ptr + D * D, acc2 * inv_n, mask=s_mask)
     z_ptr = Z_part + part * 2 * D + offs_d
     first = d_mask & (vt == 0)
-    tl.store(z_ptr, z1, mask=first)
-    tl.store(z_ptr + D, z2, mask=first)
+    tl.store(z_ptr, z1 * inv_n, mask=first)
+    tl.store(z_ptr + D, z2 * inv_n, mask=first)
 
 
 @triton.jit
@@ -406,30 +406,32 @@ def _dkv_kernel(
 INTERPRETED = "Interpreted" in type(_output_kernel).__name__
 
 
-# Block sizes per padded head dim BD, for the state and output kernels ("fwd"; the
-# state kernel's backward use too) and for the dq / dkv kernels ("bwd"), which keep more
+# Block sizes per padded head dim BD for the three kinds of kernel: the state passes
+# ("state", forward and backward), the output ("out": BV = BD where that does not spill,
+# so φ_q is computed once, not once per value tile) and dq / dkv ("bwd"), which keep more
 # (BLOCK_N × BD) blocks live. Chosen with ``benchmarks/triton_compile_check.py`` (ptxas
 # of Triton 3.8, sm_90a, no GPU needed): for bf16/fp16 inputs no kernel spills registers
-# in the cosine mode and at most 80 bytes in relu_split. fp32 inputs with exact FMA
+# in the cosine mode and at most 96 bytes in relu_split. fp32 inputs with exact FMA
 # products (the reference-precision default) spill 0.3-18 KB at D ≥ 64; with
-# torch.set_float32_matmul_precision("high") they take the TF32 path. Not yet timed on a GPU:
-# ``benchmarks/triton_configs.py`` sweeps alternatives there.
+# torch.set_float32_matmul_precision("high") they take the TF32 path. Not yet timed on a
+# GPU: ``benchmarks/triton_configs.py`` sweeps alternatives there.
+_GROUPS = ("state", "out", "bwd")
 _CONFIGS = {
-    # BD: (fwd (BLOCK_N, BV, warps), bwd (BLOCK_N, BV, warps))
-    16: ((64, 16, 4), (32, 16, 4)),
-    32: ((64, 32, 4), (32, 32, 8)),
-    64: ((64, 64, 8), (32, 64, 8)),
-    128: ((32, 64, 8), (16, 32, 8)),
+    # BD: (BLOCK_N, BV, warps) for each of _GROUPS
+    16: ((64, 16, 4), (64, 16, 4), (32, 16, 4)),
+    32: ((64, 32, 4), (64, 32, 4), (32, 32, 8)),
+    64: ((64, 64, 8), (64, 64, 8), (32, 64, 8)),
+    128: ((32, 64, 8), (32, 128, 8), (16, 32, 8)),
 }
 
 
 def launch_config(head_dim: int, override: dict | None = None) -> dict:
     """Block sizes for a head dim: BD is D padded to a power of two (≥ 16, what tl.dot
-    needs), then ``_CONFIGS``; ``override`` (BLOCK_N, BV, num_warps) replaces both groups'
-    values (block-size sweeps)."""
+    needs), then ``_CONFIGS``; ``override`` (BLOCK_N, BV, num_warps) replaces every
+    group's values (block-size sweeps)."""
     bd = max(16, triton.next_power_of_2(head_dim))
     cfg = dict(BD=bd)
-    for group, (block_n, bv, warps) in zip(("fwd", "bwd"), _CONFIGS[bd]):
+    for group, (block_n, bv, warps) in zip(_GROUPS, _CONFIGS[bd]):
         sub = dict(BLOCK_N=block_n, BV=bv, num_warps=warps)
         sub.update(override or {})
         sub["NV"] = bd // sub["BV"]
@@ -437,15 +439,21 @@ def launch_config(head_dim: int, override: dict | None = None) -> dict:
     return cfg
 
 
-def num_splits(n_tokens: int, n_heads_total: int, n_vtiles: int, block_n: int, device: torch.device) -> int:
+# Fewest tokens per range of the state passes: each range writes a partial state of
+# 2·D·(D+1) fp32 per head, so at 512 tokens the partials take at most D/128 of the bytes
+# of one bf16 input (D = 64: half of k's size), which keeps them out of the peak memory.
+MIN_SPLIT_TOKENS = 512
+
+
+def num_splits(n_tokens: int, n_heads_total: int, n_vtiles: int, device: torch.device) -> int:
     """Token ranges per head for the two state passes: enough programs to fill the GPU
-    (about 4 per SM; B·H alone is often a few dozen), never a range under one block."""
+    (about 4 per SM; B·H alone is often a few dozen), no range under MIN_SPLIT_TOKENS."""
     if device.type == "cuda":
         target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
     else:
         target = 1  # the interpreter runs programs one after another: fewest is fastest
-    want = max(1, -(-target // (n_heads_total * n_vtiles)))
-    return max(1, min(want, -(-n_tokens // block_n)))
+    want = -(-target // (n_heads_total * n_vtiles))
+    return max(1, min(want, n_tokens // MIN_SPLIT_TOKENS))
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -454,26 +462,26 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
 
 def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     """Launch ``_state_kernel`` over ``splits`` token ranges and add the partial sums.
-    Returns ``(S, z)``: (B·H, 2, D, D) and (B·H, 2, D), fp32, divided by N."""
+    Returns ``(S, z)``: (B·H, 2, D, D) and (B·H, 2, D), fp32, means over the N tokens."""
     b, h, n, d = x.shape
-    bd, fwd = cfg["BD"], cfg["fwd"]
-    bv, block_n = fwd["BV"], fwd["BLOCK_N"]
+    bd, st = cfg["BD"], cfg["state"]
+    bv, block_n = st["BV"], st["BLOCK_N"]
     per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n    # whole blocks
     splits = triton.cdiv(n, per_split)
     s_part = x.new_empty(b * h, splits, 2, d, d, dtype=torch.float32)
     z_part = x.new_empty(b * h, splits, 2, d, dtype=torch.float32)
-    _state_kernel[(b * h, splits, fwd["NV"])](
+    _state_kernel[(b * h, splits, st["NV"])](
         x, w, scale, s_part, z_part, *_strides(x), *_strides(w),
-        h, n, d, per_split, splits,
+        h, n, d, per_split, splits, 1.0 / n,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
         QUERY=query, COSINE=opts["direction"] == "cosine",
         BLOCK_N=block_n, BD=bd, BV=bv, PREC=opts["precision"],
-        DEN=den, DDEN=d_den, num_warps=fwd["num_warps"],
+        DEN=den, DDEN=d_den, num_warps=st["num_warps"],
     )
-    # A deterministic sum over the ranges (no atomics), then the 1/N of §3.
+    # A deterministic sum over the ranges (no atomics); one range needs no extra kernel.
     if splits == 1:
-        return s_part[:, 0].div_(n), z_part[:, 0].div_(n)
-    return s_part.sum(1).div_(n), z_part.sum(1).div_(n)
+        return s_part[:, 0], z_part[:, 0]
+    return s_part.sum(1), z_part.sum(1)
 
 
 class TritonNaLa(torch.autograd.Function):
@@ -485,19 +493,19 @@ class TritonNaLa(torch.autograd.Function):
     def forward(ctx, q, k, v, scale, opts, splits=None, config=None):
         b, h, n, d = q.shape
         cfg = launch_config(d, config)
-        fwd = cfg["fwd"]
         if splits is None:
-            splits = num_splits(n, b * h, fwd["NV"], fwd["BLOCK_N"], q.device)
+            splits = num_splits(n, b * h, cfg["state"]["NV"], q.device)
         scale32 = scale.detach().to(device=q.device, dtype=torch.float32).contiguous()
         state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
         out = torch.empty(b, h, n, d, device=q.device, dtype=v.dtype)
         den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
-        grid = (b * h, triton.cdiv(n, fwd["BLOCK_N"]), fwd["NV"])
+        oc = cfg["out"]
+        grid = (b * h, triton.cdiv(n, oc["BLOCK_N"]), oc["NV"])
         _output_kernel[grid](
             q, scale32, state, z, out, den, *_strides(q), h, n, d,
             opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
-            COSINE=opts["direction"] == "cosine", BLOCK_N=fwd["BLOCK_N"], BD=cfg["BD"],
-            BV=fwd["BV"], PREC=opts["precision"], num_warps=fwd["num_warps"],
+            COSINE=opts["direction"] == "cosine", BLOCK_N=oc["BLOCK_N"], BD=cfg["BD"],
+            BV=oc["BV"], PREC=opts["precision"], num_warps=oc["num_warps"],
         )
         ctx.opts, ctx.cfg, ctx.splits = opts, cfg, splits
         ctx.scale_shape = scale.shape

@@ -123,7 +123,7 @@ def test_every_preset_pair_converts(family):
             dropped = sum(v.numel() for k, v in source.items() if ".attn." in k)
             if family == "SiT":  # the variance half of the released 8-channel final layer
                 dropped += sum(v.numel() for k, v in source.items() if k.startswith("final_layer.linear.")) // 2
-            for attention in ("nala", "relu", "elu"):
+            for attention in ("nala", "relu", "elu") if name.endswith("XL/2") else ("nala",):
                 student = create_model(f"NaLa{name}", attention=attention)
                 counts = inherit(student, source).counts()
                 assert counts["dropped"][1] == dropped, (name, attention)
@@ -136,6 +136,9 @@ def test_shape_mismatch_names_the_keys():
     student = create_model("NaLaDiT-T/2", **DIGITS)
     with pytest.raises(ValueError, match=r"y_embedder.embedding_table.weight: source \(8, 128\) vs student \(11, 128\)"):
         inherit(student, teacher.state_dict())
+    partial = {k: v for k, v in create_model("DiT-T/2", **DIGITS).state_dict().items() if ".mlp.fc" not in k}
+    with pytest.raises(ValueError, match=r"16 mismatches .*blocks.0.mlp.fc1.weight: missing from the source"):
+        inherit(student, partial)
     with pytest.raises(ValueError, match="--inherit 'attention' is not one of all-but-attention, attention-qkv"):
         inherit(student, teacher.state_dict(), "attention")
 
@@ -199,6 +202,19 @@ def test_init_from_official_pt_through_train_py(tmp_path, capsys):
     for key, value in teacher.state_dict().items():
         if ".attn." not in key:
             assert torch.equal(saved[key], value), key
+    # The converted run is an ordinary NaLaDiT run: sample.py and the pipeline export take it.
+    import export
+    import sample
+
+    assert sample.main(["--ckpt", str(tmp_path / "conv"), "--labels", "1,2", "--sampler", "ddim", "--steps", "2",
+                        "--grid", str(tmp_path / "grid.png")]) == 0
+    assert (tmp_path / "grid.png").is_file()
+    assert export.main(["checkpoint", str(tmp_path / "conv"), str(tmp_path / "pipe")]) == 0
+    from nala_dit.pipeline import load_pipeline
+
+    pipe = load_pipeline(tmp_path / "pipe")
+    assert pipe.transformer.config.attention == "nala"
+    assert len(pipe(class_labels=[3], num_inference_steps=2, generator=0).images) == 1
 
 
 def test_checkpoint_and_pipeline_folder_sources(tmp_path):
@@ -239,6 +255,20 @@ def test_bad_conversion_inputs_give_clear_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train_cli.main(TINY_RUN + ["--inherit", "attention"])
     assert "invalid choice: 'attention'" in capsys.readouterr().err
+
+
+def test_teacher_with_zero_weights_leaves_training_bitwise_unchanged(tmp_path):
+    """The teacher shares the student's label dropout draw instead of making its own: with
+    zero weights a distillation run is the inheritance-only run, bit for bit."""
+    write_checkpoint(tmp_path / "teacher", randomised("DiT-T/2", seed=11), "DiT-T/2")
+    common = TINY_RUN + ["--results-dir", str(tmp_path), "--max-steps", "3", "--ckpt-every", "3",
+                         "--init-from", str(tmp_path / "teacher")]
+    assert train_cli.main(common + ["--exp-name", "plain"]) == 0
+    assert train_cli.main(common + ["--exp-name", "zero", "--teacher", str(tmp_path / "teacher"),
+                                    "--distill-weight", "0", "--distill-sigma-weight", "0"]) == 0
+    a, b = (ckpt_lib.open_checkpoint(tmp_path / name).weights("model") for name in ("plain", "zero"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(r["loss_distill"] > 0 for r in read_log(tmp_path / "zero"))  # the teacher did run
 
 
 def test_distillation_lowers_the_teacher_student_gap(tmp_path):
