@@ -86,7 +86,8 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = ckpt.model_config
     what = "init" if args.init else f"step {ckpt.step}"
-    title = (f"{ckpt.config.get('model')} norm_scale={cfg.get('norm_scale')} ({what}), {ckpt.config.get('data')}, "
+    title = (f"{ckpt.config.get('model')} attention={cfg.get('attention')} norm_scale={cfg.get('norm_scale')} "
+             f"({what}), {ckpt.config.get('data')}, "
              f"t={args.t:g}, {args.batch} images")
     plot_distributions(stats, args.out / "distributions.png", title)
     plot_entropy(stats, args.out / "entropy.png", title)

@@ -174,10 +174,15 @@ class DigitsDataset(Dataset):
     """The embedded digits, 1×8×8 in [-1, 1] (pixel space, no VAE, no download)."""
 
     def __init__(self, split: str = "train"):
-        from .digits import DIGIT_LABELS, load_digits_split
+        from .digits import load_digits_split
 
-        images, labels = load_digits_split(split)
-        self.images = torch.from_numpy(images).float().unsqueeze(1) / 127.5 - 1.0  # (N, 1, 8, 8)
+        self._set(*load_digits_split(split))
+
+    def _set(self, images, labels) -> None:
+        """uint8 (N, H, W) images and int labels → the tensors the trainer reads."""
+        from .digits import DIGIT_LABELS
+
+        self.images = torch.from_numpy(images).float().unsqueeze(1) / 127.5 - 1.0  # (N, 1, H, W)
         self.labels = torch.from_numpy(labels).long()
         self.classes = list(DIGIT_LABELS)
         self.num_classes = len(self.classes)
@@ -196,15 +201,10 @@ class DigitsCanvasDataset(DigitsDataset):
     digit at a random position (``nala_dit.digits.load_canvas_split``)."""
 
     def __init__(self, split: str = "train"):
-        from .digits import DIGIT_LABELS, load_canvas_split
+        from .digits import load_canvas_split
 
         images, labels, self.offsets = load_canvas_split(split)
-        self.images = torch.from_numpy(images).float().unsqueeze(1) / 127.5 - 1.0  # (N, 1, 32, 32)
-        self.labels = torch.from_numpy(labels).long()
-        self.classes = list(DIGIT_LABELS)
-        self.num_classes = len(self.classes)
-        self.channels = 1
-        self.image_size = images.shape[-1]
+        self._set(images, labels)
 
 
 class LatentDataset(Dataset):
