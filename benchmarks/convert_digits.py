@@ -17,7 +17,7 @@ DDIM 25 steps, guidance 2). Everything goes through the CLIs' ``main()`` in this
 with one torch thread. Rerunning resumes: finished runs and scores are kept, an
 interrupted run continues from its last checkpoint.
 
-    python benchmarks/convert_digits.py                      # the README table (~35 core-minutes)
+    python benchmarks/convert_digits.py                      # the README table (32 core-minutes measured)
     python benchmarks/convert_digits.py --quick --out /tmp/c # smoke run of the same pipeline
 """
 

@@ -813,7 +813,15 @@ class GatedLinearAttention(nn.Module):
             if grid is None or grid[0] * grid[1] != n:
                 raise ValueError(f"LePE needs the token grid (h, w) with h*w == N={n}, got grid={grid}")
             v_img = parts[2].transpose(1, 2).reshape(b, c, *grid)       # (B, C, h, w)
-            o = o + self.lepe(v_img).flatten(2).transpose(1, 2)
+            # v_img is a channels-last view, so the conv runs channels-last and its output
+            # flattens back to (B, N, C) for free; but it then gives the (C, 1, 5, 5) weight a
+            # channels-last gradient, strides (25, 1, 5, 1) against the parameter's (25, 25, 5, 1),
+            # which DDP flags ("Grad strides do not match bucket view strides") and copies every
+            # step. A (C, 25) view round trip of the weight is free forward and gives its
+            # gradient the parameter's strides.
+            weight = self.lepe.weight.flatten(1).view_as(self.lepe.weight)
+            lepe = F.conv2d(v_img, weight, self.lepe.bias, padding=self.lepe.padding, groups=c)
+            o = o + lepe.flatten(2).transpose(1, 2)
         if self.out_norm is not None:
             o = self.out_norm(o)
         if self.use_gate:

@@ -196,6 +196,18 @@ def test_gated_layer_matches_spec_section_4():
     assert_close("gated layer", expected, layer(x, grid), FP32_TOL)
 
 
+def test_lepe_weight_gradient_has_the_parameter_strides():
+    """DDP copies, and warns about ("Grad strides do not match bucket view strides"), every
+    gradient whose strides differ from its parameter's. The LePE conv runs on a channels-last
+    view of the tokens, which without care gives its (C, 1, 5, 5) weight a (25, 1, 5, 1)
+    gradient; is_contiguous() ignores the size-1 dim, so compare the strides themselves."""
+    torch.manual_seed(0)
+    layer = GatedLinearAttention(32, 4)
+    layer(torch.randn(2, 15, 32), grid=(3, 5)).square().sum().backward()
+    for p in layer.parameters():
+        assert p.grad.stride() == p.stride(), (p.shape, p.grad.stride(), p.stride())
+
+
 def test_layer_switches_change_the_parameters():
     full = GatedLinearAttention(32, 4)
     bare = GatedLinearAttention(32, 4, lepe=False, gate=False, out_norm=False)

@@ -271,6 +271,18 @@ def test_teacher_with_zero_weights_leaves_training_bitwise_unchanged(tmp_path):
     assert all(r["loss_distill"] > 0 for r in read_log(tmp_path / "zero"))  # the teacher did run
 
 
+def test_sit_student_distils_the_velocity(tmp_path):
+    """NaLaSiT from a SiT teacher released DiT-style with 8 output channels: velocity term only."""
+    write_checkpoint(tmp_path / "teacher", randomised("SiT-T/2", seed=12, learn_sigma=True), "SiT-T/2")
+    argv = TINY_RUN + ["--model", "NaLaSiT-T/2", "--results-dir", str(tmp_path), "--exp-name", "sit",
+                       "--max-steps", "2", "--ckpt-every", "2", "--init-from", str(tmp_path / "teacher"),
+                       "--teacher", str(tmp_path / "teacher")]
+    assert train_cli.main(argv) == 0
+    for record in read_log(tmp_path / "sit"):
+        assert record["loss_distill"] > 0 and record["loss_distill_sigma"] == 0
+        assert record["loss"] == pytest.approx(record["loss_simple"] + 0.5 * record["loss_distill"], rel=1e-6)
+
+
 def test_distillation_lowers_the_teacher_student_gap(tmp_path):
     """The same student recipe with and without the teacher term: only the former tracks the teacher."""
     teacher = randomised("DiT-T/2", seed=7)
