@@ -246,8 +246,15 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
     ref = reference(task, work, classifier_dir)
     records = train_log(run_dir)
     by_step = {open_checkpoint(p).step: p for p in list_checkpoints(run_dir / "checkpoints")}
+    # A cell extended to a larger budget keeps the scores of the budgets it already had
+    # (their checkpoints are gone; the resumed run is the same run, continued).
+    previous = _previous(out, task, variant, seed, lr)
+    scored = {row["budget"]: row for row in previous.get("budgets", [])}
     rows = []
     for budget in budgets:
+        if budget in scored and budget not in by_step:
+            rows.append(scored[budget])
+            continue
         ckpt = by_step[budget]
         loss, time_s = log_summary(records, budget, window=2 * recipe["log_every"])
         scores = evaluate_checkpoint(task, ckpt, recipe, ref, classifier_dir)
@@ -258,7 +265,8 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
     model, _ = load_model(by_step[budgets[-1]])
     result = dict(task=task, variant=variant, seed=seed, lr=lr, quick=quick, recipe=recipe,
                   flags=VARIANTS[variant], params=count_params(model), budgets=rows,
-                  wall_train_s=round(wall_train, 1), wall_total_s=round(time.perf_counter() - start, 1),
+                  wall_train_s=round(wall_train + previous.get("wall_train_s", 0), 1),
+                  wall_total_s=round(time.perf_counter() - start + previous.get("wall_total_s", 0), 1),
                   loadavg_start=load, loadavg_end=os.getloadavg(), torch_threads=torch.get_num_threads(),
                   last_exponent=records[-1].get("nala/exponent_mean"))
     # Keep only the final checkpoint (diagnostics read it); earlier ones were scored.
@@ -272,10 +280,19 @@ def cell_path(out: Path, task: str, variant: str, seed: int, lr: float) -> Path:
     return out / "cells" / f"{cell_name(task, variant, seed, lr)}.json"
 
 
-def cell_done(out: Path, *cell) -> bool:
-    """Finished successfully (a failed cell's JSON holds its error and is retried on a rerun)."""
+def _previous(out: Path, *cell) -> dict:
+    """The cell's earlier successful result, or {}."""
     path = cell_path(out, *cell)
-    return path.is_file() and "error" not in json.loads(path.read_text())
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    return {} if "error" in data else data
+
+
+def cell_done(out: Path, *cell, budgets=None) -> bool:
+    """Finished successfully with every budget asked for (a failed cell's JSON holds its
+    error and is retried on a rerun; a cell asked for a larger budget is continued)."""
+    previous = _previous(out, *cell)
+    have = {row["budget"] for row in previous.get("budgets", [])}
+    return bool(previous) and (not budgets or set(budgets) <= have)
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -336,7 +353,7 @@ def _live_cells(out: Path) -> int:
 
 def run_main(args) -> int:
     out = args.out.resolve()
-    todo = [c for c in grid(args) if not cell_done(out, *c)]
+    todo = [c for c in grid(args) if not cell_done(out, *c, budgets=args.budgets)]
     print(f"{len(todo)} cells to run", flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     running: list[tuple[subprocess.Popen, Path]] = []
@@ -349,7 +366,7 @@ def run_main(args) -> int:
     failures = 0
     for cell in todo:
         lock = out / "locks" / (cell_name(*cell).replace("/", "__") + ".pid")
-        if cell_done(out, *cell) or _locked(lock):
+        if cell_done(out, *cell, budgets=args.budgets) or _locked(lock):
             continue
         flags = ["--task", cell[0], "--variant", cell[1], "--seed", str(cell[2]), "--lr", repr(cell[3]),
                  "--out", str(out)] + (["--quick"] if args.quick else [])
