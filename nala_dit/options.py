@@ -81,6 +81,8 @@ SAMPLERS = DIFFUSION_SAMPLERS + TRANSPORT_SAMPLERS
 DEFAULT_STEPS = {"ddpm": 250, "ddim": 50, "dpm-solver": 25, "ode-euler": 50, "ode-heun": 50,
                  "dopri5": 50, "sde-euler": 250, "sde-heun": 250}
 PRECISIONS = ("fp32", "bf16")
+# dopri5 tolerances, as SiT's sample.py
+ODE_ATOL, ODE_RTOL = 1e-6, 1e-3
 
 # metrics.py / features: evaluation inputs.
 FEATURE_CHOICES = ("inception", "digits")
