@@ -28,7 +28,7 @@ import sys
 from datetime import timedelta
 
 from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
-from nala_dit.options import PRECISIONS, SAMPLERS
+from nala_dit.options import ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS
 
 
 def _pair(text: str) -> tuple[float, float]:
@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     how = p.add_argument_group("sampler")
     how.add_argument("--sampler", choices=list(SAMPLERS), help="default: ddpm (DiT) / ode-heun (SiT)")
     how.add_argument("--steps", type=int, help="sampler steps (default per sampler, see nala_dit.generate)")
+    how.add_argument("--max-nfe", type=int, help="dopri5: stop with an error after this many model "
+                     "evaluations per batch (default: unbounded)")
+    how.add_argument("--atol", type=float, default=ODE_ATOL, help="dopri5: absolute tolerance")
+    how.add_argument("--rtol", type=float, default=ODE_RTOL, help="dopri5: relative tolerance")
     how.add_argument("--cfg-scale", type=float, default=1.0, help="classifier-free guidance scale; 1 = none")
     how.add_argument("--guidance-interval", type=_pair, metavar="LO,HI",
                      help="guide only for model times in [LO, HI] (DiT timesteps 0..999, SiT t in [0, 1])")
@@ -99,7 +103,7 @@ def run(args) -> int:
     if args.num_samples is not None and args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
     settings = SampleSettings(args.sampler, args.steps, args.cfg_scale, args.guidance_interval,
-                              args.guide_channels, args.precision)
+                              args.guide_channels, args.precision, args.atol, args.rtol, args.max_nfe)
     if args.out:
         if args.num_samples is None or args.labels:
             raise ValueError("--out (mass sampling) takes --num-samples N and no --labels (labels are balanced)")

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .options import (  # the names live with the CLI options (torch-free)
-    ATTENTIONS, DIRECTIONS, LINEAR_KERNELS, parse_norm_scale,
+    ATTENTIONS, DIRECTIONS, LINEAR_KERNELS, TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS, parse_norm_scale,
 )
 
 Direction = Literal["cosine", "relu_split"]
@@ -404,18 +404,21 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def select_nala_impl(device_type: str, head_dim: int, dtype: torch.dtype, has_triton: bool) -> str:
+def select_nala_impl(device_type: str, head_dim: int, dtype: torch.dtype, has_triton: bool,
+                     num_tokens: int = 0) -> str:
     """The code path ``impl="auto"`` runs; a pure function of what it is given.
 
     CPU (and meta, for FLOP counting): the token-chunked fused path. CUDA: the Triton
-    kernels when Triton is installed and takes the shape (head dim ≤ 128; fp32/bf16/fp16),
-    else the unchunked composition (``"eager"``: a few large kernels). ``torch.compile``
-    is never picked: on CUDA it needs Triton too, which would have run the kernels.
+    kernels when Triton is installed and takes the shape (head dim ≤ 128, N ≤
+    ``TRITON_MAX_TOKENS``; fp32/bf16/fp16), else the unchunked composition (``"eager"``:
+    a few large kernels). ``torch.compile`` is never picked: on CUDA it needs Triton too,
+    which would have run the kernels.
     """
     if device_type in ("cpu", "meta"):
         return "fused"
-    if device_type == "cuda" and has_triton and head_dim <= 128 and dtype in (
-            torch.float32, torch.bfloat16, torch.float16):
+    if (device_type == "cuda" and has_triton and head_dim <= TRITON_MAX_HEAD_DIM
+            and num_tokens <= TRITON_MAX_TOKENS
+            and dtype in (torch.float32, torch.bfloat16, torch.float16)):
         return "triton"
     return "eager"
 
@@ -456,7 +459,7 @@ def nala_attention(
     if impl not in NALA_IMPLS:
         raise ValueError(f"impl must be one of {NALA_IMPLS}, got {impl!r}")
     if impl == "auto":
-        impl = select_nala_impl(q.device.type, q.shape[-1], q.dtype, triton_available())
+        impl = select_nala_impl(q.device.type, q.shape[-1], q.dtype, triton_available(), q.shape[-2])
     if impl == "triton":
         from nala_dit.triton_nala import nala_attention_triton
 

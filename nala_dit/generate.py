@@ -17,14 +17,14 @@ of the recipe.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from .diffusion import GaussianDiffusion
 from .guidance import cfg_model_fn
-from .options import DEFAULT_STEPS, DIFFUSION_SAMPLERS, PRECISIONS, SAMPLERS, TRANSPORT_SAMPLERS  # noqa: F401
+from .options import DEFAULT_STEPS, DIFFUSION_SAMPLERS, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, TRANSPORT_SAMPLERS  # noqa: F401
 from .samplers import SampleOutput, ddim_sample, ddpm_sample, ode_sample, sde_sample
 from .transport import Transport
 
@@ -97,8 +97,8 @@ def generate(
     guide_channels: int | None = None,
     null_label: int | None = None,
     eta: float = 0.0,
-    atol: float = 1e-6,
-    rtol: float = 1e-3,
+    atol: float = ODE_ATOL,
+    rtol: float = ODE_RTOL,
     max_nfe: int | None = None,
     generator: torch.Generator | None = None,
     progress: bool = False,
@@ -208,13 +208,24 @@ class SampleSettings:
     guidance_interval: tuple[float, float] | None = None
     guide_channels: int | None = None
     precision: str = "fp32"
+    # the adaptive dopri5 solver only: tolerances and a bound on function evaluations
+    atol: float = ODE_ATOL
+    rtol: float = ODE_RTOL
+    max_nfe: int | None = None
 
     def resolved(self, objective) -> "SampleSettings":
         sampler = self.sampler or default_sampler(objective)
         check_sampler(sampler, objective)
+        adaptive = (self.atol, self.rtol, self.max_nfe) != (ODE_ATOL, ODE_RTOL, None)
+        if adaptive and sampler != "dopri5":
+            raise ValueError(f"--atol/--rtol/--max-nfe apply to the adaptive dopri5 sampler only, not to "
+                             f"{sampler}; drop them or use --sampler dopri5")
+        if self.max_nfe is not None and self.max_nfe < 1:
+            raise ValueError(f"--max-nfe must be >= 1, got {self.max_nfe}")
         steps = DEFAULT_STEPS[sampler] if self.num_steps is None else self.num_steps
         interval = tuple(self.guidance_interval) if self.guidance_interval is not None else None
-        return SampleSettings(sampler, steps, float(self.cfg_scale), interval, self.guide_channels, self.precision)
+        return replace(self, sampler=sampler, num_steps=steps, cfg_scale=float(self.cfg_scale),
+                       guidance_interval=interval)
 
 
 @torch.no_grad()
@@ -229,8 +240,8 @@ def sample_batch(model, objective, labels: torch.Tensor, indices, seed: int, set
     s = settings.resolved(objective)
     out = generate(_Precision(model, s.precision), objective, noise, labels.to(device), sampler=s.sampler,
                    num_steps=s.num_steps, cfg_scale=s.cfg_scale, guidance_interval=s.guidance_interval,
-                   guide_channels=s.guide_channels, null_label=model.null_label, generator=loop_gen,
-                   progress=progress)
+                   guide_channels=s.guide_channels, null_label=model.null_label, atol=s.atol, rtol=s.rtol,
+                   max_nfe=s.max_nfe, generator=loop_gen, progress=progress)
     if not decode_output:
         return out.samples, out.nfe
     return decode(out.samples, vae, scaling_factor), out.nfe

@@ -23,6 +23,11 @@ DIRECTIONS = ("cosine", "relu_split")
 # NaLa's norm scale s in p = λ(τ + tanh(‖q‖/s)): a positive number (1 = the paper), or
 # one of these words: "sqrt_d" (s = √D) or "learned" (one s = exp(ρ) per head).
 NORM_SCALE_MODES = ("sqrt_d", "learned")
+# What the Triton kernels (triton_nala.py) take, known here so that attention.py's
+# dispatch can check a shape without importing Triton: head dims up to 128, and token
+# blocks of 16 on a grid axis that holds at most 65535 of them.
+TRITON_MAX_HEAD_DIM = 128
+TRITON_MAX_TOKENS = 65535 * 16
 
 
 def parse_norm_scale(value) -> float | str:
@@ -76,6 +81,8 @@ SAMPLERS = DIFFUSION_SAMPLERS + TRANSPORT_SAMPLERS
 DEFAULT_STEPS = {"ddpm": 250, "ddim": 50, "dpm-solver": 25, "ode-euler": 50, "ode-heun": 50,
                  "dopri5": 50, "sde-euler": 250, "sde-heun": 250}
 PRECISIONS = ("fp32", "bf16")
+# dopri5 tolerances, as SiT's sample.py
+ODE_ATOL, ODE_RTOL = 1e-6, 1e-3
 
 # metrics.py / features: evaluation inputs.
 FEATURE_CHOICES = ("inception", "digits")

@@ -224,6 +224,8 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
                   guidance_interval=list(s.guidance_interval) if s.guidance_interval else None,
                   guide_channels=s.guide_channels, precision=s.precision, seed=seed, num_samples=num_samples,
                   num_classes=num_classes, batch_size=batch_size, shard_size=shard_size)
+    if s.sampler == "dopri5":
+        recipe.update(atol=s.atol, rtol=s.rtol, max_nfe=s.max_nfe)
     sidecar = Path(f"{out}.json")
     if out.is_file() and sidecar.is_file():
         done = _read_json(sidecar, f"delete it and {out} and rerun")

@@ -51,6 +51,13 @@ import math
 
 import torch
 
+
+class SolverBudgetExceeded(RuntimeError, ValueError):
+    """An adaptive ODE solve needed more function evaluations than ``max_nfe`` allows.
+
+    A ValueError too: the CLIs report it as the bad value it is (``--max-nfe`` too small),
+    in one line."""
+
 from .options import LOSS_WEIGHTS, PATHS, PREDICTIONS  # noqa: F401  (plain data, shared with the CLIs)
 
 DIFFUSION_FORMS = ("constant", "SBDM", "sigma", "linear", "decreasing", "increasing-decreasing")
@@ -344,8 +351,8 @@ def integrate_ode(f, state, t0, t1, method="euler", num_steps=50, atol=1e-6, rto
     def call(s, t):
         nonlocal nfe
         if max_nfe is not None and nfe >= max_nfe:
-            raise RuntimeError(f"ODE solver needed more than max_nfe={max_nfe} function "
-                               "evaluations; raise max_nfe or loosen atol/rtol")
+            raise SolverBudgetExceeded(f"ODE solver needed more than max_nfe={max_nfe} function "
+                                       "evaluations; raise max_nfe (--max-nfe) or loosen atol/rtol")
         nfe += 1
         return tuple(f(s, torch.as_tensor(t, dtype=_time_dtype(x_ref), device=x_ref.device)))
 

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-MAX_HEAD_DIM = 128
+from .options import TRITON_MAX_HEAD_DIM as MAX_HEAD_DIM, TRITON_MAX_TOKENS
 
 
 def unsupported_reason(q: torch.Tensor) -> str | None:
@@ -50,8 +50,8 @@ def unsupported_reason(q: torch.Tensor) -> str | None:
         return f"head dim {q.shape[-1]} > {MAX_HEAD_DIM}"
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return f"dtype {q.dtype} (fp32, bf16 or fp16 only)"
-    if triton.cdiv(q.shape[-2], 16) > 65535:  # token blocks run on grid axis 1 (≤ 65535)
-        return f"N = {q.shape[-2]} tokens (at most {65535 * 16})"
+    if q.shape[-2] > TRITON_MAX_TOKENS:  # token blocks of 16 run on grid axis 1 (≤ 65535)
+        return f"N = {q.shape[-2]} tokens (at most {TRITON_MAX_TOKENS})"
     return None
 
 

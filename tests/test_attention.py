@@ -196,14 +196,18 @@ def test_gated_layer_matches_spec_section_4():
     assert_close("gated layer", expected, layer(x, grid), FP32_TOL)
 
 
-def test_lepe_weight_gradient_has_the_parameter_strides():
+@pytest.mark.parametrize("autocast", [False, True])
+def test_lepe_weight_gradient_has_the_parameter_strides(autocast):
     """DDP copies, and warns about ("Grad strides do not match bucket view strides"), every
     gradient whose strides differ from its parameter's. The LePE conv runs on a channels-last
     view of the tokens, which without care gives its (C, 1, 5, 5) weight a (25, 1, 5, 1)
-    gradient; is_contiguous() ignores the size-1 dim, so compare the strides themselves."""
+    gradient; is_contiguous() ignores the size-1 dim, so compare the strides themselves.
+    Under bf16 autocast the weight's cast must not carry the conv's layout back either."""
     torch.manual_seed(0)
     layer = GatedLinearAttention(32, 4)
-    layer(torch.randn(2, 15, 32), grid=(3, 5)).square().sum().backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = layer(torch.randn(2, 15, 32), grid=(3, 5))
+    out.float().square().sum().backward()
     for p in layer.parameters():
         assert p.grad.stride() == p.stride(), (p.shape, p.grad.stride(), p.stride())
 

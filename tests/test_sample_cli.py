@@ -231,3 +231,28 @@ def test_silent_cases_are_notices_or_errors(run_dir, tmp_path, capsys):
 
     assert export.main(["checkpoint", str(run_dir), str(tmp_path / "exp"), "--copy-vae"]) == 1
     assert "--copy-vae" in capsys.readouterr().err and not (tmp_path / "exp").exists()
+
+
+def test_dopri5_tolerances_and_nfe_bound_from_the_cli(tmp_path, capsys):
+    """--max-nfe bounds the adaptive solver (a clear one-line error when exceeded) and
+    changes nothing below the bound; --atol/--rtol reach the solver; the three flags
+    are refused for fixed-step samplers."""
+    sit = write_checkpoint(tmp_path / "sit", model_name="NaLaSiT-T/2")
+    base = ["--ckpt", sit, "--labels", "2,5", "--seed", 3, "--sampler", "dopri5"]
+    assert cli(*base, "--out-dir", tmp_path / "free") == 0
+    assert cli(*base, "--max-nfe", 1000, "--out-dir", tmp_path / "bounded") == 0
+    for free, bounded in zip(sorted((tmp_path / "free").glob("*.png")), sorted((tmp_path / "bounded").glob("*.png"))):
+        assert np.array_equal(np.asarray(Image.open(free)), np.asarray(Image.open(bounded)))
+    capsys.readouterr()
+    assert cli(*base, "--max-nfe", 2, "--out-dir", tmp_path / "tight") == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "max_nfe=2" in errors[0] and "--max-nfe" in errors[0]
+    assert "Traceback" not in err
+    # the tolerances reach the solver: this model needs 14-20 evaluations at the default
+    # tolerances and 50 at atol 1e-9 / rtol 1e-8 (measured), so a bound of 32 splits them
+    assert cli(*base, "--max-nfe", 32, "--out-dir", tmp_path / "default-tol") == 0
+    assert cli(*base, "--atol", 1e-9, "--rtol", 1e-8, "--max-nfe", 32, "--out-dir", tmp_path / "tight-tol") == 1
+    assert cli("--ckpt", sit, "--labels", "2", "--sampler", "ode-heun", "--max-nfe", 10,
+               "--out-dir", tmp_path / "heun") == 1
+    assert "dopri5 sampler only" in capsys.readouterr().err

@@ -70,6 +70,10 @@ def test_cuda_falls_back_to_the_unchunked_composition():
     assert select_nala_impl("cuda", 256, torch.bfloat16, has_triton=True) == "eager"   # head dim > 128
     assert select_nala_impl("cuda", 64, torch.float64, has_triton=True) == "eager"
     assert select_nala_impl("mps", 64, torch.float32, has_triton=True) == "eager"
+    # more tokens than the kernels' grid takes: the composition, not an error
+    limit = attention.TRITON_MAX_TOKENS  # 65535 token blocks of 16
+    assert select_nala_impl("cuda", 64, torch.bfloat16, True, num_tokens=limit) == "triton"
+    assert select_nala_impl("cuda", 64, torch.bfloat16, True, num_tokens=limit + 1) == "eager"
 
 
 def test_auto_follows_the_selection(monkeypatch):
@@ -78,7 +82,7 @@ def test_auto_follows_the_selection(monkeypatch):
     seen = []
     monkeypatch.setattr(attention, "select_nala_impl", lambda *a: seen.append(a) or "eager")
     out = nala_attention(q, k, v)
-    assert seen == [("cpu", 16, torch.float32, attention.triton_available())]
+    assert seen == [("cpu", 16, torch.float32, attention.triton_available(), 17)]
     assert torch.equal(out, nala_attention(q, k, v, impl="eager"))
 
 
