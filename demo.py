@@ -184,6 +184,9 @@ def render_report(report: dict) -> str:
                     f"training throughput {r['images_per_sec'] / base['images_per_sec']:.2f}× "
                     f"({r['params']:,} vs {base['params']:,} parameters)."
                 )
+        lines += ["", "One seed per model at one short budget: this measures early training speed, not the "
+                  "end result, and cannot tell the NaLa kernel from its layer's extras. The seeded ablation "
+                  "(`benchmarks/ablation.py`, README \"Does NaLa help?\") separates them."]
     lines += ["", "![training loss](loss.png)", ""]
     return "\n".join(lines)
 
