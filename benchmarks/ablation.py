@@ -71,8 +71,11 @@ DESCRIPTIONS = {
 TASKS = {
     "digits": dict(data="digits", batch=64, lr=2e-3, ema=0.99, budgets=(300, 600, 1200), log_every=50,
                    per_class=30, sampler="ddpm", sample_steps=40, cfg=2.0, sample_batch=300),
-    "canvas": dict(data="digits-canvas", batch=32, lr=2e-3, ema=0.99, budgets=(300, 600), log_every=50,
-                   per_class=20, sampler="ddpm", sample_steps=40, cfg=2.0, sample_batch=100),
+    # 256 tokens: one step costs ~10x a digits step and scoring ~5 min at the digits
+    # settings, so the canvas grid (5 variants x 3 seeds) is sized to ~100 min on 2 cores:
+    # 100 samples (10 per class), 25 DDPM steps, budgets 1/3x and 2/3x the demo's steps.
+    "canvas": dict(data="digits-canvas", batch=32, lr=2e-3, ema=0.99, budgets=(200, 400), log_every=50,
+                   per_class=10, sampler="ddpm", sample_steps=25, cfg=2.0, sample_batch=100),
 }
 QUICK = dict(batch=16, budgets=(2, 4), log_every=1, per_class=2, sample_steps=4, sample_batch=20,
              heldout_items=64, heldout_repeats=1)
