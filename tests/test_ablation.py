@@ -66,3 +66,17 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     stamps = [p.stat().st_mtime_ns for p in cells]
     assert ablation.main(["run", "--quick", "--out", str(tmp_path), "--classifier-dir", str(digits_classifier_dir)]) == 0
     assert [p.stat().st_mtime_ns for p in cells] == stamps
+    # The README block is regenerated in place: text outside the markers is kept, a second
+    # fill gives the same file, and a file without markers is refused with the fix.
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- ablation:start old -->\nstale table\n<!-- ablation:end -->\nclaims\n")
+    assert ablation.main(["table", "--out", str(tmp_path), "--readme", str(readme)]) == 0
+    filled = readme.read_text()
+    assert filled.startswith("intro\n<!-- ablation:start") and filled.endswith("<!-- ablation:end -->\nclaims\n")
+    assert "stale table" not in filled and "| nala | 2e-3 | 2 |" in filled
+    assert "Digits (16 tokens): 4 cells" in filled and f"budgets {', '.join(map(str, budgets))} steps" in filled
+    assert ablation.main(["table", "--out", str(tmp_path), "--readme", str(readme)]) == 0
+    assert readme.read_text() == filled
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="add the two marker lines"):
+        ablation.main(["table", "--out", str(tmp_path), "--readme", str(readme)])
