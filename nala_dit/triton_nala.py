@@ -199,7 +199,7 @@ def _load_block(ptr, stride_n, stride_d, offs_n, offs_d, n_mask, d_mask):
 
 @triton.jit
 def _head_offset(bh, H, stride_b, stride_h):
-    return (bh // H).to(tl.int64) * stride_b + (bh % H).to(tl.int64) * stride_h
+    return (bh // H) * stride_b + (bh % H) * stride_h  # bh is int64 (see the kernels)
 
 
 @triton.jit
@@ -218,7 +218,7 @@ def _state_kernel(
     Backward (QUERY=True):  x = q, v = g/den, w = ∂L/∂den → ∂L/∂[S | z] (times 1/N).
     Grid: (B·H, splits, BD/BV); the z part is written by the first value tile only.
     """
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # int64 offsets: B·H·N may pass 2^31
     split = tl.program_id(1)
     vt = tl.program_id(2)
     x_base = X + _head_offset(bh, H, sx_b, sx_h)
@@ -277,7 +277,7 @@ def _output_kernel(
 ):
     """o = φ_qᵀ S / (φ_qᵀ z + ε) for one token block and one value tile (§3 linear form).
     Grid: (B·H, token blocks, BD/BV). O is contiguous (B, H, N, D); DEN is (B·H, N) fp32."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # int64 offsets: B·H·N may pass 2^31
     nb = tl.program_id(1)
     vt = tl.program_id(2)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -297,7 +297,7 @@ def _output_kernel(
     z2 = tl.load(Z + bh * 2 * D + D + offs_d, mask=d_mask, other=0.0)
     den = tl.sum(f1 * z1[None, :] + f2 * z2[None, :], 1) + eps
     out = num / den[:, None]
-    o_ptr = O + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_v[None, :]
+    o_ptr = O + bh * N * D + offs_n[:, None] * D + offs_v[None, :]
     tl.store(o_ptr, out.to(O.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
     tl.store(DEN + bh * N + offs_n, den, mask=n_mask & (vt == 0))
 
@@ -314,7 +314,7 @@ def _dq_kernel(
     """∂L/∂q for one token block, and ∂L/∂den (for the state gradient).
     With num = φ_qᵀS and den = φ_qᵀz + ε: ∂L/∂num = g/den, ∂L/∂den = −(g/den)·num/den,
     ∂L/∂φ_q = (g/den) Sᵀ + (∂L/∂den) zᵀ. Grid: (B·H, token blocks)."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # int64 offsets: B·H·N may pass 2^31
     nb = tl.program_id(1)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BD)
@@ -345,7 +345,7 @@ def _dq_kernel(
     g2 += d_den[:, None] * z2[None, :]
     dq, d_u = _query_grad(q, f1, f2, g1, g2, q_hat, norm, clamped, p, t_norm, scale, power, alpha,
                           norm_eps, COSINE)
-    dq_ptr = DQ + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_d[None, :]
+    dq_ptr = DQ + bh * N * D + offs_n[:, None] * D + offs_d[None, :]
     tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
     if NEED_DU:
         # ∂L/∂s per token: u = ‖q‖/s, ∂u/∂s = −‖q‖/s².
@@ -365,7 +365,7 @@ def _dkv_kernel(
     token block (the 1/N of §3 is already in ∂L/∂[S | z]). In that order, so that the
     features and their gradient are not live in the same loop (registers).
     Grid: (B·H, token blocks)."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # int64 offsets: B·H·N may pass 2^31
     nb = tl.program_id(1)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BD)
@@ -387,7 +387,7 @@ def _dkv_kernel(
     k = _load_block(K + _head_offset(bh, H, sk_b, sk_h), sk_n, sk_d, offs_n, offs_d, n_mask, d_mask)
     f1, f2 = _key_features(k, power, alpha, norm_eps, COSINE)
     dk = _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE)
-    dk_ptr = DK + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_d[None, :]
+    dk_ptr = DK + bh * N * D + offs_n[:, None] * D + offs_d[None, :]
     tl.store(dk_ptr, dk.to(DK.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
     for vt in tl.static_range(NV):
         offs_v = vt * BV + tl.arange(0, BV)
@@ -396,7 +396,7 @@ def _dkv_kernel(
         ds_mask = d_mask[:, None] & v_mask[None, :]
         dv = _dot(f1, tl.load(ds_ptr, mask=ds_mask, other=0.0), PREC)
         dv += _dot(f2, tl.load(ds_ptr + D * D, mask=ds_mask, other=0.0), PREC)
-        dv_ptr = DV + bh.to(tl.int64) * N * D + offs_n[:, None] * D + offs_v[None, :]
+        dv_ptr = DV + bh * N * D + offs_n[:, None] * D + offs_v[None, :]
         tl.store(dv_ptr, dv.to(DV.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
 
 
