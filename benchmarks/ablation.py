@@ -250,12 +250,13 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
     records = train_log(run_dir)
     by_step = {open_checkpoint(p).step: p for p in list_checkpoints(run_dir / "checkpoints")}
     # A cell extended to a larger budget keeps the scores of the budgets it already had
-    # (their checkpoints are gone; the resumed run is the same run, continued).
+    # (the resumed run is the same run, continued; scoring is deterministic, so the kept
+    # final checkpoint is not scored twice).
     previous = _previous(out, task, variant, seed, lr)
     scored = {row["budget"]: row for row in previous.get("budgets", [])}
     rows = []
     for budget in budgets:
-        if budget in scored and budget not in by_step:
+        if budget in scored:
             rows.append(scored[budget])
             continue
         ckpt = by_step[budget]
