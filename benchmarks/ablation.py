@@ -71,9 +71,10 @@ DESCRIPTIONS = {
 TASKS = {
     "digits": dict(data="digits", batch=64, lr=2e-3, ema=0.99, budgets=(300, 600, 1200), log_every=50,
                    per_class=30, sampler="ddpm", sample_steps=40, cfg=2.0, sample_batch=300),
-    # 256 tokens: one step costs ~10x a digits step and scoring ~5 min at the digits
-    # settings, so the canvas grid (5 variants x 3 seeds) is sized to ~100 min on 2 cores:
-    # 100 samples (10 per class), 25 DDPM steps, budgets 1/3x and 2/3x the demo's steps.
+    # 256 tokens: a step takes 1.0 s (softmax) to 1.5 s (NaLa) on one thread, and scoring at
+    # the digits settings would take ~5 min per budget, so the canvas grid (5 variants x 3
+    # seeds) is sized to fit 2 cores (measured: ~90 min): 100 samples (10 per class), 25 DDPM
+    # steps, budgets 1/3x and 2/3x the demo's steps.
     "canvas": dict(data="digits-canvas", batch=32, lr=2e-3, ema=0.99, budgets=(200, 400), log_every=50,
                    per_class=10, sampler="ddpm", sample_steps=25, cfg=2.0, sample_batch=100),
 }
@@ -525,17 +526,22 @@ def fill_readme(path: Path, block: str) -> None:
     if start < 0 or end < start:
         raise SystemExit(f"{path}: no '{README_START} ... -->' ... '{README_END}' block to fill; "
                          "add the two marker lines where the tables belong")
-    path.write_text(text[:start] + block + text[end + len(README_END):])
+    tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")  # never a half-written README
+    tmp.write_text(text[:start] + block + text[end + len(README_END):])
+    os.replace(tmp, path)
 
 
-def write_table(out: Path, md: Path | None = None) -> Path:
+def write_table(out: Path, md: Path | None = None, readme: Path | None = None) -> Path:
+    """table.json and the markdown table (``md`` or <out>/table.md); with ``readme``, also
+    the generated block of that file."""
     cells = load_cells(out)
     rows = summarize(cells)
     write_json(out / "table.json", dict(rows=rows))
-    text = render_table(rows, cells)
     target = md or out / "table.md"
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
+    target.write_text(render_table(rows, cells))
+    if readme:
+        fill_readme(readme, readme_block(rows, cells))
     return target
 
 
@@ -594,10 +600,7 @@ def main(argv=None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "table":
-        print(write_table(args.out.resolve(), args.md).read_text())
-        if args.readme:
-            cells = load_cells(args.out.resolve())
-            fill_readme(args.readme, readme_block(summarize(cells), cells))
+        print(write_table(args.out.resolve(), args.md, args.readme).read_text())
         return 0
     if args.quick:
         args.variants = args.variants or list(QUICK_VARIANTS)
