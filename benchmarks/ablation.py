@@ -521,6 +521,8 @@ def readme_block(rows: list[dict], cells: list[dict]) -> str:
 
 def fill_readme(path: Path, block: str) -> None:
     """Replace the text between the ablation markers of ``path`` with ``block``."""
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file; pass --readme the README that holds the ablation markers")
     text = path.read_text()
     start, end = text.find(README_START), text.find(README_END)
     if start < 0 or end < start:

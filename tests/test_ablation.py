@@ -77,6 +77,8 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     assert "Digits (16 tokens): 4 cells" in filled and f"budgets {', '.join(map(str, budgets))} steps" in filled
     assert ablation.main(["table", "--out", str(tmp_path), "--readme", str(readme)]) == 0
     assert readme.read_text() == filled
+    with pytest.raises(SystemExit, match="no such file"):
+        ablation.main(["table", "--out", str(tmp_path), "--readme", str(tmp_path / "missing.md")])
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="add the two marker lines"):
         ablation.main(["table", "--out", str(tmp_path), "--readme", str(readme)])
