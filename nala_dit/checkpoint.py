@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .diffusion import GaussianDiffusion
+from .grid import model_grid
 from .models import DiT
 from .transport import Transport
 
@@ -266,8 +267,8 @@ def load_model(path: str | os.PathLike, weights: str = "ema") -> tuple[DiT, Chec
 
 # The training-config keys each objective is built from (``build_objective``), plus the
 # VAE that defines the latent space: a resume must not change them silently.
-OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps"),
-                  "transport": ("path-type", "prediction", "loss-weight", "train-eps", "sample-eps")}
+OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps", "time-shift"),
+                  "transport": ("path-type", "prediction", "loss-weight", "train-eps", "sample-eps", "time-shift")}
 # With a distillation teacher (convert.py) these are part of the loss too.
 DISTILL_KEYS = ("teacher", "distill-weight", "distill-sigma-weight")
 
@@ -304,13 +305,20 @@ def _jsonable(value):
 
 
 def build_objective(model_config: dict, train_config: dict):
-    """The ``GaussianDiffusion`` (DiT) or ``Transport`` (SiT) a model was trained with."""
+    """The ``GaussianDiffusion`` (DiT) or ``Transport`` (SiT) a model was trained with.
+
+    ``time-shift`` ("auto" or a number; none = 1) moves the training times; "auto" is
+    resolved for the model's trained grid (``grid.py``)."""
+    shift = 1.0
+    if train_config.get("time-shift") is not None and "input_size" in model_config:
+        shift = model_grid(model_config).time_shift(train_config["time-shift"])
     if model_config.get("objective", "diffusion") == "diffusion":
         var_type = "learned_range" if model_config.get("learn_sigma", True) else "fixed_small"
         return GaussianDiffusion.from_schedule(
             train_config.get("noise-schedule", "linear"),
             train_config.get("diffusion-steps", 1000),
             var_type,
+            time_shift=shift,
         )
     return Transport(
         path=train_config.get("path-type", "linear"),
@@ -318,4 +326,5 @@ def build_objective(model_config: dict, train_config: dict):
         loss_weight=train_config.get("loss-weight", "none"),
         train_eps=train_config.get("train-eps"),
         sample_eps=train_config.get("sample-eps"),
+        time_shift=shift,
     )

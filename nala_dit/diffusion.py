@@ -132,6 +132,31 @@ def space_timesteps(num_timesteps, section_counts):
     return sorted(steps)
 
 
+def shift_timesteps(timesteps, alphas_cumprod, s: float) -> list[int]:
+    """Move timesteps so that log-SNR drops by 2·log s (the DDPM form of SD3's shift;
+    ``transport.shift_time`` is the same rule for SiT's linear path).
+
+    Each interior t goes to the integer t' whose log SNR(t') = log(abar / (1 − abar)) is
+    nearest to log SNR(t) − 2·log s; 0 and T − 1 stay (sampling still starts at the
+    training's noisiest level and ends at its cleanest). Steps that land on the same t'
+    merge, so a strong shift can return fewer steps. s = 1 is the identity.
+    """
+    timesteps = [int(t) for t in timesteps]
+    if s == 1.0:
+        return timesteps
+    acp = torch.as_tensor(alphas_cumprod, dtype=torch.float64)
+    logsnr = torch.log(acp) - torch.log1p(-acp)              # decreasing in t
+    last = len(acp) - 1
+    out = set()
+    for t in timesteps:
+        if t in (0, last):
+            out.add(t)
+            continue
+        target = logsnr[t] - 2 * math.log(s)
+        out.add(int(torch.argmin((logsnr - target).abs())))
+    return sorted(out)
+
+
 def _gather(arr, t, x):
     """arr[t] broadcast to x's shape and dtype."""
     out = arr.to(x.device)[t.long()].to(x.dtype)
@@ -145,15 +170,19 @@ class GaussianDiffusion:
     timestep passed to the model; identity when None.
     """
 
-    def __init__(self, betas, model_var_type="learned_range", timestep_map=None):
+    def __init__(self, betas, model_var_type="learned_range", timestep_map=None, time_shift: float = 1.0):
         if model_var_type not in MODEL_VAR_TYPES:
             raise ValueError(f"unknown model_var_type {model_var_type!r}; "
                              f"allowed: {', '.join(MODEL_VAR_TYPES)}")
         betas = torch.as_tensor(betas, dtype=torch.float64)
         if betas.ndim != 1 or not bool(((betas > 0) & (betas <= 1)).all()):
             raise ValueError("betas must be a 1-D tensor with values in (0, 1]")
+        if not time_shift > 0:
+            raise ValueError(f"time_shift must be > 0 (1 = no shift), got {time_shift}")
         self.betas = betas
         self.model_var_type = model_var_type
+        # training timesteps (``sample_timesteps``); samplers pass their own to ``respace``
+        self.time_shift = float(time_shift)
         self.num_timesteps = len(betas)
         self.timestep_map = (torch.arange(self.num_timesteps, dtype=torch.float64)
                              if timestep_map is None
@@ -177,12 +206,12 @@ class GaussianDiffusion:
         self.posterior_mean_coef2 = (1.0 - acp_prev) * alphas.sqrt() / (1.0 - acp)
 
     @classmethod
-    def from_schedule(cls, schedule="linear", num_timesteps=1000, model_var_type="learned_range"):
-        return cls(get_named_beta_schedule(schedule, num_timesteps), model_var_type)
+    def from_schedule(cls, schedule="linear", num_timesteps=1000, model_var_type="learned_range", time_shift=1.0):
+        return cls(get_named_beta_schedule(schedule, num_timesteps), model_var_type, time_shift=time_shift)
 
-    def respace(self, section_counts):
-        """A diffusion over the kept timesteps (see ``space_timesteps``)."""
-        keep = space_timesteps(self.num_timesteps, section_counts)
+    def respace(self, section_counts, time_shift: float = 1.0):
+        """A diffusion over the kept timesteps (``space_timesteps``, then ``shift_timesteps``)."""
+        keep = shift_timesteps(space_timesteps(self.num_timesteps, section_counts), self.alphas_cumprod, time_shift)
         betas, last = [], 1.0
         for i in keep:
             acp = float(self.alphas_cumprod[i])
@@ -190,6 +219,16 @@ class GaussianDiffusion:
             last = acp
         return GaussianDiffusion(torch.tensor(betas, dtype=torch.float64),
                                  self.model_var_type, self.timestep_map[keep])
+
+    def sample_timesteps(self, batch: int, device=None) -> torch.Tensor:
+        """Training timesteps: uniform over 0..T-1 (DiT), each moved by ``time_shift``."""
+        t = torch.randint(0, self.num_timesteps, (batch,), device=device)
+        if self.time_shift == 1.0:
+            return t
+        if getattr(self, "_shift_table", None) is None:  # t -> shifted t, for every t
+            self._shift_table = torch.tensor([shift_timesteps([i], self.alphas_cumprod, self.time_shift)[0]
+                                              for i in range(self.num_timesteps)])
+        return self._shift_table.to(t.device)[t]
 
     def model_timesteps(self, t):
         """The original timesteps (float) the model sees for step indices t."""

@@ -103,13 +103,21 @@ def generate(
     generator: torch.Generator | None = None,
     progress: bool = False,
     scheduler=None,
+    time_shift: float = 1.0,
 ) -> SampleOutput:
     """Sample ``noise.shape`` outputs of ``model`` for ``labels`` (model space: latents
     or pixels). ``null_label`` defaults to the model's own (``num_classes``).
 
     ``scheduler``: a diffusers ε-scheduler to run instead of a named ``sampler`` (the
     pipelines' ``sampler="scheduler"``); guidance applies the same way.
+    ``time_shift``: the resolution-aware step placement (``transport.shift_time``,
+    ``diffusion.shift_timesteps``); 1 = the samplers' own uniform steps.
     """
+    if not time_shift > 0:
+        raise ValueError(f"time shift must be > 0 (1 = none), got {time_shift}")
+    if time_shift != 1.0 and (scheduler is not None or sampler == "dpm-solver"):
+        raise ValueError("a time shift applies to ddpm, ddim and the fixed-step ODE/SDE samplers, not to a diffusers "
+                         "scheduler (dpm-solver); use --sampler ddim or ddpm, or drop --time-shift")
     if scheduler is None:
         sampler = sampler or default_sampler(objective)
         check_sampler(sampler, objective)
@@ -128,20 +136,21 @@ def generate(
     if scheduler is not None:
         return scheduler_sample(scheduler, model_fn, noise, labels, steps, progress)
     if sampler == "ddpm":
-        return ddpm_sample(objective, model_fn, noise, labels, num_steps=steps, generator=generator, progress=progress)
+        return ddpm_sample(objective, model_fn, noise, labels, num_steps=steps, generator=generator, progress=progress,
+                           time_shift=time_shift)
     if sampler == "ddim":
         return ddim_sample(objective, model_fn, noise, labels, num_steps=steps, eta=eta,
-                           generator=generator, progress=progress)
+                           generator=generator, progress=progress, time_shift=time_shift)
     if sampler == "dpm-solver":
         scheduler = diffusers_scheduler(sampler, objective)
         return scheduler_sample(scheduler, model_fn, noise, labels, steps, progress)
     if sampler in ("ode-euler", "ode-heun", "dopri5"):
         method = {"ode-euler": "euler", "ode-heun": "heun", "dopri5": "dopri5"}[sampler]
         return ode_sample(objective, model_fn, noise, labels, method=method, num_steps=steps,
-                          atol=atol, rtol=rtol, max_nfe=max_nfe, progress=progress)
+                          atol=atol, rtol=rtol, max_nfe=max_nfe, progress=progress, time_shift=time_shift)
     method = "euler" if sampler == "sde-euler" else "heun"
     return sde_sample(objective, model_fn, noise, labels, method=method, num_steps=steps,
-                      generator=generator, progress=progress)
+                      generator=generator, progress=progress, time_shift=time_shift)
 
 
 def decode(latents: torch.Tensor, vae=None, scaling_factor: float = 0.18215) -> torch.Tensor:
@@ -212,6 +221,10 @@ class SampleSettings:
     atol: float = ODE_ATOL
     rtol: float = ODE_RTOL
     max_nfe: int | None = None
+    # where the model runs: latent (h, w) (None = the trained size) and the time shift
+    # (a number, "auto" = √(tokens / base tokens), None = what the model was trained with)
+    latent_size: tuple[int, int] | None = None
+    time_shift: float | str | None = None
 
     def resolved(self, objective) -> "SampleSettings":
         sampler = self.sampler or default_sampler(objective)
@@ -224,8 +237,18 @@ class SampleSettings:
             raise ValueError(f"--max-nfe must be >= 1, got {self.max_nfe}")
         steps = DEFAULT_STEPS[sampler] if self.num_steps is None else self.num_steps
         interval = tuple(self.guidance_interval) if self.guidance_interval is not None else None
+        size = tuple(self.latent_size) if self.latent_size is not None else None
         return replace(self, sampler=sampler, num_steps=steps, cfg_scale=float(self.cfg_scale),
-                       guidance_interval=interval)
+                       guidance_interval=interval, latent_size=size)
+
+    def shift_for(self, model, objective) -> float:
+        """The time shift at this size: the setting, or the training's (``objective``)."""
+        if self.time_shift is None:
+            return getattr(objective, "time_shift", 1.0)
+        return model.grid(*self.noise_size(model)).time_shift(self.time_shift)
+
+    def noise_size(self, model) -> tuple[int, int]:
+        return self.latent_size or (model.config.input_size,) * 2
 
 
 @torch.no_grad()
@@ -234,14 +257,14 @@ def sample_batch(model, objective, labels: torch.Tensor, indices, seed: int, set
                  decode_output: bool = True) -> tuple[torch.Tensor, int]:
     """One batch: pixels in [-1, 1] (B, C, H, W) (or latents) and the NFE per sample."""
     device = next(model.parameters()).device
-    size = model.config.input_size
-    noise = initial_noise(indices, (model.in_channels, size, size), seed, device)
-    loop_gen = torch.Generator(device).manual_seed(index_seed(seed, int(indices[0]), LOOP_STREAM))
     s = settings.resolved(objective)
+    noise = initial_noise(indices, (model.in_channels, *s.noise_size(model)), seed, device)
+    loop_gen = torch.Generator(device).manual_seed(index_seed(seed, int(indices[0]), LOOP_STREAM))
     out = generate(_Precision(model, s.precision), objective, noise, labels.to(device), sampler=s.sampler,
                    num_steps=s.num_steps, cfg_scale=s.cfg_scale, guidance_interval=s.guidance_interval,
                    guide_channels=s.guide_channels, null_label=model.null_label, atol=s.atol, rtol=s.rtol,
-                   max_nfe=s.max_nfe, generator=loop_gen, progress=progress)
+                   max_nfe=s.max_nfe, generator=loop_gen, progress=progress,
+                   time_shift=s.shift_for(model, objective))
     if not decode_output:
         return out.samples, out.nfe
     return decode(out.samples, vae, scaling_factor), out.nfe

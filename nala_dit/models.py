@@ -26,6 +26,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
 from .attention import ATTENTIONS, LINEAR_KERNELS, build_attention
+from .grid import TokenGrid, check_pos_embed, model_grid
 from .options import FAMILIES, PATCHES, SIZES, check_attention_options, preset  # plain data, shared with the CLIs
 
 OBJECTIVES = ("diffusion", "transport")
@@ -189,6 +190,8 @@ class DiT(ModelMixin, ConfigMixin):
         gate: bool = True,
         out_norm: bool = True,
         rope: bool = False,
+        pos_embed: str = "extrapolate",
+        base_size: int | None = None,
     ):
         super().__init__()
         if attention not in ATTENTIONS:
@@ -200,6 +203,9 @@ class DiT(ModelMixin, ConfigMixin):
                 f"input_size={input_size} must be divisible by patch_size={patch_size} "
                 f"(latent size = image size / 8 for the SD VAE: 256 px → 32)"
             )
+        check_pos_embed(pos_embed)
+        if base_size is not None and (base_size < 1 or base_size % patch_size):
+            raise ValueError(f"base_size={base_size} must be a positive multiple of patch_size={patch_size}")
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1 (1 = unconditional), got {num_classes}")
         if hidden_size % num_heads:
@@ -209,6 +215,7 @@ class DiT(ModelMixin, ConfigMixin):
         self.patch_size = patch_size
         self.num_heads = num_heads
         self.gradient_checkpointing = False
+        self._pos_cache: dict = {}   # TokenGrid -> its table, for grids other than the trained one
 
         attn_options = {}
         if attention != "softmax":  # the gated layer of spec §4
@@ -227,12 +234,22 @@ class DiT(ModelMixin, ConfigMixin):
         grid = input_size // patch_size
         # Fixed sin-cos table; a frozen Parameter as in DiT, so the official key
         # ``pos_embed`` loads and the parameter counts match the paper's.
-        self.pos_embed = nn.Parameter(torch.zeros(1, grid * grid, hidden_size), requires_grad=False)
+        # (Set through ``_parameters``: the config key ``pos_embed``, the policy, shares the
+        # name, and diffusers' attribute fallback to config keys would refuse the parameter.)
+        self._parameters["pos_embed"] = nn.Parameter(torch.zeros(1, grid * grid, hidden_size), requires_grad=False)
         self.blocks = nn.ModuleList(
             DiTBlock(hidden_size, num_heads, mlp_ratio, attention, **attn_options) for _ in range(depth)
         )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
         self.initialize_weights()
+
+    def __getattr__(self, name: str):
+        # ``model.pos_embed`` is DiT's parameter (official key); the policy of the same name
+        # is ``model.config.pos_embed``. diffusers would answer the config value first.
+        params = self.__dict__.get("_parameters")
+        if params is not None and name in params:
+            return params[name]
+        return super().__getattr__(name)
 
     @property
     def null_label(self) -> int | None:
@@ -248,8 +265,7 @@ class DiT(ModelMixin, ConfigMixin):
                     nn.init.constant_(module.bias, 0)
         self.apply(_basic_init)
 
-        grid = self.config.input_size // self.patch_size
-        self.pos_embed.data.copy_(sincos_pos_embed_2d(self.pos_embed.shape[-1], grid, grid).unsqueeze(0))
+        self.reset_pos_embed()
 
         w = self.x_embedder.proj.weight.data
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))
@@ -273,12 +289,36 @@ class DiT(ModelMixin, ConfigMixin):
         nn.init.constant_(self.final_layer.linear.weight, 0)
         nn.init.constant_(self.final_layer.linear.bias, 0)
 
-    def position_embedding(self, h: int, w: int) -> torch.Tensor:
-        """The sin-cos table for the actual (h, w) token grid, (1, h·w, C)."""
-        if h * w == self.pos_embed.shape[1] and h == w == self.config.input_size // self.patch_size:
+    def grid(self, h: int, w: int) -> TokenGrid:
+        """The token grid of an (h, w) latent under this model's ``pos_embed`` policy."""
+        return model_grid(self.config, (h, w))
+
+    @torch.no_grad()
+    def reset_pos_embed(self) -> None:
+        """Fill the frozen ``pos_embed`` table for the trained grid (policy applied: a
+        model fine-tuned up the ladder with ``interpolate`` keeps its base range)."""
+        side = self.config.input_size
+        self.pos_embed.copy_(self._table(self.grid(side, side)))
+        self._pos_cache.clear()
+
+    def _table(self, grid: TokenGrid) -> torch.Tensor:
+        scale = grid.position_scale()
+        if scale is None:
+            return torch.zeros(1, grid.tokens, self.pos_embed.shape[-1])
+        return sincos_pos_embed_2d(self.pos_embed.shape[-1], grid.h, grid.w, scale).unsqueeze(0)
+
+    def position_embedding(self, grid: TokenGrid) -> torch.Tensor:
+        """The table for the actual token grid, (1, h·w, C): the stored ``pos_embed`` at the
+        trained size, else computed once per grid (never a reason a checkpoint fails to
+        load or run at another size)."""
+        side = self.config.input_size // self.patch_size
+        if (grid.h, grid.w) == (side, side):
             return self.pos_embed
-        table = sincos_pos_embed_2d(self.pos_embed.shape[-1], h, w)
-        return table.unsqueeze(0).to(self.pos_embed.device, self.pos_embed.dtype)
+        table = self._pos_cache.get(grid)
+        if table is None or table.device != self.pos_embed.device or table.dtype != self.pos_embed.dtype:
+            table = self._table(grid).to(self.pos_embed.device, self.pos_embed.dtype)
+            self._pos_cache[grid] = table
+        return table
 
     def unpatchify(self, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """(B, h·w, p·p·C) → (B, C, h·p, w·p)."""
@@ -306,14 +346,15 @@ class DiT(ModelMixin, ConfigMixin):
         """``force_drop_ids`` (B,) 1 = null label: fixes the label dropout (a distillation
         teacher must see the labels its student saw) instead of drawing it."""
         self._check_input(x, t, y)
-        h, w = x.shape[2] // self.patch_size, x.shape[3] // self.patch_size
-        x = self.x_embedder(x) + self.position_embedding(h, w)        # (B, N, C)
+        grid = self.grid(x.shape[2], x.shape[3])
+        h, w = grid
+        x = self.x_embedder(x) + self.position_embedding(grid)        # (B, N, C)
         c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)  # (B, C)
         for block in self.blocks:
             if self.gradient_checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, c, (h, w), use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, c, grid, use_reentrant=False)
             else:
-                x = block(x, c, (h, w))                                # (B, N, C)
+                x = block(x, c, grid)                                  # (B, N, C)
         x = self.final_layer(x, c)                                     # (B, N, p·p·C_out)
         return self.unpatchify(x, h, w)                                # (B, C_out, H, W)
 
@@ -349,13 +390,15 @@ def sincos_pos_embed_1d(dim: int, pos: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.sin(out), torch.cos(out)], dim=1)
 
 
-def sincos_pos_embed_2d(dim: int, h: int, w: int) -> torch.Tensor:
+def sincos_pos_embed_2d(dim: int, h: int, w: int, scale: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
     """DiT's 2-D table for an h×w grid, (h·w, dim) in row-major order, fp32.
 
     As in the original (MAE) code, the first half of the channels encodes the column
-    index and the second half the row index.
+    position and the second half the row position; position = index × ``scale`` (row,
+    column): 1 is DiT's integer grid, base / side PixArt's interpolation (``grid.py``).
     """
-    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float64) * scale[0],
+                                torch.arange(w, dtype=torch.float64) * scale[1], indexing="ij")
     emb = torch.cat([sincos_pos_embed_1d(dim // 2, cols), sincos_pos_embed_1d(dim // 2, rows)], dim=1)
     return emb.float()
 

@@ -49,6 +49,11 @@ def parse_norm_scale(value) -> float | str:
         raise ValueError(f"norm_scale must be {allowed}, got {value!r}")
     return number
 
+# grid.py: positions at a grid other than the trained one (the model config key
+# ``pos_embed``) and the named resolution-aware schedule shift s = √(tokens / base tokens).
+POS_EMBED_MODES = ("extrapolate", "interpolate", "none")
+TIME_SHIFT_AUTO = "auto"
+
 # models.py builds one constructor per preset from these tables.
 # Sizes from the DiT paper (Table 1) plus a tiny one for tests and the demo.
 SIZES = {
@@ -111,7 +116,7 @@ ATTENTION_OPTIONS = {
 ATTENTION_GROUPS = {GATED_ATTENTIONS: "the gated layer", LINEAR_KERNELS: "the linear kernels", ("nala",): "NaLa"}
 # The TrainConfig fields that override a preset's constructor arguments.
 MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha",
-                   "rope")
+                   "rope", "pos_embed")
 # Training options that only one objective reads (TrainConfig field -> objective).
 OBJECTIVE_OPTIONS = {
     "diffusion_steps": "diffusion", "noise_schedule": "diffusion",
@@ -163,6 +168,9 @@ class TrainConfig:
     alpha: float | None = _opt("NaLa α (direction sharpness)")
     rope: bool | None = _opt("linear kernels: 2-D rotary embedding on the numerator features only "
                              "(as the NaLa authors' code)")
+    pos_embed: str | None = _opt("positions on a grid other than the base one: 'extrapolate' (DiT's integer "
+                                 "positions, default), 'interpolate' (PixArt: scaled into the base range) or "
+                                 "'none' (LePE only)", choices=list(POS_EMBED_MODES))
     class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
     # data
     data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8), 'digits-canvas' (embedded, one digit on a 32x32 canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
@@ -181,6 +189,8 @@ class TrainConfig:
     loss_weight: str = field(default="none", metadata=dict(help="SiT: loss weight", choices=list(LOSS_WEIGHTS)))
     train_eps: float | None = _opt("SiT: train eps (default per path, as SiT)")
     sample_eps: float | None = _opt("SiT: sample eps (default per path, as SiT)")
+    time_shift: str | None = _opt("resolution-aware shift of the training times toward noise: a number s > 0 "
+                                  "(1 = none) or 'auto' (s = √(tokens / base tokens)); samplers default to it")
     # optimisation
     global_batch_size: int = field(default=256, metadata=dict(help="images per optimizer step, all processes"))
     grad_accum: int = field(default=1, metadata=dict(help="micro-batches per optimizer step"))
@@ -235,6 +245,9 @@ class TrainConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.norm_scale is not None:
             self.norm_scale = parse_norm_scale(self.norm_scale)
+        if self.time_shift is not None:
+            from .grid import parse_time_shift
+            self.time_shift = parse_time_shift(self.time_shift)
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
             raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
         if self.distill_weight < 0 or (self.distill_sigma_weight or 0) < 0:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .diffusion import GaussianDiffusion
-from .transport import DIFFUSION_FORMS, Transport, _check, _expand, integrate_ode
+from .transport import DIFFUSION_FORMS, Transport, _check, _expand, integrate_ode, shifted_grid
 
 SDE_METHODS = ("euler", "heun")
 LAST_STEPS = ("Mean", "Tweedie", "Euler", None)
@@ -64,22 +64,23 @@ def _maybe_tqdm(it, progress):
     return tqdm(it, total=operator.length_hint(it) or None, leave=False, desc="steps")
 
 
-def _respaced(diffusion, num_steps):
+def _respaced(diffusion, num_steps, time_shift=1.0):
     if not isinstance(num_steps, str) and num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-    if num_steps == diffusion.num_timesteps:
+    if num_steps == diffusion.num_timesteps and time_shift == 1.0:
         return diffusion
-    return diffusion.respace(num_steps)
+    return diffusion.respace(num_steps, time_shift)
 
 
 def ddpm_sample(diffusion: GaussianDiffusion, model_fn, noise, labels, num_steps=250,
-                clip_denoised=False, generator=None, progress=False):
+                clip_denoised=False, generator=None, progress=False, time_shift=1.0):
     """Ancestral sampling (Ho 2020, alg. 2) with the diffusion's variance type.
 
     ``diffusion`` is the full (e.g. 1000-step) diffusion; it is respaced to
-    ``num_steps`` here (an int, or any ``space_timesteps`` string).
+    ``num_steps`` here (an int, or any ``space_timesteps`` string), its steps moved by
+    ``time_shift`` (``shift_timesteps``).
     """
-    d = _respaced(diffusion, num_steps)
+    d = _respaced(diffusion, num_steps, time_shift)
     model = _Counted(model_fn)
     x = noise
     for i in _maybe_tqdm(reversed(range(d.num_timesteps)), progress):
@@ -89,9 +90,9 @@ def ddpm_sample(diffusion: GaussianDiffusion, model_fn, noise, labels, num_steps
 
 
 def ddim_sample(diffusion: GaussianDiffusion, model_fn, noise, labels, num_steps=50,
-                eta=0.0, clip_denoised=False, generator=None, progress=False):
+                eta=0.0, clip_denoised=False, generator=None, progress=False, time_shift=1.0):
     """DDIM (Song 2021, eq. 12); deterministic for eta = 0.  Uses the eps channels only."""
-    d = _respaced(diffusion, num_steps)
+    d = _respaced(diffusion, num_steps, time_shift)
     model = _Counted(model_fn)
     x = noise
     for i in _maybe_tqdm(reversed(range(d.num_timesteps)), progress):
@@ -102,7 +103,7 @@ def ddim_sample(diffusion: GaussianDiffusion, model_fn, noise, labels, num_steps
 
 
 def ode_sample(transport: Transport, model_fn, noise, labels, method="dopri5", num_steps=50,
-               atol=1e-6, rtol=1e-3, max_nfe=None, options=None, progress=False):
+               atol=1e-6, rtol=1e-3, max_nfe=None, options=None, progress=False, time_shift=1.0):
     """Probability-flow ODE dx = v dt from noise (t0) to data (t1); see module doc for nfe."""
     model = _Counted(model_fn)
     t0, t1 = transport.interval()
@@ -111,19 +112,19 @@ def ode_sample(transport: Transport, model_fn, noise, labels, method="dopri5", n
         return (transport.velocity(model, state[0], t, labels),)
 
     (x,), _ = integrate_ode(f, (noise,), t0, t1, method, num_steps, atol=atol, rtol=rtol,
-                            max_nfe=max_nfe, options=options, progress=progress)
+                            max_nfe=max_nfe, options=options, progress=progress, time_shift=time_shift)
     return SampleOutput(x, model.nfe)
 
 
 def sde_sample(transport: Transport, model_fn, noise, labels, method="euler", num_steps=250,
                diffusion_form="sigma", diffusion_norm=1.0, last_step="Mean",
-               last_step_size=0.04, generator=None, progress=False):
+               last_step_size=0.04, generator=None, progress=False, time_shift=1.0):
     """SDE dx = [v + D s] dt + sqrt(2 D) dW from noise to data (SiT's ``sample_sde``).
 
     Integrates t0 -> 1 - last_step_size on a uniform grid of num_steps - 1 steps
     (num_steps without a last step, up to 1 - sample_eps), then takes ``last_step``:
     "Mean" (one drift step, no noise), "Tweedie" (E[x_1 | x_t] from the score),
-    "Euler" (one ODE step) or None.
+    "Euler" (one ODE step) or None. ``time_shift`` places the grid (``shifted_grid``).
     """
     _check("SDE method", method, SDE_METHODS)
     _check("last_step", last_step, LAST_STEPS)
@@ -136,7 +137,7 @@ def sde_sample(transport: Transport, model_fn, noise, labels, method="euler", nu
     t0, t1 = transport.interval(sde=True, diffusion_form=diffusion_form,
                                 last_step_size=last_step_size)
     n = num_steps if last_step is None else num_steps - 1
-    grid = torch.linspace(t0, t1, n + 1, dtype=torch.float64).tolist()
+    grid = shifted_grid(t0, t1, n, time_shift)
 
     def drift(x, t):
         return transport.sde_drift(model, x, t, labels, diffusion_form, diffusion_norm)

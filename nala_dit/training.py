@@ -341,7 +341,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         """(loss, its terms [L_simple, distillation, variance distillation]) of one micro-batch."""
         fn = distiller.watch(train_model) if distiller else train_model
         if model.config.objective == "diffusion":
-            t = torch.randint(0, objective.num_timesteps, (x.shape[0],), device=device)
+            t = objective.sample_timesteps(x.shape[0], device)
             loss = objective.training_losses(fn, x, t, y)["loss"].mean()
         else:
             loss = objective.training_losses(fn, x, y)["loss"].mean()

@@ -136,6 +136,28 @@ class Path:
         return 0.5 * (1 - t) * (self.beta_max - self.beta_min) + 0.5 * self.beta_min
 
 
+def shift_time(t, s: float):
+    """The resolution-aware time shift of SD3 / Sana in SiT's time (t = 1 is data).
+
+    With u = 1 − t the noise fraction, SD3 maps u ↦ s·u / (1 + (s − 1)·u); in t that is
+    t ↦ t / (t + s·(1 − t)). On the linear path it divides the SNR (t / (1 − t))² by s²,
+    i.e. shifts log-SNR by −2·log s, the same rule ``diffusion.shift_timesteps`` applies to
+    DiT. s > 1 spends more of the time line near noise; 0 and 1 stay fixed.
+    """
+    return t / (t + s * (1 - t))
+
+
+def shifted_grid(t0: float, t1: float, n: int, s: float = 1.0) -> list[float]:
+    """n + 1 times from t0 to t1: uniform, or with ``shift_time`` applied to the fraction
+    of the interval covered (endpoints exact)."""
+    if s == 1.0:
+        return torch.linspace(t0, t1, n + 1, dtype=torch.float64).tolist()
+    u = shift_time(torch.linspace(0.0, 1.0, n + 1, dtype=torch.float64), s)
+    grid = (t0 + (t1 - t0) * u).tolist()
+    grid[0], grid[-1] = t0, t1
+    return grid
+
+
 class Transport:
     """A SiT transport: a path, what the model predicts, and how the loss is weighted.
 
@@ -144,7 +166,10 @@ class Transport:
     """
 
     def __init__(self, path="linear", prediction="velocity", loss_weight="none",
-                 train_eps=None, sample_eps=None):
+                 train_eps=None, sample_eps=None, time_shift: float = 1.0):
+        if not time_shift > 0:
+            raise ValueError(f"time_shift must be > 0 (1 = no shift), got {time_shift}")
+        self.time_shift = float(time_shift)  # training times (``sample_t``); samplers take their own
         _check("prediction", prediction, PREDICTIONS)
         _check("loss_weight", loss_weight, LOSS_WEIGHTS)
         if prediction == "velocity" and loss_weight != "none":
@@ -182,7 +207,10 @@ class Transport:
 
     def sample_t(self, batch, device=None, generator=None):
         t0, t1 = self.interval(train=True)
-        return torch.rand(batch, device=device, generator=generator) * (t1 - t0) + t0
+        u = torch.rand(batch, device=device, generator=generator)
+        if self.time_shift != 1.0:
+            u = shift_time(u, self.time_shift)
+        return u * (t1 - t0) + t0
 
     def interpolate(self, t, noise, x1):
         """(x_t, u_t): the point on the path and the conditional velocity target."""
@@ -329,7 +357,7 @@ ODE_METHODS = ("euler", "heun", "dopri5")
 
 
 def integrate_ode(f, state, t0, t1, method="euler", num_steps=50, atol=1e-6, rtol=1e-3,
-                  max_nfe=None, options=None, progress=False):
+                  max_nfe=None, options=None, progress=False, time_shift=1.0):
     """Integrate d state / dt = f(state, t) from t0 to t1 (either direction).
 
     ``state`` is a tuple of tensors; f gets it and a scalar time tensor and returns a
@@ -341,7 +369,8 @@ def integrate_ode(f, state, t0, t1, method="euler", num_steps=50, atol=1e-6, rto
     ceil(num_steps / 2) intervals.  It is ignored by dopri5 (adaptive, via
     torchdiffeq), whose evaluations are counted and, with ``max_nfe``, bounded: the
     solve stops with a RuntimeError once it would exceed that many.  ``options`` is
-    passed to ``torchdiffeq.odeint`` (e.g. ``{"max_num_steps": 100}``).
+    passed to ``torchdiffeq.odeint`` (e.g. ``{"max_num_steps": 100}``). ``time_shift``
+    places the fixed-step grid with ``shifted_grid`` (an adaptive solver has no grid).
     """
     _check("ODE method", method, ODE_METHODS)
     state = tuple(state)
@@ -359,6 +388,10 @@ def integrate_ode(f, state, t0, t1, method="euler", num_steps=50, atol=1e-6, rto
     if method == "dopri5":
         from torchdiffeq import odeint
 
+        if time_shift != 1.0:
+            raise ValueError(f"a time shift ({time_shift}) places the steps of a fixed-step solver; dopri5 chooses "
+                             "its own steps: use --sampler ode-heun or ode-euler, or drop --time-shift")
+
         ts = torch.tensor([t0, t1], dtype=_time_dtype(x_ref), device=x_ref.device)
         # torchdiffeq steps past the end and interpolates back; the paths are not
         # defined beyond [0, 1] (VP's sigma is NaN there), so make it land on t1.
@@ -370,7 +403,7 @@ def integrate_ode(f, state, t0, t1, method="euler", num_steps=50, atol=1e-6, rto
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     n_heun, n_euler = (0, num_steps) if method == "euler" else divmod(num_steps, 2)
-    grid = torch.linspace(t0, t1, n_heun + n_euler + 1, dtype=torch.float64).tolist()
+    grid = shifted_grid(t0, t1, n_heun + n_euler, time_shift)
     steps = range(n_heun + n_euler)
     if progress:
         from tqdm.auto import tqdm

@@ -119,8 +119,8 @@ def test_any_class_count_and_unconditional():
 
 def test_other_grid_sizes_use_their_own_position_table():
     model = perturbed()
-    assert torch.equal(model.position_embedding(4, 4), model.pos_embed)
-    table = model.position_embedding(2, 6)
+    assert torch.equal(model.position_embedding(model.grid(8, 8)), model.pos_embed)
+    table = model.position_embedding(model.grid(4, 12))
     assert torch.equal(table[0], sincos_pos_embed_2d(32, 2, 6))
     out = model(torch.randn(1, 4, 4, 12), torch.tensor([5.0]), torch.tensor([1]))
     assert out.shape == (1, 8, 4, 12)
