@@ -104,6 +104,8 @@ def generate(
     progress: bool = False,
     scheduler=None,
     time_shift: float = 1.0,
+    init: torch.Tensor | None = None,
+    strength: float = 1.0,
 ) -> SampleOutput:
     """Sample ``noise.shape`` outputs of ``model`` for ``labels`` (model space: latents
     or pixels). ``null_label`` defaults to the model's own (``num_classes``).
@@ -112,6 +114,10 @@ def generate(
     pipelines' ``sampler="scheduler"``); guidance applies the same way.
     ``time_shift``: the resolution-aware step placement (``transport.shift_time``,
     ``diffusion.shift_timesteps``); 1 = the samplers' own uniform steps.
+    ``init``/``strength`` (SDEdit, Meng et al. 2022): instead of starting from pure noise,
+    put the clean ``init`` (model space, the shape of ``noise``) at noise level ``strength``
+    with ``noise`` and run only that last part of the sampler (``renoise``): 0 returns
+    ``init``, 1 starts from the sampler's first level.
     """
     if not time_shift > 0:
         raise ValueError(f"time shift must be > 0 (1 = none), got {time_shift}")
@@ -133,24 +139,66 @@ def generate(
         )
     model_fn = cfg_model_fn(model, cfg_scale, null_label, interval=guidance_interval,
                             guide_channels=guide_channels, eps_channels=noise.shape[1])
+    start = {}
+    if init is not None:
+        if init.shape != noise.shape:
+            raise ValueError(f"init {tuple(init.shape)} must have the shape of the noise {tuple(noise.shape)}")
+        if not 0.0 <= strength <= 1.0:
+            raise ValueError(f"strength must be in [0, 1] (0 = keep the image, 1 = from pure noise), got {strength}")
+        if scheduler is not None or sampler not in ("ddpm", "ddim", "ode-euler", "ode-heun", "dopri5"):
+            raise ValueError(f"re-noising (--upscale-from) runs with ddpm, ddim or the ODE samplers, not "
+                             f"{sampler or 'a diffusers scheduler'}")
+        if strength == 0.0:
+            return SampleOutput(init, 0)
+        noise, start, steps = renoise(objective, init, noise, strength, steps, time_shift)
     if scheduler is not None:
         return scheduler_sample(scheduler, model_fn, noise, labels, steps, progress)
     if sampler == "ddpm":
         return ddpm_sample(objective, model_fn, noise, labels, num_steps=steps, generator=generator, progress=progress,
-                           time_shift=time_shift)
+                           time_shift=time_shift, **start)
     if sampler == "ddim":
         return ddim_sample(objective, model_fn, noise, labels, num_steps=steps, eta=eta,
-                           generator=generator, progress=progress, time_shift=time_shift)
+                           generator=generator, progress=progress, time_shift=time_shift, **start)
     if sampler == "dpm-solver":
         scheduler = diffusers_scheduler(sampler, objective)
         return scheduler_sample(scheduler, model_fn, noise, labels, steps, progress)
     if sampler in ("ode-euler", "ode-heun", "dopri5"):
         method = {"ode-euler": "euler", "ode-heun": "heun", "dopri5": "dopri5"}[sampler]
         return ode_sample(objective, model_fn, noise, labels, method=method, num_steps=steps,
-                          atol=atol, rtol=rtol, max_nfe=max_nfe, progress=progress, time_shift=time_shift)
+                          atol=atol, rtol=rtol, max_nfe=max_nfe, progress=progress, time_shift=time_shift, **start)
     method = "euler" if sampler == "sde-euler" else "heun"
     return sde_sample(objective, model_fn, noise, labels, method=method, num_steps=steps,
                       generator=generator, progress=progress, time_shift=time_shift)
+
+
+def renoise(objective, init: torch.Tensor, noise: torch.Tensor, strength: float, num_steps: int,
+            time_shift: float = 1.0):
+    """SDEdit's starting point: ``(x at the start level, sampler start kwargs, steps)``.
+
+    DiT: of the n respaced (and shifted) steps keep the last k = round(strength · n)
+    (at least 1) and put ``init`` at the first kept level with q(x_t | x_0). SiT: start at
+    the time a fraction ``strength`` of the (shifted) time line before the data end, with
+    round(strength · steps) steps; at strength 1 that is t0, where the linear path is pure
+    noise, so the result equals plain sampling from ``noise``.
+    """
+    if isinstance(objective, GaussianDiffusion):
+        d = objective.respace(num_steps, time_shift)
+        first = max(1, round(strength * d.num_timesteps)) - 1
+        t = torch.full((init.shape[0],), first, device=init.device, dtype=torch.long)
+        return d.q_sample(init, t, noise), dict(first_step=first), num_steps
+    from .transport import _expand, shift_time
+
+    t0, t1 = objective.interval()
+    u = 1.0 - strength
+    t_start = t0 + (t1 - t0) * (shift_time(u, time_shift) if time_shift != 1.0 else u)
+    te = _expand(t_start, init)
+    x = objective.path.alpha(te)[0] * init + objective.path.sigma(te)[0] * noise
+    return x.to(noise.dtype), dict(t_start=t_start), max(1, round(strength * num_steps))
+
+
+def upsample_latents(latents: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Model-space samples resized to ``size`` (h, w): bilinear, as the hires-fix recipes."""
+    return torch.nn.functional.interpolate(latents, size=tuple(size), mode="bilinear", align_corners=False)
 
 
 def decode(latents: torch.Tensor, vae=None, scaling_factor: float = 0.18215) -> torch.Tensor:
@@ -162,7 +210,7 @@ def decode(latents: torch.Tensor, vae=None, scaling_factor: float = 0.18215) -> 
 
 
 # ----------------------------------------------------------------- seeds and noise
-NOISE_STREAM, LOOP_STREAM = 0, 1
+NOISE_STREAM, LOOP_STREAM, SMALL_STREAM = 0, 1, 2  # SMALL: the first stage of --upscale-from
 
 
 def index_seed(seed: int, index: int, stream: int = NOISE_STREAM) -> int:
@@ -171,9 +219,9 @@ def index_seed(seed: int, index: int, stream: int = NOISE_STREAM) -> int:
     return int(state[0]) << 31 | int(state[1]) >> 1
 
 
-def initial_noise(indices, shape: tuple[int, ...], seed: int, device="cpu") -> torch.Tensor:
+def initial_noise(indices, shape: tuple[int, ...], seed: int, device="cpu", stream: int = NOISE_STREAM) -> torch.Tensor:
     """(B, *shape) standard normal noise, row b drawn from its own ``(seed, indices[b])`` stream."""
-    rows = [torch.randn(shape, generator=torch.Generator().manual_seed(index_seed(seed, int(i))))
+    rows = [torch.randn(shape, generator=torch.Generator().manual_seed(index_seed(seed, int(i), stream)))
             for i in indices]
     return torch.stack(rows).to(device)
 
@@ -225,6 +273,10 @@ class SampleSettings:
     # (a number, "auto" = √(tokens / base tokens), None = what the model was trained with)
     latent_size: tuple[int, int] | None = None
     time_shift: float | str | None = None
+    # progressive upscaling (SDEdit): sample at this latent (h, w) first, upsample, re-noise
+    # to ``strength``, denoise at ``latent_size``
+    upscale_from: tuple[int, int] | None = None
+    strength: float = 0.6
 
     def resolved(self, objective) -> "SampleSettings":
         sampler = self.sampler or default_sampler(objective)
@@ -238,14 +290,25 @@ class SampleSettings:
         steps = DEFAULT_STEPS[sampler] if self.num_steps is None else self.num_steps
         interval = tuple(self.guidance_interval) if self.guidance_interval is not None else None
         size = tuple(self.latent_size) if self.latent_size is not None else None
+        small = tuple(self.upscale_from) if self.upscale_from is not None else None
+        if small is not None:
+            if size is None or small[0] > size[0] or small[1] > size[1] or small == size:
+                raise ValueError(f"--upscale-from must be smaller than the image size on some side and larger on "
+                                 f"none (upscaling from latent {small} to {size or 'the trained size'})")
+            if not 0.0 <= self.strength <= 1.0:
+                raise ValueError(f"--strength must be in [0, 1] (0 = keep the upsampled image, 1 = from pure "
+                                 f"noise), got {self.strength}")
+            if sampler not in ("ddpm", "ddim", "ode-euler", "ode-heun", "dopri5"):
+                raise ValueError(f"--upscale-from re-noises and denoises with ddpm, ddim or an ODE sampler, not "
+                                 f"{sampler}")
         return replace(self, sampler=sampler, num_steps=steps, cfg_scale=float(self.cfg_scale),
-                       guidance_interval=interval, latent_size=size)
+                       guidance_interval=interval, latent_size=size, upscale_from=small)
 
-    def shift_for(self, model, objective) -> float:
-        """The time shift at this size: the setting, or the training's (``objective``)."""
+    def shift_for(self, model, objective, size: tuple[int, int] | None = None) -> float:
+        """The time shift at a latent size (default ``noise_size``): the setting, or the training's."""
         if self.time_shift is None:
             return getattr(objective, "time_shift", 1.0)
-        return model.grid(*self.noise_size(model)).time_shift(self.time_shift)
+        return model.grid(*(size or self.noise_size(model))).time_shift(self.time_shift)
 
     def noise_size(self, model) -> tuple[int, int]:
         return self.latent_size or (model.config.input_size,) * 2
@@ -260,11 +323,19 @@ def sample_batch(model, objective, labels: torch.Tensor, indices, seed: int, set
     s = settings.resolved(objective)
     noise = initial_noise(indices, (model.in_channels, *s.noise_size(model)), seed, device)
     loop_gen = torch.Generator(device).manual_seed(index_seed(seed, int(indices[0]), LOOP_STREAM))
-    out = generate(_Precision(model, s.precision), objective, noise, labels.to(device), sampler=s.sampler,
-                   num_steps=s.num_steps, cfg_scale=s.cfg_scale, guidance_interval=s.guidance_interval,
-                   guide_channels=s.guide_channels, null_label=model.null_label, atol=s.atol, rtol=s.rtol,
-                   max_nfe=s.max_nfe, generator=loop_gen, progress=progress,
-                   time_shift=s.shift_for(model, objective))
+    common = dict(sampler=s.sampler, num_steps=s.num_steps, cfg_scale=s.cfg_scale,
+                  guidance_interval=s.guidance_interval, guide_channels=s.guide_channels,
+                  null_label=model.null_label, atol=s.atol, rtol=s.rtol, max_nfe=s.max_nfe, progress=progress)
+    fn, labels = _Precision(model, s.precision), labels.to(device)
+    init, nfe = None, 0
+    if s.upscale_from is not None:  # stage 1: the trained (smaller) size, its own noise stream
+        small = initial_noise(indices, (model.in_channels, *s.upscale_from), seed, device, SMALL_STREAM)
+        first = generate(fn, objective, small, labels, generator=loop_gen,
+                         time_shift=s.shift_for(model, objective, s.upscale_from), **common)
+        init, nfe = upsample_latents(first.samples, s.noise_size(model)), first.nfe
+    out = generate(fn, objective, noise, labels, generator=loop_gen, time_shift=s.shift_for(model, objective),
+                   init=init, strength=s.strength if init is not None else 1.0, **common)
+    out = SampleOutput(out.samples, out.nfe + nfe)
     if not decode_output:
         return out.samples, out.nfe
     return decode(out.samples, vae, scaling_factor), out.nfe

@@ -184,3 +184,10 @@ def size_notice(config, latent_hw: tuple[int, int], vae_factor_: int) -> str | N
             f"repeated or broken content, most of all far above the trained size. Fine-tune at this size "
             f"(train.py --init-from RUN --image-size {px.split('x')[0]}) or use --upscale-from "
             f"{trained * vae_factor_} (docs/highres.md)")
+
+
+def latent_for(model, vae, image_size) -> tuple[int, int] | None:
+    """The latent (h, w) a model samples for an image size in pixels (None: the trained size)."""
+    if image_size is None:
+        return None
+    return latent_size(image_size, vae_factor(vae), model.config.patch_size)

@@ -72,30 +72,39 @@ def _respaced(diffusion, num_steps, time_shift=1.0):
     return diffusion.respace(num_steps, time_shift)
 
 
+def _first(d, first_step):
+    if first_step is None:
+        return d.num_timesteps - 1
+    if not 0 <= first_step < d.num_timesteps:
+        raise ValueError(f"first_step must be in [0, {d.num_timesteps - 1}], got {first_step}")
+    return first_step
+
+
 def ddpm_sample(diffusion: GaussianDiffusion, model_fn, noise, labels, num_steps=250,
-                clip_denoised=False, generator=None, progress=False, time_shift=1.0):
+                clip_denoised=False, generator=None, progress=False, time_shift=1.0, first_step=None):
     """Ancestral sampling (Ho 2020, alg. 2) with the diffusion's variance type.
 
     ``diffusion`` is the full (e.g. 1000-step) diffusion; it is respaced to
     ``num_steps`` here (an int, or any ``space_timesteps`` string), its steps moved by
-    ``time_shift`` (``shift_timesteps``).
+    ``time_shift`` (``shift_timesteps``). ``first_step``: start at this index of the
+    respaced chain with ``noise`` already at its level (SDEdit; default: the last, pure noise).
     """
     d = _respaced(diffusion, num_steps, time_shift)
     model = _Counted(model_fn)
     x = noise
-    for i in _maybe_tqdm(reversed(range(d.num_timesteps)), progress):
+    for i in _maybe_tqdm(reversed(range(_first(d, first_step) + 1)), progress):
         t = torch.full((x.shape[0],), i, device=x.device, dtype=torch.long)
         x, _ = d.p_sample(model, x, t, labels, _randn_like(x, generator), clip_denoised)
     return SampleOutput(x, model.nfe)
 
 
 def ddim_sample(diffusion: GaussianDiffusion, model_fn, noise, labels, num_steps=50,
-                eta=0.0, clip_denoised=False, generator=None, progress=False, time_shift=1.0):
+                eta=0.0, clip_denoised=False, generator=None, progress=False, time_shift=1.0, first_step=None):
     """DDIM (Song 2021, eq. 12); deterministic for eta = 0.  Uses the eps channels only."""
     d = _respaced(diffusion, num_steps, time_shift)
     model = _Counted(model_fn)
     x = noise
-    for i in _maybe_tqdm(reversed(range(d.num_timesteps)), progress):
+    for i in _maybe_tqdm(reversed(range(_first(d, first_step) + 1)), progress):
         t = torch.full((x.shape[0],), i, device=x.device, dtype=torch.long)
         z = _randn_like(x, generator) if eta > 0 else None
         x, _ = d.ddim_step(model, x, t, labels, z, eta, clip_denoised)
@@ -103,10 +112,13 @@ def ddim_sample(diffusion: GaussianDiffusion, model_fn, noise, labels, num_steps
 
 
 def ode_sample(transport: Transport, model_fn, noise, labels, method="dopri5", num_steps=50,
-               atol=1e-6, rtol=1e-3, max_nfe=None, options=None, progress=False, time_shift=1.0):
-    """Probability-flow ODE dx = v dt from noise (t0) to data (t1); see module doc for nfe."""
+               atol=1e-6, rtol=1e-3, max_nfe=None, options=None, progress=False, time_shift=1.0, t_start=None):
+    """Probability-flow ODE dx = v dt from noise (t0) to data (t1); see module doc for nfe.
+
+    ``t_start``: begin there instead of t0, ``noise`` being x at that time (SDEdit)."""
     model = _Counted(model_fn)
     t0, t1 = transport.interval()
+    t0 = t0 if t_start is None else t_start
 
     def f(state, t):
         return (transport.velocity(model, state[0], t, labels),)

@@ -1,0 +1,271 @@
+"""High resolution: image sizes, position policies, the time shift and progressive
+upscaling, each against its closed form (docs/highres.md)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import sample
+from nala_dit.diffusion import GaussianDiffusion, shift_timesteps
+from nala_dit.generate import SampleSettings, generate, initial_noise, renoise, sample_batch, upsample_latents
+from nala_dit.grid import TokenGrid, latent_size, parse_image_size, parse_time_shift
+from nala_dit.models import DiT, sincos_pos_embed_1d, sincos_pos_embed_2d
+from nala_dit.samplers import ode_sample
+from nala_dit.transport import Transport, shift_time, shifted_grid
+from tests.test_sample_cli import write_checkpoint
+from tests.utils import TINY
+
+
+def perturbed(**kw):
+    torch.manual_seed(0)
+    model = DiT(**{**TINY, **kw}).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+# ------------------------------------------------------------------- sizes
+@pytest.mark.parametrize("value, hw", [(512, (512, 512)), ("256", (256, 256)), ("512x768", (512, 768)),
+                                       ("64×32", (64, 32)), ((16, 8), (16, 8))])
+def test_image_size_forms(value, hw):
+    assert parse_image_size(value) == hw
+
+
+@pytest.mark.parametrize("value", [0, -8, "0x64", "abc", "64x", "1.5", True, None])
+def test_bad_image_sizes_name_the_value(value):
+    with pytest.raises(ValueError, match="image size must be"):
+        parse_image_size(value)
+
+
+def test_latent_size_checks_vae_factor_times_patch():
+    assert latent_size("512x768", 8, 2) == (64, 96)
+    with pytest.raises(ValueError, match="not a multiple of VAE factor 8 × patch 2 = 16.*choose e.g."):
+        latent_size(520, 8, 2)
+
+
+@pytest.mark.parametrize("value", [0, -1, "nan", "inf", "fast", True])
+def test_bad_time_shift(value):
+    with pytest.raises(ValueError, match="time shift must be"):
+        parse_time_shift(value)
+
+
+def test_unknown_pos_embed_mode():
+    with pytest.raises(ValueError, match="pos_embed must be one of extrapolate, interpolate, none"):
+        DiT(**TINY, pos_embed="stretch")
+
+
+# ------------------------------------------------------- position policies
+def test_extrapolate_is_dits_integer_table_on_any_grid():
+    model = perturbed()
+    table = model.position_embedding(model.grid(6, 10))[0]           # 3×5 tokens
+    assert torch.equal(table, sincos_pos_embed_2d(32, 3, 5))
+    # channel 0 of the first half: sin(col · ω_0), ω_0 = 1 (closed form)
+    cols = torch.arange(15) % 5
+    assert torch.allclose(table[:, 0].double(), torch.sin(cols.double()), atol=1e-6)
+
+
+def test_interpolate_scales_positions_into_the_base_range():
+    model = perturbed(pos_embed="interpolate")
+    base = model.pos_embed[0]
+    assert torch.equal(base, sincos_pos_embed_2d(32, 4, 4))          # the trained grid is unchanged
+    big = model.position_embedding(model.grid(16, 24))[0].reshape(8, 12, 32)
+    # PixArt's rule: index i on a g-grid sits at i · base / g; rows 8 → base 4 (×1/2), cols 12 → ×1/3
+    assert torch.equal(big[::2, ::3].reshape(16, 32), base)
+    expected_col = sincos_pos_embed_1d(16, torch.tensor([5 * 4 / 12]))[0].float()
+    assert torch.allclose(big[0, 5, :16], expected_col, atol=1e-6)
+
+
+def test_none_has_no_absolute_positions():
+    model = perturbed(pos_embed="none")
+    assert not model.pos_embed.any()
+    assert not model.position_embedding(model.grid(12, 12)).any()
+    assert model.grid(12, 12).position_scale() is None
+
+
+def test_tables_are_cached_per_grid_and_follow_the_device():
+    model = perturbed()
+    first = model.position_embedding(model.grid(12, 8))
+    assert model.position_embedding(model.grid(12, 8)) is first
+    model.double()
+    assert model.position_embedding(model.grid(12, 8)).dtype == torch.float64
+
+
+def test_grid_unpacks_like_the_old_tuple():
+    g = TokenGrid(3, 5, 4, 4, "interpolate")
+    h, w = g
+    assert (h, w, g.tokens, len(g), g[1]) == (3, 5, 15, 2, 5)
+    assert g.position_scale() == (4 / 3, 4 / 5)
+    assert g.time_shift("auto") == math.sqrt(15 / 16)
+
+
+def test_model_at_other_sizes_square_and_non_square():
+    model = perturbed()
+    for hw in ((16, 16), (8, 24)):
+        out = model(torch.randn(2, 4, *hw), torch.tensor([3.0, 500.0]), torch.tensor([1, 2]))
+        assert out.shape == (2, 8, *hw)
+
+
+def test_interpolate_at_the_trained_size_is_the_same_model():
+    a, b = perturbed(), perturbed(pos_embed="interpolate")
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([3.0, 500.0]), torch.tensor([1, 2])
+    assert torch.equal(a(x, t, y), b(x, t, y))
+
+
+# ---------------------------------------------------------------- time shift
+def test_shift_time_closed_form():
+    t = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0], dtype=torch.float64)
+    s = 3.0
+    u = 1 - t                                                        # SD3: u = noise fraction
+    assert torch.allclose(shift_time(t, s), 1 - s * u / (1 + (s - 1) * u))
+    # linear path: SNR = (t / (1 − t))² is divided by s²
+    inner = slice(1, 4)
+    snr, snr2 = (t / (1 - t)) ** 2, (shift_time(t, s) / (1 - shift_time(t, s))) ** 2
+    assert torch.allclose(snr2[inner], snr[inner] / s ** 2)
+    assert torch.equal(shift_time(t, 1.0), t)
+
+
+def test_shifted_grid_endpoints_exact_and_interior_shifted():
+    grid = shifted_grid(0.001, 0.999, 4, 2.0)
+    assert grid[0] == 0.001 and grid[-1] == 0.999
+    assert grid[2] == pytest.approx(0.001 + 0.998 * 0.5 / (0.5 + 2.0 * 0.5))
+    assert shifted_grid(0.0, 1.0, 4) == torch.linspace(0, 1, 5, dtype=torch.float64).tolist()
+
+
+def test_dit_shift_moves_log_snr_by_two_log_s():
+    d = GaussianDiffusion.from_schedule("linear", 1000)
+    acp = d.alphas_cumprod
+    logsnr = (acp.log() - (-acp).log1p()).numpy()
+    kept = [0, 100, 400, 700, 999]
+    s = 2.0
+    out = shift_timesteps(kept, acp, s)
+    assert out[0] == 0 and out[-1] == 999
+    for t, t2 in zip(kept[1:-1], out[1:-1]):
+        target = logsnr[t] - 2 * math.log(s)
+        assert t2 == int(np.argmin(np.abs(logsnr - target)))          # brute force over every timestep
+        assert t2 > t                                                # more noise
+    assert shift_timesteps(kept, acp, 1.0) == kept
+
+
+def test_training_times_follow_the_shift():
+    torch.manual_seed(0)
+    u = torch.rand(1000)
+    torch.manual_seed(0)
+    t = Transport("linear", time_shift=3.0).sample_t(1000)
+    assert torch.allclose(t, shift_time(u, 3.0))
+    d = GaussianDiffusion.from_schedule("linear", 1000, time_shift=2.0)
+    torch.manual_seed(0)
+    raw = torch.randint(0, 1000, (64,))
+    torch.manual_seed(0)
+    shifted = d.sample_timesteps(64)
+    assert shifted.tolist() == [shift_timesteps([int(r)], d.alphas_cumprod, 2.0)[0] for r in raw]
+
+
+def test_shifted_euler_steps_on_the_shifted_grid():
+    # A velocity field v = x (exact per step): Euler multiplies by (1 + h_i) on each interval.
+    transport = Transport("linear")
+    x0 = torch.ones(1, 1, 2, 2)
+    out = ode_sample(transport, lambda x, t, y: x, x0, torch.zeros(1), method="euler", num_steps=5, time_shift=3.0)
+    grid = shifted_grid(0.0, 1.0, 5, 3.0)
+    expected = math.prod(1 + (b - a) for a, b in zip(grid, grid[1:]))
+    assert torch.allclose(out.samples, x0 * expected, atol=1e-6)
+
+
+def test_shift_refused_where_it_has_no_meaning():
+    d = GaussianDiffusion.from_schedule("linear", 1000, "fixed_small")
+    with pytest.raises(ValueError, match="not to a diffusers scheduler"):
+        generate(lambda x, t, y: x, d, torch.randn(1, 1, 2, 2), torch.zeros(1, dtype=torch.long),
+                 sampler="dpm-solver", time_shift=2.0)
+    with pytest.raises(ValueError, match="dopri5 chooses its own steps"):
+        generate(lambda x, t, y: x, Transport("linear"), torch.randn(1, 1, 2, 2), torch.zeros(1, dtype=torch.long),
+                 sampler="dopri5", time_shift=2.0)
+
+
+# -------------------------------------------------------- progressive upscaling
+def sit_model():
+    return perturbed(objective="transport", learn_sigma=False)
+
+
+def test_strength_zero_returns_the_upsampled_latent():
+    model = sit_model()
+    small = torch.randn(2, 4, 8, 8)
+    init = upsample_latents(small, (16, 16))
+    out = generate(model, Transport("linear"), torch.randn(2, 4, 16, 16), torch.tensor([1, 2]), sampler="ode-euler",
+                   num_steps=4, init=init, strength=0.0)
+    assert torch.equal(out.samples, init) and out.nfe == 0
+
+
+def test_strength_one_is_plain_sampling_from_the_same_noise():
+    model, transport = sit_model(), Transport("linear")
+    noise, labels = torch.randn(2, 4, 16, 16), torch.tensor([1, 2])
+    plain = generate(model, transport, noise, labels, sampler="ode-heun", num_steps=6)
+    init = upsample_latents(torch.randn(2, 4, 8, 8), (16, 16))
+    full = generate(model, transport, noise, labels, sampler="ode-heun", num_steps=6, init=init, strength=1.0)
+    assert torch.equal(full.samples, plain.samples) and full.nfe == plain.nfe
+
+
+def test_renoise_closed_forms():
+    init, noise = torch.randn(1, 4, 4, 4), torch.randn(1, 4, 4, 4)
+    x, start, steps = renoise(Transport("linear"), init, noise, 0.25, 40)
+    assert start == {"t_start": 0.75} and steps == 10
+    assert torch.allclose(x, 0.75 * init + 0.25 * noise)
+    d = GaussianDiffusion.from_schedule("linear", 1000)
+    x, start, steps = renoise(d, init, noise, 0.5, 50)
+    r = d.respace(50)
+    assert start == {"first_step": 24} and steps == 50
+    a = r.alphas_cumprod[24]
+    assert torch.allclose(x, a.sqrt().float() * init + (1 - a).sqrt().float() * noise)
+
+
+def test_upscaling_settings_errors():
+    model = sit_model()
+    s = SampleSettings("ode-euler", 2, latent_size=(8, 8), upscale_from=(16, 16))
+    with pytest.raises(ValueError, match="--upscale-from must be smaller"):
+        sample_batch(model, Transport("linear"), torch.tensor([1]), [0], 0, s, decode_output=False)
+    s = SampleSettings("ode-euler", 2, latent_size=(16, 16), upscale_from=(8, 8), strength=1.5)
+    with pytest.raises(ValueError, match="--strength must be in"):
+        sample_batch(model, Transport("linear"), torch.tensor([1]), [0], 0, s, decode_output=False)
+
+
+def test_upscaled_batch_runs_both_stages():
+    model, transport = sit_model(), Transport("linear")
+    s = SampleSettings("ode-euler", 4, latent_size=(16, 16), upscale_from=(8, 8), strength=0.5)
+    out, nfe = sample_batch(model, transport, torch.tensor([1, 2]), [0, 1], 3, s, decode_output=False)
+    assert out.shape == (2, 4, 16, 16) and nfe == 4 + 2
+    # stage 2 starts from the upsampled stage-1 sample, re-noised with the index's own noise
+    small = sample_batch(model, transport, torch.tensor([1, 2]), [0, 1], 3,
+                         SampleSettings("ode-euler", 4), decode_output=False)[0]
+    assert not torch.equal(small, initial_noise([0, 1], (4, 8, 8), 3))
+
+
+# --------------------------------------------------------------- the CLI
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("runs") / "dit")
+
+
+@pytest.mark.parametrize("size, shape", [("16", (16, 16)), ("8x24", (8, 24))])
+def test_checkpoint_samples_at_another_size(run_dir, tmp_path, capsys, size, shape):
+    assert sample.main(["--ckpt", str(run_dir), "--labels", "1", "--sampler", "ddim", "--steps", "2",
+                        "--image-size", size, "--out-dir", str(tmp_path)]) == 0
+    assert np.asarray(Image.open(tmp_path / "000000_class1.png")).shape[:2] == shape
+    assert "not the trained 8 px" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--image-size", "9"], "not a multiple of VAE factor 1 × patch 2"),
+    (["--image-size", "0"], "--image-size: image size must be"),
+    (["--image-size", "16", "--upscale-from", "32"], "--upscale-from must be smaller"),
+    (["--upscale-from", "8"], "--upscale-from needs --image-size"),
+    (["--time-shift", "-1"], "time shift must be"),
+])
+def test_bad_size_flags_are_one_line_errors(run_dir, tmp_path, capsys, flags, message):
+    grid = tmp_path / "g.png"
+    assert sample.main(["--ckpt", str(run_dir), "--labels", "1", "--sampler", "ddim", "--steps", "2",
+                        *flags, "--grid", str(grid)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not grid.exists()
