@@ -34,6 +34,7 @@ from pathlib import Path
 
 from nala_dit import options
 from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
+from nala_dit.grid import add_size_arguments, check_size_args, sized_settings
 
 
 def _add_common(p: argparse.ArgumentParser, features_default: str | None) -> None:
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--kid", action="store_true", help="also compute KID")
     gen.add_argument("--json", default=None, help="write the result here")
     gen.add_argument("--split-size", type=int, default=5000, help="Inception Score split size (ADM: 5000)")
+    add_size_arguments(gen)
     _add_common(gen, None)
     return parser
 
@@ -114,13 +116,17 @@ def _gen(args, common) -> dict:
     from nala_dit.sampling import balance_notice, balanced_labels
     from nala_dit.sources import load_source
 
+    check_size_args(args)
     source = load_source(args.ckpt, args.weights, args.vae, common["device"])
-    settings = SampleSettings(args.sampler, args.steps, args.cfg_scale).resolved(source.objective)
+    settings = sized_settings(SampleSettings(args.sampler, args.steps, args.cfg_scale), source, args)
+    settings = settings.resolved(source.objective)
     labels = balanced_labels(args.num_samples, source.num_classes, args.seed).tolist()
     if note := balance_notice(args.num_samples, source.num_classes):
         print(note, file=sys.stderr)
     sampler = dict(source.info, sampler=settings.sampler, num_steps=settings.num_steps,
-                   cfg_scale=settings.cfg_scale, seed=args.seed, num_samples=args.num_samples)
+                   cfg_scale=settings.cfg_scale, seed=args.seed, num_samples=args.num_samples,
+                   image_size=args.image_size, time_shift=args.time_shift,
+                   upscale_from=args.upscale_from, strength=args.strength if args.upscale_from else None)
     batches = _generated_batches(source, labels, args.seed, settings, args.batch_size)
     return metrics.evaluate_samples(batches, args.ref, args.features, args.kid, split_size=args.split_size,
                                     labels=np.asarray(labels), sampler=sampler, **common)

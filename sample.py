@@ -33,6 +33,7 @@ import sys
 from datetime import timedelta
 
 from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
+from nala_dit.grid import add_size_arguments, check_size_args, sized_settings
 from nala_dit.options import ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS
 
 
@@ -55,15 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--per-label", type=int, default=1, help="samples per label in --labels (grid: one row each)")
     what.add_argument("--num-samples", type=int, help="N samples with balanced, seeded-shuffled labels")
     what.add_argument("--seed", type=int, default=0, help="seeds every sample's noise together with its index")
-    size = p.add_argument_group("image size (docs/highres.md)")
-    size.add_argument("--image-size", help="pixels, N or HxW (each side a multiple of VAE factor × patch; "
-                      "default: the trained size)")
-    size.add_argument("--time-shift", help="shift the sampler's steps toward noise: a number s > 0 (1 = none) or "
-                   "'auto' (s = √(tokens / base tokens)); default: what the model was trained with")
-    size.add_argument("--upscale-from", metavar="SIZE", help="progressive upscaling: sample at SIZE pixels "
-                      "(e.g. the trained size) first, upsample, re-noise to --strength and denoise at --image-size")
-    size.add_argument("--strength", type=float, default=0.6, help="--upscale-from: noise level to re-noise to, "
-                      "0 (keep the upsampled image) … 1 (from pure noise)")
+    add_size_arguments(p)
     how = p.add_argument_group("sampler")
     how.add_argument("--sampler", choices=list(SAMPLERS), help="default: ddpm (DiT) / ode-heun (SiT)")
     how.add_argument("--steps", type=int, help="sampler steps (default per sampler, see nala_dit.generate)")
@@ -118,7 +111,7 @@ def run(args) -> int:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
     settings = SampleSettings(args.sampler, args.steps, args.cfg_scale, args.guidance_interval,
                               args.guide_channels, args.precision, args.atol, args.rtol, args.max_nfe)
-    check_size_flags(args)
+    check_size_args(args)
     if args.out:
         if args.num_samples is None or args.labels:
             raise ValueError("--out (mass sampling) takes --num-samples N and no --labels (labels are balanced)")
@@ -134,7 +127,7 @@ def run(args) -> int:
         state = PartialState(cpu=cpu, timeout=timedelta(hours=12))
         check_process_count(state.num_processes, "sample.py")
         source = load_source(args.ckpt, args.weights, args.vae, state.device)
-        settings = sized(settings, source, args, state.is_main_process)
+        settings = sized_settings(settings, source, args, state.is_main_process)
         settings.resolved(source.objective)  # clear errors before any work
         if state.is_main_process and (note := balance_notice(args.num_samples, source.num_classes)):
             print(note, file=sys.stderr)
@@ -150,7 +143,7 @@ def run(args) -> int:
         raise ValueError("pass exactly one of --labels and --num-samples")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     source = load_source(args.ckpt, args.weights, args.vae, device)
-    settings = sized(settings, source, args)
+    settings = sized_settings(settings, source, args)
     settings.resolved(source.objective)
     if args.labels is not None:
         ids = resolve_labels([s for s in args.labels.split(",") if s.strip()], source.id2label, source.num_classes)
@@ -171,39 +164,6 @@ def run(args) -> int:
         save_pngs(images, labels, args.out_dir)
         print(f"wrote {len(labels)} PNGs to {args.out_dir}")
     return 0
-
-
-def check_size_flags(args) -> None:
-    """Size flags that are wrong whatever the model: one-line errors before loading it."""
-    from nala_dit.grid import parse_image_size, parse_time_shift
-
-    for flag in ("image_size", "upscale_from"):
-        if getattr(args, flag) is not None:
-            try:
-                parse_image_size(getattr(args, flag))
-            except ValueError as err:
-                raise ValueError(f"--{flag.replace('_', '-')}: {err}") from None
-    if args.time_shift is not None:
-        parse_time_shift(args.time_shift)
-    if args.upscale_from is not None and args.image_size is None:
-        raise ValueError("--upscale-from needs --image-size (the size to upscale to)")
-
-
-def sized(settings, source, args, verbose: bool = True):
-    """``settings`` with the latent size, time shift and upscaling of the size flags, and
-    the one-line notice when that is not the trained size."""
-    from dataclasses import replace
-
-    from nala_dit.grid import latent_for, parse_time_shift, size_notice, vae_factor
-
-    model = source.model
-    latent = latent_for(model, source.vae, args.image_size)
-    small = latent_for(model, source.vae, args.upscale_from)
-    shift = parse_time_shift(args.time_shift) if args.time_shift is not None else None
-    if verbose and latent is not None and small is None and (note := size_notice(model.config, latent,
-                                                                                 vae_factor(source.vae))):
-        print(note, file=sys.stderr)
-    return replace(settings, latent_size=latent, time_shift=shift, upscale_from=small, strength=args.strength)
 
 
 if __name__ == "__main__":

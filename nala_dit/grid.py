@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 
 from .options import POS_EMBED_MODES, TIME_SHIFT_AUTO
 
@@ -191,3 +192,45 @@ def latent_for(model, vae, image_size) -> tuple[int, int] | None:
     if image_size is None:
         return None
     return latent_size(image_size, vae_factor(vae), model.config.patch_size)
+
+
+# ------------------------------------------------------------ the CLIs' size flags
+def add_size_arguments(parser) -> None:
+    """``--image-size``, ``--time-shift``, ``--upscale-from``, ``--strength``: sample.py and
+    ``evaluate_fid.py gen`` take the same flags and mean the same by them."""
+    size = parser.add_argument_group("image size (docs/highres.md)")
+    size.add_argument("--image-size", help="pixels, N or HxW (each side a multiple of VAE factor × patch; "
+                      "default: the trained size)")
+    size.add_argument("--time-shift", help="shift the sampler's steps toward noise: a number s > 0 (1 = none) or "
+                      "'auto' (s = √(tokens / base tokens)); default: what the model was trained with")
+    size.add_argument("--upscale-from", metavar="SIZE", help="progressive upscaling: sample at SIZE pixels "
+                      "(e.g. the trained size) first, upsample, re-noise to --strength and denoise at --image-size")
+    size.add_argument("--strength", type=float, default=0.6, help="--upscale-from: noise level to re-noise to, "
+                      "0 (keep the upsampled image) … 1 (from pure noise)")
+
+
+def check_size_args(args) -> None:
+    """Size flags that are wrong whatever the model: one-line errors before loading it."""
+    for flag in ("image_size", "upscale_from"):
+        if getattr(args, flag) is not None:
+            try:
+                parse_image_size(getattr(args, flag))
+            except ValueError as err:
+                raise ValueError(f"--{flag.replace('_', '-')}: {err}") from None
+    if args.time_shift is not None:
+        parse_time_shift(args.time_shift)
+    if args.upscale_from is not None and args.image_size is None:
+        raise ValueError("--upscale-from needs --image-size (the size to upscale to)")
+
+
+def sized_settings(settings, source, args, verbose: bool = True):
+    """``settings`` with the latent size, time shift and upscaling of the size flags, and
+    the one-line notice when that is not the trained size."""
+    model = source.model
+    latent = latent_for(model, source.vae, args.image_size)
+    small = latent_for(model, source.vae, args.upscale_from)
+    shift = parse_time_shift(args.time_shift) if args.time_shift is not None else None
+    if verbose and latent is not None and small is None and (note := size_notice(model.config, latent,
+                                                                                 vae_factor(source.vae))):
+        print(note, file=sys.stderr)
+    return replace(settings, latent_size=latent, time_shift=shift, upscale_from=small, strength=args.strength)

@@ -46,6 +46,7 @@ from .checkpoint import build_objective
 from .data import load_vae, to_uint8
 from .generate import (SampleSettings, _Precision, decode, default_sampler, generate, index_seed, initial_noise,
                        sample_batch, seed_from)
+from .grid import latent_for, parse_time_shift, vae_factor
 from .models import DiT
 from .sources import assert_no_meta, read_pipeline_index, resolve_labels, resolve_scaling_factor
 
@@ -147,6 +148,18 @@ class _NaLaPipeline(DiffusionPipeline):
         self._vae_cache, _ = load_vae(path, self.transformer.device)
         self.register_modules(vae=None)
 
+    @property
+    def vae_scale_factor(self) -> int:
+        """Pixels per latent side (diffusers' name): 8 for the SD VAE, 1 in pixel space."""
+        return vae_factor(self.resolved_vae())
+
+    def latent_size(self, height: int | None, width: int | None) -> tuple[int, int] | None:
+        """The latent (h, w) for an image size in pixels; None = the trained size."""
+        if height is None and width is None:
+            return None
+        side = self.transformer.config.input_size * self.vae_scale_factor
+        return latent_for(self.transformer, self.resolved_vae(), (height or side, width or side))
+
     def _latents(self, labels, indices, seed, settings, progress):
         return sample_batch(self.transformer, self.objective(), labels, indices, seed, settings,
                             progress=progress, decode_output=False)
@@ -164,6 +177,9 @@ class _NaLaPipeline(DiffusionPipeline):
         guide_channels: int | None = None,
         precision: str = "fp32",
         return_dict: bool = True,
+        height: int | None = None,
+        width: int | None = None,
+        time_shift: float | str | None = None,
     ):
         """Class-conditional images.
 
@@ -178,6 +194,11 @@ class _NaLaPipeline(DiffusionPipeline):
         guidance_interval: (lo, hi) in model time (DiT timesteps, SiT t) where guidance applies.
         guide_channels: guide only the first k channels (3 = the original DiT code).
         precision: "fp32" or "bf16" (autocast for the transformer).
+        height, width: image size in pixels (diffusers' convention; default: the trained
+            size, ``sample_size × vae_scale_factor``); each a multiple of VAE factor × patch.
+            Away from the trained size expect degraded content (docs/highres.md).
+        time_shift: shift the sampler's steps toward noise, a number or "auto" (s = √(tokens /
+            base tokens)); default: what the model was trained with.
         """
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
@@ -186,7 +207,9 @@ class _NaLaPipeline(DiffusionPipeline):
         if num_inference_steps is None and sampler is None:
             num_inference_steps = self.config.num_inference_steps
         settings = SampleSettings(sampler or self.config.sampler, num_inference_steps, guidance_scale,
-                                  guidance_interval, guide_channels, precision)
+                                  guidance_interval, guide_channels, precision,
+                                  latent_size=self.latent_size(height, width),
+                                  time_shift=parse_time_shift(time_shift) if time_shift is not None else None)
         progress = not getattr(self, "_progress_bar_config", {}).get("disable", False)
         labels = torch.tensor(ids, dtype=torch.long, device=self.transformer.device)
         latents, nfe = self._latents(labels, list(range(len(ids))), seed, settings, progress)
@@ -229,8 +252,10 @@ class NaLaDiTPipeline(_NaLaPipeline):
             return super()._latents(labels, indices, seed, settings, progress)
         if self.scheduler is None:
             raise ValueError("sampler='scheduler' needs a scheduler component; this pipeline has none")
-        model, size = self.transformer, self.transformer.config.input_size
-        noise = initial_noise(indices, (model.in_channels, size, size), seed, model.device)
+        if settings.time_shift is not None:
+            raise ValueError("time_shift applies to the named samplers, not to sampler='scheduler'")
+        model = self.transformer
+        noise = initial_noise(indices, (model.in_channels, *settings.noise_size(model)), seed, model.device)
         # Stochastic schedulers (DDPM, DDIM with eta > 0) draw from the global RNG, as
         # the scheduler loop passes them no generator: seed it from the batch, in a
         # fork so the caller's RNG state is left alone.

@@ -269,3 +269,27 @@ def test_bad_size_flags_are_one_line_errors(run_dir, tmp_path, capsys, flags, me
                         *flags, "--grid", str(grid)]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and not grid.exists()
+
+
+def test_pipeline_height_width_follow_diffusers(run_dir):
+    from nala_dit.pipeline import pipeline_from_checkpoint
+
+    pipe = pipeline_from_checkpoint(run_dir)
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.vae_scale_factor == 1
+    wide = pipe([1], num_inference_steps=2, sampler="ddim", generator=4, height=8, width=16, output_type="pt").images
+    assert wide.shape == (1, 1, 8, 16)
+    same = pipe([1], num_inference_steps=2, sampler="ddim", generator=4, output_type="pt").images
+    default = pipe([1], num_inference_steps=2, sampler="ddim", generator=4, height=8, width=8, output_type="pt")
+    assert torch.equal(same, default.images)                         # default: the trained size
+    with pytest.raises(ValueError, match="not a multiple of VAE factor 1 × patch 2"):
+        pipe([1], height=9)
+
+
+def test_evaluate_gen_takes_the_size_flags(run_dir):
+    import evaluate_fid
+
+    args = evaluate_fid.build_parser().parse_args(
+        ["gen", "--ckpt", str(run_dir), "--ref", "r.npz", "--num-samples", "2", "--image-size", "16x8",
+         "--time-shift", "auto"])
+    assert (args.image_size, args.time_shift) == ("16x8", "auto")
