@@ -17,6 +17,13 @@ over the learned-variance channels (LiT: L_simple + 0.5·ε + 0.05·Σ).
 
 A source or teacher is an official ``.pt`` (DiT-XL-2-256x256.pt, SiT-XL-2-256.pt),
 a training run / checkpoint folder (EMA weights) or an exported pipeline folder.
+
+Up the resolution ladder (``train.py --init-from RUN --image-size 512``): a source of the
+student's own architecture is copied whole (``inherit(..., "all")``), and a softmax source
+converts as above; either way the source may be at another image size. The position
+table is never copied (it is a fixed function of the grid, ``models.sincos_pos_embed_2d``):
+the student recomputes it under its ``pos_embed`` policy with the source's base grid
+(``base_size``), so ``interpolate`` keeps the positions the source learned on.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from .options import INHERIT_MODES
 LIT_DISTILL_WEIGHT, LIT_SIGMA_WEIGHT = 0.5, 0.05
 _ATTN = re.compile(r"^blocks\.\d+\.attn\.")
 # What must agree between a student and the model it inherits from or distils from.
-_SAME_IO = ("objective", "num_classes", "in_channels", "input_size", "patch_size")
+_SAME_IO = ("objective", "num_classes", "in_channels", "patch_size")
+_POSITIONAL = ("pos_embed",)   # recomputed for the student's grid, never copied
 _SAME_TRUNK = ("hidden_size", "depth", "mlp_ratio")
 
 
@@ -64,6 +72,16 @@ def _official_file(preset: str, input_size: int) -> str:
     return f"DiT-XL-2-{px}x{px}.pt (https://dl.fbaipublicfiles.com/DiT/models/DiT-XL-2-{px}x{px}.pt)"
 
 
+def _official_image_size(state: dict, student: DiT) -> int:
+    """The pixel size an official file was trained at, read off its position table (so a
+    256-px file can start a 512-px student); the student's size when the table is absent."""
+    table = state.get("pos_embed")
+    if table is None or table.ndim != 3:
+        return student.config.input_size * 8
+    side = round(table.shape[1] ** 0.5)
+    return side * student.config.patch_size * 8
+
+
 def load_reference(path: str | os.PathLike, student: DiT, student_preset: str) -> Reference:
     """An official ``.pt``, a checkpoint / run folder (EMA weights) or a pipeline folder
     (its transformer only: a teacher needs no VAE)."""
@@ -77,7 +95,8 @@ def load_reference(path: str | os.PathLike, student: DiT, student_preset: str) -
             raise FileNotFoundError(
                 f"official checkpoint not found: {p}. Nothing is downloaded at run time: fetch "
                 f"{_official_file(preset, student.config.input_size)} on a connected machine and pass its path")
-        model = model_from_official(load_official_state_dict(p), preset, image_size=student.config.input_size * 8,
+        state = load_official_state_dict(p)
+        model = model_from_official(state, preset, image_size=_official_image_size(state, student),
                                     num_classes=student.config.num_classes)
         return Reference(model, {}, str(p), "official")
     if not p.exists():
@@ -108,7 +127,8 @@ def check_compatible(ref: Reference, student: DiT, student_objective_config: dic
                      trunk: bool = False) -> None:
     """Raise naming both sides if ``ref`` cannot serve ``student`` as ``role``."""
     s, r = student.config, ref.model.config
-    keys = _SAME_IO + (_SAME_TRUNK if trunk else ())
+    # a source for --init-from may be at another size (up the ladder); a teacher sees the student's inputs
+    keys = _SAME_IO + (_SAME_TRUNK if trunk else ("input_size",))
     problems = [f"{k}={r[k]} vs {s[k]}" for k in keys if r[k] != s[k]]
     if not problems:
         ours = objective_settings(s.objective, student_objective_config)
@@ -128,9 +148,11 @@ class InheritReport:
     mode: str
     rows: list = field(default_factory=list)       # (student key, inherited elements, new elements)
     dropped: list = field(default_factory=list)    # (source key, elements)
+    recomputed: list = field(default_factory=list)  # (student key, elements): positions for the student's grid
+    sizes: tuple | None = None                      # (source input size, student's, base size, pos_embed)
 
     def counts(self) -> dict:
-        """Tensor and element counts: inherited (whole), partial, new, dropped."""
+        """Tensor and element counts: inherited (whole), partial, new, dropped, recomputed (positions)."""
         out = {k: [0, 0] for k in ("inherited", "partial", "new", "dropped")}
         for _, got, new in self.rows:
             kind = "inherited" if new == 0 else "new" if got == 0 else "partial"
@@ -141,6 +163,7 @@ class InheritReport:
         out["inherited"][1] = sum(got for _, got, _ in self.rows)  # copied elements, partial ones included
         out["new"][1] = sum(new for _, _, new in self.rows)
         del out["partial"][1]
+        out["recomputed"] = [len(self.recomputed), sum(n for _, n in self.recomputed)]
         return {k: tuple(v) for k, v in out.items()}
 
     def table(self) -> str:
@@ -162,7 +185,22 @@ class InheritReport:
             lines.append(f"{name:<{width}}  {got:>12,}  {new:>12,}  {drop:>12,}")
         total = [sum(v[i] for v in groups.values()) for i in range(3)]
         lines.append(f"{'total':<{width}}  {total[0]:>12,}  {total[1]:>12,}  {total[2]:>12,}")
+        for key, n in self.recomputed:
+            lines.append(f"{key} ({n:,}): recomputed for the student's grid, not copied")
+        if self.sizes is not None:
+            src, dst, base, mode = self.sizes
+            change = "same size" if src == dst else f"{src} → {dst}"
+            lines.append(f"model input (latent side): {change}; positions: {mode}, base grid side {base}")
         return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        """What ``train.py`` records in the run folder (``init_from.json``)."""
+        counts = self.counts()
+        out = dict(mode=self.mode, counts={k: list(v) for k, v in counts.items()},
+                   recomputed=[k for k, _ in self.recomputed])
+        if self.sizes is not None:
+            out.update(zip(("source_input_size", "input_size", "base_size", "pos_embed"), self.sizes))
+        return out
 
 
 def _variance_free_rows(student: DiT) -> torch.Tensor:
@@ -178,19 +216,24 @@ def _variance_free_rows(student: DiT) -> torch.Tensor:
 
 @torch.no_grad()
 def inherit(student: DiT, source: dict[str, torch.Tensor], mode: str = "all-but-attention") -> InheritReport:
-    """Copy ``source`` (a softmax model's state dict) into ``student`` in place; see the module doc.
+    """Copy ``source`` (a softmax model's state dict; with ``mode="all"`` one of the student's
+    own architecture, every tensor) into ``student`` in place; see the module doc.
 
     A missing tensor outside the attention or a shape mismatch is an error naming the keys;
     nothing is copied then.
     """
-    if mode not in INHERIT_MODES:
+    if mode not in INHERIT_MODES + ("all",):
         raise ValueError(f"--inherit {mode!r} is not one of {', '.join(INHERIT_MODES)}")
     target = student.state_dict()
     report = InheritReport(mode)
     plan, problems, used = [], [], set()
     dim = student.config.hidden_size
     for key, dst in target.items():
-        if _ATTN.match(key):
+        if key in _POSITIONAL:
+            report.recomputed.append((key, dst.numel()))
+            used.add(key)
+            continue
+        if _ATTN.match(key) and mode != "all":
             src_key = key.replace(".attn.qkvg.", ".attn.qkv.") if mode == "attention-qkv" else None
             if mode == "attention-qkv" and ".attn.lepe." in key:
                 plan.append((key, "zero", None))
@@ -252,15 +295,21 @@ def init_from(path: str | os.PathLike, student: DiT, student_preset: str, mode: 
     if mode not in INHERIT_MODES:
         raise ValueError(f"--inherit {mode!r} is not one of {', '.join(INHERIT_MODES)}")
     ref = load_reference(path, student, student_preset)
-    if ref.model.config.attention != "softmax":
-        raise ValueError(f"--init-from {ref.describe()} is a {ref.model.config.attention}-attention model, not a "
-                         f"softmax DiT/SiT; inheritance converts softmax weights (give the DiT/SiT checkpoint "
-                         f"or official .pt the student {student_preset} should start from)")
+    theirs, ours = ref.model.config, student.config
+    same = theirs.attention == ours.attention
+    if not same and theirs.attention != "softmax":
+        raise ValueError(f"--init-from {ref.describe()} is a {theirs.attention}-attention model: a student starts "
+                         f"from a model of its own attention ({ours.attention}: continue up the ladder) or from a "
+                         f"softmax DiT/SiT (conversion)")
     check_compatible(ref, student, student_objective_config, "--init-from", trunk=True)
-    if mode == "attention-qkv" and ref.model.config.num_heads != student.config.num_heads:
-        raise ValueError(f"--inherit attention-qkv: the source has {ref.model.config.num_heads} heads, the student "
-                         f"{student.config.num_heads}; use all-but-attention or the same head count")
-    return inherit(student, ref.model.state_dict(), mode)
+    if not same and mode == "attention-qkv" and theirs.num_heads != ours.num_heads:
+        raise ValueError(f"--inherit attention-qkv: the source has {theirs.num_heads} heads, the student "
+                         f"{ours.num_heads}; use all-but-attention or the same head count")
+    # The student's positions continue the source's: its base grid, recomputed table.
+    student.rebase(theirs.get("base_size") or theirs.input_size)
+    report = inherit(student, ref.model.state_dict(), "all" if same else mode)
+    report.sizes = (theirs.input_size, ours.input_size, student.config.base_size, ours.pos_embed)
+    return report
 
 
 # ------------------------------------------------------------------ distillation

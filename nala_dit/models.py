@@ -301,6 +301,15 @@ class DiT(ModelMixin, ConfigMixin):
         self.pos_embed.copy_(self._table(self.grid(side, side)))
         self._pos_cache.clear()
 
+    def rebase(self, base_size: int) -> None:
+        """Set the base grid (latent side) positions are relative to: a model fine-tuned up
+        the ladder keeps its source's, so ``interpolate`` maps every size onto the range the
+        source was trained on (``convert.init_from``)."""
+        if base_size < 1 or base_size % self.patch_size:
+            raise ValueError(f"base_size={base_size} must be a positive multiple of patch_size={self.patch_size}")
+        self.register_to_config(base_size=int(base_size))
+        self.reset_pos_embed()
+
     def _table(self, grid: TokenGrid) -> torch.Tensor:
         scale = grid.position_scale()
         if scale is None:

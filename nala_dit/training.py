@@ -274,10 +274,14 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             scaling = dataset.scaling_factor
     channels, side = model_space(dataset, vae)
     model = build_model(cfg, dataset.num_classes, channels, side)
+    init_report = None
+    if resume_from is not None:
+        if base := open_checkpoint(resume_from).model_config.get("base_size"):
+            model.rebase(base)  # a run fine-tuned up the ladder keeps its source's base grid
+    elif cfg.init_from:
+        init_report = convert.init_from(cfg.init_from, model, cfg.model, cfg.inherit, to_dict(cfg))
+        accelerator.print(init_report.table())
     objective = build_objective(dict(model.config), to_dict(cfg))
-    if cfg.init_from and resume_from is None:
-        report = convert.init_from(cfg.init_from, model, cfg.model, cfg.inherit, to_dict(cfg))
-        accelerator.print(report.table())
     distiller = None
     if cfg.teacher:  # not saved in checkpoints: its path is in the config, reloaded on resume
         distiller = convert.Distiller.load(cfg.teacher, model, cfg.model, to_dict(cfg), cfg.distill_weight,
@@ -303,6 +307,8 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+        if init_report is not None:  # what --init-from did, sizes included, beside the config
+            (run_dir / "init_from.json").write_text(json.dumps(init_report.to_dict(), indent=2) + "\n")
     train_model = torch.compile(model) if cfg.compile else model
     train_model, optimizer = accelerator.prepare(train_model, optimizer)
     ema.to(device)

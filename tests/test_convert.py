@@ -57,10 +57,13 @@ def test_all_but_attention_copies_exactly_the_reported_tensors(attention):
     after, source = student.state_dict(), teacher.state_dict()
     attn = [k for k in after if ".attn." in k]
     for key, value in after.items():
-        expected = before[key] if ".attn." in key else source[key]
+        # the position table is the student's own (a function of its grid), never copied
+        expected = before[key] if ".attn." in key or key == "pos_embed" else source[key]
         assert torch.equal(value, expected), key
     counts = report.counts()
-    assert counts["inherited"] == (len(after) - len(attn), sum(source[k].numel() for k in after if k not in attn))
+    kept = [k for k in after if k not in attn and k != "pos_embed"]
+    assert counts["inherited"] == (len(kept), sum(source[k].numel() for k in kept))
+    assert report.recomputed == [("pos_embed", after["pos_embed"].numel())]
     assert counts["new"] == (len(attn), sum(after[k].numel() for k in attn))
     assert counts["dropped"][0] == 4 * teacher.config.depth  # qkv and proj, weight and bias
     assert "blocks.*.attn.qkvg" in report.table() and "total" in report.table()
@@ -106,10 +109,12 @@ def test_official_xl2_state_dict_converts_with_the_expected_counts():
     softmax_attn = 4 * c * c + 4 * c                                   # qkv + proj
     nala_attn = (4 * c * c + 4 * c) + (25 * c + c) + 2 * c + (c * c + c)  # qkvg + lepe + LayerNorm + proj
     counts = report.counts()
-    assert counts["inherited"] == (292 - 4 * depth, 675_129_632 - depth * softmax_attn)
+    table = 256 * c                                                    # pos_embed: 16×16 tokens, recomputed
+    assert counts["inherited"] == (292 - 4 * depth - 1, 675_129_632 - depth * softmax_attn - table)
     assert counts["new"] == (8 * depth, depth * nala_attn)
     assert counts["dropped"] == (4 * depth, depth * softmax_attn)
-    assert counts["inherited"][1] + counts["new"][1] == count_params(student)
+    assert counts["recomputed"] == (1, table)
+    assert counts["inherited"][1] + counts["new"][1] + counts["recomputed"][1] == count_params(student)
 
 
 @pytest.mark.parametrize("family", ["DiT", "SiT"])
@@ -127,7 +132,8 @@ def test_every_preset_pair_converts(family):
                 student = create_model(f"NaLa{name}", attention=attention)
                 counts = inherit(student, source).counts()
                 assert counts["dropped"][1] == dropped, (name, attention)
-                assert counts["inherited"][1] + counts["new"][1] == count_params(student), (name, attention)
+                total = counts["inherited"][1] + counts["new"][1] + counts["recomputed"][1]
+                assert total == count_params(student), (name, attention)
                 assert counts["partial"] == (0,)
 
 
@@ -200,8 +206,9 @@ def test_init_from_official_pt_through_train_py(tmp_path, capsys):
     assert "inheritance (all-but-attention)" in capsys.readouterr().out
     saved = ckpt_lib.open_checkpoint(tmp_path / "conv").weights("ema")
     for key, value in teacher.state_dict().items():
-        if ".attn." not in key:
+        if ".attn." not in key and key != "pos_embed":
             assert torch.equal(saved[key], value), key
+    assert torch.equal(saved["pos_embed"], create_model("NaLaDiT-T/2", **DIGITS).pos_embed)  # recomputed, not copied
     # The converted run is an ordinary NaLaDiT run: sample.py and the pipeline export take it.
     import export
     import sample
@@ -235,7 +242,8 @@ def test_checkpoint_and_pipeline_folder_sources(tmp_path):
 
 
 def test_bad_conversion_inputs_give_clear_errors(tmp_path, capsys):
-    nala = write_checkpoint(tmp_path / "nala", randomised("NaLaDiT-T/2"), "NaLaDiT-T/2")
+    relu = write_checkpoint(tmp_path / "relu", randomised("NaLaDiT-T/2", attention="relu"), "NaLaDiT-T/2",
+                            attention="relu")
     sit = write_checkpoint(tmp_path / "sit", randomised("SiT-T/2"), "SiT-T/2")
 
     def fails(*extra, match):
@@ -245,7 +253,7 @@ def test_bad_conversion_inputs_give_clear_errors(tmp_path, capsys):
         err = capsys.readouterr().err
         assert match in err, err
 
-    fails("--init-from", str(nala), match="is a nala-attention model, not a softmax DiT/SiT")
+    fails("--init-from", str(relu), match="is a relu-attention model: a student starts from a model of its own")
     fails("--teacher", str(sit), match="objective=transport vs diffusion")
     fails("--init-from", str(tmp_path / "DiT-XL-2-256x256.pt"),
           match="fetch DiT-XL-2-64x64.pt (https://dl.fbaipublicfiles.com/DiT/models/DiT-XL-2-64x64.pt)")
