@@ -293,3 +293,69 @@ def test_evaluate_gen_takes_the_size_flags(run_dir):
         ["gen", "--ckpt", str(run_dir), "--ref", "r.npz", "--num-samples", "2", "--image-size", "16x8",
          "--time-shift", "auto"])
     assert (args.image_size, args.time_shift) == ("16x8", "auto")
+
+
+# ------------------------------------------------------- up the resolution ladder
+def ladder_source(tmp_path, preset, name):
+    """A trained-looking 8-px RGB run of ``preset`` (every tensor random), as train.py writes it."""
+    from tests.test_convert import randomised
+    from tests.test_convert import write_checkpoint as write_run
+
+    model = randomised(preset, in_channels=3, num_classes=2)
+    return write_run(tmp_path / name, model, preset, data="images", **{"image-size": 8})
+
+
+def ladder_run(tmp_path, images, name, *extra):
+    import train
+
+    argv = ["--model", "NaLaDiT-T/2", "--data", str(images), "--image-size", "16", "--global-batch-size", "2",
+            "--num-workers", "0", "--sample-every", "0", "--log-every", "1", "--flip", "false",
+            "--results-dir", str(tmp_path), "--exp-name", name, *extra]
+    assert train.main(argv) == 0
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("preset, table", [("NaLaDiT-T/2", "inheritance (all)"),
+                                           ("DiT-T/2", "inheritance (all-but-attention)")])
+def test_fine_tune_up_copies_every_weight_and_recomputes_positions(tmp_path, capsys, preset, table):
+    import json
+
+    from nala_dit import checkpoint as ckpt_lib
+    from tests.test_training import make_image_folder
+
+    images = make_image_folder(tmp_path / "images", per_class=2)
+    source = ladder_source(tmp_path, preset, "base")
+    run = ladder_run(tmp_path, images, "up", "--init-from", str(source), "--pos-embed", "interpolate",
+                     "--lr", "0", "--max-steps", "1", "--ckpt-every", "1")
+    out = capsys.readouterr().out
+    assert table in out and "model input (latent side): 8 → 16; positions: interpolate, base grid side 8" in out
+    src = ckpt_lib.open_checkpoint(source).weights("ema")
+    got = ckpt_lib.open_checkpoint(run).weights("ema")
+    for key, value in got.items():
+        if key == "pos_embed" or (".attn." in key and preset == "DiT-T/2"):
+            continue
+        assert torch.equal(value, src[key]), key                      # bitwise, lr 0
+    # 8×8 tokens on the base 4×4 grid: positions i · 4/8 (PixArt), channel 0 = sin(col)
+    cols = (torch.arange(64) % 8).double() * 0.5
+    assert torch.allclose(got["pos_embed"][0, :, 0].double(), torch.sin(cols), atol=1e-6)
+    record = json.loads((run / "init_from.json").read_text())
+    assert (record["source_input_size"], record["input_size"], record["base_size"]) == (8, 16, 8)
+    assert ckpt_lib.open_checkpoint(run).model_config["base_size"] == 8
+
+
+def test_resume_of_a_resized_run_is_bitwise(tmp_path):
+    from nala_dit import checkpoint as ckpt_lib
+    from tests.test_training import make_image_folder
+
+    images = make_image_folder(tmp_path / "images", per_class=2)
+    source = ladder_source(tmp_path, "NaLaDiT-T/2", "base")
+    common = ("--init-from", str(source), "--pos-embed", "interpolate", "--time-shift", "auto")
+    straight = ladder_run(tmp_path, images, "straight", *common, "--max-steps", "4", "--ckpt-every", "4")
+    ladder_run(tmp_path, images, "resumed", *common, "--max-steps", "2", "--ckpt-every", "2")
+    resumed = ladder_run(tmp_path, images, "resumed", *common, "--max-steps", "4", "--ckpt-every", "4",
+                         "--resume", "auto")
+    a, b = ckpt_lib.open_checkpoint(straight), ckpt_lib.open_checkpoint(resumed)
+    assert a.step == b.step == 4 and a.model_config["base_size"] == b.model_config["base_size"] == 8
+    for which in ("model", "ema"):
+        wa, wb = a.weights(which), b.weights(which)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), which
