@@ -26,6 +26,7 @@ from .checkpoint import (build_objective, config_changes, list_checkpoints, open
                          save_checkpoint, set_aside_newer)
 from .config import dump_yaml, to_dict
 from .generate import decode, generate
+from .grid import vae_factor
 from .models import create_model
 from .options import MODEL_OVERRIDES, TrainConfig  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
 from .runlock import LOCK_NAME, check_process_count, hold_lock
@@ -58,7 +59,7 @@ def model_space(dataset, vae) -> tuple[int, int]:
     """(channels, side) of what the model sees: latents or pixels."""
     if vae is None:
         return dataset.channels, dataset.image_size
-    factor = 2 ** (len(vae.config.block_out_channels) - 1)
+    factor = vae_factor(vae)
     if dataset.image_size % factor:
         raise ValueError(f"image-size {dataset.image_size} must be divisible by the VAE's downsampling {factor}")
     return vae.config.latent_channels, dataset.image_size // factor
