@@ -33,7 +33,7 @@ import re
 import sys
 from dataclasses import dataclass, replace
 
-from .options import POS_EMBED_MODES, TIME_SHIFT_AUTO
+from .options import POS_EMBED_MODES, TIME_SHIFT_AUTO, parse_time_shift  # noqa: F401  (re-exported)
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(?:[x×]\s*(\d+))?\s*$")
 
@@ -137,22 +137,6 @@ def resolve_time_shift(value, tokens: int, base_tokens: int) -> float:
     if isinstance(value, str) and value.strip() == TIME_SHIFT_AUTO:
         return math.sqrt(tokens / base_tokens)
     return parse_time_shift(value)
-
-
-def parse_time_shift(value) -> float | str:
-    """A positive finite number or ``"auto"``; anything else a ValueError naming both."""
-    allowed = f"a positive number (1 = no shift) or {TIME_SHIFT_AUTO!r} (s = √(tokens / base tokens))"
-    if isinstance(value, str) and value.strip() == TIME_SHIFT_AUTO:
-        return TIME_SHIFT_AUTO
-    if isinstance(value, bool):
-        raise ValueError(f"time shift must be {allowed}, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"time shift must be {allowed}, got {value!r}") from None
-    if not (0 < number < math.inf):
-        raise ValueError(f"time shift must be {allowed}, got {value!r}")
-    return number
 
 
 def model_grid(config, latent_hw: tuple[int, int] | None = None) -> TokenGrid:

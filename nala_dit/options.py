@@ -54,6 +54,22 @@ def parse_norm_scale(value) -> float | str:
 POS_EMBED_MODES = ("extrapolate", "interpolate", "none")
 TIME_SHIFT_AUTO = "auto"
 
+def parse_time_shift(value) -> float | str:
+    """A positive finite number or ``"auto"``; anything else a ValueError naming both."""
+    allowed = f"a positive number (1 = no shift) or {TIME_SHIFT_AUTO!r} (s = √(tokens / base tokens))"
+    if isinstance(value, str) and value.strip() == TIME_SHIFT_AUTO:
+        return TIME_SHIFT_AUTO
+    if isinstance(value, bool):
+        raise ValueError(f"time shift must be {allowed}, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"time shift must be {allowed}, got {value!r}") from None
+    if not (0 < number < float("inf")):
+        raise ValueError(f"time shift must be {allowed}, got {value!r}")
+    return number
+
+
 # models.py builds one constructor per preset from these tables.
 # Sizes from the DiT paper (Table 1) plus a tiny one for tests and the demo.
 SIZES = {
@@ -246,7 +262,6 @@ class TrainConfig:
         if self.norm_scale is not None:
             self.norm_scale = parse_norm_scale(self.norm_scale)
         if self.time_shift is not None:
-            from .grid import parse_time_shift
             self.time_shift = parse_time_shift(self.time_shift)
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
             raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
