@@ -9,14 +9,14 @@ plot. Every number in the report is measured in this run. The three trained runs
 (``<out>/NaLaDiT``, ``<out>/NaLaSiT``, ``<out>/DiT``) are ordinary run folders: the last
 lines printed are ``sample.py`` / ``export.py`` commands for them.
 
-    python demo.py                # full demo into runs/demo (~12 min on 2 busy CPU cores)
-    python demo.py --quick        # smoke run into runs/demo-quick (~15 s): same pipeline, tiny budget
+    python demo.py                # full demo into runs/demo (8-12 minutes on 2 busy CPU cores)
+    python demo.py --quick        # smoke run into runs/demo-quick (20-30 s): same pipeline, tiny budget
     python demo.py --threads 1    # on a shared or loaded machine (as every CLI's --threads)
 
 Nothing is deleted: a previous demo in --out is moved aside to ``<out>.old-<time>``
 before the run starts (delete those folders yourself when done); a folder that holds
 anything else is refused, naming --out. Measured times, with the load they were measured
-at: README, "The demo".
+at: README, "Two commands".
 """
 
 from __future__ import annotations
