@@ -133,7 +133,7 @@ def test_report_throughput_is_images_over_train_time(demo):
 def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo):
     monkeypatch.chdir(ROOT)
     out = tmp_path / "demo"
-    assert demo.main(["--quick", "--threads", "2", "--out", str(out)]) == 0
+    assert demo.main(["--quick", "--threads", "1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     assert [r["model"] for r in report["models"]] == ["NaLaDiT", "NaLaSiT", "DiT"]
@@ -158,6 +158,6 @@ def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo
     assert "--copy-vae" not in printed  # pixel-space models have no VAE to copy
     monkeypatch.chdir(tmp_path)
     for _, script, *argv in commands:
-        assert importlib.import_module(Path(script).stem).main(argv + ["--threads", "2"] * (script == "sample.py")) == 0
+        assert importlib.import_module(Path(script).stem).main(argv + ["--threads", "1"] * (script == "sample.py")) == 0
     assert {p.name for p in tmp_path.glob("*_grid.png")} == {"naladit_grid.png", "nalasit_grid.png", "exported_grid.png"}
     assert (tmp_path / "exported" / "demo-naladit" / "model_index.json").is_file()
