@@ -121,7 +121,7 @@ def plot_losses(curves: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     from nala_dit.cli import THREADS_HELP, ArgumentParser
-    from nala_dit.runlock import RunLock
+    from nala_dit.runlock import LockedError, RunLock
 
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smoke run: few steps, few samples")
@@ -134,9 +134,16 @@ def main(argv=None) -> int:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     out = (args.out or ROOT / "runs" / ("demo-quick" if args.quick else "demo")).resolve()
     # One demo per folder at a time: a second one would move the first one's files away.
-    with RunLock(out.with_name(f"{out.name}.lock"), f"demo folder {out}", "or pass another --out"):
+    lock = RunLock(out.with_name(f"{out.name}.lock"), f"demo folder {out}", "or pass another --out")
+    try:
+        lock.acquire()
+    except LockedError as err:
+        raise SystemExit(f"error: {err}") from None
+    try:
         prepare_out(out)
         run_demo(out, args.quick, [] if args.threads is None else ["--threads", args.threads])
+    finally:
+        lock.release()
     return 0
 
 

@@ -103,6 +103,18 @@ def test_prepare_out_rules(demo, tmp_path, capsys):
     assert (tmp_path / "file").read_text() == "x"
 
 
+def test_a_second_demo_into_the_same_folder_is_refused(demo, tmp_path, monkeypatch):
+    from nala_dit.runlock import RunLock
+
+    monkeypatch.setattr(demo, "run_demo", lambda out, quick, threads: pytest.fail("must not run"))
+    out = tmp_path / "demo"
+    planted = plant_full_demo(out)
+    with RunLock(tmp_path / "demo.lock", "demo folder"):  # a demo running in this process
+        with pytest.raises(SystemExit, match=r"^error: demo folder .*demo is in use by pid \d+ .*or pass another --out"):
+            demo.main(["--out", str(out)])
+    assert snapshot(out) == planted and not list(tmp_path.glob("demo.old-*"))
+
+
 def test_cli_refuses_a_foreign_out_folder_in_one_line(tmp_path):
     user = tmp_path / "mine"
     user.mkdir()
