@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 QUICK  ?= 0
+THREADS ?=
 
 .PHONY: setup test test-fast demo bench clean
 
@@ -21,7 +22,7 @@ test-fast: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
 
 demo: setup
-	HF_HUB_OFFLINE=1 $(PY) demo.py $(if $(filter 1,$(QUICK)),--quick,)
+	HF_HUB_OFFLINE=1 $(PY) demo.py $(if $(filter 1,$(QUICK)),--quick,) $(if $(THREADS),--threads $(THREADS),)
 
 bench: setup
 	$(PY) benchmarks/attention.py --out runs/bench/attention.json

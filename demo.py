@@ -4,18 +4,25 @@ Trains NaLaDiT, NaLaSiT and the softmax DiT of the same (tiny) size on scikit-le
 8×8 handwritten digits through the same ``train.py`` a user calls, samples a labelled
 grid per model with ``sample.py``, scores 30 samples per digit with
 ``evaluate_fid.py --features digits`` against the held-out digits (plus real training
-digits as the ceiling), and writes ``runs/demo/report.md`` / ``report.json`` and a loss
-plot. Every number in the report is measured in this run.
+digits as the ceiling), and writes ``<out>/report.md`` / ``report.json`` and a loss
+plot. Every number in the report is measured in this run. The three trained runs
+(``<out>/NaLaDiT``, ``<out>/NaLaSiT``, ``<out>/DiT``) are ordinary run folders: the last
+lines printed are ``sample.py`` / ``export.py`` commands for them.
 
-    python demo.py            # full demo (about 10 minutes on 2 CPU cores)
-    python demo.py --quick    # smoke run (about a minute): same pipeline, tiny budget
+    python demo.py                # full demo into runs/demo (8-12 minutes on 2 busy CPU cores)
+    python demo.py --quick        # smoke run into runs/demo-quick (20-30 s): same pipeline, tiny budget
+    python demo.py --threads 1    # on a shared or loaded machine (as every CLI's --threads)
+
+Nothing is deleted: a previous demo in --out is moved aside to ``<out>.old-<time>``
+before the run starts (delete those folders yourself when done); a folder that holds
+anything else is refused, naming --out. Measured times, with the load they were measured
+at: README, "Two commands".
 """
 
 from __future__ import annotations
 
 import json
 import importlib
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -41,6 +48,41 @@ def run(cmd: list[str]) -> None:
     code = module.main(argv)
     if code:
         raise SystemExit(f"{script} failed with exit code {code}")
+
+
+# Written first into every demo folder: a later demo knows the folder is a demo's to move aside.
+DEMO_MARK = ".nala_dit_demo"
+
+
+def is_demo_output(path: Path) -> bool:
+    """A folder a demo wrote: its mark, or (older demos, before the mark) its report or
+    held-out reference, the first file a demo writes."""
+    return any((path / name).exists() for name in (DEMO_MARK, "report.json", "ref_heldout.npz"))
+
+
+def prepare_out(out: Path) -> Path | None:
+    """Make ``out`` an empty folder for a fresh demo without deleting anything. A previous
+    demo there is renamed to ``<out>.old-<YYYYmmdd-HHMMSS>`` (returned); a missing or empty
+    folder is used as is; a file, or a folder holding anything else, is refused."""
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"error: --out {out} is a file, not a folder; nothing was changed. "
+                         "Pass --out a new or empty folder")
+    aside = None
+    if out.is_dir() and any(out.iterdir()):
+        if not is_demo_output(out):
+            raise SystemExit(f"error: --out {out} holds files that are not a demo's output; nothing was "
+                             "changed. Pass --out a new or empty folder")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = out.with_name(f"{out.name}.old-{stamp}")
+        for n in range(1, 1000):  # two demos within one second
+            if not aside.exists():
+                break
+            aside = out.with_name(f"{out.name}.old-{stamp}-{n}")
+        out.rename(aside)
+        print(f"moved the previous demo {out} aside to {aside} (delete it when you no longer need it)")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / DEMO_MARK).write_text(json.dumps(dict(started=time.time(), argv=sys.argv)) + "\n")
+    return aside
 
 
 def write_real_digits(path: Path, per_class: int, seed: int = 0) -> None:
@@ -78,46 +120,65 @@ def plot_losses(curves: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from nala_dit.cli import ArgumentParser
+    from nala_dit.cli import THREADS_HELP, ArgumentParser
+    from nala_dit.runlock import LockedError, RunLock
 
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smoke run: few steps, few samples")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "demo")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default runs/demo, with --quick runs/demo-quick); a previous "
+                             "demo there is moved aside to <out>.old-<time>, never deleted")
+    parser.add_argument("--threads", type=int, help=THREADS_HELP + "; passed to every step of the demo")
     args = parser.parse_args(argv)
-    out = args.out.resolve()
-    if out.exists():
-        shutil.rmtree(out)  # a demo always starts fresh, so its numbers belong to one run
-    out.mkdir(parents=True)
-    per_class = 10 if args.quick else 30
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    out = (args.out or ROOT / "runs" / ("demo-quick" if args.quick else "demo")).resolve()
+    # One demo per folder at a time: a second one would move the first one's files away.
+    lock = RunLock(out.with_name(f"{out.name}.lock"), f"demo folder {out}", "or pass another --out")
+    try:
+        lock.acquire()
+    except LockedError as err:
+        raise SystemExit(f"error: {err}") from None
+    try:
+        prepare_out(out)
+        run_demo(out, args.quick, [] if args.threads is None else ["--threads", args.threads])
+    finally:
+        lock.release()
+    return 0
+
+
+def run_demo(out: Path, quick: bool, threads: list) -> None:
+    """Every step of the demo into the empty folder ``out``; ``threads`` goes to every CLI."""
+    per_class = 10 if quick else 30
     classifier = out / "digits_classifier"
 
     ref = out / "ref_heldout.npz"
     run(["evaluate_fid.py", "ref", "--dataset", "digits-heldout", "--features", "digits", "--out", ref,
-         "--digits-classifier", classifier])
+         "--digits-classifier", classifier, *threads])
 
     rows, curves = [], {}
     for name, config, sampler, steps in MODELS:
-        train_args = ["train.py", "--config", ROOT / config, "--results-dir", out, "--exp-name", name]
-        if args.quick:
+        train_args = ["train.py", "--config", ROOT / config, "--results-dir", out, "--exp-name", name, *threads]
+        if quick:
             train_args += ["--max-steps", "20", "--ckpt-every", "20", "--log-every", "5"]
         start = time.perf_counter()
         run(train_args)
         train_time = time.perf_counter() - start
         run_dir = out / name
         curves[name] = loss_curve(run_dir)
-        log = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
-        images_per_sec = float(np.median([r["images_per_sec"] for r in log]))
-        sample_steps = 10 if args.quick else steps
+        sample_steps = 10 if quick else steps
         run(["sample.py", "--ckpt", run_dir, "--labels", ",".join(map(str, range(10))), "--per-label", "10",
-             "--sampler", sampler, "--steps", sample_steps, "--cfg-scale", CFG_SCALE, "--grid", out / f"{name}_grid.png", "--seed", "0"])
+             "--sampler", sampler, "--steps", sample_steps, "--cfg-scale", CFG_SCALE, "--grid", out / f"{name}_grid.png",
+             "--seed", "0", *threads])
         samples = out / f"{name}_samples.npz"
         start = time.perf_counter()
         run(["sample.py", "--ckpt", run_dir, "--num-samples", 10 * per_class, "--sampler", sampler,
-             "--steps", sample_steps, "--cfg-scale", CFG_SCALE, "--batch-size", 300, "--out", samples, "--seed", "1"])
+             "--steps", sample_steps, "--cfg-scale", CFG_SCALE, "--batch-size", 300, "--out", samples, "--seed", "1",
+             *threads])
         sample_time = time.perf_counter() - start
         metrics_path = out / f"{name}_metrics.json"
         run(["evaluate_fid.py", "calc", "--samples", samples, "--ref", ref, "--features", "digits",
-             "--json", metrics_path, "--digits-classifier", classifier])
+             "--json", metrics_path, "--digits-classifier", classifier, *threads])
         metrics = json.loads(metrics_path.read_text())
         sidecar = json.loads(Path(f"{samples}.json").read_text())
         from nala_dit.checkpoint import load_model
@@ -126,7 +187,10 @@ def main(argv=None) -> int:
         model, ckpt = load_model(run_dir)
         rows.append(dict(
             model=name, preset=ckpt.config["model"], params=count_params(model), steps=ckpt.step,
-            train_time_s=round(train_time, 1), images_per_sec=round(images_per_sec, 1),
+            train_time_s=round(train_time, 1),
+            # All images over the whole train.py call (start-up and checkpoints included),
+            # so the ratio of two rows is the ratio of their train times.
+            images_per_sec=round(ckpt.step * ckpt.config["global-batch-size"] / train_time, 1),
             sampler=sampler, cfg_scale=CFG_SCALE, nfe=sidecar.get("nfe"), sample_time_s=round(sample_time, 1),
             class_consistency=metrics["metrics"]["class_consistency"],
             frechet_distance=metrics["metrics"]["fd_digits"],
@@ -136,19 +200,45 @@ def main(argv=None) -> int:
     real = out / "real_train_digits.npz"
     write_real_digits(real, per_class)
     run(["evaluate_fid.py", "calc", "--samples", real, "--ref", ref, "--features", "digits",
-         "--json", out / "real_metrics.json", "--digits-classifier", classifier])
+         "--json", out / "real_metrics.json", "--digits-classifier", classifier, *threads])
     real_metrics = json.loads((out / "real_metrics.json").read_text())["metrics"]
     ceiling = dict(model="real digits (train split)", class_consistency=real_metrics["class_consistency"],
                    frechet_distance=real_metrics["fd_digits"])
 
     plot_losses(curves, out / "loss.png")
-    report = dict(quick=args.quick, samples_per_model=10 * per_class, models=rows, ceiling=ceiling,
+    report = dict(quick=quick, samples_per_model=10 * per_class, models=rows, ceiling=ceiling,
                   note="Fréchet distance in the digits classifier's feature space; not comparable to Inception FID.")
     (out / "report.json").write_text(json.dumps(report, indent=2))
     (out / "report.md").write_text(render_report(report))
     print((out / "report.md").read_text())
     print(f"report: {out / 'report.md'}\nplot:   {out / 'loss.png'}\ngrids:  {out}/*_grid.png")
-    return 0
+    print(next_steps(out))
+
+
+def _shown(path: Path) -> str:
+    """``path`` as the user would type it from the current folder."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def next_steps(out: Path) -> str:
+    """What to run next on the demo's models: copy-paste commands (pixel-space models, so
+    export.py takes no --vae / --copy-vae)."""
+    sample, export = _shown(ROOT / "sample.py"), _shown(ROOT / "export.py")
+    runs = {name: _shown(out / name) for name, *_ in MODELS}
+    lines = ["", "next: the trained models are ordinary run folders (latest checkpoint, EMA weights): "
+             + ", ".join(runs.values())]
+    for name, _, sampler, steps in MODELS[:2]:
+        lines.append(f"  python {sample} --ckpt {runs[name]} --labels 0,1,2,3,4,5,6,7,8,9 --per-label 8 "
+                     f"--sampler {sampler} --steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}_grid.png")
+    name, _, sampler, steps = MODELS[0]
+    exported = f"exported/demo-{name.lower()}"
+    lines += [f"  python {export} checkpoint {runs[name]} {exported}    # a diffusers pipeline folder",
+              f"  python {sample} --ckpt {exported} --labels 3,1,4 --per-label 4 --sampler {sampler} --steps {steps} "
+              f"--cfg-scale {CFG_SCALE:g} --grid exported_grid.png"]
+    return "\n".join(lines)
 
 
 def render_report(report: dict) -> str:
@@ -158,7 +248,8 @@ def render_report(report: dict) -> str:
         f"{report['samples_per_model']} samples per model, balanced over the 10 digits, scored against the "
         "held-out digits. Class-consistency = share of samples the digits classifier assigns to their "
         "conditioning label. Fréchet distance is in the classifier's feature space (**not comparable to "
-        "Inception FID**).",
+        "Inception FID**). images/s = steps × batch ÷ train time (the whole `train.py` call, start-up and "
+        "checkpoints included), measured on whatever else the machine was running.",
         "",
         "| model | preset | params | steps | train time (s) | images/s | sampler | NFE | class-consistency | Fréchet distance |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -186,7 +277,7 @@ def render_report(report: dict) -> str:
                 )
         lines += ["", "One seed per model at one short budget: this measures early training speed, not the "
                   "end result, and cannot tell the NaLa kernel from its layer's extras. The seeded ablation "
-                  "(`benchmarks/ablation.py`, README \"Does NaLa help?\") separates them."]
+                  "(`benchmarks/ablation.py`, docs/ablation.md) separates them."]
     lines += ["", "![training loss](loss.png)", ""]
     return "\n".join(lines)
 
@@ -197,7 +288,8 @@ def _script() -> int:
     try:
         return main()
     except KeyboardInterrupt:  # the CLIs' "rerun the same command" would not hold: the demo starts fresh
-        raise Interrupted("nothing is kept (the demo starts fresh every time); run it again") from None
+        raise Interrupted("the demo does not resume: run it again (it moves this partial run aside to "
+                          "<out>.old-<time> and starts fresh)") from None
 
 
 if __name__ == "__main__":

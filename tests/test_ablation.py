@@ -66,11 +66,12 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     stamps = [p.stat().st_mtime_ns for p in cells]
     assert ablation.main(["run", "--quick", "--out", str(tmp_path), "--classifier-dir", str(digits_classifier_dir)]) == 0
     assert [p.stat().st_mtime_ns for p in cells] == stamps
-    # The README block is regenerated in place: text outside the markers is kept, a second
-    # fill gives the same file, and a file without markers is refused with the fix.
-    readme = tmp_path / "README.md"
+    # The page's block (docs/ablation.md) is regenerated in place: text outside the markers is
+    # kept, a second fill (by the old flag name --readme) gives the same file, and a file
+    # without markers is refused with the fix.
+    readme = tmp_path / "ablation.md"
     readme.write_text("intro\n<!-- ablation:start old -->\nstale table\n<!-- ablation:end -->\nclaims\n")
-    assert ablation.main(["table", "--out", str(tmp_path), "--readme", str(readme)]) == 0
+    assert ablation.main(["table", "--out", str(tmp_path), "--page", str(readme)]) == 0
     filled = readme.read_text()
     assert filled.startswith("intro\n<!-- ablation:start") and filled.endswith("<!-- ablation:end -->\nclaims\n")
     assert "stale table" not in filled and "| nala | 2e-3 | 2 |" in filled
@@ -78,7 +79,7 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     assert ablation.main(["table", "--out", str(tmp_path), "--readme", str(readme)]) == 0
     assert readme.read_text() == filled
     with pytest.raises(SystemExit, match="no such file"):
-        ablation.main(["table", "--out", str(tmp_path), "--readme", str(tmp_path / "missing.md")])
+        ablation.main(["table", "--out", str(tmp_path), "--page", str(tmp_path / "missing.md")])
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="add the two marker lines"):
-        ablation.main(["table", "--out", str(tmp_path), "--readme", str(readme)])
+        ablation.main(["table", "--out", str(tmp_path), "--page", str(readme)])

@@ -1,7 +1,11 @@
-"""The quick demo end to end: train, sample, evaluate, report (marked slow)."""
+"""The demo: it never deletes a run it did not make (fast), and the quick demo end to end:
+train, sample, evaluate, report, and the printed next steps run as printed (marked slow)."""
 
+import importlib
 import json
 import math
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,16 +13,140 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("params", "train_time_s", "images_per_sec", "nfe", "class_consistency", "frechet_distance")
+PY = sys.executable
+
+
+@pytest.fixture
+def demo(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))
+    import demo
+
+    return demo
+
+
+def plant_full_demo(out: Path) -> dict[str, bytes]:
+    """A finished demo as today's and earlier demo.py leave it (no mark file): report,
+    reference, a run folder with a checkpoint. Returns {relative path: bytes}."""
+    files = {
+        "report.json": b'{"quick": false}',
+        "report.md": b"# Digits demo report\n",
+        "ref_heldout.npz": b"reference",
+        "NaLaDiT/checkpoints/0000600/ema.safetensors": b"\x00weights\x01" * 100,
+        "NaLaDiT/log.jsonl": b'{"step": 600, "loss": 0.1}\n',
+    }
+    for rel, data in files.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    return files
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_quick_demo_leaves_a_planted_full_demo_untouched(demo, tmp_path, monkeypatch):
+    """`make demo QUICK=1` used to rmtree runs/demo. Now --quick defaults to runs/demo-quick,
+    and a second quick run moves the first aside instead of deleting it."""
+    monkeypatch.setattr(demo, "ROOT", tmp_path)
+    ran = []
+
+    def fake_run_demo(out, quick, threads):  # the folder handling, without 20 s of training
+        ran.append((out, quick, threads))
+        (out / "report.json").write_text(json.dumps(dict(run=len(ran))))
+
+    monkeypatch.setattr(demo, "run_demo", fake_run_demo)
+    full = tmp_path / "runs" / "demo"
+    planted = plant_full_demo(full)
+    assert demo.main(["--quick", "--threads", "1"]) == 0
+    assert demo.main(["--quick"]) == 0
+    assert snapshot(full) == planted
+    quick = tmp_path / "runs" / "demo-quick"
+    assert [r[0] for r in ran] == [quick, quick] and ran[0][1:] == (True, ["--threads", 1]) and ran[1][2] == []
+    assert json.loads((quick / "report.json").read_text()) == dict(run=2)
+    (aside,) = sorted((tmp_path / "runs").glob("demo-quick.old-*"))
+    assert json.loads((aside / "report.json").read_text()) == dict(run=1)
+    # The lock is released after each run, so the next one could start.
+    assert not (tmp_path / "runs" / "demo-quick.lock").exists()
+
+
+def test_full_demo_moves_a_previous_full_demo_aside(demo, tmp_path, monkeypatch):
+    monkeypatch.setattr(demo, "run_demo", lambda out, quick, threads: None)
+    out = tmp_path / "demo"
+    planted = plant_full_demo(out)
+    assert demo.main(["--out", str(out)]) == 0
+    (aside,) = tmp_path.glob("demo.old-*")
+    assert snapshot(aside) == planted
+    assert [p.name for p in out.iterdir()] == [demo.DEMO_MARK]  # the new demo starts empty
+
+
+def test_prepare_out_rules(demo, tmp_path, capsys):
+    # Missing or empty: used as is, nothing moved.
+    assert demo.prepare_out(tmp_path / "new") is None and (tmp_path / "new" / demo.DEMO_MARK).is_file()
+    (tmp_path / "empty").mkdir()
+    assert demo.prepare_out(tmp_path / "empty") is None
+    # A demo's folder (the mark alone is enough): moved aside, twice in one second too.
+    first = demo.prepare_out(tmp_path / "new")
+    second = demo.prepare_out(tmp_path / "new")
+    assert first != second and first.is_dir() and second.is_dir()
+    assert {p.name for p in tmp_path.iterdir()} == {"new", "empty", first.name, second.name}
+    assert f"aside to {first}" in capsys.readouterr().out
+    # Anything else is refused, nothing changed.
+    user = tmp_path / "mine"
+    (user / "thesis").mkdir(parents=True)
+    (user / "thesis" / "draft.tex").write_text("precious")
+    with pytest.raises(SystemExit, match=r"--out .*mine holds files that are not a demo's output; nothing was changed"):
+        demo.prepare_out(user)
+    assert snapshot(user) == {"thesis/draft.tex": b"precious"}
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit, match="is a file, not a folder"):
+        demo.prepare_out(tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_a_second_demo_into_the_same_folder_is_refused(demo, tmp_path, monkeypatch):
+    from nala_dit.runlock import RunLock
+
+    monkeypatch.setattr(demo, "run_demo", lambda out, quick, threads: pytest.fail("must not run"))
+    out = tmp_path / "demo"
+    planted = plant_full_demo(out)
+    with RunLock(tmp_path / "demo.lock", "demo folder"):  # a demo running in this process
+        with pytest.raises(SystemExit, match=r"^error: demo folder .*demo is in use by pid \d+ .*or pass another --out"):
+            demo.main(["--out", str(out)])
+    assert snapshot(out) == planted and not list(tmp_path.glob("demo.old-*"))
+
+
+def test_cli_refuses_a_foreign_out_folder_in_one_line(tmp_path):
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep me")
+    proc = subprocess.run([PY, str(ROOT / "demo.py"), "--quick", "--out", str(user)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: --out {user} holds files that are not a demo's output; nothing was changed. "
+        "Pass --out a new or empty folder"]
+    assert snapshot(user) == {"notes.txt": b"keep me"} and not list(tmp_path.glob("mine.old-*"))
+    bad = subprocess.run([PY, str(ROOT / "demo.py"), "--threads", "0", "--out", str(tmp_path / "x")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--threads must be >= 1, got 0" in bad.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_report_throughput_is_images_over_train_time(demo):
+    row = dict(model="DiT", preset="DiT-T/2", params=1, steps=600, train_time_s=100.0, images_per_sec=384.0,
+               sampler="ddpm", cfg_scale=2.0, nfe=40, class_consistency=0.5, frechet_distance=10.0)
+    nala = dict(row, model="NaLaDiT", train_time_s=200.0, images_per_sec=192.0)
+    md = demo.render_report(dict(quick=False, samples_per_model=300, models=[nala, row],
+                                 ceiling=dict(model="real", class_consistency=1.0, frechet_distance=3.0)))
+    assert "training throughput 0.50×" in md  # = 100 s / 200 s, the ratio of the train times
 
 
 @pytest.mark.slow
-def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch):
+def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo):
     monkeypatch.chdir(ROOT)
-    sys.path.insert(0, str(ROOT))
-    import demo
-
-    assert demo.main(["--quick", "--out", str(tmp_path / "demo")]) == 0
     out = tmp_path / "demo"
+    assert demo.main(["--quick", "--threads", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     assert [r["model"] for r in report["models"]] == ["NaLaDiT", "NaLaSiT", "DiT"]
     for row in report["models"]:
@@ -26,9 +154,22 @@ def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch):
             assert isinstance(row[key], (int, float)) and math.isfinite(row[key]), (row["model"], key, row[key])
         assert 0.0 <= row["class_consistency"] <= 1.0
         assert (out / f"{row['model']}_grid.png").is_file()
+        # 20 steps of batch 64 over the train time (rounding of both to 0.1).
+        assert row["images_per_sec"] == pytest.approx(20 * 64 / row["train_time_s"], rel=0.05, abs=0.1)
     # Real digits are the ceiling: near-perfect classification, small distance.
     assert report["ceiling"]["class_consistency"] > 0.9
     md = (out / "report.md").read_text()
     for header in ("model", "params", "train time", "images/s", "sampler", "NFE", "class-consistency", "Fréchet distance"):
         assert header in md
     assert (out / "loss.png").stat().st_size > 1000
+    # The printed next steps name the run folders and run as printed (here through each
+    # CLI's main, in a scratch folder so their outputs land there).
+    commands = [shlex.split(line.split("#")[0]) for line in printed.splitlines() if line.startswith("  python ")]
+    assert [c[1] for c in commands] == ["sample.py", "sample.py", "export.py", "sample.py"]
+    assert f"--ckpt {out}/NaLaDiT" in printed and f"--ckpt {out}/NaLaSiT" in printed
+    assert "--copy-vae" not in printed  # pixel-space models have no VAE to copy
+    monkeypatch.chdir(tmp_path)
+    for _, script, *argv in commands:
+        assert importlib.import_module(Path(script).stem).main(argv + ["--threads", "1"] * (script == "sample.py")) == 0
+    assert {p.name for p in tmp_path.glob("*_grid.png")} == {"naladit_grid.png", "nalasit_grid.png", "exported_grid.png"}
+    assert (tmp_path / "exported" / "demo-naladit" / "model_index.json").is_file()

@@ -1,0 +1,143 @@
+"""The README and the docs/ pages: every relative link resolves (the file, and an #anchor to a
+heading of the target by GitHub's slug rule), the README stays short, the outputs of its
+examples are git-ignored, and the ablation page's generated tables match the committed cells."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+# [text](target) and ![alt](target); the text may hold one level of [...] (not used today).
+LINK = re.compile(r"\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)\)")
+
+
+def prose(text: str) -> str:
+    """The markdown outside code: fenced blocks and code spans hold no links."""
+    return CODE_SPAN.sub("``", FENCE.sub("", text))
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: link text kept, lower case, every character but
+    letters, digits, '_', '-' and spaces dropped, spaces to '-'."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings; a repeated slug gets -1, -2, ... as on GitHub."""
+    seen: dict[str, int] = {}
+    out = set()
+    for line in FENCE.sub("", page.read_text()).splitlines():
+        m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            base = slug(m.group(1))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def broken_links(page: Path, root: Path = ROOT) -> list[str]:
+    """Every relative link of ``page`` that does not resolve, as 'page: target (why)'."""
+    bad = []
+    for target in LINK.findall(prose(page.read_text())):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:: not checked offline
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        where = f"{page.relative_to(root)}: {target}"
+        if root not in dest.parents and dest != root:
+            bad.append(f"{where} (outside the repository)")
+        elif not dest.exists():
+            bad.append(f"{where} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            bad.append(f"{where} (no heading with anchor #{anchor} in {dest.name})")
+    return bad
+
+
+def test_slug_follows_githubs_rule():
+    assert slug("Differences from the original DiT/SiT") == "differences-from-the-original-ditsit"
+    assert slug("Converting a pretrained DiT / SiT into NaLa") == "converting-a-pretrained-dit--sit-into-nala"
+    assert slug("On a GPU: Triton kernels (GPU numbers pending)") == "on-a-gpu-triton-kernels-gpu-numbers-pending"
+    assert slug("Does NaLa help?") == "does-nala-help"
+    assert slug("`nala_dit` and [the spec](docs/NALA_SPEC.md)") == "nala_dit-and-the-spec"
+
+
+def test_the_checker_finds_what_is_broken(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# Title\n\n## Part\n\n## Part\n\n```\n[in code](nowhere.md)\n```\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("[ok](docs/a.md#part-1) [ok](#top) `[span](gone.md)`\n# Top\n"
+                      "[gone](docs/b.md) [anchor](docs/a.md#part-2) [self](#nope) [up](../x.md) [web](https://x.org/y)\n")
+    assert broken_links(readme, tmp_path) == [
+        "README.md: docs/b.md (no such file)",
+        "README.md: docs/a.md#part-2 (no heading with anchor #part-2 in a.md)",
+        "README.md: #nope (no heading with anchor #nope in README.md)",
+        "README.md: ../x.md (outside the repository)",
+    ]
+    assert broken_links(tmp_path / "docs" / "a.md", tmp_path) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_relative_link_resolves(page):
+    assert broken_links(page) == []
+
+
+def test_readme_is_short_and_links_the_long_pages():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) < 300, f"README.md has {len(lines)} lines; move long parts to docs/"
+    text = "\n".join(lines)
+    for page in ("demo", "training", "sampling", "evaluation", "converting", "ablation", "performance",
+                 "differences", "troubleshooting", "highres"):
+        assert f"(docs/{page}.md)" in text, page
+    assert "High resolution: see [docs/highres.md](docs/highres.md)" in text
+    # The demo's models are pixel-space: no example exports one with --copy-vae.
+    assert not [line for line in lines if "runs/demo" in line and "--copy-vae" in line.split("#")[0]]
+
+
+# Output paths in the examples: --grid/--out/--out-dir/--json values, export.py's folder,
+# save_pretrained's; placeholders (..., $VAR, ~, absolute paths) are not outputs here.
+OUTPUT = re.compile(r"--(?:grid|out|out-dir|json) (\S+)|export\.py (?:checkpoint|official) \S+ (\S+)"
+                    r"|save_pretrained\(\"([^\"]+)\"\)")
+
+
+def example_outputs() -> list[str]:
+    found = set()
+    for page in PAGES:
+        for block in re.findall(r"^```[^\n]*\n(.*?)^```", page.read_text(), re.S | re.M):
+            for groups in OUTPUT.findall(block):
+                path = next(g for g in groups if g)
+                if not re.search(r"\.\.\.|[$~<>]|^/", path):
+                    found.add(path)
+    return sorted(found)
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
+def test_example_outputs_are_git_ignored():
+    paths = example_outputs()
+    assert {"grid.png", "exported/demo-naladit", "samples.npz", "metrics.json", "copy"} <= set(paths)
+    # A file inside each output folder, and the JSON sidecar next to each .npz.
+    probes = [p.rstrip("/") + "/x" if not Path(p).suffix else p for p in paths]
+    probes += [p + ".json" for p in paths if p.endswith(".npz")]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT, input="\n".join(probes),
+                             capture_output=True, text=True).stdout.split()
+    assert sorted(set(probes) - set(ignored)) == []
+
+
+def test_ablation_page_holds_the_tables_of_the_committed_cells():
+    """docs/ablation.md's generated block is what `ablation.py table --page` makes from
+    benchmarks/ablation/cells/ now (rerun it after adding cells)."""
+    import benchmarks.ablation as ablation
+
+    cells = ablation.load_cells(ROOT / "benchmarks" / "ablation")
+    block = ablation.readme_block(ablation.summarize(cells), cells)
+    page = (ROOT / "docs" / "ablation.md").read_text()
+    start, end = page.find(ablation.README_START), page.find(ablation.README_END)
+    assert 0 <= start < end
+    assert page[start:end + len(ablation.README_END)] == block
