@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nala_dit.digits import CANVAS_DIGIT, CANVAS_SIZE, canvas_crop, load_canvas_split, load_digits_split, make_canvas
+from nala_dit.digits import CANVAS_DIGIT, CANVAS_SIZE, load_canvas_split, load_digits_split
 
 
 def test_canvas_is_deterministic_and_holds_the_labelled_digit():
@@ -33,18 +33,6 @@ def test_canvas_is_deterministic_and_holds_the_labelled_digit():
     train, train_labels, _ = load_canvas_split("train")
     assert len(train) == 4 * 1437
     assert np.array_equal(np.bincount(train_labels), 4 * np.bincount(load_digits_split("train")[1]))
-
-
-def test_canvas_crop_finds_the_digit():
-    """The classifier's view of a canvas: a 16x16 block at a known place comes back whole."""
-    block = np.full((1, 8, 8), 200, np.uint8)      # a solid digit: one window holds all its ink
-    canvas, _, offsets = make_canvas(block, np.array([3]), seed=0, copies=5)
-    assert len({tuple(o) for o in offsets}) == 5
-    crops = canvas_crop(canvas[..., None])
-    assert crops.shape == (5, 8, 8, 1)
-    assert all(np.array_equal(c[..., 0], block[0]) for c in crops)  # a window off by one pixel holds 0s
-    with pytest.raises(ValueError, match="expected canvases"):
-        canvas_crop(np.zeros((1, 8, 8, 1), np.uint8))
 
 
 def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifier_dir):
