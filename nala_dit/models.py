@@ -26,7 +26,8 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
 from .attention import ATTENTIONS, LINEAR_KERNELS, build_attention
-from .options import FAMILIES, PATCHES, SIZES, check_attention_options, preset  # plain data, shared with the CLIs
+# plain data, shared with the CLIs
+from .options import FAMILIES, PATCHES, SIZES, check_attention_options, parse_softmax_blocks, preset
 
 OBJECTIVES = ("diffusion", "transport")
 
@@ -189,6 +190,7 @@ class DiT(ModelMixin, ConfigMixin):
         gate: bool = True,
         out_norm: bool = True,
         rope: bool = False,
+        softmax_blocks: list[int] | str | None = None,
     ):
         super().__init__()
         if attention not in ATTENTIONS:
@@ -228,8 +230,18 @@ class DiT(ModelMixin, ConfigMixin):
         # Fixed sin-cos table; a frozen Parameter as in DiT, so the official key
         # ``pos_embed`` loads and the parameter counts match the paper's.
         self.pos_embed = nn.Parameter(torch.zeros(1, grid * grid, hidden_size), requires_grad=False)
+        # Hybrid schedule: the listed blocks use DiT's softmax layer (official names
+        # attn.qkv / attn.proj), the others the model's attention. Recorded resolved
+        # ("every:4" -> [3]) so a checkpoint's config rebuilds the same stack.
+        if softmax_blocks is not None and attention == "softmax":
+            raise ValueError(f"softmax_blocks={softmax_blocks!r} needs a linear-attention model; attention='softmax' "
+                             f"is softmax in every block already")
+        softmax_blocks = parse_softmax_blocks(softmax_blocks, depth)
+        self.register_to_config(softmax_blocks=softmax_blocks)
         self.blocks = nn.ModuleList(
-            DiTBlock(hidden_size, num_heads, mlp_ratio, attention, **attn_options) for _ in range(depth)
+            DiTBlock(hidden_size, num_heads, mlp_ratio, "softmax") if i in (softmax_blocks or ())
+            else DiTBlock(hidden_size, num_heads, mlp_ratio, attention, **attn_options)
+            for i in range(depth)
         )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
         self.initialize_weights()
