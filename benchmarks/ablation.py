@@ -95,12 +95,12 @@ TASKS = {
     # Held-out loss (the time-to-quality measure) at every budget on fixed draws of
     # ``heldout_items`` canvases; samples (class-consistency, Fréchet distance) only at
     # ``sample_budgets``, since one sampled image costs 2 x sample_steps forward passes.
-    "canvas64": dict(data="digits-canvas", image_size=64, batch=8, lr=2e-3, ema=0.99, budgets=(150, 300, 600),
+    "canvas64": dict(data="digits-canvas", image_size=64, batch=8, lr=2e-3, ema=0.99, budgets=(100, 200, 400),
                      log_every=25, per_class=5, sampler="ddim", sample_steps=20, cfg=2.0, sample_batch=25,
-                     sample_budgets=(300, 600), heldout_items=120, heldout_repeats=1),
-    "canvas128": dict(data="digits-canvas", image_size=128, batch=4, lr=2e-3, ema=0.99, budgets=(100, 200, 400),
-                      log_every=25, per_class=3, sampler="ddim", sample_steps=20, cfg=2.0, sample_batch=15,
-                      sample_budgets=(400,), heldout_items=60, heldout_repeats=1),
+                     sample_budgets=(200, 400), heldout_items=120, heldout_repeats=1),
+    "canvas128": dict(data="digits-canvas", image_size=128, batch=4, lr=2e-3, ema=0.99, budgets=(75, 150, 300),
+                      log_every=25, per_class=2, sampler="ddim", sample_steps=20, cfg=2.0, sample_batch=20,
+                      sample_budgets=(300,), heldout_items=60, heldout_repeats=1),
 }
 QUICK = dict(batch=16, budgets=(2, 4), log_every=1, per_class=2, sample_steps=4, sample_batch=20,
              heldout_items=64, heldout_repeats=1)
@@ -466,7 +466,8 @@ QUICK_TIMING = dict(rounds=2, steps=1)
 
 
 def _timing_setup(task: str, variant: str, recipe: dict, batch: int):
-    """One variant's training step as train.py builds it: model, objective, AdamW, EMA, a batch."""
+    """One variant's training step as train.py builds it (model, objective, AdamW, EMA, a batch),
+    and one no-grad forward of that batch (what a sampler step costs per image)."""
     import copy
 
     import torch
@@ -493,7 +494,11 @@ def _timing_setup(task: str, variant: str, recipe: dict, batch: int):
         opt.zero_grad(set_to_none=True)
         update_ema(ema, model, cfg.ema_decay)
 
-    return step
+    def forward():
+        with torch.no_grad():
+            ema(x, torch.full((batch,), 500), y)
+
+    return step, forward
 
 
 def timing_main(args) -> int:
@@ -516,23 +521,31 @@ def timing_main(args) -> int:
     for task in args.tasks:
         recipe = task_recipe(task, args.quick)
         batch = recipe["batch"]
-        steps = {v: _timing_setup(task, v, recipe, batch) for v in args.variants}
-        for step in steps.values():
+        calls = {v: _timing_setup(task, v, recipe, batch) for v in args.variants}
+        for step, forward in calls.values():
             step()                                                      # warm-up (allocations, first call)
+            forward()
         times = {v: [] for v in args.variants}
+        cpu = {v: [] for v in args.variants}      # process CPU time: what the step costs under load
+        forwards = {v: [] for v in args.variants}
         for _ in range(knobs["rounds"]):
-            for v, step in steps.items():
+            for v, (step, forward) in calls.items():
                 for _ in range(knobs["steps"]):
-                    start = time.perf_counter()
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     step()
                     times[v].append(time.perf_counter() - start)
+                    cpu[v].append(time.process_time() - start_cpu)
+                start = time.perf_counter()
+                forward()
+                forwards[v].append(time.perf_counter() - start)
         result.setdefault("tasks", {})[task] = {
-            v: dict(median_step_s=statistics.median(ts), steps_s=[round(t, 4) for t in ts], batch=batch)
+            v: dict(median_step_s=statistics.median(ts), steps_s=[round(t, 4) for t in ts], batch=batch,
+                    median_step_cpu_s=statistics.median(cpu[v]), forward_per_image_s=statistics.median(forwards[v]) / batch)
             for v, ts in times.items()}
         print(f"{task} (batch {batch}): " + ", ".join(
             f"{v} {statistics.median(ts):.3f} s" for v, ts in times.items()), flush=True)
-    result["meta"]["loadavg_end"] = os.getloadavg()
-    write_json(out_file, result)
+        result["meta"]["loadavg_end"] = os.getloadavg()
+        write_json(out_file, result)                                    # each task as it finishes
     print(f"wrote {out_file}")
     return 0
 
