@@ -308,11 +308,18 @@ class TrainConfig:
             self.norm_scale = parse_norm_scale(self.norm_scale)
         if self.softmax_blocks is not None:
             parse_softmax_blocks(self.softmax_blocks, SIZES[self.model.split("-")[-1].split("/")[0]]["depth"])
+        # A config.yaml saved before the ladder holds the old default (256) for every data kind.
+        old = "; a config saved before the canvas ladder holds the old default 256: set image-size: null" \
+            if self.image_size == IMAGE_FOLDER_SIZE else ""
         if self.data == "digits" and self.image_size is not None:
             raise ValueError(f"--image-size {self.image_size} does not apply to --data digits (fixed 8x8 images); "
-                             f"drop it, or use --data digits-canvas for {'/'.join(map(str, CANVAS_SIZES))}-px canvases")
+                             f"drop it, or use --data digits-canvas for {'/'.join(map(str, CANVAS_SIZES))}-px "
+                             f"canvases{old}")
         if self.data == "digits-canvas" and self.image_size is not None:
-            check_canvas_size(self.image_size)
+            try:
+                check_canvas_size(self.image_size)
+            except ValueError as err:
+                raise ValueError(f"{err}{old}") from None
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
             raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
         if self.distill_weight < 0 or (self.distill_sigma_weight or 0) < 0:

@@ -100,7 +100,11 @@ def test_image_size_is_the_canvas_side_and_errors_name_the_fix(capsys):
     for argv, message in [(["--data", "digits-canvas", "--image-size", "48"],
                            "--image-size 48 is not a digits-canvas size; choose one of 32, 64, 128"),
                           (["--data", "digits", "--image-size", "32"],
-                           "--image-size 32 does not apply to --data digits (fixed 8x8 images)")]:
+                           "--image-size 32 does not apply to --data digits (fixed 8x8 images)"),
+                          (["--data", "digits", "--image-size", "256"], "holds the old default 256: set image-size: null"),
+                          (["--data", "digits-canvas", "--image-size", "256"],
+                           "not a digits-canvas size; choose one of 32, 64, 128 (256 / 1,024 / 4,096 tokens at patch 2); "
+                           "a config saved before")]:
         with pytest.raises(SystemExit):
             resolve(TrainConfig, argv)
         errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
