@@ -19,7 +19,16 @@ checkpoint, and the table is rebuilt from whatever JSONs exist (``n`` per cell s
     python benchmarks/ablation.py run --out runs/ablation --jobs 2            # the grid
     python benchmarks/ablation.py run --out runs/ablation --tasks digits --variants softmax,nala
     python benchmarks/ablation.py table --out runs/ablation --md benchmarks/ablation/RESULTS.md --page docs/ablation.md
-    python benchmarks/ablation.py run --quick --out /tmp/ablation_quick       # smoke (seconds)
+    python benchmarks/ablation.py run --quick --out /tmp/ablation_quick       # smoke (digits + a 64-px canvas)
+
+The canvas ladder (``--tasks canvas64,canvas128``: 1,024 and 4,096 tokens, the same picture as
+the 256-token ``canvas``) is sized for about 8 core-hours from scratch; its step times come
+from one isolated timing run, so the table can rank time to a held-out loss
+(docs/ablation_ladder.md has the commands and the recipe's arithmetic):
+
+    python benchmarks/ablation.py timing --out runs/ablation --tasks canvas64,canvas128 --variants ladder
+    python benchmarks/ablation.py run --out runs/ablation --tasks canvas64,canvas128 --variants ladder \
+        --sweep-lrs "" --jobs 2
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ VARIANTS = {
     "nala_no_lepe": ["--model", "DiT-T/2", "--attention", "nala", "--lepe", "false"],
     "nala_no_gate": ["--model", "DiT-T/2", "--attention", "nala", "--gate", "false"],
     "nala_rope": ["--model", "DiT-T/2", "--attention", "nala", "--rope", "true"],
+    "hybrid": ["--model", "DiT-T/2", "--attention", "nala", "--softmax-blocks", "every:4"],
 }
 DESCRIPTIONS = {
     "softmax": "DiT's softmax attention (qkv, proj; no extras)",
@@ -64,7 +74,10 @@ DESCRIPTIONS = {
     "nala_no_lepe": "NaLa s = 1 without LePE",
     "nala_no_gate": "NaLa s = 1 without the SiLU gate",
     "nala_rope": "NaLa s = 1 with numerator-only 2-D RoPE",
+    "hybrid": "NaLa s = 1 in blocks 0-2, DiT's softmax layer in block 3 (one of four)",
 }
+# The ladder grid's variants (``--variants ladder``): the issue's five and the hybrid.
+LADDER_VARIANTS = ("softmax", "softmax_gated", "nala", "nala_sqrt_d", "relu_gated", "hybrid")
 
 # The digits recipe is the demo's (configs/digits_*.yaml): batch 64, lr 2e-3, EMA 0.99;
 # budgets 0.5x, 1x, 2x its 600 steps.
@@ -77,11 +90,25 @@ TASKS = {
     # steps, budgets 1/3x and 2/3x the demo's steps.
     "canvas": dict(data="digits-canvas", batch=32, lr=2e-3, ema=0.99, budgets=(200, 400), log_every=50,
                    per_class=10, sampler="ddpm", sample_steps=25, cfg=2.0, sample_batch=100),
+    # The ladder (the same pictures at 64 / 128 px). Sized in docs/ablation_ladder.md from the
+    # isolated timing run: 36 cells (6 variants x 3 seeds x 2 sizes) in about 8 core-hours.
+    # Held-out loss (the time-to-quality measure) at every budget on fixed draws of
+    # ``heldout_items`` canvases; samples (class-consistency, Fréchet distance) only at
+    # ``sample_budgets``, since one sampled image costs 2 x sample_steps forward passes.
+    "canvas64": dict(data="digits-canvas", image_size=64, batch=8, lr=2e-3, ema=0.99, budgets=(100, 200, 400),
+                     log_every=25, per_class=5, sampler="ddim", sample_steps=20, cfg=2.0, sample_batch=25,
+                     sample_budgets=(200, 400), heldout_items=120, heldout_repeats=1),
+    "canvas128": dict(data="digits-canvas", image_size=128, batch=4, lr=2e-3, ema=0.99, budgets=(75, 150, 300),
+                      log_every=25, per_class=2, sampler="ddim", sample_steps=20, cfg=2.0, sample_batch=20,
+                      sample_budgets=(300,), heldout_items=60, heldout_repeats=1),
 }
 QUICK = dict(batch=16, budgets=(2, 4), log_every=1, per_class=2, sample_steps=4, sample_batch=20,
              heldout_items=64, heldout_repeats=1)
+# A ladder task in quick mode: the smallest batch and scoring that still fill every column.
+QUICK_LADDER = dict(batch=2, per_class=1, sample_steps=2, sample_batch=10, sample_budgets=(4,), heldout_items=8)
 QUICK_VARIANTS = ("softmax", "nala")
 QUICK_SEEDS = (0, 1)
+QUICK_TASKS = ("digits", "canvas64")
 HELDOUT_REPEATS = 4  # fixed (t, noise) draws per held-out image (all items unless a recipe says)
 METRICS = ("class_consistency", "frechet_distance", "train_loss", "heldout_loss", "train_time_s")
 
@@ -98,7 +125,19 @@ def task_recipe(task: str, quick: bool) -> dict:
     recipe = dict(TASKS[task])
     if quick:
         recipe.update(QUICK)
+        if "image_size" in recipe:
+            recipe.update(QUICK_LADDER)
     return recipe
+
+
+def is_canvas(task: str) -> bool:
+    return TASKS[task]["data"] == "digits-canvas"
+
+
+def data_flags(recipe: dict) -> list:
+    """The train.py flags that pick the task's data (the ladder's canvas side)."""
+    size = recipe.get("image_size")
+    return ["--data", recipe["data"]] + (["--image-size", size] if size else [])
 
 
 # ------------------------------------------------------------------ one cell
@@ -133,9 +172,9 @@ def log_summary(records: list[dict], budget: int, window: int) -> tuple[float, f
 def heldout_set(task: str):
     from nala_dit import data as data_lib
 
-    if task == "digits":
+    if not is_canvas(task):
         return data_lib.DigitsDataset("heldout")
-    return data_lib.DigitsCanvasDataset("heldout")
+    return data_lib.DigitsCanvasDataset("heldout", TASKS[task].get("image_size", 32))
 
 
 def heldout_loss(model, objective, dataset, seed: int = 1234, items: int | None = None,
@@ -163,7 +202,7 @@ def heldout_loss(model, objective, dataset, seed: int = 1234, items: int | None 
 
 def classifier_view(task: str, images):
     """uint8 NHWC samples → what the digits classifier scores (canvas: the digit's crop)."""
-    if task == "canvas":
+    if is_canvas(task):
         from nala_dit.digits import canvas_crop
 
         return canvas_crop(images)
@@ -189,7 +228,9 @@ def reference(task: str, work: Path, classifier_dir: Path) -> Path:
     return path
 
 
-def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifier_dir: Path) -> dict:
+def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifier_dir: Path,
+                        sample: bool = True) -> dict:
+    """Held-out loss, and with ``sample`` class-consistency and Fréchet distance (NaN without)."""
     import numpy as np
 
     from nala_dit import metrics
@@ -199,6 +240,10 @@ def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifi
 
     source = load_source(ckpt)
     source.model.eval()
+    loss = heldout_loss(source.model, source.objective, heldout_set(task), items=recipe.get("heldout_items"),
+                        repeats=recipe.get("heldout_repeats", HELDOUT_REPEATS))
+    if not sample:
+        return dict(class_consistency=math.nan, frechet_distance=math.nan, heldout_loss=loss, num_samples=0)
     labels = [c for _ in range(recipe["per_class"]) for c in range(source.num_classes)]
     settings = SampleSettings(sampler=recipe["sampler"], num_steps=recipe["sample_steps"], cfg_scale=recipe["cfg"])
     start = time.perf_counter()
@@ -208,10 +253,7 @@ def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifi
     result = metrics.evaluate_samples([view], ref, features="digits", digits_classifier_dir=classifier_dir,
                                       labels=np.asarray(labels))
     return dict(class_consistency=result["metrics"]["class_consistency"],
-                frechet_distance=result["metrics"]["fd_digits"],
-                heldout_loss=heldout_loss(source.model, source.objective, heldout_set(task),
-                                          items=recipe.get("heldout_items"),
-                                          repeats=recipe.get("heldout_repeats", HELDOUT_REPEATS)),
+                frechet_distance=result["metrics"]["fd_digits"], heldout_loss=loss,
                 num_samples=len(labels), nfe=nfe, sample_time_s=round(sample_time, 2))
 
 
@@ -231,7 +273,7 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
     run_dir = work / "runs" / cell_name(task, variant, seed, lr)
     budgets = recipe["budgets"]
     every = math.gcd(*budgets)
-    argv = [*VARIANTS[variant], "--data", recipe["data"], "--flip", "false",
+    argv = [*VARIANTS[variant], *data_flags(recipe), "--flip", "false",
             "--global-batch-size", recipe["batch"], "--lr", lr, "--ema-decay", recipe["ema"],
             "--max-steps", budgets[-1], "--ckpt-every", every, "--log-every", recipe["log_every"],
             "--sample-every", 0, "--num-workers", 0, "--mixed-precision", "no", "--seed", seed,
@@ -262,7 +304,8 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
             continue
         ckpt = by_step[budget]
         loss, time_s = log_summary(records, budget, window=2 * recipe["log_every"])
-        scores = evaluate_checkpoint(task, ckpt, recipe, ref, classifier_dir)
+        scores = evaluate_checkpoint(task, ckpt, recipe, ref, classifier_dir,
+                                     sample=budget in recipe.get("sample_budgets", budgets) or budget == budgets[-1])
         rows.append(dict(budget=budget, train_loss=loss, train_time_s=round(time_s, 2), **scores))
         print(f"[{cell_name(task, variant, seed, lr)}] step {budget}: {rows[-1]}", flush=True)
     from nala_dit.checkpoint import load_model
@@ -416,6 +459,142 @@ def _reap(running: list, out: Path, md: Path | None) -> int:
     return failures
 
 
+# ------------------------------------------------------------------ step times
+
+TIMING_FILE = "timing.json"
+QUICK_TIMING = dict(rounds=2, steps=1)
+
+
+def _timing_setup(task: str, variant: str, recipe: dict, batch: int):
+    """One variant's training step as train.py builds it (model, objective, AdamW, EMA, a batch),
+    and one no-grad forward of that batch (what a sampler step costs per image)."""
+    import copy
+
+    import torch
+
+    from nala_dit.checkpoint import build_objective
+    from nala_dit.config import resolve, to_dict
+    from nala_dit.training import TrainConfig, build_model, param_groups, update_ema
+
+    cfg, _ = resolve(TrainConfig, [str(a) for a in [*VARIANTS[variant], *data_flags(recipe),
+                                                    "--lr", recipe["lr"], "--ema-decay", recipe["ema"]]])
+    data = heldout_set(task)
+    torch.manual_seed(0)
+    model = build_model(cfg, data.num_classes, data.channels, data.image_size)
+    objective = build_objective(dict(model.config), to_dict(cfg))
+    ema = copy.deepcopy(model).requires_grad_(False)
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    x, y = data.images[:batch], data.labels[:batch]
+
+    def step():
+        t = torch.randint(0, objective.num_timesteps, (batch,))
+        loss = objective.training_losses(model, x, t, y)["loss"].mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        update_ema(ema, model, cfg.ema_decay)
+
+    def forward():
+        with torch.no_grad():
+            ema(x, torch.full((batch,), 500), y)
+
+    return step, forward
+
+
+def timing_main(args) -> int:
+    """Each variant's training-step time per task in this one process: one thread, every
+    variant built first, then ``rounds`` round-robin passes of ``steps`` timed steps each (one
+    untimed warm-up step per variant), so drifting machine load hits all variants alike.
+    Writes the medians to ``<out>/timing.json`` (the table's time-to-loss reads it)."""
+    import platform
+    import statistics
+
+    import torch
+
+    torch.set_num_threads(1)
+    knobs = dict(QUICK_TIMING) if args.quick else dict(rounds=args.rounds, steps=args.steps)
+    out_file = args.out.resolve() / TIMING_FILE
+    previous = json.loads(out_file.read_text()) if out_file.is_file() else {}
+    result = dict(previous, meta=dict(threads=torch.get_num_threads(), torch=torch.__version__,
+                                      machine=platform.processor() or platform.machine(), quick=args.quick,
+                                      loadavg_start=os.getloadavg(), **knobs))
+    for task in args.tasks:
+        recipe = task_recipe(task, args.quick)
+        batch = recipe["batch"]
+        calls = {v: _timing_setup(task, v, recipe, batch) for v in args.variants}
+        for step, forward in calls.values():
+            step()                                                      # warm-up (allocations, first call)
+            forward()
+        times = {v: [] for v in args.variants}
+        cpu = {v: [] for v in args.variants}      # process CPU time: what the step costs under load
+        forwards = {v: [] for v in args.variants}
+        for _ in range(knobs["rounds"]):
+            for v, (step, forward) in calls.items():
+                for _ in range(knobs["steps"]):
+                    start, start_cpu = time.perf_counter(), time.process_time()
+                    step()
+                    times[v].append(time.perf_counter() - start)
+                    cpu[v].append(time.process_time() - start_cpu)
+                start = time.perf_counter()
+                forward()
+                forwards[v].append(time.perf_counter() - start)
+        result.setdefault("tasks", {})[task] = {
+            v: dict(median_step_s=statistics.median(ts), steps_s=[round(t, 4) for t in ts], batch=batch,
+                    median_step_cpu_s=statistics.median(cpu[v]), forward_per_image_s=statistics.median(forwards[v]) / batch)
+            for v, ts in times.items()}
+        print(f"{task} (batch {batch}): " + ", ".join(
+            f"{v} {statistics.median(ts):.3f} s" for v, ts in times.items()), flush=True)
+        result["meta"]["loadavg_end"] = os.getloadavg()
+        write_json(out_file, result)                                    # each task as it finishes
+    print(f"wrote {out_file}")
+    return 0
+
+
+def load_timing(out: Path) -> dict:
+    """{task: {variant: median step seconds}} from ``<out>/timing.json`` ({} if absent)."""
+    path = out / TIMING_FILE
+    if not path.is_file():
+        return {}
+    tasks = json.loads(path.read_text()).get("tasks", {})
+    return {task: {v: row["median_step_s"] for v, row in rows.items()} for task, rows in tasks.items()}
+
+
+def time_to_loss(rows: list[dict], step_s: dict) -> list[dict]:
+    """Per task: the held-out loss every variant reaches (the largest of the variants' best
+    mean losses), each variant's first budget at or below it and that budget's compute time
+    (budget × isolated median step time), with the factor over the fastest variant. Only
+    variants with a timing and the default lr; a variant never at the target is omitted."""
+    out = []
+    for task in _tasks(r["task"] for r in rows):
+        lr = TASKS[task]["lr"]
+        mine = [r for r in rows if r["task"] == task and r["lr"] == lr and r["variant"] in step_s.get(task, {})
+                and not math.isnan(r["heldout_loss"])]
+        variants = sorted({r["variant"] for r in mine}, key=list(VARIANTS).index)
+        if not variants:
+            continue
+        best = {v: min(r["heldout_loss"] for r in mine if r["variant"] == v) for v in variants}
+        target = max(best.values())
+        found = []
+        for v in variants:
+            hit = min(r["budget"] for r in mine if r["variant"] == v and r["heldout_loss"] <= target)
+            n = next(r["n"] for r in mine if r["variant"] == v and r["budget"] == hit)
+            found.append(dict(task=task, variant=v, target=target, budget=hit, n=n,
+                              step_s=step_s[task][v], time_s=hit * step_s[task][v]))
+        fastest = min(f["time_s"] for f in found)
+        for f in sorted(found, key=lambda f: f["time_s"]):
+            out.append(dict(f, factor=f["time_s"] / fastest))
+    return out
+
+
+def _time_to_loss_lines(found: list[dict]) -> list[str]:
+    lines = ["| variant | n | first budget at the target | step time (s) | compute time (s) | × fastest |",
+             "|---|---|---|---|---|---|"]
+    for f in found:
+        lines.append(f"| {f['variant']} | {f['n']} | {f['budget']} | {f['step_s']:.3f} | {f['time_s']:.1f} | "
+                     f"{f['factor']:.2f} |")
+    return lines
+
+
 # ------------------------------------------------------------------ the table
 
 
@@ -450,6 +629,8 @@ def summarize(cells: list[dict]) -> list[dict]:
 
 
 def _fmt(mean: float, std: float, digits: int) -> str:
+    if math.isnan(mean):
+        return "—"  # not measured at this budget (samples are drawn at the recipe's sample budgets)
     if math.isnan(std):
         return f"{mean:.{digits}f}"
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
@@ -475,7 +656,7 @@ def _table_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def render_table(rows: list[dict], cells: list[dict]) -> str:
+def render_table(rows: list[dict], cells: list[dict], step_s: dict | None = None) -> str:
     lines = ["# Ablation results", "",
              "Mean ± sample std over seeds (n = seeds finished). Class-consistency: share of samples the "
              "digits classifier assigns to their label (higher is better). Fréchet distance: digits-classifier "
@@ -486,6 +667,14 @@ def render_table(rows: list[dict], cells: list[dict]) -> str:
         for budget in sorted({r["budget"] for r in rows if r["task"] == task}):
             lines += [f"## {task}, {budget} steps", ""]
             lines += _table_lines([r for r in rows if r["task"] == task and r["budget"] == budget]) + [""]
+    found = time_to_loss(rows, step_s or {})
+    for task in _tasks(f["task"] for f in found):
+        mine = [f for f in found if f["task"] == task]
+        lines += [f"## {task}: time to held-out loss {mine[0]['target']:.4f}", "",
+                  "The target is the loss every variant reaches (the largest of their best means); compute time "
+                  f"= the first budget at or below it × the median step time of the isolated timing run "
+                  f"({TIMING_FILE}: one thread, all variants back to back).", ""]
+        lines += _time_to_loss_lines(mine) + [""]
     failed = [c for c in cells if "error" in c]
     if failed:
         lines += ["## Failed cells", ""] + [
@@ -494,7 +683,8 @@ def render_table(rows: list[dict], cells: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-TASK_TITLES = {"digits": "Digits (16 tokens)", "canvas": "Canvas (256 tokens)"}
+TASK_TITLES = {"digits": "Digits (16 tokens)", "canvas": "Canvas (256 tokens)", "canvas64": "Canvas 64 px (1,024 tokens)",
+               "canvas128": "Canvas 128 px (4,096 tokens)"}
 README_START, README_END = "<!-- ablation:start", "<!-- ablation:end -->"
 
 
@@ -541,7 +731,7 @@ def write_table(out: Path, md: Path | None = None, readme: Path | None = None) -
     write_json(out / "table.json", dict(rows=rows))
     target = md or out / "table.md"
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_table(rows, cells))
+    target.write_text(render_table(rows, cells, load_timing(out)))
     if readme:
         fill_readme(readme, readme_block(rows, cells))
     return target
@@ -567,13 +757,23 @@ def _csv(kind):
     return lambda s: [kind(x) for x in s.split(",") if x]
 
 
+def _check_names(parser, args, names) -> None:
+    for name in names:
+        allowed = TASKS if name == "tasks" else VARIANTS
+        bad = [x for x in getattr(args, name) if x not in allowed]
+        if bad:
+            parser.error(f"--{name.replace('_', '-')}: unknown {bad}; choose from {list(allowed)}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the grid (skips finished cells), then write the table")
     run.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
-    run.add_argument("--tasks", type=_csv(str), default=["digits"])
-    run.add_argument("--variants", type=_csv(str), default=None, help="comma list (default: all)")
+    run.add_argument("--tasks", type=_csv(str), default=None,
+                     help=f"comma list of {list(TASKS)} (default digits; --quick: {','.join(QUICK_TASKS)})")
+    run.add_argument("--variants", type=_csv(str), default=None,
+                     help=f"comma list, or 'ladder' = {','.join(LADDER_VARIANTS)} (default: all)")
     run.add_argument("--seeds", type=_csv(int), default=[0, 1, 2])
     run.add_argument("--sweep-lrs", type=_csv(float), default=[1e-3, 4e-3],
                      help="extra learning rates run at seed 0 for --sweep-variants")
@@ -595,23 +795,37 @@ def main(argv=None) -> int:
     table.add_argument("--md", type=Path, default=None)
     table.add_argument("--page", "--readme", dest="page", type=Path, default=None,  # --readme: its old name
                        help="also replace the tables between the ablation markers of this file (docs/ablation.md)")
+    timing = sub.add_parser("timing", help="isolated step times per variant and task (one thread, round robin)")
+    timing.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation", help=f"writes <out>/{TIMING_FILE}")
+    timing.add_argument("--tasks", type=_csv(str), default=["canvas64", "canvas128"])
+    timing.add_argument("--variants", type=_csv(str), default=["ladder"], help="comma list or 'ladder' (default)")
+    timing.add_argument("--rounds", type=int, default=5, help="round-robin passes over the variants")
+    timing.add_argument("--steps", type=int, default=2, help="timed steps per variant per pass")
+    timing.add_argument("--quick", action="store_true",
+                        help=f"smoke run: the quick recipes' batches, {QUICK_TIMING}")
     sub.add_parser("cell", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "cell":
         return cell_main(cell_parser().parse_args(rest))
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command in ("run", "timing") and args.variants:
+        args.variants = [x for v in args.variants for x in (LADDER_VARIANTS if v == "ladder" else [v])]
+    if args.command == "timing":
+        _check_names(parser, args, ("tasks", "variants"))
+        if args.rounds < 1 or args.steps < 1:
+            parser.error(f"--rounds {args.rounds} and --steps {args.steps} must be >= 1")
+        return timing_main(args)
     if args.command == "table":
         print(write_table(args.out.resolve(), args.md, args.page).read_text())
         return 0
     if args.quick:
         args.variants = args.variants or list(QUICK_VARIANTS)
+        args.tasks = args.tasks or list(QUICK_TASKS)
         args.seeds, args.sweep_lrs = list(QUICK_SEEDS), []
     args.variants = args.variants or list(VARIANTS)
-    for name, allowed in (("tasks", TASKS), ("variants", VARIANTS), ("sweep_variants", VARIANTS)):
-        bad = [x for x in getattr(args, name) if x not in allowed]
-        if bad:
-            parser.error(f"--{name.replace('_', '-')}: unknown {bad}; choose from {list(allowed)}")
+    args.tasks = args.tasks or ["digits"]
+    _check_names(parser, args, ("tasks", "variants", "sweep_variants"))
     code = run_main(args)
     print((args.md or args.out.resolve() / "table.md").read_text())
     return code

@@ -10,6 +10,9 @@ Diffusion Transformer"), a NaLa (or ReLU / 1+ELU) student starts from a softmax 
   output LayerNorm keep their fresh init and LePE starts at zero, so the block begins
   as close to the teacher's as a different kernel allows.
 
+The softmax blocks of a hybrid student (``softmax_blocks``) hold the teacher's own layer,
+so their ``attn.qkv`` / ``attn.proj`` are copied in either mode.
+
 ``Distiller`` adds LiT's teacher terms to the training loss: on the same noisy input,
 time and (dropped) label, ``weight·‖out_t − out_s‖²`` over the prediction channels
 (ε for DiT, the velocity / model output for SiT) and ``sigma_weight·‖Σ_t − Σ_s‖²``
@@ -38,7 +41,7 @@ import torch
 from .models import DiT
 from .options import INHERIT_MODES
 LIT_DISTILL_WEIGHT, LIT_SIGMA_WEIGHT = 0.5, 0.05
-_ATTN = re.compile(r"^blocks\.\d+\.attn\.")
+_ATTN = re.compile(r"^blocks\.(\d+)\.attn\.")
 # What must agree between a student and the model it inherits from or distils from.
 _SAME_IO = ("objective", "num_classes", "in_channels", "patch_size")
 _POSITIONAL = ("pos_embed",)   # recomputed for the student's grid, never copied
@@ -228,12 +231,14 @@ def inherit(student: DiT, source: dict[str, torch.Tensor], mode: str = "all-but-
     report = InheritReport(mode)
     plan, problems, used = [], [], set()
     dim = student.config.hidden_size
+    same_layer = set(student.config.get("softmax_blocks") or ())  # a hybrid's softmax blocks
     for key, dst in target.items():
         if key in _POSITIONAL:
             report.recomputed.append((key, dst.numel()))
             used.add(key)
             continue
-        if _ATTN.match(key) and mode != "all":
+        attn = _ATTN.match(key)
+        if attn and mode != "all" and int(attn.group(1)) not in same_layer:
             src_key = key.replace(".attn.qkvg.", ".attn.qkv.") if mode == "attention-qkv" else None
             if mode == "attention-qkv" and ".attn.lepe." in key:
                 plan.append((key, "zero", None))

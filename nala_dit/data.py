@@ -197,13 +197,14 @@ class DigitsDataset(Dataset):
 
 
 class DigitsCanvasDataset(DigitsDataset):
-    """The digits canvas (``--data digits-canvas``): 1×32×32 in [-1, 1], one upscaled
-    digit at a random position (``nala_dit.digits.load_canvas_split``)."""
+    """The digits canvas (``--data digits-canvas --image-size S``): 1×S×S in [-1, 1], S in
+    32 / 64 / 128, one digit upscaled to S/2 at a random position, the same placements at
+    every size (``nala_dit.digits.load_canvas_split``)."""
 
-    def __init__(self, split: str = "train"):
+    def __init__(self, split: str = "train", size: int = 32):
         from .digits import load_canvas_split
 
-        images, labels, self.offsets = load_canvas_split(split)
+        images, labels, self.offsets = load_canvas_split(split, size=size)
         self._set(images, labels)
 
 

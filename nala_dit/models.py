@@ -27,7 +27,8 @@ from diffusers.models.modeling_utils import ModelMixin
 
 from .attention import ATTENTIONS, LINEAR_KERNELS, build_attention
 from .grid import TokenGrid, check_pos_embed, model_grid
-from .options import FAMILIES, PATCHES, SIZES, check_attention_options, preset  # plain data, shared with the CLIs
+# plain data, shared with the CLIs
+from .options import FAMILIES, PATCHES, SIZES, check_attention_options, parse_softmax_blocks, preset
 
 OBJECTIVES = ("diffusion", "transport")
 
@@ -192,6 +193,7 @@ class DiT(ModelMixin, ConfigMixin):
         rope: bool = False,
         pos_embed: str = "extrapolate",
         base_size: int | None = None,
+        softmax_blocks: list[int] | str | None = None,
     ):
         super().__init__()
         if attention not in ATTENTIONS:
@@ -237,8 +239,18 @@ class DiT(ModelMixin, ConfigMixin):
         # (Set through ``_parameters``: the config key ``pos_embed``, the policy, shares the
         # name, and diffusers' attribute fallback to config keys would refuse the parameter.)
         self._parameters["pos_embed"] = nn.Parameter(torch.zeros(1, grid * grid, hidden_size), requires_grad=False)
+        # Hybrid schedule: the listed blocks use DiT's softmax layer (official names
+        # attn.qkv / attn.proj), the others the model's attention. Recorded resolved
+        # ("every:4" -> [3]) so a checkpoint's config rebuilds the same stack.
+        if softmax_blocks is not None and attention == "softmax":
+            raise ValueError(f"softmax_blocks={softmax_blocks!r} needs a linear-attention model; attention='softmax' "
+                             f"is softmax in every block already")
+        softmax_blocks = parse_softmax_blocks(softmax_blocks, depth)
+        self.register_to_config(softmax_blocks=softmax_blocks)
         self.blocks = nn.ModuleList(
-            DiTBlock(hidden_size, num_heads, mlp_ratio, attention, **attn_options) for _ in range(depth)
+            DiTBlock(hidden_size, num_heads, mlp_ratio, "softmax") if i in (softmax_blocks or ())
+            else DiTBlock(hidden_size, num_heads, mlp_ratio, attention, **attn_options)
+            for i in range(depth)
         )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
         self.initialize_weights()

@@ -70,6 +70,73 @@ def parse_time_shift(value) -> float | str:
     return number
 
 
+# The hybrid layer schedule: which blocks of a linear-attention model use DiT's own
+# softmax layer instead (the NaLa authors' released classifier mixes NaLa and softmax
+# stages). "every:K" = the last block of every K (blocks K-1, 2K-1, ...: later blocks
+# refine what linear blocks have spread, as hybrid stacks usually end on softmax), or
+# block indices "0,3"; "none" = no softmax block.
+SOFTMAX_BLOCKS_HELP = ("hybrid schedule: blocks that use DiT's softmax layer (attn.qkv/attn.proj) in a "
+                       "linear-attention model: 'every:K' (blocks K-1, 2K-1, ...), indices '0,3', or 'none'")
+
+
+def parse_softmax_blocks(value, depth: int) -> list[int] | None:
+    """The sorted block indices of a softmax-block schedule (None when there are none).
+
+    ``value``: None, "none", "every:K", "i,j,..." (a flag or YAML string), an int, or a list
+    of ints (a model config read back). Anything else, an index outside ``0..depth-1`` or
+    a schedule that leaves no linear block is a ValueError naming the value and the fix.
+    """
+    forms = "'every:K' (K >= 2), block indices like '0,3', or 'none'"
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"softmax-blocks {value!r} is not a schedule; use {forms}")
+    if isinstance(value, int):
+        blocks = [value]
+    elif isinstance(value, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        blocks = list(value)
+    elif isinstance(value, str) and value.strip().lower().startswith("every:"):
+        try:
+            every = int(value.split(":", 1)[1])
+        except ValueError:
+            raise ValueError(f"softmax-blocks {value!r}: K in 'every:K' must be an integer >= 2") from None
+        if every < 2:
+            raise ValueError(f"softmax-blocks {value!r}: K in 'every:K' must be >= 2 (every:1 is a plain softmax "
+                             f"model: use attention softmax)")
+        if every > depth:
+            raise ValueError(f"softmax-blocks {value!r}: K is larger than the depth {depth}, so no block would "
+                             f"be softmax; use K <= {depth} or block indices")
+        blocks = list(range(every - 1, depth, every))
+    elif isinstance(value, str):
+        try:
+            blocks = [int(part) for part in value.split(",") if part.strip()]
+        except ValueError:
+            raise ValueError(f"softmax-blocks {value!r} is not a schedule; use {forms}") from None
+    else:
+        raise ValueError(f"softmax-blocks {value!r} is not a schedule; use {forms}")
+    bad = [i for i in blocks if not 0 <= i < depth]
+    if bad:
+        raise ValueError(f"softmax-blocks {value!r}: block {bad[0]} does not exist in a {depth}-block model; "
+                         f"use indices 0..{depth - 1}")
+    blocks = sorted(set(blocks))
+    if len(blocks) == depth:
+        raise ValueError(f"softmax-blocks {value!r} makes all {depth} blocks softmax; use attention softmax "
+                         f"for a plain softmax model, or leave some blocks linear")
+    return blocks or None
+
+
+# Data sides when --image-size is not given: the digits canvas ladder (32 / 64 / 128 px =
+# 256 / 1,024 / 4,096 tokens at patch 2; digits.py) and image folders.
+CANVAS_SIZES = (32, 64, 128)
+IMAGE_FOLDER_SIZE = 256
+
+
+def check_canvas_size(size: int) -> int:
+    if size not in CANVAS_SIZES:
+        raise ValueError(f"--image-size {size} is not a digits-canvas size; choose one of "
+                         f"{', '.join(map(str, CANVAS_SIZES))} (256 / 1,024 / 4,096 tokens at patch 2)")
+    return size
+
 # models.py builds one constructor per preset from these tables.
 # Sizes from the DiT paper (Table 1) plus a tiny one for tests and the demo.
 SIZES = {
@@ -128,11 +195,12 @@ ATTENTION_OPTIONS = {
     "offset": ("nala",),
     "norm_scale": ("nala",),
     "alpha": ("nala",),
+    "softmax_blocks": GATED_ATTENTIONS,
 }
 ATTENTION_GROUPS = {GATED_ATTENTIONS: "the gated layer", LINEAR_KERNELS: "the linear kernels", ("nala",): "NaLa"}
 # The TrainConfig fields that override a preset's constructor arguments.
 MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha",
-                   "rope", "pos_embed")
+                   "rope", "pos_embed", "softmax_blocks")
 # Training options that only one objective reads (TrainConfig field -> objective).
 OBJECTIVE_OPTIONS = {
     "diffusion_steps": "diffusion", "noise_schedule": "diffusion",
@@ -187,10 +255,13 @@ class TrainConfig:
     pos_embed: str | None = _opt("positions on a grid other than the base one: 'extrapolate' (DiT's integer "
                                  "positions, default), 'interpolate' (PixArt: scaled into the base range) or "
                                  "'none' (LePE only)", choices=list(POS_EMBED_MODES))
+    softmax_blocks: str | None = _opt(SOFTMAX_BLOCKS_HELP)
     class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
     # data
-    data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8), 'digits-canvas' (embedded, one digit on a 32x32 canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
-    image_size: int = field(default=256, metadata=dict(help="image side in pixels (image folders)"))
+    data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8), 'digits-canvas' (embedded, one digit on a 32/64/128-px canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
+    image_size: int | None = _opt(f"the data's image side in pixels: digits-canvas {'/'.join(map(str, CANVAS_SIZES))} "
+                                  f"(default {CANVAS_SIZES[0]}), image folders (default {IMAGE_FOLDER_SIZE}); "
+                                  f"digits is fixed 8x8")
     vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
     flip: bool = field(default=True, metadata=dict(help="random horizontal flips"))
     skip_corrupt: bool = field(default=False, metadata=dict(help="skip unreadable images with a warning"))
@@ -263,6 +334,20 @@ class TrainConfig:
             self.norm_scale = parse_norm_scale(self.norm_scale)
         if self.time_shift is not None:
             self.time_shift = parse_time_shift(self.time_shift)
+        if self.softmax_blocks is not None:
+            parse_softmax_blocks(self.softmax_blocks, SIZES[self.model.split("-")[-1].split("/")[0]]["depth"])
+        # A config.yaml saved before the ladder holds the old default (256) for every data kind.
+        old = "; a config saved before the canvas ladder holds the old default 256: set image-size: null" \
+            if self.image_size == IMAGE_FOLDER_SIZE else ""
+        if self.data == "digits" and self.image_size is not None:
+            raise ValueError(f"--image-size {self.image_size} does not apply to --data digits (fixed 8x8 images); "
+                             f"drop it, or use --data digits-canvas for {'/'.join(map(str, CANVAS_SIZES))}-px "
+                             f"canvases{old}")
+        if self.data == "digits-canvas" and self.image_size is not None:
+            try:
+                check_canvas_size(self.image_size)
+            except ValueError as err:
+                raise ValueError(f"{err}{old}") from None
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
             raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
         if self.distill_weight < 0 or (self.distill_sigma_weight or 0) < 0:

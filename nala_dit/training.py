@@ -29,6 +29,7 @@ from .generate import decode, generate
 from .grid import vae_factor
 from .models import create_model
 from .options import MODEL_OVERRIDES, TrainConfig  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
+from .options import CANVAS_SIZES, IMAGE_FOLDER_SIZE
 from .runlock import LOCK_NAME, check_process_count, hold_lock
 from .sampling import save_grid
 
@@ -39,13 +40,13 @@ def build_dataset(cfg: TrainConfig, state=None):
     if cfg.data == "digits":
         ds = data_lib.DigitsDataset("train")
     elif cfg.data == "digits-canvas":
-        ds = data_lib.DigitsCanvasDataset("train")
+        ds = data_lib.DigitsCanvasDataset("train", cfg.image_size or CANVAS_SIZES[0])
     elif (Path(cfg.data) / data_lib.LATENT_META).is_file():
         ds = data_lib.LatentDataset(cfg.data)
         if cfg.vae is None:
             raise ValueError(f"{cfg.data} holds latents: pass --vae (the VAE they came from) to decode sample grids")
     else:
-        ds = data_lib.ImageFolderDataset(cfg.data, cfg.image_size, cfg.skip_corrupt)
+        ds = data_lib.ImageFolderDataset(cfg.data, cfg.image_size or IMAGE_FOLDER_SIZE, cfg.skip_corrupt)
         if cfg.check_data:
             data_lib.check_images(ds, state)
     if cfg.num_classes is not None and cfg.num_classes != ds.num_classes:

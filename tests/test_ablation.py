@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nala_dit.digits import CANVAS_DIGIT, CANVAS_SIZE, canvas_crop, load_canvas_split, load_digits_split, make_canvas
+from nala_dit.digits import CANVAS_DIGIT, CANVAS_SIZE, load_canvas_split, load_digits_split
 
 
 def test_canvas_is_deterministic_and_holds_the_labelled_digit():
@@ -35,31 +35,40 @@ def test_canvas_is_deterministic_and_holds_the_labelled_digit():
     assert np.array_equal(np.bincount(train_labels), 4 * np.bincount(load_digits_split("train")[1]))
 
 
-def test_canvas_crop_finds_the_digit():
-    """The classifier's view of a canvas: a 16x16 block at a known place comes back whole."""
-    block = np.full((1, 8, 8), 200, np.uint8)      # a solid digit: one window holds all its ink
-    canvas, _, offsets = make_canvas(block, np.array([3]), seed=0, copies=5)
-    assert len({tuple(o) for o in offsets}) == 5
-    crops = canvas_crop(canvas[..., None])
-    assert crops.shape == (5, 8, 8, 1)
-    assert all(np.array_equal(c[..., 0], block[0]) for c in crops)  # a window off by one pixel holds 0s
-    with pytest.raises(ValueError, match="expected canvases"):
-        canvas_crop(np.zeros((1, 8, 8, 1), np.uint8))
-
-
 def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifier_dir):
     import benchmarks.ablation as ablation
 
+    # The isolated step times first (one thread, round robin), so the table ranks time to loss.
+    assert ablation.main(["timing", "--quick", "--out", str(tmp_path), "--tasks", ",".join(ablation.QUICK_TASKS),
+                          "--variants", ",".join(ablation.QUICK_VARIANTS)]) == 0
+    timing = json.loads((tmp_path / "timing.json").read_text())
+    assert timing["meta"]["threads"] == 1 and set(timing["tasks"]) == set(ablation.QUICK_TASKS)
+    for task in ablation.QUICK_TASKS:
+        for v in ablation.QUICK_VARIANTS:
+            row = timing["tasks"][task][v]
+            # 2 rounds x 1 step: the median of two times is their mean (times are stored to 0.1 ms).
+            assert len(row["steps_s"]) == 2 and abs(row["median_step_s"] - sum(row["steps_s"]) / 2) <= 1e-4
+            assert row["batch"] == ablation.task_recipe(task, True)["batch"]
     assert ablation.main(["run", "--quick", "--out", str(tmp_path), "--classifier-dir", str(digits_classifier_dir)]) == 0
     rows = json.loads((tmp_path / "table.json").read_text())["rows"]
     budgets = ablation.QUICK["budgets"]
-    assert {(r["variant"], r["budget"]) for r in rows} == {(v, b) for v in ablation.QUICK_VARIANTS for b in budgets}
+    assert {(r["task"], r["variant"], r["budget"]) for r in rows} == \
+           {(t, v, b) for t in ablation.QUICK_TASKS for v in ablation.QUICK_VARIANTS for b in budgets}
+    assert ablation.QUICK_TASKS[1] == "canvas64" and ablation.task_recipe("canvas64", True)["image_size"] == 64
     for r in rows:
         assert r["n"] == len(ablation.QUICK_SEEDS)
+        sampled = r["budget"] in ablation.task_recipe(r["task"], True).get("sample_budgets", budgets)
         for m in ablation.METRICS:
-            assert math.isfinite(r[m]) and math.isfinite(r[m + "_std"]), (r["variant"], m)
-        assert 0 <= r["class_consistency"] <= 1 and r["frechet_distance"] >= 0
+            if m in ("class_consistency", "frechet_distance") and not sampled:  # the ladder samples at its last budget
+                assert math.isnan(r[m]), (r["task"], r["variant"], m)
+                continue
+            assert math.isfinite(r[m]) and math.isfinite(r[m + "_std"]), (r["task"], r["variant"], m)
+        if sampled:
+            assert 0 <= r["class_consistency"] <= 1 and r["frechet_distance"] >= 0
     table = (tmp_path / "table.md").read_text()
+    assert "## canvas64, 2 steps" in table and "| softmax | 2e-3 | 2 | — | — |" in table
+    for task in ablation.QUICK_TASKS:
+        assert f"## {task}: time to held-out loss" in table
     assert "| softmax | 2e-3 | 2 |" in table and "| nala | 2e-3 | 2 |" in table
     # A rerun finds every cell done and trains nothing.
     cells = sorted((tmp_path / "cells").rglob("*.json"))
@@ -83,3 +92,27 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="add the two marker lines"):
         ablation.main(["table", "--out", str(tmp_path), "--page", str(readme)])
+
+
+def test_time_to_loss_ranks_variants_by_compute_time_to_the_common_target(tmp_path):
+    """Known answer: softmax reaches 0.30 (the loss every variant reaches) at 200 steps x 2.0 s =
+    400 s, NaLa at 400 steps x 0.5 s = 200 s: NaLa first, softmax 2.00x slower."""
+    import benchmarks.ablation as ablation
+
+    losses = {"softmax": {100: 0.40, 200: 0.30, 400: 0.25}, "nala": {100: 0.50, 200: 0.35, 400: 0.30}}
+    for variant, by_budget in losses.items():
+        for seed in (0, 1, 2):
+            budgets = [dict(budget=b, heldout_loss=v, train_loss=v, train_time_s=1.0, class_consistency=math.nan,
+                            frechet_distance=math.nan) for b, v in by_budget.items()]
+            ablation.write_json(ablation.cell_path(tmp_path, "canvas128", variant, seed, 2e-3),
+                                dict(task="canvas128", variant=variant, seed=seed, lr=2e-3, budgets=budgets))
+    ablation.write_json(tmp_path / "timing.json", dict(tasks={"canvas128": {
+        "softmax": dict(median_step_s=2.0), "nala": dict(median_step_s=0.5)}}))
+    found = ablation.time_to_loss(ablation.summarize(ablation.load_cells(tmp_path)), ablation.load_timing(tmp_path))
+    assert [(f["variant"], f["budget"], f["n"]) for f in found] == [("nala", 400, 3), ("softmax", 200, 3)]
+    assert [f["time_s"] for f in found] == [200.0, 400.0] and [f["factor"] for f in found] == [1.0, 2.0]
+    assert all(f["target"] == 0.30 for f in found)
+    table = ablation.write_table(tmp_path).read_text()
+    assert "## canvas128: time to held-out loss 0.3000" in table
+    assert "| nala | 3 | 400 | 0.500 | 200.0 | 1.00 |" in table and "| softmax | 3 | 200 | 2.000 | 400.0 | 2.00 |" in table
+    assert "| softmax | 2e-3 | 3 | — | — | 0.3000 ± 0.0000 |" in table    # not sampled: shown as —
