@@ -52,7 +52,8 @@ def extract_latents(
     skip_corrupt: bool = False,
 ) -> Path:
     from accelerate import Accelerator
-    from tqdm.auto import tqdm
+
+    from .progress import progress_bar
 
     accelerator = Accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
@@ -88,8 +89,8 @@ def extract_latents(
     mine = [k for k in range(num_shards) if k % world == rank and not (out_dir / shard_name(k)).is_file()]
     store = getattr(torch, dtype)
     # Counted in images, not shards, so the ETA moves within a 4096-image shard.
-    with tqdm(total=sum(min(shard_size, len(dataset) - k * shard_size) for k in mine), unit="img",
-              desc=f"extract (rank {rank} of {world})", disable=not accelerator.is_local_main_process) as bar:
+    with progress_bar(total=sum(min(shard_size, len(dataset) - k * shard_size) for k in mine), unit="img",
+                      desc=f"extract (rank {rank} of {world})", disable=not accelerator.is_local_main_process) as bar:
         for k in mine:
             indices = range(k * shard_size, min((k + 1) * shard_size, len(dataset)))
             loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, num_workers=num_workers)

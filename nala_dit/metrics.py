@@ -203,10 +203,10 @@ def class_consistency(logits, labels) -> float:
 def compute_features(extractor, batches, total: int | None = None, desc: str = "features") -> dict[str, np.ndarray]:
     """Run `extractor` over uint8 NHWC batches; concatenated float32 features by name.
     With `total` (the image count), a progress bar with an ETA."""
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
     parts: dict[str, list[np.ndarray]] = {}
-    with tqdm(total=total, unit="img", desc=desc, disable=total is None, dynamic_ncols=True) as bar:
+    with progress_bar(total=total, unit="img", desc=desc, disable=total is None) as bar:
         for batch in batches:
             images = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2)  # (B, C, H, W)
             for key, value in extractor.extract(images).items():

@@ -236,7 +236,8 @@ def train(cfg: TrainConfig) -> Path:
 
 def _train(cfg: TrainConfig, accelerator) -> Path:
     from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
+
+    from .progress import progress_bar
 
     rank, world = accelerator.process_index, accelerator.num_processes
     device = accelerator.device
@@ -367,8 +368,8 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
 
     # NaLa layers record their exponent statistics on log steps only (a norm per layer).
     stat_layers = [b.attn for b in model.blocks if hasattr(b.attn, "record_stats")]
-    progress = tqdm(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
-                    desc=f"train {cfg.model}", dynamic_ncols=True)
+    progress = progress_bar(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
+                            desc=f"train {cfg.model}", unit="step")
     # Losses stay on the device between log steps: no host sync in the step itself. A
     # non-finite loss is remembered by step and checked (across ranks) at every log step
     # and before every checkpoint, so no NaN weights are ever saved.
