@@ -100,9 +100,15 @@ def run_main(main) -> int:
     if tqdm is not None:  # close live progress bars now, or they redraw after the line
         for bar in list(getattr(tqdm.tqdm, "_instances", ())):
             bar.close()
-    if os.environ.get("RANK", "0") == "0":
+    if main_process():
         print(f"interrupted: {kept}", file=sys.stderr)
     return 130
+
+
+def main_process() -> bool:
+    """Rank 0 of a launch (or a single process), from the launcher's environment: what a
+    CLI prints once per run, after Accelerate's state is gone, only this process prints."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 THREADS_HELP = ("torch CPU threads per process (default: torch's choice, one per core). On a shared or "

@@ -103,6 +103,28 @@ def exponent_log(layers) -> dict:
     return values
 
 
+def attention_path(model_config: dict, device_type: str, precision: str) -> str:
+    """The attention and the code path it runs on ``device_type``: NaLa's ``impl="auto"``
+    choice (``select_nala_impl``), SDPA for softmax."""
+    from .attention import select_nala_impl, triton_available
+
+    attention = model_config["attention"]
+    if attention == "nala":
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+        tokens = (model_config["input_size"] // model_config["patch_size"]) ** 2
+        head_dim = model_config["hidden_size"] // model_config["num_heads"]
+        return f"nala ({select_nala_impl(device_type, head_dim, dtype, triton_available(), tokens)})"
+    return f"{attention} (SDPA)" if attention.startswith("softmax") else attention
+
+
+def start_line(world: int, backend: str | None, devices: str, global_batch: int, micro_batch: int, grad_accum: int,
+               precision: str, attention: str) -> str:
+    """The one line a run prints before its first step (rank 0): how it is spread and computed."""
+    group = f"{world} process{'es' if world > 1 else ''}" + (f" ({backend})" if world > 1 and backend else "")
+    return (f"start: {group} on {devices}, global batch {global_batch} ({micro_batch} per process, "
+            f"grad-accum {grad_accum}), precision {precision}, attention {attention}")
+
+
 def step_seed(seed: int, rank: int, step: int) -> int:
     """A distinct, reproducible RNG stream per (seed, rank, step)."""
     return (seed * 1_000_003 + step * 4099 + rank) % (2**63)
@@ -285,6 +307,10 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
                                            cfg.distill_sigma_weight, device)
     ema = copy.deepcopy(model).float().requires_grad_(False)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    devices = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    accelerator.print(start_line(world, accelerator.state.backend, f"{world}× {devices}", cfg.global_batch_size,
+                                 micro_batch, cfg.grad_accum, cfg.mixed_precision,
+                                 attention_path(dict(model.config), device.type, cfg.mixed_precision)))
 
     step, epoch, position = 0, 0, 0
     if resume_from is not None:

@@ -132,6 +132,26 @@ def test_launcher_process_count_mismatch(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
+def test_single_process_accelerate_launch_is_recognised(monkeypatch):
+    """What accelerate's one-process launcher leaves behind (checked against the real launcher
+    in tests/test_training.py): ACCELERATE_USE_CPU, MASTER_ADDR, no WORLD_SIZE, its argv as our parent."""
+    from nala_dit.runlock import single_process_launch
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    launch = ["/venv/bin/python", "/venv/bin/accelerate", "launch", "--cpu"]
+    assert single_process_launch(launch + ["--num_processes", "2", "train.py", "--num_processes", "5"]) == 2
+    assert single_process_launch([launch[0], "-m", "accelerate.commands.launch", "--num_processes=3", "t.py"]) == 3
+    assert single_process_launch(launch + ["train.py"]) == 0  # more than one, from a config file
+    assert single_process_launch(launch + ["--num_processes", "1", "train.py"]) is None
+    assert single_process_launch(["/bin/bash", "job.sh"]) is None  # not accelerate: never guessed
+    monkeypatch.delenv("MASTER_ADDR")
+    assert single_process_launch(launch + ["train.py"]) is None  # one process asked, one started
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert single_process_launch(launch + ["--num_processes", "2", "train.py"]) is None  # torchrun: counted
+
+
 def test_resume_refuses_changed_model_and_objective(tmp_path, capsys):
     run_train(tmp_path, "--max-steps", "1", "--ckpt-every", "1")
     err = train_fails(tmp_path, capsys, "--max-steps", "2", "--resume", "auto", "--power", "2",

@@ -237,6 +237,10 @@ def test_two_process_cpu_run(tmp_path):
            "--results-dir", str(tmp_path), "--exp-name", "ddp", "--max-steps", "3", "--ckpt-every", "3"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # One start line (rank 0) saying how the run is spread, one done line.
+    assert [line for line in proc.stdout.splitlines() if line.startswith(("start:", "done:"))] == [
+        "start: 2 processes (gloo) on 2× cpu, global batch 8 (4 per process, grad-accum 1), precision no, "
+        "attention nala (fused)", f"done: {tmp_path / 'ddp'}"]
     logs = read_log(tmp_path / "ddp")
     assert len(logs) == 3  # only the main process writes the log
     for record in logs:
@@ -246,6 +250,39 @@ def test_two_process_cpu_run(tmp_path):
     ckpt = ckpt_lib.open_checkpoint(tmp_path / "ddp")
     assert ckpt.step == 3 and ckpt.state["world_size"] == 2
     assert len(load_file(str(ckpt.path / "rng.safetensors"))) == 2
+
+
+@pytest.mark.slow
+def test_cpu_launch_of_two_processes_is_refused(tmp_path):
+    """`accelerate launch --cpu --num_processes 2` starts ONE process: refused with the command that works."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    env.pop("ACCELERATE_USE_CPU", None)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+           "--main_process_port", str(free_port()), str(ROOT / "train.py"), *TINY_RUN,
+           "--results-dir", str(tmp_path), "--exp-name", "cpu2", "--max-steps", "1"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: accelerate launch was asked for 2 processes but started one: without --multi_gpu "
+                      "(e.g. with --cpu) it runs a single process. On CPUs use: ACCELERATE_USE_CPU=1 accelerate "
+                      "launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend "
+                      "no train.py ...; on GPUs: accelerate launch --multi_gpu --num_processes 2 train.py ..."]
+    assert not (tmp_path / "cpu2").exists()
+
+
+def test_start_line_names_processes_batch_precision_and_attention():
+    from nala_dit.models import create_model
+    from nala_dit.training import attention_path, start_line
+
+    nala = dict(create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10).config)
+    assert attention_path(nala, "cpu", "no") == "nala (fused)"
+    assert attention_path(nala, "cuda", "bf16") in ("nala (triton)", "nala (eager)")
+    assert attention_path(dict(nala, attention="softmax"), "cuda", "no") == "softmax (SDPA)"
+    assert start_line(1, None, "1× cpu", 8, 8, 1, "no", "nala (fused)") == \
+        "start: 1 process on 1× cpu, global batch 8 (8 per process, grad-accum 1), precision no, attention nala (fused)"
+    assert start_line(4, "nccl", "4× NVIDIA H200", 256, 32, 2, "bf16", "nala (triton)") == \
+        ("start: 4 processes (nccl) on 4× NVIDIA H200, global batch 256 (32 per process, grad-accum 2), "
+         "precision bf16, attention nala (triton)")
 
 
 def test_bf16_mixed_precision_run(tmp_path):
