@@ -130,8 +130,10 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
         found = list_checkpoints(root)
         if found:
             return found[-1]
+    from .cli import did_you_mean
+
     raise FileNotFoundError(
-        f"no checkpoint found at {path} (expected a folder with {STATE}, or a run folder "
+        f"no checkpoint found at {path}{did_you_mean(path)} (expected a folder with {STATE}, or a run folder "
         f"with checkpoints/<step>/)"
     )
 

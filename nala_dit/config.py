@@ -59,8 +59,11 @@ def build_parser(cls, description: str | None = None, epilog: str | None = None)
         typ, optional = _base_type(hints[field.name])
         name = flag_name(field.name)
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-        kwargs = dict(dest=field.name, default=argparse.SUPPRESS,
-                      help=f"{field.metadata.get('help', '')} (default: {default})")
+        # A help that explains its own default, or a None default ("not set": the preset's,
+        # the path's...), gets no "(default: ...)" of its own.
+        text = field.metadata.get("help", "")
+        shown = default is not None and "default" not in text
+        kwargs = dict(dest=field.name, default=argparse.SUPPRESS, help=f"{text} (default: {default})" if shown else text)
         if "choices" in field.metadata:
             kwargs["choices"] = field.metadata["choices"]
         if typ is bool:

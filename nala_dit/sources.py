@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import build_objective, load_model, torch_load_tensors
+from .cli import did_you_mean
 from .models import DiT
 
 # A pipeline folder's class (model_index.json "_class_name") → the objective it runs.
@@ -49,7 +50,7 @@ def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None =
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no checkpoint or pipeline folder at {path}")
+        raise FileNotFoundError(f"no checkpoint or pipeline folder at {path}{did_you_mean(path)}")
     if (path / "model_index.json").is_file():
         if weights != "ema":
             raise ValueError(f"--weights {weights}: a pipeline folder holds one set of weights (exported from "

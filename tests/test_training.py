@@ -52,6 +52,38 @@ def test_config_precedence_and_unknown_keys(tmp_path, capsys):
     assert "model: NaLaDiT-S/2" in out and "global-batch-size: 256" in out and "max-steps: 400000" in out
 
 
+def test_help_states_each_default_once_and_synonyms_are_suggested(tmp_path, capsys):
+    from nala_dit.config import build_parser
+
+    helps = {a.dest: a.help for a in build_parser(TrainConfig)._actions}
+    assert helps["exp_name"] == "run folder name (default: the model name)"
+    assert helps["lr"] == "AdamW learning rate (constant) (default: 0.0001)"
+    assert helps["attention"] == "override the preset's attention"  # no "(default: None)"
+    assert all(h.count("default") <= 1 and "(default: None)" not in h for h in helps.values())
+    cfg_file = tmp_path / "c.yaml"
+    for key in ("learning-rate", "learning_rate"):
+        cfg_file.write_text(f"{key}: 3.0e-4\n")
+        with pytest.raises(SystemExit):
+            resolve(TrainConfig, ["--config", str(cfg_file)])
+        assert f"{cfg_file}: unknown key '{key}'; did you mean 'lr'?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        resolve(TrainConfig, ["--learning-rate", "1e-3"])
+    assert "unrecognized arguments: --learning-rate (did you mean --lr?)" in capsys.readouterr().err
+
+
+def test_mistyped_checkpoint_path_names_the_nearest_one(digits_checkpoint, capsys):
+    import sample
+
+    typo = digits_checkpoint.parent / "digts-dit" / "checkpoint"
+    assert sample.main(["--ckpt", str(typo), "--labels", "1", "--grid", "g.png"]) == 1
+    err = capsys.readouterr().err
+    assert f"no checkpoint or pipeline folder at {typo} (did you mean {digits_checkpoint / 'checkpoints'}?)" in err
+    with pytest.raises(FileNotFoundError, match=f"did you mean {digits_checkpoint}\\?"):
+        ckpt_lib.find_checkpoint(digits_checkpoint.parent / "digits_dit")
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint found at \S+ \(expected"):
+        ckpt_lib.find_checkpoint(digits_checkpoint.parent / "unrelated-name")
+
+
 @pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
 def test_shipped_configs_resolve(config):
     """Every shipped config parses, names its model in its file name, and fits the recipe."""
