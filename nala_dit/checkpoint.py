@@ -160,13 +160,18 @@ class Checkpoint:
     def model_config(self) -> dict:
         return self.state["model_config"]
 
+    def previous(self) -> Path | None:
+        """The checkpoint of the same run before this one, if any."""
+        earlier = [p for p in list_checkpoints(self.path.parent) if int(p.name) < int(self.path.name)] \
+            if self.path.name.isdigit() else []
+        return earlier[-1] if earlier else None
+
     def error(self, name: str, cause: str, fix: str | None = None) -> CheckpointError:
         """A one-line error naming ``self.path/name``, the cause and the way out (by
         default: the previous checkpoint, for a damaged file)."""
         if fix is None:
-            earlier = [p for p in list_checkpoints(self.path.parent) if int(p.name) < int(self.path.name)] \
-                if self.path.name.isdigit() else []
-            fix = (f"resume from the previous checkpoint (--resume {earlier[-1]}) or delete {self.path}" if earlier
+            earlier = self.previous()
+            fix = (f"resume from the previous checkpoint (--resume {earlier}) or delete {self.path}" if earlier
                    else f"use another checkpoint or delete {self.path}")
         return CheckpointError(f"{self.path / name}: {cause}; {fix}")
 
@@ -196,20 +201,63 @@ class Checkpoint:
     def optimizer_state(self) -> dict:
         return self._read("optimizer.pt", lambda f: torch.load(f, weights_only=True, map_location="cpu"))
 
+    def load_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.load_state_dict`` of ``optimizer.pt``, after checking it was saved for
+        these parameters (torch compares group sizes only; moment tensors of another shape
+        would load and fail at the first step)."""
+        state = self.optimizer_state()
+        problem = optimizer_mismatch(optimizer, state)
+        if problem is None:
+            try:
+                optimizer.load_state_dict(state)
+                return
+            except (ValueError, KeyError, TypeError, RuntimeError) as err:
+                problem = str(err).splitlines()[0] if str(err) else type(err).__name__
+        earlier = self.previous()
+        raise self.error("optimizer.pt", f"does not fit this model's optimizer ({problem}): it was saved for another "
+                                         f"model", f"put back the optimizer.pt written with this checkpoint, or resume "
+                                         f"from another checkpoint{f' (--resume {earlier})' if earlier else ''}")
+
     def rng_state(self, rank: int) -> torch.Tensor | None:
         states = self._read("rng.safetensors", lambda f: load_file(str(f)))
         return states.get(f"rank{rank}")
+
+
+def optimizer_mismatch(optimizer: torch.optim.Optimizer, state) -> str | None:
+    """What keeps a saved optimizer ``state`` from fitting ``optimizer``, or None."""
+    if not isinstance(state, dict) or not isinstance(state.get("param_groups"), list) \
+            or not isinstance(state.get("state"), dict):
+        return "not an optimizer state dict (no 'state' and 'param_groups')"
+    groups = state["param_groups"]
+    if len(groups) != len(optimizer.param_groups):
+        return f"{len(groups)} parameter groups in the file, {len(optimizer.param_groups)} here"
+    for g, (saved, ours) in enumerate(zip(groups, optimizer.param_groups)):
+        ids = saved.get("params") if isinstance(saved, dict) else None
+        if not isinstance(ids, list) or len(ids) != len(ours["params"]):
+            return (f"parameter group {g} has {len(ids) if isinstance(ids, list) else '?'} parameters in the file, "
+                    f"{len(ours['params'])} here")
+        for i, p in zip(ids, ours["params"]):
+            moments = state["state"].get(i, {})
+            for key, value in (moments.items() if isinstance(moments, dict) else ()):
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
+                    return f"{key} of parameter {i} is {tuple(value.shape)} in the file, {tuple(p.shape)} here"
+    return None
 
 
 def load_error_cause(err: Exception) -> str:
     """Why a file could not be read, in one line. A refused pickle names the refused
     global only: torch's own text advises ``weights_only=False``, which would run the
     file's code, so it is never passed on."""
-    if isinstance(err, pickle.UnpicklingError):
-        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-        what = f" ({refused.group(1)})" if refused else ""
-        return (f"holds pickled Python objects{what}, which are refused because loading them could run code; "
-                f"only tensors and plain containers are read")
+    refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+    if isinstance(err, pickle.UnpicklingError) and refused:
+        return (f"holds pickled Python objects ({refused.group(1)}), which are refused because loading them could "
+                f"run code; only tensors and plain containers are read")
+    if isinstance(err, pickle.UnpicklingError):  # random bytes or a damaged pickle: the unpickler's own reason
+        reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err))
+        detail = reason.group(1) if reason else str(err).splitlines()[0] if str(err) else ""
+        if detail.startswith("Weights only load failed"):
+            detail = ""
+        return f"not a file written by torch.save, or corrupt ({type(err).__name__}{': ' + detail if detail else ''})"
     first = str(err).splitlines()[0] if str(err) else ""
     return f"unreadable, truncated or corrupt ({type(err).__name__}: {first})"
 

@@ -206,7 +206,7 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
               "data order and RNG streams will differ from an uninterrupted run")
     ckpt.load_into(model, "model")
     ckpt.load_into(ema, "ema")
-    optimizer.load_state_dict(ckpt.optimizer_state())
+    ckpt.load_optimizer(optimizer)
     for name, key in (("lr", "lr"), ("weight-decay", "weight_decay")):
         wanted = getattr(cfg, key)
         saved = sorted({group[key] for group in optimizer.param_groups})

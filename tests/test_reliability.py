@@ -224,6 +224,27 @@ def test_bad_checkpoint_files_are_named(tmp_path, capsys, monkeypatch):
     err = resume_error()
     assert f"{opt_file}: holds pickled Python objects (tests.test_reliability.Evil), which are refused" in err
     assert "weights_only=False" not in err
+    opt_file.write_bytes(np.random.default_rng(0).bytes(4096))  # random bytes: not a pickle at all
+    err = resume_error()
+    assert f"{opt_file}: not a file written by torch.save, or corrupt (UnpicklingError: Unsupported operand" in err
+    assert "pickled Python objects" not in err and "weights_only" not in err
+    # The optimizer.pt of another model (DiT-T/2: no LePE, no gate) and one with moments of another shape.
+    from nala_dit.models import create_model
+
+    other = create_model("DiT-T/2", input_size=8, in_channels=1, num_classes=10)
+    torch.save(torch.optim.AdamW(other.parameters()).state_dict(), opt_file)
+    err = resume_error()
+    here = len(ckpt_lib.open_checkpoint(run).weights("model"))
+    assert err == (f"error: {opt_file}: does not fit this model's optimizer (parameter group 0 has "
+                   f"{len(list(other.parameters()))} parameters in the file, {here} here): it was saved for another "
+                   f"model; put back the optimizer.pt written with this checkpoint, or resume from another "
+                   f"checkpoint (--resume {first})")
+    state = torch.load(__import__("io").BytesIO(good_opt), weights_only=True)
+    i = min(state["state"])  # the first parameter with moments (pos_embed is frozen)
+    state["state"][i]["exp_avg"] = torch.zeros(3, 5)
+    torch.save(state, opt_file)
+    assert f"(exp_avg of parameter {i} is (3, 5) in the file, {tuple(state['state'][i]['exp_avg_sq'].shape)} here)" \
+        in resume_error()
     opt_file.write_bytes(good_opt)
 
     # Disk full while saving: one line, the partial copy removed, the last checkpoint intact.
