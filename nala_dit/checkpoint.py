@@ -45,6 +45,27 @@ def _contiguous(state_dict: dict) -> dict:
     return {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
 
 
+def non_finite(tensors: dict, what: str) -> str | None:
+    """``"<what> tensor <name> holds <n> non-finite value(s)"`` for the first tensor with a NaN or inf, else None."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return f"{what} tensor {name} holds {int((~torch.isfinite(t)).sum())} non-finite value(s)"
+    return None
+
+
+def check_finite_weights(ckpt_dir: str | os.PathLike, step: int, **modules: torch.nn.Module) -> None:
+    """Raise (naming the tensor and the last good checkpoint) instead of saving the
+    checkpoint of ``step`` when a weight is NaN or inf: a finite loss at the last step does
+    not prove its update was finite. Call it on every rank (same weights, same verdict)."""
+    for which, module in modules.items():
+        if problem := non_finite(module.state_dict(), which):
+            previous = list_checkpoints(ckpt_dir)
+            raise FloatingPointError(
+                f"not writing checkpoint {Path(ckpt_dir) / f'{step:07d}'}: {problem} (the run diverged); the last "
+                f"good checkpoint is {previous[-1] if previous else '(none)'}. Try a lower --lr, --max-grad-norm 1, "
+                f"or --mixed-precision no")
+
+
 def save_checkpoint(
     ckpt_dir: str | os.PathLike,
     *,
@@ -55,10 +76,12 @@ def save_checkpoint(
     rng_states: list[torch.Tensor],
     keep_last: int = 0,
 ) -> Path:
-    """Write ``ckpt_dir/<step:07d>`` atomically; keep the last ``keep_last`` (0 = all)."""
+    """Write ``ckpt_dir/<step:07d>`` atomically; keep the last ``keep_last`` (0 = all).
+    Non-finite weights are never written: every checkpoint on disk is a good one."""
     root = Path(ckpt_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"{state['step']:07d}"
+    check_finite_weights(root, state["step"], model=model, ema=ema)
+    root.mkdir(parents=True, exist_ok=True)
     tmp = root / f"{TMP_PREFIX}{os.getpid()}-{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -187,7 +210,10 @@ class Checkpoint:
     def weights(self, which: str = "ema") -> dict[str, torch.Tensor]:
         if which not in ("ema", "model"):
             raise ValueError(f"weights must be 'ema' or 'model', got {which!r}")
-        return self._read(f"{which}.safetensors", lambda f: load_file(str(f)))
+        tensors = self._read(f"{which}.safetensors", lambda f: load_file(str(f)))
+        if problem := non_finite(tensors, "its"):
+            raise self.error(f"{which}.safetensors", f"{problem}: written by a run that diverged")
+        return tensors
 
     def load_into(self, module: torch.nn.Module, which: str = "ema") -> None:
         """``module.load_state_dict`` of these weights, with one line saying what does not fit."""

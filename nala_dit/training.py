@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader
 
 from . import convert
 from . import data as data_lib
-from .checkpoint import (build_objective, config_changes, list_checkpoints, open_checkpoint, remove_temporaries,
-                         save_checkpoint, set_aside_newer)
+from .checkpoint import (build_objective, check_finite_weights, config_changes, list_checkpoints, open_checkpoint,
+                         remove_temporaries, save_checkpoint, set_aside_newer)
 from .config import dump_yaml, to_dict
 from .generate import decode, generate
 from .models import create_model
@@ -383,6 +383,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         update_ema(ema, model, 0.0)  # EMA starts as a copy of the model (DiT)
 
     def checkpoint():
+        check_finite_weights(ckpt_dir, step, model=model, ema=ema)
         rng_states = accelerator.gather(torch.get_rng_state().to(device).unsqueeze(0)).cpu()
         if accelerator.is_main_process:
             state = dict(step=step, epoch=epoch, position=position, world_size=world,

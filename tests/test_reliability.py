@@ -3,6 +3,7 @@ bad files are named with the fix, image folders fail up front, nothing is left b
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -257,6 +258,38 @@ def test_bad_checkpoint_files_are_named(tmp_path, capsys, monkeypatch):
     assert f"cannot write checkpoint {run / 'checkpoints' / '0000003'}: [Errno 28] No space left on device" in err
     assert f"the previous checkpoint {last} is intact" in err
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0000001", "0000002"]
+
+
+def test_non_finite_weights_are_never_saved_nor_loaded(tmp_path, capsys, monkeypatch):
+    from safetensors.torch import load_file, save_file
+
+    real_update, calls = training.update_ema, []
+
+    def diverging_ema(ema, model, decay):  # the step-2 update leaves one NaN, with a finite step-2 loss
+        real_update(ema, model, decay)
+        calls.append(decay)
+        if len(calls) == 3:  # the initial copy, step 1, step 2
+            ema.final_layer.linear.bias.data[0] = float("nan")
+
+    monkeypatch.setattr(training, "update_ema", diverging_ema)
+    err = train_fails(tmp_path, capsys, "--max-steps", "2", "--ckpt-every", "1")
+    monkeypatch.undo()
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert err == (f"error: not writing checkpoint {ckpts / '0000002'}: ema tensor final_layer.linear.bias holds 1 "
+                   f"non-finite value(s) (the run diverged); the last good checkpoint is {ckpts / '0000001'}. "
+                   f"Try a lower --lr, --max-grad-norm 1, or --mixed-precision no")
+    assert sorted(p.name for p in ckpts.iterdir()) == ["0000001"]
+    # A NaN checkpoint (written elsewhere, or by an older version): resume and sampling name the file and tensor.
+    for which in ("model", "ema"):
+        file = ckpts / "0000001" / f"{which}.safetensors"
+        tensors = load_file(str(file))
+        tensors["blocks.1.mlp.fc2.weight"][0, :3] = float("inf")
+        save_file(tensors, str(file))
+    cause = "its tensor blocks.1.mlp.fc2.weight holds 3 non-finite value(s): written by a run that diverged"
+    err = train_fails(tmp_path, capsys, "--max-steps", "3", "--resume", "auto")
+    assert err.startswith(f"error: {ckpts / '0000001' / 'model.safetensors'}: {cause}; use another checkpoint")
+    with pytest.raises(ckpt_lib.CheckpointError, match=re.escape(f"ema.safetensors: {cause}")):
+        ckpt_lib.load_model(tmp_path / "run")
 
 
 def test_killed_run_log_holds_each_step_once(tmp_path, monkeypatch):
