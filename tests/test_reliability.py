@@ -451,6 +451,11 @@ def test_calc_validates_samples_and_reference(tmp_path, digits_classifier_dir, c
         (npz("nchw.npz", images.transpose(0, 3, 1, 2)), "it looks like NCHW: transpose it"),
         (npz("five.npz", images[:, None]), "images must be (N, H, W, C) with C = 1 or 3"),
         (npz("float.npz", images / 255.0), "images must be uint8 in [0, 255], got float64"),
+        (npz("fractional.npz", images, labels[:20] + 0.5), "(labels): labels must be whole class ids, got 20 "
+         "fractional or non-finite value(s) (e.g. "),
+        (npz("objects.npz", images, np.array(list(labels[:20]), dtype=object)),
+         ": arr_1 is an array of Python objects, which is refused"),
+        (npz("empty.npz"), "empty.npz: no array 'arr_0' (it holds no arrays at all)"),
     ]
     good = npz("good.npz", images, labels[:20])
     (tmp_path / "trunc.npz").write_bytes(good.read_bytes()[:-200])
@@ -458,12 +463,29 @@ def test_calc_validates_samples_and_reference(tmp_path, digits_classifier_dir, c
     for samples, rule in cases:
         code, err = calc(samples)
         assert code == 1 and f"{samples}" in err and rule in err, (samples, err)
+        errors = [line for line in err.splitlines() if "error" in line]
+        assert len(errors) == 1 and errors[0].startswith(f"error: {samples}"), err  # one line, no stray quotes
+    assert calc(npz("whole.npz", images, labels[:20].astype(np.float64)))[0] == 0  # 3.0 is class 3
 
     stats = dict(np.load(ref))
     stats["sigma"][3, 3] = np.nan
     np.savez(tmp_path / "nan_ref.npz", **stats)
     code, err = calc(good, tmp_path / "nan_ref.npz")
     assert code == 1 and f"{tmp_path / 'nan_ref.npz'}: sigma holds 1 non-finite value(s)" in err
+    stats = dict(np.load(ref))
+    stats["sigma"][3, 3] = -1.0  # not a covariance: a negative variance
+    np.savez(tmp_path / "npsd_ref.npz", **stats)
+    code, err = calc(good, tmp_path / "npsd_ref.npz")
+    assert code == 1 and err.splitlines()[-1] == (f"error: {tmp_path / 'npsd_ref.npz'}: sigma is not positive semi-definite (smallest "
+                                 f"eigenvalue {np.linalg.eigvalsh(stats['sigma']).min():.6g}), so it is not a "
+                                 f"covariance matrix (a Frechet distance to it means nothing); rebuild the reference "
+                                 f"with `evaluate_fid.py ref`")
+    stats["sigma"][3, 3], stats["sigma"][0, 1] = np.load(ref)["sigma"][3, 3], 5.0  # not symmetric
+    np.savez(tmp_path / "asym_ref.npz", **stats)
+    assert "sigma is not symmetric" in calc(good, tmp_path / "asym_ref.npz")[1]
+    stats = dict(np.load(ref), sigma=np.array([None], dtype=object))
+    np.savez(tmp_path / "obj_ref.npz", **stats)
+    assert f"{tmp_path / 'obj_ref.npz'}: sigma is an array of Python objects" in calc(good, tmp_path / "obj_ref.npz")[1]
     stats = dict(np.load(ref), mu=np.zeros(64), sigma=np.eye(64))
     np.savez(tmp_path / "dim_ref.npz", **stats)
     code, err = calc(good, tmp_path / "dim_ref.npz")
