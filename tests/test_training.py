@@ -71,6 +71,36 @@ def test_help_states_each_default_once_and_synonyms_are_suggested(tmp_path, caps
     assert "unrecognized arguments: --learning-rate (did you mean --lr?)" in capsys.readouterr().err
 
 
+def test_yaml_python_tags_and_syntax_errors_are_one_line(tmp_path, capsys):
+    cfg_file = tmp_path / "evil.yaml"
+    marker = tmp_path / "ran"
+    for text, message in ((f'lr: 1.0e-4\nseed: !!python/object/apply:os.system ["touch {marker}"]\n',
+                           "line 2: the tag !!python/object/apply:os.system is refused: a config holds plain values"),
+                          ("lr: [1, 2\n", "line 2: not valid YAML (expected ',' or ']', but got '<stream end>')")):
+        cfg_file.write_text(text)
+        with pytest.raises(SystemExit):
+            resolve(TrainConfig, ["--config", str(cfg_file)])
+        err = capsys.readouterr().err
+        assert f"error: {cfg_file}: {message}" in err and "Traceback" not in err, err
+    assert not marker.exists()
+
+
+def test_pipeline_index_with_a_list_class_name_is_one_line(tmp_path, capsys):
+    import sample
+
+    (tmp_path / "pipe").mkdir()
+    index = tmp_path / "pipe" / "model_index.json"
+    for text, what in (('{"_class_name": ["nala_dit", "NaLaDiTPipeline"]}', "_class_name ['nala_dit', 'NaLaDiTPipeline']"),
+                       ('["NaLaDiTPipeline"]', "_class_name None"), ('{"_class_name": "DiTPipeline"}', "a DiTPipeline")):
+        index.write_text(text)
+        assert sample.main(["--ckpt", str(index.parent), "--labels", "1", "--grid", str(tmp_path / "g.png")]) == 1
+        assert capsys.readouterr().err == (f"error: {index}: holds {what}, not one of ['NaLaDiTPipeline', "
+                                           f"'NaLaSiTPipeline']; export the pipeline again with export.py\n")
+    index.write_text('{"_class_name": ')
+    assert sample.main(["--ckpt", str(index.parent), "--labels", "1", "--grid", str(tmp_path / "g.png")]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {index}: not valid JSON (Expecting value")
+
+
 def test_mistyped_checkpoint_path_names_the_nearest_one(digits_checkpoint, capsys):
     import sample
 
