@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Subset
 
 from .data import LATENT_META, ImageFolderDataset, check_images, load_vae
+from .options import default_num_workers
 from .runlock import check_process_count
 
 
@@ -47,7 +48,7 @@ def extract_latents(
     image_size: int = 256,
     batch_size: int = 32,
     shard_size: int = 4096,
-    num_workers: int = 4,
+    num_workers: int | None = None,
     dtype: str = "float16",
     skip_corrupt: bool = False,
 ) -> Path:
@@ -58,6 +59,8 @@ def extract_latents(
     accelerator = Accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
     check_process_count(world, "extract_latents.py")
+    if num_workers is None:
+        num_workers = default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     dataset = ImageFolderDataset(data, image_size, skip_corrupt)
     # Every image is opened before any encoding: unreadable files are reported in one list
     # (or, with --skip-corrupt, left out of the shards rather than replaced by a neighbour).

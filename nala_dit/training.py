@@ -27,7 +27,7 @@ from .checkpoint import (build_objective, check_finite_weights, config_changes, 
 from .config import dump_yaml, to_dict
 from .generate import decode, generate
 from .models import create_model
-from .options import MODEL_OVERRIDES, TrainConfig  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
+from .options import MODEL_OVERRIDES, TrainConfig, default_num_workers  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
 from .runlock import LOCK_NAME, check_process_count, hold_lock
 from .sampling import save_grid
 
@@ -335,10 +335,13 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     ema.to(device)
     logger = Logger(run_dir, accelerator.is_main_process, step)
 
+    workers = cfg.num_workers if cfg.num_workers is not None else \
+        default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+
     def loader_for(epoch: int, start: int):
         sampler = data_lib.EpochSampler(len(dataset), rank, world, cfg.seed, epoch, start)
         return iter(DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True,
-                               num_workers=cfg.num_workers, persistent_workers=False))
+                               num_workers=workers, persistent_workers=False))
 
     batches_per_epoch = math.ceil(len(dataset) / world) // micro_batch
     if batches_per_epoch < 1:
