@@ -95,10 +95,9 @@ def _generated_batches(source, labels, seed, settings, batch_size):
 
     from nala_dit.data import to_uint8
     from nala_dit.generate import sample_batch
+    from nala_dit.progress import progress_bar
 
-    from tqdm.auto import tqdm
-
-    with tqdm(total=len(labels), unit="img", desc="generate + features", dynamic_ncols=True) as bar:
+    with progress_bar(total=len(labels), unit="img", desc="generate + features") as bar:
         for start in range(0, len(labels), batch_size):
             idx = list(range(start, min(start + batch_size, len(labels))))
             y = torch.tensor([labels[i] for i in idx], dtype=torch.long)

@@ -22,7 +22,8 @@ def main(argv=None) -> int:
     p.add_argument("--image-size", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--shard-size", type=int, default=4096, help="images per shard (the unit of resume)")
-    p.add_argument("--num-workers", type=int, default=4)
+    p.add_argument("--num-workers", type=int, help="data loader workers per process (default: the CPUs this "
+                   "process may use shared by the processes on this machine, at most 4)")
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
                    help="storage dtype of the moments")
     p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable images with a warning")

@@ -12,7 +12,7 @@ Print the resolved config (defaults < YAML < flags) and exit:
 
 import sys
 
-from nala_dit.cli import Interrupted, run_main
+from nala_dit.cli import Interrupted, main_process, run_main
 from nala_dit.config import dump_yaml, resolve
 from nala_dit.options import TrainConfig
 
@@ -38,7 +38,8 @@ def main(argv=None) -> int:
         again = "the same command" if cfg.resume == "auto" else "the same command with --resume auto"
         raise Interrupted(f"kept {len(found)} checkpoint(s) in {cfg.run_dir()}, the latest at step "
                            f"{int(found[-1].name)}; run {again} to continue from it")
-    print(f"done: {run_dir}")
+    if main_process():  # every rank returns here; one line says the run is done
+        print(f"done: {run_dir}")
     return 0
 
 

@@ -46,6 +46,27 @@ def _contiguous(state_dict: dict) -> dict:
     return {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
 
 
+def non_finite(tensors: dict, what: str) -> str | None:
+    """``"<what> tensor <name> holds <n> non-finite value(s)"`` for the first tensor with a NaN or inf, else None."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return f"{what} tensor {name} holds {int((~torch.isfinite(t)).sum())} non-finite value(s)"
+    return None
+
+
+def check_finite_weights(ckpt_dir: str | os.PathLike, step: int, **modules: torch.nn.Module) -> None:
+    """Raise (naming the tensor and the last good checkpoint) instead of saving the
+    checkpoint of ``step`` when a weight is NaN or inf: a finite loss at the last step does
+    not prove its update was finite. Call it on every rank (same weights, same verdict)."""
+    for which, module in modules.items():
+        if problem := non_finite(module.state_dict(), which):
+            previous = list_checkpoints(ckpt_dir)
+            raise FloatingPointError(
+                f"not writing checkpoint {Path(ckpt_dir) / f'{step:07d}'}: {problem} (the run diverged); the last "
+                f"good checkpoint is {previous[-1] if previous else '(none)'}. Try a lower --lr, --max-grad-norm 1, "
+                f"or --mixed-precision no")
+
+
 def save_checkpoint(
     ckpt_dir: str | os.PathLike,
     *,
@@ -56,10 +77,12 @@ def save_checkpoint(
     rng_states: list[torch.Tensor],
     keep_last: int = 0,
 ) -> Path:
-    """Write ``ckpt_dir/<step:07d>`` atomically; keep the last ``keep_last`` (0 = all)."""
+    """Write ``ckpt_dir/<step:07d>`` atomically; keep the last ``keep_last`` (0 = all).
+    Non-finite weights are never written: every checkpoint on disk is a good one."""
     root = Path(ckpt_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"{state['step']:07d}"
+    check_finite_weights(root, state["step"], model=model, ema=ema)
+    root.mkdir(parents=True, exist_ok=True)
     tmp = root / f"{TMP_PREFIX}{os.getpid()}-{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -131,8 +154,10 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
         found = list_checkpoints(root)
         if found:
             return found[-1]
+    from .cli import did_you_mean
+
     raise FileNotFoundError(
-        f"no checkpoint found at {path} (expected a folder with {STATE}, or a run folder "
+        f"no checkpoint found at {path}{did_you_mean(path)} (expected a folder with {STATE}, or a run folder "
         f"with checkpoints/<step>/)"
     )
 
@@ -159,13 +184,18 @@ class Checkpoint:
     def model_config(self) -> dict:
         return self.state["model_config"]
 
+    def previous(self) -> Path | None:
+        """The checkpoint of the same run before this one, if any."""
+        earlier = [p for p in list_checkpoints(self.path.parent) if int(p.name) < int(self.path.name)] \
+            if self.path.name.isdigit() else []
+        return earlier[-1] if earlier else None
+
     def error(self, name: str, cause: str, fix: str | None = None) -> CheckpointError:
         """A one-line error naming ``self.path/name``, the cause and the way out (by
         default: the previous checkpoint, for a damaged file)."""
         if fix is None:
-            earlier = [p for p in list_checkpoints(self.path.parent) if int(p.name) < int(self.path.name)] \
-                if self.path.name.isdigit() else []
-            fix = (f"resume from the previous checkpoint (--resume {earlier[-1]}) or delete {self.path}" if earlier
+            earlier = self.previous()
+            fix = (f"resume from the previous checkpoint (--resume {earlier}) or delete {self.path}" if earlier
                    else f"use another checkpoint or delete {self.path}")
         return CheckpointError(f"{self.path / name}: {cause}; {fix}")
 
@@ -181,7 +211,10 @@ class Checkpoint:
     def weights(self, which: str = "ema") -> dict[str, torch.Tensor]:
         if which not in ("ema", "model"):
             raise ValueError(f"weights must be 'ema' or 'model', got {which!r}")
-        return self._read(f"{which}.safetensors", lambda f: load_file(str(f)))
+        tensors = self._read(f"{which}.safetensors", lambda f: load_file(str(f)))
+        if problem := non_finite(tensors, "its"):
+            raise self.error(f"{which}.safetensors", f"{problem}: written by a run that diverged")
+        return tensors
 
     def load_into(self, module: torch.nn.Module, which: str = "ema") -> None:
         """``module.load_state_dict`` of these weights, with one line saying what does not fit."""
@@ -195,20 +228,63 @@ class Checkpoint:
     def optimizer_state(self) -> dict:
         return self._read("optimizer.pt", lambda f: torch.load(f, weights_only=True, map_location="cpu"))
 
+    def load_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.load_state_dict`` of ``optimizer.pt``, after checking it was saved for
+        these parameters (torch compares group sizes only; moment tensors of another shape
+        would load and fail at the first step)."""
+        state = self.optimizer_state()
+        problem = optimizer_mismatch(optimizer, state)
+        if problem is None:
+            try:
+                optimizer.load_state_dict(state)
+                return
+            except (ValueError, KeyError, TypeError, RuntimeError) as err:
+                problem = str(err).splitlines()[0] if str(err) else type(err).__name__
+        earlier = self.previous()
+        raise self.error("optimizer.pt", f"does not fit this model's optimizer ({problem}): it was saved for another "
+                                         f"model", f"put back the optimizer.pt written with this checkpoint, or resume "
+                                         f"from another checkpoint{f' (--resume {earlier})' if earlier else ''}")
+
     def rng_state(self, rank: int) -> torch.Tensor | None:
         states = self._read("rng.safetensors", lambda f: load_file(str(f)))
         return states.get(f"rank{rank}")
+
+
+def optimizer_mismatch(optimizer: torch.optim.Optimizer, state) -> str | None:
+    """What keeps a saved optimizer ``state`` from fitting ``optimizer``, or None."""
+    if not isinstance(state, dict) or not isinstance(state.get("param_groups"), list) \
+            or not isinstance(state.get("state"), dict):
+        return "not an optimizer state dict (no 'state' and 'param_groups')"
+    groups = state["param_groups"]
+    if len(groups) != len(optimizer.param_groups):
+        return f"{len(groups)} parameter groups in the file, {len(optimizer.param_groups)} here"
+    for g, (saved, ours) in enumerate(zip(groups, optimizer.param_groups)):
+        ids = saved.get("params") if isinstance(saved, dict) else None
+        if not isinstance(ids, list) or len(ids) != len(ours["params"]):
+            return (f"parameter group {g} has {len(ids) if isinstance(ids, list) else '?'} parameters in the file, "
+                    f"{len(ours['params'])} here")
+        for i, p in zip(ids, ours["params"]):
+            moments = state["state"].get(i, {})
+            for key, value in (moments.items() if isinstance(moments, dict) else ()):
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
+                    return f"{key} of parameter {i} is {tuple(value.shape)} in the file, {tuple(p.shape)} here"
+    return None
 
 
 def load_error_cause(err: Exception) -> str:
     """Why a file could not be read, in one line. A refused pickle names the refused
     global only: torch's own text advises ``weights_only=False``, which would run the
     file's code, so it is never passed on."""
-    if isinstance(err, pickle.UnpicklingError):
-        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-        what = f" ({refused.group(1)})" if refused else ""
-        return (f"holds pickled Python objects{what}, which are refused because loading them could run code; "
-                f"only tensors and plain containers are read")
+    refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+    if isinstance(err, pickle.UnpicklingError) and refused:
+        return (f"holds pickled Python objects ({refused.group(1)}), which are refused because loading them could "
+                f"run code; only tensors and plain containers are read")
+    if isinstance(err, pickle.UnpicklingError):  # random bytes or a damaged pickle: the unpickler's own reason
+        reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err))
+        detail = reason.group(1) if reason else str(err).splitlines()[0] if str(err) else ""
+        if detail.startswith("Weights only load failed"):
+            detail = ""
+        return f"not a file written by torch.save, or corrupt ({type(err).__name__}{': ' + detail if detail else ''})"
     first = str(err).splitlines()[0] if str(err) else ""
     return f"unreadable, truncated or corrupt ({type(err).__name__}: {first})"
 

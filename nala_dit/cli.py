@@ -20,11 +20,60 @@ import os
 import sys
 
 
+# Names other training scripts use (DiT/SiT's train.py, Hugging Face, timm) for our flags;
+# too far from ours in spelling for difflib to find.
+SYNONYMS = {"learning-rate": "lr", "learningrate": "lr", "wd": "weight-decay", "batch-size": "global-batch-size",
+            "steps": "max-steps", "train-steps": "max-steps", "max-train-steps": "max-steps",
+            "gradient-accumulation-steps": "grad-accum", "grad-clip": "max-grad-norm", "clip-grad": "max-grad-norm",
+            "precision": "mixed-precision", "workers": "num-workers", "data-path": "data", "global-seed": "seed",
+            "output-dir": "results-dir", "save-every": "ckpt-every", "checkpoint-every": "ckpt-every",
+            "log-interval": "log-every", "resolution": "image-size", "ema": "ema-decay"}
+
+
 def closest(word: str, candidates, n: int = 1) -> list[str]:
-    """The candidates nearest to ``word`` (``_`` and ``-`` count as the same character)."""
+    """The candidates nearest to ``word`` (``_`` and ``-`` count as the same character; a
+    known synonym such as ``learning-rate`` for ``lr`` first)."""
     norm = {c.replace("_", "-").lower(): c for c in candidates}
-    found = difflib.get_close_matches(word.replace("_", "-").lower(), list(norm), n=n, cutoff=0.6)
+    key = word.replace("_", "-").lower()
+    bare = key.lstrip("-")
+    synonym = key[: len(key) - len(bare)] + SYNONYMS.get(bare, "\0")  # same leading dashes as the word
+    if synonym in norm:
+        return [norm[synonym]]
+    found = difflib.get_close_matches(key, list(norm), n=n, cutoff=0.6)
     return [norm[f] for f in found]
+
+
+def nearest_path(path: str | os.PathLike) -> str | None:
+    """An existing path that differs from a missing ``path`` by a typo in one or more of its
+    parts (each part replaced by the closest name in its folder), or None."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.exists():
+        return None
+    here = Path(path.anchor) if path.is_absolute() else Path(".")
+    for part in path.parts[1:] if path.is_absolute() else path.parts:
+        if part in ("..", "."):
+            here = here / part
+            continue
+        if (here / part).exists():
+            here = here / part
+            continue
+        try:
+            names = [p.name for p in here.iterdir()]
+        except OSError:
+            return None
+        near = closest(part, names)
+        if not near:
+            return None
+        here = here / near[0]
+    return str(here) if here.exists() else None
+
+
+def did_you_mean(path: str | os.PathLike) -> str:
+    """``" (did you mean X?)"`` for a mistyped path, else ''."""
+    near = nearest_path(path)
+    return f" (did you mean {near}?)" if near else ""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -100,9 +149,15 @@ def run_main(main) -> int:
     if tqdm is not None:  # close live progress bars now, or they redraw after the line
         for bar in list(getattr(tqdm.tqdm, "_instances", ())):
             bar.close()
-    if os.environ.get("RANK", "0") == "0":
+    if main_process():
         print(f"interrupted: {kept}", file=sys.stderr)
     return 130
+
+
+def main_process() -> bool:
+    """Rank 0 of a launch (or a single process), from the launcher's environment: what a
+    CLI prints once per run, after Accelerate's state is gone, only this process prints."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 THREADS_HELP = ("torch CPU threads per process (default: torch's choice, one per core). On a shared or "

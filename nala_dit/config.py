@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -59,8 +60,11 @@ def build_parser(cls, description: str | None = None, epilog: str | None = None)
         typ, optional = _base_type(hints[field.name])
         name = flag_name(field.name)
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-        kwargs = dict(dest=field.name, default=argparse.SUPPRESS,
-                      help=f"{field.metadata.get('help', '')} (default: {default})")
+        # A help that explains its own default, or a None default ("not set": the preset's,
+        # the path's...), gets no "(default: ...)" of its own.
+        text = field.metadata.get("help", "")
+        shown = default is not None and "default" not in text
+        kwargs = dict(dest=field.name, default=argparse.SUPPRESS, help=f"{text} (default: {default})" if shown else text)
         if "choices" in field.metadata:
             kwargs["choices"] = field.metadata["choices"]
         if typ is bool:
@@ -74,12 +78,29 @@ def build_parser(cls, description: str | None = None, epilog: str | None = None)
     return parser
 
 
+def yaml_problem(err: "yaml.YAMLError") -> str:
+    """One line for a YAML file that ``safe_load`` refused: a ``!!python/...`` tag (an
+    object to build, never built) or a syntax error, with its line."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}: " if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    tag = re.search(r"tag '([^']+)'", problem)
+    if isinstance(err, yaml.constructor.ConstructorError) and tag:
+        shown = re.sub(r"^tag:yaml\.org,2002:", "!!", tag.group(1))
+        return (f"{where}the tag {shown} is refused: a config holds plain values (numbers, strings, "
+                f"true/false, lists), never Python objects; write the value itself")
+    return f"{where}not valid YAML ({problem})"
+
+
 def load_yaml(path: Path, cls) -> dict:
     """Read a YAML config, check every key is a flag of ``cls``; returns field-name keys."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: {yaml_problem(err)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a config must be a mapping of flag: value, got {type(data).__name__}")
     flags = {flag_name(f.name): f.name for f in dataclasses.fields(cls)}

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from .cli import did_you_mean
 from .models import DiT
 from .options import INHERIT_MODES
 LIT_DISTILL_WEIGHT, LIT_SIGMA_WEIGHT = 0.5, 0.05
@@ -103,7 +104,7 @@ def load_reference(path: str | os.PathLike, student: DiT, student_preset: str) -
                                     num_classes=student.config.num_classes)
         return Reference(model, {}, str(p), "official")
     if not p.exists():
-        raise FileNotFoundError(f"no official .pt, checkpoint, run folder or pipeline folder at {p}")
+        raise FileNotFoundError(f"no official .pt, checkpoint, run folder or pipeline folder at {p}{did_you_mean(p)}")
     if (p / "model_index.json").is_file():
         index = read_pipeline_index(p)
         model = DiT.from_pretrained(str(p / "transformer"))
@@ -139,7 +140,8 @@ def check_compatible(ref: Reference, student: DiT, student_objective_config: dic
         problems = [f"{k}={theirs[k]} vs {ours[k]}" for k in ours if ours[k] != theirs[k]]
     if problems:
         raise ValueError(f"{role} {ref.describe()} does not match the student (theirs vs student's): "
-                         f"{'; '.join(problems)}. Use a {role.lstrip('-')} trained on the same data, "
+                         f"{'; '.join(problems)}. Use {'a teacher' if role == '--teacher' else 'an ' + role + ' model'} "
+                         f"trained on the same data, "
                          f"objective and patch size, or change the student's flags to match")
 
 

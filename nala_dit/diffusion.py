@@ -18,8 +18,9 @@ The model predicts eps and, with ``learned_range`` variance (iDDPM, Nichol & Dha
 The iDDPM hybrid loss (Nichol & Dhariwal 2021, eq. 16) is
 ``L = ||eps - eps_hat||^2 + lambda * L_vlb`` where the VLB term sees the predicted
 mean only through a stop-gradient, so it trains the variance alone.  Like ADM we
-report ``vb`` per timestep in bits/dim and multiply it by T/1000 (iDDPM's
-``RESCALED_MSE``; the factor is exactly 1 for DiT's 1000 steps):
+report ``vb`` per timestep in bits/dim, unscaled at any T as DiT trains (its
+``create_diffusion`` picks ``LossType.MSE``; iDDPM's ``RESCALED_MSE`` would multiply it
+by T/1000, which only differs from DiT when T != 1000):
 
     L_{t>0} = KL(q(x_{t-1}|x_t,x_0) || p(x_{t-1}|x_t))                   (Ho 2020, eq. 5)
     L_0     = -log p(x_0|x_1), a Gaussian discretised to 256 bins on [-1, 1]
@@ -319,7 +320,7 @@ class GaussianDiffusion:
             # Stop-gradient on eps: the VLB only trains the variance (iDDPM sec. 3.1).
             frozen = torch.cat([model_output[:, :C].detach(), model_output[:, C:]], dim=1)
             vb, _ = self.vb_terms_bpd(None, x_start, x_t, t, y, model_output=frozen)
-            terms["vb"] = vb * (self.num_timesteps / 1000.0)
+            terms["vb"] = vb
             terms["loss"] = terms["mse"] + terms["vb"]
         else:
             terms["vb"] = torch.zeros_like(terms["mse"])

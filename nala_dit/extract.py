@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Subset
 
 from .data import LATENT_META, ImageFolderDataset, check_images, load_vae
+from .options import default_num_workers
 from .runlock import check_process_count
 
 
@@ -47,16 +48,19 @@ def extract_latents(
     image_size: int = 256,
     batch_size: int = 32,
     shard_size: int = 4096,
-    num_workers: int = 4,
+    num_workers: int | None = None,
     dtype: str = "float16",
     skip_corrupt: bool = False,
 ) -> Path:
     from accelerate import Accelerator
-    from tqdm.auto import tqdm
+
+    from .progress import progress_bar
 
     accelerator = Accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
     check_process_count(world, "extract_latents.py")
+    if num_workers is None:
+        num_workers = default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     dataset = ImageFolderDataset(data, image_size, skip_corrupt)
     # Every image is opened before any encoding: unreadable files are reported in one list
     # (or, with --skip-corrupt, left out of the shards rather than replaced by a neighbour).
@@ -88,8 +92,8 @@ def extract_latents(
     mine = [k for k in range(num_shards) if k % world == rank and not (out_dir / shard_name(k)).is_file()]
     store = getattr(torch, dtype)
     # Counted in images, not shards, so the ETA moves within a 4096-image shard.
-    with tqdm(total=sum(min(shard_size, len(dataset) - k * shard_size) for k in mine), unit="img",
-              desc=f"extract (rank {rank} of {world})", disable=not accelerator.is_local_main_process) as bar:
+    with progress_bar(total=sum(min(shard_size, len(dataset) - k * shard_size) for k in mine), unit="img",
+                      desc=f"extract (rank {rank} of {world})", disable=not accelerator.is_local_main_process) as bar:
         for k in mine:
             indices = range(k * shard_size, min((k + 1) * shard_size, len(dataset)))
             loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, num_workers=num_workers)

@@ -74,8 +74,8 @@ def scheduler_sample(scheduler, model_fn, noise, labels, num_steps: int, progres
     x, nfe = noise, 0
     steps = scheduler.timesteps
     if progress:
-        from tqdm.auto import tqdm
-        steps = tqdm(steps, leave=False, desc="steps")
+        from .progress import progress_bar
+        steps = progress_bar(steps, leave=False, desc="steps")
     for t in steps:
         eps = model_fn(x, t.expand(x.shape[0]).float(), labels)[:, : x.shape[1]]
         nfe += 1

@@ -159,8 +159,22 @@ def build_extractor(
 def _npy_member(zip_f: zipfile.ZipFile, name: str) -> str:
     member = f"{name}.npy"
     if member not in zip_f.namelist():
-        raise KeyError(f"{zip_f.filename} has no array {name!r} (members: {zip_f.namelist()})")
+        held = f"it holds {', '.join(n.removesuffix('.npy') for n in zip_f.namelist())}" if zip_f.namelist() \
+            else "it holds no arrays at all"
+        raise ValueError(f"{zip_f.filename}: no array {name!r} ({held})")
     return member
+
+
+def load_npz_array(data, path: str | Path, key: str) -> np.ndarray:
+    """``data[key]`` of an open ``np.load(path, allow_pickle=False)``; an array of Python
+    objects is an error naming the file (numpy's own message names neither)."""
+    try:
+        return data[key]
+    except ValueError as err:
+        if "allow_pickle" not in str(err):
+            raise
+        raise ValueError(f"{path}: {key} is an array of Python objects, which is refused (reading it could run "
+                         f"code); store plain numbers, e.g. np.savez(path, images, labels.astype(np.int64))") from None
 
 
 def _read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -298,10 +312,10 @@ def read_labels(path: str | Path) -> np.ndarray | None:
     path = Path(path)
     if path.suffix == ".npz" and npz_has(path, "arr_1"):
         with np.load(path, allow_pickle=False) as data:
-            return data["arr_1"].astype(np.int64)
+            return load_npz_array(data, path, "arr_1")  # as stored: check_labels decides
     meta = read_sidecar(path)
     if meta and meta.get("labels") is not None:
-        return np.asarray(meta["labels"], dtype=np.int64)
+        return np.asarray(meta["labels"])
     return None
 
 
@@ -350,7 +364,12 @@ def check_labels(labels: np.ndarray, num_images: int, where: str, extractor) -> 
     labels = np.asarray(labels)
     if labels.ndim != 1 or len(labels) != num_images:
         raise ValueError(f"{where}: {labels.shape} labels for {num_images} images (expected one per image)")
-    if labels.dtype.kind not in "iu":
+    if labels.dtype.kind == "f":  # 3.0 is class 3; 2.5 is no class (a cast would silently make it 2)
+        fractional = labels[~np.isfinite(labels) | (labels != np.round(labels))]
+        if len(fractional):
+            raise ValueError(f"{where}: labels must be whole class ids, got {len(fractional)} fractional or "
+                             f"non-finite value(s) (e.g. {fractional[0]}); store the integer class of each sample")
+    elif labels.dtype.kind not in "iu":
         raise ValueError(f"{where}: labels must be integers, got {labels.dtype}")
     classes = extractor.num_classes
     if len(labels) and (labels.min() < 0 or (classes is not None and labels.max() >= classes)):
@@ -384,7 +403,25 @@ def check_samples(path: str | Path, extractor) -> np.ndarray | None:
     labels = read_labels(path)
     if labels is not None:
         check_labels(labels, num_images, f"{path} (labels)", extractor)
+        labels = labels.astype(np.int64)
     return labels
+
+
+def not_a_covariance(sigma: np.ndarray) -> str | None:
+    """Why ``sigma`` cannot be a covariance (not symmetric, a negative eigenvalue), or None.
+
+    Round-off leaves a singular covariance (fewer images than dimensions) with eigenvalues
+    a little below 0, so the test is a Cholesky factorisation of ``sigma + δI`` with δ a
+    1e-9 share of the trace; only when it fails is the smallest eigenvalue computed."""
+    scale = max(float(np.abs(sigma).max()), np.finfo(np.float64).tiny)
+    if np.abs(sigma - sigma.T).max() > 1e-6 * scale:
+        return f"is not symmetric (|sigma - sigma^T| up to {np.abs(sigma - sigma.T).max():.3g})"
+    delta = 1e-9 * max(float(np.trace(sigma)), scale)
+    try:
+        np.linalg.cholesky(sigma + delta * np.eye(len(sigma)))
+        return None
+    except np.linalg.LinAlgError:
+        return f"is not positive semi-definite (smallest eigenvalue {np.linalg.eigvalsh(sigma).min():.6g})"
 
 
 def check_reference(ref: dict, path: str | Path, extractor) -> None:
@@ -401,6 +438,9 @@ def check_reference(ref: dict, path: str | Path, extractor) -> None:
             if not np.isfinite(value).all():
                 raise ValueError(f"{path}: {key} holds {int((~np.isfinite(value)).sum())} non-finite value(s); "
                                  f"recompute the reference")
+        if problem := not_a_covariance(sigma):
+            raise ValueError(f"{path}: {sigma_key} {problem}, so it is not a covariance matrix (a Frechet distance "
+                             f"to it means nothing); rebuild the reference with `evaluate_fid.py ref`")
     if "pool" in ref:
         pool = ref["pool"]
         if pool.ndim != 2 or pool.shape[1] != extractor.feature_dim:

@@ -28,7 +28,7 @@ import torch
 
 from .metric_inputs import (DIGITS_NAME, DIGITS_NOTE, INCEPTION_NAME, MissingWeightsError,  # noqa: F401
                             build_extractor, check_image_shape, check_reference, check_samples, count_images,
-                            iter_dataset, iter_images, npz_array_shape, read_sidecar)
+                            iter_dataset, iter_images, load_npz_array, npz_array_shape, read_sidecar)
 
 
 # Statistics.
@@ -203,10 +203,10 @@ def class_consistency(logits, labels) -> float:
 def compute_features(extractor, batches, total: int | None = None, desc: str = "features") -> dict[str, np.ndarray]:
     """Run `extractor` over uint8 NHWC batches; concatenated float32 features by name.
     With `total` (the image count), a progress bar with an ETA."""
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
     parts: dict[str, list[np.ndarray]] = {}
-    with tqdm(total=total, unit="img", desc=desc, disable=total is None, dynamic_ncols=True) as bar:
+    with progress_bar(total=total, unit="img", desc=desc, disable=total is None) as bar:
         for batch in batches:
             images = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2)  # (B, C, H, W)
             for key, value in extractor.extract(images).items():
@@ -252,13 +252,13 @@ def load_reference(path: str | Path) -> dict:
     with data:
         for key in data.files:
             if key in ("mu", "sigma", "mu_s", "sigma_s"):
-                ref[key] = data[key].astype(np.float64)
+                ref[key] = load_npz_array(data, path, key).astype(np.float64)
             elif key == "pool":
-                ref[key] = data[key]
+                ref[key] = load_npz_array(data, path, key)
             elif key in ("extractor", "weights_file"):
-                ref[key] = str(data[key])
+                ref[key] = str(load_npz_array(data, path, key))
             elif key == "num_images":
-                ref[key] = int(data[key])
+                ref[key] = int(load_npz_array(data, path, key))
         ref["has_images"] = "arr_0" in data.files
     return ref
 

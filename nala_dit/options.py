@@ -9,6 +9,7 @@ they answer at once; the modules that do the work (``attention.py``, ``models.py
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -232,6 +233,16 @@ def check_attention_options(model: str, attention: str, given, flag=lambda name:
                      f"with that attention, e.g. {' or '.join(fits + [flag('attention') + ' ' + kind])}")
 
 
+def default_num_workers(processes: int, cpus: int | None = None) -> int:
+    """Data-loader workers per process when ``--num-workers`` is not given: the CPUs this
+    process may use (its affinity mask, which taskset and Slurm set; else the CPU count)
+    shared by the ``processes`` on this machine, at most 4. A fixed 4 makes PyTorch warn
+    on a 2-core machine, and 4 per process oversubscribes it further."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(4, cpus // max(1, processes)))
+
+
 def _opt(help, **kw):
     return field(default=kw.pop("default", None), metadata=dict(help=help, **kw))
 
@@ -267,7 +278,8 @@ class TrainConfig:
     skip_corrupt: bool = field(default=False, metadata=dict(help="skip unreadable images with a warning"))
     check_data: bool = field(default=False, metadata=dict(help="image folders: open every image before training; list the unreadable ones"))
     num_classes: int | None = _opt("expected class count (checked against the data)")
-    num_workers: int = field(default=4, metadata=dict(help="data loader workers per process"))
+    num_workers: int | None = _opt("data loader workers per process (default: the CPUs this process may use "
+                                   "shared by the processes on this machine, at most 4)")
     # objective
     diffusion_steps: int = field(default=1000, metadata=dict(help="DiT: training timesteps"))
     noise_schedule: str = field(default="linear", metadata=dict(help="DiT: β schedule", choices=list(BETA_SCHEDULES)))
@@ -328,6 +340,8 @@ class TrainConfig:
         if self.sample_sampler is not None and self.sample_sampler not in sampler_names:
             raise ValueError(f"--sample-sampler {self.sample_sampler} is not a sampler for {self.model} "
                              f"({objective}); choose one of {', '.join(sampler_names)}")
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ValueError(f"num-workers must be >= 0, got {self.num_workers}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.norm_scale is not None:

@@ -185,10 +185,54 @@ CPU_COMMAND = ("ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_process
                "--mixed_precision no --dynamo_backend no {script} ...")
 
 
+def _parent_command() -> list[str]:
+    """The command line of the process that started this one (Linux; [] when unknown)."""
+    try:
+        return Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def single_process_launch(parent: list[str] | None = None) -> int | None:
+    """The process count asked of an ``accelerate launch`` that started one process.
+
+    Without ``--multi_gpu`` (``--cpu``, or no GPUs), accelerate's launcher runs the script
+    once whatever ``--num_processes`` says, and sets no ``WORLD_SIZE``: only
+    ``ACCELERATE_USE_CPU`` (always) and, when more than one process was asked for,
+    ``MASTER_ADDR``. The count comes from the launcher's command line (our parent), 0 when
+    it was more than one but not given there (an accelerate config file); None when this
+    is not such a launch."""
+    if "WORLD_SIZE" in os.environ or "ACCELERATE_USE_CPU" not in os.environ:
+        return None
+    parent = _parent_command() if parent is None else parent
+    if not any("accelerate" in word for word in parent[:3]) or "launch" not in " ".join(parent[:3]):
+        return None
+    for i, word in enumerate(parent[1:], 1):
+        if i >= 2 and word.endswith(".py"):  # the training script: its own flags follow
+            break
+        flag, _, value = word.partition("=")
+        if flag in ("--num_processes", "--num-processes"):
+            value = value or (parent[i + 1] if i + 1 < len(parent) else "")
+            if value.isdigit():
+                return int(value) if int(value) > 1 else None
+    return 0 if "MASTER_ADDR" in os.environ else None
+
+
 def check_process_count(num_processes: int, script: str) -> None:
     """Refuse to run when the launcher started more (or fewer) processes than joined
-    Accelerate's group: each would otherwise work alone on the same outputs."""
+    Accelerate's group, or started one process where more were asked for: each would
+    otherwise work alone on the same outputs, or a 2-process command would quietly run one."""
     launched = launched_processes()
+    if launched is None and num_processes == 1:
+        asked = single_process_launch()
+        if asked is not None:
+            n = asked or 2
+            raise ValueError(
+                f"accelerate launch was asked for {asked or 'more than one'} processes but started one: without "
+                f"--multi_gpu (e.g. with --cpu) it runs a single process. On CPUs use: "
+                f"{CPU_COMMAND.format(n=n, script=script)}; on GPUs: accelerate launch --multi_gpu "
+                f"--num_processes {n} {script} ..."
+            )
     if launched is None or launched == num_processes:
         return
     raise ValueError(

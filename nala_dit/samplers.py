@@ -53,15 +53,12 @@ def _randn_like(x, generator):
 
 
 def _maybe_tqdm(it, progress):
-    """A step bar with its total (``reversed(range(T))`` has no len, only a length hint);
-    it disappears when done, under the caller's bar over images."""
+    """A step bar that disappears when done, under the caller's bar over images (silent off a terminal)."""
     if not progress:
         return it
-    import operator
+    from .progress import progress_bar
 
-    from tqdm.auto import tqdm
-
-    return tqdm(it, total=operator.length_hint(it) or None, leave=False, desc="steps")
+    return progress_bar(it, leave=False, desc="steps")
 
 
 def _respaced(diffusion, num_steps, time_shift=1.0):

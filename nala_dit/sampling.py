@@ -60,15 +60,14 @@ def sample_images(source: Source, labels: list[int], seed: int, settings: Sample
                   batch_size: int = 32, progress: bool = False) -> tuple[torch.Tensor, int]:
     """Images for ``labels`` (global indices 0..n-1) as uint8 (N, H, W, C), and the NFE."""
     from .data import to_uint8
-
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     if not labels:
         raise ValueError("no samples to make: pass at least one label (or --num-samples >= 1)")
     out, nfe = [], 0
-    with tqdm(total=len(labels), unit="img", desc="sample", disable=not progress, dynamic_ncols=True) as bar:
+    with progress_bar(total=len(labels), unit="img", desc="sample", disable=not progress) as bar:
         for start in range(0, len(labels), batch_size):
             idx = list(range(start, min(start + batch_size, len(labels))))
             y = torch.tensor([labels[i] for i in idx], dtype=torch.long)
@@ -204,9 +203,8 @@ def mass_sample(source: Source, out: str | os.PathLike, num_samples: int, seed: 
 
 def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, shard_size, stop_after, keep_parts,
                  progress, state) -> Path | None:
-    from tqdm.auto import tqdm
-
     from .data import to_uint8
+    from .progress import progress_bar
 
     rank, world = (state.process_index, state.num_processes) if state is not None else (0, 1)
     is_main = rank == 0
@@ -253,9 +251,8 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     mine = [k for k in range(rank, num_shards, world) if not shard_path(k).is_file()]
     if stop_after is not None:
         mine = mine[:stop_after]
-    with tqdm(total=sum(min(shard_size, num_samples - k * shard_size) for k in mine),
-              disable=not (progress and is_main), desc=f"sample (rank 0 of {world})", unit="img",
-              dynamic_ncols=True) as bar:
+    with progress_bar(total=sum(min(shard_size, num_samples - k * shard_size) for k in mine),
+                      disable=not (progress and is_main), desc=f"sample (rank 0 of {world})", unit="img") as bar:
         for k in mine:
             lo, hi = k * shard_size, min((k + 1) * shard_size, num_samples)
             images, nfes = [], []

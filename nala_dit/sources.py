@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import build_objective, load_model, torch_load_tensors
+from .cli import did_you_mean
 from .models import DiT
 
 # A pipeline folder's class (model_index.json "_class_name") → the objective it runs.
@@ -49,7 +50,7 @@ def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None =
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no checkpoint or pipeline folder at {path}")
+        raise FileNotFoundError(f"no checkpoint or pipeline folder at {path}{did_you_mean(path)}")
     if (path / "model_index.json").is_file():
         if weights != "ema":
             raise ValueError(f"--weights {weights}: a pipeline folder holds one set of weights (exported from "
@@ -74,10 +75,15 @@ def read_pipeline_index(path: str | os.PathLike) -> dict:
     index = Path(path) / "model_index.json"
     if not index.is_file():
         raise FileNotFoundError(f"{index} not found: {path} is not a saved pipeline folder")
-    config = json.loads(index.read_text())
-    name = config.get("_class_name")
-    if name not in PIPELINE_OBJECTIVES:
-        raise ValueError(f"{path} holds a {name}, not one of {sorted(PIPELINE_OBJECTIVES)}")
+    try:
+        config = json.loads(index.read_text())
+    except ValueError as err:
+        raise ValueError(f"{index}: not valid JSON ({err}); export the pipeline again") from None
+    name = config.get("_class_name") if isinstance(config, dict) else None
+    if not isinstance(name, str) or name not in PIPELINE_OBJECTIVES:
+        what = f"a {name}" if isinstance(name, str) else f"_class_name {name!r}"
+        raise ValueError(f"{index}: holds {what}, not one of {sorted(PIPELINE_OBJECTIVES)}; export the pipeline "
+                         f"again with export.py")
     return config
 
 

@@ -22,13 +22,13 @@ from torch.utils.data import DataLoader
 
 from . import convert
 from . import data as data_lib
-from .checkpoint import (build_objective, config_changes, list_checkpoints, open_checkpoint, remove_temporaries,
-                         save_checkpoint, set_aside_newer)
+from .checkpoint import (build_objective, check_finite_weights, config_changes, list_checkpoints, open_checkpoint,
+                         remove_temporaries, save_checkpoint, set_aside_newer)
 from .config import dump_yaml, to_dict
 from .generate import decode, generate
 from .grid import vae_factor
 from .models import create_model
-from .options import MODEL_OVERRIDES, TrainConfig  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
+from .options import MODEL_OVERRIDES, TrainConfig, default_num_workers  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
 from .options import CANVAS_SIZES, IMAGE_FOLDER_SIZE
 from .runlock import LOCK_NAME, check_process_count, hold_lock
 from .sampling import save_grid
@@ -103,6 +103,28 @@ def exponent_log(layers) -> dict:
         values[f"nala/layer{i}/exponent_mean"] = stats["exponent_mean"]
         values[f"nala/layer{i}/saturated"] = stats["saturated"]
     return values
+
+
+def attention_path(model_config: dict, device_type: str, precision: str) -> str:
+    """The attention and the code path it runs on ``device_type``: NaLa's ``impl="auto"``
+    choice (``select_nala_impl``), SDPA for softmax."""
+    from .attention import select_nala_impl, triton_available
+
+    attention = model_config["attention"]
+    if attention == "nala":
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+        tokens = (model_config["input_size"] // model_config["patch_size"]) ** 2
+        head_dim = model_config["hidden_size"] // model_config["num_heads"]
+        return f"nala ({select_nala_impl(device_type, head_dim, dtype, triton_available(), tokens)})"
+    return f"{attention} (SDPA)" if attention.startswith("softmax") else attention
+
+
+def start_line(world: int, backend: str | None, devices: str, global_batch: int, micro_batch: int, grad_accum: int,
+               precision: str, attention: str) -> str:
+    """The one line a run prints before its first step (rank 0): how it is spread and computed."""
+    group = f"{world} process{'es' if world > 1 else ''}" + (f" ({backend})" if world > 1 and backend else "")
+    return (f"start: {group} on {devices}, global batch {global_batch} ({micro_batch} per process, "
+            f"grad-accum {grad_accum}), precision {precision}, attention {attention}")
 
 
 def step_seed(seed: int, rank: int, step: int) -> int:
@@ -186,7 +208,7 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
               "data order and RNG streams will differ from an uninterrupted run")
     ckpt.load_into(model, "model")
     ckpt.load_into(ema, "ema")
-    optimizer.load_state_dict(ckpt.optimizer_state())
+    ckpt.load_optimizer(optimizer)
     for name, key in (("lr", "lr"), ("weight-decay", "weight_decay")):
         wanted = getattr(cfg, key)
         saved = sorted({group[key] for group in optimizer.param_groups})
@@ -238,7 +260,8 @@ def train(cfg: TrainConfig) -> Path:
 
 def _train(cfg: TrainConfig, accelerator) -> Path:
     from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
+
+    from .progress import progress_bar
 
     rank, world = accelerator.process_index, accelerator.num_processes
     device = accelerator.device
@@ -290,6 +313,10 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
                                            cfg.distill_sigma_weight, device)
     ema = copy.deepcopy(model).float().requires_grad_(False)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    devices = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    accelerator.print(start_line(world, accelerator.state.backend, f"{world}× {devices}", cfg.global_batch_size,
+                                 micro_batch, cfg.grad_accum, cfg.mixed_precision,
+                                 attention_path(dict(model.config), device.type, cfg.mixed_precision)))
 
     step, epoch, position = 0, 0, 0
     if resume_from is not None:
@@ -316,10 +343,13 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     ema.to(device)
     logger = Logger(run_dir, accelerator.is_main_process, step)
 
+    workers = cfg.num_workers if cfg.num_workers is not None else \
+        default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+
     def loader_for(epoch: int, start: int):
         sampler = data_lib.EpochSampler(len(dataset), rank, world, cfg.seed, epoch, start)
         return iter(DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True,
-                               num_workers=cfg.num_workers, persistent_workers=False))
+                               num_workers=workers, persistent_workers=False))
 
     batches_per_epoch = math.ceil(len(dataset) / world) // micro_batch
     if batches_per_epoch < 1:
@@ -364,6 +394,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         update_ema(ema, model, 0.0)  # EMA starts as a copy of the model (DiT)
 
     def checkpoint():
+        check_finite_weights(ckpt_dir, step, model=model, ema=ema)
         rng_states = accelerator.gather(torch.get_rng_state().to(device).unsqueeze(0)).cpu()
         if accelerator.is_main_process:
             state = dict(step=step, epoch=epoch, position=position, world_size=world,
@@ -375,8 +406,8 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
 
     # NaLa layers record their exponent statistics on log steps only (a norm per layer).
     stat_layers = [b.attn for b in model.blocks if hasattr(b.attn, "record_stats")]
-    progress = tqdm(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
-                    desc=f"train {cfg.model}", dynamic_ncols=True)
+    progress = progress_bar(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
+                            desc=f"train {cfg.model}", unit="step")
     # Losses stay on the device between log steps: no host sync in the step itself. A
     # non-finite loss is remembered by step and checked (across ranks) at every log step
     # and before every checkpoint, so no NaN weights are ever saved.

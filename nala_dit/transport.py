@@ -406,9 +406,9 @@ def integrate_ode(f, state, t0, t1, method="euler", num_steps=50, atol=1e-6, rto
     grid = shifted_grid(t0, t1, n_heun + n_euler, time_shift)
     steps = range(n_heun + n_euler)
     if progress:
-        from tqdm.auto import tqdm
+        from .progress import progress_bar
 
-        steps = tqdm(steps, leave=False, desc="steps")
+        steps = progress_bar(steps, leave=False, desc="steps")
     for i in steps:
         t, t_next = grid[i], grid[i + 1]
         h = t_next - t

@@ -161,8 +161,10 @@ def test_incompatible_teacher_names_both_sides(change, message):
     with pytest.raises(ValueError, match=f"--teacher teacher-path .*{message}"):
         check_compatible(ref, create_model("NaLaDiT-T/2", **DIGITS), {}, "--teacher")
     other = Reference(create_model("DiT-T/2", **DIGITS), {"noise-schedule": "cosine"}, "t", "checkpoint")
-    with pytest.raises(ValueError, match="noise-schedule=cosine vs linear"):
+    with pytest.raises(ValueError, match="noise-schedule=cosine vs linear. Use a teacher trained on the same data"):
         check_compatible(other, create_model("NaLaDiT-T/2", **DIGITS), {}, "--teacher")
+    with pytest.raises(ValueError, match="Use an --init-from model trained on the same data"):
+        check_compatible(other, create_model("NaLaDiT-T/2", **DIGITS), {}, "--init-from")
 
 
 def test_student_equal_to_teacher_gives_zero_terms_and_grads_only_in_the_student():

@@ -168,16 +168,26 @@ def test_vb_stop_gradient_only_trains_variance():
     assert grad_mse[:, 4:].abs().max() == 0
 
 
-def test_vb_rescaled_by_num_timesteps():
-    # iDDPM's RESCALED_MSE: vb times T/1000 (identity for T = 1000).
-    d = GaussianDiffusion.from_schedule("linear", 500)
-    x0 = torch.randn(4, 4, 2, 2, dtype=torch.float64)
-    out = torch.randn(4, 8, 2, 2, dtype=torch.float64)
-    noise = torch.randn_like(x0)
-    t = _t(100, 4)
-    terms = d.training_losses(lambda x, t, y: out, x0, t, None, noise=noise)
-    vb, _ = d.vb_terms_bpd(None, x0, d.q_sample(x0, t, noise), t, None, model_output=out)
-    torch.testing.assert_close(terms["vb"], 0.5 * vb)
+@pytest.mark.parametrize("steps", [500, 1000])
+def test_vb_is_not_rescaled_by_num_timesteps(steps):
+    # DiT trains with LossType.MSE: the VLB term in bits/dim as is, at any T (iDDPM's
+    # RESCALED_MSE, T/1000 times it, is not DiT's choice). Known case: the exact eps
+    # (so both means agree) and v = 0, the log-variance halfway between log beta and
+    # log beta~: per dimension KL = (log r + 1/r - 1) / 2 nats with r = sqrt(beta / beta~).
+    d = GaussianDiffusion.from_schedule("linear", steps)
+    step = 100
+    betas = torch.linspace(1e-4 * 1000 / steps, 0.02 * 1000 / steps, steps, dtype=torch.float64)
+    abar = torch.cumprod(1 - betas, 0)
+    beta, beta_tilde = betas[step].item(), (betas[step] * (1 - abar[step - 1]) / (1 - abar[step])).item()
+    r = math.sqrt(beta / beta_tilde)
+    expected = 0.5 * (math.log(r) + 1 / r - 1) / math.log(2)
+    g = torch.Generator().manual_seed(3)
+    x0 = torch.randn(4, 4, 2, 2, generator=g, dtype=torch.float64)
+    noise = torch.randn(x0.shape, generator=g, dtype=torch.float64)
+    terms = d.training_losses(lambda x, t, y: torch.cat([noise, torch.zeros_like(noise)], 1), x0, _t(step, 4),
+                              None, noise=noise)
+    torch.testing.assert_close(terms["vb"], torch.full((4,), expected, dtype=torch.float64))
+    torch.testing.assert_close(terms["loss"], terms["vb"])  # mse = 0: the exact eps
 
 
 def test_prior_bpd_closed_form():

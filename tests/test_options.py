@@ -45,3 +45,18 @@ def test_objective_options_and_grid_sampler_must_fit_the_objective(capsys):
         resolve(TrainConfig, ["--model", "DiT-T/2", "--prediction", "noise"])
     assert "--prediction does not apply to DiT-T/2" in capsys.readouterr().err
     TrainConfig(model="SiT-T/2", path_type="gvp", sample_sampler="sde-euler").validate()  # fits: no error
+
+
+def test_default_num_workers_shares_the_cpus_of_this_process(monkeypatch):
+    from nala_dit.options import default_num_workers
+
+    # (processes on this machine, CPUs this process may use) -> workers per process
+    for processes, cpus, workers in ((1, 2, 2), (2, 2, 1), (3, 2, 0), (1, 1, 1), (1, 16, 4), (8, 64, 4), (4, 8, 2)):
+        assert default_num_workers(processes, cpus) == workers, (processes, cpus)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)  # taskset / Slurm: 2 CPUs
+    assert default_num_workers(1) == 2 and default_num_workers(2) == 1
+    cfg, _ = resolve(TrainConfig, [])
+    assert cfg.num_workers is None  # resolved per run; the flag still sets it
+    assert resolve(TrainConfig, ["--num-workers", "3"])[0].num_workers == 3
+    with pytest.raises(SystemExit):
+        resolve(TrainConfig, ["--num-workers", "-1"])

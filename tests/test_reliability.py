@@ -3,6 +3,7 @@ bad files are named with the fix, image folders fail up front, nothing is left b
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -132,6 +133,26 @@ def test_launcher_process_count_mismatch(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
+def test_single_process_accelerate_launch_is_recognised(monkeypatch):
+    """What accelerate's one-process launcher leaves behind (checked against the real launcher
+    in tests/test_training.py): ACCELERATE_USE_CPU, MASTER_ADDR, no WORLD_SIZE, its argv as our parent."""
+    from nala_dit.runlock import single_process_launch
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    launch = ["/venv/bin/python", "/venv/bin/accelerate", "launch", "--cpu"]
+    assert single_process_launch(launch + ["--num_processes", "2", "train.py", "--num_processes", "5"]) == 2
+    assert single_process_launch([launch[0], "-m", "accelerate.commands.launch", "--num_processes=3", "t.py"]) == 3
+    assert single_process_launch(launch + ["train.py"]) == 0  # more than one, from a config file
+    assert single_process_launch(launch + ["--num_processes", "1", "train.py"]) is None
+    assert single_process_launch(["/bin/bash", "job.sh"]) is None  # not accelerate: never guessed
+    monkeypatch.delenv("MASTER_ADDR")
+    assert single_process_launch(launch + ["train.py"]) is None  # one process asked, one started
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert single_process_launch(launch + ["--num_processes", "2", "train.py"]) is None  # torchrun: counted
+
+
 def test_resume_refuses_changed_model_and_objective(tmp_path, capsys):
     run_train(tmp_path, "--max-steps", "1", "--ckpt-every", "1")
     err = train_fails(tmp_path, capsys, "--max-steps", "2", "--resume", "auto", "--power", "2",
@@ -204,6 +225,27 @@ def test_bad_checkpoint_files_are_named(tmp_path, capsys, monkeypatch):
     err = resume_error()
     assert f"{opt_file}: holds pickled Python objects (tests.test_reliability.Evil), which are refused" in err
     assert "weights_only=False" not in err
+    opt_file.write_bytes(np.random.default_rng(0).bytes(4096))  # random bytes: not a pickle at all
+    err = resume_error()
+    assert f"{opt_file}: not a file written by torch.save, or corrupt (UnpicklingError: Unsupported operand" in err
+    assert "pickled Python objects" not in err and "weights_only" not in err
+    # The optimizer.pt of another model (DiT-T/2: no LePE, no gate) and one with moments of another shape.
+    from nala_dit.models import create_model
+
+    other = create_model("DiT-T/2", input_size=8, in_channels=1, num_classes=10)
+    torch.save(torch.optim.AdamW(other.parameters()).state_dict(), opt_file)
+    err = resume_error()
+    here = len(ckpt_lib.open_checkpoint(run).weights("model"))
+    assert err == (f"error: {opt_file}: does not fit this model's optimizer (parameter group 0 has "
+                   f"{len(list(other.parameters()))} parameters in the file, {here} here): it was saved for another "
+                   f"model; put back the optimizer.pt written with this checkpoint, or resume from another "
+                   f"checkpoint (--resume {first})")
+    state = torch.load(__import__("io").BytesIO(good_opt), weights_only=True)
+    i = min(state["state"])  # the first parameter with moments (pos_embed is frozen)
+    state["state"][i]["exp_avg"] = torch.zeros(3, 5)
+    torch.save(state, opt_file)
+    assert f"(exp_avg of parameter {i} is (3, 5) in the file, {tuple(state['state'][i]['exp_avg_sq'].shape)} here)" \
+        in resume_error()
     opt_file.write_bytes(good_opt)
 
     # Disk full while saving: one line, the partial copy removed, the last checkpoint intact.
@@ -216,6 +258,38 @@ def test_bad_checkpoint_files_are_named(tmp_path, capsys, monkeypatch):
     assert f"cannot write checkpoint {run / 'checkpoints' / '0000003'}: [Errno 28] No space left on device" in err
     assert f"the previous checkpoint {last} is intact" in err
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0000001", "0000002"]
+
+
+def test_non_finite_weights_are_never_saved_nor_loaded(tmp_path, capsys, monkeypatch):
+    from safetensors.torch import load_file, save_file
+
+    real_update, calls = training.update_ema, []
+
+    def diverging_ema(ema, model, decay):  # the step-2 update leaves one NaN, with a finite step-2 loss
+        real_update(ema, model, decay)
+        calls.append(decay)
+        if len(calls) == 3:  # the initial copy, step 1, step 2
+            ema.final_layer.linear.bias.data[0] = float("nan")
+
+    monkeypatch.setattr(training, "update_ema", diverging_ema)
+    err = train_fails(tmp_path, capsys, "--max-steps", "2", "--ckpt-every", "1")
+    monkeypatch.undo()
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert err == (f"error: not writing checkpoint {ckpts / '0000002'}: ema tensor final_layer.linear.bias holds 1 "
+                   f"non-finite value(s) (the run diverged); the last good checkpoint is {ckpts / '0000001'}. "
+                   f"Try a lower --lr, --max-grad-norm 1, or --mixed-precision no")
+    assert sorted(p.name for p in ckpts.iterdir()) == ["0000001"]
+    # A NaN checkpoint (written elsewhere, or by an older version): resume and sampling name the file and tensor.
+    for which in ("model", "ema"):
+        file = ckpts / "0000001" / f"{which}.safetensors"
+        tensors = load_file(str(file))
+        tensors["blocks.1.mlp.fc2.weight"][0, :3] = float("inf")
+        save_file(tensors, str(file))
+    cause = "its tensor blocks.1.mlp.fc2.weight holds 3 non-finite value(s): written by a run that diverged"
+    err = train_fails(tmp_path, capsys, "--max-steps", "3", "--resume", "auto")
+    assert err.startswith(f"error: {ckpts / '0000001' / 'model.safetensors'}: {cause}; use another checkpoint")
+    with pytest.raises(ckpt_lib.CheckpointError, match=re.escape(f"ema.safetensors: {cause}")):
+        ckpt_lib.load_model(tmp_path / "run")
 
 
 def test_killed_run_log_holds_each_step_once(tmp_path, monkeypatch):
@@ -377,6 +451,11 @@ def test_calc_validates_samples_and_reference(tmp_path, digits_classifier_dir, c
         (npz("nchw.npz", images.transpose(0, 3, 1, 2)), "it looks like NCHW: transpose it"),
         (npz("five.npz", images[:, None]), "images must be (N, H, W, C) with C = 1 or 3"),
         (npz("float.npz", images / 255.0), "images must be uint8 in [0, 255], got float64"),
+        (npz("fractional.npz", images, labels[:20] + 0.5), "(labels): labels must be whole class ids, got 20 "
+         "fractional or non-finite value(s) (e.g. "),
+        (npz("objects.npz", images, np.array(list(labels[:20]), dtype=object)),
+         ": arr_1 is an array of Python objects, which is refused"),
+        (npz("empty.npz"), "empty.npz: no array 'arr_0' (it holds no arrays at all)"),
     ]
     good = npz("good.npz", images, labels[:20])
     (tmp_path / "trunc.npz").write_bytes(good.read_bytes()[:-200])
@@ -384,12 +463,29 @@ def test_calc_validates_samples_and_reference(tmp_path, digits_classifier_dir, c
     for samples, rule in cases:
         code, err = calc(samples)
         assert code == 1 and f"{samples}" in err and rule in err, (samples, err)
+        errors = [line for line in err.splitlines() if "error" in line]
+        assert len(errors) == 1 and errors[0].startswith(f"error: {samples}"), err  # one line, no stray quotes
+    assert calc(npz("whole.npz", images, labels[:20].astype(np.float64)))[0] == 0  # 3.0 is class 3
 
     stats = dict(np.load(ref))
     stats["sigma"][3, 3] = np.nan
     np.savez(tmp_path / "nan_ref.npz", **stats)
     code, err = calc(good, tmp_path / "nan_ref.npz")
     assert code == 1 and f"{tmp_path / 'nan_ref.npz'}: sigma holds 1 non-finite value(s)" in err
+    stats = dict(np.load(ref))
+    stats["sigma"][3, 3] = -1.0  # not a covariance: a negative variance
+    np.savez(tmp_path / "npsd_ref.npz", **stats)
+    code, err = calc(good, tmp_path / "npsd_ref.npz")
+    assert code == 1 and err.splitlines()[-1] == (f"error: {tmp_path / 'npsd_ref.npz'}: sigma is not positive semi-definite (smallest "
+                                 f"eigenvalue {np.linalg.eigvalsh(stats['sigma']).min():.6g}), so it is not a "
+                                 f"covariance matrix (a Frechet distance to it means nothing); rebuild the reference "
+                                 f"with `evaluate_fid.py ref`")
+    stats["sigma"][3, 3], stats["sigma"][0, 1] = np.load(ref)["sigma"][3, 3], 5.0  # not symmetric
+    np.savez(tmp_path / "asym_ref.npz", **stats)
+    assert "sigma is not symmetric" in calc(good, tmp_path / "asym_ref.npz")[1]
+    stats = dict(np.load(ref), sigma=np.array([None], dtype=object))
+    np.savez(tmp_path / "obj_ref.npz", **stats)
+    assert f"{tmp_path / 'obj_ref.npz'}: sigma is an array of Python objects" in calc(good, tmp_path / "obj_ref.npz")[1]
     stats = dict(np.load(ref), mu=np.zeros(64), sigma=np.eye(64))
     np.savez(tmp_path / "dim_ref.npz", **stats)
     code, err = calc(good, tmp_path / "dim_ref.npz")

@@ -52,6 +52,68 @@ def test_config_precedence_and_unknown_keys(tmp_path, capsys):
     assert "model: NaLaDiT-S/2" in out and "global-batch-size: 256" in out and "max-steps: 400000" in out
 
 
+def test_help_states_each_default_once_and_synonyms_are_suggested(tmp_path, capsys):
+    from nala_dit.config import build_parser
+
+    helps = {a.dest: a.help for a in build_parser(TrainConfig)._actions}
+    assert helps["exp_name"] == "run folder name (default: the model name)"
+    assert helps["lr"] == "AdamW learning rate (constant) (default: 0.0001)"
+    assert helps["attention"] == "override the preset's attention"  # no "(default: None)"
+    assert all(h.count("default") <= 1 and "(default: None)" not in h for h in helps.values())
+    cfg_file = tmp_path / "c.yaml"
+    for key in ("learning-rate", "learning_rate"):
+        cfg_file.write_text(f"{key}: 3.0e-4\n")
+        with pytest.raises(SystemExit):
+            resolve(TrainConfig, ["--config", str(cfg_file)])
+        assert f"{cfg_file}: unknown key '{key}'; did you mean 'lr'?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        resolve(TrainConfig, ["--learning-rate", "1e-3"])
+    assert "unrecognized arguments: --learning-rate (did you mean --lr?)" in capsys.readouterr().err
+
+
+def test_yaml_python_tags_and_syntax_errors_are_one_line(tmp_path, capsys):
+    cfg_file = tmp_path / "evil.yaml"
+    marker = tmp_path / "ran"
+    for text, message in ((f'lr: 1.0e-4\nseed: !!python/object/apply:os.system ["touch {marker}"]\n',
+                           "line 2: the tag !!python/object/apply:os.system is refused: a config holds plain values"),
+                          ("lr: [1, 2\n", "line 2: not valid YAML (expected ',' or ']', but got '<stream end>')")):
+        cfg_file.write_text(text)
+        with pytest.raises(SystemExit):
+            resolve(TrainConfig, ["--config", str(cfg_file)])
+        err = capsys.readouterr().err
+        assert f"error: {cfg_file}: {message}" in err and "Traceback" not in err, err
+    assert not marker.exists()
+
+
+def test_pipeline_index_with_a_list_class_name_is_one_line(tmp_path, capsys):
+    import sample
+
+    (tmp_path / "pipe").mkdir()
+    index = tmp_path / "pipe" / "model_index.json"
+    for text, what in (('{"_class_name": ["nala_dit", "NaLaDiTPipeline"]}', "_class_name ['nala_dit', 'NaLaDiTPipeline']"),
+                       ('["NaLaDiTPipeline"]', "_class_name None"), ('{"_class_name": "DiTPipeline"}', "a DiTPipeline")):
+        index.write_text(text)
+        assert sample.main(["--ckpt", str(index.parent), "--labels", "1", "--grid", str(tmp_path / "g.png")]) == 1
+        assert capsys.readouterr().err == (f"error: {index}: holds {what}, not one of ['NaLaDiTPipeline', "
+                                           f"'NaLaSiTPipeline']; export the pipeline again with export.py\n")
+    index.write_text('{"_class_name": ')
+    assert sample.main(["--ckpt", str(index.parent), "--labels", "1", "--grid", str(tmp_path / "g.png")]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {index}: not valid JSON (Expecting value")
+
+
+def test_mistyped_checkpoint_path_names_the_nearest_one(digits_checkpoint, capsys):
+    import sample
+
+    typo = digits_checkpoint.parent / "digts-dit" / "checkpoint"
+    assert sample.main(["--ckpt", str(typo), "--labels", "1", "--grid", "g.png"]) == 1
+    err = capsys.readouterr().err
+    assert f"no checkpoint or pipeline folder at {typo} (did you mean {digits_checkpoint / 'checkpoints'}?)" in err
+    with pytest.raises(FileNotFoundError, match=f"did you mean {digits_checkpoint}\\?"):
+        ckpt_lib.find_checkpoint(digits_checkpoint.parent / "digits_dit")
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint found at \S+ \(expected"):
+        ckpt_lib.find_checkpoint(digits_checkpoint.parent / "unrelated-name")
+
+
 @pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
 def test_shipped_configs_resolve(config):
     """Every shipped config parses, names its model in its file name, and fits the recipe."""
@@ -237,6 +299,10 @@ def test_two_process_cpu_run(tmp_path):
            "--results-dir", str(tmp_path), "--exp-name", "ddp", "--max-steps", "3", "--ckpt-every", "3"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # One start line (rank 0) saying how the run is spread, one done line.
+    assert [line for line in proc.stdout.splitlines() if line.startswith(("start:", "done:"))] == [
+        "start: 2 processes (gloo) on 2× cpu, global batch 8 (4 per process, grad-accum 1), precision no, "
+        "attention nala (fused)", f"done: {tmp_path / 'ddp'}"]
     logs = read_log(tmp_path / "ddp")
     assert len(logs) == 3  # only the main process writes the log
     for record in logs:
@@ -246,6 +312,39 @@ def test_two_process_cpu_run(tmp_path):
     ckpt = ckpt_lib.open_checkpoint(tmp_path / "ddp")
     assert ckpt.step == 3 and ckpt.state["world_size"] == 2
     assert len(load_file(str(ckpt.path / "rng.safetensors"))) == 2
+
+
+@pytest.mark.slow
+def test_cpu_launch_of_two_processes_is_refused(tmp_path):
+    """`accelerate launch --cpu --num_processes 2` starts ONE process: refused with the command that works."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    env.pop("ACCELERATE_USE_CPU", None)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+           "--main_process_port", str(free_port()), str(ROOT / "train.py"), *TINY_RUN,
+           "--results-dir", str(tmp_path), "--exp-name", "cpu2", "--max-steps", "1"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: accelerate launch was asked for 2 processes but started one: without --multi_gpu "
+                      "(e.g. with --cpu) it runs a single process. On CPUs use: ACCELERATE_USE_CPU=1 accelerate "
+                      "launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend "
+                      "no train.py ...; on GPUs: accelerate launch --multi_gpu --num_processes 2 train.py ..."]
+    assert not (tmp_path / "cpu2").exists()
+
+
+def test_start_line_names_processes_batch_precision_and_attention():
+    from nala_dit.models import create_model
+    from nala_dit.training import attention_path, start_line
+
+    nala = dict(create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10).config)
+    assert attention_path(nala, "cpu", "no") == "nala (fused)"
+    assert attention_path(nala, "cuda", "bf16") in ("nala (triton)", "nala (eager)")
+    assert attention_path(dict(nala, attention="softmax"), "cuda", "no") == "softmax (SDPA)"
+    assert start_line(1, None, "1× cpu", 8, 8, 1, "no", "nala (fused)") == \
+        "start: 1 process on 1× cpu, global batch 8 (8 per process, grad-accum 1), precision no, attention nala (fused)"
+    assert start_line(4, "nccl", "4× NVIDIA H200", 256, 32, 2, "bf16", "nala (triton)") == \
+        ("start: 4 processes (nccl) on 4× NVIDIA H200, global batch 256 (32 per process, grad-accum 2), "
+         "precision bf16, attention nala (triton)")
 
 
 def test_bf16_mixed_precision_run(tmp_path):

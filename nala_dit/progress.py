@@ -1,0 +1,116 @@
+"""The one progress display of every CLI (torch-free).
+
+On a terminal it is a tqdm bar. Redirected to a file (SLURM, ``nohup``, CI) a bar writes a
+carriage-return redraw many times a second, tens of KB for a short run, so there it is a
+plain line instead, printed when the count passes each tenth of the total and otherwise
+at most once every ``interval`` seconds (default 60): a run of any length writes at most
+about 10 lines plus one a minute. A transient bar (``leave=False``: the per-batch sampler
+steps under a bar over images) prints nothing off a terminal.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+import time
+
+# Seconds between plain lines that fall between two tenths of the total (or without a total).
+PLAIN_INTERVAL = 60.0
+
+
+def progress_bar(iterable=None, *, total=None, desc: str = "", unit: str = "it", initial: int = 0,
+                 disable: bool = False, leave: bool = True, file=None, interval: float = PLAIN_INTERVAL):
+    """A tqdm bar on a terminal, else ``PlainProgress``; either offers ``update``,
+    ``set_postfix``, ``close``, ``with`` and iteration (as tqdm)."""
+    file = sys.stderr if file is None else file
+    if total is None and iterable is not None:
+        total = operator.length_hint(iterable) or None  # reversed(range(T)) has no len, only a hint
+    if _is_terminal(file):
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, disable=disable, leave=leave,
+                    file=file, dynamic_ncols=True)
+    return PlainProgress(iterable, total=total, desc=desc, unit=unit, initial=initial,
+                         disable=disable or not leave, file=file, interval=interval)
+
+
+def _is_terminal(file) -> bool:
+    try:
+        return file.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class PlainProgress:
+    """Progress as whole lines at a bounded rate (see the module doc). ``clock`` is
+    ``time.monotonic`` unless a test passes its own."""
+
+    def __init__(self, iterable=None, *, total=None, desc="", unit="it", initial=0, disable=False, file=None,
+                 interval=PLAIN_INTERVAL, clock=time.monotonic):
+        self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
+        self.n = self.start_n = initial
+        self.disable, self.file, self.interval, self.clock = disable, file or sys.stderr, interval, clock
+        self.postfix = ""
+        self.start = self.last_time = clock()
+        self.tenth = self._tenths(initial)  # tenths of the total already reached
+        self.printed_n = initial
+        self.closed = False
+
+    def _tenths(self, n: int) -> int:
+        return 10 * n // self.total if self.total else 0
+
+    def update(self, n: int = 1) -> None:
+        if self.disable:
+            return
+        self.n += n
+        now = self.clock()
+        tenth = self._tenths(self.n)
+        if tenth > self.tenth or now - self.last_time >= self.interval:
+            self.tenth = tenth
+            self._print(now)
+
+    def set_postfix(self, **values) -> None:
+        """Shown on the next line (as tqdm's postfix, without forcing a line)."""
+        self.postfix = " ".join(f"{k}={v}" for k, v in values.items())
+
+    def _print(self, now: float) -> None:
+        elapsed = now - self.start
+        done = f"{self.n}/{self.total} {self.unit} ({100 * self.n // self.total}%)" if self.total \
+            else f"{self.n} {self.unit}"
+        parts = [f"{self.desc}: {done}" if self.desc else done, f"{_clock(elapsed)} elapsed"]
+        rate = (self.n - self.start_n) / elapsed if elapsed > 0 else 0.0
+        if rate > 0:
+            parts.append(f"{rate:.3g} {self.unit}/s")
+            if self.total and self.n < self.total:
+                parts.append(f"eta {_clock((self.total - self.n) / rate)}")
+        if self.postfix:
+            parts.append(self.postfix)
+        print(", ".join(parts), file=self.file, flush=True)
+        self.last_time, self.printed_n = now, self.n
+
+    def close(self) -> None:
+        """A last line when work was done since the previous one (an interrupted run says where it stopped)."""
+        if self.closed:
+            return
+        self.closed = True
+        if not self.disable and self.n != self.printed_n:
+            self._print(self.clock())
+
+    def __iter__(self):
+        try:
+            for item in self.iterable:
+                yield item
+                self.update(1)
+        finally:
+            self.close()
+
+    def __enter__(self) -> "PlainProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
