@@ -96,7 +96,7 @@ def test_readme_is_short_and_links_the_long_pages():
     for page in ("demo", "training", "sampling", "evaluation", "converting", "ablation", "performance",
                  "differences", "troubleshooting", "highres"):
         assert f"(docs/{page}.md)" in text, page
-    assert "High resolution: see [docs/highres.md](docs/highres.md)" in text
+    assert "**High resolution**" in text and "[docs/highres.md](docs/highres.md)" in text
     # The demo's models are pixel-space: no example exports one with --copy-vae.
     assert not [line for line in lines if "runs/demo" in line and "--copy-vae" in line.split("#")[0]]
 
