@@ -102,13 +102,20 @@ TASKS = {
                       log_every=25, per_class=2, sampler="ddim", sample_steps=20, cfg=2.0, sample_batch=20,
                       sample_budgets=(300,), heldout_items=60, heldout_repeats=1),
 }
+# Up the ladder: the same 64 / 128-px recipes, each cell starting from the final checkpoint
+# of the same variant and seed on the 256-token ``canvas`` (every weight copied, positions
+# recomputed, train.py --init-from), under both position policies of docs/highres.md.
+for _side in (64, 128):
+    for _pos, _tag in (("interpolate", "interp"), ("extrapolate", "extrap")):
+        TASKS[f"ladder{_side}_{_tag}"] = dict(TASKS[f"canvas{_side}"], init_task="canvas", pos_embed=_pos)
+LADDER_TASKS = tuple(t for t in TASKS if t.startswith("ladder"))
 QUICK = dict(batch=16, budgets=(2, 4), log_every=1, per_class=2, sample_steps=4, sample_batch=20,
              heldout_items=64, heldout_repeats=1)
 # A ladder task in quick mode: the smallest batch and scoring that still fill every column.
 QUICK_LADDER = dict(batch=2, per_class=1, sample_steps=2, sample_batch=10, sample_budgets=(4,), heldout_items=8)
 QUICK_VARIANTS = ("softmax", "nala")
 QUICK_SEEDS = (0, 1)
-QUICK_TASKS = ("digits", "canvas64")
+QUICK_TASKS = ("digits", "canvas64", "ladder64_interp")
 HELDOUT_REPEATS = 4  # fixed (t, noise) draws per held-out image (all items unless a recipe says)
 METRICS = ("class_consistency", "frechet_distance", "train_loss", "heldout_loss", "train_time_s")
 
@@ -280,6 +287,9 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
             "--results-dir", run_dir.parent, "--exp-name", run_dir.name]
     if list_checkpoints(run_dir / "checkpoints"):
         argv += ["--resume", "auto"]
+    elif recipe.get("init_task"):
+        argv += ["--init-from", ladder_source(recipe["init_task"], variant, seed, out, quick, classifier_dir),
+                 "--pos-embed", recipe["pos_embed"]]
     argv = [str(a) for a in argv]
     load = os.getloadavg()
     start = time.perf_counter()
@@ -322,6 +332,23 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
         if step != budgets[-1]:
             shutil.rmtree(path, ignore_errors=True)
     return result
+
+
+def ladder_source(task: str, variant: str, seed: int, out: Path, quick: bool, classifier_dir) -> Path:
+    """The final checkpoint of ``task``'s cell for this variant and seed, the start of a
+    ladder cell; the cell is run first (and recorded, unless already recorded) if its
+    checkpoint is not in ``out/work`` (a fresh clone holds the cell JSONs, not the runs)."""
+    from nala_dit.checkpoint import list_checkpoints
+
+    lr = task_recipe(task, quick)["lr"]
+    found = list_checkpoints(out / "work" / "runs" / cell_name(task, variant, seed, lr) / "checkpoints")
+    final = max(task_recipe(task, quick)["budgets"])
+    if not found or int(found[-1].name) < final:
+        result = run_cell(task, variant, seed, lr, out, quick, classifier_dir=classifier_dir)
+        if not cell_path(out, task, variant, seed, lr).is_file():
+            write_json(cell_path(out, task, variant, seed, lr), result)
+        found = list_checkpoints(out / "work" / "runs" / cell_name(task, variant, seed, lr) / "checkpoints")
+    return found[-1]
 
 
 def cell_path(out: Path, task: str, variant: str, seed: int, lr: float) -> Path:
@@ -432,7 +459,7 @@ def run_main(args) -> int:
             continue
         # Slots count every live cell, also those of an earlier runner still finishing
         # (a restarted runner picks up where the old one is, without oversubscribing).
-        while len(running) >= args.jobs or _live_cells(out) >= args.jobs:
+        while len(running) >= args.jobs or _live_cells(out) >= args.jobs or _source_busy(out, cell, args.quick):
             time.sleep(2)
             failures += _reap(running, out, args.md)
         log = open(out / "logs" / (cell_name(*cell).replace("/", "__") + ".log"), "a")
@@ -445,6 +472,15 @@ def run_main(args) -> int:
         failures += _reap(running, out, args.md)
     write_table(out, args.md)
     return 1 if failures else 0
+
+
+def _source_busy(out: Path, cell: tuple, quick: bool) -> bool:
+    """A ladder cell waits while another process trains its source cell (same run folder)."""
+    source = task_recipe(cell[0], quick).get("init_task")
+    if source is None:
+        return False
+    lr = task_recipe(source, quick)["lr"]
+    return _locked(out / "locks" / (cell_name(source, *cell[1:3], lr).replace("/", "__") + ".pid"))
 
 
 def _reap(running: list, out: Path, md: Path | None) -> int:
@@ -684,7 +720,10 @@ def render_table(rows: list[dict], cells: list[dict], step_s: dict | None = None
 
 
 TASK_TITLES = {"digits": "Digits (16 tokens)", "canvas": "Canvas (256 tokens)", "canvas64": "Canvas 64 px (1,024 tokens)",
-               "canvas128": "Canvas 128 px (4,096 tokens)"}
+               "canvas128": "Canvas 128 px (4,096 tokens)",
+               **{f"ladder{s}_{tag}": f"Canvas {s} px ({(s // 2) ** 2:,} tokens), up the ladder from the 256-token "
+                                      f"canvas, {pos} positions"
+                  for s in (64, 128) for pos, tag in (("interpolate", "interp"), ("extrapolate", "extrap"))}}
 README_START, README_END = "<!-- ablation:start", "<!-- ablation:end -->"
 
 

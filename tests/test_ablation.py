@@ -52,8 +52,14 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     assert ablation.main(["run", "--quick", "--out", str(tmp_path), "--classifier-dir", str(digits_classifier_dir)]) == 0
     rows = json.loads((tmp_path / "table.json").read_text())["rows"]
     budgets = ablation.QUICK["budgets"]
+    # the ladder cells' sources (the 256-token canvas cells) ran first and are recorded too
+    tasks = (*ablation.QUICK_TASKS, "canvas")
     assert {(r["task"], r["variant"], r["budget"]) for r in rows} == \
-           {(t, v, b) for t in ablation.QUICK_TASKS for v in ablation.QUICK_VARIANTS for b in budgets}
+           {(t, v, b) for t in tasks for v in ablation.QUICK_VARIANTS for b in budgets}
+    for v in ablation.QUICK_VARIANTS:       # every ladder cell started from its own source, resized
+        run = tmp_path / "work" / "runs" / ablation.cell_name("ladder64_interp", v, 0, 2e-3)
+        record = json.loads((run / "init_from.json").read_text())
+        assert (record["source_input_size"], record["input_size"], record["pos_embed"]) == (32, 64, "interpolate")
     assert ablation.QUICK_TASKS[1] == "canvas64" and ablation.task_recipe("canvas64", True)["image_size"] == 64
     for r in rows:
         assert r["n"] == len(ablation.QUICK_SEEDS)
