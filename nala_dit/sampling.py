@@ -224,6 +224,13 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
                   num_classes=num_classes, batch_size=batch_size, shard_size=shard_size)
     if s.sampler == "dopri5":
         recipe.update(atol=s.atol, rtol=s.rtol, max_nfe=s.max_nfe)
+    # the size options, only when given (older sidecars, made without them, still match)
+    if s.latent_size is not None:
+        recipe.update(latent_size=list(s.latent_size))
+    if s.time_shift is not None:
+        recipe.update(time_shift=s.time_shift)
+    if s.upscale_from is not None:
+        recipe.update(upscale_from=list(s.upscale_from), strength=s.strength)
     sidecar = Path(f"{out}.json")
     if out.is_file() and sidecar.is_file():
         done = _read_json(sidecar, f"delete it and {out} and rerun")

@@ -359,3 +359,17 @@ def test_resume_of_a_resized_run_is_bitwise(tmp_path):
     for which in ("model", "ema"):
         wa, wb = a.weights(which), b.weights(which)
         assert all(torch.equal(wa[k], wb[k]) for k in wa), which
+
+
+def test_mass_sampling_at_a_size_records_it_and_refuses_another(run_dir, tmp_path, capsys):
+    import json
+
+    common = ["--ckpt", str(run_dir), "--num-samples", "4", "--sampler", "ddim", "--steps", "2", "--batch-size", "2",
+              "--shard-size", "2", "--out", str(tmp_path / "s.npz")]
+    assert sample.main([*common, "--image-size", "16x8", "--stop-after", "1"]) == 0
+    stored = json.loads((tmp_path / "s.npz.parts" / "settings.json").read_text())
+    assert stored["latent_size"] == [16, 8]
+    assert sample.main([*common, "--image-size", "16"]) == 1                 # other shards' size: refused
+    assert "other settings" in capsys.readouterr().err
+    assert sample.main([*common, "--image-size", "16x8"]) == 0               # the same size finishes the job
+    assert np.load(tmp_path / "s.npz")["arr_0"].shape == (4, 16, 8, 1)
