@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import nala_dit.attention as attention
+import nala_dit.nala_fused as fused
 from nala_dit.attention import nala_attention, select_nala_impl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def test_cuda_falls_back_to_the_unchunked_composition():
     assert select_nala_impl("cuda", 64, torch.float64, has_triton=True) == "eager"
     assert select_nala_impl("mps", 64, torch.float32, has_triton=True) == "eager"
     # more tokens than the kernels' grid takes: the composition, not an error
-    limit = attention.TRITON_MAX_TOKENS  # 65535 token blocks of 16
+    limit = fused.TRITON_MAX_TOKENS  # 65535 token blocks of 16
     assert select_nala_impl("cuda", 64, torch.bfloat16, True, num_tokens=limit) == "triton"
     assert select_nala_impl("cuda", 64, torch.bfloat16, True, num_tokens=limit + 1) == "eager"
 
@@ -80,9 +80,9 @@ def test_auto_follows_the_selection(monkeypatch):
     """``nala_attention(impl="auto")`` runs whatever ``select_nala_impl`` names."""
     q, k, v = (torch.randn(1, 2, 17, 16) for _ in range(3))
     seen = []
-    monkeypatch.setattr(attention, "select_nala_impl", lambda *a: seen.append(a) or "eager")
+    monkeypatch.setattr(fused, "select_nala_impl", lambda *a: seen.append(a) or "eager")
     out = nala_attention(q, k, v)
-    assert seen == [("cpu", 16, torch.float32, attention.triton_available(), 17)]
+    assert seen == [("cpu", 16, torch.float32, fused.triton_available(), 17)]
     assert torch.equal(out, nala_attention(q, k, v, impl="eager"))
 
 
@@ -98,9 +98,9 @@ def test_triton_on_cpu_without_the_interpreter_is_named():
 def test_chunk_sizes_per_device():
     """The fused path chunks tokens finely on a CPU (cache-sized) and hardly at all on a GPU."""
     shape = torch.Size((1, 6, 4096, 64))
-    cpu = attention._token_chunks(shape, torch.device("cpu"))
-    gpu = attention._token_chunks(shape, torch.device("cuda"))
-    assert len(cpu) == -(-4096 // (attention._CHUNK_ELEMENTS // (6 * 64))) and len(gpu) == 1
+    cpu = fused._token_chunks(shape, torch.device("cpu"))
+    gpu = fused._token_chunks(shape, torch.device("cuda"))
+    assert len(cpu) == -(-4096 // (fused._CHUNK_ELEMENTS // (6 * 64))) and len(gpu) == 1
     for chunks in (cpu, gpu):
         assert chunks[0].start == 0 and chunks[-1].stop == 4096
         assert all(a.stop == b.start for a, b in zip(chunks, chunks[1:]))
