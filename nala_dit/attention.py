@@ -26,7 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .nala_fused import NALA_IMPLS, nala_attention, select_nala_impl, triton_available
+from .gated_middle import GatedMiddle, gated_tail
+from .nala_fused import NALA_IMPLS, fused_opts, nala_attention, select_nala_impl, triton_available
 from .nala_ops import (
     ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, ROPE_BASE, SATURATION, Direction,
     _check_direction, apply_rope, kernel_features, linear_attention, linear_attention_reference,
@@ -88,6 +89,12 @@ class GatedLinearAttention(nn.Module):
 
     ``rope`` (linear kernels only): the numerator-only 2-D rotary embedding of §7 on the
     token grid (``rope_linear_attention``; needs an even head dim and the grid).
+
+    ``recompute`` (default): steps 2–5 run as one autograd function (``GatedMiddle``) that
+    keeps only the qkvg projection (and NaLa's small state, or a non-fused core's output)
+    for backward and recomputes LePE, LayerNorm, SiLU and, on the fused CPU path, NaLa's
+    output; same gradients, 4–5 instead of 8 activations of width C per token.
+    ``recompute=False`` is the plain autograd composition (the reference).
     """
 
     def __init__(
@@ -106,6 +113,7 @@ class GatedLinearAttention(nn.Module):
         gate: bool = True,
         out_norm: bool = True,
         rope: bool = False,
+        recompute: bool = True,
     ):
         super().__init__()
         _check_heads(dim, num_heads)
@@ -132,6 +140,7 @@ class GatedLinearAttention(nn.Module):
         self.eps = eps
         self.use_gate = gate
         self.rope = rope
+        self.recompute = recompute
         self.qkvg = nn.Linear(dim, (4 if gate else 3) * dim)
         self.lepe = nn.Conv2d(dim, dim, 5, padding=2, groups=dim) if lepe else None
         self.out_norm = nn.LayerNorm(dim) if out_norm else None
@@ -203,25 +212,32 @@ class GatedLinearAttention(nn.Module):
                 self.last_stats = {"exponent_mean": p.mean().item(), "exponent_std": p.std().item(),
                                    "saturated": saturated_share(p, self.feature_kwargs["power"],
                                                                 self.feature_kwargs["offset"])}
-        o = self.attend(q, k, v, grid).transpose(1, 2).reshape(b, n, c)      # (B, N, C)
-        if self.lepe is not None:
-            if grid is None or grid[0] * grid[1] != n:
-                raise ValueError(f"LePE needs the token grid (h, w) with h*w == N={n}, got grid={grid}")
-            v_img = parts[2].transpose(1, 2).reshape(b, c, *grid)       # (B, C, h, w)
-            # v_img is a channels-last view, so the conv runs channels-last and its output
-            # flattens back to (B, N, C) for free; but it then gives the (C, 1, 5, 5) weight a
-            # channels-last gradient, strides (25, 1, 5, 1) against the parameter's (25, 25, 5, 1),
-            # which DDP flags ("Grad strides do not match bucket view strides") and copies every
-            # step. A (C, 25) view round trip of the weight is free forward and gives its
-            # gradient the parameter's strides.
-            weight = self.lepe.weight.flatten(1).view_as(self.lepe.weight)
-            lepe = F.conv2d(v_img, weight, self.lepe.bias, padding=self.lepe.padding, groups=c)
-            o = o + lepe.flatten(2).transpose(1, 2)
-        if self.out_norm is not None:
-            o = self.out_norm(o)
-        if self.use_gate:
-            o = o * F.silu(parts[3])
-        return self.proj(o)                                           # (B, N, C)
+        if self.lepe is not None and (grid is None or grid[0] * grid[1] != n):
+            raise ValueError(f"LePE needs the token grid (h, w) with h*w == N={n}, got grid={grid}")
+        g = parts[3] if self.use_gate else None
+        lepe = (self.lepe.weight, self.lepe.bias) if self.lepe is not None else (None, None)
+        norm = (self.out_norm.weight, self.out_norm.bias) if self.out_norm is not None else (None, None)
+        if not self.recompute:
+            # The plain composition: autograd keeps every intermediate (the reference).
+            o = self.attend(q, k, v, grid).transpose(1, 2).reshape(b, n, c)      # (B, N, C)
+            norm = None if self.out_norm is None else (*norm, self.out_norm.eps)
+            o = gated_tail(o, parts[2], g, grid, None if self.lepe is None else lepe, norm)
+            return self.proj(o)                                       # (B, N, C)
+        spec = dict(heads=h, grid=grid, norm_eps=None if self.out_norm is None else self.out_norm.eps)
+        if self._fused_core(q):
+            spec["opts"] = fused_opts(eps=self.eps, **self.feature_kwargs)
+            scale = self.norm_scale() if self.norm_scale_mode == "learned" else None
+            return GatedMiddle.apply(parts[0], parts[1], parts[2], g, None, scale, *lepe, *norm,
+                                     self.proj.weight, self.proj.bias, spec)
+        o = self.attend(q, k, v, grid).transpose(1, 2).reshape(b, n, c)          # (B, N, C)
+        return GatedMiddle.apply(None, None, parts[2], g, o, None, *lepe, *norm,
+                                 self.proj.weight, self.proj.bias, spec)
+
+    def _fused_core(self, q: torch.Tensor) -> bool:
+        """Whether NaLa runs inside ``GatedMiddle`` (the fused CPU path, its state saved)."""
+        return (self.kernel == "nala" and not self.rope
+                and select_nala_impl(q.device.type, q.shape[-1], q.dtype, triton_available(),
+                                     q.shape[-2]) == "fused")
 
 
 def build_attention(attention: str, dim: int, num_heads: int, **options) -> nn.Module:

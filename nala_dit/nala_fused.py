@@ -149,6 +149,83 @@ def _with_ones(v: torch.Tensor) -> torch.Tensor:
     return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
 
 
+def fused_state(k: torch.Tensor, v: torch.Tensor, opts: dict) -> torch.Tensor:
+    """The §3 state on the mean scale, kept as its two feature halves ``[S | z]``:
+    (2, B, H, D, D+1) fp32, one pass over the key chunks."""
+    b, h, n, d = k.shape
+    with _no_autocast(k.device):
+        state = k.new_zeros(2, b, h, d, d + 1, dtype=torch.float32)
+        for sl in _token_chunks(k.shape, k.device):
+            phi_k = _key_lift(k[:, :, sl].float(), opts)[0]
+            v1 = _with_ones(v[:, :, sl].float())                           # (B, H, C, D+1)
+            for half, f in zip(state, phi_k):
+                half.add_(f.transpose(-2, -1) @ v1)
+        return state.div_(n)
+
+
+def fused_output(q: torch.Tensor, state: torch.Tensor, opts: dict,
+                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``o = φ_q(q)ᵀS / (φ_q(q)ᵀz + ε)`` from the state, one pass over the query chunks.
+
+    Returns ``(out, den)`` in fp32: (B, H, N, D) and (B, H, N, 1). ``out`` may be given,
+    any strides (e.g. a (B, N, H, D) buffer seen as (B, H, N, D), so the layer's token
+    layout needs no copy)."""
+    b, h, n, d = q.shape
+    with _no_autocast(q.device):
+        if out is None:
+            out = q.new_empty(b, h, n, d, dtype=torch.float32)
+        den = q.new_empty(b, h, n, 1, dtype=torch.float32)
+        for sl in _token_chunks(q.shape, q.device):
+            f1, f2 = _query_lift(q[:, :, sl].float(), opts)[0]
+            num_den = (f1 @ state[0]).add_(f2 @ state[1])                  # (B, H, C, D+1)
+            torch.add(num_den[..., d:], opts["eps"], out=den[:, :, sl])
+            torch.div(num_den[..., :d], den[:, :, sl], out=out[:, :, sl])
+        return out, den
+
+
+def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True)):
+    """∂L/∂(q, k, v) of the §3 linear form from the saved state and denominator, the
+    features recomputed chunk by chunk. Returns fp32 (B, H, N, D) tensors (None where
+    ``need`` is False)."""
+    b, h, n, d = q.shape
+    need_q, need_k, need_v = need
+    with _no_autocast(q.device):
+        s_t = state[..., :d].transpose(-2, -1)                           # (2, B, H, D, D)
+        z = state[..., d].unsqueeze(-2)                                  # (2, B, H, 1, D)
+        d_state = torch.zeros_like(state)
+        dq = torch.empty_like(q, dtype=torch.float32) if need_q else None
+        for sl in _token_chunks(q.shape, q.device):
+            qc = q[:, :, sl].float()
+            phi_q, parts = _query_lift(qc, opts)
+            dd = den[:, :, sl]
+            d_num = grad_out[:, :, sl].float() / dd                      # (B, H, C, D)
+            d_phi = [d_num @ s_t[0], d_num @ s_t[1]]                     # halves of ∂L/∂φ_q
+            # ∂L/∂den = −Σ g·o/den, and g·num = den·(φ_q · d_num Sᵀ).
+            dot = torch.addcmul(phi_q[0] * d_phi[0], phi_q[1], d_phi[1])
+            d_den = dot.sum(-1, keepdim=True).div_(dd).neg_()
+            d_nd = torch.cat([d_num, d_den], -1)
+            for half, f in zip(d_state, phi_q):
+                half.add_(f.transpose(-2, -1) @ d_nd)
+            if need_q:
+                for g, zh in zip(d_phi, z):
+                    g.addcmul_(d_den, zh)
+                dq[:, :, sl] = _query_grad(qc, phi_q, d_phi, parts, opts)
+        d_state.div_(n)
+        dk = torch.empty_like(k, dtype=torch.float32) if need_k else None
+        dv = torch.empty_like(v, dtype=torch.float32) if need_v else None
+        if need_k or need_v:
+            for sl in _token_chunks(k.shape, k.device):
+                kc = k[:, :, sl].float()
+                phi_k, parts = _key_lift(kc, opts)
+                if need_v:
+                    dv[:, :, sl] = (phi_k[0] @ d_state[0, ..., :d]).add_(phi_k[1] @ d_state[1, ..., :d])
+                if need_k:
+                    v1 = _with_ones(v[:, :, sl].float())
+                    d_phi = [v1 @ half.transpose(-2, -1) for half in d_state]
+                    dk[:, :, sl] = _key_grad(kc, phi_k, d_phi, parts, opts)
+    return dq, dk, dv
+
+
 class _FusedNaLa(torch.autograd.Function):
     """§3 linear form in token chunks. The state is kept as its two halves
     ``[S | z]`` (each D × (D+1), one per feature half). The backward saves q, k, v, the
@@ -156,22 +233,8 @@ class _FusedNaLa(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, opts):
-        with _no_autocast(q.device):
-            b, h, n, d = q.shape
-            state = q.new_zeros(2, b, h, d, d + 1, dtype=torch.float32)    # [S | z] halves
-            for sl in _token_chunks(q.shape, q.device):
-                phi_k = _key_lift(k[:, :, sl].float(), opts)[0]
-                v1 = _with_ones(v[:, :, sl].float())                       # (B, H, C, D+1)
-                for half, f in zip(state, phi_k):
-                    half.add_(f.transpose(-2, -1) @ v1)
-            state.div_(n)
-            out = q.new_empty(b, h, n, d, dtype=torch.float32)
-            den = q.new_empty(b, h, n, 1, dtype=torch.float32)
-            for sl in _token_chunks(q.shape, q.device):
-                f1, f2 = _query_lift(q[:, :, sl].float(), opts)[0]
-                num_den = (f1 @ state[0]).add_(f2 @ state[1])              # (B, H, C, D+1)
-                torch.add(num_den[..., d:], opts["eps"], out=den[:, :, sl])
-                torch.div(num_den[..., :d], den[:, :, sl], out=out[:, :, sl])
+        state = fused_state(k, v, opts)
+        out, den = fused_output(q, state, opts)
         ctx.opts = opts
         ctx.save_for_backward(q, k, v, state, den)
         return out.to(v.dtype)
@@ -180,43 +243,7 @@ class _FusedNaLa(torch.autograd.Function):
     @once_differentiable  # the hand-written backward is not itself differentiated
     def backward(ctx, grad_out):
         q, k, v, state, den = ctx.saved_tensors
-        o = ctx.opts
-        b, h, n, d = q.shape
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        with _no_autocast(q.device):
-            s_t = state[..., :d].transpose(-2, -1)                       # (2, B, H, D, D)
-            z = state[..., d].unsqueeze(-2)                              # (2, B, H, 1, D)
-            d_state = torch.zeros_like(state)
-            dq = torch.empty_like(q, dtype=torch.float32) if need_q else None
-            for sl in _token_chunks(q.shape, q.device):
-                qc = q[:, :, sl].float()
-                phi_q, parts = _query_lift(qc, o)
-                dd = den[:, :, sl]
-                d_num = grad_out[:, :, sl].float() / dd                  # (B, H, C, D)
-                d_phi = [d_num @ s_t[0], d_num @ s_t[1]]                 # halves of ∂L/∂φ_q
-                # ∂L/∂den = −Σ g·o/den, and g·num = den·(φ_q · d_num Sᵀ).
-                dot = torch.addcmul(phi_q[0] * d_phi[0], phi_q[1], d_phi[1])
-                d_den = dot.sum(-1, keepdim=True).div_(dd).neg_()
-                d_nd = torch.cat([d_num, d_den], -1)
-                for half, f in zip(d_state, phi_q):
-                    half.add_(f.transpose(-2, -1) @ d_nd)
-                if need_q:
-                    for g, zh in zip(d_phi, z):
-                        g.addcmul_(d_den, zh)
-                    dq[:, :, sl] = _query_grad(qc, phi_q, d_phi, parts, o)
-            d_state.div_(n)
-            dk = torch.empty_like(k, dtype=torch.float32) if need_k else None
-            dv = torch.empty_like(v, dtype=torch.float32) if need_v else None
-            if need_k or need_v:
-                for sl in _token_chunks(k.shape, k.device):
-                    kc = k[:, :, sl].float()
-                    phi_k, parts = _key_lift(kc, o)
-                    if need_v:
-                        dv[:, :, sl] = (phi_k[0] @ d_state[0, ..., :d]).add_(phi_k[1] @ d_state[1, ..., :d])
-                    if need_k:
-                        v1 = _with_ones(v[:, :, sl].float())
-                        d_phi = [v1 @ half.transpose(-2, -1) for half in d_state]
-                        dk[:, :, sl] = _key_grad(kc, phi_k, d_phi, parts, o)
+        dq, dk, dv = fused_backward(q, k, v, state, den, grad_out, ctx.opts, ctx.needs_input_grad[:3])
         cast = lambda g, x: None if g is None else g.to(x.dtype)
         return cast(dq, q), cast(dk, k), cast(dv, v), None
 
@@ -312,7 +339,14 @@ def nala_attention(
         return _nala_eager(q, k, v, direction, power, offset, norm_scale, alpha, norm_eps, eps)
     if impl == "compile":
         return _nala_compiled(q, k, v, direction, power, offset, norm_scale, alpha, norm_eps, eps)
-    opts = dict(direction=direction, power=float(power), offset=float(offset),
+    opts = fused_opts(direction, power, offset, norm_scale, alpha, norm_eps, eps)
+    return _FusedNaLa.apply(q, k, v, opts)
+
+
+def fused_opts(direction: str = "cosine", power: float = POWER, offset: float = OFFSET,
+               norm_scale: float = NORM_SCALE, alpha: float = ALPHA, norm_eps: float = NORM_EPS,
+               eps: float = EPS) -> dict:
+    """The §2 / §3 constants as the fused passes take them (plain floats)."""
+    return dict(direction=direction, power=float(power), offset=float(offset),
                 norm_scale=float(norm_scale), alpha=float(alpha), norm_eps=float(norm_eps),
                 eps=float(eps))
-    return _FusedNaLa.apply(q, k, v, opts)
