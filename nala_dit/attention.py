@@ -204,7 +204,8 @@ class GatedLinearAttention(nn.Module):
     def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
         b, n, c = x.shape
         h = self.num_heads
-        parts = self.qkvg(x).chunk(4 if self.use_gate else 3, dim=-1)  # each (B, N, C)
+        qkvg = self.qkvg(x)                                            # (B, N, 4C or 3C)
+        parts = qkvg.chunk(4 if self.use_gate else 3, dim=-1)          # each (B, N, C)
         q, k, v = (t.reshape(b, n, h, c // h).transpose(1, 2) for t in parts[:3])
         if self.record_stats and self.kernel == "nala":
             with torch.no_grad():
@@ -223,14 +224,15 @@ class GatedLinearAttention(nn.Module):
             norm = None if self.out_norm is None else (*norm, self.out_norm.eps)
             o = gated_tail(o, parts[2], g, grid, None if self.lepe is None else lepe, norm)
             return self.proj(o)                                       # (B, N, C)
-        spec = dict(heads=h, grid=grid, norm_eps=None if self.out_norm is None else self.out_norm.eps)
+        spec = dict(heads=h, grid=grid, parts=len(parts),
+                    norm_eps=None if self.out_norm is None else self.out_norm.eps)
         if self._fused_core(q):
             spec["opts"] = fused_opts(eps=self.eps, **self.feature_kwargs)
             scale = self.norm_scale() if self.norm_scale_mode == "learned" else None
-            return GatedMiddle.apply(parts[0], parts[1], parts[2], g, None, scale, *lepe, *norm,
+            return GatedMiddle.apply(qkvg, None, None, None, scale, *lepe, *norm,
                                      self.proj.weight, self.proj.bias, spec)
         o = self.attend(q, k, v, grid).transpose(1, 2).reshape(b, n, c)          # (B, N, C)
-        return GatedMiddle.apply(None, None, parts[2], g, o, None, *lepe, *norm,
+        return GatedMiddle.apply(None, parts[2], g, o, None, *lepe, *norm,
                                  self.proj.weight, self.proj.bias, spec)
 
     def _fused_core(self, q: torch.Tensor) -> bool:

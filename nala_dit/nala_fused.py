@@ -183,22 +183,34 @@ def fused_output(q: torch.Tensor, state: torch.Tensor, opts: dict,
         return out, den
 
 
-def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True)):
+def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True), out=(None, None, None)):
     """∂L/∂(q, k, v) of the §3 linear form from the saved state and denominator, the
-    features recomputed chunk by chunk. Returns fp32 (B, H, N, D) tensors (None where
-    ``need`` is False)."""
+    features recomputed chunk by chunk. Returns (B, H, N, D) tensors, None where ``need``
+    is False: fp32, or written into ``out`` (any strides and dtype; e.g. slices of the
+    gradient of a fused qkv projection, so nothing is copied afterwards).
+
+    ``den`` None: ``grad_out`` is a function ``(token slice, output chunk (B, H, C, D)) →
+    its gradient``; the output and denominator are recomputed in the query pass (two small
+    GEMMs per chunk, the features are lifted there anyway), so a caller that saved neither
+    gets the output's gradient chunk by chunk from what follows the attention."""
     b, h, n, d = q.shape
     need_q, need_k, need_v = need
+    new = lambda x, o: o if o is not None else torch.empty_like(x, dtype=torch.float32)
     with _no_autocast(q.device):
         s_t = state[..., :d].transpose(-2, -1)                           # (2, B, H, D, D)
         z = state[..., d].unsqueeze(-2)                                  # (2, B, H, 1, D)
         d_state = torch.zeros_like(state)
-        dq = torch.empty_like(q, dtype=torch.float32) if need_q else None
+        dq = new(q, out[0]) if need_q else None
         for sl in _token_chunks(q.shape, q.device):
             qc = q[:, :, sl].float()
             phi_q, parts = _query_lift(qc, opts)
-            dd = den[:, :, sl]
-            d_num = grad_out[:, :, sl].float() / dd                      # (B, H, C, D)
+            if den is None:   # as fused_output, op for op
+                num_den = (phi_q[0] @ state[0]).add_(phi_q[1] @ state[1])     # (B, H, C, D+1)
+                dd = torch.add(num_den[..., d:], opts["eps"])
+                g_out = grad_out(sl, torch.div(num_den[..., :d], dd))
+            else:
+                dd, g_out = den[:, :, sl], grad_out[:, :, sl]
+            d_num = g_out.float() / dd                                   # (B, H, C, D)
             d_phi = [d_num @ s_t[0], d_num @ s_t[1]]                     # halves of ∂L/∂φ_q
             # ∂L/∂den = −Σ g·o/den, and g·num = den·(φ_q · d_num Sᵀ).
             dot = torch.addcmul(phi_q[0] * d_phi[0], phi_q[1], d_phi[1])
@@ -211,8 +223,8 @@ def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True))
                     g.addcmul_(d_den, zh)
                 dq[:, :, sl] = _query_grad(qc, phi_q, d_phi, parts, opts)
         d_state.div_(n)
-        dk = torch.empty_like(k, dtype=torch.float32) if need_k else None
-        dv = torch.empty_like(v, dtype=torch.float32) if need_v else None
+        dk = new(k, out[1]) if need_k else None
+        dv = new(v, out[2]) if need_v else None
         if need_k or need_v:
             for sl in _token_chunks(k.shape, k.device):
                 kc = k[:, :, sl].float()
