@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import warnings
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -339,14 +340,14 @@ def nala_attention(
     _check_direction(direction)
     if impl not in NALA_IMPLS:
         raise ValueError(f"impl must be one of {NALA_IMPLS}, got {impl!r}")
+    triton_opts = dict(direction=direction, power=float(power), offset=float(offset), alpha=float(alpha),
+                       norm_eps=float(norm_eps), eps=float(eps))
     if impl == "auto":
         impl = select_nala_impl(q.device.type, q.shape[-1], q.dtype, triton_available(), q.shape[-2])
+        if impl == "triton" and not triton_passes_check(q.device, q.dtype, q.shape[-1], triton_opts):
+            impl = "eager"
     if impl == "triton":
-        from nala_dit.triton_nala import nala_attention_triton
-
-        return nala_attention_triton(q, k, v, norm_scale, dict(
-            direction=direction, power=float(power), offset=float(offset), alpha=float(alpha),
-            norm_eps=float(norm_eps), eps=float(eps)))
+        return _triton_kernel(q, k, v, norm_scale, triton_opts)
     if impl == "eager":
         return _nala_eager(q, k, v, direction, power, offset, norm_scale, alpha, norm_eps, eps)
     if impl == "compile":
@@ -362,3 +363,72 @@ def fused_opts(direction: str = "cosine", power: float = POWER, offset: float = 
     return dict(direction=direction, power=float(power), offset=float(offset),
                 norm_scale=float(norm_scale), alpha=float(alpha), norm_eps=float(norm_eps),
                 eps=float(eps))
+
+
+# ------------------------------------------------------------- first-use check (CUDA)
+# The Triton kernels are compiled for the GPU at hand on first use, so a compiler or driver
+# problem, or a wrong result on an untested architecture, only shows there. ``impl="auto"``
+# therefore runs them once per (device, dtype, head dim, direction) on a small input against
+# the unchunked composition, and on an error or a mismatch falls back to that composition
+# for the rest of the process, with one warning. ``_triton_kernel`` is looked up at call
+# time, so tests inject a failing or a wrong kernel on a CPU.
+
+CHECK_TOKENS = 67                         # odd: a partial token block in every kernel
+CHECK_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}   # relative RMS
+REPORT = ("please report it with the output of benchmarks/gpu_check.sh at the nala_dit issue "
+          "tracker (GitHub issues)")
+_TRITON_CHECKS: dict[tuple, str | None] = {}   # key → None (passed) or the cause of the fallback
+
+
+def _triton_kernel(q, k, v, norm_scale, opts):
+    from nala_dit.triton_nala import nala_attention_triton
+
+    return nala_attention_triton(q, k, v, norm_scale, opts)
+
+
+@torch.compiler.disable
+def triton_passes_check(device: torch.device, dtype: torch.dtype, head_dim: int, opts: dict) -> bool:
+    """Whether the Triton kernels passed their first-use check for this key (run once, cached)."""
+    key = (str(device), dtype, head_dim, opts["direction"])
+    if key not in _TRITON_CHECKS:
+        _TRITON_CHECKS[key] = cause = _check_triton(device, dtype, head_dim, opts)
+        if cause is not None:
+            warnings.warn(f"NaLa: the Triton kernels failed their first-use check on {device} ({dtype}, head dim "
+                          f"{head_dim}, {opts['direction']}): {cause}; using impl='eager' for the rest of this "
+                          f"process; {REPORT}", RuntimeWarning, stacklevel=3)
+    return _TRITON_CHECKS[key] is None
+
+
+def _check_triton(device, dtype, head_dim, opts) -> str | None:
+    """Outputs and gradients of ``_triton_kernel`` against ``_nala_eager`` on a seeded
+    (1, 2, 67, head_dim) input; None when they agree, else the cause in a few words."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v, grad = (torch.randn(1, 2, CHECK_TOKENS, head_dim, generator=g).to(device, dtype) for _ in range(4))
+    tol = CHECK_TOLERANCE.get(dtype, 1e-4)
+
+    def run(fn):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        with torch.enable_grad(), _no_autocast(device):
+            out = fn(*leaves, 1.0, opts)
+            out.backward(grad)
+        return [out.detach()] + [t.grad for t in leaves]
+
+    try:
+        got_all = run(_triton_kernel)
+    except Exception as err:  # a compile or launch error: whatever the kernels raise
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        return f"{type(err).__name__}: {first}"
+    ref_all = run(_nala_eager_opts)
+    for name, got, ref in zip(("output", "dq", "dk", "dv"), got_all, ref_all):
+        if got is None:
+            return f"no gradient {name} from the kernels"
+        ref, got = ref.double(), got.double()
+        err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        if not err <= tol:   # also catches NaN
+            return f"{name} differs from the eager path by relative RMS {err:.1e} (> {tol:.0e})"
+    return None
+
+
+def _nala_eager_opts(q, k, v, norm_scale, opts):
+    return _nala_eager(q, k, v, opts["direction"], opts["power"], opts["offset"], norm_scale, opts["alpha"],
+                       opts["norm_eps"], opts["eps"])
