@@ -8,12 +8,14 @@ keeps one concern per file:
   the §7 rotary embedding) and the explicit N×N references the tests compare against;
 * ``nala_fused.py``: ``nala_attention``, NaLa in linear time (the fused CPU autograd
   path, the eager/compiled composition, the Triton dispatch of ``impl="auto"``);
+* ``gated_middle.py``: ``GatedMiddle``, the gated layer between its projections as one
+  autograd function that keeps only the qkvg projection for backward (``recompute=True``);
 * here: the ``nn.Module`` layers that own the projections and pick a function --
   ``SoftmaxAttention`` (DiT's own, official parameter names ``qkv``/``proj``),
   ``GatedLinearAttention`` (the gated NaLa layer of §4; also hosts the baselines) and
   ``build_attention``.
 
-Every public name of the two modules below is re-exported, so
+Every public name of ``nala_ops`` and ``nala_fused`` is re-exported here, so
 ``from nala_dit.attention import nala_attention`` keeps working.
 """
 
@@ -24,7 +26,6 @@ from typing import Literal
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .gated_middle import GatedMiddle, gated_tail
 from .nala_fused import NALA_IMPLS, fused_opts, nala_attention, select_nala_impl, triton_available

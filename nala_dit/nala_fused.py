@@ -9,7 +9,10 @@ Top to bottom:
 * ``_FusedNaLa``, the CPU autograd function that saves q, k, v, the small state
   ``[S | z]`` and the denominator only, and recomputes the features in backward;
 * the readable unchunked composition (``impl="eager"``) and its ``torch.compile``;
-* ``select_nala_impl`` (what ``impl="auto"`` runs per device) and ``nala_attention``.
+* ``select_nala_impl`` (what ``impl="auto"`` runs per device) and ``nala_attention``;
+* the first-use check of the Triton kernels on CUDA (``triton_passes_check``): once per
+  (device, dtype, head dim, direction) against the eager path, falling back to it with one
+  warning on an error or a mismatch.
 
 The Triton kernels are in ``triton_nala.py``; the pure math and the N×N references they
 are all tested against in ``nala_ops.py``.
