@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-import nala_dit.attention as attention
+import nala_dit.nala_fused as fused
 from nala_dit.attention import nala_attention, nala_attention_reference
 from tests.utils import assert_close
 
@@ -54,7 +54,7 @@ def test_auto_runs_the_fused_path():
 @pytest.mark.parametrize("direction", ["cosine", "relu_split"])
 def test_fused_many_chunks_and_options(direction, monkeypatch):
     """Tiny chunks (many partial sums, a ragged last chunk) and non-default λ, τ, s, α."""
-    monkeypatch.setattr(attention, "_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(fused, "_CHUNK_ELEMENTS", 1)
     compare("fused", *qkv(b=1, h=2, n=257, d=24), FP32_TOL, direction=direction,
             power=2.5, offset=0.7, norm_scale=3.0, alpha=5.0)
 

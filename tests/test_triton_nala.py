@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import nala_dit.attention as attention
+import nala_dit.nala_fused as fused
 from nala_dit.attention import nala_attention, select_nala_impl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def test_cuda_falls_back_to_the_unchunked_composition():
     assert select_nala_impl("cuda", 64, torch.float64, has_triton=True) == "eager"
     assert select_nala_impl("mps", 64, torch.float32, has_triton=True) == "eager"
     # more tokens than the kernels' grid takes: the composition, not an error
-    limit = attention.TRITON_MAX_TOKENS  # 65535 token blocks of 16
+    limit = fused.TRITON_MAX_TOKENS  # 65535 token blocks of 16
     assert select_nala_impl("cuda", 64, torch.bfloat16, True, num_tokens=limit) == "triton"
     assert select_nala_impl("cuda", 64, torch.bfloat16, True, num_tokens=limit + 1) == "eager"
 
@@ -80,9 +80,9 @@ def test_auto_follows_the_selection(monkeypatch):
     """``nala_attention(impl="auto")`` runs whatever ``select_nala_impl`` names."""
     q, k, v = (torch.randn(1, 2, 17, 16) for _ in range(3))
     seen = []
-    monkeypatch.setattr(attention, "select_nala_impl", lambda *a: seen.append(a) or "eager")
+    monkeypatch.setattr(fused, "select_nala_impl", lambda *a: seen.append(a) or "eager")
     out = nala_attention(q, k, v)
-    assert seen == [("cpu", 16, torch.float32, attention.triton_available(), 17)]
+    assert seen == [("cpu", 16, torch.float32, fused.triton_available(), 17)]
     assert torch.equal(out, nala_attention(q, k, v, impl="eager"))
 
 
@@ -98,9 +98,9 @@ def test_triton_on_cpu_without_the_interpreter_is_named():
 def test_chunk_sizes_per_device():
     """The fused path chunks tokens finely on a CPU (cache-sized) and hardly at all on a GPU."""
     shape = torch.Size((1, 6, 4096, 64))
-    cpu = attention._token_chunks(shape, torch.device("cpu"))
-    gpu = attention._token_chunks(shape, torch.device("cuda"))
-    assert len(cpu) == -(-4096 // (attention._CHUNK_ELEMENTS // (6 * 64))) and len(gpu) == 1
+    cpu = fused._token_chunks(shape, torch.device("cpu"))
+    gpu = fused._token_chunks(shape, torch.device("cuda"))
+    assert len(cpu) == -(-4096 // (fused._CHUNK_ELEMENTS // (6 * 64))) and len(gpu) == 1
     for chunks in (cpu, gpu):
         assert chunks[0].start == 0 and chunks[-1].stop == 4096
         assert all(a.stop == b.start for a, b in zip(chunks, chunks[1:]))
@@ -149,3 +149,79 @@ def test_state_pass_splits(monkeypatch):
     assert triton_nala.num_splits(256, 6, 1, cuda) == 1
     assert triton_nala.num_splits(4096, 256 * 16, 2, cuda) == 1        # B·H already fills the GPU
     assert triton_nala.num_splits(65536, 6, 1, torch.device("cpu")) == 1
+
+
+# ------------------------------------------------------- first-use check and fallback
+
+
+def _eager_kernel(q, k, v, norm_scale, opts):
+    return fused._nala_eager_opts(q, k, v, norm_scale, opts)
+
+
+def _failing_kernel(q, k, v, norm_scale, opts):
+    raise RuntimeError("PTX compile failed: ptxas error (injected)\nsecond line")
+
+
+def _wrong_kernel(q, k, v, norm_scale, opts):
+    return _eager_kernel(q, k, v, norm_scale, opts) * 1.01          # 1 % off: above every tolerance
+
+
+@pytest.fixture
+def triton_on_cpu(monkeypatch):
+    """``impl="auto"`` picks "triton" on this CPU, with a fresh check cache; returns a
+    function that installs the kernel the check and the calls will run."""
+    monkeypatch.setattr(fused, "select_nala_impl", lambda *a: "triton")
+    monkeypatch.setattr(fused, "_TRITON_CHECKS", {})
+    return lambda kernel: monkeypatch.setattr(fused, "_triton_kernel", kernel)
+
+
+@pytest.mark.parametrize("kernel,cause", [(_failing_kernel, "RuntimeError: PTX compile failed: ptxas error (injected)"),
+                                          (_wrong_kernel, "output differs from the eager path by relative RMS 1.0e-02")])
+def test_a_broken_kernel_falls_back_once(triton_on_cpu, kernel, cause):
+    """A kernel that raises, or computes a wrong answer, fails the first-use check: ``auto``
+    runs the eager composition instead (the same numbers), warns once per key naming the
+    cause and where to report it, and never calls the kernel outside the check."""
+    calls = []
+    triton_on_cpu(lambda *a: calls.append(1) or kernel(*a))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 37, 16, generator=g) for _ in range(3))
+    with pytest.warns(RuntimeWarning) as seen:
+        first = nala_attention(q, k, v)
+        second = nala_attention(q, k, v)
+        other = nala_attention(q, k, v, direction="relu_split")         # another key: checked once more
+    assert torch.equal(first, nala_attention(q, k, v, impl="eager")) and torch.equal(second, first)
+    assert torch.equal(other, nala_attention(q, k, v, direction="relu_split", impl="eager"))
+    messages = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 2 and len(calls) == 2, (messages, calls)    # one check (and warning) per key
+    for msg, direction in zip(messages, ("cosine", "relu_split")):
+        assert "\n" not in msg and cause in msg and f"head dim 16, {direction}" in msg
+        assert "impl='eager'" in msg and "benchmarks/gpu_check.sh" in msg and "issue" in msg
+    assert fused._TRITON_CHECKS[("cpu", torch.float32, 16, "cosine")].startswith(cause.split(" by")[0])
+
+
+def test_a_passing_kernel_is_used_without_a_warning(triton_on_cpu, recwarn):
+    """A kernel that agrees with the eager path passes once and then runs every call."""
+    calls = []
+    triton_on_cpu(lambda *a: calls.append(1) or _eager_kernel(*a) + 0.0)
+    q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
+    nala_attention(q, k, v)
+    nala_attention(q, k, v)
+    assert len(calls) == 1 + 2 and not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    assert fused._TRITON_CHECKS == {("cpu", torch.float32, 8, "cosine"): None}
+
+
+def test_the_check_compares_gradients_too(triton_on_cpu):
+    """A kernel whose forward is right and whose backward is wrong fails on the gradient."""
+    class WrongGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+    triton_on_cpu(lambda q, k, v, s, o: _eager_kernel(WrongGrad.apply(q), k, v, s, o))
+    q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
+    with pytest.warns(RuntimeWarning, match="dq differs from the eager path"):
+        nala_attention(q, k, v)
