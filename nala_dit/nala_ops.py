@@ -304,15 +304,20 @@ def rope_angles(grid: tuple[int, int], features: int, base: float = ROPE_BASE,
     """Rotation angle of every (token, channel pair): ``(h·w, features/2)`` in fp32.
 
     ``features`` (the feature width F) must be a multiple of 4: half of the pairs rotate
-    with the row index, half with the column index.
+    with the row position, half with the column position. Positions follow the grid's
+    ``pos_embed`` policy when ``grid`` is a ``grid.TokenGrid`` (index × base / side for
+    ``interpolate``, no rotation for ``none``), integer indices for a plain (h, w).
     """
     if features % 4:
         raise ValueError(f"rope needs a feature width divisible by 4 (even head dim), got {features}")
     h, w = grid
+    scale = grid.position_scale() if hasattr(grid, "position_scale") else (1.0, 1.0)
+    if scale is None:
+        scale = (0.0, 0.0)  # pos_embed "none": every angle 0, the identity rotation
     k = features // 4
     freqs = base ** (-torch.arange(k, dtype=torch.float32, device=device) / k)          # (F/4,)
-    rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32, device=device),
-                                torch.arange(w, dtype=torch.float32, device=device), indexing="ij")
+    rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32, device=device) * scale[0],
+                                torch.arange(w, dtype=torch.float32, device=device) * scale[1], indexing="ij")
     return torch.cat([rows.reshape(-1, 1) * freqs, cols.reshape(-1, 1) * freqs], dim=-1)  # (N, F/2)
 
 

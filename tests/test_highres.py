@@ -373,3 +373,19 @@ def test_mass_sampling_at_a_size_records_it_and_refuses_another(run_dir, tmp_pat
     assert "other settings" in capsys.readouterr().err
     assert sample.main([*common, "--image-size", "16x8"]) == 0               # the same size finishes the job
     assert np.load(tmp_path / "s.npz")["arr_0"].shape == (4, 16, 8, 1)
+
+
+def test_rope_follows_the_position_policy():
+    from nala_dit.nala_ops import rope_angles
+
+    base = rope_angles((4, 4), 8)
+    assert torch.equal(rope_angles(TokenGrid(4, 4, 4, 4, "extrapolate"), 8), base)
+    big = rope_angles(TokenGrid(8, 8, 4, 4, "interpolate"), 8).reshape(8, 8, 4)
+    assert torch.equal(big[::2, ::2].reshape(16, 4), base)              # positions i · 4/8: even ones on the base
+    assert torch.equal(rope_angles(TokenGrid(8, 8, 8, 8, "extrapolate"), 8), rope_angles((8, 8), 8))
+    assert not rope_angles(TokenGrid(6, 6, 4, 4, "none"), 8).any()       # no rotation
+    # a RoPE model runs at another size under each policy, and interpolate at the base size is extrapolate
+    x, t, y = torch.randn(1, 4, 8, 8), torch.tensor([5.0]), torch.tensor([1])
+    a, b = perturbed(attention="nala", rope=True), perturbed(attention="nala", rope=True, pos_embed="interpolate")
+    assert torch.equal(a(x, t, y), b(x, t, y))
+    assert b(torch.randn(1, 4, 16, 12), t, y).shape == (1, 8, 16, 12)
