@@ -48,6 +48,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -390,6 +391,83 @@ def ratios(rows):
     return out
 
 
+def run_line(meta) -> str:
+    load = meta.get("load_average") or [None, None]
+    where = f"{meta['device_name']}, {meta['dtype']}, {meta['threads']} thread(s), batch 1, {meta['date']}"
+    if load[0] is not None:
+        where += f", load average {load[0]:.1f} → {load[1]:.1f} on {meta['cpu_count']} cores"
+    return f"{where}, {meta['wall_s'] / 60:.1f} min: `{meta['command']}`"
+
+
+def markdown(rows, meta, header=True) -> str:
+    """The docs tables: MiB and seconds per cell; † = counted (shape-only run), — = not run."""
+    def mib(r):
+        value, how = peak(r) if r else (None, None)
+        if value is None:
+            return "—"
+        text = f"{value / 1024:.2f} GiB" if value >= 1024 else f"{value:.1f} MiB"
+        return text + ("†" if how == "counted" else "")
+
+    def sec(r):
+        return f"{r['time_s']:.2f}" if r and r.get("time_s") else "—"
+
+    def ratio(a, b, key):
+        if not (a and b):
+            return "—"
+        if key == "mem":
+            (x, kx), (y, ky) = peak(a), peak(b)
+            return "—" if not (x and y) else f"{x / y:.3f}" + ("†" if "counted" in (kx, ky) else "")
+        return f"{a['time_s'] / b['time_s']:.2f}" if a.get("time_s") and b.get("time_s") else "—"
+
+    def find(**kw):
+        return next((r for r in rows if all(r.get(k) == v for k, v in kw.items())), None)
+
+    out = [run_line(meta), ""] if header else []
+    for size in sorted({r["size"] for r in rows if r["section"] == "sample"}, key=lambda s: s != "S/2"):
+        out += [f"**One sampling forward, {size}** (seconds per call; peak memory of the call)", "",
+                "| px | tokens | NaLaDiT s | DiT SDPA s | DiT math s | NaLaDiT peak | DiT SDPA peak | DiT math peak "
+                "| NaLa / SDPA memory | NaLa / math memory | NaLa / SDPA time |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for px in sorted({r["px"] for r in rows if r["section"] == "sample" and r["size"] == size}):
+            n, d, m = (find(section="sample", size=size, px=px, attention=a) for a in ("nala", "sdpa", "math"))
+            out.append(f"| {px} | {n['tokens']:,} | {sec(n)} | {sec(d)} | {sec(m)} | {mib(n)} | {mib(d)} | {mib(m)} "
+                       f"| {ratio(n, d, 'mem')} | {ratio(n, m, 'mem')} | {ratio(n, d, 'time')} |")
+        out.append("")
+    for size in sorted({r["size"] for r in rows if r["section"] == "train"}, key=lambda s: s != "S/2"):
+        out += [f"**Training forward + backward, {size}** (peak per image, parameter gradients included)", "",
+                "| tokens | NaLaDiT | NaLaDiT ckpt | DiT SDPA | DiT SDPA ckpt | ckpt / none NaLa | ckpt / none DiT "
+                "| NaLa / DiT | NaLa s | DiT s |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for px in sorted({r["px"] for r in rows if r["section"] == "train" and r["size"] == size}):
+            cell = {(a, c): find(section="train", size=size, px=px, attention=a, grad_checkpointing=c)
+                    for a in ("nala", "sdpa") for c in (False, True)}
+            n0 = cell[("nala", False)]
+            out.append(f"| {n0['tokens']:,} | {mib(n0)} | {mib(cell[('nala', True)])} | {mib(cell[('sdpa', False)])} "
+                       f"| {mib(cell[('sdpa', True)])} | {ratio(cell[('nala', True)], n0, 'mem')} "
+                       f"| {ratio(cell[('sdpa', True)], cell[('sdpa', False)], 'mem')} "
+                       f"| {ratio(n0, cell[('sdpa', False)], 'mem')} | {sec(n0)} | {sec(cell[('sdpa', False)])} |")
+        out.append("")
+    vae = [r for r in rows if r["section"] == "vae"]
+    if vae:
+        tile = next((r["tile_px"] for r in vae if r["tile_px"]), None)
+        out += [f"**VAE decode** ({vae[0]['model']}, random weights; tiles of {tile} px)", "",
+                "| px | untiled peak | tiled peak | tiled / untiled | untiled s |", "|---:|---:|---:|---:|---:|"]
+        for px in sorted({r["px"] for r in vae}):
+            off, on = find(section="vae", px=px, tiling="off"), find(section="vae", px=px, tiling="on")
+            out.append(f"| {px} | {mib(off)} | {mib(on) if on else 'one tile'} | {ratio(on, off, 'mem') if on else '—'} "
+                       f"| {sec(off)} |")
+        out.append("")
+    reasons = {}
+    for r in rows:   # one line per kind of reason, with its cell count
+        if r.get("skipped"):
+            reason = re.sub(r"^(N×N scores|predicted) [\d.]+ (GiB|s per call)", r"\1", r["skipped"])
+            reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        out += ["Not run for real (peaks marked † are counted instead): "
+                + "; ".join(f"{reason} ({n} cells)" for reason, n in sorted(reasons.items())) + ".", ""]
+    return "\n".join(out)
+
+
 def plot(rows, path, meta):
     import matplotlib
 
@@ -431,7 +509,8 @@ def plot(rows, path, meta):
         title = {"sample": "one sampling forward", "train": "forward + backward", "vae": "VAE decode"}[section]
         ax.set_title(f"{title}: {what}, {meta['dtype']}, {meta['device_name']}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=60)
     plt.close(fig)
@@ -463,7 +542,22 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--tiny", action="store_true", help="2-block narrow models, tiny VAE, 64-128 px (tests)")
     parser.add_argument("--out", default="", help="JSON path; a PNG plot is written beside it")
+    parser.add_argument("--from-json", metavar="JSON", nargs="+", help="run nothing: print the markdown tables of "
+                        "result files (a cell in a later file replaces the same cell of an earlier one) and redraw "
+                        "the plot beside the first")
     args = parser.parse_args(argv)
+    if args.from_json:
+        files = [json.loads(Path(f).read_text()) for f in args.from_json]
+        cells = {}
+        for data in files:
+            for r in data["results"]:
+                cells[tuple(r.get(k) for k in ("section", "model", "attention", "px", "grad_checkpointing",
+                                                "tiling"))] = r
+        rows = list(cells.values())
+        print("\n".join(run_line(data["meta"]) for data in files) + "\n")
+        print(markdown(rows, files[0]["meta"], header=False))
+        plot(rows, Path(args.from_json[0]).with_suffix(".png"), files[0]["meta"])
+        return
     device = torch.device(args.device)
     if args.tiny:
         args.resolutions, args.train_tokens, args.vae_resolutions = [64, 128], [16, 64], [64, 128]
@@ -513,6 +607,7 @@ def main(argv=None):
         out.write_text(json.dumps(dict(meta=meta, results=rows, ratios=table), indent=1))
         plot(rows, out.with_suffix(".png"), meta)
         print(f"wrote {out} and {out.with_suffix('.png')}")
+    print("\n" + markdown(rows, meta))
 
 
 if __name__ == "__main__":
