@@ -85,7 +85,7 @@ PRECISIONS = ("fp32", "bf16")
 ODE_ATOL, ODE_RTOL = 1e-6, 1e-3
 
 # vae.py: decoding big latents. "auto" tiles an image above one megapixel (1024² px): up
-# to there an fp32 SD-VAE decode peaks at 3 GiB (measured, benchmarks/highres.py) and
+# to there an fp32 SD-VAE decode peaks at 3 GiB (counted, docs/highres.md) and
 # tiles would change the pixels of the sizes models are trained and scored at; above it
 # the untiled peak grows 4x per doubling of the side (12 GiB at 2048², 48 GiB at 4096²).
 # It also slices (one image at a time) a batch whose pixels together exceed it.

@@ -3,7 +3,7 @@
 diffusers' ``AutoencoderKL`` decodes in one piece by default. Its last level holds
 128 channels at full resolution and its mid-block attends over every latent pixel, so
 the fp32 peak grows with the pixel count: 0.75 GiB at 512², 3 GiB at 1024², 12 GiB at
-2048², 48 GiB at 4096² (``benchmarks/highres.py``). diffusers' own switches bound it:
+2048², 48 GiB at 4096² (``docs/highres.md``). diffusers' own switches bound it:
 
 * ``vae.enable_tiling()``: the latent is cut into tiles of ``tile_latent_min_size``
   latent px (``tile_sample_min_size`` image px), each decoded alone; neighbours overlap
