@@ -560,7 +560,7 @@ def main(argv=None):
         return
     device = torch.device(args.device)
     if args.tiny:
-        args.resolutions, args.train_tokens, args.vae_resolutions = [64, 128], [16, 64], [64, 128]
+        args.resolutions, args.train_tokens, args.vae_resolutions = [64, 128], [64], [64, 128]
         args.vae_tile, args.vae_real_max_px, args.repeats = 64, 128, 1
     if args.real_sizes is None:
         args.real_sizes = args.sizes if device.type == "cuda" else ["S/2"]

@@ -54,7 +54,7 @@ def test_model_benchmark_tiny(tmp_path):
     assert "img/s" in stdout
 
 
-def test_highres_benchmark_tiny(tmp_path):
+def test_highres_benchmark_tiny(tmp_path, capsys):
     data, stdout = run_script("highres.py", tmp_path / "highres.json")
     rows = data["results"]
     assert {r["section"] for r in rows} == {"sample", "train", "vae"}
@@ -76,4 +76,13 @@ def test_highres_benchmark_tiny(tmp_path):
     for key in ("date", "load_average", "threads", "memory_method", "command"):
         assert key in data["meta"], key
     assert (tmp_path / "highres.png").stat().st_size > 0
-    assert "ratios" in stdout
+    assert "ratios" in stdout and "| NaLa / math memory |" in stdout
+    # The docs tables are rebuilt from the JSON alone (and the plot redrawn).
+    (tmp_path / "highres.png").unlink()
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import highres
+
+    highres.main(["--from-json", str(tmp_path / "highres.json")])
+    tables = capsys.readouterr().out
+    assert "**VAE decode**" in tables and "| 128 | 2.5 MiB |" in tables
+    assert (tmp_path / "highres.png").stat().st_size > 0
