@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sampler", default=None, help="default: ddpm (DiT) / ode-heun (SiT); see nala_dit.generate")
     gen.add_argument("--steps", type=int, default=None)
     gen.add_argument("--cfg-scale", type=float, default=1.0)
+    gen.add_argument("--vae-tiling", choices=list(options.VAE_TILING_MODES), default="auto",
+                     help="tiled VAE decode as sample.py: auto = above 1024x1024 px; tiles change pixels")
+    gen.add_argument("--vae-tile-size", type=int, metavar="PIXELS",
+                     help=f"tile side in image px (default {options.VAE_TILE_PIXELS})")
     gen.add_argument("--kid", action="store_true", help="also compute KID")
     gen.add_argument("--json", default=None, help="write the result here")
     gen.add_argument("--split-size", type=int, default=5000, help="Inception Score split size (ADM: 5000)")
@@ -114,11 +118,13 @@ def _gen(args, common) -> dict:
     from nala_dit.generate import SampleSettings
     from nala_dit.sampling import balance_notice, balanced_labels
     from nala_dit.sources import load_source
+    from nala_dit.vae import check_tiling, decode_settings
 
     check_size_args(args)
     source = load_source(args.ckpt, args.weights, args.vae, common["device"])
     settings = sized_settings(SampleSettings(args.sampler, args.steps, args.cfg_scale), source, args)
     settings = settings.resolved(source.objective)
+    check_tiling(args.vae_tiling, args.vae_tile_size, source.vae)
     labels = balanced_labels(args.num_samples, source.num_classes, args.seed).tolist()
     if note := balance_notice(args.num_samples, source.num_classes):
         print(note, file=sys.stderr)
@@ -127,8 +133,9 @@ def _gen(args, common) -> dict:
                    image_size=args.image_size, time_shift=args.time_shift,
                    upscale_from=args.upscale_from, strength=args.strength if args.upscale_from else None)
     batches = _generated_batches(source, labels, args.seed, settings, args.batch_size)
-    return metrics.evaluate_samples(batches, args.ref, args.features, args.kid, split_size=args.split_size,
-                                    labels=np.asarray(labels), sampler=sampler, **common)
+    with decode_settings(args.vae_tiling, args.vae_tile_size):  # the batches are drawn inside
+        return metrics.evaluate_samples(batches, args.ref, args.features, args.kid, split_size=args.split_size,
+                                        labels=np.asarray(labels), sampler=sampler, **common)
 
 
 def main(argv: list[str] | None = None) -> int:

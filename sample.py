@@ -34,7 +34,7 @@ from datetime import timedelta
 
 from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
 from nala_dit.grid import add_size_arguments, check_size_args, sized_settings
-from nala_dit.options import ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS
+from nala_dit.options import ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS, VAE_TILING_MODES
 
 
 def _pair(text: str) -> tuple[float, float]:
@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help="transformer precision")
     how.add_argument("--batch-size", type=int, default=32, help="samples per forward pass (per process)")
     how.add_argument("--threads", type=int, help=THREADS_HELP)
+    how.add_argument("--vae-tiling", choices=list(VAE_TILING_MODES), default="auto",
+                     help="tiled VAE decode: auto = above 1024x1024 px (also decodes big batches one image at "
+                     "a time), on, off (tiled images differ from untiled ones, most near tile edges)")
+    how.add_argument("--vae-tile-size", type=int, metavar="PIXELS",
+                     help=f"tile side in image px when tiling (default {VAE_TILE_PIXELS}; a multiple of 32 for f8 VAEs)")
     out = p.add_argument_group("outputs")
     out.add_argument("--grid", help="write a PNG grid here")
     out.add_argument("--out-dir", help="write one PNG per sample here")
@@ -105,6 +110,7 @@ def run(args) -> int:
     from nala_dit.generate import SampleSettings
     from nala_dit.sampling import balance_notice, balanced_labels, mass_sample, sample_images, save_grid, save_pngs
     from nala_dit.sources import load_source, resolve_labels
+    from nala_dit.vae import check_tiling, decode_settings
 
     set_threads(args.threads)
     if args.num_samples is not None and args.num_samples < 1:
@@ -129,10 +135,12 @@ def run(args) -> int:
         source = load_source(args.ckpt, args.weights, args.vae, state.device)
         settings = sized_settings(settings, source, args, state.is_main_process)
         settings.resolved(source.objective)  # clear errors before any work
+        check_tiling(args.vae_tiling, args.vae_tile_size, source.vae)
         if state.is_main_process and (note := balance_notice(args.num_samples, source.num_classes)):
             print(note, file=sys.stderr)
-        done = mass_sample(source, args.out, args.num_samples, args.seed, settings, args.batch_size,
-                           args.shard_size, args.stop_after, args.keep_parts, state=state)
+        with decode_settings(args.vae_tiling, args.vae_tile_size):
+            done = mass_sample(source, args.out, args.num_samples, args.seed, settings, args.batch_size,
+                               args.shard_size, args.stop_after, args.keep_parts, state=state)
         if state.is_main_process and done is not None:
             print(f"wrote {done} and {done}.json")
         return 0
@@ -145,6 +153,7 @@ def run(args) -> int:
     source = load_source(args.ckpt, args.weights, args.vae, device)
     settings = sized_settings(settings, source, args)
     settings.resolved(source.objective)
+    check_tiling(args.vae_tiling, args.vae_tile_size, source.vae)
     if args.labels is not None:
         ids = resolve_labels([s for s in args.labels.split(",") if s.strip()], source.id2label, source.num_classes)
         if args.per_label < 1:
@@ -156,7 +165,8 @@ def run(args) -> int:
         if note := balance_notice(args.num_samples, source.num_classes):
             print(note, file=sys.stderr)
         nrow = math.ceil(math.sqrt(len(labels)))
-    images, nfe = sample_images(source, labels, args.seed, settings, args.batch_size, progress=True)
+    with decode_settings(args.vae_tiling, args.vae_tile_size):
+        images, nfe = sample_images(source, labels, args.seed, settings, args.batch_size, progress=True)
     if args.grid:
         save_grid(images, args.grid, nrow)
         print(f"wrote {args.grid} ({len(labels)} images, {nfe} NFE each)")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One-shot GPU check for NaLa: correctness of the Triton kernels on CUDA, then attention
-# and whole-model benchmarks. About 7.5 minutes on one H200, bounded: every stage has its
-# own time limit, a failing stage does not stop the others, and the summary at the end
-# says which passed.
+# One-shot GPU check for NaLa: correctness of the Triton kernels on CUDA, then attention,
+# whole-model and high-resolution benchmarks. About 9.5 minutes on one H200, bounded:
+# every stage has its own time limit, a failing stage does not stop the others, and the
+# summary at the end says which passed.
 #
 #   bash benchmarks/gpu_check.sh            # writes into $OUT if set, else runs/gpu_check/
 #   PYTHON=/path/to/python bash benchmarks/gpu_check.sh
@@ -12,15 +12,20 @@
 # into .gpu_wheels/ beforehand (e.g. `pip download diffusers --no-deps -d .gpu_wheels`)
 # and they are installed into a temporary folder first.
 #
-# Output (8 files, what a device run returns at most):
+# Output (7 files; a device run returns at most 8):
 #   gpu_check.log                     everything printed, with the stage summary at the end
-#   attention_cuda_s.json/.png        NaLa (Triton, unchunked, compile) vs ReLU-LA vs SDPA
+#   attention_cuda_s.json             NaLa (Triton, unchunked, compile) vs ReLU-LA vs SDPA
 #                                     (default, flash, cuDNN), DiT-S heads (6 x 64), bf16,
 #                                     N = 1K..64K, fwd and fwd+bwd, time and peak memory
-#   attention_cuda_xl.json/.png       the same for DiT-XL heads (16 x 72), without compile
-#   model_cuda.json/.png              DiT vs NaLaDiT S/2 and XL/2, training step and
+#   attention_cuda_xl.json            the same for DiT-XL heads (16 x 72), without compile
+#   model_cuda.json                   DiT vs NaLaDiT S/2 and XL/2, training step and
 #                                     sampling forward at 256/512/1024 px, bf16, batch 8
+#   highres_cuda.json                 one image at 256..4096 px (256..65K tokens), S/2 and
+#                                     XL/2: sampling forward (NaLa, SDPA, math backend),
+#                                     training peak with/without gradient checkpointing at
+#                                     1K/4K/16K tokens, SD-VAE decode tiled vs untiled, bf16
 #   triton_configs.json               block-size sweep of the kernels (fwd+bwd)
+#   plots.tar                         the PNG plot written beside each JSON above
 
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,7 +37,7 @@ LOG="$DEST/gpu_check.log"
 PY="${PYTHON:-python3}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 unset TRITON_INTERPRET
-TOTAL_LIMIT=460          # seconds for all stages together (8 minutes minus set-up)
+TOTAL_LIMIT=580          # seconds for all stages together (10 minutes minus set-up)
 declare -a SUMMARY=()
 
 log() { echo "$@" | tee -a "$LOG"; }
@@ -103,6 +108,19 @@ stage "model S/2 + XL/2" 100 \
 # (d) Block sizes of the kernels (results for retuning launch_config).
 stage "triton block-size sweep" 40 \
   "$PY" benchmarks/triton_configs.py --budget-s 25 --out "$DEST/triton_configs.json"
+
+# (e) One high-resolution image, batch 1, bf16: the transformer and the VAE decode apart.
+# The math backend runs while one N x N score tensor fits 50 GiB: S/2 (6 heads) up to 65K
+# tokens (48 GiB each, scores and softmax: ~96 GiB), XL/2 (16 heads) up to 16K. A cell
+# predicted over 10 s, or out of memory, is skipped with the reason; sections in order
+# of interest, no new cell after 90 s.
+stage "highres S/2 + XL/2" 120 \
+  "$PY" benchmarks/highres.py --device cuda --dtype bf16 --sizes S/2,XL/2 --sections sample,vae,train \
+  --math-cap-gib 50 --vae-real-max-px 4096 --repeats 3 --time-cap 10 --single-call-s 2 --budget-s 90 \
+  --out "$DEST/highres_cuda.json"
+
+# A device run returns at most 8 files: the plots travel as one archive.
+(cd "$DEST" && ls ./*.png >/dev/null 2>&1 && tar -cf plots.tar ./*.png && rm -f ./*.png)
 
 log ""
 log "== summary (${SECONDS}s in all)"

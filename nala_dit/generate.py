@@ -27,6 +27,7 @@ from .guidance import cfg_model_fn
 from .options import DEFAULT_STEPS, DIFFUSION_SAMPLERS, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, TRANSPORT_SAMPLERS  # noqa: F401
 from .samplers import SampleOutput, ddim_sample, ddpm_sample, ode_sample, sde_sample
 from .transport import Transport
+from .vae import decoding
 
 
 def default_sampler(objective) -> str:
@@ -201,11 +202,18 @@ def upsample_latents(latents: torch.Tensor, size: tuple[int, int]) -> torch.Tens
     return torch.nn.functional.interpolate(latents, size=tuple(size), mode="bilinear", align_corners=False)
 
 
-def decode(latents: torch.Tensor, vae=None, scaling_factor: float = 0.18215) -> torch.Tensor:
-    """Model space → pixels in [-1, 1]: the VAE decoder for latent models, identity otherwise."""
+def decode(latents: torch.Tensor, vae=None, scaling_factor: float = 0.18215, tiling: str | None = None,
+           tile_size: int | None = None) -> torch.Tensor:
+    """Model space → pixels in [-1, 1]: the VAE decoder for latent models, identity otherwise.
+
+    ``tiling`` ("auto", "on", "off") and ``tile_size`` (image px): tiled/sliced decoding,
+    see ``nala_dit.vae``; None takes the surrounding ``vae.decode_settings`` (default auto:
+    tiles above 1024² px). The VAE's own settings are restored afterwards.
+    """
     if vae is None:
         return latents.clamp(-1, 1)
-    out = vae.decode((latents / scaling_factor).to(vae.dtype)).sample
+    with decoding(vae, latents.shape, tiling, tile_size):
+        out = vae.decode((latents / scaling_factor).to(vae.dtype)).sample
     return out.float().clamp(-1, 1)
 
 

@@ -173,6 +173,17 @@ PRECISIONS = ("fp32", "bf16")
 # dopri5 tolerances, as SiT's sample.py
 ODE_ATOL, ODE_RTOL = 1e-6, 1e-3
 
+# vae.py: decoding big latents. "auto" tiles an image above one megapixel (1024² px): up
+# to there an fp32 SD-VAE decode peaks at 3 GiB (counted, docs/highres.md) and
+# tiles would change the pixels of the sizes models are trained and scored at; above it
+# the untiled peak grows 4x per doubling of the side (12 GiB at 2048², 48 GiB at 4096²).
+# It also slices (one image at a time) a batch whose pixels together exceed it.
+VAE_TILING_MODES = ("auto", "on", "off")
+VAE_AUTO_TILING_PIXELS = 1024 * 1024
+# Default tile side when tiling is switched on here: 512 px (64 latent px), whose fp32
+# decode peaks at 0.75 GiB, as a 512² image does.
+VAE_TILE_PIXELS = 512
+
 # metrics.py / features: evaluation inputs.
 FEATURE_CHOICES = ("inception", "digits")
 DATASETS = ("digits-train", "digits-heldout")

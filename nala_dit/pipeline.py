@@ -49,6 +49,7 @@ from .generate import (SampleSettings, _Precision, decode, default_sampler, gene
 from .grid import latent_for, parse_time_shift, vae_factor
 from .models import DiT
 from .sources import assert_no_meta, read_pipeline_index, resolve_labels, resolve_scaling_factor
+from .vae import check_tiling
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 # Every saved folder holds <custom pipeline>.py, which only imports the pipeline class from
@@ -180,6 +181,8 @@ class _NaLaPipeline(DiffusionPipeline):
         height: int | None = None,
         width: int | None = None,
         time_shift: float | str | None = None,
+        vae_tiling: str = "auto",
+        vae_tile_size: int | None = None,
     ):
         """Class-conditional images.
 
@@ -199,9 +202,14 @@ class _NaLaPipeline(DiffusionPipeline):
             Away from the trained size expect degraded content (docs/highres.md).
         time_shift: shift the sampler's steps toward noise, a number or "auto" (s = √(tokens /
             base tokens)); default: what the model was trained with.
+        vae_tiling: "auto" (tile images above 1024² px, else as ``vae`` is set, e.g. by
+            ``pipe.vae.enable_tiling()``), "on" or "off"; ``vae_tile_size``: tile side in
+            image px (a multiple of 32 for f8 VAEs). See ``nala_dit.vae``.
         """
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
+        if output_type != "latent":  # before sampling, not after
+            check_tiling(vae_tiling, vae_tile_size, self.resolved_vae(), names=("vae_tiling", "vae_tile_size"))
         ids = self.get_label_ids(class_labels)
         seed = seed_from(generator)
         if num_inference_steps is None and sampler is None:
@@ -216,7 +224,8 @@ class _NaLaPipeline(DiffusionPipeline):
         if output_type == "latent":
             images = latents
         else:
-            images = decode(latents, self.resolved_vae(), self.scaling_factor)    # (B, C, H, W) in [-1, 1]
+            images = decode(latents, self.resolved_vae(), self.scaling_factor,    # (B, C, H, W) in [-1, 1]
+                            tiling=vae_tiling, tile_size=vae_tile_size)
             if output_type == "pil":
                 from PIL import Image
                 arr = to_uint8(images).numpy()

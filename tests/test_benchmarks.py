@@ -52,3 +52,37 @@ def test_model_benchmark_tiny(tmp_path):
         assert r["params"] > 0 and r["latent"] == r["resolution"] // 8
     assert data["meta"]["tiny"] is True
     assert "img/s" in stdout
+
+
+def test_highres_benchmark_tiny(tmp_path, capsys):
+    data, stdout = run_script("highres.py", tmp_path / "highres.json")
+    rows = data["results"]
+    assert {r["section"] for r in rows} == {"sample", "train", "vae"}
+    assert {(r["attention"], r["model"]) for r in rows if r["section"] == "sample"} == {
+        ("nala", "NaLaDiT-S/2"), ("sdpa", "DiT-S/2"), ("math", "DiT-S/2")}
+    assert {r["grad_checkpointing"] for r in rows if r["section"] == "train"} == {False, True}
+    assert {r["tiling"] for r in rows if r["section"] == "vae" and r["px"] == 128} == {"off", "on"}
+    for r in rows:
+        assert r["skipped"] is None, r
+        assert finite(r["time_s"]) and r["time_s"] > 0 and r["calls"] >= 1
+        # The shape-only count reproduces the measured peak (same operators, same shapes).
+        assert abs(r["peak_mib_counted"] - r["peak_mib"]) <= 0.02 * r["peak_mib"] + 0.02, r
+        if r["section"] != "vae":
+            assert r["tokens"] == (r["px"] // 16) ** 2 and r["latent"] == r["px"] // 8
+    ratios = {(r["section"], r["px"], r.get("attention"), r["vs"], r.get("grad_checkpointing")): r
+              for r in data["ratios"]}
+    assert finite(ratios[("sample", 128, None, "math", False)]["mem_ratio"])
+    assert ratios[("vae", 128, None, "untiled", None)]["mem_ratio"] < 0.5       # 64-px tiles of a 128-px image
+    for key in ("date", "load_average", "threads", "memory_method", "command"):
+        assert key in data["meta"], key
+    assert (tmp_path / "highres.png").stat().st_size > 0
+    assert "ratios" in stdout and "| NaLa / math memory |" in stdout
+    # The docs tables are rebuilt from the JSON alone (and the plot redrawn).
+    (tmp_path / "highres.png").unlink()
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import highres
+
+    highres.main(["--from-json", str(tmp_path / "highres.json")])
+    tables = capsys.readouterr().out
+    assert "**VAE decode**" in tables and "| 128 | 2.5 MiB |" in tables
+    assert (tmp_path / "highres.png").stat().st_size > 0
