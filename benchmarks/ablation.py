@@ -773,7 +773,43 @@ def write_table(out: Path, md: Path | None = None, readme: Path | None = None) -
     target.write_text(render_table(rows, cells, load_timing(out)))
     if readme:
         fill_readme(readme, readme_block(rows, cells))
+    for task in _tasks(r["task"] for r in rows):
+        if "image_size" in TASKS[task]:  # the ladder's sizes: one plot each
+            plot_curves(rows, load_timing(out).get(task, {}), task, out / f"curves_{task}.png")
     return target
+
+
+def plot_curves(rows: list[dict], step_s: dict, task: str, path: Path) -> Path:
+    """Held-out loss (mean ± std over seeds) against steps and against compute seconds
+    (budget × the isolated median step time; the right panel is empty without a timing)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mine = [r for r in rows if r["task"] == task and r["lr"] == TASKS[task]["lr"]]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for variant in sorted({r["variant"] for r in mine}, key=list(VARIANTS).index):
+        pts = sorted((r["budget"], r["heldout_loss"], r["heldout_loss_std"], r["n"]) for r in mine
+                     if r["variant"] == variant)
+        steps, loss, std, n = zip(*pts)
+        std = [0.0 if math.isnan(s) else s for s in std]
+        label = f"{variant} (n={min(n)})"
+        axes[0].errorbar(steps, loss, yerr=std, marker="o", capsize=3, label=label)
+        if variant in step_s:
+            axes[1].errorbar([b * step_s[variant] for b in steps], loss, yerr=std, marker="o", capsize=3, label=label)
+    axes[0].set_xlabel("training steps")
+    axes[1].set_xlabel("compute seconds (steps × isolated median step time, 1 thread)")
+    axes[0].set_ylabel("held-out loss")
+    axes[0].set_title(TASK_TITLES.get(task, task), fontsize=9)
+    axes[0].legend(fontsize=8)
+    if not step_s:
+        axes[1].set_title("no timing.json yet", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 # ------------------------------------------------------------------ CLI

@@ -75,6 +75,8 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     assert "## canvas64, 2 steps" in table and "| softmax | 2e-3 | 2 | — | — |" in table
     for task in ablation.QUICK_TASKS:
         assert f"## {task}: time to held-out loss" in table
+    for task in ("canvas64", "ladder64_interp"):                  # one curve plot per ladder size
+        assert (tmp_path / f"curves_{task}.png").stat().st_size > 10_000
     assert "| softmax | 2e-3 | 2 |" in table and "| nala | 2e-3 | 2 |" in table
     # A rerun finds every cell done and trains nothing.
     cells = sorted((tmp_path / "cells").rglob("*.json"))
