@@ -587,12 +587,16 @@ def timing_main(args) -> int:
 
 
 def load_timing(out: Path) -> dict:
-    """{task: {variant: median step seconds}} from ``<out>/timing.json`` ({} if absent)."""
+    """{task: {variant: median step seconds}} from ``<out>/timing.json`` ({} if absent).
+
+    The CPU time of the step's one thread where recorded: what a step costs, which a shared
+    machine's load does not inflate the way it inflates wall time; else the wall median."""
     path = out / TIMING_FILE
     if not path.is_file():
         return {}
     tasks = json.loads(path.read_text()).get("tasks", {})
-    return {task: {v: row["median_step_s"] for v, row in rows.items()} for task, rows in tasks.items()}
+    return {task: {v: row.get("median_step_cpu_s", row["median_step_s"]) for v, row in rows.items()}
+            for task, rows in tasks.items()}
 
 
 def time_to_loss(rows: list[dict], step_s: dict) -> list[dict]:
