@@ -25,6 +25,7 @@ import torch
 from .diffusion import GaussianDiffusion
 from .guidance import cfg_model_fn
 from .options import DEFAULT_STEPS, DIFFUSION_SAMPLERS, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, TRANSPORT_SAMPLERS  # noqa: F401
+from .options import RENOISE_SAMPLERS
 from .samplers import SampleOutput, ddim_sample, ddpm_sample, ode_sample, sde_sample
 from .transport import Transport
 from .vae import decoding
@@ -146,7 +147,7 @@ def generate(
             raise ValueError(f"init {tuple(init.shape)} must have the shape of the noise {tuple(noise.shape)}")
         if not 0.0 <= strength <= 1.0:
             raise ValueError(f"strength must be in [0, 1] (0 = keep the image, 1 = from pure noise), got {strength}")
-        if scheduler is not None or sampler not in ("ddpm", "ddim", "ode-euler", "ode-heun", "dopri5"):
+        if scheduler is not None or sampler not in RENOISE_SAMPLERS:
             raise ValueError(f"re-noising (--upscale-from) runs with ddpm, ddim or the ODE samplers, not "
                              f"{sampler or 'a diffusers scheduler'}")
         if strength == 0.0:
@@ -306,7 +307,7 @@ class SampleSettings:
             if not 0.0 <= self.strength <= 1.0:
                 raise ValueError(f"--strength must be in [0, 1] (0 = keep the upsampled image, 1 = from pure "
                                  f"noise), got {self.strength}")
-            if sampler not in ("ddpm", "ddim", "ode-euler", "ode-heun", "dopri5"):
+            if sampler not in RENOISE_SAMPLERS:
                 raise ValueError(f"--upscale-from re-noises and denoises with ddpm, ddim or an ODE sampler, not "
                                  f"{sampler}")
         return replace(self, sampler=sampler, num_steps=steps, cfg_scale=float(self.cfg_scale),

@@ -167,6 +167,8 @@ LOSS_WEIGHTS = ("none", "velocity", "likelihood")
 DIFFUSION_SAMPLERS = ("ddpm", "ddim", "dpm-solver")
 TRANSPORT_SAMPLERS = ("ode-euler", "ode-heun", "dopri5", "sde-euler", "sde-heun")
 SAMPLERS = DIFFUSION_SAMPLERS + TRANSPORT_SAMPLERS
+# the samplers that can start part-way, from a re-noised image (SDEdit: --upscale-from)
+RENOISE_SAMPLERS = ("ddpm", "ddim", "ode-euler", "ode-heun", "dopri5")
 DEFAULT_STEPS = {"ddpm": 250, "ddim": 50, "dpm-solver": 25, "ode-euler": 50, "ode-heun": 50,
                  "dopri5": 50, "sde-euler": 250, "sde-heun": 250}
 PRECISIONS = ("fp32", "bf16")
