@@ -284,7 +284,7 @@ class TrainConfig:
     # data
     data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8), 'digits-canvas' (embedded, one digit on a 32/64/128-px canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
     image_size: int | None = _opt(f"the data's image side in pixels: digits-canvas {'/'.join(map(str, CANVAS_SIZES))} "
-                                  f"(default {CANVAS_SIZES[0]}), image folders (default {IMAGE_FOLDER_SIZE}); "
+                                  f"({CANVAS_SIZES[0]} if not given), image folders ({IMAGE_FOLDER_SIZE} if not given); "
                                   f"digits is fixed 8x8")
     vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
     flip: bool = field(default=True, metadata=dict(help="random horizontal flips"))
