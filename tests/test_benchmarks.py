@@ -86,3 +86,15 @@ def test_highres_benchmark_tiny(tmp_path, capsys):
     tables = capsys.readouterr().out
     assert "**VAE decode**" in tables and "| 128 | 2.5 MiB |" in tables
     assert (tmp_path / "highres.png").stat().st_size > 0
+
+
+def test_train_rss_benchmark_tiny(tmp_path):
+    data, stdout = run_script("train_rss.py", tmp_path / "rss.json")
+    rows = data["rows"]
+    assert set(rows) == {"DiT", "NaLaDiT", "NaLaDiT (recompute=False)"} and data["meta"]["tokens"] == 64
+    assert rows["DiT"]["peak_ratio"] == rows["DiT"]["step_ratio"] == 1.0
+    for r in rows.values():
+        (run,) = r["runs"]                                         # one fresh process each
+        assert run["peak_mib"] > run["built_mib"] > 0
+        assert r["median_step_mib"] == run["peak_mib"] - run["built_mib"]
+    assert "step adds MiB" in stdout
