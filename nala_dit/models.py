@@ -313,6 +313,15 @@ class DiT(ModelMixin, ConfigMixin):
         self.pos_embed.copy_(self._table(self.grid(side, side)))
         self._pos_cache.clear()
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # The position table is a function of the grid, not a learned weight: a state dict
+        # saved at another size (a 256-px checkpoint loaded into a 512-px model) keeps this
+        # model's own table instead of failing on its shape. Same shape: loaded as saved.
+        key = prefix + "pos_embed"
+        if key in state_dict and state_dict[key].shape != self.pos_embed.shape:
+            state_dict[key] = self.pos_embed.detach().clone()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def rebase(self, base_size: int) -> None:
         """Set the base grid (latent side) positions are relative to: a model fine-tuned up
         the ladder keeps its source's, so ``interpolate`` maps every size onto the range the

@@ -389,3 +389,11 @@ def test_rope_follows_the_position_policy():
     a, b = perturbed(attention="nala", rope=True), perturbed(attention="nala", rope=True, pos_embed="interpolate")
     assert torch.equal(a(x, t, y), b(x, t, y))
     assert b(torch.randn(1, 4, 16, 12), t, y).shape == (1, 8, 16, 12)
+
+
+def test_a_state_dict_of_another_size_loads_strictly_and_keeps_the_positions():
+    small, big = perturbed(), DiT(**{**TINY, "input_size": 16})
+    own = big.pos_embed.clone()
+    big.load_state_dict(small.state_dict(), strict=True)        # 4×4-token table into an 8×8-token model
+    assert torch.equal(big.pos_embed, own)
+    assert all(torch.equal(v, small.state_dict()[k]) for k, v in big.state_dict().items() if k != "pos_embed")
