@@ -98,3 +98,24 @@ def test_train_rss_benchmark_tiny(tmp_path):
         assert run["peak_mib"] > run["built_mib"] > 0
         assert r["median_step_mib"] == run["peak_mib"] - run["built_mib"]
     assert "step adds MiB" in stdout
+
+
+def test_highres_quality_runs_every_setting(tmp_path, digits_checkpoint, digits_classifier_dir):
+    """Every (model, setting, seed) is scored once; the classifier and reference are built once."""
+    import shutil
+
+    work = tmp_path / "work"
+    shutil.copytree(digits_classifier_dir, work / "digits_classifier")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "highres_quality.py"), "--runs", str(digits_checkpoint.parent),
+           "--models", digits_checkpoint.name, "--per-class", "1", "--seeds", "0,1", "--work", str(work),
+           "--out", str(tmp_path / "q.json")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import benchmarks.highres_quality as hq
+
+    rows = json.loads((tmp_path / "q.json").read_text())["rows"]
+    assert [(r["setting"], r["seed"]) for r in rows] == [(s[0], seed) for s in hq.SETTINGS for seed in (0, 1)]
+    for r in rows:
+        assert 0 <= r["class_consistency"] <= 1 and finite(r["frechet_distance"])
+        # NFE: the sampler's 40 steps, plus the upscaled second stage's round(strength · 40)
+        assert r["nfe"] == 40 + (round(r["strength"] * 40) if r["strength"] else 0)
