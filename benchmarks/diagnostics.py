@@ -8,6 +8,9 @@ noised to the diffusion timestep ``--t`` (SiT: time in [0, 1]).
     python benchmarks/diagnostics.py --ckpt runs/ablation/work/runs/digits/nala/seed0_lr2e-3 --out diag/
     python benchmarks/diagnostics.py --ckpt RUN --init --out diag_init/      # same architecture, fresh init
 
+Above 1,024 tokens the row entropy uses ``--rows`` sampled query rows per image (256 by
+default), each built exactly against all keys.
+
 Writes ``<out>/distributions.png``, ``<out>/entropy.png`` and ``<out>/diagnostics.json``.
 """
 
@@ -20,6 +23,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+ALL_ROWS_UP_TO = 1024   # tokens; above, the entropy uses sampled rows (the N×N·D reference does not fit)
+SAMPLED_ROWS = 256
 
 
 def inputs(ckpt, model, batch: int, t_value: float, seed: int, noise_only: bool):
@@ -35,7 +42,8 @@ def inputs(ckpt, model, batch: int, t_value: float, seed: int, noise_only: bool)
         x0 = torch.randn(batch, c, size, size, generator=gen)
         y = torch.randint(0, model.config.num_classes, (batch,), generator=gen)
     elif data in ("digits", "digits-canvas"):
-        ds = data_lib.DigitsDataset("heldout") if data == "digits" else data_lib.DigitsCanvasDataset("heldout")
+        ds = (data_lib.DigitsDataset("heldout") if data == "digits"
+              else data_lib.DigitsCanvasDataset("heldout", size=ckpt.config.get("image-size") or 32))
         idx = torch.randperm(len(ds), generator=gen)[:batch]
         x0, y = ds.images[idx], ds.labels[idx]
     else:
@@ -57,6 +65,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--batch", type=int, default=8, help="images (the entropy needs N×N weights per layer)")
     parser.add_argument("--t", type=float, default=500, help="diffusion timestep (SiT: time in [0, 1])")
+    parser.add_argument("--rows", type=int, default=None,
+                        help="query rows per image for the entropy, sampled (default: every row up to "
+                             f"{ALL_ROWS_UP_TO} tokens, else {SAMPLED_ROWS})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--noise", action="store_true", help="Gaussian inputs instead of held-out images")
     parser.add_argument("--init", action="store_true", help="the checkpoint's architecture at initialisation")
@@ -78,8 +89,13 @@ def main(argv=None) -> int:
         model, _ = load_model(ckpt.path, args.weights)
     model.eval()
     x, t, y = inputs(ckpt, model, args.batch, args.t, args.seed, args.noise)
+    tokens = (x.shape[-2] // model.patch_size) * (x.shape[-1] // model.patch_size)
+    rows = args.rows if args.rows is not None else (None if tokens <= ALL_ROWS_UP_TO else SAMPLED_ROWS)
+    if rows is not None and rows < 1:
+        print(f"error: --rows must be at least 1, got {rows}", file=sys.stderr)
+        return 2
     try:
-        stats = collect(model, x, t, y)
+        stats = collect(model, x, t, y, rows=rows, seed=args.seed)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -88,11 +104,13 @@ def main(argv=None) -> int:
     what = "init" if args.init else f"step {ckpt.step}"
     title = (f"{ckpt.config.get('model')} attention={cfg.get('attention')} norm_scale={cfg.get('norm_scale')} "
              f"({what}), {ckpt.config.get('data')}, "
-             f"t={args.t:g}, {args.batch} images")
+             f"t={args.t:g}, {args.batch} images, {tokens} tokens"
+             + ("" if rows is None or rows >= tokens else f" ({rows} sampled rows each)"))
     plot_distributions(stats, args.out / "distributions.png", title)
     plot_entropy(stats, args.out / "entropy.png", title)
     report = dict(checkpoint=str(ckpt.path), step=None if args.init else ckpt.step, init=args.init,
-                  norm_scale=cfg.get("norm_scale"), t=args.t, batch=args.batch,
+                  norm_scale=cfg.get("norm_scale"), t=args.t, batch=args.batch, tokens=tokens,
+                  entropy_rows="all" if rows is None or rows >= tokens else rows,
                   layers=[s.summary() for s in stats])
     (args.out / "diagnostics.json").write_text(json.dumps(report, indent=1))
     for s in report["layers"]:

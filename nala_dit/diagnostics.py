@@ -1,9 +1,11 @@
 """What NaLa's query norm does inside a model: per layer and head, the distribution of
 ‖q‖ and of the exponent ``p = λ(τ + tanh(‖q‖/s))``, the share of saturated tokens (p
 within 1 % of its supremum λ(τ + 1), where the norm no longer changes anything), and the
-attention-row entropy against ‖q‖ from the explicit N×N weights of the quadratic
-reference (small batches only). NALA_SPEC.md §7 explains why this matters: with s = 1
-every token of a default DiT saturates.
+attention-row entropy against ‖q‖. The entropy comes from the explicit N×N weights of the
+quadratic reference (small batches and token counts), or, for thousands of tokens, from
+``rows`` sampled query rows per image, each row built from the feature maps against every
+key (exact: the same weights, one row at a time; tested against the reference). NALA_SPEC.md
+§7 explains why this matters: with s = 1 every token of a default DiT saturates.
 
 ``benchmarks/diagnostics.py`` is the command line; ``collect`` and the plot functions are
 the library.
@@ -18,6 +20,7 @@ import numpy as np
 import torch
 
 from .attention import SATURATION, GatedLinearAttention, nala_attention_reference
+from .nala_ops import nala_features
 
 
 @dataclass
@@ -27,9 +30,24 @@ class LayerStats:
     layer: int
     q_norm: np.ndarray
     exponent: np.ndarray
-    entropy: np.ndarray | None = None          # row entropy of W (nats), same layout
+    entropy: np.ndarray | None = None          # row entropy of W (nats): (H, B·N), or (H, B·R) for sampled rows
+    rows: np.ndarray | None = None             # the sampled query positions (R,), None = every row
     norm_scale: list[float] = field(default_factory=list)
     max_exponent: float = 4.5
+    batch: int = 1                             # images (q_norm holds B·N tokens per head)
+
+    @property
+    def entropy_q_norm(self) -> np.ndarray:
+        """‖q‖ of the rows ``entropy`` covers, in the same layout."""
+        if self.rows is None:
+            return self.q_norm
+        h = self.q_norm.shape[0]
+        per_image = self.q_norm.reshape(h, -1, self.tokens)
+        return per_image[:, :, self.rows].reshape(h, -1)
+
+    @property
+    def tokens(self) -> int:
+        return self.q_norm.shape[1] // self.batch
 
     def saturated(self) -> np.ndarray:
         """Share of tokens per head whose p is within 1 % of the supremum λ(τ + 1)."""
@@ -45,8 +63,9 @@ class LayerStats:
             # Spearman-free summary: correlation of entropy with ‖q‖ per head (norm-awareness
             # means larger norms give sharper, lower-entropy rows: a negative number).
             out["entropy_mean"] = self.entropy.mean(axis=1).tolist()
+            out["entropy_rows"] = "all" if self.rows is None else len(self.rows)
             out["entropy_vs_norm_corr"] = [float(np.corrcoef(n, e)[0, 1]) if n.std() > 0 and e.std() > 0 else 0.0
-                                           for n, e in zip(self.q_norm, self.entropy)]
+                                           for n, e in zip(self.entropy_q_norm, self.entropy)]
         return out
 
 
@@ -56,11 +75,14 @@ def nala_layers(model: torch.nn.Module) -> list[tuple[int, GatedLinearAttention]
 
 
 @torch.no_grad()
-def collect(model, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, entropy: bool = True) -> list[LayerStats]:
+def collect(model, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, entropy: bool = True,
+            rows: int | None = None, seed: int = 0) -> list[LayerStats]:
     """Run ``model(x, t, y)`` once and record every NaLa layer's queries.
 
-    ``entropy`` builds the N×N weights of the quadratic reference per layer: keep the
-    batch small (memory B·H·N² floats per layer).
+    ``entropy`` with ``rows=None`` builds the N×N weights of the quadratic reference per
+    layer (memory B·H·N²·D floats: small batches and token counts only). ``rows=R`` < N
+    takes R query positions (seeded, the same in every image) and builds just those rows
+    of W from the feature maps against all N keys (memory B·H·R·N).
     """
     layers = nala_layers(model)
     if not layers:
@@ -89,17 +111,31 @@ def collect(model, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, entropy: b
         p = layer.exponent(q)                                          # (B, H, N)
         fk = layer.feature_kwargs
         stats = LayerStats(i, _per_head(q.norm(dim=-1)), _per_head(p), norm_scale=s_heads,
-                           max_exponent=fk["power"] * (fk["offset"] + 1.0))
+                           max_exponent=fk["power"] * (fk["offset"] + 1.0), batch=q.shape[0])
         if entropy:
             q_in = q / s if isinstance(s, torch.Tensor) else q        # NaLa(q/s, 1) == NaLa(q, s)
             kw = dict(fk)
             if isinstance(s, torch.Tensor):
                 kw["norm_scale"] = 1.0
-            _, w = nala_attention_reference(q_in, k, v, eps=layer.eps, return_weights=True, **kw)
+            n = q.shape[2]
+            if rows is None or rows >= n:
+                _, w = nala_attention_reference(q_in, k, v, eps=layer.eps, return_weights=True, **kw)
+            else:
+                picked = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:rows].sort().values
+                stats.rows = picked.numpy()
+                w = sampled_rows(q_in, k, picked, eps=layer.eps, **kw)
             w = w.clamp_min(1e-30)
             stats.entropy = _per_head(-(w * w.log()).sum(-1))
         out.append(stats)
     return out
+
+
+def sampled_rows(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, eps: float, **feature_kwargs) -> torch.Tensor:
+    """Rows ``rows`` of NaLa's normalised weights W, (B, H, R, N): §3's
+    ``W_ij = sim(i, j) / (Σ_j sim(i, j) + N·ε)`` with ``sim = φ_q(q_i)·φ_k(k_j)``."""
+    phi_q, phi_k = nala_features(q, k, **feature_kwargs)
+    sim = phi_q[:, :, rows] @ phi_k.transpose(-2, -1)
+    return sim / (sim.sum(dim=-1, keepdim=True) + k.shape[2] * eps)
 
 
 def _per_head(x: torch.Tensor) -> np.ndarray:
@@ -144,7 +180,7 @@ def plot_entropy(stats: list[LayerStats], path, title: str = "", bins: int = 12)
     fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 2.5 * rows + 0.5), dpi=90, squeeze=False)
     for ax, st in zip(axes.flat, stats):
         for h in range(st.q_norm.shape[0]):
-            centers, means = binned(st.q_norm[h], st.entropy[h], bins)
+            centers, means = binned(st.entropy_q_norm[h], st.entropy[h], bins)
             ax.plot(centers, means, marker=".", lw=1)
         ax.set_title(f"layer {st.layer}", fontsize=8)
         ax.set_xlabel("‖q‖", fontsize=8)

@@ -51,6 +51,29 @@ def test_collect_matches_the_forward_and_the_reference():
     assert np.allclose(stats[0].entropy, expected.detach().numpy(), atol=1e-5)
 
 
+def test_sampled_rows_are_the_reference_rows():
+    """``rows=R`` (the 4,096-token path) gives, for the sampled query positions, exactly
+    the rows of the full quadratic reference, their ‖q‖ pairing, and a seeded choice."""
+    torch.manual_seed(0)
+    model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10, norm_scale="sqrt_d").eval()
+    x, t, y = torch.randn(3, 1, 8, 8), torch.tensor([10, 500, 900]), torch.tensor([1, 2, 3])
+    full = collect(model, x, t, y)
+    part = collect(model, x, t, y, rows=5, seed=3)
+    again = collect(model, x, t, y, rows=5, seed=3)
+    for f, s in zip(full, part):
+        rows = s.rows
+        assert len(rows) == 5 and len(set(rows.tolist())) == 5 and (np.diff(rows) > 0).all()
+        h = f.entropy.shape[0]
+        expected = f.entropy.reshape(h, 3, 16)[:, :, rows].reshape(h, -1)
+        assert s.entropy.shape == (4, 3 * 5)
+        assert np.allclose(s.entropy, expected, rtol=1e-5, atol=1e-6)
+        assert np.array_equal(s.entropy_q_norm, f.q_norm.reshape(h, 3, 16)[:, :, rows].reshape(h, -1))
+        assert np.array_equal(s.exponent, f.exponent)              # every token still counted
+        assert s.summary()["entropy_rows"] == 5 and f.summary()["entropy_rows"] == "all"
+    assert all(np.array_equal(a.rows, b.rows) for a, b in zip(part, again))
+    assert collect(model, x, t, y, rows=16)[0].rows is None        # R >= N: the full reference
+
+
 class _single_block(torch.nn.Module):
     """A stand-in 'model' whose one block's attention sees the given tokens."""
 
@@ -73,3 +96,7 @@ def test_cli_writes_plots_and_json(digits_checkpoint, tmp_path):
         assert len(layer["saturated"]) == 4 and all(0 <= v <= 1 for v in layer["saturated"])
     for png in ("distributions.png", "entropy.png"):
         assert (tmp_path / png).stat().st_size > 1000
+    assert report["tokens"] == 16 and report["entropy_rows"] == "all"
+    assert cli.main(["--ckpt", str(digits_checkpoint), "--out", str(tmp_path / "r"), "--batch", "2", "--rows", "3"]) == 0
+    report = json.loads((tmp_path / "r" / "diagnostics.json").read_text())
+    assert report["entropy_rows"] == 3 and all(layer["entropy_rows"] == 3 for layer in report["layers"])
