@@ -626,6 +626,64 @@ def time_to_loss(rows: list[dict], step_s: dict) -> list[dict]:
     return out
 
 
+def equal_compute(rows: list[dict], step_s: dict) -> list[dict]:
+    """Per task: held-out loss at equal compute. The compute is the cheapest variant's whole
+    run (its last budget × its isolated median step time); each variant is shown at its
+    largest budget that fits in it (no interpolation between budgets). A variant whose first
+    budget already costs more is shown with ``budget=None``."""
+    out = []
+    for task in _tasks(r["task"] for r in rows):
+        lr = TASKS[task]["lr"]
+        mine = [r for r in rows if r["task"] == task and r["lr"] == lr and r["variant"] in step_s.get(task, {})
+                and not math.isnan(r["heldout_loss"])]
+        variants = sorted({r["variant"] for r in mine}, key=list(VARIANTS).index)
+        if not variants:
+            continue
+        cost = {v: max(r["budget"] for r in mine if r["variant"] == v) * step_s[task][v] for v in variants}
+        limit = min(cost.values())
+        for v in sorted(variants, key=lambda v: step_s[task][v]):
+            fits = [r for r in mine if r["variant"] == v and r["budget"] * step_s[task][v] <= limit * (1 + 1e-9)]
+            r = max(fits, key=lambda r: r["budget"]) if fits else None
+            out.append(dict(task=task, variant=v, compute_s=limit, step_s=step_s[task][v],
+                            budget=r["budget"] if r else None, n=r["n"] if r else None,
+                            time_s=r["budget"] * step_s[task][v] if r else None,
+                            heldout_loss=r["heldout_loss"] if r else math.nan,
+                            heldout_loss_std=r["heldout_loss_std"] if r else math.nan))
+    return out
+
+
+def _equal_compute_lines(found: list[dict]) -> list[str]:
+    lines = ["| variant | step time (s) | steps within it | compute used (s) | n | held-out loss |",
+             "|---|---|---|---|---|---|"]
+    for f in found:
+        if f["budget"] is None:
+            lines.append(f"| {f['variant']} | {f['step_s']:.3f} | none (first budget costs more) | — | — | — |")
+            continue
+        lines.append(f"| {f['variant']} | {f['step_s']:.3f} | {f['budget']} | {f['time_s']:.1f} | {f['n']} | "
+                     f"{_fmt(f['heldout_loss'], f['heldout_loss_std'], 4)} |")
+    return lines
+
+
+def _timing_sections(rows: list[dict], step_s: dict, heading) -> list[str]:
+    """The time-to-loss and equal-compute tables of every task with a timing."""
+    lines = []
+    found, equal = time_to_loss(rows, step_s), equal_compute(rows, step_s)
+    for task in _tasks(f["task"] for f in found):
+        mine = [f for f in found if f["task"] == task]
+        same = [f for f in equal if f["task"] == task]
+        title = TASK_TITLES.get(task, task)
+        lines += [heading(f"{title}: time to held-out loss {mine[0]['target']:.4f}"), "",
+                  "The target is the loss every variant reaches (the largest of their best means); compute time "
+                  f"= the first budget at or below it × the median step time of the isolated timing run "
+                  f"({TIMING_FILE}: one thread, all variants back to back).", ""]
+        lines += _time_to_loss_lines(mine) + [""]
+        lines += [heading(f"{title}: held-out loss at equal compute ({same[0]['compute_s']:.0f} s)"), "",
+                  "The compute is the cheapest variant's whole run; every variant at its largest budget that "
+                  "fits in it (budgets only, no interpolation).", ""]
+        lines += _equal_compute_lines(same) + [""]
+    return lines
+
+
 def _time_to_loss_lines(found: list[dict]) -> list[str]:
     lines = ["| variant | n | first budget at the target | step time (s) | compute time (s) | × fastest |",
              "|---|---|---|---|---|---|"]
@@ -707,14 +765,7 @@ def render_table(rows: list[dict], cells: list[dict], step_s: dict | None = None
         for budget in sorted({r["budget"] for r in rows if r["task"] == task}):
             lines += [f"## {task}, {budget} steps", ""]
             lines += _table_lines([r for r in rows if r["task"] == task and r["budget"] == budget]) + [""]
-    found = time_to_loss(rows, step_s or {})
-    for task in _tasks(f["task"] for f in found):
-        mine = [f for f in found if f["task"] == task]
-        lines += [f"## {task}: time to held-out loss {mine[0]['target']:.4f}", "",
-                  "The target is the loss every variant reaches (the largest of their best means); compute time "
-                  f"= the first budget at or below it × the median step time of the isolated timing run "
-                  f"({TIMING_FILE}: one thread, all variants back to back).", ""]
-        lines += _time_to_loss_lines(mine) + [""]
+    lines += _timing_sections(rows, step_s or {}, lambda text: f"## {text}")
     failed = [c for c in cells if "error" in c]
     if failed:
         lines += ["## Failed cells", ""] + [
@@ -731,8 +782,9 @@ TASK_TITLES = {"digits": "Digits (16 tokens)", "canvas": "Canvas (256 tokens)", 
 README_START, README_END = "<!-- ablation:start", "<!-- ablation:end -->"
 
 
-def readme_block(rows: list[dict], cells: list[dict]) -> str:
-    """The README's generated part: what ran (cells, cost, load) and one table per task and budget."""
+def readme_block(rows: list[dict], cells: list[dict], step_s: dict | None = None) -> str:
+    """The README's generated part: what ran (cells, cost, load), one table per task and
+    budget, and with a timing the time-to-loss and equal-compute tables."""
     ok = [c for c in cells if "error" not in c]
     lines = [f"{README_START} (generated by `benchmarks/ablation.py table --page docs/ablation.md`) -->"]
     for task in _tasks(c["task"] for c in ok):
@@ -749,6 +801,8 @@ def readme_block(rows: list[dict], cells: list[dict]) -> str:
         for budget in sorted({r["budget"] for r in rows if r["task"] == task}):
             lines += [f"**{TASK_TITLES.get(task, task)}, {budget} steps**", ""]
             lines += _table_lines([r for r in rows if r["task"] == task and r["budget"] == budget]) + [""]
+    if step_s:
+        lines += _timing_sections(rows, step_s, lambda text: f"**{text}**")
     return "\n".join(lines + [README_END])
 
 
@@ -776,7 +830,7 @@ def write_table(out: Path, md: Path | None = None, readme: Path | None = None) -
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render_table(rows, cells, load_timing(out)))
     if readme:
-        fill_readme(readme, readme_block(rows, cells))
+        fill_readme(readme, readme_block(rows, cells, load_timing(out)))
     for task in _tasks(r["task"] for r in rows):
         if "image_size" in TASKS[task]:  # the ladder's sizes: one plot each
             plot_curves(rows, load_timing(out).get(task, {}), task, out / f"curves_{task}.png")

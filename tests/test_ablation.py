@@ -74,7 +74,8 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     table = (tmp_path / "table.md").read_text()
     assert "## canvas64, 2 steps" in table and "| softmax | 2e-3 | 2 | — | — |" in table
     for task in ablation.QUICK_TASKS:
-        assert f"## {task}: time to held-out loss" in table
+        title = ablation.TASK_TITLES[task]
+        assert f"## {title}: time to held-out loss" in table and f"## {title}: held-out loss at equal compute" in table
     for task in ("canvas64", "ladder64_interp"):                  # one curve plot per ladder size
         assert (tmp_path / f"curves_{task}.png").stat().st_size > 10_000
     assert "| softmax | 2e-3 | 2 |" in table and "| nala | 2e-3 | 2 |" in table
@@ -121,6 +122,22 @@ def test_time_to_loss_ranks_variants_by_compute_time_to_the_common_target(tmp_pa
     assert [f["time_s"] for f in found] == [200.0, 400.0] and [f["factor"] for f in found] == [1.0, 2.0]
     assert all(f["target"] == 0.30 for f in found)
     table = ablation.write_table(tmp_path).read_text()
-    assert "## canvas128: time to held-out loss 0.3000" in table
+    assert "## Canvas 128 px (4,096 tokens): time to held-out loss 0.3000" in table
     assert "| nala | 3 | 400 | 0.500 | 200.0 | 1.00 |" in table and "| softmax | 3 | 200 | 2.000 | 400.0 | 2.00 |" in table
     assert "| softmax | 2e-3 | 3 | — | — | 0.3000 ± 0.0000 |" in table    # not sampled: shown as —
+    # Equal compute: NaLa's whole run is 400 x 0.5 = 200 s; in 200 s softmax (2.0 s a step)
+    # gets its 100-step budget, loss 0.40 against NaLa's 0.30.
+    equal = ablation.equal_compute(ablation.summarize(ablation.load_cells(tmp_path)), ablation.load_timing(tmp_path))
+    assert [(f["variant"], f["budget"], f["time_s"]) for f in equal] == [("nala", 400, 200.0), ("softmax", 100, 200.0)]
+    assert [f["heldout_loss"] for f in equal] == pytest.approx([0.30, 0.40], abs=1e-12)   # means of 3 equal seeds
+    assert all(f["compute_s"] == 200.0 and f["n"] == 3 for f in equal)
+    assert "## Canvas 128 px (4,096 tokens): held-out loss at equal compute (200 s)" in table
+    assert "| softmax | 2.000 | 100 | 200.0 | 3 | 0.4000 ± 0.0000 |" in table
+    # A variant whose first budget costs more than the cheapest whole run is named, not dropped.
+    ablation.write_json(tmp_path / "timing.json", dict(tasks={"canvas128": {
+        "softmax": dict(median_step_s=2.5), "nala": dict(median_step_s=0.5)}}))
+    equal = ablation.equal_compute(ablation.summarize(ablation.load_cells(tmp_path)), ablation.load_timing(tmp_path))
+    assert [(f["variant"], f["budget"]) for f in equal] == [("nala", 400), ("softmax", None)]
+    assert "| softmax | 2.500 | none (first budget costs more) | — | — | — |" in ablation.write_table(tmp_path).read_text()
+    page = ablation.readme_block(ablation.summarize(ablation.load_cells(tmp_path)), [], ablation.load_timing(tmp_path))
+    assert "**Canvas 128 px (4,096 tokens): held-out loss at equal compute (200 s)**" in page

@@ -135,8 +135,9 @@ def test_ablation_page_holds_the_tables_of_the_committed_cells():
     benchmarks/ablation/cells/ now (rerun it after adding cells)."""
     import benchmarks.ablation as ablation
 
-    cells = ablation.load_cells(ROOT / "benchmarks" / "ablation")
-    block = ablation.readme_block(ablation.summarize(cells), cells)
+    out = ROOT / "benchmarks" / "ablation"
+    cells = ablation.load_cells(out)
+    block = ablation.readme_block(ablation.summarize(cells), cells, ablation.load_timing(out))
     page = (ROOT / "docs" / "ablation.md").read_text()
     start, end = page.find(ablation.README_START), page.find(ablation.README_END)
     assert 0 <= start < end
