@@ -838,8 +838,8 @@ def write_table(out: Path, md: Path | None = None, readme: Path | None = None) -
 
 
 def plot_curves(rows: list[dict], step_s: dict, task: str, path: Path) -> Path:
-    """Held-out loss (mean ± std over seeds) against steps and against compute seconds
-    (budget × the isolated median step time; the right panel is empty without a timing)."""
+    """Held-out loss (mean ± std over seeds, log scale) against steps and against compute
+    seconds (budget × the isolated median step time; the right panel is empty without a timing)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -858,7 +858,8 @@ def plot_curves(rows: list[dict], step_s: dict, task: str, path: Path) -> Path:
             axes[1].errorbar([b * step_s[variant] for b in steps], loss, yerr=std, marker="o", capsize=3, label=label)
     axes[0].set_xlabel("training steps")
     axes[1].set_xlabel("compute seconds (steps × isolated median step time, 1 thread)")
-    axes[0].set_ylabel("held-out loss")
+    axes[0].set_ylabel("held-out loss (log scale)")
+    axes[0].set_yscale("log")    # the loss falls 10x over the budgets; the late gaps matter
     axes[0].set_title(TASK_TITLES.get(task, task), fontsize=9)
     axes[0].legend(fontsize=8)
     if not step_s:
