@@ -558,6 +558,7 @@ def timing_main(args) -> int:
         recipe = task_recipe(task, args.quick)
         batch = recipe["batch"]
         calls = {v: _timing_setup(task, v, recipe, batch) for v in args.variants}
+        task_load = os.getloadavg()
         for step, forward in calls.values():
             step()                                                      # warm-up (allocations, first call)
             forward()
@@ -581,6 +582,8 @@ def timing_main(args) -> int:
         print(f"{task} (batch {batch}): " + ", ".join(
             f"{v} {statistics.median(ts):.3f} s" for v, ts in times.items()), flush=True)
         result["meta"]["loadavg_end"] = os.getloadavg()
+        # ``meta`` is the last run's; each task keeps the conditions it was measured under.
+        result.setdefault("task_meta", {})[task] = dict(result["meta"], loadavg_start=task_load, variants=args.variants)
         write_json(out_file, result)                                    # each task as it finishes
     print(f"wrote {out_file}")
     return 0
@@ -628,9 +631,11 @@ def time_to_loss(rows: list[dict], step_s: dict) -> list[dict]:
 
 def equal_compute(rows: list[dict], step_s: dict) -> list[dict]:
     """Per task: held-out loss at equal compute. The compute is the cheapest variant's whole
-    run (its last budget × its isolated median step time); each variant is shown at its
-    largest budget that fits in it (no interpolation between budgets). A variant whose first
-    budget already costs more is shown with ``budget=None``."""
+    run (its last budget × its isolated median step time); each variant affords
+    ``steps`` = compute / its step time. Only budgets are measured, so each variant gets the
+    budgets around its ``steps``: ``below`` (the largest at or under it) and ``above`` (the
+    next); a loss that falls with training puts the variant's loss at equal compute between
+    them. No interpolation."""
     out = []
     for task in _tasks(r["task"] for r in rows):
         lr = TASKS[task]["lr"]
@@ -642,25 +647,31 @@ def equal_compute(rows: list[dict], step_s: dict) -> list[dict]:
         cost = {v: max(r["budget"] for r in mine if r["variant"] == v) * step_s[task][v] for v in variants}
         limit = min(cost.values())
         for v in sorted(variants, key=lambda v: step_s[task][v]):
-            fits = [r for r in mine if r["variant"] == v and r["budget"] * step_s[task][v] <= limit * (1 + 1e-9)]
-            r = max(fits, key=lambda r: r["budget"]) if fits else None
-            out.append(dict(task=task, variant=v, compute_s=limit, step_s=step_s[task][v],
-                            budget=r["budget"] if r else None, n=r["n"] if r else None,
-                            time_s=r["budget"] * step_s[task][v] if r else None,
-                            heldout_loss=r["heldout_loss"] if r else math.nan,
-                            heldout_loss_std=r["heldout_loss_std"] if r else math.nan))
+            steps = int(limit / step_s[task][v] * (1 + 1e-9))
+            by_budget = sorted((r for r in mine if r["variant"] == v), key=lambda r: r["budget"])
+            below = [r for r in by_budget if r["budget"] <= steps]
+            above = [r for r in by_budget if r["budget"] > steps]
+            exact = bool(below) and below[-1]["budget"] == steps       # a measured budget: nothing to bracket
+            out.append(dict(task=task, variant=v, compute_s=limit, step_s=step_s[task][v], steps=steps,
+                            below=_bracket(below[-1]) if below else None,
+                            above=_bracket(above[0]) if above and not exact else None))
     return out
 
 
+def _bracket(row: dict) -> dict:
+    return dict(budget=row["budget"], n=row["n"], heldout_loss=row["heldout_loss"],
+                heldout_loss_std=row["heldout_loss_std"])
+
+
 def _equal_compute_lines(found: list[dict]) -> list[str]:
-    lines = ["| variant | step time (s) | steps within it | compute used (s) | n | held-out loss |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| variant | step time (s) | steps in that compute | held-out loss at the budgets around it |",
+             "|---|---|---|---|"]
     for f in found:
-        if f["budget"] is None:
-            lines.append(f"| {f['variant']} | {f['step_s']:.3f} | none (first budget costs more) | — | — | — |")
-            continue
-        lines.append(f"| {f['variant']} | {f['step_s']:.3f} | {f['budget']} | {f['time_s']:.1f} | {f['n']} | "
-                     f"{_fmt(f['heldout_loss'], f['heldout_loss_std'], 4)} |")
+        around = [f"{b['budget']} steps: {_fmt(b['heldout_loss'], b['heldout_loss_std'], 4)} (n = {b['n']})"
+                  for b in (f["below"], f["above"]) if b]
+        if f["below"] is None:
+            around.insert(0, "none measured below")
+        lines.append(f"| {f['variant']} | {f['step_s']:.3f} | {f['steps']} | {' · '.join(around)} |")
     return lines
 
 
@@ -678,8 +689,9 @@ def _timing_sections(rows: list[dict], step_s: dict, heading) -> list[str]:
                   f"({TIMING_FILE}: one thread, all variants back to back).", ""]
         lines += _time_to_loss_lines(mine) + [""]
         lines += [heading(f"{title}: held-out loss at equal compute ({same[0]['compute_s']:.0f} s)"), "",
-                  "The compute is the cheapest variant's whole run; every variant at its largest budget that "
-                  "fits in it (budgets only, no interpolation).", ""]
+                  "The compute is the cheapest variant's whole run. Each variant affords compute / step time "
+                  "steps; only budgets are measured, so the table gives the budgets around that count (a loss "
+                  "that falls with training lies between them; no interpolation).", ""]
         lines += _equal_compute_lines(same) + [""]
     return lines
 

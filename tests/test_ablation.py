@@ -43,6 +43,8 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
                           "--variants", ",".join(ablation.QUICK_VARIANTS)]) == 0
     timing = json.loads((tmp_path / "timing.json").read_text())
     assert timing["meta"]["threads"] == 1 and set(timing["tasks"]) == set(ablation.QUICK_TASKS)
+    assert set(timing["task_meta"]) == set(ablation.QUICK_TASKS)              # each task's own conditions
+    assert all(m["variants"] == ["softmax", "nala"] and len(m["loadavg_end"]) == 3 for m in timing["task_meta"].values())
     for task in ablation.QUICK_TASKS:
         for v in ablation.QUICK_VARIANTS:
             row = timing["tasks"][task][v]
@@ -126,18 +128,21 @@ def test_time_to_loss_ranks_variants_by_compute_time_to_the_common_target(tmp_pa
     assert "| nala | 3 | 400 | 0.500 | 200.0 | 1.00 |" in table and "| softmax | 3 | 200 | 2.000 | 400.0 | 2.00 |" in table
     assert "| softmax | 2e-3 | 3 | — | — | 0.3000 ± 0.0000 |" in table    # not sampled: shown as —
     # Equal compute: NaLa's whole run is 400 x 0.5 = 200 s; in 200 s softmax (2.0 s a step)
-    # gets its 100-step budget, loss 0.40 against NaLa's 0.30.
+    # affords exactly its 100-step budget (loss 0.40 against NaLa's 0.30).
     equal = ablation.equal_compute(ablation.summarize(ablation.load_cells(tmp_path)), ablation.load_timing(tmp_path))
-    assert [(f["variant"], f["budget"], f["time_s"]) for f in equal] == [("nala", 400, 200.0), ("softmax", 100, 200.0)]
-    assert [f["heldout_loss"] for f in equal] == pytest.approx([0.30, 0.40], abs=1e-12)   # means of 3 equal seeds
-    assert all(f["compute_s"] == 200.0 and f["n"] == 3 for f in equal)
+    assert [(f["variant"], f["steps"], f["compute_s"], f["below"]["budget"], f["above"]) for f in equal] == [
+        ("nala", 400, 200.0, 400, None), ("softmax", 100, 200.0, 100, None)]
+    assert [f["below"]["heldout_loss"] for f in equal] == pytest.approx([0.30, 0.40], abs=1e-12)
     assert "## Canvas 128 px (4,096 tokens): held-out loss at equal compute (200 s)" in table
-    assert "| softmax | 2.000 | 100 | 200.0 | 3 | 0.4000 ± 0.0000 |" in table
-    # A variant whose first budget costs more than the cheapest whole run is named, not dropped.
-    ablation.write_json(tmp_path / "timing.json", dict(tasks={"canvas128": {
-        "softmax": dict(median_step_s=2.5), "nala": dict(median_step_s=0.5)}}))
-    equal = ablation.equal_compute(ablation.summarize(ablation.load_cells(tmp_path)), ablation.load_timing(tmp_path))
-    assert [(f["variant"], f["budget"]) for f in equal] == [("nala", 400), ("softmax", None)]
-    assert "| softmax | 2.500 | none (first budget costs more) | — | — | — |" in ablation.write_table(tmp_path).read_text()
+    assert "| softmax | 2.000 | 100 | 100 steps: 0.4000 ± 0.0000 (n = 3) |" in table
+    # Between budgets: at 1.6 s a step softmax affords 125 steps, bracketed by 100 and 200;
+    # at 2.5 s it affords 80, under its first budget, which is then the only one shown.
+    for step, steps, around in ((1.6, 125, "100 steps: 0.4000 ± 0.0000 (n = 3) · 200 steps: 0.3000 ± 0.0000 (n = 3)"),
+                                (2.5, 80, "none measured below · 100 steps: 0.4000 ± 0.0000 (n = 3)")):
+        ablation.write_json(tmp_path / "timing.json", dict(tasks={"canvas128": {
+            "softmax": dict(median_step_s=step), "nala": dict(median_step_s=0.5)}}))
+        equal = ablation.equal_compute(ablation.summarize(ablation.load_cells(tmp_path)), ablation.load_timing(tmp_path))
+        assert [(f["variant"], f["steps"]) for f in equal] == [("nala", 400), ("softmax", steps)]
+        assert f"| softmax | {step:.3f} | {steps} | {around} |" in ablation.write_table(tmp_path).read_text()
     page = ablation.readme_block(ablation.summarize(ablation.load_cells(tmp_path)), [], ablation.load_timing(tmp_path))
     assert "**Canvas 128 px (4,096 tokens): held-out loss at equal compute (200 s)**" in page
