@@ -133,8 +133,8 @@ def collect(model, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, entropy: b
 def sampled_rows(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, eps: float, **feature_kwargs) -> torch.Tensor:
     """Rows ``rows`` of NaLa's normalised weights W, (B, H, R, N): §3's
     ``W_ij = sim(i, j) / (Σ_j sim(i, j) + N·ε)`` with ``sim = φ_q(q_i)·φ_k(k_j)``."""
-    phi_q, phi_k = nala_features(q, k, **feature_kwargs)
-    sim = phi_q[:, :, rows] @ phi_k.transpose(-2, -1)
+    phi_q, phi_k = nala_features(q[:, :, rows], k, **feature_kwargs)   # per-token maps: rows first
+    sim = phi_q @ phi_k.transpose(-2, -1)
     return sim / (sim.sum(dim=-1, keepdim=True) + k.shape[2] * eps)
 
 
