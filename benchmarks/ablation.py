@@ -602,19 +602,25 @@ def load_timing(out: Path) -> dict:
             for task, rows in tasks.items()}
 
 
+def _timed_rows(rows: list[dict], step_s: dict):
+    """Per task with a timing: (task, its rows at the default lr with a held-out loss and a
+    timed variant, those variants in ``VARIANTS`` order)."""
+    for task in _tasks(r["task"] for r in rows):
+        lr = TASKS[task]["lr"]
+        mine = [r for r in rows if r["task"] == task and r["lr"] == lr and r["variant"] in step_s.get(task, {})
+                and not math.isnan(r["heldout_loss"])]
+        variants = sorted({r["variant"] for r in mine}, key=list(VARIANTS).index)
+        if variants:
+            yield task, mine, variants
+
+
 def time_to_loss(rows: list[dict], step_s: dict) -> list[dict]:
     """Per task: the held-out loss every variant reaches (the largest of the variants' best
     mean losses), each variant's first budget at or below it and that budget's compute time
     (budget × isolated median step time), with the factor over the fastest variant. Only
     variants with a timing and the default lr; a variant never at the target is omitted."""
     out = []
-    for task in _tasks(r["task"] for r in rows):
-        lr = TASKS[task]["lr"]
-        mine = [r for r in rows if r["task"] == task and r["lr"] == lr and r["variant"] in step_s.get(task, {})
-                and not math.isnan(r["heldout_loss"])]
-        variants = sorted({r["variant"] for r in mine}, key=list(VARIANTS).index)
-        if not variants:
-            continue
+    for task, mine, variants in _timed_rows(rows, step_s):
         best = {v: min(r["heldout_loss"] for r in mine if r["variant"] == v) for v in variants}
         target = max(best.values())
         found = []
@@ -637,13 +643,7 @@ def equal_compute(rows: list[dict], step_s: dict) -> list[dict]:
     next); a loss that falls with training puts the variant's loss at equal compute between
     them. No interpolation."""
     out = []
-    for task in _tasks(r["task"] for r in rows):
-        lr = TASKS[task]["lr"]
-        mine = [r for r in rows if r["task"] == task and r["lr"] == lr and r["variant"] in step_s.get(task, {})
-                and not math.isnan(r["heldout_loss"])]
-        variants = sorted({r["variant"] for r in mine}, key=list(VARIANTS).index)
-        if not variants:
-            continue
+    for task, mine, variants in _timed_rows(rows, step_s):
         cost = {v: max(r["budget"] for r in mine if r["variant"] == v) * step_s[task][v] for v in variants}
         limit = min(cost.values())
         for v in sorted(variants, key=lambda v: step_s[task][v]):
@@ -837,15 +837,16 @@ def write_table(out: Path, md: Path | None = None, readme: Path | None = None) -
     the generated block of that file."""
     cells = load_cells(out)
     rows = summarize(cells)
+    step_s = load_timing(out)
     write_json(out / "table.json", dict(rows=rows))
     target = md or out / "table.md"
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_table(rows, cells, load_timing(out)))
+    target.write_text(render_table(rows, cells, step_s))
     if readme:
-        fill_readme(readme, readme_block(rows, cells, load_timing(out)))
+        fill_readme(readme, readme_block(rows, cells, step_s))
     for task in _tasks(r["task"] for r in rows):
         if "image_size" in TASKS[task]:  # the ladder's sizes: one plot each
-            plot_curves(rows, load_timing(out).get(task, {}), task, out / f"curves_{task}.png")
+            plot_curves(rows, step_s.get(task, {}), task, out / f"curves_{task}.png")
     return target
 
 
