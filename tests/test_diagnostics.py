@@ -100,3 +100,5 @@ def test_cli_writes_plots_and_json(digits_checkpoint, tmp_path):
     assert cli.main(["--ckpt", str(digits_checkpoint), "--out", str(tmp_path / "r"), "--batch", "2", "--rows", "3"]) == 0
     report = json.loads((tmp_path / "r" / "diagnostics.json").read_text())
     assert report["entropy_rows"] == 3 and all(layer["entropy_rows"] == 3 for layer in report["layers"])
+    assert cli.main(["--ckpt", str(digits_checkpoint), "--out", str(tmp_path / "bad"), "--rows", "0"]) == 2
+    assert not (tmp_path / "bad").exists()                       # refused before anything is written
