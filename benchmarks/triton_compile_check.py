@@ -4,7 +4,7 @@ registers and spills ptxas reports.
 Triton lowers a kernel to PTX without a driver, and its wheel carries ``ptxas``; so the
 CUDA compilation path (which Triton's interpreter skips) can be checked on any machine,
 and block sizes can be chosen so that no kernel spills registers (``_CONFIGS`` in
-``nala_dit/triton_nala.py`` was). It says nothing about speed.
+``nala_dit/attention/triton_kernels.py`` was). It says nothing about speed.
 
     python benchmarks/triton_compile_check.py                        # every variant, sm_90
     python benchmarks/triton_compile_check.py --head-dims 72 --dtypes bf16 --directions cosine
@@ -25,7 +25,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nala_dit import triton_nala as tn  # noqa: E402
+from nala_dit.attention import triton_kernels as tn  # noqa: E402
 
 FLOAT_ARGS = {"power", "offset", "alpha", "norm_eps", "eps", "inv_n"}
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"

@@ -1,6 +1,6 @@
 """Time the NaLa Triton kernels under other block sizes than ``launch_config`` picks.
 
-The defaults in ``nala_dit/triton_nala.py`` were chosen so that no kernel spills
+The defaults in ``nala_dit/attention/triton_kernels.py`` were chosen so that no kernel spills
 registers (``triton_compile_check.py``), without timing anything. This sweep (forward +
 backward, bf16 inputs, one (B, H, N, D) per head dim) says whether another (BLOCK_N, BV,
 num_warps) is faster; each configuration's output and gradients are checked against the
@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nala_dit import triton_nala  # noqa: E402
+from nala_dit.attention import triton_kernels  # noqa: E402
 from tests.utils import rel_rms  # noqa: E402
 
 OPTS = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
 
 
 def candidates(head_dim):
-    bd = triton_nala.launch_config(head_dim)["BD"]
+    bd = triton_kernels.launch_config(head_dim)["BD"]
     out = []
     for block_n in (32, 64, 128):
         for bv in sorted({min(bd, 32), min(bd, 64), bd}):
@@ -42,7 +42,7 @@ def candidates(head_dim):
 def fwd_bwd(q, k, v, grad, config):
     for t in (q, k, v):
         t.grad = None
-    out = triton_nala.nala_attention_triton(q, k, v, 1.0, OPTS, config=config)
+    out = triton_kernels.nala_attention_triton(q, k, v, 1.0, OPTS, config=config)
     out.backward(grad)
     return [out.detach().float()] + [t.grad.float() for t in (q, k, v)]
 
@@ -70,7 +70,7 @@ def main(argv=None):
         ref = fwd_bwd(q, k, v, grad, None)
         # None: the per-kernel defaults of launch_config; the others apply to every kernel.
         for config in [None, *candidates(d)]:
-            label = dict(config or dict(default=triton_nala.launch_config(d)))
+            label = dict(config or dict(default=triton_kernels.launch_config(d)))
             if args.budget_s and time.perf_counter() - start > args.budget_s:
                 rows.append(dict(head_dim=d, **label, skipped="budget spent"))
                 continue

@@ -1,6 +1,6 @@
 """nala_dit: DiT / SiT diffusion transformers with gated norm-aware linear attention.
 
-Where things are: ``attention.py`` (NaLa and baselines), ``models.py`` (backbone and
+Where things are: ``attention/`` (NaLa and baselines), ``models.py`` (backbone and
 presets), ``diffusion.py`` / ``transport.py`` (objectives), ``samplers.py`` (every
 sampler as a plain function), ``pipeline.py`` (diffusers pipelines), ``options.py``
 (every name the CLIs offer, as plain data).

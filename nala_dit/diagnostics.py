@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .attention import SATURATION, GatedLinearAttention, nala_attention_reference
-from .nala_ops import nala_features
+from .attention import nala_features
 
 
 @dataclass

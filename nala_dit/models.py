@@ -7,7 +7,7 @@ timestep and label embedders (the label table has a "null" row at index
 SiT (Ma et al., 2024) is the same network with ``learn_sigma=False``.
 
 The only change for NaLaDiT / NaLaSiT is the attention layer of each block, chosen by
-one argument (``attention="nala"``; see ``nala_dit/attention.py``). A softmax model has
+one argument (``attention="nala"``; see ``nala_dit/attention/layers.py``). A softmax model has
 the official checkpoint key names, so published DiT weights load with ``strict=True``.
 
 One axis order throughout: tokens are ``(B, N, C)`` with ``N = h·w`` in row-major grid

@@ -1,7 +1,7 @@
 """Every name a CLI offers, as plain data: importing this module costs no torch.
 
 ``--help``, ``--dry-run`` and argument errors of the CLIs need only these names, so
-they answer at once; the modules that do the work (``attention.py``, ``models.py``,
+they answer at once; the modules that do the work (``attention/``, ``models.py``,
 ``generate.py``, ...) import their choice lists from here, so there is one copy of each.
 ``TrainConfig`` is the training CLI: each field is a flag and a YAML key (``config.py``).
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .cli import THREADS_HELP
 
-# attention.py: the attention kinds and NaLa's direction maps. "softmax" is DiT's own
+# attention/: the attention kinds and NaLa's direction maps. "softmax" is DiT's own
 # layer; the others live in the gated layer of spec §4 (qkvg, LePE, LayerNorm, gate),
 # "softmax_gated" being softmax in that layer (to separate kernel from extras).
 ATTENTIONS = ("softmax", "nala", "relu", "elu", "softmax_gated")
@@ -24,7 +24,7 @@ DIRECTIONS = ("cosine", "relu_split")
 # NaLa's norm scale s in p = λ(τ + tanh(‖q‖/s)): a positive number (1 = the paper), or
 # one of these words: "sqrt_d" (s = √D) or "learned" (one s = exp(ρ) per head).
 NORM_SCALE_MODES = ("sqrt_d", "learned")
-# What the Triton kernels (triton_nala.py) take, known here so that attention.py's
+# What the Triton kernels (attention/triton_kernels.py) take, known here so that attention/layers.py's
 # dispatch can check a shape without importing Triton: head dims up to 128, and token
 # blocks of 16 on a grid axis that holds at most 65535 of them.
 TRITON_MAX_HEAD_DIM = 128

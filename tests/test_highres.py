@@ -376,7 +376,7 @@ def test_mass_sampling_at_a_size_records_it_and_refuses_another(run_dir, tmp_pat
 
 
 def test_rope_follows_the_position_policy():
-    from nala_dit.nala_ops import rope_angles
+    from nala_dit.attention.functional import rope_angles
 
     base = rope_angles((4, 4), 8)
     assert torch.equal(rope_angles(TokenGrid(4, 4, 4, 4, "extrapolate"), 8), base)

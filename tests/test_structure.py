@@ -14,17 +14,29 @@ PACKAGE = ROOT / "nala_dit"
 HEAVY = ("torch", "diffusers", "accelerate", "torchvision", "torch_fidelity")
 
 
+def _module(path: Path) -> str:
+    """``nala_dit/attention/nala.py`` → ``nala_dit.attention.nala``; a package's
+    ``__init__.py`` is the package itself."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _imports(path: Path, modules: set[str]) -> set[str]:
     """Package modules that ``path`` imports anywhere (top level or inside functions)."""
-    here = f"nala_dit.{path.stem}"
+    here = _module(path)
+    package = here if path.stem == "__init__" else here.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = "nala_dit" if node.level else (node.module or "")
-            if node.level and node.module:
-                base = f"nala_dit.{node.module}"
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            if not node.level:
+                base = node.module or ""
+            elif node.module:
+                base = f"{base}.{node.module}"
             # `from . import data` and `from nala_dit import metrics` name submodules.
             names = [f"{base}.{alias.name}" for alias in node.names] + [base]
         else:
@@ -34,8 +46,11 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
 
 
 def test_import_graph_has_no_cycle():
-    modules = {f"nala_dit.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    graph = {f"nala_dit.{p.stem}": _imports(p, modules) for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    files = [p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "__init__.py"]
+    modules = {_module(p) for p in files}
+    graph = {_module(p): _imports(p, modules) for p in files}
+    assert graph["nala_dit.attention.layers"] >= {"nala_dit.attention.nala", "nala_dit.options"}, \
+        "the walker must resolve relative imports inside the attention package"
     assert graph["nala_dit.pipeline"] >= {"nala_dit.sources"}, "the walker must see pipeline → sources"
     state, path = {}, []
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import nala_dit.nala_fused as fused
+import nala_dit.attention.nala as fused
 from nala_dit.attention import nala_attention, select_nala_impl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def test_kernels_compile_for_hopper():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 def test_unsupported_shapes_are_named():
-    from nala_dit.triton_nala import unsupported_reason
+    from nala_dit.attention.triton_kernels import unsupported_reason
 
     assert unsupported_reason(torch.empty(1, 2, 8, 128, device="meta")) is None
     assert "head dim 160" in unsupported_reason(torch.empty(1, 2, 8, 160, device="meta"))
@@ -139,16 +139,16 @@ def test_unsupported_shapes_are_named():
 def test_state_pass_splits(monkeypatch):
     """Token ranges of the state passes: enough programs for the GPU's SMs, none shorter
     than MIN_SPLIT_TOKENS (partial states stay small), one range on CPU (interpreter)."""
-    from nala_dit import triton_nala
+    from nala_dit.attention import triton_kernels
 
     props = type("Props", (), {"multi_processor_count": 132})()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
     cuda = torch.device("cuda")
-    assert triton_nala.num_splits(65536, 6, 1, cuda) == 88           # 4 × 132 programs / 6 heads
-    assert triton_nala.num_splits(4096, 6, 1, cuda) == 4096 // triton_nala.MIN_SPLIT_TOKENS
-    assert triton_nala.num_splits(256, 6, 1, cuda) == 1
-    assert triton_nala.num_splits(4096, 256 * 16, 2, cuda) == 1        # B·H already fills the GPU
-    assert triton_nala.num_splits(65536, 6, 1, torch.device("cpu")) == 1
+    assert triton_kernels.num_splits(65536, 6, 1, cuda) == 88           # 4 × 132 programs / 6 heads
+    assert triton_kernels.num_splits(4096, 6, 1, cuda) == 4096 // triton_kernels.MIN_SPLIT_TOKENS
+    assert triton_kernels.num_splits(256, 6, 1, cuda) == 1
+    assert triton_kernels.num_splits(4096, 256 * 16, 2, cuda) == 1        # B·H already fills the GPU
+    assert triton_kernels.num_splits(65536, 6, 1, torch.device("cpu")) == 1
 
 
 # ------------------------------------------------------- first-use check and fallback

@@ -26,7 +26,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if not INTERPRET and not torch.cuda.is_available():
     pytest.skip("needs CUDA, or TRITON_INTERPRET=1 set before Triton is imported", allow_module_level=True)
 
-from nala_dit import triton_nala  # noqa: E402  (after the environment check above)
+from nala_dit.attention import triton_kernels  # noqa: E402  (after the environment check above)
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 FP32_TOL = 1e-5
@@ -48,7 +48,7 @@ def compare(q, k, v, tol, splits=None, norm_scale=1.0, **kw):
     opts = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
     opts.update(kw)
     scale = leaves[3] if len(leaves) == 4 else norm_scale
-    out = triton_nala.nala_attention_triton(*leaves[:3], scale, opts, splits=splits)
+    out = triton_kernels.nala_attention_triton(*leaves[:3], scale, opts, splits=splits)
     assert out.dtype == v.dtype and out.shape == v.shape
     g_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     grads = torch.autograd.grad(out.float(), leaves, g_out)
@@ -67,7 +67,7 @@ def compare(q, k, v, tol, splits=None, norm_scale=1.0, **kw):
 
 
 def test_kernels_are_interpreted_exactly_when_asked():
-    assert triton_nala.INTERPRETED == INTERPRET
+    assert triton_kernels.INTERPRETED == INTERPRET
 
 
 @pytest.mark.parametrize("direction", ["cosine", "relu_split"])
@@ -109,7 +109,7 @@ def test_other_block_sizes(config):
     opts = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
     results = []
     for cfg in (None, config):
-        out = triton_nala.nala_attention_triton(q, k, v, 1.0, opts, config=cfg)
+        out = triton_kernels.nala_attention_triton(q, k, v, 1.0, opts, config=cfg)
         results.append([out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out))])
     for name, ref, got in zip(["output", "grad q", "grad k", "grad v"], *results):
         assert_close(name, ref, got, FP32_TOL)
@@ -121,7 +121,7 @@ def test_tf32_products_are_rounded_not_truncated():
     tensor-core truncation alone would shrink the output by 1.4e-3 (measured)."""
     q, k, v = (t.requires_grad_() for t in qkv(n=129, d=64))
     opts = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
-    out = triton_nala.nala_attention_triton(q, k, v, 1.0, dict(opts, precision="tf32"))
+    out = triton_kernels.nala_attention_triton(q, k, v, 1.0, dict(opts, precision="tf32"))
     ref = nala_attention_reference(q, k, v)
     g_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     grads = torch.autograd.grad(out, (q, k, v), g_out)
@@ -190,13 +190,13 @@ def test_auto_picks_triton_in_a_bf16_autocast_layer():
     layer = GatedLinearAttention(144, 2).to(DEVICE)
     x = torch.randn(2, 64, 144, device=DEVICE)
     calls = []
-    original = triton_nala.nala_attention_triton
+    original = triton_kernels.nala_attention_triton
     try:
-        triton_nala.nala_attention_triton = lambda *a, **kw: calls.append(1) or original(*a, **kw)
+        triton_kernels.nala_attention_triton = lambda *a, **kw: calls.append(1) or original(*a, **kw)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y = layer(x, grid=(8, 8))
     finally:
-        triton_nala.nala_attention_triton = original
+        triton_kernels.nala_attention_triton = original
     assert calls, "impl='auto' did not run the Triton kernels on CUDA"
     y.float().sum().backward()
     assert torch.isfinite(y).all()

@@ -14,8 +14,8 @@ Top to bottom:
   (device, dtype, head dim, direction) against the eager path, falling back to it with one
   warning on an error or a mismatch.
 
-The Triton kernels are in ``triton_nala.py``; the pure math and the N×N references they
-are all tested against in ``nala_ops.py``.
+The Triton kernels are in ``triton_kernels.py``; the pure math and the N×N references they
+are all tested against in ``functional.py``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import warnings
 import torch
 from torch.autograd.function import once_differentiable
 
-from .nala_ops import (
+from .functional import (
     ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, Direction, _check_direction, _check_qkv,
     _no_autocast, nala_features, normalized_linear_attention,
 )
-from .options import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
+from ..options import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
 
 NALA_IMPLS = ("auto", "fused", "eager", "compile", "triton")
 
@@ -334,7 +334,7 @@ def nala_attention(
       concatenation; two GEMMs per product), ``[S | z]`` from the same GEMM, and a
       hand-written backward that saves only q, k, v, the small state and the
       denominator (features are recomputed);
-    * ``"triton"``: the same algorithm as GPU kernels (``nala_dit/triton_nala.py``), the
+    * ``"triton"``: the same algorithm as GPU kernels (``nala_dit/attention/triton_kernels.py``), the
       features computed in registers;
     * ``"eager"``: the readable composition ``nala_features`` → §3, plain autograd;
     * ``"compile"``: ``torch.compile`` of the eager composition (opt-in; slow to build).
@@ -384,7 +384,7 @@ _TRITON_CHECKS: dict[tuple, str | None] = {}   # key → None (passed) or the ca
 
 
 def _triton_kernel(q, k, v, norm_scale, opts):
-    from nala_dit.triton_nala import nala_attention_triton
+    from .triton_kernels import nala_attention_triton
 
     return nala_attention_triton(q, k, v, norm_scale, opts)
 

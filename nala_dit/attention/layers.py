@@ -1,22 +1,10 @@
 """The attention layers of a diffusion transformer: softmax (DiT's) and gated NaLa (§4).
 
-The contract is ``docs/NALA_SPEC.md`` (section numbers below refer to it). The package
-keeps one concern per file:
-
-* ``nala_ops.py``: the functional core, pure functions over ``(B, H, N, D)`` tensors that
-  own no parameters (feature maps, the §3 normalisation, the baselines, SDPA softmax,
-  the §7 rotary embedding) and the explicit N×N references the tests compare against;
-* ``nala_fused.py``: ``nala_attention``, NaLa in linear time (the fused CPU autograd
-  path, the eager/compiled composition, the Triton dispatch of ``impl="auto"``);
-* ``gated_middle.py``: ``GatedMiddle``, the gated layer between its projections as one
-  autograd function that keeps only the qkvg projection for backward (``recompute=True``);
-* here: the ``nn.Module`` layers that own the projections and pick a function --
-  ``SoftmaxAttention`` (DiT's own, official parameter names ``qkv``/``proj``),
-  ``GatedLinearAttention`` (the gated NaLa layer of §4; also hosts the baselines) and
-  ``build_attention``.
-
-Every public name of ``nala_ops`` and ``nala_fused`` is re-exported here, so
-``from nala_dit.attention import nala_attention`` keeps working.
+The ``nn.Module`` layers that own the projections and pick a function:
+``SoftmaxAttention`` (DiT's own, official parameter names ``qkv``/``proj``),
+``GatedLinearAttention`` (the gated NaLa layer of §4; also hosts the baselines) and
+``build_attention``. The functions they call live beside them in this package
+(``functional.py``, ``nala.py``, ``recompute.py``).
 """
 
 from __future__ import annotations
@@ -27,19 +15,13 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from .gated_middle import GatedMiddle, gated_tail
-from .nala_fused import NALA_IMPLS, fused_opts, nala_attention, select_nala_impl, triton_available
-from .nala_ops import (
-    ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, ROPE_BASE, SATURATION, Direction,
-    _check_direction, apply_rope, kernel_features, linear_attention, linear_attention_reference,
-    nala_attention_reference, nala_exponent, nala_features, nala_query_weights,
-    nala_similarity_reference, normalized_attention_reference, normalized_linear_attention,
-    rope_angles, rope_attention_reference, rope_linear_attention, saturated_share,
-    softmax_attention, softmax_attention_reference,
+from ..options import LINEAR_KERNELS, ATTENTIONS, parse_norm_scale
+from .functional import (
+    ALPHA, EPS, NORM_SCALE, OFFSET, POWER, Direction, _check_direction, kernel_features, linear_attention,
+    nala_exponent, nala_features, rope_angles, rope_linear_attention, saturated_share, softmax_attention,
 )
-from .options import (  # the names live with the CLI options (torch-free)
-    ATTENTIONS, DIRECTIONS, LINEAR_KERNELS, TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS, parse_norm_scale,
-)
+from .nala import fused_opts, nala_attention, select_nala_impl, triton_available
+from .recompute import GatedMiddle, gated_tail
 
 
 def _check_heads(dim: int, num_heads: int) -> None:

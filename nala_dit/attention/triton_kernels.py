@@ -17,7 +17,7 @@ all tokens, so the forward is two passes and the backward three, each a kernel:
 What is saved for the backward: q, k, v, the state (2 × D × (D+1) per head) and the
 denominator. The 2D-wide features (norm, exponent, ``|q̂|^p``, angles, cos/sin halves,
 ``|k|^λ``) are recomputed in registers in every pass and never written to memory. As in
-the CPU path (``nala_fused._FusedNaLa``), the feature is never concatenated: its two halves
+the CPU path (``nala._FusedNaLa``), the feature is never concatenated: its two halves
 each meet the state in their own ``tl.dot``.
 
 Precision: every load is cast to fp32, features, state, normaliser and division are fp32,
@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from .options import TRITON_MAX_HEAD_DIM as MAX_HEAD_DIM, TRITON_MAX_TOKENS
+from ..options import TRITON_MAX_HEAD_DIM as MAX_HEAD_DIM, TRITON_MAX_TOKENS
 
 
 def unsupported_reason(q: torch.Tensor) -> str | None:
@@ -486,7 +486,7 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
 
 class TritonNaLa(torch.autograd.Function):
     """``nala_attention`` on the Triton kernels above (same contract as
-    ``nala_fused._FusedNaLa``). ``scale`` is the norm scale s as an fp32 (H,) tensor; its
+    ``nala._FusedNaLa``). ``scale`` is the norm scale s as an fp32 (H,) tensor; its
     gradient is returned when it requires one (a learned per-head s)."""
 
     @staticmethod
@@ -554,12 +554,12 @@ class TritonNaLa(torch.autograd.Function):
 def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = None,
                           config: dict | None = None) -> torch.Tensor:
     """Run the kernels: ``norm_scale`` a float or a tensor with 1 or H elements (per head);
-    ``opts`` the §2 constants as ``nala_fused._FusedNaLa`` takes them. ``splits`` overrides
+    ``opts`` the §2 constants as ``nala._FusedNaLa`` takes them. ``splits`` overrides
     the number of token ranges of the state passes (tests), ``config`` (BLOCK_N, BV,
     num_warps) the block sizes of every kernel (block-size sweeps)."""
     if q.device.type != "cuda" and not INTERPRETED:
         raise ValueError(f"impl='triton' needs CUDA tensors, got {q.device.type} (on CPU use impl='fused', "
-                         "or set TRITON_INTERPRET=1 before importing nala_dit.triton_nala to run the "
+                         "or set TRITON_INTERPRET=1 before importing nala_dit.attention.triton_kernels to run the "
                          "kernels in Triton's interpreter)")
     reason = unsupported_reason(q)
     if reason:

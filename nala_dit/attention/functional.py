@@ -18,7 +18,7 @@ below (§2, §3, §7) refer to it. Top to bottom:
 * ``saturated_share``: how many tokens sit where the exponent no longer moves.
 
 The fast NaLa paths (``nala_attention``: fused CPU autograd, Triton, eager, compile) are
-in ``nala_fused.py``; the layers in ``attention.py``.
+in ``nala.py``; the layers in ``layers.py``.
 
 Every feature map, the key-value state ``S``, the normaliser ``z`` and the division run
 in fp32 whatever the autocast dtype: ``|k|^3`` overflows fp16 at |k| > 40 and
@@ -34,7 +34,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .options import DIRECTIONS
+from ..options import DIRECTIONS
 
 Direction = Literal["cosine", "relu_split"]
 
