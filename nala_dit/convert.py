@@ -31,6 +31,7 @@ the student recomputes it under its ``pos_embed`` policy with the source's base 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from .attention.regions import remap_region_logits
 from .cli import did_you_mean
 from .models import DiT
 from .options import INHERIT_MODES
@@ -239,6 +241,11 @@ def inherit(student: DiT, source: dict[str, torch.Tensor], mode: str = "all-but-
             report.recomputed.append((key, dst.numel()))
             used.add(key)
             continue
+        grown = _grown(key, dst, source, mode)   # region states, Mix-FFN conv: the source's function kept
+        if grown is not None:
+            plan.append((key, "set", grown))
+            used.add(key)
+            continue
         attn = _ATTN.match(key)
         if attn and mode != "all" and int(attn.group(1)) not in same_layer:
             src_key = key.replace(".attn.qkvg.", ".attn.qkv.") if mode == "attention-qkv" else None
@@ -286,6 +293,9 @@ def inherit(student: DiT, source: dict[str, torch.Tensor], mode: str = "all-but-
             report.rows.append((key, got, dst.numel() - got))
             if not isinstance(rows, slice):
                 report.dropped.append((src_key, source[src_key].numel() - got))  # the variance rows
+        elif how == "set":
+            dst.copy_(arg)
+            report.rows.append((key, 0, dst.numel()))
         elif how == "zero":
             # LePE at zero: the block's output starts as the inherited attention path alone.
             dst.zero_()
@@ -294,6 +304,30 @@ def inherit(student: DiT, source: dict[str, torch.Tensor], mode: str = "all-but-
             report.rows.append((key, 0, dst.numel()))
     report.dropped += [(k, v.numel()) for k, v in source.items() if k not in used]
     return report
+
+
+def _grown(key: str, dst: torch.Tensor, source: dict[str, torch.Tensor], mode: str) -> torch.Tensor | None:
+    """The value of a student tensor that a source of the student's own attention lacks or
+    holds at another shape, chosen so the student starts as the source's function:
+
+    * ``attn.region_logits`` (``--nala-regions``): the source's logits remapped to the
+      student's R (``regions.remap_region_logits``: exact when R grows by a whole factor),
+      or 0 (w = 1, plain NaLa exactly) from a source with one global state;
+    * ``mlp.dwconv`` (``--mlp mix``) from a plain MLP: the identity kernel, bias 0.
+
+    None: the tensor is handled by the general rules (copied, or an error)."""
+    if key.endswith(".attn.region_logits") and mode == "all":
+        src = source.get(key)
+        if src is not None and src.shape == dst.shape:
+            return None
+        regions = math.isqrt(dst.shape[-1])
+        return torch.zeros_like(dst) if src is None else remap_region_logits(src.to(dst.dtype), regions)
+    if ".mlp.dwconv." in key and key not in source:
+        value = torch.zeros_like(dst)
+        if key.endswith(".weight"):
+            value[:, :, 1, 1] = 1
+        return value
+    return None
 
 
 def init_from(path: str | os.PathLike, student: DiT, student_preset: str, mode: str,

@@ -118,19 +118,45 @@ class Mlp(nn.Module):
         self.act = nn.GELU(approximate="tanh")
         self.fc2 = nn.Linear(hidden, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
+
+
+class MixMlp(Mlp):
+    """Mix-FFN (SegFormer, Sana): DiT's MLP with a 3×3 depthwise conv on the token grid
+    between its two linears, ``fc2(GELU(DWConv3×3(fc1(x))))``. The conv (``dwconv``: one
+    3×3 kernel and a bias per hidden channel, 10·hidden parameters) gives every token its
+    neighbours' hidden features, a local term that a single global attention state lacks.
+    ``fc1`` / ``fc2`` keep timm's names, so a plain MLP's weights load into it; a model
+    inherited from one starts with the conv at identity (``convert.inherit``)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__(dim, hidden)
+        self.dwconv = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden)
+
+    def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+        b, n, _ = x.shape
+        if grid is None or grid[0] * grid[1] != n:
+            raise ValueError(f"Mix-FFN needs the token grid (h, w) with h*w == N={n}, got grid={grid}")
+        x = self.fc1(x)                                                  # (B, N, hidden)
+        image = x.transpose(1, 2).reshape(b, -1, *grid)                  # (B, hidden, h, w)
+        x = self.dwconv(image).flatten(2).transpose(1, 2)                # (B, N, hidden)
+        return self.fc2(self.act(x))
+
+
+MLPS = {"mlp": Mlp, "mix": MixMlp}
 
 
 class DiTBlock(nn.Module):
     """adaLN-Zero transformer block; ``attn`` is softmax, NaLa or a linear baseline."""
 
-    def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float, attention: str, **attn_options):
+    def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float, attention: str, mlp: str = "mlp",
+                 **attn_options):
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.attn = build_attention(attention, hidden_size, num_heads, **attn_options)
         self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
+        self.mlp = MLPS[mlp](hidden_size, int(hidden_size * mlp_ratio))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -138,7 +164,7 @@ class DiTBlock(nn.Module):
             self.adaLN_modulation(c).chunk(6, dim=1)                    # each (B, C)
         )
         x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa), grid)
-        x = x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+        x = x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp), grid)
         return x                                                         # (B, N, C)
 
 
@@ -194,6 +220,8 @@ class DiT(ModelMixin, ConfigMixin):
         pos_embed: str = "extrapolate",
         base_size: int | None = None,
         softmax_blocks: list[int] | str | None = None,
+        nala_regions: int = 1,
+        mlp: str = "mlp",
     ):
         super().__init__()
         if attention not in ATTENTIONS:
@@ -210,6 +238,10 @@ class DiT(ModelMixin, ConfigMixin):
             raise ValueError(f"base_size={base_size} must be a positive multiple of patch_size={patch_size}")
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1 (1 = unconditional), got {num_classes}")
+        if mlp not in MLPS:
+            raise ValueError(f"mlp must be one of {tuple(MLPS)} ('mlp' = DiT's, 'mix' = Mix-FFN), got {mlp!r}")
+        if nala_regions != 1 and attention != "nala":
+            raise ValueError(f"nala_regions={nala_regions} applies to NaLa attention, not to attention={attention!r}")
         if hidden_size % num_heads:
             raise ValueError(f"num_heads={num_heads} must divide hidden_size={hidden_size}")
         self.in_channels = in_channels
@@ -226,7 +258,7 @@ class DiT(ModelMixin, ConfigMixin):
                 attn_options.update(rope=rope)
             if attention == "nala":
                 attn_options.update(direction=direction, power=power, offset=offset,
-                                    norm_scale=norm_scale, alpha=alpha)
+                                    norm_scale=norm_scale, alpha=alpha, regions=nala_regions)
         elif rope:
             raise ValueError(f"rope applies to the linear kernels {LINEAR_KERNELS}, not to attention='softmax'")
 
@@ -248,8 +280,8 @@ class DiT(ModelMixin, ConfigMixin):
         softmax_blocks = parse_softmax_blocks(softmax_blocks, depth)
         self.register_to_config(softmax_blocks=softmax_blocks)
         self.blocks = nn.ModuleList(
-            DiTBlock(hidden_size, num_heads, mlp_ratio, "softmax") if i in (softmax_blocks or ())
-            else DiTBlock(hidden_size, num_heads, mlp_ratio, attention, **attn_options)
+            DiTBlock(hidden_size, num_heads, mlp_ratio, "softmax", mlp) if i in (softmax_blocks or ())
+            else DiTBlock(hidden_size, num_heads, mlp_ratio, attention, mlp, **attn_options)
             for i in range(depth)
         )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)

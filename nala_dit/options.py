@@ -19,6 +19,7 @@ from .cli import THREADS_HELP
 # layer; the others live in the gated layer of spec §4 (qkvg, LePE, LayerNorm, gate),
 # "softmax_gated" being softmax in that layer (to separate kernel from extras).
 ATTENTIONS = ("softmax", "nala", "relu", "elu", "softmax_gated")
+MLP_KINDS = ("mlp", "mix")   # models.py MLPS: DiT's MLP, Mix-FFN
 LINEAR_KERNELS = ("nala", "relu", "elu")
 DIRECTIONS = ("cosine", "relu_split")
 # NaLa's norm scale s in p = λ(τ + tanh(‖q‖/s)): a positive number (1 = the paper), or
@@ -210,11 +211,12 @@ ATTENTION_OPTIONS = {
     "norm_scale": ("nala",),
     "alpha": ("nala",),
     "softmax_blocks": GATED_ATTENTIONS,
+    "nala_regions": ("nala",),
 }
 ATTENTION_GROUPS = {GATED_ATTENTIONS: "the gated layer", LINEAR_KERNELS: "the linear kernels", ("nala",): "NaLa"}
 # The TrainConfig fields that override a preset's constructor arguments.
 MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha",
-                   "rope", "pos_embed", "softmax_blocks")
+                   "rope", "pos_embed", "softmax_blocks", "nala_regions", "mlp")
 # Training options that only one objective reads (TrainConfig field -> objective).
 OBJECTIVE_OPTIONS = {
     "diffusion_steps": "diffusion", "noise_schedule": "diffusion",
@@ -280,6 +282,11 @@ class TrainConfig:
                                  "positions, default), 'interpolate' (PixArt: scaled into the base range) or "
                                  "'none' (LePE only)", choices=list(POS_EMBED_MODES))
     softmax_blocks: str | None = _opt(SOFTMAX_BLOCKS_HELP)
+    nala_regions: int | None = _opt("NaLa region states: cut the token grid into R x R regions, one key-value state "
+                                    "each, mixed per query region by learned weights (1 = one global state, plain "
+                                    "NaLa; docs/ablation.md)")
+    mlp: str | None = _opt("the block's MLP: 'mlp' (DiT's, default) or 'mix' (Mix-FFN: a 3x3 depthwise conv on the "
+                           "token grid between the two linears)", choices=list(MLP_KINDS))
     class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
     # data
     data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8), 'digits-canvas' (embedded, one digit on a 32/64/128-px canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))

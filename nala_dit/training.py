@@ -73,8 +73,9 @@ def build_model(cfg: TrainConfig, num_classes: int, in_channels: int, input_size
 
 
 # Parameters that weight decay must not pull towards 0: a learned NaLa norm scale is
-# exp(ρ), and decaying ρ would drag every scale to s = 1 (the saturated regime).
-NO_DECAY = ("log_norm_scale",)
+# exp(ρ), and decaying ρ would drag every scale to s = 1 (the saturated regime); region
+# mixing weights are exp(ρ) too, where decay would pull every region pair to w = 1.
+NO_DECAY = ("log_norm_scale", "region_logits")
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

@@ -204,9 +204,10 @@ def nala_similarity_reference(
 
     Deliberately independent of ``nala_features``: it sums ``a_im b_jm cos(θ_im − θ_jm)``
     over an explicit (N, N, D) tensor instead of using the 2D-wide feature lift.
+    fp32, or fp64 for fp64 inputs (the region-state reference runs in fp64).
     """
     _check_direction(direction)
-    q, k = _fp32(q, k)
+    q, k = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k))
     a, q_hat, _ = nala_query_weights(q, power, offset, norm_scale, norm_eps)
     b = k.abs().pow(power)
     pair = a.unsqueeze(-2) * b.unsqueeze(-3)                        # (B, H, N, N, D)

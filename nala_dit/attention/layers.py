@@ -22,6 +22,7 @@ from .functional import (
 )
 from .nala import fused_opts, nala_attention, select_nala_impl, triton_available
 from .recompute import GatedMiddle, gated_tail
+from .regions import check_regions, initial_region_logits, region_nala_attention
 
 
 def _check_heads(dim: int, num_heads: int) -> None:
@@ -73,6 +74,11 @@ class GatedLinearAttention(nn.Module):
     ``rope`` (linear kernels only): the numerator-only 2-D rotary embedding of §7 on the
     token grid (``rope_linear_attention``; needs an even head dim and the grid).
 
+    ``regions`` R (NaLa only; default 1 = one global state): R × R region states mixed per
+    query region by the learned non-negative weights ``exp(region_logits)`` (parameter
+    ``blocks.{i}.attn.region_logits``, (H, R², R²); ``regions.py``). R = 1 has no such
+    parameter and runs plain NaLa, bit for bit.
+
     ``recompute`` (default): steps 2–5 run as one autograd function (``GatedMiddle``) that
     keeps only the qkvg projection (and NaLa's small state, or a non-fused core's output)
     for backward and recomputes LePE, LayerNorm, SiLU and, on the fused CPU path, NaLa's
@@ -96,6 +102,7 @@ class GatedLinearAttention(nn.Module):
         gate: bool = True,
         out_norm: bool = True,
         rope: bool = False,
+        regions: int = 1,
         recompute: bool = True,
     ):
         super().__init__()
@@ -114,8 +121,15 @@ class GatedLinearAttention(nn.Module):
             raise ValueError(f"rope needs an even head dim (the 2·D NaLa features form channel pairs, half per "
                              f"grid axis), got head dim {head_dim} = {dim}/{num_heads}; use rope=False or "
                              f"an even head dim")
+        if regions != 1 and kernel != "nala":
+            raise ValueError(f"region states (nala-regions {regions}) apply to NaLa, not to kernel={kernel!r}; "
+                             f"use regions=1")
+        if regions != 1 and rope:
+            raise ValueError("region states and rope do not combine (both rewrite NaLa's state); use one of them")
+        check_regions(regions, (regions, regions), regions * regions)   # the value itself: an integer >= 1
         self.num_heads = num_heads
         self.kernel = kernel
+        self.regions = regions
         self.norm_scale_mode = norm_scale if isinstance(norm_scale, str) else "fixed"
         fixed = {"sqrt_d": math.sqrt(head_dim), "learned": 1.0}.get(norm_scale, norm_scale)
         self.feature_kwargs = dict(direction=direction, power=power, offset=offset,
@@ -131,6 +145,8 @@ class GatedLinearAttention(nn.Module):
         if self.norm_scale_mode == "learned":
             self.log_norm_scale = nn.Parameter(torch.zeros(num_heads))
             self.reset_norm_scale()
+        if regions > 1:
+            self.region_logits = nn.Parameter(initial_region_logits(regions, num_heads))
         # Statistics of the query exponent p of the last forward (NaLa only), logged by
         # training: with s = 1 the raw norm saturates tanh for typical head dims.
         self.record_stats = False
@@ -164,6 +180,9 @@ class GatedLinearAttention(nn.Module):
             return softmax_attention(q, k, v)
         if self.kernel == "nala" and self.norm_scale_mode == "learned":
             q = q / self.norm_scale().to(q.dtype)     # NaLa(q/s, s=1) == NaLa(q, s); see the class doc
+        if self.regions > 1:
+            return region_nala_attention(q, k, v, grid, self.regions, self.region_logits, eps=self.eps,
+                                         **self.feature_kwargs)
         if not self.rope:
             if self.kernel == "nala":
                 return nala_attention(q, k, v, eps=self.eps, **self.feature_kwargs)
@@ -220,7 +239,7 @@ class GatedLinearAttention(nn.Module):
 
     def _fused_core(self, q: torch.Tensor) -> bool:
         """Whether NaLa runs inside ``GatedMiddle`` (the fused CPU path, its state saved)."""
-        return (self.kernel == "nala" and not self.rope
+        return (self.kernel == "nala" and not self.rope and self.regions == 1
                 and select_nala_impl(q.device.type, q.shape[-1], q.dtype, triton_available(),
                                      q.shape[-2]) == "fused")
 

@@ -1,0 +1,187 @@
+"""Region states: NaLa with one key-value state per region of the token grid.
+
+One global state ``S = (1/N) Σ_j φ_k(k_j) v_jᵀ`` has rank ≤ 2D however many tokens it
+averages, so every query reads the same small summary of thousands of tokens (MHLA's
+"global context collapse", ``../shared/docs/QUALITY4K.md``). Region states restore rank:
+
+* the h × w token grid is cut into R × R regions; region ``(a, b)`` holds the rows
+  ``[⌊a·h/R⌋, ⌊(a+1)·h/R⌋)`` and the columns ``[⌊b·w/R⌋, ⌊(b+1)·w/R⌋)`` (``region_bounds``:
+  sides that R does not divide get bands that differ by at most one row or column; R may
+  not exceed either side, so no region is empty); regions are numbered ``a·R + b``;
+* region r keeps its own state and normaliser on NaLa's mean scale,
+  ``S_r = (1/N) Σ_{j∈r} φ_k(k_j) v_jᵀ`` and ``z_r = (1/N) Σ_{j∈r} φ_k(k_j)`` (so Σ_r S_r = S);
+* a query in region i reads the states mixed by non-negative weights ``w_ir`` (per head):
+  ``o = φ_q·(Σ_r w_ir S_r) / (φ_q·(Σ_r w_ir z_r) + ε)``.
+
+Equivalently (the N × N reference, ``region_attention_reference``): NaLa's similarity
+``φ_q(q_i)·φ_k(k_j)`` multiplied by ``w[region(i), region(j)]``, normalised per row as in
+spec §3. Every row stays non-negative and sums to 1 within ε; with all ``w = 1`` the layer
+is plain NaLa exactly. Cost: the states are R² × 2D × (D+1) per head and the mixing R⁴ ×
+2D × (D+1), independent of N; the token passes are those of plain NaLa, so the whole is
+linear in N.
+
+The weights are ``w = exp(ρ)`` with the parameter ``ρ`` (``region_logits``, (H, R², R²)).
+A fresh layer starts from the regions' distance, ``ρ_ir = −‖c_i − c_r‖ · REGION_DECAY`` with
+``c`` the region centres in fractions of the image side (``initial_region_logits``): own region
+1, a neighbour at R = 2 e^{-1/2} ≈ 0.61, the far corner at R = 4 e^{-1.06} ≈ 0.35; local
+regions count more and every region still contributes.
+
+Changing R or the grid when fine-tuning (``remap_region_logits``): regions are fractions of
+the image, so at another grid size with the same R the logits keep their meaning and are
+copied as they are. At a new R each new region pair takes the logits of the old regions that
+contain the new regions' centres; when the new R is a multiple of the old one (R = 1 → 2 →
+4, plain NaLa being R = 1 with ρ = 0), every new region lies inside one old region and the
+fine-tuned model starts as exactly the function it was converted from.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+
+from .functional import (
+    ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, _check_qkv, _no_autocast, nala_features,
+    nala_similarity_reference,
+)
+
+REGION_DECAY = 1.0    # ρ_ir = −REGION_DECAY · distance of region centres (in image sides) at initialisation
+
+
+def region_bounds(size: int, regions: int) -> list[int]:
+    """The R + 1 band edges of one grid side: ``⌊i·size/R⌋``, i = 0..R."""
+    return [i * size // regions for i in range(regions + 1)]
+
+
+def check_regions(regions: int, grid: tuple[int, int] | None, tokens: int) -> tuple[int, int]:
+    """The grid (h, w) for ``regions`` per side; a ValueError naming the fix otherwise."""
+    if isinstance(regions, bool) or not isinstance(regions, int) or regions < 1:
+        raise ValueError(f"nala-regions must be an integer >= 1 (1 = one global state, plain NaLa), got {regions!r}")
+    if grid is None or grid[0] * grid[1] != tokens:
+        raise ValueError(f"region states need the token grid (h, w) with h*w == N={tokens}, got grid={grid}")
+    h, w = grid
+    if regions > min(h, w):
+        raise ValueError(f"nala-regions {regions} cuts each side into {regions} bands, but the token grid is "
+                         f"{h}x{w}: use at most {min(h, w)} regions per side at this size")
+    return h, w
+
+
+@lru_cache(maxsize=64)
+def region_layout(grid: tuple[int, int], regions: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """``(order, region, sizes)`` of an h × w grid cut into R × R regions:
+
+    * ``order`` (N,): token indices sorted by region (row-major inside each region), so the
+      tokens of region r are ``order[start_r : start_r + sizes[r]]``;
+    * ``region`` (N,): the region of each token in grid order;
+    * ``sizes``: the token count of each region, in region order.
+    """
+    h, w = grid
+    rows = torch.bucketize(torch.arange(h), torch.tensor(region_bounds(h, regions)[1:]), right=True)
+    cols = torch.bucketize(torch.arange(w), torch.tensor(region_bounds(w, regions)[1:]), right=True)
+    region = (rows[:, None] * regions + cols[None, :]).reshape(-1)
+    order = torch.argsort(region, stable=True)
+    sizes = tuple(torch.bincount(region, minlength=regions * regions).tolist())
+    return order, region, sizes
+
+
+def region_centres(regions: int) -> torch.Tensor:
+    """(R², 2) centres of the regions in fractions of the image side (row, column)."""
+    c = (torch.arange(regions, dtype=torch.float64) + 0.5) / regions
+    return torch.stack(torch.meshgrid(c, c, indexing="ij"), -1).reshape(-1, 2)
+
+
+def initial_region_logits(regions: int, heads: int) -> torch.Tensor:
+    """ρ for a fresh layer, (H, R², R²) fp32: minus the distance of region centres (see module doc)."""
+    c = region_centres(regions)
+    rho = -REGION_DECAY * torch.cdist(c, c)
+    return rho.float().expand(heads, -1, -1).clone()
+
+
+def remap_region_logits(rho: torch.Tensor, regions: int) -> torch.Tensor:
+    """Logits of R_old × R_old regions, (H, R_old², R_old²), for ``regions`` per side: each new
+    region takes the old region holding its centre (exact when R_new is a multiple of R_old)."""
+    old = math.isqrt(rho.shape[-1])
+    if old * old != rho.shape[-1] or rho.shape[-2] != rho.shape[-1]:
+        raise ValueError(f"region logits must be (H, R², R²), got {tuple(rho.shape)}")
+    parent = (region_centres(regions) * old).floor().long().clamp_(max=old - 1)   # (R_new², 2) old (row, col)
+    index = parent[:, 0] * old + parent[:, 1]
+    return rho[:, index][:, :, index].clone()
+
+
+def _mix(weights: torch.Tensor, per_region: torch.Tensor) -> torch.Tensor:
+    """Σ_r w_ir X_r: (H, R², R²) × (B, H, R², ...) → (B, H, R², ...)."""
+    b, h, r = per_region.shape[:3]
+    flat = per_region.reshape(b, h, r, -1)
+    return torch.einsum("hir,bhrx->bhix", weights, flat).reshape(per_region.shape)
+
+
+def _by_region(x: torch.Tensor, order: torch.Tensor, sizes: tuple[int, ...]) -> list[torch.Tensor]:
+    """The token slices of (B, H, N, F) per region, in region order."""
+    return list(x.index_select(2, order.to(x.device)).split(sizes, dim=2))
+
+
+def region_nala_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grid: tuple[int, int],
+    regions: int,
+    logits: torch.Tensor,
+    *,
+    direction: str = "cosine",
+    power: float = POWER,
+    offset: float = OFFSET,
+    norm_scale: float = NORM_SCALE,
+    alpha: float = ALPHA,
+    norm_eps: float = NORM_EPS,
+    eps: float = EPS,
+) -> torch.Tensor:
+    """NaLa with R × R region states mixed by ``exp(logits)`` (see the module doc).
+
+    q, k, v: (B, H, N, D) on the row-major ``grid``; ``logits``: (H, R², R²). Returns (B, H,
+    N, D) in v's dtype; features, states, mixing and division in fp32. Plain autograd over
+    NaLa's features (``nala_features``); no N × N tensor is formed.
+    """
+    _check_qkv(q, k, v)
+    b, h, n, d = q.shape
+    check_regions(regions, grid, n)
+    r2 = regions * regions
+    if logits.shape != (h, r2, r2):
+        raise ValueError(f"region logits must be (H, R², R²) = ({h}, {r2}, {r2}), got {tuple(logits.shape)}")
+    order, _, sizes = region_layout(tuple(grid), regions)
+    with _no_autocast(q.device):
+        phi_q, phi_k = nala_features(q.float(), k.float(), direction=direction, power=power, offset=offset,
+                                     norm_scale=norm_scale, alpha=alpha, norm_eps=norm_eps)
+        v1 = torch.cat([v.float(), v.new_ones(b, h, n, 1, dtype=torch.float32)], -1)   # [v | 1]: S and z at once
+        keys, values = _by_region(phi_k, order, sizes), _by_region(v1, order, sizes)
+        if len(set(sizes)) == 1:    # equal regions: one batched GEMM
+            states = torch.stack(keys, 2).transpose(-2, -1) @ torch.stack(values, 2)
+        else:
+            states = torch.stack([kr.transpose(-2, -1) @ vr for kr, vr in zip(keys, values)], 2)
+        mixed = _mix(logits.float().exp(), states / n)                      # (B, H, R², 2D, D+1)
+        queries = _by_region(phi_q, order, sizes)
+        if len(set(sizes)) == 1:
+            num_den = torch.stack(queries, 2) @ mixed                       # (B, H, R², n_r, D+1)
+            num_den = num_den.flatten(2, 3)
+        else:
+            num_den = torch.cat([qr @ mixed[:, :, i] for i, qr in enumerate(queries)], 2)
+        out = num_den[..., :d] / (num_den[..., d:] + eps)                   # region order
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(n)
+        return out.index_select(2, inverse.to(out.device)).to(v.dtype)
+
+
+def region_attention_reference(q, k, v, grid, regions, logits, *, eps: float = EPS, **feature_kwargs):
+    """The explicit N × N form (tests only): ``W_ij = w[reg(i), reg(j)] · sim(i, j)``, with
+    ``sim`` written from its definition (``nala_similarity_reference``, independent of the
+    feature lift), normalised per row with ``N·ε`` as in spec §3. Runs in fp64 for fp64 inputs."""
+    n = q.shape[-2]
+    check_regions(regions, grid, n)
+    _, region, _ = region_layout(tuple(grid), regions)
+    region = region.to(q.device)
+    sim = nala_similarity_reference(q, k, **feature_kwargs)                 # (B, H, N, N)
+    w = logits.to(sim.dtype).exp()[:, region][:, :, region]                 # (H, N, N)
+    sim = sim * w
+    weights = sim / (sim.sum(-1, keepdim=True) + n * eps)
+    return weights @ v.to(sim.dtype)

@@ -1,0 +1,194 @@
+"""Region states (``--nala-regions``) and Mix-FFN (``--mlp mix``): exact against explicit references."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nala_dit.attention import GatedLinearAttention, nala_attention
+from nala_dit.attention.regions import (
+    initial_region_logits, region_attention_reference, region_bounds, region_layout, region_nala_attention,
+    remap_region_logits,
+)
+from nala_dit.convert import inherit
+from nala_dit.models import DiT, MixMlp, Mlp, count_params
+from tests.utils import TINY, assert_close
+
+
+def _qkv(grid, heads=2, dim=8, batch=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = grid[0] * grid[1]
+    return [torch.randn(batch, heads, n, dim, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def _logits(regions, heads, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    r2 = regions * regions
+    return initial_region_logits(regions, heads).double() + 0.5 * torch.randn(heads, r2, r2, generator=g,
+                                                                              dtype=torch.float64)
+
+
+def test_bands_and_layout_follow_the_floor_rule():
+    assert region_bounds(8, 2) == [0, 4, 8]
+    assert region_bounds(7, 3) == [0, 2, 4, 7]          # uneven: bands of 2, 2, 3 rows
+    assert region_bounds(9, 4) == [0, 2, 4, 6, 9]
+    order, region, sizes = region_layout((7, 9), 3)
+    assert sizes == (6, 6, 6, 6, 6, 6, 9, 9, 9)           # rows 2/2/3 × columns 3/3/3
+    grid = region.reshape(7, 9)
+    assert grid[0, 0] == 0 and grid[1, 2] == 0 and grid[2, 3] == 4 and grid[6, 8] == 8 and grid[3, 8] == 5
+    assert torch.equal(region[order], region.sort().values)           # order groups tokens by region
+    assert torch.equal(order, torch.argsort(region, stable=True))
+
+
+@pytest.mark.parametrize("grid,regions", [((8, 8), 2), ((7, 9), 3), ((9, 6), 4), ((12, 12), 4), ((5, 11), 2)])
+def test_outputs_and_gradients_equal_the_fp64_reference(grid, regions):
+    q, k, v = _qkv(grid)
+    rho = _logits(regions, 2)
+    ref_in = [t.clone().requires_grad_() for t in (q, k, v, rho)]
+    ref = region_attention_reference(*ref_in[:3], grid, regions, ref_in[3])
+    got_in = [t.float().clone().requires_grad_() for t in (q, k, v, rho)]
+    got = region_nala_attention(*got_in[:3], grid, regions, got_in[3])
+    assert got.dtype == torch.float32
+    assert_close("output", ref, got, 1e-5)
+    grad = torch.randn_like(ref)
+    ref.backward(grad)
+    got.backward(grad.float())
+    for name, a, b in zip(("dq", "dk", "dv", "d_logits"), ref_in, got_in):
+        assert_close(name, a.grad, b.grad, 1e-5)
+
+
+def test_equal_weights_are_plain_nala_and_r1_is_plain_nala_bitwise():
+    q, k, v = (t.float() for t in _qkv((6, 6)))
+    plain = nala_attention(q, k, v)
+    assert_close("w = 1", plain, region_nala_attention(q, k, v, (6, 6), 3, torch.zeros(2, 9, 9)), 1e-6)
+    torch.manual_seed(0)
+    base = GatedLinearAttention(16, 2)
+    torch.manual_seed(0)
+    one = GatedLinearAttention(16, 2, regions=1)
+    assert base.state_dict().keys() == one.state_dict().keys()
+    x = torch.randn(2, 36, 16)
+    assert torch.equal(base(x, (6, 6)), one(x, (6, 6)))
+
+
+def test_fresh_weights_decay_with_region_distance():
+    w = initial_region_logits(2, 3).exp()
+    assert w.shape == (3, 4, 4)
+    assert torch.allclose(w.diagonal(dim1=1, dim2=2), torch.ones(3, 4))
+    assert w[0, 0, 1].item() == pytest.approx(torch.tensor(-0.5).exp().item())     # a neighbour: half a side
+    assert w[0, 0, 3].item() == pytest.approx(torch.tensor(-0.5 * 2 ** 0.5).exp().item())  # the diagonal
+
+
+def test_layer_with_regions_runs_through_the_gated_layer_and_learns_its_weights():
+    layer = GatedLinearAttention(16, 2, regions=2)
+    assert layer.region_logits.shape == (2, 4, 4)
+    x = torch.randn(2, 35, 16)
+    layer(x, (5, 7)).square().sum().backward()
+    assert layer.region_logits.grad is not None and layer.region_logits.grad.abs().sum() > 0
+    ref = GatedLinearAttention(16, 2, regions=2, recompute=False)
+    ref.load_state_dict(layer.state_dict())
+    assert_close("recompute vs plain composition", ref(x, (5, 7)), layer(x, (5, 7)), 1e-6)
+
+
+def test_model_state_dict_round_trip_and_parameter_count():
+    model = DiT(**TINY, attention="nala", nala_regions=2).eval()
+    plain = DiT(**TINY, attention="nala")
+    assert count_params(model) == count_params(plain) + TINY["depth"] * TINY["num_heads"] * 16
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.region_logits.normal_()
+    again = DiT.from_config(model.config).eval()
+    again.load_state_dict(model.state_dict())
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([3, 500]), torch.tensor([1, 2])
+    assert torch.equal(model(x, t, y), again(x, t, y))
+    assert again.config.nala_regions == 2
+
+
+def test_fine_tune_rule_keeps_the_function_when_r_grows_by_a_whole_factor():
+    torch.manual_seed(0)
+    x, t, y = torch.randn(2, 4, 16, 16), torch.tensor([3, 500]), torch.tensor([1, 2])
+    size = dict(TINY, input_size=16)
+    source = DiT(**size, attention="nala").eval()
+    with torch.no_grad():   # leave adaLN-Zero's zeros, so the attention matters to the output
+        for p in source.parameters():
+            p.add_(0.05 * torch.randn_like(p) * p.requires_grad)    # pos_embed is recomputed, not copied
+    two = DiT(**size, attention="nala", nala_regions=2).eval()
+    inherit(two, source.state_dict(), "all")
+    assert all(torch.equal(b.attn.region_logits, torch.zeros(2, 4, 4)) for b in two.blocks)
+    assert_close("R 1 -> 2", source(x, t, y), two(x, t, y), 1e-5)
+    with torch.no_grad():
+        for block in two.blocks:
+            block.attn.region_logits.normal_()
+    four = DiT(**size, attention="nala", nala_regions=4).eval()
+    inherit(four, two.state_dict(), "all")
+    assert_close("R 2 -> 4", two(x, t, y), four(x, t, y), 1e-5)
+    # Another grid, the same R: the logits are copied as they are (regions are image fractions).
+    small = DiT(**TINY, attention="nala", nala_regions=4)
+    inherit(small, four.state_dict(), "all")
+    assert all(torch.equal(a.attn.region_logits, b.attn.region_logits) for a, b in zip(small.blocks, four.blocks))
+
+
+def test_remap_takes_the_region_holding_each_new_centre():
+    rho = torch.arange(16.0).reshape(1, 4, 4)                      # R = 2
+    four = remap_region_logits(rho, 4)
+    # new region 5 = (row 1, col 1) lies in old region 0; new region 15 in old region 3
+    assert four[0, 5, 15] == rho[0, 0, 3] and four[0, 15, 5] == rho[0, 3, 0] and four[0, 2, 8] == rho[0, 1, 2]
+    assert torch.equal(remap_region_logits(four, 2), rho)           # back down: the same numbers
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(attention="nala", nala_regions=5), "use at most 4 regions per side at this size"),
+    (dict(attention="relu", nala_regions=2), "applies to NaLa attention"),
+    (dict(attention="softmax", nala_regions=2), "applies to NaLa attention"),
+    (dict(attention="nala", nala_regions=0), "must be an integer >= 1"),
+    (dict(attention="nala", mlp="conv"), "mlp must be one of"),
+])
+def test_bad_region_and_mlp_settings_are_one_line_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message) as err:
+        DiT(**TINY, **kwargs)(torch.randn(1, 4, 8, 8), torch.tensor([1]), torch.tensor([1]))
+    assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------------------ Mix-FFN
+
+
+def test_mix_ffn_parameter_count_is_exact():
+    for attention in ("softmax", "nala"):
+        plain = DiT(**TINY, attention=attention)
+        mix = DiT(**TINY, attention=attention, mlp="mix")
+        hidden = 4 * TINY["hidden_size"]
+        assert count_params(mix) - count_params(plain) == TINY["depth"] * (9 * hidden + hidden)
+        assert set(mix.state_dict()) - set(plain.state_dict()) == {
+            f"blocks.{i}.mlp.dwconv.{p}" for i in range(TINY["depth"]) for p in ("weight", "bias")}
+
+
+def test_mix_ffn_known_answer_for_a_hand_set_conv():
+    mlp = MixMlp(2, 2)
+    with torch.no_grad():
+        mlp.fc1.weight.copy_(torch.eye(2))
+        mlp.fc1.bias.zero_()
+        mlp.dwconv.weight.fill_(1.0)                        # a 3x3 box sum per channel, zero padding
+        mlp.dwconv.bias.copy_(torch.tensor([0.5, -1.0]))
+        mlp.fc2.weight.copy_(torch.tensor([[1.0, 0.0], [1.0, 1.0]]))
+        mlp.fc2.bias.zero_()
+    h, w = 3, 4
+    x = torch.arange(2 * h * w, dtype=torch.float32).reshape(1, h * w, 2) / 10
+    image = x[0].reshape(h, w, 2)
+    box = torch.zeros(h, w, 2)
+    for i in range(h):
+        for j in range(w):
+            box[i, j] = image[max(0, i - 1):i + 2, max(0, j - 1):j + 2].sum((0, 1))
+    act = F.gelu(box + torch.tensor([0.5, -1.0]), approximate="tanh").reshape(h * w, 2)
+    expected = torch.stack([act[:, 0], act[:, 0] + act[:, 1]], -1)
+    assert torch.allclose(mlp(x, (h, w))[0], expected, atol=1e-6)
+
+
+def test_mix_ffn_with_an_identity_conv_is_the_plain_mlp_and_inheritance_sets_it():
+    torch.manual_seed(0)
+    plain = DiT(**TINY, attention="nala").eval()
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.add_(0.05 * torch.randn_like(p) * p.requires_grad)
+    mix = DiT(**TINY, attention="nala", mlp="mix").eval()
+    inherit(mix, plain.state_dict(), "all")
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([3, 500]), torch.tensor([1, 2])
+    assert_close("identity conv", plain(x, t, y), mix(x, t, y), 1e-6)
+    assert isinstance(plain.blocks[0].mlp, Mlp) and not isinstance(plain.blocks[0].mlp, MixMlp)
