@@ -61,6 +61,14 @@ VARIANTS = {
     "nala_no_gate": ["--model", "DiT-T/2", "--attention", "nala", "--gate", "false"],
     "nala_rope": ["--model", "DiT-T/2", "--attention", "nala", "--rope", "true"],
     "hybrid": ["--model", "DiT-T/2", "--attention", "nala", "--softmax-blocks", "every:4"],
+    # The 4,096-token remedies (docs/ablation.md "Where it pays"): region states, Mix-FFN,
+    # both, and the hybrid's softmax block elsewhere.
+    "nala_r2": ["--model", "DiT-T/2", "--attention", "nala", "--nala-regions", "2"],
+    "nala_r4": ["--model", "DiT-T/2", "--attention", "nala", "--nala-regions", "4"],
+    "nala_mix": ["--model", "DiT-T/2", "--attention", "nala", "--mlp", "mix"],
+    "nala_r4_mix": ["--model", "DiT-T/2", "--attention", "nala", "--nala-regions", "4", "--mlp", "mix"],
+    "hybrid_b0": ["--model", "DiT-T/2", "--attention", "nala", "--softmax-blocks", "0"],
+    "hybrid_b13": ["--model", "DiT-T/2", "--attention", "nala", "--softmax-blocks", "1,3"],
 }
 DESCRIPTIONS = {
     "softmax": "DiT's softmax attention (qkv, proj; no extras)",
@@ -75,9 +83,17 @@ DESCRIPTIONS = {
     "nala_no_gate": "NaLa s = 1 without the SiLU gate",
     "nala_rope": "NaLa s = 1 with numerator-only 2-D RoPE",
     "hybrid": "NaLa s = 1 in blocks 0-2, DiT's softmax layer in block 3 (one of four)",
+    "nala_r2": "NaLa s = 1 with 2 x 2 region states",
+    "nala_r4": "NaLa s = 1 with 4 x 4 region states",
+    "nala_mix": "NaLa s = 1 with Mix-FFN (3 x 3 depthwise conv in the MLP)",
+    "nala_r4_mix": "NaLa s = 1 with 4 x 4 region states and Mix-FFN",
+    "hybrid_b0": "DiT's softmax layer in block 0, NaLa s = 1 in blocks 1-3",
+    "hybrid_b13": "DiT's softmax layer in blocks 1 and 3, NaLa s = 1 in blocks 0 and 2",
 }
 # The ladder grid's variants (``--variants ladder``): the five and the hybrid.
 LADDER_VARIANTS = ("softmax", "softmax_gated", "nala", "nala_sqrt_d", "relu_gated", "hybrid")
+# The 4,096-token remedies (``--variants remedies``).
+REMEDY_VARIANTS = ("nala_r2", "nala_r4", "nala_mix", "nala_r4_mix", "hybrid_b0", "hybrid_b13")
 
 # The digits recipe is the demo's (configs/digits_*.yaml): batch 64, lr 2e-3, EMA 0.99;
 # budgets 0.5x, 1x, 2x its 600 steps.
@@ -920,7 +936,8 @@ def main(argv=None) -> int:
     run.add_argument("--tasks", type=_csv(str), default=None,
                      help=f"comma list of {list(TASKS)} (default digits; --quick: {','.join(QUICK_TASKS)})")
     run.add_argument("--variants", type=_csv(str), default=None,
-                     help=f"comma list, or 'ladder' = {','.join(LADDER_VARIANTS)} (default: all)")
+                     help=f"comma list, or 'ladder' = {','.join(LADDER_VARIANTS)}, 'remedies' = "
+                          f"{','.join(REMEDY_VARIANTS)} (default: all)")
     run.add_argument("--seeds", type=_csv(int), default=[0, 1, 2])
     run.add_argument("--sweep-lrs", type=_csv(float), default=[1e-3, 4e-3],
                      help="extra learning rates run at seed 0 for --sweep-variants")
@@ -945,7 +962,8 @@ def main(argv=None) -> int:
     timing = sub.add_parser("timing", help="isolated step times per variant and task (one thread, round robin)")
     timing.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation", help=f"writes <out>/{TIMING_FILE}")
     timing.add_argument("--tasks", type=_csv(str), default=["canvas64", "canvas128"])
-    timing.add_argument("--variants", type=_csv(str), default=["ladder"], help="comma list or 'ladder' (default)")
+    timing.add_argument("--variants", type=_csv(str), default=["ladder"],
+                        help="comma list, 'ladder' (default) or 'remedies'")
     timing.add_argument("--rounds", type=int, default=5, help="round-robin passes over the variants")
     timing.add_argument("--steps", type=int, default=2, help="timed steps per variant per pass")
     timing.add_argument("--quick", action="store_true",
@@ -957,7 +975,8 @@ def main(argv=None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command in ("run", "timing") and args.variants:
-        args.variants = [x for v in args.variants for x in (LADDER_VARIANTS if v == "ladder" else [v])]
+        groups = {"ladder": LADDER_VARIANTS, "remedies": REMEDY_VARIANTS}
+        args.variants = [x for v in args.variants for x in groups.get(v, [v])]
     if args.command == "timing":
         _check_names(parser, args, ("tasks", "variants"))
         if args.rounds < 1 or args.steps < 1:
