@@ -67,6 +67,7 @@ from nala_dit.attention import (  # noqa: E402
     nala_attention,
     softmax_attention_reference,
 )
+from nala_dit.attention.regions import initial_region_logits, region_nala_attention  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -97,6 +98,17 @@ def nala_compiled(q, k, v):
     return nala_attention(q, k, v, impl="compile")
 
 
+def nala_regions(regions):
+    """NaLa with R x R region states (``--nala-regions``) on the squarest grid of N tokens,
+    at the fresh layer's distance-initialised mixing weights."""
+    def attend(q, k, v):
+        n = q.shape[-2]
+        h = 2 ** (int(math.log2(n)) // 2)
+        logits = initial_region_logits(regions, q.shape[1]).to(q.device)
+        return region_nala_attention(q, k, v, (h, n // h), regions, logits)
+    return attend
+
+
 def sdpa_on(backend):
     def sdpa(q, k, v):
         # The backend picked in the forward also runs the backward (its own autograd node).
@@ -108,6 +120,8 @@ def sdpa_on(backend):
 METHODS = {
     "nala": nala_attention,
     "nala_naive": nala_naive,
+    "nala_r2": nala_regions(2),
+    "nala_r4": nala_regions(4),
     "relu": lambda q, k, v: linear_attention(q, k, v, kernel="relu"),
     "sdpa": F.scaled_dot_product_attention,
     "math": softmax_attention_reference,

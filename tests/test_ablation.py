@@ -146,3 +146,33 @@ def test_time_to_loss_ranks_variants_by_compute_time_to_the_common_target(tmp_pa
         assert f"| softmax | {step:.3f} | {steps} | {around} |" in ablation.write_table(tmp_path).read_text()
     page = ablation.readme_block(ablation.summarize(ablation.load_cells(tmp_path)), [], ablation.load_timing(tmp_path))
     assert "**Canvas 128 px (4,096 tokens): held-out loss at equal compute (200 s)**" in page
+
+
+def test_quick_timing_builds_and_steps_every_remedy_variant(tmp_path):
+    """The 4,096-token study's variants (``--variants remedies``): each one's flags build its
+    model (the parameter count says which blocks changed) and take timed training steps."""
+    import benchmarks.ablation as ablation
+    from nala_dit.config import resolve
+    from nala_dit.models import count_params
+    from nala_dit.options import TrainConfig
+    from nala_dit.training import build_model
+
+    assert ablation.main(["timing", "--quick", "--out", str(tmp_path), "--tasks", "canvas64",
+                          "--variants", "nala,remedies"]) == 0
+    rows = json.loads((tmp_path / "timing.json").read_text())["tasks"]["canvas64"]
+    assert list(rows) == ["nala", *ablation.REMEDY_VARIANTS]
+    assert all(len(r["steps_s"]) == 2 and r["median_step_s"] > 0 for r in rows.values())
+
+    def params(variant):
+        cfg, _ = resolve(TrainConfig, [*ablation.VARIANTS[variant], "--data", "digits-canvas", "--image-size", "64"])
+        return count_params(build_model(cfg, input_size=64, in_channels=1, num_classes=10))
+
+    nala, c, heads, depth = params("nala"), 128, 4, 4
+    assert params("nala_r2") - nala == depth * heads * 4 ** 2
+    assert params("nala_r4") - nala == depth * heads * 16 ** 2
+    assert params("nala_mix") - nala == depth * 10 * 4 * c
+    assert params("nala_r4_mix") - nala == depth * (heads * 16 ** 2 + 10 * 4 * c)
+    # a gated NaLa layer: qkvg 4C² + 4C, LePE 25C + C, LayerNorm 2C, proj C² + C; DiT's: 4C² + 4C
+    swap = (5 * c * c + 33 * c) - (4 * c * c + 4 * c)
+    assert params("hybrid_b0") == nala - swap
+    assert params("hybrid_b13") == nala - 2 * swap
