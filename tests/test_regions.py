@@ -1,5 +1,6 @@
 """Region states (``--nala-regions``) and Mix-FFN (``--mlp mix``): exact against explicit references."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -192,3 +193,46 @@ def test_mix_ffn_with_an_identity_conv_is_the_plain_mlp_and_inheritance_sets_it(
     x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([3, 500]), torch.tensor([1, 2])
     assert_close("identity conv", plain(x, t, y), mix(x, t, y), 1e-6)
     assert isinstance(plain.blocks[0].mlp, Mlp) and not isinstance(plain.blocks[0].mlp, MixMlp)
+
+
+# --------------------------------------------------------------- with the rest of the repo
+
+
+@pytest.mark.parametrize("name,sampler", [("NaLaDiT-T/2", "ddim"), ("NaLaSiT-T/2", "ode-euler")])
+def test_pipelines_round_trip_regions_mix_and_hybrid_at_another_size(tmp_path, name, sampler):
+    from nala_dit.models import create_model
+    from nala_dit.pipeline import load_pipeline, pipeline_for
+
+    torch.manual_seed(0)
+    model = create_model(name, input_size=8, in_channels=1, num_classes=3, nala_regions=2, mlp="mix",
+                         softmax_blocks="0")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p) * p.requires_grad)
+    pipe = pipeline_for(model.eval())
+    pipe.set_progress_bar_config(disable=True)
+    kw = dict(class_labels=[1, 2], num_inference_steps=2, generator=7, output_type="np", sampler=sampler,
+              height=12, width=16)                          # a 6 x 8 token grid: uneven 2 x 2 regions
+    before = pipe(**kw).images
+    assert before.shape == (2, 12, 16, 1) and before.std() > 0
+    pipe.save_pretrained(tmp_path)
+    loaded = load_pipeline(tmp_path)
+    loaded.set_progress_bar_config(disable=True)
+    config = loaded.transformer.config
+    assert (config.nala_regions, config.mlp, config.softmax_blocks) == (2, "mix", [0])
+    np.testing.assert_array_equal(loaded(**kw).images, before)
+
+
+def test_conversion_from_a_softmax_dit_into_regions_and_mix():
+    """``--init-from`` a softmax DiT (LiT's recipe): the trunk is copied, the NaLa attention
+    (with its region weights) is new, and a Mix-FFN conv the teacher lacks starts at identity."""
+    torch.manual_seed(0)
+    teacher = DiT(**TINY, attention="softmax")
+    student = DiT(**TINY, attention="nala", nala_regions=2, mlp="mix")
+    fresh = student.blocks[0].attn.region_logits.detach().clone()
+    report = inherit(student, teacher.state_dict(), "all-but-attention")
+    assert torch.equal(student.blocks[0].mlp.fc1.weight, teacher.blocks[0].mlp.fc1.weight)
+    assert torch.equal(student.blocks[0].attn.region_logits, fresh)        # new: the distance init
+    kernel = student.blocks[1].mlp.dwconv.weight
+    assert kernel[:, 0, 1, 1].eq(1).all() and kernel.abs().sum() == kernel.shape[0]
+    assert any(key.endswith("mlp.dwconv.weight") for key, _, _ in report.rows)

@@ -9,6 +9,8 @@ One concern per file, top (what a model builds) to bottom (the math):
   function that keeps only the qkvg projection for backward, and ``gated_tail`` (§4 steps 3–4);
 * ``nala.py``: ``nala_attention``, NaLa in linear time (the fused CPU autograd path, the
   eager / compiled composition, what ``impl="auto"`` runs, the Triton first-use check);
+* ``regions.py``: region states (``--nala-regions``): one NaLa state per region of the token
+  grid, mixed per query region by learned weights, and their explicit N×N reference;
 * ``triton_kernels.py``: NaLa as Triton GPU kernels (imported only when they run);
 * ``functional.py``: the math as pure functions over ``(B, H, N, D)`` tensors (feature maps,
   the §3 normalisation, the baselines, SDPA softmax, the §7 rotary embedding) and the
