@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from nala_dit.attention import GatedLinearAttention, nala_attention
+from nala_dit.attention.nala import fused_output
 from nala_dit.attention.regions import (
     initial_region_logits, region_attention_reference, region_bounds, region_layout, region_nala_attention,
     remap_region_logits,
@@ -236,3 +237,18 @@ def test_conversion_from_a_softmax_dit_into_regions_and_mix():
     kernel = student.blocks[1].mlp.dwconv.weight
     assert kernel[:, 0, 1, 1].eq(1).all() and kernel.abs().sum() == kernel.shape[0]
     assert any(key.endswith("mlp.dwconv.weight") for key, _, _ in report.rows)
+
+
+@pytest.mark.parametrize("grid,regions", [((8, 8), 2), ((7, 9), 3), ((12, 10), 4)])
+def test_forward_without_gradients_runs_the_fused_passes_and_agrees(grid, regions, monkeypatch):
+    import nala_dit.attention.regions as regions_mod
+
+    q, k, v = (t.float() for t in _qkv(grid))
+    rho = _logits(regions, 2).float()
+    ref = region_attention_reference(*(t.double() for t in (q, k, v)), grid, regions, rho.double())
+    calls = []
+    monkeypatch.setattr(regions_mod, "fused_output", lambda *a, **kw: calls.append(1) or fused_output(*a, **kw))
+    with torch.no_grad():
+        got = region_nala_attention(q, k, v, grid, regions, rho)
+    assert len(calls) == regions * regions           # one query pass per region
+    assert_close("no-grad output", ref, got, 1e-5)

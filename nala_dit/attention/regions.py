@@ -45,6 +45,7 @@ from .functional import (
     ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, _check_qkv, _no_autocast, nala_features,
     nala_similarity_reference,
 )
+from .nala import fused_opts, fused_output, fused_state
 
 REGION_DECAY = 1.0    # ρ_ir = −REGION_DECAY · distance of region centres (in image sides) at initialisation
 
@@ -140,8 +141,10 @@ def region_nala_attention(
     """NaLa with R × R region states mixed by ``exp(logits)`` (see the module doc).
 
     q, k, v: (B, H, N, D) on the row-major ``grid``; ``logits``: (H, R², R²). Returns (B, H,
-    N, D) in v's dtype; features, states, mixing and division in fp32. Plain autograd over
-    NaLa's features (``nala_features``); no N × N tensor is formed.
+    N, D) in v's dtype; features, states, mixing and division in fp32; no N × N tensor is
+    formed. With gradients: plain autograd over NaLa's features (``nala_features``). Without
+    (sampling): the fused passes of ``nala.py`` (``fused_state`` per key region, ``fused_output``
+    per query region: token chunks, features never stored).
     """
     _check_qkv(q, k, v)
     b, h, n, d = q.shape
@@ -150,6 +153,10 @@ def region_nala_attention(
     if logits.shape != (h, r2, r2):
         raise ValueError(f"region logits must be (H, R², R²) = ({h}, {r2}, {r2}), got {tuple(logits.shape)}")
     order, _, sizes = region_layout(tuple(grid), regions)
+    features = dict(direction=direction, power=power, offset=offset, norm_scale=norm_scale, alpha=alpha,
+                    norm_eps=norm_eps)
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, logits))):
+        return _region_forward(q, k, v, order, sizes, logits, fused_opts(eps=eps, **features))
     with _no_autocast(q.device):
         phi_q, phi_k = nala_features(q.float(), k.float(), direction=direction, power=power, offset=offset,
                                      norm_scale=norm_scale, alpha=alpha, norm_eps=norm_eps)
@@ -167,9 +174,29 @@ def region_nala_attention(
         else:
             num_den = torch.cat([qr @ mixed[:, :, i] for i, qr in enumerate(queries)], 2)
         out = num_den[..., :d] / (num_den[..., d:] + eps)                   # region order
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(n)
-        return out.index_select(2, inverse.to(out.device)).to(v.dtype)
+        return _grid_order(out, order).to(v.dtype)
+
+
+def _grid_order(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Tokens of (B, H, N, F) in region order back to grid order."""
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(order))
+    return x.index_select(2, inverse.to(x.device))
+
+
+@torch.no_grad()
+def _region_forward(q, k, v, order, sizes, logits, opts) -> torch.Tensor:
+    """The forward without autograd from the fused passes: each region's ``[S_r | z_r]``
+    (``fused_state`` gives its mean over the region: times n_r / N), mixed per query region,
+    then ``fused_output`` for that region's queries."""
+    n = q.shape[-2]
+    with _no_autocast(q.device):
+        keys, values, queries = (_by_region(t, order, sizes) for t in (k, v, q))
+        states = torch.stack([fused_state(kr, vr, opts) * (len_r / n)
+                              for kr, vr, len_r in zip(keys, values, sizes)], 3)   # (2, B, H, R², D, D+1)
+        mixed = torch.einsum("hir,tbhrxy->tbhixy", logits.float().exp(), states)
+        out = torch.cat([fused_output(qr, mixed[:, :, :, i], opts)[0] for i, qr in enumerate(queries)], 2)
+        return _grid_order(out, order).to(v.dtype)
 
 
 def region_attention_reference(q, k, v, grid, regions, logits, *, eps: float = EPS, **feature_kwargs):
