@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--vae", default=None, help="VAE folder (default: the one the checkpoint names)")
     gen.add_argument("--sampler", default=None, help="default: ddpm (DiT) / ode-heun (SiT); see nala_dit.generate")
     gen.add_argument("--steps", type=int, default=None)
-    gen.add_argument("--cfg-scale", type=float, default=1.0)
+    gen.add_argument("--cfg-scale", type=options.cfg_scale_arg, default=1.0,
+                     help="classifier-free guidance scale, 0..100; 1 = none")
     gen.add_argument("--vae-tiling", choices=list(options.VAE_TILING_MODES), default="auto",
                      help="tiled VAE decode as sample.py: auto = above 1024x1024 px; tiles change pixels")
     gen.add_argument("--vae-tile-size", type=int, metavar="PIXELS",

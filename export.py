@@ -55,19 +55,24 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        raise Interrupted(f"{args.out_dir} may be incomplete; run the same command again to rewrite it")
+        raise Interrupted(f"nothing was written to {args.out_dir} (an export is renamed into place when complete); "
+                          f"run the same command again")
 
 
 def run(args) -> int:
+    from nala_dit.export_folder import check_out_dir
     from nala_dit.sources import read_labels_file
 
+    check_out_dir(args.out_dir)  # before any loading: an existing export or other files are never touched
     id2label = read_labels_file(args.labels_file) if args.labels_file else None
     if args.command == "checkpoint":
+        from nala_dit.export_folder import write_folder
         from nala_dit.pipeline import pipeline_from_checkpoint
 
         pipe = pipeline_from_checkpoint(args.ckpt, args.weights, args.vae, args.copy_vae, id2label)
     else:
         from nala_dit.data import load_vae
+        from nala_dit.export_folder import write_folder
         from nala_dit.pipeline import pipeline_for
         from nala_dit.sources import load_official_state_dict, model_from_official
 
@@ -75,7 +80,7 @@ def run(args) -> int:
             raise ValueError("--copy-vae needs --vae PATH (the VAE folder to copy)")
         model = model_from_official(load_official_state_dict(args.pt), args.model, args.image_size, args.num_classes)
         if args.model_only:
-            model.save_pretrained(args.out_dir)
+            write_folder(model, args.out_dir)
             print(f"wrote model folder {args.out_dir} (nala_dit.DiT.from_pretrained)")
             return 0
         vae, scaling = (load_vae(args.vae) if args.vae else (None, None))
@@ -83,7 +88,7 @@ def run(args) -> int:
         pipe = pipeline_for(model, vae=vae if args.copy_vae else None, id2label=id2label, scaling_factor=scaling,
                             vae_path=None if args.copy_vae else vae_path,
                             source=dict(model=args.model, checkpoint=str(args.pt), weights="official"))
-    pipe.save_pretrained(args.out_dir)
+    write_folder(pipe, args.out_dir)
     print(f"wrote {type(pipe).__name__} folder {args.out_dir}")
     return 0
 

@@ -34,7 +34,7 @@ from datetime import timedelta
 
 from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
 from nala_dit.grid import add_size_arguments, check_size_args, sized_settings
-from nala_dit.options import ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS, VAE_TILING_MODES
+from nala_dit.options import ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS, VAE_TILING_MODES, cfg_scale_arg
 
 
 def _pair(text: str) -> tuple[float, float]:
@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "evaluations per batch (default: unbounded)")
     how.add_argument("--atol", type=float, default=ODE_ATOL, help="dopri5: absolute tolerance")
     how.add_argument("--rtol", type=float, default=ODE_RTOL, help="dopri5: relative tolerance")
-    how.add_argument("--cfg-scale", type=float, default=1.0, help="classifier-free guidance scale; 1 = none")
+    how.add_argument("--cfg-scale", type=cfg_scale_arg, default=1.0,
+                     help="classifier-free guidance scale, 0..100; 1 = none")
     how.add_argument("--guidance-interval", type=_pair, metavar="LO,HI",
                      help="guide only for model times in [LO, HI] (DiT timesteps 0..999, SiT t in [0, 1])")
     how.add_argument("--guide-channels", type=int, help="guide only the first k channels (3 = original DiT code)")
@@ -108,11 +109,17 @@ def run(args) -> int:
     import torch
 
     from nala_dit.generate import SampleSettings
+    from nala_dit.guards import check_writable
     from nala_dit.sampling import balance_notice, balanced_labels, mass_sample, sample_images, save_grid, save_pngs
     from nala_dit.sources import load_source, resolve_labels
     from nala_dit.vae import check_tiling, decode_settings
 
     set_threads(args.threads)
+    # outputs that cannot be written fail now, not after all the sampling
+    for flag, path, kind in (("--grid", args.grid, dict(image=True)), ("--out-dir", args.out_dir, dict(folder=True)),
+                             ("--out", args.out, {})):
+        if path:
+            check_writable(path, flag, **kind)
     if args.num_samples is not None and args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
     settings = SampleSettings(args.sampler, args.steps, args.cfg_scale, args.guidance_interval,

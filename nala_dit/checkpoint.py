@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .diffusion import GaussianDiffusion
 from .grid import model_grid
+from .guards import check_config_fits, check_model_config, weight_shapes
 from .models import DiT
 from .transport import Transport
 
@@ -94,7 +96,7 @@ def save_checkpoint(
         (tmp / STATE).write_text(json.dumps(state, indent=2))
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(err, (OSError, RuntimeError)):  # disk full surfaces as either
+        if isinstance(err, (OSError, RuntimeError, SafetensorError)):  # disk full surfaces as any of these
             previous = list_checkpoints(root)
             raise OSError(
                 f"cannot write checkpoint {final}: {str(err).splitlines()[0] if str(err) else type(err).__name__} "
@@ -233,6 +235,13 @@ class Checkpoint:
         these parameters (torch compares group sizes only; moment tensors of another shape
         would load and fail at the first step)."""
         state = self.optimizer_state()
+        moments = state.get("state") if isinstance(state, dict) else None
+        for i, entry in (moments.items() if isinstance(moments, dict) else ()):
+            tensors = {f"{key} of parameter {i}": v for key, v in (entry.items() if isinstance(entry, dict) else ())
+                       if isinstance(v, torch.Tensor)}
+            if bad := non_finite(tensors, "its"):
+                raise self.error("optimizer.pt", f"{bad}: the optimizer state is damaged (or was saved by a run "
+                                                 f"that diverged), and would turn every weight non-finite")
         problem = optimizer_mismatch(optimizer, state)
         if problem is None:
             try:
@@ -275,6 +284,11 @@ def load_error_cause(err: Exception) -> str:
     """Why a file could not be read, in one line. A refused pickle names the refused
     global only: torch's own text advises ``weights_only=False``, which would run the
     file's code, so it is never passed on."""
+    # torch's wording for a global of a module it never loads (os, posix, subprocess, ...)
+    blocked = re.search(r"unsupported GLOBAL (\S+) whose module \S+ is blocked", str(err))
+    if isinstance(err, pickle.UnpicklingError) and blocked:
+        return (f"blocked: not a plain tensor file (possibly malicious): it asks to run {blocked.group(1)}, which "
+                f"torch.load(weights_only=True) refuses; nothing in it was run")
     refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
     if isinstance(err, pickle.UnpicklingError) and refused:
         return (f"holds pickled Python objects ({refused.group(1)}), which are refused because loading them could "
@@ -295,8 +309,16 @@ def torch_load_tensors(path: str | os.PathLike, safe_globals: tuple = ()):
         with torch.serialization.safe_globals(list(safe_globals)):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # zip reader / unpickler raise many types
-        raise CheckpointError(f"{path}: {load_error_cause(err)}; re-save it as a plain state dict of tensors "
-                              f"(torch.save(model.state_dict(), path)) where it was made, or download it again") from None
+        cause = load_error_cause(err)
+        fix = ("use weights from a source you trust, saved as a plain state dict of tensors" if refused_pickle(cause)
+               else "re-save it as a plain state dict of tensors (torch.save(model.state_dict(), path)) where it "
+                    "was made, or download it again")
+        raise CheckpointError(f"{path}: {cause}; {fix}") from None
+
+
+def refused_pickle(cause: str) -> bool:
+    """Whether a ``load_error_cause`` says the file asked to run code (not that it is damaged)."""
+    return cause.startswith(("blocked:", "holds pickled Python objects"))
 
 
 def state_dict_mismatch(expected: dict, got: dict) -> str:
@@ -323,6 +345,8 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
                                     f"got {value!r} ({type(value).__name__}): the file was edited or damaged")
     if state["step"] < 0 or state["position"] < 0 or state["world_size"] < 1:
         raise ckpt.error(STATE, "step/position must be >= 0 and world_size >= 1")
+    check_model_config(state["model_config"], str(found / STATE), "the file was edited or damaged: "
+                       "restore it, or use another checkpoint")
     ckpt.state = state
     return ckpt
 
@@ -334,8 +358,17 @@ def build_model_from_config(model_config: dict) -> DiT:
 
 
 def load_model(path: str | os.PathLike, weights: str = "ema") -> tuple[DiT, Checkpoint]:
-    """The model of a training checkpoint with its EMA (default) or raw weights."""
+    """The model of a training checkpoint with its EMA (default) or raw weights. The model
+    config is checked against the weights file's header before the model is built."""
     ckpt = open_checkpoint(path)
+    file = ckpt.path / f"{weights}.safetensors"
+    try:
+        shapes = weight_shapes(file) if file.is_file() else None
+    except ValueError:  # unreadable: ``ckpt.weights`` names the file and the way out
+        shapes = None
+    if shapes is not None:
+        check_config_fits(check_model_config(ckpt.model_config, str(ckpt.path / STATE)), shapes,
+                          str(ckpt.path / STATE), str(file))
     model = build_model_from_config(ckpt.model_config)
     ckpt.load_into(model, weights)
     return model.eval(), ckpt

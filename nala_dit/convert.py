@@ -92,7 +92,8 @@ def load_reference(path: str | os.PathLike, student: DiT, student_preset: str) -
     """An official ``.pt``, a checkpoint / run folder (EMA weights) or a pipeline folder
     (its transformer only: a teacher needs no VAE)."""
     from .checkpoint import OBJECTIVE_KEYS, load_model
-    from .sources import assert_no_meta, load_official_state_dict, model_from_official, read_pipeline_index
+    from .guards import load_transformer
+    from .sources import load_official_state_dict, model_from_official, read_pipeline_index
 
     p = Path(path)
     if p.is_file() or (not p.exists() and p.suffix in (".pt", ".pth")):
@@ -109,8 +110,7 @@ def load_reference(path: str | os.PathLike, student: DiT, student_preset: str) -
         raise FileNotFoundError(f"no official .pt, checkpoint, run folder or pipeline folder at {p}{did_you_mean(p)}")
     if (p / "model_index.json").is_file():
         index = read_pipeline_index(p)
-        model = DiT.from_pretrained(str(p / "transformer"))
-        assert_no_meta(model, f"{p}/transformer")
+        model = load_transformer(p / "transformer")
         return Reference(model.eval(), dict(index.get("objective_config") or {}), str(p), "pipeline")
     model, ckpt = load_model(p, "ema")
     keys = OBJECTIVE_KEYS[model.config.objective]

@@ -27,6 +27,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Sampler
 
+from .guards import check_finite_samples
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".JPEG", ".PNG", ".JPG")
 LATENT_META = "meta.json"
 DEFAULT_SCALING_FACTOR = 0.18215
@@ -50,7 +52,12 @@ def to_model_range(arr_uint8: np.ndarray) -> torch.Tensor:
 
 
 def to_uint8(x: torch.Tensor) -> torch.Tensor:
-    """(B, C, H, W) in [-1, 1] → (B, H, W, C) uint8, rounding as ADM's sample scripts."""
+    """(B, C, H, W) in [-1, 1] → (B, H, W, C) uint8, rounding as ADM's sample scripts.
+
+    Every sample becomes an image here (grids, PNGs, ``.npz``, pipelines, FID), so this is
+    where a non-finite sample is refused: the cast would turn NaN into 0 (a black image,
+    scored as if real)."""
+    check_finite_samples(x)
     return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
 
 
@@ -208,6 +215,45 @@ class DigitsCanvasDataset(DigitsDataset):
         self._set(images, labels)
 
 
+# meta.json keys a latent folder is read by, and what each must hold.
+LATENT_META_TYPES = dict(shards=(list, "a list of shard file names"), classes=(list, "a list of class names"),
+                         scaling_factor=((int, float), "a number"), latent_channels=(int, "an integer"),
+                         image_size=(int, "an integer"))
+
+
+def read_latent_meta(root: str | os.PathLike) -> dict:
+    """A latent folder's ``meta.json``, checked: every key ``LATENT_META_TYPES`` names, of
+    its type, and shard names that stay inside the folder; else a one-line error naming
+    the file and the key."""
+    root = Path(root)
+    path = root / LATENT_META
+    fix = "rerun extract_latents.py with the same flags (finished shards are kept)"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: {root} is not a latent folder written by extract_latents.py")
+    try:
+        meta = json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"{path}: unreadable ({err}); {fix}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: must hold a JSON object, got {type(meta).__name__}; {fix}")
+    for key, (types, what) in LATENT_META_TYPES.items():
+        value = meta.get(key)
+        if key not in meta or isinstance(value, bool) or not isinstance(value, types):
+            got = "missing" if key not in meta else f"got {value!r:.60} ({type(value).__name__})"
+            raise ValueError(f"{path}: {key!r} must be {what}, {got}; {fix}")
+    for key in ("shards", "classes"):
+        if not all(isinstance(v, str) and v for v in meta[key]):
+            raise ValueError(f"{path}: {key!r} must be {LATENT_META_TYPES[key][1]} (non-empty strings); {fix}")
+    inside = root.resolve()
+    for name in meta["shards"]:
+        if Path(name).is_absolute() or inside not in (root / name).resolve().parents:
+            raise ValueError(f"{path}: shard {name!r} is outside {root}: shards are file names inside the latent "
+                             f"folder; {fix}")
+    if not math.isfinite(meta["scaling_factor"]) or meta["scaling_factor"] <= 0:
+        raise ValueError(f"{path}: 'scaling_factor' must be a positive number, got {meta['scaling_factor']!r}; {fix}")
+    return meta
+
+
 class LatentDataset(Dataset):
     """Shards of ``extract_latents``: each item is (moments of image and mirror, label).
 
@@ -220,16 +266,7 @@ class LatentDataset(Dataset):
         from safetensors import safe_open
 
         self.root = Path(root)
-        meta_path = self.root / LATENT_META
-        if not meta_path.is_file():
-            raise FileNotFoundError(
-                f"{meta_path} not found: {self.root} is not a latent folder written by extract_latents.py"
-            )
-        try:
-            self.meta = json.loads(meta_path.read_text())
-        except ValueError as err:
-            raise ValueError(f"{meta_path}: unreadable ({err}); rerun extract_latents.py with the same flags "
-                             f"(finished shards are kept)") from None
+        self.meta = read_latent_meta(self.root)
         self.shards = [self.root / name for name in self.meta["shards"]]
         missing = [str(s) for s in self.shards if not s.is_file()]
         if missing:

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Subset
 
@@ -104,7 +105,14 @@ def extract_latents(
                 bar.update(len(y))
             path = out_dir / shard_name(k)
             tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-            save_file({"moments": torch.cat(moments).contiguous(), "labels": torch.cat(labels).contiguous()}, str(tmp))
+            try:
+                save_file({"moments": torch.cat(moments).contiguous(), "labels": torch.cat(labels).contiguous()},
+                          str(tmp))
+            except (OSError, SafetensorError) as err:  # disk full: safetensors raises its own error
+                tmp.unlink(missing_ok=True)
+                first = str(err).splitlines()[0] if str(err) else type(err).__name__
+                raise OSError(f"cannot write {path}: {first} (disk full?); removed the partial file, the finished "
+                              f"shards are kept: free space and rerun the same command to resume") from None
             os.replace(tmp, path)
     accelerator.wait_for_everyone()
     return out_dir

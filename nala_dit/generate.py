@@ -25,7 +25,7 @@ import torch
 from .diffusion import GaussianDiffusion
 from .guidance import cfg_model_fn
 from .options import DEFAULT_STEPS, DIFFUSION_SAMPLERS, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, TRANSPORT_SAMPLERS  # noqa: F401
-from .options import RENOISE_SAMPLERS
+from .options import RENOISE_SAMPLERS, parse_cfg_scale
 from .samplers import SampleOutput, ddim_sample, ddpm_sample, ode_sample, sde_sample
 from .transport import Transport
 from .vae import decoding
@@ -123,6 +123,7 @@ def generate(
     """
     if not time_shift > 0:
         raise ValueError(f"time shift must be > 0 (1 = none), got {time_shift}")
+    cfg_scale = parse_cfg_scale(cfg_scale)
     if time_shift != 1.0 and (scheduler is not None or sampler == "dpm-solver"):
         raise ValueError("a time shift applies to ddpm, ddim and the fixed-step ODE/SDE samplers, not to a diffusers "
                          "scheduler (dpm-solver); use --sampler ddim or ddpm, or drop --time-shift")
@@ -310,7 +311,7 @@ class SampleSettings:
             if sampler not in RENOISE_SAMPLERS:
                 raise ValueError(f"--upscale-from re-noises and denoises with ddpm, ddim or an ODE sampler, not "
                                  f"{sampler}")
-        return replace(self, sampler=sampler, num_steps=steps, cfg_scale=float(self.cfg_scale),
+        return replace(self, sampler=sampler, num_steps=steps, cfg_scale=parse_cfg_scale(self.cfg_scale),
                        guidance_interval=interval, latent_size=size, upscale_from=small)
 
     def shift_for(self, model, objective, size: tuple[int, int] | None = None) -> float:

@@ -214,6 +214,14 @@ def sized_settings(settings, source, args, verbose: bool = True):
     latent = latent_for(model, source.vae, args.image_size)
     small = latent_for(model, source.vae, args.upscale_from)
     shift = parse_time_shift(args.time_shift) if args.time_shift is not None else None
+    if latent is not None:  # before the first allocation, not as its traceback
+        from .guards import check_sample_memory
+
+        labels = len([v for v in (getattr(args, "labels", None) or "").split(",") if v.strip()])
+        wanted = getattr(args, "num_samples", None) or labels * getattr(args, "per_label", 1) or 1
+        batch = min(getattr(args, "batch_size", 1) or 1, wanted)
+        check_sample_memory(model, latent, batch, vae_factor(source.vae), next(model.parameters()).device,
+                            f"--image-size {args.image_size}", "use a smaller --image-size or --batch-size")
     if verbose and latent is not None and small is None and (note := size_notice(model.config, latent,
                                                                                  vae_factor(source.vae))):
         print(note, file=sys.stderr)

@@ -56,9 +56,16 @@ def parse_norm_scale(value) -> float | str:
 POS_EMBED_MODES = ("extrapolate", "interpolate", "none")
 TIME_SHIFT_AUTO = "auto"
 
+# Bounds of a numeric time shift: "auto" gives s = 100 only at 10,000× the trained token
+# count; beyond, every step sits at pure noise (or, below 1/100, at the data end).
+TIME_SHIFT_RANGE = (0.01, 100.0)
+
+
 def parse_time_shift(value) -> float | str:
-    """A positive finite number or ``"auto"``; anything else a ValueError naming both."""
-    allowed = f"a positive number (1 = no shift) or {TIME_SHIFT_AUTO!r} (s = √(tokens / base tokens))"
+    """A number in ``TIME_SHIFT_RANGE`` or ``"auto"``; anything else a ValueError naming both."""
+    lo, hi = TIME_SHIFT_RANGE
+    allowed = (f"a number from {lo:g} to {hi:g} (1 = no shift; 'auto' reaches {hi:g} only at {hi * hi:,.0f}× the "
+               f"trained tokens) or {TIME_SHIFT_AUTO!r} (s = √(tokens / base tokens))")
     if isinstance(value, str) and value.strip() == TIME_SHIFT_AUTO:
         return TIME_SHIFT_AUTO
     if isinstance(value, bool):
@@ -67,9 +74,41 @@ def parse_time_shift(value) -> float | str:
         number = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"time shift must be {allowed}, got {value!r}") from None
-    if not (0 < number < float("inf")):
+    if not (lo <= number <= hi):
         raise ValueError(f"time shift must be {allowed}, got {value!r}")
     return number
+
+
+# Classifier-free guidance: ε = ε_uncond + s·(ε_cond − ε_uncond). 0 = unconditional,
+# 1 = no guidance, DiT uses 1.5-4; far above, the difference term swamps the prediction
+# (samples saturate), and near 1e30 it overflows to inf/NaN.
+CFG_SCALE_RANGE = (0.0, 100.0)
+
+
+def parse_cfg_scale(value) -> float:
+    """A finite guidance scale in ``CFG_SCALE_RANGE``; anything else a ValueError saying why."""
+    lo, hi = CFG_SCALE_RANGE
+    allowed = (f"a number from {lo:g} (unconditional) to {hi:g}; 1 = no guidance, DiT uses 1.5-4, and far larger "
+               f"scales saturate the samples or overflow to NaN")
+    if isinstance(value, bool):
+        raise ValueError(f"guidance scale must be {allowed}, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"guidance scale must be {allowed}, got {value!r}") from None
+    if not (lo <= number <= hi):
+        raise ValueError(f"guidance scale must be {allowed}, got {value!r}")
+    return number
+
+
+def cfg_scale_arg(text: str) -> float:
+    """``parse_cfg_scale`` as an argparse ``type``: the reason, not "invalid value"."""
+    import argparse
+
+    try:
+        return parse_cfg_scale(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 # The hybrid layer schedule: which blocks of a linear-attention model use DiT's own

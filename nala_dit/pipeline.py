@@ -47,6 +47,7 @@ from .data import load_vae, to_uint8
 from .generate import (SampleSettings, _Precision, decode, default_sampler, generate, index_seed, initial_noise,
                        sample_batch, seed_from)
 from .grid import latent_for, parse_time_shift, vae_factor
+from .guards import check_finite_samples, check_sample_memory, check_transformer_folder, refuse_non_finite
 from .models import DiT
 from .sources import assert_no_meta, read_pipeline_index, resolve_labels, resolve_scaling_factor
 from .vae import check_tiling
@@ -85,8 +86,10 @@ class _NaLaPipeline(DiffusionPipeline):
         # Checked here, not in from_pretrained, so that diffusers' generic
         # DiffusionPipeline.from_pretrained (which builds us through __init__) checks too.
         assert_no_meta(transformer, "transformer")
+        refuse_non_finite(transformer, "transformer")
         if getattr(self, "vae", None) is not None:
             assert_no_meta(self.vae, "vae")
+            refuse_non_finite(self.vae, "vae")
         num_classes = transformer.config.num_classes
         id2label = {int(k): str(v) for k, v in (id2label or {}).items()} or {i: str(i) for i in range(num_classes)}
         if len(id2label) != num_classes:
@@ -106,6 +109,16 @@ class _NaLaPipeline(DiffusionPipeline):
         self.objective()  # fail now, not at the first call, on bad objective settings
         if sampler not in (None, "scheduler"):
             SampleSettings(sampler).resolved(self.objective())
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """diffusers' ``from_pretrained``, after checking a local folder's transformer
+        config against its weights (types, sizes), so an edited config is refused before
+        diffusers builds the model it describes."""
+        folder = Path(str(pretrained_model_name_or_path)) / "transformer"
+        if folder.is_dir():
+            check_transformer_folder(folder)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def save_pretrained(self, save_directory, **kwargs):
         """diffusers' save, plus the one-line file that names this class for
@@ -158,8 +171,13 @@ class _NaLaPipeline(DiffusionPipeline):
         """The latent (h, w) for an image size in pixels; None = the trained size."""
         if height is None and width is None:
             return None
+        for name, value in (("height", height), ("width", width)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive number of pixels (None = the trained size), "
+                                 f"got {value!r}")
         side = self.transformer.config.input_size * self.vae_scale_factor
-        return latent_for(self.transformer, self.resolved_vae(), (height or side, width or side))
+        return latent_for(self.transformer, self.resolved_vae(),
+                          (side if height is None else height, side if width is None else width))
 
     def _latents(self, labels, indices, seed, settings, progress):
         return sample_batch(self.transformer, self.objective(), labels, indices, seed, settings,
@@ -218,14 +236,19 @@ class _NaLaPipeline(DiffusionPipeline):
                                   guidance_interval, guide_channels, precision,
                                   latent_size=self.latent_size(height, width),
                                   time_shift=parse_time_shift(time_shift) if time_shift is not None else None)
+        check_sample_memory(self.transformer, settings.latent_size, len(ids), self.vae_scale_factor,
+                            self.transformer.device, f"height={height}, width={width}",
+                            "use a smaller height/width or fewer class_labels per call")
         progress = not getattr(self, "_progress_bar_config", {}).get("disable", False)
         labels = torch.tensor(ids, dtype=torch.long, device=self.transformer.device)
         latents, nfe = self._latents(labels, list(range(len(ids))), seed, settings, progress)
+        check_finite_samples(latents)
         if output_type == "latent":
             images = latents
         else:
             images = decode(latents, self.resolved_vae(), self.scaling_factor,    # (B, C, H, W) in [-1, 1]
                             tiling=vae_tiling, tile_size=vae_tile_size)
+            check_finite_samples(images)
             if output_type == "pil":
                 from PIL import Image
                 arr = to_uint8(images).numpy()

@@ -232,21 +232,30 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     if s.upscale_from is not None:
         recipe.update(upscale_from=list(s.upscale_from), strength=s.strength)
     sidecar = Path(f"{out}.json")
+    keep = (f"not overwriting it: choose another --out, or move {out}{f' and {sidecar}' if sidecar.exists() else ''} "
+            f"away to redo it")
     if out.is_file() and sidecar.is_file():
         done = _read_json(sidecar, f"delete it and {out} and rerun")
         if {k: done.get(k) for k in recipe} == recipe:
             if is_main:
                 print(f"{out} is already complete with these settings; nothing to do")
             return out
-    parts.mkdir(parents=True, exist_ok=True)
+        diff = {k: (done.get(k), v) for k, v in recipe.items() if done.get(k) != v}
+        raise FileExistsError(f"{out} holds a finished run made with other settings {diff} (its {sidecar.name}, "
+                              f"now); {keep}")
     settings_file = parts / "settings.json"
-    if settings_file.is_file():
-        stored = _read_json(settings_file, f"delete {parts} to start over")
-        if stored != recipe:
-            diff = {k: (stored.get(k), v) for k, v in recipe.items() if stored.get(k) != v}
-            raise ValueError(f"{parts} holds shards made with other settings {diff} (stored, now); "
-                             f"rerun with the same flags or delete {parts}")
-    elif is_main:
+    stored = _read_json(settings_file, f"delete {parts} to start over") if settings_file.is_file() else None
+    if stored is not None and stored != recipe:
+        diff = {k: (stored.get(k), v) for k, v in recipe.items() if stored.get(k) != v}
+        raise ValueError(f"{parts} holds shards made with other settings {diff} (stored, now); "
+                         f"rerun with the same flags or delete {parts}")
+    # A file at --out without its sidecar is ours only when this run's shards are there
+    # (killed between writing the .npz and the sidecar): anything else a user made stays.
+    if out.exists() and stored is None:
+        raise FileExistsError(f"{out} exists and is not the output of this run (no {sidecar.name} or shards "
+                              f"beside it); {keep}")
+    parts.mkdir(parents=True, exist_ok=True)
+    if stored is None and is_main:
         _atomic_write(settings_file, lambda f: f.write(json.dumps(recipe, indent=2).encode()))
 
     labels = balanced_labels(num_samples, num_classes, seed)

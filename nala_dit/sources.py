@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import build_objective, load_model, torch_load_tensors
+from .checkpoint import CheckpointError, build_objective, load_model, non_finite, torch_load_tensors
 from .cli import did_you_mean
+from .guards import load_transformer, refuse_non_finite
 from .models import DiT
 
 # A pipeline folder's class (model_index.json "_class_name") → the objective it runs.
@@ -95,14 +96,13 @@ def load_pipeline_folder(path: str | os.PathLike, vae: str | None = None, device
 
     path = Path(path)
     config = read_pipeline_index(path)
-    model = DiT.from_pretrained(str(path / "transformer"))
-    assert_no_meta(model, f"{path}/transformer")
-    model = model.to(device).eval()
+    model = load_transformer(path / "transformer").to(device).eval()
     if vae is not None:
         vae_model, _ = load_vae(vae, device)
     elif (config.get("vae") or [None])[0] is not None:
         vae_model, _ = load_vae(str(path / "vae"), device)
         assert_no_meta(vae_model, f"{path}/vae")
+        refuse_non_finite(vae_model, f"{path}/vae")
     elif config.get("vae_path"):
         vae_model, _ = load_vae(config["vae_path"], device)
     else:
@@ -128,7 +128,7 @@ def latent_scaling(train_config: dict) -> float | None:
 
     meta = Path(train_config.get("data") or "") / data_lib.LATENT_META
     if train_config.get("data") and meta.is_file():
-        return json.loads(meta.read_text()).get("scaling_factor")
+        return data_lib.read_latent_meta(meta.parent)["scaling_factor"]
     return None
 
 
@@ -197,7 +197,7 @@ def default_id2label(train_config: dict, num_classes: int) -> dict[int, str]:
         from .digits import DIGIT_LABELS
         names = list(DIGIT_LABELS)
     elif source and (Path(source) / data_lib.LATENT_META).is_file():
-        names = json.loads((Path(source) / data_lib.LATENT_META).read_text()).get("classes")
+        names = data_lib.read_latent_meta(source)["classes"]
     elif source and Path(source).is_dir():
         names = sorted(d.name for d in Path(source).iterdir() if d.is_dir())
     if not names or len(names) != num_classes:
@@ -236,6 +236,9 @@ def load_official_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]
             break
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path} is not a DiT/SiT state dict (expected tensors, or an 'ema'/'model' entry)")
+    if problem := non_finite(state, "its"):  # as export.py checkpoint refuses a diverged run's weights
+        raise CheckpointError(f"{path}: {problem}: the file is damaged or the run that wrote it diverged; "
+                              f"download it again or use another checkpoint")
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 

@@ -305,8 +305,16 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     model = build_model(cfg, dataset.num_classes, channels, side)
     init_report = None
     if resume_from is not None:
-        if base := open_checkpoint(resume_from).model_config.get("base_size"):
+        resumed = open_checkpoint(resume_from)
+        if base := resumed.model_config.get("base_size"):
             model.rebase(base)  # a run fine-tuned up the ladder keeps its source's base grid
+        recorded = resumed.config.get("init-from")
+        if cfg.init_from and cfg.init_from != recorded:
+            # A resume continues the checkpoint's weights: say so, and keep recording the run's real source.
+            accelerator.print(f"resume: --init-from {cfg.init_from} is ignored: the run continues from {resumed.path} "
+                              f"(it started from {recorded or 'random weights'}); drop --init-from, or start a new "
+                              f"run (another --exp-name) to initialise from it")
+            cfg.init_from = recorded
     elif cfg.init_from:
         init_report = convert.init_from(cfg.init_from, model, cfg.model, cfg.inherit, to_dict(cfg))
         accelerator.print(init_report.table())

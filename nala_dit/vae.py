@@ -62,12 +62,19 @@ def _tile_fits(pixels: int, factor: int, overlap: float) -> bool:
     return pixels % factor == 0 and stride > 0 and stride * factor == pixels - int(pixels * overlap)
 
 
+def check_tiling_mode(mode, name: str = "--vae-tiling") -> None:
+    if mode not in VAE_TILING_MODES:
+        raise ValueError(f"{name} must be one of {', '.join(VAE_TILING_MODES)}, got {mode!r}")
+
+
 def check_tiling(mode, tile_size=None, vae=None, names=("--vae-tiling", "--vae-tile-size")) -> None:
     """A one-line ValueError for an unknown mode, a tile size that is not a positive whole
     number of tiles for ``vae``, or a tile request without a VAE. ``names``: the option
     names to put in the message (CLI flags or keyword arguments)."""
-    if mode not in VAE_TILING_MODES:
-        raise ValueError(f"{names[0]} must be one of {', '.join(VAE_TILING_MODES)}, got {mode!r}")
+    check_tiling_mode(mode, names[0])
+    if mode == "on" and vae is None:
+        raise ValueError(f"{names[0]} on: this model samples pixels directly (no VAE), so there is no decode to "
+                         f"tile; drop {names[0]}")
     if tile_size is None:
         return
     if isinstance(tile_size, bool) or not isinstance(tile_size, int) or tile_size <= 0:
@@ -90,7 +97,7 @@ def check_tiling(mode, tile_size=None, vae=None, names=("--vae-tiling", "--vae-t
 @contextmanager
 def decode_settings(tiling: str = "auto", tile_size: int | None = None):
     """The tiling mode and tile size for every ``decode`` inside (the CLIs' flags)."""
-    check_tiling(tiling)
+    check_tiling_mode(tiling)
     token = _SETTINGS.set((tiling, tile_size))
     try:
         yield

@@ -237,7 +237,9 @@ def test_bad_values_are_one_line_errors(mode, size, message):
 def test_tile_size_without_a_vae_is_an_error():
     with pytest.raises(ValueError, match="no VAE"):
         vae_lib.check_tiling("auto", 64, None)
-    vae_lib.check_tiling("on", None, None)      # a mode alone: nothing to decode, nothing to say
+    vae_lib.check_tiling("auto", None, None)    # the default: nothing to decode, nothing to say
+    with pytest.raises(ValueError, match="--vae-tiling on: this model samples pixels directly"):
+        vae_lib.check_tiling("on", None, None)  # asked for explicitly: say it cannot apply (issue 27)
 
 
 def test_pipeline_takes_vae_tiling_and_restores_the_vae():
