@@ -221,7 +221,8 @@ def sized_settings(settings, source, args, verbose: bool = True):
         wanted = getattr(args, "num_samples", None) or labels * getattr(args, "per_label", 1) or 1
         batch = min(getattr(args, "batch_size", 1) or 1, wanted)
         check_sample_memory(model, latent, batch, vae_factor(source.vae), next(model.parameters()).device,
-                            f"--image-size {args.image_size}", "use a smaller --image-size or --batch-size")
+                            f"--image-size {args.image_size}", "use a smaller --image-size or --batch-size",
+                            guided=settings.cfg_scale != 1)
     if verbose and latent is not None and small is None and (note := size_notice(model.config, latent,
                                                                                  vae_factor(source.vae))):
         print(note, file=sys.stderr)

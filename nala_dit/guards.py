@@ -246,17 +246,19 @@ def available_memory(device) -> tuple[int, str]:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "RAM"
 
 
-def sample_memory(model, latent_hw: tuple[int, int], batch: int, vae_factor: int = 1) -> int:
-    """A lower bound on the bytes one sampling batch holds at once (fp32): the noise, the
-    model output, a block's input, output and MLP hidden state, and the decoded pixels;
-    attention buffers and the VAE decoder's activations come on top."""
+def sample_memory(model, latent_hw: tuple[int, int], batch: int, vae_factor: int = 1, guided: bool = False) -> int:
+    """A lower bound on the bytes one sampling batch holds at once (fp32): the noise and
+    the model output per latent pixel; per token, at the MLP's activation, the block's
+    input, the MLP's input, its first layer's output and the activation's (``Mlp``
+    keeps all four alive); the decoded RGB pixels. Guidance runs the model on 2× the
+    batch. Weights, attention buffers and the VAE decoder's activations come on top."""
     h, w = latent_hw
     cfg = model.config
     tokens = (h // cfg.patch_size) * (w // cfg.patch_size)
-    per_sample = h * w * (model.in_channels + model.out_channels)
-    per_sample += tokens * cfg.hidden_size * (2 + cfg.mlp_ratio)
-    per_sample += 3 * h * w * vae_factor ** 2
-    return int(4 * batch * per_sample)
+    runs = 2 * batch if guided else batch
+    model_bytes = runs * (h * w * (model.in_channels + model.out_channels)
+                          + tokens * cfg.hidden_size * (2 + 2 * cfg.mlp_ratio))
+    return int(4 * (model_bytes + batch * 3 * h * w * vae_factor ** 2))
 
 
 def _bytes(n: float) -> str:
@@ -267,12 +269,12 @@ def _bytes(n: float) -> str:
 
 
 def check_sample_memory(model, latent_hw: tuple[int, int] | None, batch: int, vae_factor: int, device,
-                        what: str, fix: str) -> None:
+                        what: str, fix: str, guided: bool = False) -> None:
     """Refuse, before any allocation, a sampling batch whose lower-bound memory
     (``sample_memory``) exceeds what ``device`` has free."""
     if latent_hw is None:
         return
-    need = sample_memory(model, latent_hw, batch, vae_factor)
+    need = sample_memory(model, latent_hw, batch, vae_factor, guided)
     have, kind = available_memory(device)
     if need > have:
         h, w = latent_hw

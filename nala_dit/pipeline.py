@@ -238,7 +238,7 @@ class _NaLaPipeline(DiffusionPipeline):
                                   time_shift=parse_time_shift(time_shift) if time_shift is not None else None)
         check_sample_memory(self.transformer, settings.latent_size, len(ids), self.vae_scale_factor,
                             self.transformer.device, f"height={height}, width={width}",
-                            "use a smaller height/width or fewer class_labels per call")
+                            "use a smaller height/width or fewer class_labels per call", guided=guidance_scale != 1)
         progress = not getattr(self, "_progress_bar_config", {}).get("disable", False)
         labels = torch.tensor(ids, dtype=torch.long, device=self.transformer.device)
         latents, nfe = self._latents(labels, list(range(len(ids))), seed, settings, progress)

@@ -270,9 +270,11 @@ def test_memory_estimate_is_a_lower_bound_with_known_terms():
 
     model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10)
     c = model.config
-    # 4 bytes × batch × (noise + output per pixel + tokens × hidden × (2 + mlp ratio) + RGB pixels)
-    want = 4 * 3 * (16 * 16 * (1 + 2) + 64 * c.hidden_size * (2 + c.mlp_ratio) + 3 * 16 * 16)
-    assert sample_memory(model, (16, 16), 3) == want
+    # 4 bytes × (runs × (noise + output per pixel + tokens × hidden × (2 + 2 · mlp ratio)) + batch × RGB pixels)
+    per_run = 16 * 16 * (1 + 2) + 64 * c.hidden_size * (2 + 2 * c.mlp_ratio)
+    assert sample_memory(model, (16, 16), 3) == 4 * (3 * per_run + 3 * 3 * 16 * 16)
+    assert sample_memory(model, (16, 16), 3, guided=True) == 4 * (6 * per_run + 3 * 3 * 16 * 16)
+    assert sample_memory(model, (16, 16), 3, vae_factor=8) == 4 * (3 * per_run + 3 * 3 * 128 * 128)
 
 
 def test_pipeline_height_width_are_checked(pipe_dir):
