@@ -31,7 +31,8 @@ from safetensors.torch import load_file, save_file
 
 from .diffusion import GaussianDiffusion
 from .grid import model_grid
-from .guards import check_config_fits, check_model_config, weight_shapes
+from .guards import non_finite, state_dict_mismatch  # noqa: F401  (re-exported)
+from .model_files import check_config_fits, check_model_config, weight_shapes
 from .models import DiT
 from .transport import Transport
 
@@ -46,14 +47,6 @@ class CheckpointError(ValueError):
 
 def _contiguous(state_dict: dict) -> dict:
     return {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
-
-
-def non_finite(tensors: dict, what: str) -> str | None:
-    """``"<what> tensor <name> holds <n> non-finite value(s)"`` for the first tensor with a NaN or inf, else None."""
-    for name, t in tensors.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            return f"{what} tensor {name} holds {int((~torch.isfinite(t)).sum())} non-finite value(s)"
-    return None
 
 
 def check_finite_weights(ckpt_dir: str | os.PathLike, step: int, **modules: torch.nn.Module) -> None:
@@ -319,17 +312,6 @@ def torch_load_tensors(path: str | os.PathLike, safe_globals: tuple = ()):
 def refused_pickle(cause: str) -> bool:
     """Whether a ``load_error_cause`` says the file asked to run code (not that it is damaged)."""
     return cause.startswith(("blocked:", "holds pickled Python objects"))
-
-
-def state_dict_mismatch(expected: dict, got: dict) -> str:
-    """'' when ``got`` loads strictly into a module with ``expected``; else a short summary."""
-    missing = [k for k in expected if k not in got]
-    unexpected = [k for k in got if k not in expected]
-    shapes = [f"{k}: {tuple(got[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
-              if k in got and tuple(got[k].shape) != tuple(v.shape)]
-    parts = [f"{len(items)} {what} (e.g. {items[0]})" for what, items in
-             (("missing", missing), ("unexpected", unexpected), ("shape mismatches, file vs model", shapes)) if items]
-    return ", ".join(parts)
 
 
 def open_checkpoint(path: str | os.PathLike) -> Checkpoint:

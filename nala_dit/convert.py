@@ -92,7 +92,7 @@ def load_reference(path: str | os.PathLike, student: DiT, student_preset: str) -
     """An official ``.pt``, a checkpoint / run folder (EMA weights) or a pipeline folder
     (its transformer only: a teacher needs no VAE)."""
     from .checkpoint import OBJECTIVE_KEYS, load_model
-    from .guards import load_transformer
+    from .model_files import load_transformer
     from .sources import load_official_state_dict, model_from_official, read_pipeline_index
 
     p = Path(path)

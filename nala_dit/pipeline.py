@@ -47,7 +47,8 @@ from .data import load_vae, to_uint8
 from .generate import (SampleSettings, _Precision, decode, default_sampler, generate, index_seed, initial_noise,
                        sample_batch, seed_from)
 from .grid import latent_for, parse_time_shift, vae_factor
-from .guards import check_finite_samples, check_sample_memory, check_transformer_folder, refuse_non_finite
+from .guards import check_finite_samples, check_sample_memory, refuse_non_finite
+from .model_files import check_transformer_folder
 from .models import DiT
 from .sources import assert_no_meta, read_pipeline_index, resolve_labels, resolve_scaling_factor
 from .vae import check_tiling

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, build_objective, load_model, non_finite, torch_load_tensors
+from .checkpoint import CheckpointError, build_objective, load_model, torch_load_tensors
 from .cli import did_you_mean
-from .guards import load_transformer, refuse_non_finite
+from .guards import assert_no_meta, non_finite, refuse_non_finite  # noqa: F401  (assert_no_meta re-exported)
+from .model_files import load_transformer
 from .models import DiT
 
 # A pipeline folder's class (model_index.json "_class_name") → the objective it runs.
@@ -130,14 +131,6 @@ def latent_scaling(train_config: dict) -> float | None:
     if train_config.get("data") and meta.is_file():
         return data_lib.read_latent_meta(meta.parent)["scaling_factor"]
     return None
-
-
-def assert_no_meta(module: torch.nn.Module, where: str) -> None:
-    """diffusers leaves weights missing from a checkpoint on ``meta`` with only a warning."""
-    meta = [name for name, p in module.named_parameters() if p.device.type == "meta"]
-    if meta:
-        raise ValueError(f"{where}: {len(meta)} parameters were not in the saved weights and stayed on the "
-                         f"meta device (e.g. {meta[:3]}); the folder does not match this model class")
 
 
 # Labels.
