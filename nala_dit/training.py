@@ -434,12 +434,18 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         if len(bad):
             progress.close()
             last = list_checkpoints(ckpt_dir)
+            if int(bad.min()) == start_step + 1:  # no update had run yet: what the run started from is bad
+                raise FloatingPointError(
+                    f"non-finite loss at step {int(bad.min())}, the first of this run, before any update: the weights "
+                    f"it started from (--resume / --init-from), or the data, hold NaN or inf; not the learning rate. "
+                    f"Stopping without saving; check those files")
             raise FloatingPointError(
                 f"non-finite loss at step {int(bad.min())}; stopping without saving. Last good checkpoint: "
                 f"{last[-1] if last else 'none'}. Try a lower --lr, --max-grad-norm 1, or --mixed-precision no."
             )
 
     train_model.train()
+    start_step = step
     while step < cfg.max_steps:
         torch.manual_seed(step_seed(cfg.seed, rank, step))
         log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps

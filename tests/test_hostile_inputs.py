@@ -460,3 +460,26 @@ def test_resume_with_another_init_from_says_it_ignores_it(tmp_path, capsys):
     assert "resume: --init-from somewhere/else is ignored: the run continues from" in out
     assert "(it started from random weights)" in out
     assert ckpt_lib.open_checkpoint(tmp_path / "run").config["init-from"] is None
+
+
+def test_non_finite_start_is_not_blamed_on_the_learning_rate(tmp_path, capsys, monkeypatch):
+    import train as train_cli
+    from nala_dit import training
+
+    real_build = training.build_model
+
+    def poisoned_build(*args, **kwargs):
+        model = real_build(*args, **kwargs)
+        with torch.no_grad():
+            model.final_layer.linear.bias.fill_(float("nan"))
+        return model
+
+    monkeypatch.setattr(training, "build_model", poisoned_build)
+    argv = ["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "8", "--num-workers", "0",
+            "--sample-every", "0", "--log-every", "1", "--flip", "false", "--results-dir", str(tmp_path),
+            "--exp-name", "run", "--max-steps", "2", "--ckpt-every", "2"]
+    assert train_cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "non-finite loss at step 1, the first of this run, before any update" in err
+    assert "not the learning rate" in err and "Last good" not in err and "lower --lr" not in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
