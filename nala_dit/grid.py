@@ -185,8 +185,8 @@ def add_size_arguments(parser) -> None:
     size = parser.add_argument_group("image size (docs/highres.md)")
     size.add_argument("--image-size", help="pixels, N or HxW (each side a multiple of VAE factor × patch; "
                       "default: the trained size)")
-    size.add_argument("--time-shift", help="shift the sampler's steps toward noise: a number s > 0 (1 = none) or "
-                      "'auto' (s = √(tokens / base tokens)); default: what the model was trained with")
+    size.add_argument("--time-shift", help="shift the sampler's steps toward noise: a number s in 0.01..100 "
+                      "(1 = none) or 'auto' (s = √(tokens / base tokens)); default: what the model was trained with")
     size.add_argument("--upscale-from", metavar="SIZE", help="progressive upscaling: sample at SIZE pixels "
                       "(e.g. the trained size) first, upsample, re-noise to --strength and denoise at --image-size")
     size.add_argument("--strength", type=float, default=0.6, help="--upscale-from: noise level to re-noise to, "

@@ -347,7 +347,7 @@ class TrainConfig:
     loss_weight: str = field(default="none", metadata=dict(help="SiT: loss weight", choices=list(LOSS_WEIGHTS)))
     train_eps: float | None = _opt("SiT: train eps (default per path, as SiT)")
     sample_eps: float | None = _opt("SiT: sample eps (default per path, as SiT)")
-    time_shift: str | None = _opt("resolution-aware shift of the training times toward noise: a number s > 0 "
+    time_shift: str | None = _opt("resolution-aware shift of the training times toward noise: a number s in 0.01..100 "
                                   "(1 = none) or 'auto' (s = √(tokens / base tokens)); samplers default to it")
     # optimisation
     global_batch_size: int = field(default=256, metadata=dict(help="images per optimizer step, all processes"))

@@ -186,7 +186,8 @@ def test_missing_weights_are_an_error_not_meta(tmp_path):
     state.pop("final_layer.linear.weight")
     save_file(state, str(weights))
     # refused from the weights file's header, before diffusers would leave the tensor on meta
-    with pytest.raises(ValueError, match=r"holds 1,\d{3},\d{3} \(1.4 M\) \(1 missing \(e.g. final_layer.linear.weight\)\)"):
+    with pytest.raises(ValueError, match=r"holds 1,\d{3},\d{3} \(1.4 M\) \(1 missing \(e.g. "
+                                         r"final_layer.linear.weight\)\)"):
         load_pipeline(tmp_path)
 
 
