@@ -156,7 +156,7 @@ class InheritReport:
     rows: list = field(default_factory=list)       # (student key, inherited elements, new elements)
     dropped: list = field(default_factory=list)    # (source key, elements)
     recomputed: list = field(default_factory=list)  # (student key, elements): positions for the student's grid
-    sizes: tuple | None = None                      # (source input size, student's, base size, pos_embed)
+    sizes: tuple | None = None                      # (source input size, student's, base size, pos_embed, patch)
 
     def counts(self) -> dict:
         """Tensor and element counts: inherited (whole), partial, new, dropped, recomputed (positions)."""
@@ -195,9 +195,10 @@ class InheritReport:
         for key, n in self.recomputed:
             lines.append(f"{key} ({n:,}): recomputed for the student's grid, not copied")
         if self.sizes is not None:
-            src, dst, base, mode = self.sizes
+            src, dst, base, mode, patch = self.sizes
             change = "same size" if src == dst else f"{src} → {dst}"
-            lines.append(f"model input (latent side): {change}; positions: {mode}, base grid side {base}")
+            lines.append(f"model input (latent side): {change}; positions: {mode}, base size {base} "
+                         f"(grid side {base // patch} at patch {patch})")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -206,7 +207,9 @@ class InheritReport:
         out = dict(mode=self.mode, counts={k: list(v) for k, v in counts.items()},
                    recomputed=[k for k, _ in self.recomputed])
         if self.sizes is not None:
-            out.update(zip(("source_input_size", "input_size", "base_size", "pos_embed"), self.sizes))
+            src, dst, base, mode, patch = self.sizes
+            out.update(source_input_size=src, input_size=dst, base_size=base, base_grid_side=base // patch,
+                       pos_embed=mode)
         return out
 
 
@@ -349,7 +352,7 @@ def init_from(path: str | os.PathLike, student: DiT, student_preset: str, mode: 
     # The student's positions continue the source's: its base grid, recomputed table.
     student.rebase(theirs.get("base_size") or theirs.input_size)
     report = inherit(student, ref.model.state_dict(), "all" if same else mode)
-    report.sizes = (theirs.input_size, ours.input_size, student.config.base_size, ours.pos_embed)
+    report.sizes = (theirs.input_size, ours.input_size, student.config.base_size, ours.pos_embed, ours.patch_size)
     return report
 
 

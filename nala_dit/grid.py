@@ -164,10 +164,13 @@ def size_notice(config, latent_hw: tuple[int, int], vae_factor_: int) -> str | N
     if tuple(latent_hw) == (trained, trained):
         return None
     mode = config.get("pos_embed") or "extrapolate"
-    px = format_size((latent_hw[0] * vae_factor_, latent_hw[1] * vae_factor_))
+    hw = (latent_hw[0] * vae_factor_, latent_hw[1] * vae_factor_)
+    px = format_size(hw)
+    # train.py trains square images: a non-square request fine-tunes at its larger side.
+    where = "at this size" if hw[0] == hw[1] else f"at {max(hw)} px, the larger side (train.py trains square images)"
     return (f"note: sampling at {px} px, not the trained {trained * vae_factor_} px ({mode} positions): expect "
-            f"repeated or broken content, most of all far above the trained size. Fine-tune at this size "
-            f"(train.py --init-from RUN --image-size {px.split('x')[0]}) or use --upscale-from "
+            f"repeated or broken content, most of all far above the trained size. Fine-tune {where} "
+            f"(train.py --init-from RUN --image-size {max(hw)} --pos-embed interpolate) or use --upscale-from "
             f"{trained * vae_factor_} (docs/highres.md)")
 
 

@@ -170,6 +170,16 @@ def parse_softmax_blocks(value, depth: int) -> list[int] | None:
 # 256 / 1,024 / 4,096 tokens at patch 2; digits.py) and image folders.
 CANVAS_SIZES = (32, 64, 128)
 IMAGE_FOLDER_SIZE = 256
+# --data digits: the 8x8 scans and the ladder's next rung, the scans upscaled 2x (digits.py).
+DIGITS_SIZES = (8, 16)
+
+
+def check_digits_size(size: int) -> int:
+    if size not in DIGITS_SIZES:
+        raise ValueError(f"--image-size {size} is not a digits size; choose {DIGITS_SIZES[0]} (the scans, 16 tokens "
+                         f"at patch 2) or {DIGITS_SIZES[1]} (upscaled 2x, 64 tokens), or use --data digits-canvas for "
+                         f"{'/'.join(map(str, CANVAS_SIZES))}-px canvases")
+    return size
 
 
 def check_canvas_size(size: int) -> int:
@@ -328,10 +338,10 @@ class TrainConfig:
                            "token grid between the two linears)", choices=list(MLP_KINDS))
     class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
     # data
-    data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8), 'digits-canvas' (embedded, one digit on a 32/64/128-px canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
+    data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8, or 16x16 upscaled), 'digits-canvas' (embedded, one digit on a 32/64/128-px canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
     image_size: int | None = _opt(f"the data's image side in pixels: digits-canvas {'/'.join(map(str, CANVAS_SIZES))} "
                                   f"({CANVAS_SIZES[0]} if not given), image folders ({IMAGE_FOLDER_SIZE} if not given); "
-                                  f"digits is fixed 8x8")
+                                  f"digits {DIGITS_SIZES[0]} (the scans, if not given) or {DIGITS_SIZES[1]} (upscaled 2x)")
     vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
     flip: bool = field(default=True, metadata=dict(help="random horizontal flips"))
     skip_corrupt: bool = field(default=False, metadata=dict(help="skip unreadable images with a warning"))
@@ -412,13 +422,9 @@ class TrainConfig:
         # A config.yaml saved before the ladder holds the old default (256) for every data kind.
         old = "; a config saved before the canvas ladder holds the old default 256: set image-size: null" \
             if self.image_size == IMAGE_FOLDER_SIZE else ""
-        if self.data == "digits" and self.image_size is not None:
-            raise ValueError(f"--image-size {self.image_size} does not apply to --data digits (fixed 8x8 images); "
-                             f"drop it, or use --data digits-canvas for {'/'.join(map(str, CANVAS_SIZES))}-px "
-                             f"canvases{old}")
-        if self.data == "digits-canvas" and self.image_size is not None:
+        if self.data in ("digits", "digits-canvas") and self.image_size is not None:
             try:
-                check_canvas_size(self.image_size)
+                (check_digits_size if self.data == "digits" else check_canvas_size)(self.image_size)
             except ValueError as err:
                 raise ValueError(f"{err}{old}") from None
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:

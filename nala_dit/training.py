@@ -29,7 +29,7 @@ from .generate import decode, generate
 from .grid import vae_factor
 from .models import create_model
 from .options import MODEL_OVERRIDES, TrainConfig, default_num_workers  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
-from .options import CANVAS_SIZES, IMAGE_FOLDER_SIZE
+from .options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
 from .runlock import LOCK_NAME, check_process_count, hold_lock
 from .sampling import save_grid
 
@@ -38,7 +38,7 @@ def build_dataset(cfg: TrainConfig, state=None):
     """The dataset named by ``--data`` (embedded digits, latent folder or image folder);
     ``state`` (Accelerate) splits the ``--check-data`` pass over the processes."""
     if cfg.data == "digits":
-        ds = data_lib.DigitsDataset("train")
+        ds = data_lib.DigitsDataset("train", cfg.image_size or DIGITS_SIZES[0])
     elif cfg.data == "digits-canvas":
         ds = data_lib.DigitsCanvasDataset("train", cfg.image_size or CANVAS_SIZES[0])
     elif (Path(cfg.data) / data_lib.LATENT_META).is_file():

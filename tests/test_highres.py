@@ -328,7 +328,7 @@ def test_fine_tune_up_copies_every_weight_and_recomputes_positions(tmp_path, cap
     run = ladder_run(tmp_path, images, "up", "--init-from", str(source), "--pos-embed", "interpolate",
                      "--lr", "0", "--max-steps", "1", "--ckpt-every", "1")
     out = capsys.readouterr().out
-    assert table in out and "model input (latent side): 8 → 16; positions: interpolate, base grid side 8" in out
+    assert table in out and "model input (latent side): 8 → 16; positions: interpolate, base size 8 (grid side 4 at patch 2)" in out
     src = ckpt_lib.open_checkpoint(source).weights("ema")
     got = ckpt_lib.open_checkpoint(run).weights("ema")
     for key, value in got.items():
@@ -339,7 +339,7 @@ def test_fine_tune_up_copies_every_weight_and_recomputes_positions(tmp_path, cap
     cols = (torch.arange(64) % 8).double() * 0.5
     assert torch.allclose(got["pos_embed"][0, :, 0].double(), torch.sin(cols), atol=1e-6)
     record = json.loads((run / "init_from.json").read_text())
-    assert (record["source_input_size"], record["input_size"], record["base_size"]) == (8, 16, 8)
+    assert (record["source_input_size"], record["input_size"], record["base_size"], record["base_grid_side"]) == (8, 16, 8, 4)
     assert ckpt_lib.open_checkpoint(run).model_config["base_size"] == 8
 
 
