@@ -36,6 +36,9 @@ MODELS = [  # (name, config, sampler, steps)
     ("DiT", "configs/digits_dit.yaml", "ddpm", 40),
 ]
 CFG_SCALE = 2.0  # the same guidance for every model
+# Up the ladder: the 8-px NaLaDiT fine-tuned at 16 px (--data digits --image-size 16, 4x the
+# tokens) from its weights, positions interpolated; (source, side, steps, batch, lr). --quick: 5 steps.
+LADDER = ("NaLaDiT", 16, 300, 32, 1e-3)
 
 
 def run(cmd: list[str]) -> None:
@@ -156,6 +159,28 @@ def run_demo(out: Path, quick: bool, threads: list) -> None:
     run(["evaluate_fid.py", "ref", "--dataset", "digits-heldout", "--features", "digits", "--out", ref,
          "--digits-classifier", classifier, *threads])
 
+    def sample_and_score(name: str, run_dir: Path, sampler: str, steps: int, size: list) -> tuple[dict, dict, float]:
+        """A 10×10 grid ``<name>_grid.png``, then 10 × per_class samples scored against the
+        held-out digits (a 16-px sample is area-averaged to 8 × 8 by the scorer):
+        (metrics, the samples' sidecar, sampling seconds)."""
+        run(["sample.py", "--ckpt", run_dir, "--labels", ",".join(map(str, range(10))), "--per-label", "10",
+             "--sampler", sampler, "--steps", steps, "--cfg-scale", CFG_SCALE, "--grid", out / f"{name}_grid.png",
+             "--seed", "0", *size, *threads])
+        samples = out / f"{name}_samples.npz"
+        start = time.perf_counter()
+        run(["sample.py", "--ckpt", run_dir, "--num-samples", 10 * per_class, "--sampler", sampler,
+             "--steps", steps, "--cfg-scale", CFG_SCALE, "--batch-size", 300, "--out", samples, "--seed", "1",
+             *size, *threads])
+        sample_time = time.perf_counter() - start
+        metrics_path = out / f"{name}_metrics.json"
+        run(["evaluate_fid.py", "calc", "--samples", samples, "--ref", ref, "--features", "digits",
+             "--json", metrics_path, "--digits-classifier", classifier, *threads])
+        metrics = json.loads(metrics_path.read_text())["metrics"]
+        return metrics, json.loads(Path(f"{samples}.json").read_text()), sample_time
+
+    from nala_dit.checkpoint import load_model
+    from nala_dit.models import count_params
+
     rows, curves = [], {}
     for name, config, sampler, steps in MODELS:
         train_args = ["train.py", "--config", ROOT / config, "--results-dir", out, "--exp-name", name, *threads]
@@ -166,24 +191,7 @@ def run_demo(out: Path, quick: bool, threads: list) -> None:
         train_time = time.perf_counter() - start
         run_dir = out / name
         curves[name] = loss_curve(run_dir)
-        sample_steps = 10 if quick else steps
-        run(["sample.py", "--ckpt", run_dir, "--labels", ",".join(map(str, range(10))), "--per-label", "10",
-             "--sampler", sampler, "--steps", sample_steps, "--cfg-scale", CFG_SCALE, "--grid", out / f"{name}_grid.png",
-             "--seed", "0", *threads])
-        samples = out / f"{name}_samples.npz"
-        start = time.perf_counter()
-        run(["sample.py", "--ckpt", run_dir, "--num-samples", 10 * per_class, "--sampler", sampler,
-             "--steps", sample_steps, "--cfg-scale", CFG_SCALE, "--batch-size", 300, "--out", samples, "--seed", "1",
-             *threads])
-        sample_time = time.perf_counter() - start
-        metrics_path = out / f"{name}_metrics.json"
-        run(["evaluate_fid.py", "calc", "--samples", samples, "--ref", ref, "--features", "digits",
-             "--json", metrics_path, "--digits-classifier", classifier, *threads])
-        metrics = json.loads(metrics_path.read_text())
-        sidecar = json.loads(Path(f"{samples}.json").read_text())
-        from nala_dit.checkpoint import load_model
-        from nala_dit.models import count_params
-
+        metrics, sidecar, sample_time = sample_and_score(name, run_dir, sampler, 10 if quick else steps, [])
         model, ckpt = load_model(run_dir)
         rows.append(dict(
             model=name, preset=ckpt.config["model"], params=count_params(model), steps=ckpt.step,
@@ -192,10 +200,33 @@ def run_demo(out: Path, quick: bool, threads: list) -> None:
             # so the ratio of two rows is the ratio of their train times.
             images_per_sec=round(ckpt.step * ckpt.config["global-batch-size"] / train_time, 1),
             sampler=sampler, cfg_scale=CFG_SCALE, nfe=sidecar.get("nfe"), sample_time_s=round(sample_time, 1),
-            class_consistency=metrics["metrics"]["class_consistency"],
-            frechet_distance=metrics["metrics"]["fd_digits"],
+            class_consistency=metrics["class_consistency"],
+            frechet_distance=metrics["fd_digits"],
             final_loss=curves[name][1][-1],
         ))
+
+    # Up the ladder: the 8-px model sampled directly at 16 px, then fine-tuned there.
+    ladder_start = time.perf_counter()
+    source, side, ladder_steps, batch, lr = LADDER
+    _, config, sampler, steps = next(m for m in MODELS if m[0] == source)
+    sample_steps = 10 if quick else steps
+    size = ["--image-size", side]
+    ladder = []
+    metrics, _, _ = sample_and_score(f"{source}_at{side}", out / source, sampler, sample_steps, size)
+    ladder.append(dict(model=f"{source} 8 px, sampled at {side} px", steps=0, train_time_s=0.0,
+                       class_consistency=metrics["class_consistency"], frechet_distance=metrics["fd_digits"]))
+    tuned = f"{source}-{side}"
+    ladder_steps = 5 if quick else ladder_steps
+    start = time.perf_counter()
+    run(["train.py", "--config", ROOT / config, "--init-from", out / source, *size, "--pos-embed", "interpolate",
+         "--max-steps", ladder_steps, "--global-batch-size", batch, "--lr", lr, "--ckpt-every", ladder_steps,
+         "--log-every", max(1, ladder_steps // 6), "--results-dir", out, "--exp-name", tuned, *threads])
+    train_time = time.perf_counter() - start
+    metrics, _, _ = sample_and_score(tuned, out / tuned, sampler, sample_steps, [])
+    ladder.append(dict(model=f"{source} 8 → {side} px, fine-tuned", steps=ladder_steps, batch=batch, lr=lr,
+                       train_time_s=round(train_time, 1), class_consistency=metrics["class_consistency"],
+                       frechet_distance=metrics["fd_digits"]))
+    ladder_time = round(time.perf_counter() - ladder_start, 1)
 
     real = out / "real_train_digits.npz"
     write_real_digits(real, per_class)
@@ -207,12 +238,13 @@ def run_demo(out: Path, quick: bool, threads: list) -> None:
 
     plot_losses(curves, out / "loss.png")
     report = dict(quick=quick, samples_per_model=10 * per_class, models=rows, ceiling=ceiling,
+                  ladder=dict(rows=ladder, time_s=ladder_time, side=side, source=source, sampler=sampler),
                   note="Fréchet distance in the digits classifier's feature space; not comparable to Inception FID.")
     (out / "report.json").write_text(json.dumps(report, indent=2))
     (out / "report.md").write_text(render_report(report))
     print((out / "report.md").read_text())
     print(f"report: {out / 'report.md'}\nplot:   {out / 'loss.png'}\ngrids:  {out}/*_grid.png")
-    print(next_steps(out))
+    print(next_steps(out, threads))
 
 
 def _shown(path: Path) -> str:
@@ -223,21 +255,29 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def next_steps(out: Path) -> str:
-    """What to run next on the demo's models: copy-paste commands (pixel-space models, so
-    export.py takes no --vae / --copy-vae)."""
+def next_steps(out: Path, threads: list = ()) -> str:
+    """What to run next on the demo's models: copy-paste commands that run as printed from
+    the folder the demo ran in. They start with the interpreter that ran the demo (the
+    venv's ``.venv/bin/python`` under ``make demo``: no activation needed) and carry the
+    demo's ``--threads``. Pixel-space models, so export.py takes no --vae / --copy-vae."""
+    python = _shown(Path(sys.executable)) if sys.executable else "python"
     sample, export = _shown(ROOT / "sample.py"), _shown(ROOT / "export.py")
+    t = "".join(f" {a}" for a in threads)
     runs = {name: _shown(out / name) for name, *_ in MODELS}
+    source, side, *_ = LADDER
+    tuned = _shown(out / f"{source}-{side}")
     lines = ["", "next: the trained models are ordinary run folders (latest checkpoint, EMA weights): "
-             + ", ".join(runs.values())]
+             + ", ".join(runs.values()) + f", and {tuned} (fine-tuned up the ladder at {side} px)"]
     for name, _, sampler, steps in MODELS[:2]:
-        lines.append(f"  python {sample} --ckpt {runs[name]} --labels 0,1,2,3,4,5,6,7,8,9 --per-label 8 "
-                     f"--sampler {sampler} --steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}_grid.png")
+        lines.append(f"  {python} {sample} --ckpt {runs[name]} --labels 0,1,2,3,4,5,6,7,8,9 --per-label 8 "
+                     f"--sampler {sampler} --steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}_grid.png{t}")
     name, _, sampler, steps = MODELS[0]
     exported = f"exported/demo-{name.lower()}"
-    lines += [f"  python {export} checkpoint {runs[name]} {exported}    # a diffusers pipeline folder",
-              f"  python {sample} --ckpt {exported} --labels 3,1,4 --per-label 4 --sampler {sampler} --steps {steps} "
-              f"--cfg-scale {CFG_SCALE:g} --grid exported_grid.png"]
+    lines += [f"  {python} {sample} --ckpt {tuned} --labels 0,1,2,3,4,5,6,7,8,9 --per-label 8 --sampler {sampler} "
+              f"--steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}{side}_grid.png{t}    # {side} px",
+              f"  {python} {export} checkpoint {runs[name]} {exported}    # a diffusers pipeline folder",
+              f"  {python} {sample} --ckpt {exported} --labels 3,1,4 --per-label 4 --sampler {sampler} --steps {steps} "
+              f"--cfg-scale {CFG_SCALE:g} --grid exported_grid.png{t}"]
     return "\n".join(lines)
 
 
@@ -278,6 +318,22 @@ def render_report(report: dict) -> str:
         lines += ["", "One seed per model at one short budget: this measures early training speed, not the "
                   "end result, and cannot tell the NaLa kernel from its layer's extras. The seeded ablation "
                   "(`benchmarks/ablation.py`, docs/ablation.md) separates them."]
+    if ladder := report.get("ladder"):
+        side, source = ladder["side"], ladder["source"]
+        lines += ["", f"## Up the ladder: {source} at {side} px", "",
+                  f"The 8-px {source} sampled directly at {side} × {side} px (4× the tokens, its own positions), "
+                  f"then fine-tuned there from its weights (`train.py --init-from {source} --data digits "
+                  f"--image-size {side} --pos-embed interpolate`; the digits upscaled 2× so that every 2×2 block "
+                  f"averages to its scan pixel). Samples are area-averaged back to 8 × 8 and scored like the rows "
+                  f"above ({ladder['sampler']}, cfg {CFG_SCALE}). The whole row took {ladder['time_s']} s "
+                  f"(both samplings, scoring, fine-tune).", "",
+                  "| model | fine-tune steps | train time (s) | class-consistency | Fréchet distance |",
+                  "|---|---|---|---|---|"]
+        for r in ladder["rows"]:
+            lines.append(f"| {r['model']} | {r['steps']} | {r['train_time_s']} | {r['class_consistency']:.3f} | "
+                         f"{r['frechet_distance']:.3f} |")
+        lines += ["", f"Grids: `{source}_at{side}_grid.png` (sampled directly), `{source}-{side}_grid.png` "
+                  "(fine-tuned)."]
     lines += ["", "![training loss](loss.png)", ""]
     return "\n".join(lines)
 

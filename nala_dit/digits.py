@@ -233,13 +233,15 @@ def digits_to_input(images: torch.Tensor) -> torch.Tensor:
     """
     if images.dim() != 4 or images.shape[1] not in (1, 3):
         raise ValueError(f"expected uint8 images (B, 1 or 3, H, W), got {tuple(images.shape)}")
-    x = images.float() / 255.0
+    x = images.float()
     if x.shape[1] == 3:
         weights = torch.tensor([0.299, 0.587, 0.114], device=x.device).view(1, 3, 1, 1)
         x = (x * weights).sum(1, keepdim=True)
     if x.shape[-2:] != (IMAGE_SIZE, IMAGE_SIZE):
+        # Averaged before the scaling: a block mean of grey levels is exact in float32, so
+        # the 16-px digits (upscale_digits) score bit for bit as their 8-px scans.
         x = F.interpolate(x, size=(IMAGE_SIZE, IMAGE_SIZE), mode="area")
-    return x
+    return x / 255.0
 
 
 def _accuracy(model: DigitsClassifier, images: np.ndarray, labels: np.ndarray) -> float:
