@@ -5,9 +5,13 @@ Trains NaLaDiT, NaLaSiT and the softmax DiT of the same (tiny) size on scikit-le
 grid per model with ``sample.py``, scores 30 samples per digit with
 ``evaluate_fid.py --features digits`` against the held-out digits (plus real training
 digits as the ceiling), and writes ``<out>/report.md`` / ``report.json`` and a loss
-plot. Every number in the report is measured in this run. The three trained runs
-(``<out>/NaLaDiT``, ``<out>/NaLaSiT``, ``<out>/DiT``) are ordinary run folders: the last
-lines printed are ``sample.py`` / ``export.py`` commands for them.
+plot. Then up the ladder: the NaLaDiT sampled directly at 16 px, and fine-tuned there
+(``train.py --init-from <out>/NaLaDiT --image-size 16 --pos-embed interpolate``, the digits
+upscaled 2x, 4x the tokens) into ``<out>/NaLaDiT-16``, both scored like the rest. Every
+number in the report is measured in this run. The trained runs (``<out>/NaLaDiT``,
+``<out>/NaLaSiT``, ``<out>/DiT``, ``<out>/NaLaDiT-16``) are ordinary run folders: the last
+lines printed are ``sample.py`` / ``export.py`` commands for them, starting with the python
+that ran the demo (``.venv/bin/python`` under ``make demo``) and carrying its ``--threads``.
 
     python demo.py                # full demo into runs/demo (8-12 minutes on 2 busy CPU cores)
     python demo.py --quick        # smoke run into runs/demo-quick (20-30 s): same pipeline, tiny budget

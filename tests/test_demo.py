@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,11 +142,26 @@ def test_report_throughput_is_images_over_train_time(demo):
     assert "training throughput 0.50×" in md  # = 100 s / 200 s, the ratio of the train times
 
 
+def test_next_steps_run_in_the_demos_python_with_its_threads(demo, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / ".venv" / "bin" / "python"))
+    plain = demo.next_steps(tmp_path / "runs" / "demo").splitlines()
+    commands = [line.strip() for line in plain if line.startswith("  ")]
+    assert len(commands) == 5 and all(c.startswith(".venv/bin/python ") for c in commands)
+    assert "--threads" not in "\n".join(plain)
+    assert "--ckpt runs/demo/NaLaDiT-16 " in commands[2] and "naladit16_grid.png" in commands[2]
+    threaded = [line.split("#")[0].split() for line in demo.next_steps(tmp_path / "runs" / "demo", ["--threads", 2]).splitlines()
+                if line.startswith("  ")]
+    assert [c[-2:] == ["--threads", "2"] for c in threaded] == [True, True, True, False, True]  # not export.py's
+    monkeypatch.setattr(sys, "executable", "")
+    assert demo.next_steps(tmp_path / "x").splitlines()[2].startswith("  python ")
+
+
 @pytest.mark.slow
 def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo):
-    monkeypatch.chdir(ROOT)
+    monkeypatch.chdir(tmp_path)  # where the user runs it: the printed lines are relative to here
     out = tmp_path / "demo"
-    assert demo.main(["--quick", "--threads", "1", "--out", str(out)]) == 0
+    assert demo.main(["--quick", "--threads", "1", "--out", "demo"]) == 0
     printed = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     assert [r["model"] for r in report["models"]] == ["NaLaDiT", "NaLaSiT", "DiT"]
@@ -156,20 +172,35 @@ def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo
         assert (out / f"{row['model']}_grid.png").is_file()
         # 20 steps of batch 64 over the train time (rounding of both to 0.1).
         assert row["images_per_sec"] == pytest.approx(20 * 64 / row["train_time_s"], rel=0.05, abs=0.1)
+    # Up the ladder: the 8-px NaLaDiT sampled at 16 px, then fine-tuned there (5 steps in --quick).
+    ladder = report["ladder"]
+    assert [r["steps"] for r in ladder["rows"]] == [0, 5] and ladder["side"] == 16 and ladder["time_s"] > 0
+    for r in ladder["rows"]:
+        assert 0.0 <= r["class_consistency"] <= 1.0 and math.isfinite(r["frechet_distance"])
+    assert (out / "NaLaDiT_at16_grid.png").is_file() and (out / "NaLaDiT-16_grid.png").is_file()
+    assert np.load(out / "NaLaDiT-16_samples.npz")["arr_0"].shape == (100, 16, 16, 1)
+    assert json.loads((out / "NaLaDiT-16" / "init_from.json").read_text())["base_grid_side"] == 4
     # Real digits are the ceiling: near-perfect classification, small distance.
     assert report["ceiling"]["class_consistency"] > 0.9
     md = (out / "report.md").read_text()
-    for header in ("model", "params", "train time", "images/s", "sampler", "NFE", "class-consistency", "Fréchet distance"):
+    for header in ("model", "params", "train time", "images/s", "sampler", "NFE", "class-consistency", "Fréchet distance",
+                   "## Up the ladder: NaLaDiT at 16 px", "| NaLaDiT 8 → 16 px, fine-tuned | 5 |"):
         assert header in md
     assert (out / "loss.png").stat().st_size > 1000
-    # The printed next steps name the run folders and run as printed (here through each
-    # CLI's main, in a scratch folder so their outputs land there).
-    commands = [shlex.split(line.split("#")[0]) for line in printed.splitlines() if line.startswith("  python ")]
-    assert [c[1] for c in commands] == ["sample.py", "sample.py", "export.py", "sample.py"]
-    assert f"--ckpt {out}/NaLaDiT" in printed and f"--ckpt {out}/NaLaSiT" in printed
+    # The printed next steps run as printed, here where the demo ran: they start with the
+    # demo's interpreter and carry its --threads. The first through a shell, the rest
+    # through each CLI's main (the same argv, without four more interpreter starts).
+    lines = [line for line in printed.splitlines() if line.startswith(f"  {sys.executable} ")]
+    assert len(lines) == 5
+    commands = [shlex.split(line.split("#")[0]) for line in lines]
+    assert [Path(c[1]).name for c in commands] == ["sample.py", "sample.py", "sample.py", "export.py", "sample.py"]
+    assert all(c[-2:] == ["--threads", "1"] for c in commands if Path(c[1]).name == "sample.py")
+    assert "--ckpt demo/NaLaDiT " in printed and "--ckpt demo/NaLaSiT " in printed and "--ckpt demo/NaLaDiT-16 " in printed
     assert "--copy-vae" not in printed  # pixel-space models have no VAE to copy
-    monkeypatch.chdir(tmp_path)
-    for _, script, *argv in commands:
-        assert importlib.import_module(Path(script).stem).main(argv + ["--threads", "1"] * (script == "sample.py")) == 0
-    assert {p.name for p in tmp_path.glob("*_grid.png")} == {"naladit_grid.png", "nalasit_grid.png", "exported_grid.png"}
+    proc = subprocess.run(lines[0], shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for _, script, *argv in commands[1:]:
+        assert importlib.import_module(Path(script).stem).main(argv) == 0
+    assert {p.name for p in tmp_path.glob("*_grid.png")} == {"naladit_grid.png", "nalasit_grid.png",
+                                                            "naladit16_grid.png", "exported_grid.png"}
     assert (tmp_path / "exported" / "demo-naladit" / "model_index.json").is_file()

@@ -142,3 +142,45 @@ def test_ablation_page_holds_the_tables_of_the_committed_cells():
     start, end = page.find(ablation.README_START), page.find(ablation.README_END)
     assert 0 <= start < end
     assert page[start:end + len(ablation.README_END)] == block
+
+
+# Commands run as printed: `make` installs into .venv and the system python has no torch, so a
+# page whose code blocks start a command with bare `python` / `accelerate` says to activate the
+# venv before its first such line (or writes `.venv/bin/python`, which needs nothing).
+ACTIVATE = "source .venv/bin/activate"
+COMMAND = re.compile(r"^(?:[A-Z_]+=\S+\s+)*(python|accelerate|torchrun)\s")
+DOC_PAGES = [*PAGES, ROOT / "benchmarks" / "README.md"]
+
+
+def unactivated_commands(text: str) -> list[str]:
+    """Command lines in the non-Python code blocks of ``text`` that start with bare python /
+    accelerate / torchrun and come before the page says ``source .venv/bin/activate``."""
+    said = text.find(ACTIVATE)
+    found = []
+    for block in re.finditer(r"^```([^\n]*)\n(.*?)^```", text, re.S | re.M):
+        if block.group(1).strip() in ("python", "py", "yaml", "json", "text"):
+            continue
+        if 0 <= said < block.start():
+            continue
+        found += [line for line in block.group(2).splitlines() if COMMAND.match(line)]
+    return found
+
+
+def test_the_venv_checker_finds_what_would_fail():
+    bare = "# Page\n\n```bash\npython train.py --dry-run\n.venv/bin/python sample.py --help\n```\n"
+    assert unactivated_commands(bare) == ["python train.py --dry-run"]
+    env = "```\nACCELERATE_USE_CPU=1 accelerate launch train.py\n```\n"
+    assert unactivated_commands(env) == ["ACCELERATE_USE_CPU=1 accelerate launch train.py"]
+    assert unactivated_commands(f"Run `{ACTIVATE}` first.\n\n" + bare) == []
+    assert unactivated_commands(bare + f"\n(`{ACTIVATE}` first)\n") == ["python train.py --dry-run"]  # too late
+    assert unactivated_commands("```python\nimport torch\n```\n") == []
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_printed_command_says_how_to_reach_the_venv(page):
+    assert unactivated_commands(page.read_text()) == [], (
+        f"{page.relative_to(ROOT)}: say `{ACTIVATE}` before the first python/accelerate command")
+    if page.name == "README.md" and page.parent == ROOT:
+        # On the first screen: right under the two `make` commands.
+        head = page.read_text().split("## Where things are")[0]
+        assert ACTIVATE in head and head.index(ACTIVATE) > head.index("make test")
