@@ -178,7 +178,7 @@ def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo
     for r in ladder["rows"]:
         assert 0.0 <= r["class_consistency"] <= 1.0 and math.isfinite(r["frechet_distance"])
     assert (out / "NaLaDiT_at16_grid.png").is_file() and (out / "NaLaDiT-16_grid.png").is_file()
-    assert np.load(out / "NaLaDiT-16_samples.npz")["arr_0"].shape == (100, 16, 16, 1)
+    assert np.load(out / "NaLaDiT-16_samples.npz")["arr_0"].shape == (20, 16, 16, 1)   # --quick: 2 per digit
     assert json.loads((out / "NaLaDiT-16" / "init_from.json").read_text())["base_grid_side"] == 4
     # Real digits are the ceiling: near-perfect classification, small distance.
     assert report["ceiling"]["class_consistency"] > 0.9

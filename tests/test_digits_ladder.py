@@ -3,6 +3,8 @@ block averaging exactly to its scan pixel), fine-tuning an 8-px model there with
 ``--init-from``, scoring 16-px samples like 8-px ones, and the size notice of sample.py."""
 
 import json
+import shlex
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +14,22 @@ from nala_dit.config import resolve
 from nala_dit.digits import digits_to_input, load_digits_split, upscale_digits
 from nala_dit.grid import size_notice
 from nala_dit.training import TrainConfig, build_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_readme_ladder_command_resolves(capsys):
+    """The README's up-the-ladder line (after the demo's printed ones) is a valid train.py
+    command: --dry-run resolves it (defaults < the YAML < flags) without training."""
+    import train
+
+    (line,) = [ln for ln in (ROOT / "README.md").read_text().splitlines()
+               if ln.startswith(".venv/bin/python train.py ") and "--init-from runs/demo/NaLaDiT " in ln]
+    argv = shlex.split(line)[2:]
+    assert train.main(argv + ["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for key in ("model: NaLaDiT-T/2", "data: digits", "image-size: 16", "pos-embed: interpolate", "max-steps: 300"):
+        assert key in out
 
 
 @pytest.mark.parametrize("split, count", [("train", 1437), ("heldout", 360)])
@@ -87,10 +105,11 @@ def test_fine_tune_a_digits_model_at_16_px_and_score_it(tmp_path, capsys, digits
 
     from nala_dit import checkpoint as ckpt_lib
 
-    assert train.main(["--model", "NaLaDiT-T/2", "--data", "digits", "--image-size", "16", "--init-from",
-                       str(digits_checkpoint), "--pos-embed", "interpolate", "--max-steps", "2", "--global-batch-size",
-                       "4", "--num-workers", "0", "--sample-every", "0", "--log-every", "1", "--ckpt-every", "2",
-                       "--flip", "false", "--results-dir", str(tmp_path), "--exp-name", "up"]) == 0
+    # The README's command (its budget cut to 2 steps of 4 images), from a random-weights 8-px run.
+    assert train.main(["--config", str(ROOT / "configs" / "digits_nala_dit.yaml"), "--init-from", str(digits_checkpoint),
+                       "--image-size", "16", "--pos-embed", "interpolate", "--max-steps", "2", "--global-batch-size", "4",
+                       "--lr", "1e-3", "--log-every", "1", "--ckpt-every", "2", "--results-dir", str(tmp_path),
+                       "--exp-name", "up"]) == 0
     out = capsys.readouterr().out
     assert "inheritance (all)" in out
     assert "model input (latent side): 8 → 16; positions: interpolate, base size 8 (grid side 4 at patch 2)" in out
