@@ -13,8 +13,8 @@ number in the report is measured in this run. The trained runs (``<out>/NaLaDiT`
 lines printed are ``sample.py`` / ``export.py`` commands for them, starting with the python
 that ran the demo (``.venv/bin/python`` under ``make demo``) and carrying its ``--threads``.
 
-    python demo.py                # full demo into runs/demo (8-12 minutes on 2 busy CPU cores)
-    python demo.py --quick        # smoke run into runs/demo-quick (20-30 s): same pipeline, tiny budget
+    python demo.py                # full demo into runs/demo (8-12 minutes on 2 busy CPU cores, plus the ladder)
+    python demo.py --quick        # smoke run into runs/demo-quick (20-30 s quiet): same pipeline, tiny budget
     python demo.py --threads 1    # on a shared or loaded machine (as every CLI's --threads)
 
 Nothing is deleted: a previous demo in --out is moved aside to ``<out>.old-<time>``
@@ -42,8 +42,8 @@ MODELS = [  # (name, config, sampler, steps)
 CFG_SCALE = 2.0  # the same guidance for every model
 # Up the ladder: the 8-px NaLaDiT fine-tuned at 16 px (--data digits --image-size 16, 4x the
 # tokens) from its weights, positions interpolated; (source, side, steps, batch, lr). A 16-px
-# step of batch 32 costs about 3.4 8-px steps of batch 64 (NaLaDiT-T/2, CPU), so 100 steps add
-# about a sixth of the model's training; --quick: 5 steps.
+# step of batch 32 took 3.4x an 8-px step of batch 64 (NaLaDiT-T/2, CPU, docs/demo.md), so
+# 100 steps cost about half of the model's 600-step training; --quick: 5 steps.
 LADDER = ("NaLaDiT", 16, 100, 32, 1e-3)
 # Samples per ladder row (a 16-px sample costs about 3.5 8-px ones) and grid columns; --quick: 20, 2.
 LADDER_SAMPLES, LADDER_GRID = 100, 4
