@@ -31,7 +31,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+from nala_dit.cli import passive_wait_policy
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 MODELS = [  # (name, config, sampler, steps)

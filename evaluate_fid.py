@@ -33,8 +33,10 @@ import sys
 from pathlib import Path
 
 from nala_dit import options
-from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
+from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, run_main, set_threads
 from nala_dit.grid import add_size_arguments, check_size_args, sized_settings
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
 
 def _add_common(p: argparse.ArgumentParser, features_default: str | None) -> None:

@@ -20,7 +20,9 @@ loads it on first use; with it the VAE is saved inside the folder.
 import argparse
 import sys
 
-from nala_dit.cli import ArgumentParser, Interrupted, run_main
+from nala_dit.cli import ArgumentParser, Interrupted, passive_wait_policy, run_main
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
 
 def build_parser() -> argparse.ArgumentParser:

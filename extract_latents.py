@@ -11,7 +11,9 @@ Then train on them:
 
 import sys
 
-from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
+from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, run_main, set_threads
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
 
 def main(argv=None) -> int:

@@ -32,9 +32,11 @@ import math
 import sys
 from datetime import timedelta
 
-from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, run_main, set_threads
+from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, run_main, set_threads
 from nala_dit.grid import add_size_arguments, check_size_args, sized_settings
 from nala_dit.options import ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS, VAE_TILING_MODES, cfg_scale_arg
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
 
 def _pair(text: str) -> tuple[float, float]:

@@ -12,9 +12,11 @@ Print the resolved config (defaults < YAML < flags) and exit:
 
 import sys
 
-from nala_dit.cli import Interrupted, main_process, run_main
+from nala_dit.cli import Interrupted, main_process, passive_wait_policy, run_main
 from nala_dit.config import dump_yaml, resolve
 from nala_dit.options import TrainConfig
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
 
 def main(argv=None) -> int:

@@ -45,6 +45,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from nala_dit.cli import passive_wait_policy  # noqa: E402
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
 # Variants: the flags that make them, on top of the task's recipe. Every model is the
 # DiT-T/2 backbone (diffusion objective, learned sigma); only the attention differs.

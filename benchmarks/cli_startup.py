@@ -16,6 +16,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from nala_dit.cli import passive_wait_policy  # noqa: E402
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
+
 COMMANDS = {
     "python -c pass": ["-c", "pass"],
     "train.py --help": ["train.py", "--help"],

@@ -54,11 +54,15 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nala_dit.cli import passive_wait_policy  # noqa: E402
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
 from benchmarks.attention import DTYPES, PeakMemory, sdpa_backend, sync  # noqa: E402
 from nala_dit.generate import decode  # noqa: E402
 from nala_dit.models import count_params, create_model  # noqa: E402

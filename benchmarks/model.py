@@ -31,9 +31,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nala_dit.cli import passive_wait_policy  # noqa: E402
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
+
+import torch  # noqa: E402
+
 from benchmarks.attention import DTYPES, PeakMemory, sync  # noqa: E402
 from nala_dit.models import count_flops, count_params, create_model  # noqa: E402
 

@@ -21,6 +21,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from nala_dit.cli import passive_wait_policy  # noqa: E402
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
+
 VARIANTS = {  # name: (preset, recompute)
     "DiT": ("DiT-S/2", True),
     "NaLaDiT": ("NaLaDiT-S/2", True),

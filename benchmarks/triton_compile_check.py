@@ -20,11 +20,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nala_dit.cli import passive_wait_policy  # noqa: E402
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
 from nala_dit.attention import triton_kernels as tn  # noqa: E402
 
 FLOAT_ARGS = {"power", "offset", "alpha", "norm_eps", "eps", "inv_n"}

@@ -18,9 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nala_dit.cli import passive_wait_policy  # noqa: E402
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
+
+import torch  # noqa: E402
+
 from nala_dit.attention import triton_kernels  # noqa: E402
 from tests.utils import rel_rms  # noqa: E402
 

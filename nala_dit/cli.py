@@ -7,6 +7,8 @@
   ``--cfg_scale`` → ``--cfg-scale``), with a one-line usage instead of argparse's listing
   of every flag.
 * ``closest`` is the one suggestion rule, also used for YAML keys and class names.
+* ``passive_wait_policy``: called first by every entry point (CLIs, ``demo.py``, the
+  benchmarks, the test suite), before torch loads.
 * ``set_threads``: the ``--threads`` option of every CLI that computes.
 * ``Interrupted`` / ``run_main``: Ctrl-C ends a CLI with one line saying what was kept and how
   to go on.
@@ -158,6 +160,20 @@ def main_process() -> bool:
     """Rank 0 of a launch (or a single process), from the launcher's environment: what a
     CLI prints once per run, after Accelerate's state is gone, only this process prints."""
     return os.environ.get("RANK", "0") == "0"
+
+
+def passive_wait_policy() -> None:
+    """``OMP_WAIT_POLICY=PASSIVE`` unless the user set it: an entry point calls this before
+    torch is imported (OpenMP reads it once, when torch loads; later it changes nothing).
+
+    With OpenMP's default policy each idle torch thread spins at the end of every parallel
+    region. On a machine whose cores are all busy, a spinning thread takes the core the
+    thread it waits for needs, and every one of the thousands of small ops in a training step
+    waits at a barrier: a NaLaDiT-T/2 step took 26x longer beside one other busy process than
+    with one thread (``benchmarks/threads.py``). PASSIVE threads sleep instead, which costs
+    nothing measurable on a quiet machine. Library users set it themselves before importing
+    torch (docs/performance.md, "Threads"). Environments of child processes inherit it."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 THREADS_HELP = ("torch CPU threads per process (default: torch's choice, one per core). On a shared or "

@@ -1,8 +1,15 @@
-"""Shared pytest fixtures. Session-scoped fixtures build expensive offline assets once."""
+"""Shared pytest fixtures. Session-scoped fixtures build expensive offline assets once.
 
-import numpy as np
-import pytest
-import torch
+First of all, as every entry point: ``OMP_WAIT_POLICY=PASSIVE`` unless set, before torch
+loads, for this process and every subprocess a test starts (they inherit the environment)."""
+
+from nala_dit.cli import passive_wait_policy
+
+passive_wait_policy()
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture(scope="session")

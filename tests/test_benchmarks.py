@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,21 @@ def test_highres_quality_runs_every_setting(tmp_path, digits_checkpoint, digits_
         assert 0 <= r["class_consistency"] <= 1 and finite(r["frechet_distance"])
         # NFE: the sampler's 40 steps, plus the upscaled second stage's round(strength · 40)
         assert r["nfe"] == 40 + (round(r["strength"] * 40) if r["strength"] else 0)
+
+
+def test_threads_benchmark_tiny(tmp_path):
+    """Each setting ran in its own process with its own environment, beside a busy process
+    the benchmark started and killed."""
+    data, stdout = run_script("threads.py", tmp_path / "threads.json")
+    rows = {r["setting"]: r for r in data["rows"]}
+    assert set(rows) == {"1 thread", "default", "default + PASSIVE"}
+    assert {r["condition"] for r in data["rows"]} == {"busy"} and data["meta"]["tiny"] is True
+    assert rows["1 thread"]["torch_threads"] == 1 and rows["1 thread"]["omp_num_threads"] == "1"
+    assert rows["default"]["omp_wait_policy"] is None and rows["default"]["omp_num_threads"] is None
+    assert rows["default + PASSIVE"]["omp_wait_policy"] == "PASSIVE"
+    assert rows["default"]["torch_threads"] == rows["default + PASSIVE"]["torch_threads"] == len(os.sched_getaffinity(0))
+    assert rows["1 thread"]["vs_1_thread"] == 1.0
+    for r in rows.values():
+        assert len(r["times_s"]) == 2 and all(finite(t) and t > 0 for t in r["times_s"])
+    assert "| NaLaDiT-T/2 | busy |" in stdout
+    assert len(data["meta"]["loadavg_start"]) == 3

@@ -3,6 +3,7 @@
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -126,3 +127,60 @@ def test_cli_answers_without_heavy_imports(script, argv, code, text):
     assert report["code"] == code, proc.stdout + proc.stderr
     assert report["heavy"] == [], f"{script} {' '.join(argv)} imported {report['heavy']}"
     assert text in proc.stdout + proc.stderr
+
+
+ENTRY_POINTS = ["train.py", "sample.py", "evaluate_fid.py", "export.py", "extract_latents.py", "demo.py",
+                *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*.py")), "tests/conftest.py"]
+_HEAVY_IMPORT = ("torch", "numpy", "triton", "diffusers", "accelerate", "torchvision", "torch_fidelity", "nala_dit.")
+# What the CLIs import before they parse (torch-free: test_cli_answers_without_heavy_imports).
+_LIGHT = {"nala_dit", "nala_dit.cli", "nala_dit.config", "nala_dit.options", "nala_dit.grid"}
+
+
+def _first_heavy_import_and_passive_call(path: Path) -> tuple[int, int]:
+    """Line of the first top-level import that may load torch (numpy too, for good measure;
+    nala_dit.cli is torch-free), and of the first top-level ``passive_wait_policy()`` call
+    (the ``if __name__ == "__main__"`` block counts as top level). The CLIs' own torch-free
+    modules (``_LIGHT``) may come first."""
+    heavy = call = 10 ** 9
+    body = list(ast.parse(path.read_text()).body)
+    for node in list(body):
+        if isinstance(node, ast.If):
+            body.extend(node.body)
+    for node in body:
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if any((n == h or n.startswith(h if h.endswith(".") else h + ".")) and n not in _LIGHT
+               for n in names for h in _HEAVY_IMPORT):
+            heavy = min(heavy, node.lineno)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and getattr(node.value.func, "id", None) == "passive_wait_policy":
+            call = min(call, node.lineno)
+    return heavy, call
+
+
+@pytest.mark.parametrize("script", ENTRY_POINTS)
+def test_entry_point_sets_passive_wait_policy_before_torch(script):
+    heavy, call = _first_heavy_import_and_passive_call(ROOT / script)
+    assert call < 10 ** 9, f"{script} never calls passive_wait_policy()"
+    assert call < heavy, f"{script} imports torch (line {heavy}) before passive_wait_policy() (line {call})"
+
+
+_ENV_PROBE = """
+import os, runpy, sys
+sys.argv = [sys.argv[1], "--help"]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit:
+    pass
+print("OMP_WAIT_POLICY=%s" % os.environ.get("OMP_WAIT_POLICY"), file=sys.__stderr__)
+"""
+
+
+@pytest.mark.parametrize("user", [None, "ACTIVE"])
+def test_cli_sets_passive_unless_the_user_chose(user):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if user:
+        env["OMP_WAIT_POLICY"] = user
+    proc = subprocess.run([sys.executable, "-c", _ENV_PROBE, "train.py"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.stderr.strip().splitlines()[-1] == f"OMP_WAIT_POLICY={user or 'PASSIVE'}"
