@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -37,6 +38,19 @@ def _base_type(annotation: Any) -> tuple[type, bool]:
     return annotation, False
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict = 2, 4, 4, 4
+_SHOWN.maxstring = _SHOWN.maxother = 60
+_SHOWN.maxlong = 40
+
+
+def shown(value) -> str:
+    """``repr(value)`` for an error message, at most about 80 characters, computed without
+    walking all of a huge value (a YAML alias bomb's nested lists)."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _parse_value(text: str, typ: type, optional: bool, name: str):
     if optional and text.lower() in ("none", "null"):
         return None
@@ -45,7 +59,7 @@ def _parse_value(text: str, typ: type, optional: bool, name: str):
             return True
         if text.lower() in ("0", "false", "no", "off"):
             return False
-        raise argparse.ArgumentTypeError(f"--{name} expects true/false, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--{name} expects true/false, got {shown(text)}")
     return typ(text)
 
 
@@ -84,6 +98,8 @@ def yaml_problem(err: "yaml.YAMLError") -> str:
     mark = getattr(err, "problem_mark", None)
     where = f"line {mark.line + 1}: " if mark is not None else ""
     problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    if problem.startswith(("the alias ", "the key ")):  # ConfigLoader's own refusals, already one line
+        return where + problem
     tag = re.search(r"tag '([^']+)'", problem)
     if isinstance(err, yaml.constructor.ConstructorError) and tag:
         shown = re.sub(r"^tag:yaml\.org,2002:", "!!", tag.group(1))
@@ -92,13 +108,65 @@ def yaml_problem(err: "yaml.YAMLError") -> str:
     return f"{where}not valid YAML ({problem})"
 
 
+class ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` read the way a config means it (YAML 1.2's core rules where 1.1
+    surprises):
+
+    * ``2e-3``, ``1e5`` are numbers (YAML 1.1 wants ``2.0e-3`` and reads ``2e-3`` as a string);
+    * only ``true`` / ``false`` are booleans: ``no``, ``yes``, ``on``, ``off`` stay words, so
+      ``mixed-precision: no`` is the choice ``no`` (a bool flag still takes them: ``check_types``);
+    * a key given twice is an error naming it (YAML would keep the last one silently);
+    * an alias (``*name``) of a list or mapping is refused: a config holds plain values,
+      and nested aliases expand exponentially (a 380-byte file, hundreds of MB).
+    """
+
+
+ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                   list("tTfF"))
+ConfigLoader.add_implicit_resolver(  # 1e5, 2e-3, .5e-3: floats without a dot in the mantissa or a sign in the exponent
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def _compose_alias_refused(self, parent, index):
+    if self.check_event(yaml.AliasEvent):
+        event = self.peek_event()
+        node = self.anchors.get(event.anchor)
+        if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)):
+            raise yaml.composer.ComposerError(
+                None, None, f"the alias *{shown(event.anchor)[1:-1]} of a list or mapping is refused (a config "
+                f"holds plain values; write the value itself)", event.start_mark)
+    return yaml.composer.Composer.compose_node(self, parent, index)
+
+
+def _construct_mapping_once(self, node, deep=False):
+    seen = {}
+    for key_node, _ in node.value:
+        key = self.construct_object(key_node, deep=deep)
+        if isinstance(key, str) and key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the key {shown(key)} is given twice (lines {seen[key] + 1} and "
+                f"{key_node.start_mark.line + 1}); keep one", key_node.start_mark)
+        if isinstance(key, str):
+            seen[key] = key_node.start_mark.line
+    return yaml.SafeLoader.construct_mapping(self, node, deep=deep)
+
+
+ConfigLoader.compose_node = _compose_alias_refused
+ConfigLoader.construct_mapping = _construct_mapping_once
+
+
 def load_yaml(path: Path, cls) -> dict:
-    """Read a YAML config, check every key is a flag of ``cls``; returns field-name keys."""
+    """Read a YAML config (``ConfigLoader``'s rules), check every key is a flag of ``cls``;
+    returns field-name keys."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=ConfigLoader) or {}
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: {yaml_problem(err)}") from None
     if not isinstance(data, dict):
@@ -125,15 +193,21 @@ def check_types(cfg) -> None:
             if not optional:
                 raise ValueError(f"{name} may not be empty")
             continue
-        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        if typ is bool and isinstance(value, str) and value.lower() in ("yes", "no", "on", "off"):
+            value = _parse_value(value, bool, False, name)  # YAML 1.1's booleans, still fine for a bool flag
+            setattr(cfg, field.name, value)
+        elif typ is float and isinstance(value, int) and not isinstance(value, bool):
             setattr(cfg, field.name, float(value))
+        elif typ is int and isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+            value = int(value)  # max-steps: 1e5
+            setattr(cfg, field.name, value)
         elif typ is str and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)  # a number in YAML for a field that also takes words (norm-scale)
             setattr(cfg, field.name, value)
-        elif typ in (int, float, str, bool) and not isinstance(value, typ):
-            raise ValueError(f"{name} must be {typ.__name__}, got {value!r}")
+        elif typ in (int, float, str, bool) and (not isinstance(value, typ) or (typ is not bool and isinstance(value, bool))):
+            raise ValueError(f"{name} must be {typ.__name__}, got {shown(value)}")
         if "choices" in field.metadata and value not in field.metadata["choices"]:
-            raise ValueError(f"{name} must be one of {field.metadata['choices']}, got {value!r}")
+            raise ValueError(f"{name} must be one of {field.metadata['choices']}, got {shown(value)}")
 
 
 def resolve(cls, argv: list[str] | None = None, description: str | None = None, epilog: str | None = None):
