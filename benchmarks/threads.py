@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -114,6 +115,16 @@ def main(argv=None) -> int:
     load_start = os.getloadavg()
     rows = []
     busy = None
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `timeout` still kills the busy process (finally)
+    meta = dict(batch=batch, tokens=16, steps=steps, cap_s=args.cap_s, cpus=os.cpu_count(), tiny=args.tiny,
+                conditions=conditions, loadavg_start=load_start,
+                command=" ".join(["python benchmarks/threads.py"] + (argv if argv is not None else sys.argv[1:])))
+
+    def write(complete: bool) -> None:  # after every row: a run cut short keeps what it measured
+        if args.out:
+            meta.update(loadavg_end=os.getloadavg(), complete=complete)
+            args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
+
     try:
         for condition in conditions:
             if condition == "busy":
@@ -124,6 +135,7 @@ def main(argv=None) -> int:
                     r.update(model=model, setting=setting, condition=condition,
                              median_s=statistics.median(r["times_s"]))
                     rows.append(r)
+                    write(False)
                     print(f"{model:12s} {condition:5s} {setting:18s} {r['torch_threads']} threads "
                           f"{r['median_s']:.3f} s/step ({len(r['times_s'])} steps)", flush=True)
     finally:
@@ -143,11 +155,7 @@ def main(argv=None) -> int:
                      for s in SETTINGS]
             print(f"| {model} | {condition} | " + " | ".join(f"{c['median_s']:.3f} ({c['vs_1_thread']:.2f}×)"
                                                                for c in cells) + " |")
-    if args.out:
-        meta = dict(batch=batch, tokens=16, steps=steps, cap_s=args.cap_s, cpus=os.cpu_count(), tiny=args.tiny,
-                    conditions=conditions, loadavg_start=load_start, loadavg_end=load_end, command=" ".join([Path(sys.argv[0]).name]
-                                                                                     + (argv or sys.argv[1:])))
-        args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
+    write(True)
     return 0
 
 

@@ -472,7 +472,6 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         first_bad = torch.where((first_bad < 0) & ~torch.isfinite(local), step, first_bad)
         window_loss += local
         window_steps += 1
-        progress.update(1)
         if log_now:
             check_finite()
             per_rank = accelerator.gather((window_loss / window_steps).unsqueeze(0)).cpu()
@@ -489,6 +488,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             window_loss.zero_()
             window_terms.zero_()
             window_steps, window_start = 0, time.perf_counter()
+        progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
         if cfg.sample_every > 0 and step % cfg.sample_every == 0:
             check_finite()  # every rank: a diverged run stops with its own message, not with NaN samples
             if accelerator.is_main_process:

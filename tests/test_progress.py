@@ -89,3 +89,16 @@ def test_training_progress_is_one_line_per_tenth_off_a_terminal(tmp_path, capsys
     assert [line.split(",")[0] for line in lines] == ["train NaLaDiT-T/2: 1/2 step (50%)",
                                                       "train NaLaDiT-T/2: 2/2 step (100%)"]
     assert "\r" not in err
+
+
+def test_training_progress_line_shows_the_loss_of_its_own_step(tmp_path, capsys):
+    """4/4 shows step 4's loss (it showed step 2's: the line was printed before the log step set it)."""
+    import json
+
+    run_train(tmp_path, "--max-steps", "4", "--ckpt-every", "4", "--log-every", "2", name="lossline")
+    err = capsys.readouterr().err
+    lines = {line.split(",")[0]: line for line in err.splitlines() if line.startswith("train NaLaDiT-T/2:")}
+    logged = {r["step"]: r["loss"] for r in map(json.loads, (tmp_path / "lossline" / "log.jsonl").read_text().splitlines())}
+    assert sorted(logged) == [2, 4] and logged[2] != logged[4]
+    assert f"loss={logged[4]:.4f}" in lines["train NaLaDiT-T/2: 4/4 step (100%)"]
+    assert f"loss={logged[2]:.4f}" in lines["train NaLaDiT-T/2: 2/4 step (50%)"]
