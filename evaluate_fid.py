@@ -18,7 +18,7 @@ Subcommands (the shape of EDM2's calculate_metrics.py):
   python evaluate_fid.py calc --samples samples.npz --ref VIRTUAL_imagenet256_labeled.npz
 
   # generate from a checkpoint and score in one go, no images written
-  python evaluate_fid.py gen --ckpt runs/digits-dit --ref runs/ref/digits.npz --num-samples 1000 \
+  python evaluate_fid.py gen --ckpt runs/digits-dit --ref runs/ref/digits.npz --num-samples 1000 \\
       --sampler ddim --steps 50
 
 Evaluation runs in one process (feature extraction is cheap next to sampling), so
@@ -134,7 +134,7 @@ def _gen(args, common) -> dict:
     sampler = dict(source.info, sampler=settings.sampler, num_steps=settings.num_steps,
                    cfg_scale=settings.cfg_scale, seed=args.seed, num_samples=args.num_samples,
                    image_size=args.image_size, time_shift=args.time_shift,
-                   upscale_from=args.upscale_from, strength=args.strength if args.upscale_from else None)
+                   upscale_from=args.upscale_from, strength=settings.strength if args.upscale_from else None)
     batches = _generated_batches(source, labels, args.seed, settings, args.batch_size)
     with decode_settings(args.vae_tiling, args.vae_tile_size):  # the batches are drawn inside
         return metrics.evaluate_samples(batches, args.ref, args.features, args.kid, split_size=args.split_size,

@@ -8,7 +8,7 @@ Class names (matched against the model's id2label; "_" stands for a space), guid
 At another size (pixels; HxW for non-square), directly or by progressive upscaling from
 the trained size (SDEdit: sample at 256, upsample, re-noise to --strength, denoise at 512):
     python sample.py --ckpt runs/NaLaDiT-S-2 --labels 1,2 --image-size 512 --time-shift auto --grid big_grid.png
-    python sample.py --ckpt runs/NaLaDiT-S-2 --labels 1,2 --image-size 512 --upscale-from 256 \
+    python sample.py --ckpt runs/NaLaDiT-S-2 --labels 1,2 --image-size 512 --upscale-from 256 \\
         --strength 0.6 --grid big_grid.png
 Random, class-balanced labels, individual PNGs, DPM-Solver++ in bf16:
     python sample.py --ckpt runs/NaLaDiT-S-2 --num-samples 64 --sampler dpm-solver --steps 25 \\

@@ -27,7 +27,7 @@ from one isolated timing run, so the table can rank time to a held-out loss
 (docs/ablation_ladder.md has the commands and the recipe's arithmetic):
 
     python benchmarks/ablation.py timing --out runs/ablation --tasks canvas64,canvas128 --variants ladder
-    python benchmarks/ablation.py run --out runs/ablation --tasks canvas64,canvas128 --variants ladder \
+    python benchmarks/ablation.py run --out runs/ablation --tasks canvas64,canvas128 --variants ladder \\
         --sweep-lrs "" --jobs 2
 """
 

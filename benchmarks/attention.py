@@ -38,7 +38,7 @@ returning it (e.g. SDPA's per-thread blocks) is not seen; it is small.
 
     python benchmarks/attention.py --out benchmarks/attention_cpu.json
     python benchmarks/attention.py --dtype bf16 --max-tokens 16384 --repeats 3
-    python benchmarks/attention.py --device cuda --dtype bf16 --compile --min-tokens 1024 --step 2 \
+    python benchmarks/attention.py --device cuda --dtype bf16 --compile --min-tokens 1024 --step 2 \\
         --out attention_cuda.json
     python benchmarks/attention.py --tiny --out /tmp/attention.json     # smoke test
 """

@@ -60,7 +60,12 @@ def _parse_value(text: str, typ: type, optional: bool, name: str):
         if text.lower() in ("0", "false", "no", "off"):
             return False
         raise argparse.ArgumentTypeError(f"--{name} expects true/false, got {shown(text)}")
-    return typ(text)
+    try:
+        return typ(text)
+    except ValueError:  # argparse would say "invalid <lambda> value"
+        what = {int: "an integer", float: "a number"}.get(typ, typ.__name__)
+        example = {"image_size": ", e.g. 256 (pixels per side)"}.get(name.replace("-", "_"), "")
+        raise argparse.ArgumentTypeError(f"--{name} expects {what}{example}, got {shown(text)}") from None
 
 
 def build_parser(cls, description: str | None = None, epilog: str | None = None) -> argparse.ArgumentParser:

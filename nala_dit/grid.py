@@ -69,11 +69,25 @@ def latent_size(image_size, vae_factor: int, patch_size: int) -> tuple[int, int]
     h, w = parse_image_size(image_size)
     step = vae_factor * patch_size
     if h % step or w % step:
-        valid = ", ".join(str(step * k) for k in range(max(1, min(h, w) // step - 1), max(1, min(h, w) // step) + 3))
+        if h == w:
+            valid = ", ".join(str(step * k) for k in range(max(1, h // step - 1), max(1, h // step) + 3))
+        else:  # the valid sizes next to each side, nearest first: 8x15 → 8x14, 8x16
+            near = sorted(((a, b) for a in _nearest_multiples(h, step) for b in _nearest_multiples(w, step)),
+                          key=lambda ab: (abs(ab[0] - h) + abs(ab[1] - w), ab))
+            valid = ", ".join(f"{a}x{b}" for a, b in near)
         raise ValueError(
             f"image size {format_size((h, w))} is not a multiple of VAE factor {vae_factor} × patch {patch_size} "
             f"= {step} on each side; choose e.g. {valid}")
     return h // vae_factor, w // vae_factor
+
+
+def _nearest_multiples(side: int, step: int) -> list[int]:
+    """``side`` itself if it is a multiple of ``step``, else the multiples just below (if
+    any) and above it."""
+    if side % step == 0:
+        return [side]
+    below = side // step * step
+    return [v for v in (below, below + step) if v >= step]
 
 
 def check_pos_embed(mode: str) -> str:
@@ -182,6 +196,7 @@ def latent_for(model, vae, image_size) -> tuple[int, int] | None:
 
 
 # ------------------------------------------------------------ the CLIs' size flags
+STRENGTH = 0.6  # --strength when --upscale-from is given without it
 def add_size_arguments(parser) -> None:
     """``--image-size``, ``--time-shift``, ``--upscale-from``, ``--strength``: sample.py and
     ``evaluate_fid.py gen`` take the same flags and mean the same by them."""
@@ -192,8 +207,8 @@ def add_size_arguments(parser) -> None:
                       "(1 = none) or 'auto' (s = √(tokens / base tokens)); default: what the model was trained with")
     size.add_argument("--upscale-from", metavar="SIZE", help="progressive upscaling: sample at SIZE pixels "
                       "(e.g. the trained size) first, upsample, re-noise to --strength and denoise at --image-size")
-    size.add_argument("--strength", type=float, default=0.6, help="--upscale-from: noise level to re-noise to, "
-                      "0 (keep the upsampled image) … 1 (from pure noise)")
+    size.add_argument("--strength", type=float, help="--upscale-from: noise level to re-noise to, "
+                      f"0 (keep the upsampled image) … 1 (from pure noise) (default: {STRENGTH})")
 
 
 def check_size_args(args) -> None:
@@ -208,6 +223,9 @@ def check_size_args(args) -> None:
         parse_time_shift(args.time_shift)
     if args.upscale_from is not None and args.image_size is None:
         raise ValueError("--upscale-from needs --image-size (the size to upscale to)")
+    if args.strength is not None and args.upscale_from is None:
+        raise ValueError("--strength applies to progressive upscaling only: add --upscale-from SIZE (e.g. the "
+                         "trained size) with --image-size, or drop --strength")
 
 
 def sized_settings(settings, source, args, verbose: bool = True):
@@ -229,4 +247,5 @@ def sized_settings(settings, source, args, verbose: bool = True):
     if verbose and latent is not None and small is None and (note := size_notice(model.config, latent,
                                                                                  vae_factor(source.vae))):
         print(note, file=sys.stderr)
-    return replace(settings, latent_size=latent, time_shift=shift, upscale_from=small, strength=args.strength)
+    strength = STRENGTH if args.strength is None else args.strength
+    return replace(settings, latent_size=latent, time_shift=shift, upscale_from=small, strength=strength)

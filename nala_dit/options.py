@@ -385,7 +385,12 @@ class TrainConfig:
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
     allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the checkpoint")
     # conversion from a softmax model (nala_dit/convert.py, LiT's recipe)
-    init_from: str | None = _opt("start from a softmax DiT/SiT: official .pt, run/checkpoint folder (EMA) or pipeline folder")
+    init_from: str | None = _opt("start from another model's (EMA) weights, at any image size: a softmax DiT/SiT "
+                                 "(official .pt, run, checkpoint or pipeline folder) to convert to this model's "
+                                 "attention (--inherit says what is copied), or one of this repo's own runs, "
+                                 "checkpoints or pipeline folders of the same attention, copied whole, to fine-tune "
+                                 "up the ladder (e.g. --init-from runs/demo/NaLaDiT --image-size 16 --pos-embed "
+                                 "interpolate; docs/highres.md)")
     inherit: str = field(default="all-but-attention", metadata=dict(help="what --init-from copies",
                                                                     choices=list(INHERIT_MODES)))
     teacher: str | None = _opt("distil from this model (same forms as --init-from; frozen, EMA weights)")

@@ -26,7 +26,7 @@ from .checkpoint import (build_objective, check_finite_weights, config_changes, 
                          remove_temporaries, save_checkpoint, set_aside_newer)
 from .config import dump_yaml, to_dict
 from .generate import decode, generate
-from .grid import vae_factor
+from .grid import latent_size, vae_factor
 from .models import create_model
 from .options import MODEL_OVERRIDES, TrainConfig, default_num_workers  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
 from .options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
@@ -56,14 +56,30 @@ def build_dataset(cfg: TrainConfig, state=None):
     return ds
 
 
-def model_space(dataset, vae) -> tuple[int, int]:
-    """(channels, side) of what the model sees: latents or pixels."""
-    if vae is None:
-        return dataset.channels, dataset.image_size
-    factor = vae_factor(vae)
-    if dataset.image_size % factor:
-        raise ValueError(f"image-size {dataset.image_size} must be divisible by the VAE's downsampling {factor}")
-    return vae.config.latent_channels, dataset.image_size // factor
+def model_space(dataset, vae, patch: int = 1) -> tuple[int, int]:
+    """(channels, side) of what the model sees: latents or pixels. An image side that does
+    not patch evenly is an error in pixels (a multiple of VAE factor × patch), before the
+    model is built."""
+    try:
+        side, _ = latent_size(dataset.image_size, vae_factor(vae), patch)
+    except ValueError as err:
+        raise ValueError(f"--image-size: {err}") from None
+    return (dataset.channels if vae is None else vae.config.latent_channels), side
+
+
+def _open_resume(path: str, ckpt_dir: Path):
+    """``open_checkpoint(path)``; a checkpoint that is not there names the steps that are
+    (beside it, or in this run's ``checkpoints/``)."""
+    try:
+        return open_checkpoint(path)
+    except FileNotFoundError as err:
+        for folder in (Path(path).parent, Path(path) / "checkpoints", ckpt_dir):
+            found = list_checkpoints(folder)
+            if found:
+                steps = ", ".join(str(int(p.name)) for p in found[-8:])
+                raise FileNotFoundError(f"{err}; {folder} holds the checkpoints of steps "
+                                        f"{'…, ' if len(found) > 8 else ''}{steps} (e.g. --resume {found[-1]})") from None
+        raise
 
 
 def build_model(cfg: TrainConfig, num_classes: int, in_channels: int, input_size: int):
@@ -285,7 +301,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         found = list_checkpoints(ckpt_dir)
         resume_from = found[-1] if found else None
     elif cfg.resume:
-        resume_from = open_checkpoint(cfg.resume).path
+        resume_from = _open_resume(cfg.resume, ckpt_dir).path
     elif list_checkpoints(ckpt_dir):
         raise FileExistsError(
             f"{run_dir} already holds checkpoints; pass --resume auto to continue it, "
@@ -301,7 +317,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         vae, scaling = data_lib.load_vae(cfg.vae, device)
         if isinstance(dataset, data_lib.LatentDataset):
             scaling = dataset.scaling_factor
-    channels, side = model_space(dataset, vae)
+    channels, side = model_space(dataset, vae, int(cfg.model.rsplit("/", 1)[1]))
     model = build_model(cfg, dataset.num_classes, channels, side)
     init_report = None
     if resume_from is not None:

@@ -80,3 +80,89 @@ def test_error_messages_echo_values_capped(tmp_path, capsys):
     assert "model must be str, got ['xxxx" in err and len(err) < 400
     assert len(shown("y" * 10 ** 6)) <= 80 and len(shown([[list(range(10 ** 5))]] * 10 ** 3)) <= 80
     assert shown("bf16") == "'bf16'"
+
+
+# ------------------------------------------------------------ the smaller items of issue 27
+def test_strength_without_upscale_from_is_an_error(capsys, tmp_path):
+    import sample
+
+    assert sample.main(["--ckpt", str(tmp_path / "none"), "--labels", "1", "--strength", "0.5",
+                        "--grid", str(tmp_path / "g.png")]) == 1
+    err = capsys.readouterr().err
+    assert err == ("error: --strength applies to progressive upscaling only: add --upscale-from SIZE (e.g. the "
+                   "trained size) with --image-size, or drop --strength\n")
+
+
+@pytest.mark.parametrize("script", ["sample", "evaluate_fid"])
+def test_strength_default_is_in_help(script):
+    import importlib
+
+    parser = importlib.import_module(script).build_parser()
+    if script == "evaluate_fid":
+        parser = next(a for a in parser._actions if a.dest == "command").choices["gen"]
+    (strength,) = [a for a in parser._actions if a.dest == "strength"]
+    assert strength.help.endswith("(default: 0.6)") and strength.default is None  # None: "not given"
+
+
+def test_train_image_size_malformed_says_the_format(capsys):
+    with pytest.raises(SystemExit):
+        resolve(TrainConfig, ["--image-size", "16x"])
+    err = capsys.readouterr().err
+    assert "argument --image-size: --image-size expects an integer, e.g. 256 (pixels per side), got '16x'" in err
+    assert "<lambda>" not in err
+    with pytest.raises(SystemExit):
+        resolve(TrainConfig, ["--lr", "fast"])
+    assert "--lr expects a number, got 'fast'" in capsys.readouterr().err
+
+
+def test_non_square_size_suggests_non_square_sizes():
+    from nala_dit.grid import latent_size
+
+    with pytest.raises(ValueError, match=r"image size 8x15 is not a multiple of VAE factor 1 × patch 2 = 2 on each "
+                                         r"side; choose e.g. 8x14, 8x16$"):
+        latent_size("8x15", 1, 2)
+    with pytest.raises(ValueError, match=r"choose e.g. 256x256, 240x256, 256x272, 240x272$"):
+        latent_size("250x260", 8, 2)
+    with pytest.raises(ValueError, match=r"choose e.g. 16, 32, 48$"):  # square: as before
+        latent_size(15, 8, 2)
+
+
+def test_train_image_size_not_patching_evenly_is_in_pixels(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    import train as train_cli
+    from nala_dit.training import model_space
+    from tests.test_training import TINY_RUN, make_image_folder
+
+    sd_like_vae = SimpleNamespace(config=SimpleNamespace(block_out_channels=(8, 8, 16, 16), latent_channels=4))
+    with pytest.raises(ValueError, match=r"^--image-size: image size 15 is not a multiple of VAE factor 8 × patch 2 "
+                                         r"= 16 on each side; choose e.g. 16, 32, 48$"):
+        model_space(SimpleNamespace(image_size=15, channels=3), sd_like_vae, 2)
+    assert model_space(SimpleNamespace(image_size=32, channels=3), sd_like_vae, 2) == (4, 4)
+    images = make_image_folder(tmp_path / "images", per_class=1)
+    assert train_cli.main(TINY_RUN + ["--data", str(images), "--image-size", "15", "--max-steps", "1",
+                                      "--results-dir", str(tmp_path), "--exp-name", "odd"]) == 1
+    err = capsys.readouterr().err
+    assert "error: --image-size: image size 15 is not a multiple of VAE factor 1 × patch 2 = 2" in err
+    assert "input_size" not in err
+
+
+def test_resume_of_a_missing_step_lists_the_steps_that_exist(digits_checkpoint, tmp_path, capsys):
+    import train as train_cli
+    from tests.test_training import TINY_RUN
+
+    missing = digits_checkpoint / "checkpoints" / "0000009"
+    assert train_cli.main(TINY_RUN + ["--resume", str(missing), "--max-steps", "10", "--results-dir", str(tmp_path),
+                                      "--exp-name", "again"]) == 1
+    err = capsys.readouterr().err
+    assert f"{digits_checkpoint / 'checkpoints'} holds the checkpoints of steps 5 (e.g. --resume " \
+           f"{digits_checkpoint / 'checkpoints' / '0000005'})" in err, err
+
+
+def test_init_from_help_names_both_uses():
+    from nala_dit.config import build_parser
+
+    (action,) = [a for a in build_parser(TrainConfig)._actions if a.dest == "init_from"]
+    for words in ("softmax DiT/SiT", "official .pt", "this repo's own runs, checkpoints or pipeline folders",
+                  "up the ladder", "--init-from runs/demo/NaLaDiT --image-size 16 --pos-embed interpolate"):
+        assert words in action.help, words

@@ -4,6 +4,7 @@
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -184,3 +185,12 @@ def test_cli_sets_passive_unless_the_user_chose(user):
     proc = subprocess.run([sys.executable, "-c", _ENV_PROBE, "train.py"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.stderr.strip().splitlines()[-1] == f"OMP_WAIT_POLICY={user or 'PASSIVE'}"
+
+
+@pytest.mark.parametrize("script", [s for s in ENTRY_POINTS if s != "tests/conftest.py"])
+def test_help_examples_keep_their_line_continuations(script):
+    """A lone backslash at a line end inside a docstring joins the lines (``--upscale-from 256
+    --strength 0.6`` printed as one line with a run of spaces): examples need ``\\\\``."""
+    doc = ast.get_docstring(ast.parse((ROOT / script).read_text()), clean=False) or ""
+    joined = [line for line in doc.splitlines() if re.search(r"\S {3,}--\w", line)]
+    assert not joined, f"{script}: a continuation was lost: {joined[0]!r}"
