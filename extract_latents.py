@@ -11,7 +11,8 @@ Then train on them:
 
 import sys
 
-from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, run_main, set_threads
+from nala_dit.cli import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, report_error, run_main,
+                          set_threads)
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -38,8 +39,7 @@ def main(argv=None) -> int:
         out = extract_latents(args.data, args.out, args.vae, args.image_size, args.batch_size,
                               args.shard_size, args.num_workers, args.dtype, args.skip_corrupt)
     except (ValueError, FileNotFoundError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return report_error(err)  # one line, printed by rank 0 only
     except KeyboardInterrupt:
         from nala_dit.extract import shards_done
 

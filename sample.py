@@ -32,7 +32,8 @@ import math
 import sys
 from datetime import timedelta
 
-from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, run_main, set_threads
+from nala_dit.cli import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, report_error, run_main,
+                          set_threads)
 from nala_dit.grid import add_size_arguments, check_size_args, sized_settings
 from nala_dit.options import ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS, VAE_TILING_MODES, cfg_scale_arg
 
@@ -95,8 +96,7 @@ def main(argv=None) -> int:
     try:
         return run(args)
     except (ValueError, FileNotFoundError, OSError, KeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return report_error(err)  # one line, printed by rank 0 only
     except KeyboardInterrupt:
         if not args.out:
             raise Interrupted("nothing was written (images are saved at the end); run the same command again")

@@ -12,7 +12,7 @@ Print the resolved config (defaults < YAML < flags) and exit:
 
 import sys
 
-from nala_dit.cli import Interrupted, main_process, passive_wait_policy, run_main
+from nala_dit.cli import Interrupted, main_process, passive_wait_policy, report_error, run_main
 from nala_dit.config import dump_yaml, resolve
 from nala_dit.options import TrainConfig
 
@@ -29,8 +29,7 @@ def main(argv=None) -> int:
     try:
         run_dir = train(cfg)
     except (ValueError, FileNotFoundError, FileExistsError, OSError, FloatingPointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return report_error(err)  # one line, printed by rank 0 only
     except KeyboardInterrupt:
         from nala_dit.checkpoint import list_checkpoints
 

@@ -156,6 +156,28 @@ def run_main(main) -> int:
     return 130
 
 
+# Seconds the other ranks of a launch wait before they exit on an error, so that rank 0's
+# line is out before the launcher stops every process.
+ERROR_GRACE_S = 2.0
+
+
+def report_error(err: BaseException) -> int:
+    """A CLI's ``error: ...`` line, once per run: every rank of a launch meets the same
+    config, data and checkpoint errors, so only rank 0 prints it (one line, and in a
+    launch a note on the launcher's report that follows); the others wait
+    ``ERROR_GRACE_S`` first. Returns the exit status, 1."""
+    if main_process():
+        launched = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+        note = (" (the launcher's ChildFailedError report that follows only repeats that the processes stopped)"
+                if launched else "")
+        print(f"error: {err}{note}", file=sys.stderr, flush=True)
+    else:
+        import time
+
+        time.sleep(ERROR_GRACE_S)
+    return 1
+
+
 def main_process() -> bool:
     """Rank 0 of a launch (or a single process), from the launcher's environment: what a
     CLI prints once per run, after Accelerate's state is gone, only this process prints."""

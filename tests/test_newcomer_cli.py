@@ -166,3 +166,27 @@ def test_init_from_help_names_both_uses():
     for words in ("softmax DiT/SiT", "official .pt", "this repo's own runs, checkpoints or pipeline folders",
                   "up the ladder", "--init-from runs/demo/NaLaDiT --image-size 16 --pos-embed interpolate"):
         assert words in action.help, words
+
+
+@pytest.mark.slow
+def test_two_process_error_prints_once(tmp_path):
+    """Every rank meets the same bad --data: one error line (rank 0), no traceback of ours;
+    what follows is the launcher's own report of the exit."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_training import ROOT, TINY_RUN, free_port
+
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), str(ROOT / "train.py"), *TINY_RUN,
+           "--data", str(tmp_path / "nope"), "--results-dir", str(tmp_path), "--max-steps", "1"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 1
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
+    assert errors == [f"error: data folder not found: {tmp_path / 'nope'} (expected <root>/<class name>/<images>) "
+                      f"(the launcher's ChildFailedError report that follows only repeats that the processes "
+                      f"stopped)"], proc.stderr
+    assert "train.py\", line" not in proc.stderr  # no traceback through our script
