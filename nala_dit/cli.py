@@ -191,7 +191,7 @@ def passive_wait_policy() -> None:
     With OpenMP's default policy each idle torch thread spins at the end of every parallel
     region. On a machine whose cores are all busy, a spinning thread takes the core the
     thread it waits for needs, and every one of the thousands of small ops in a training step
-    waits at a barrier: a NaLaDiT-T/2 step took 26x longer beside one other busy process than
+    waits at a barrier: a NaLaDiT-T/2 step took 33x longer beside one other busy process than
     with one thread (``benchmarks/threads.py``). PASSIVE threads sleep instead, which costs
     nothing measurable on a quiet machine. Library users set it themselves before importing
     torch (docs/performance.md, "Threads"). Environments of child processes inherit it."""

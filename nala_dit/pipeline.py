@@ -22,6 +22,11 @@ factor and where the weights came from with ``register_to_config``, so they surv
 use) instead of copied. Images come from ``nala_dit.generate.sample_batch``, exactly as
 ``sample.py`` makes them: the same seed and settings give the same pixels.
 
+Threads: a pipeline uses its process's torch threads. Set ``OMP_WAIT_POLICY=PASSIVE``
+before importing torch (``os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")``, as every
+CLI of this repository does): with OpenMP's default, idle threads spin, and beside other
+busy processes a step can take tens of times longer (docs/performance.md, "Threads").
+
 diffusers resolves our components by module path (``nala_dit.models.DiT``), which works
 once ``nala_dit`` is imported, because each such module binds ``ModelMixin``.
 
