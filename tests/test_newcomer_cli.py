@@ -190,3 +190,17 @@ def test_two_process_error_prints_once(tmp_path):
                       f"(the launcher's ChildFailedError report that follows only repeats that the processes "
                       f"stopped)"], proc.stderr
     assert "train.py\", line" not in proc.stderr  # no traceback through our script
+
+
+def test_sampling_page_documents_the_pipelines_size_arguments():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    tree = ast.parse((root / "nala_dit" / "pipeline.py").read_text())
+    calls = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "__call__"]
+    names = {a.arg for f in calls for a in f.args.args}
+    assert {"height", "width", "time_shift"} <= names  # what the page describes exists
+    text = (root / "docs" / "sampling.md").read_text()
+    assert "height=H, width=W" in text and "time_shift=" in text
+    assert 'os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")' in text
