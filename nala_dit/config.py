@@ -182,7 +182,7 @@ def load_yaml(path: Path, cls) -> dict:
         if key not in flags:
             close = closest(str(key), list(flags))
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"{path}: unknown key {key!r}{hint} (keys are the CLI flags without --)")
+            raise ValueError(f"{path}: unknown key {shown(key)}{hint} (keys are the CLI flags without --)")
         out[flags[key]] = value
     return out
 

@@ -204,3 +204,8 @@ def test_sampling_page_documents_the_pipelines_size_arguments():
     text = (root / "docs" / "sampling.md").read_text()
     assert "height=H, width=W" in text and "time_shift=" in text
     assert 'os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")' in text
+
+
+def test_a_huge_unknown_key_is_echoed_capped(tmp_path, capsys):
+    err = _yaml_error(tmp_path, "k" * 1000 + ": 1\n", capsys)  # YAML allows plain keys up to 1024 characters
+    assert "unknown key 'kkkk" in err and len(err) < 400
