@@ -123,12 +123,13 @@ def test_highres_quality_runs_every_setting(tmp_path, digits_checkpoint, digits_
 
 
 def test_threads_benchmark_tiny(tmp_path):
-    """Each setting ran in its own process with its own environment, beside a busy process
-    the benchmark started and killed."""
+    """Each setting ran in its own process with its own environment (--tiny: quiet only;
+    the busy neighbour is started and killed below)."""
     data, stdout = run_script("threads.py", tmp_path / "threads.json")
     rows = {r["setting"]: r for r in data["rows"]}
     assert set(rows) == {"1 thread", "default", "default + PASSIVE"}
-    assert {r["condition"] for r in data["rows"]} == {"busy"} and data["meta"]["tiny"] is True
+    assert {r["condition"] for r in data["rows"]} == {"quiet"} and data["meta"]["tiny"] is True
+    assert data["meta"]["complete"] is True
     assert rows["1 thread"]["torch_threads"] == 1 and rows["1 thread"]["omp_num_threads"] == "1"
     assert rows["default"]["omp_wait_policy"] is None and rows["default"]["omp_num_threads"] is None
     assert rows["default + PASSIVE"]["omp_wait_policy"] == "PASSIVE"
@@ -136,5 +137,17 @@ def test_threads_benchmark_tiny(tmp_path):
     assert rows["1 thread"]["vs_1_thread"] == 1.0
     for r in rows.values():
         assert len(r["times_s"]) == 2 and all(finite(t) and t > 0 for t in r["times_s"])
-    assert "| NaLaDiT-T/2 | busy |" in stdout
+    assert "| NaLaDiT-T/2 | quiet |" in stdout
     assert len(data["meta"]["loadavg_start"]) == 3
+
+
+def test_threads_benchmark_busy_neighbour_runs_until_killed():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.threads import start_busy
+
+    busy = start_busy()  # returns once the process is up (or raises if it ended)
+    try:
+        assert busy.poll() is None
+    finally:
+        busy.kill()
+        assert busy.wait(timeout=30) == -9
