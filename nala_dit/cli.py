@@ -20,6 +20,7 @@ import argparse
 import difflib
 import os
 import sys
+import time
 
 
 # Names other training scripts use (DiT/SiT's train.py, Hugging Face, timm) for our flags;
@@ -172,8 +173,6 @@ def report_error(err: BaseException) -> int:
                 if launched else "")
         print(f"error: {err}{note}", file=sys.stderr, flush=True)
     else:
-        import time
-
         time.sleep(ERROR_GRACE_S)
     return 1
 
@@ -191,9 +190,10 @@ def passive_wait_policy() -> None:
     With OpenMP's default policy each idle torch thread spins at the end of every parallel
     region. On a machine whose cores are all busy, a spinning thread takes the core the
     thread it waits for needs, and every one of the thousands of small ops in a training step
-    waits at a barrier: a NaLaDiT-T/2 step took 33x longer beside one other busy process than
-    with one thread (``benchmarks/threads.py``). PASSIVE threads sleep instead, which costs
-    nothing measurable on a quiet machine. Library users set it themselves before importing
+    waits at a barrier: a NaLaDiT-T/2 step took 16-33x longer beside one other busy process than
+    with one thread (``benchmarks/threads.py``). PASSIVE threads sleep instead; on a quiet
+    machine that cost nothing measurable (issue 27: ``make demo QUICK=1`` 25.2 s with it,
+    27.7 s without). Library users set it themselves before importing
     torch (docs/performance.md, "Threads"). Environments of child processes inherit it."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

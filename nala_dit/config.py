@@ -131,7 +131,7 @@ ConfigLoader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                    list("tTfF"))
-ConfigLoader.add_implicit_resolver(  # 1e5, 2e-3, .5e-3: floats without a dot in the mantissa or a sign in the exponent
+ConfigLoader.add_implicit_resolver(  # e-notation YAML 1.1 reads as strings (2e-3, 1e5, 1.5e3: no dot or no sign)
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
     list("-+0123456789."))
 
@@ -209,7 +209,8 @@ def check_types(cfg) -> None:
         elif typ is str and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)  # a number in YAML for a field that also takes words (norm-scale)
             setattr(cfg, field.name, value)
-        elif typ in (int, float, str, bool) and (not isinstance(value, typ) or (typ is not bool and isinstance(value, bool))):
+        elif typ in (int, float, str, bool) and (not isinstance(value, typ)
+                                                 or (typ is not bool and isinstance(value, bool))):  # max-steps: true
             raise ValueError(f"{name} must be {typ.__name__}, got {shown(value)}")
         if "choices" in field.metadata and value not in field.metadata["choices"]:
             raise ValueError(f"{name} must be one of {field.metadata['choices']}, got {shown(value)}")

@@ -197,6 +197,8 @@ def latent_for(model, vae, image_size) -> tuple[int, int] | None:
 
 # ------------------------------------------------------------ the CLIs' size flags
 STRENGTH = 0.6  # --strength when --upscale-from is given without it
+
+
 def add_size_arguments(parser) -> None:
     """``--image-size``, ``--time-shift``, ``--upscale-from``, ``--strength``: sample.py and
     ``evaluate_fid.py gen`` take the same flags and mean the same by them."""
