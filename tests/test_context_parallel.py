@@ -1,0 +1,236 @@
+"""Context parallel (nala_dit/context_parallel.py): one image's rows over P processes.
+
+Real multi-process runs (torch.multiprocessing spawn, gloo): every case runs in one pair of
+processes (a module fixture), each rank computing the one-process reference itself, and the
+test asserts each case's differences. Replicated leaves (parameters, the input) are compared
+as DDP sees them: the mean of the ranks' gradients (see the module doc).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from nala_dit.context_parallel import ContextParallel, ShardGrid, exchanged_numbers, row_split
+from tests.utils import TINY
+
+TOL = 1e-5     # relative to the reference's largest magnitude (fp32, sums in another order)
+SCALE = 0.1   # weights' std: at 0.3 the fp32 one-process gradients themselves differ from fp64 by 3e-5
+
+
+def test_row_split_gives_the_first_ranks_one_row_more():
+    assert row_split(7, 2) == [4, 3]
+    assert row_split(8, 2) == [4, 4]
+    assert row_split(10, 4) == [3, 3, 2, 2]
+    assert row_split(3, 3) == [1, 1, 1]
+
+
+def test_more_ranks_than_rows_is_a_one_line_error():
+    with pytest.raises(ValueError, match=r"^context parallel P=5 is larger than the token grid's 4 rows: use "
+                                         r"--context-parallel 4 or less, or a larger image$"):
+        row_split(4, 5)
+
+
+def test_p_not_dividing_the_world_is_a_one_line_error():
+    with pytest.raises(ValueError, match=r"^--context-parallel 2 must divide the number of processes \(1\)"):
+        ContextParallel.from_world(2)
+
+
+def test_shard_grid_unpacks_as_the_local_rows():
+    shard = ShardGrid(ContextParallel(2, 1), 7, 3)
+    assert tuple(shard) == (3, 3) and (shard.start, shard.stop, shard.tokens) == (4, 7, 21)
+
+
+def test_exchanged_numbers_closed_forms():
+    # XL/2: 16 heads, D = 72: state 16·144·73 = 168,192 numbers, halo 2·2·128·1152 at 16K tokens
+    assert exchanged_numbers("nala", 16384, 1152, 16) == 168_192 + 4 * 128 * 1152
+    assert exchanged_numbers("softmax", 16384, 1152, 16) == 2 * 8192 * 1152
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spread(model, seed):
+    """Every weight random (the adaLN-Zero init makes the output and most gradients 0)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                p.copy_(torch.randn(p.shape, generator=g) * SCALE)
+
+
+def _rel(a, b):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def _model_case(cp, spec, results):
+    from nala_dit.context_parallel import enable
+    from nala_dit.models import DiT
+
+    name, options, latent = spec
+    checkpointing = options.pop("checkpointing", False)
+    recompute = options.pop("recompute", True)
+    model = DiT(**{**TINY, "input_size": 8, **options}).eval()
+    for block in model.blocks:
+        if hasattr(block.attn, "recompute"):
+            block.attn.recompute = recompute      # False: the plain autograd composition
+    _spread(model, 0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 4, *latent, generator=g)
+    t = torch.tensor([3.0, 700.0])
+    y = torch.tensor([1, 10])
+    up = torch.randn(2, model.out_channels, *latent, generator=g)
+
+    def run(m):
+        xi = x.clone().requires_grad_()
+        out = m(xi, t, y)
+        (out * up).mean().backward()
+        return out.detach(), xi.grad, {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+
+    ref = run(model)
+    split = copy.deepcopy(model)
+    split.zero_grad(set_to_none=True)
+    if checkpointing:
+        split.enable_gradient_checkpointing()
+    enable(split, cp)
+    got = run(split)
+    mean = lambda t: (dist.all_reduce(t := t.clone()), t / cp.size)[1]
+    assert set(got[2]) == set(ref[2]), name
+    # Each parameter's gradient on its own scale, floored at 1 % of the largest entry of the
+    # model's gradient: a tensor far below it (the learned norm scale, ~1e-7, a sum of terms
+    # that cancel) has an fp32 floor above 1e-5 of itself in the one-process run alone.
+    floor = 1e-2 * max(g.abs().max() for g in ref[2].values())
+    param = lambda a, b: ((a - b).abs().max() / torch.maximum(b.abs().max(), floor)).item()
+    results[name] = dict(out=_rel(got[0], ref[0]), input_grad=_rel(mean(got[1]), ref[1]),
+                         param_grad=max(param(mean(got[2][n]), ref[2][n]) for n in ref[2]))
+
+
+def _halo_case(cp, h, w, r, results):
+    g = torch.Generator().manual_seed(2)
+    img, up = torch.randn(2, 3, h, w, generator=g), torch.randn(2, 3, h, w, generator=g)
+    weight = torch.randn(3, 1, 2 * r + 1, 2 * r + 1, generator=g)
+    full = img.clone().requires_grad_()
+    ref = F.conv2d(full, weight, padding=r, groups=3)
+    (ref * up).sum().backward()
+    shard = cp.split(h, w)
+    local = img[:, :, shard.start:shard.stop].clone().requires_grad_()
+    out = F.conv2d(shard.halo_rows(local, r), weight, padding=(0, r), groups=3)
+    (out * up[:, :, shard.start:shard.stop]).sum().backward()   # the ranks' losses partition the sum
+    rows = slice(shard.start, shard.stop)
+    results[f"halo {h}x{w} r={r}"] = dict(out=_rel(out, ref[:, :, rows].detach()),
+                                          input_grad=_rel(local.grad, full.grad[:, :, rows]))
+
+
+def _gather_case(cp, results):
+    shard = cp.split(5, 3)
+    x = torch.arange(2 * 15 * 4, dtype=torch.float32).view(2, 15, 4)
+    local = x[:, shard.start * 3:shard.stop * 3].clone().requires_grad_()
+    full = shard.gather(local)
+    full.backward(torch.ones_like(full) * (cp.rank + 1))          # all-reduced: 1 + 2 + … + P everywhere
+    state = shard.all_reduce(local.sum(1, keepdim=True))
+    total = cp.size * (cp.size + 1) / 2
+    results["gather"] = dict(out=_rel(full.detach(), x), input_grad=_rel(local.grad, torch.full_like(local, total)),
+                             all_reduce=_rel(state.detach(), x.sum(1, keepdim=True)))
+
+
+NALA = dict(attention="nala")
+MODEL_CASES = [
+    ("NaLaDiT 8x8", NALA, (8, 8)),
+    ("NaLaDiT 14x14 (7 rows)", NALA, (14, 14)),
+    ("NaLaDiT 10x6 (5x3 grid)", NALA, (10, 6)),
+    ("NaLaSiT 10x6", dict(attention="nala", learn_sigma=False, objective="transport"), (10, 6)),
+    ("NaLaDiT no recompute 10x6", dict(attention="nala", recompute=False), (10, 6)),
+    ("NaLaDiT checkpointing 10x6", dict(attention="nala", checkpointing=True), (10, 6)),
+    ("NaLaDiT learned scale 10x6", dict(attention="nala", norm_scale="learned"), (10, 6)),
+    ("hybrid softmax_blocks 14x14", dict(attention="nala", softmax_blocks=[1]), (14, 14)),
+    ("DiT 10x6", dict(attention="softmax"), (10, 6)),
+    ("DiT 14x14", dict(attention="softmax"), (14, 14)),
+    ("softmax_gated 10x6", dict(attention="softmax_gated"), (10, 6)),
+    ("relu 10x6", dict(attention="relu"), (10, 6)),
+]
+
+
+def _eager_case(cp, results):
+    """NaLa off the fused path (what Triton falls back to under context parallel)."""
+    from nala_dit.attention import nala_attention
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v, up = (torch.randn(1, 2, 15, 8, generator=g) for _ in range(4))
+    shard = cp.split(5, 3)
+    rows = slice(shard.start * 3, shard.stop * 3)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = nala_attention(*leaves, impl="eager")
+    (ref * up).sum().backward()
+    for impl in ("eager", "fused"):
+        loc = [t[:, :, rows].clone().requires_grad_() for t in (q, k, v)]
+        out = nala_attention(*loc, impl=impl, shard=shard)
+        (out * up[:, :, rows]).sum().backward()
+        results[f"nala_attention {impl}"] = dict(
+            out=_rel(out.detach(), ref[:, :, rows].detach()),
+            input_grad=max(_rel(a.grad, b.grad[:, :, rows]) for a, b in zip(loc, leaves)))
+
+
+def _worker(rank, size, port, path, models=True):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+    try:
+        cp = ContextParallel.from_world(size)
+        results = {}
+        _gather_case(cp, results)
+        for h, w, r in ((7, 4, 2), (3, 5, 2), (8, 3, 1), (4, 3, 2)):
+            _halo_case(cp, h, w, r, results)
+        _eager_case(cp, results)
+        for name, options, latent in MODEL_CASES if models else ():
+            _model_case(cp, (name, dict(options), latent), results)
+        all_results = [None] * size
+        dist.all_gather_object(all_results, results)
+        if rank == 0:
+            torch.save(all_results, path)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cp") / "results.pt"
+    mp.spawn(_worker, args=(2, _free_port(), str(path)), nprocs=2, join=True)
+    return torch.load(path, weights_only=True)
+
+
+PIECES = ["gather", "halo 7x4 r=2", "halo 3x5 r=2", "halo 8x3 r=1", "halo 4x3 r=2", "nala_attention eager",
+          "nala_attention fused"]
+CASES = PIECES + [c[0] for c in MODEL_CASES]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_two_processes_equal_one(two_ranks, case):
+    for rank, results in enumerate(two_ranks):
+        for what, err in results[case].items():
+            print(case, rank, what, f"{err:.1e}")
+            assert err <= TOL, (case, rank, what, err)
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory):
+    """P = 3: rows 2, 1, 1 of a 4-row grid, so a halo of 2 rows spans two ranks."""
+    path = tmp_path_factory.mktemp("cp3") / "results.pt"
+    mp.spawn(_worker, args=(3, _free_port(), str(path), False), nprocs=3, join=True)
+    return torch.load(path, weights_only=True)
+
+
+@pytest.mark.parametrize("case", PIECES)
+def test_three_processes_equal_one(three_ranks, case):
+    for rank, results in enumerate(three_ranks):
+        for what, err in results[case].items():
+            assert err <= TOL, (case, rank, what, err)
