@@ -234,3 +234,57 @@ def test_three_processes_equal_one(three_ranks, case):
     for rank, results in enumerate(three_ranks):
         for what, err in results[case].items():
             assert err <= TOL, (case, rank, what, err)
+
+
+# ------------------------------------------------------------------ train.py
+def _launch(tmp_path, script, *args, processes=2):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(_free_port()), str(root / script), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=root)
+
+
+CP_RUN = ["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "4", "--num-workers", "0",
+          "--sample-every", "0", "--log-every", "1", "--flip", "false", "--max-steps", "3", "--ckpt-every", "3",
+          "--lr", "1e-3"]
+
+
+@pytest.mark.slow
+def test_train_with_context_parallel_2_gives_the_one_process_weights(tmp_path):
+    from safetensors.torch import load_file
+
+    import train as train_cli
+    from nala_dit import checkpoint as ckpt_lib
+
+    proc = _launch(tmp_path, "train.py", *CP_RUN, "--context-parallel", "2", "--results-dir", str(tmp_path),
+                   "--exp-name", "cp2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "context parallel: 2 processes per image (4 token rows split as [2, 2]), 1 data-parallel group of 4 " \
+           "images" in proc.stdout
+    assert train_cli.main(CP_RUN + ["--results-dir", str(tmp_path), "--exp-name", "one"]) == 0
+    split, one = (load_file(str(ckpt_lib.open_checkpoint(tmp_path / name).path / "model.safetensors"))
+                  for name in ("cp2", "one"))
+    assert set(split) == set(one)
+    errors = {key: (split[key] - one[key]).abs().max().item() for key in one}
+    print(f"largest weight difference after 3 steps: {max(errors.values()):.1e}")
+    for key, err in errors.items():
+        assert err <= TOL, (key, err)
+    # the steps moved the weights: the adaLN-Zero output layer starts at exactly 0
+    assert one["final_layer.linear.weight"].abs().max() > 1e-3
+
+
+@pytest.mark.slow
+def test_context_parallel_not_dividing_the_processes_is_a_one_line_error(tmp_path):
+    proc = _launch(tmp_path, "train.py", *CP_RUN, "--context-parallel", "3", "--results-dir", str(tmp_path))
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors[0] == ("error: --context-parallel 3 must divide the number of processes (2): launch a multiple "
+                         "of 3 processes (accelerate launch --num_processes N) or pick a divisor of 2")
+
