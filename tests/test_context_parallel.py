@@ -288,3 +288,37 @@ def test_context_parallel_not_dividing_the_processes_is_a_one_line_error(tmp_pat
     assert errors[0] == ("error: --context-parallel 3 must divide the number of processes (2): launch a multiple "
                          "of 3 processes (accelerate launch --num_processes N) or pick a divisor of 2")
 
+
+
+# ------------------------------------------------------------------ sample.py
+@pytest.mark.slow
+def test_sample_with_context_parallel_2_writes_the_one_process_npz(tmp_path):
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    import sample as sample_cli
+    from tests.test_sample_cli import write_checkpoint
+
+    run_dir = write_checkpoint(tmp_path / "runs" / "dit")
+    common = ["--ckpt", str(run_dir), "--num-samples", "6", "--seed", "3", "--sampler", "ddim", "--steps", "2",
+              "--batch-size", "2", "--shard-size", "2", "--image-size", "10x6"]   # a 5x3 token grid
+    assert sample_cli.main(common + ["--out", str(tmp_path / "one.npz")]) == 0
+    proc = _launch(tmp_path, "sample.py", *common, "--context-parallel", "2", "--out", str(tmp_path / "cp.npz"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with np.load(tmp_path / "one.npz") as one, np.load(tmp_path / "cp.npz") as cp:
+        assert one["arr_0"].shape == (6, 10, 6, 1)
+        np.testing.assert_array_equal(cp["arr_0"], one["arr_0"])
+        np.testing.assert_array_equal(cp["arr_1"], one["arr_1"])
+    meta = json.loads(Path(f"{tmp_path / 'cp.npz'}.json").read_text())
+    assert meta["world_size"] == 1 and meta["context_parallel"] == 2
+
+
+def test_sample_context_parallel_without_out_is_a_one_line_error(tmp_path, capsys):
+    import sample as sample_cli
+
+    assert sample_cli.main(["--ckpt", str(tmp_path), "--labels", "1", "--grid", str(tmp_path / "g.png"),
+                            "--context-parallel", "2"]) == 1
+    assert capsys.readouterr().err == ("error: --context-parallel 2 applies to mass sampling (--out samples.npz "
+                                       "--num-samples N) under accelerate launch; drop it for --grid / --out-dir\n")
