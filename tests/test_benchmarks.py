@@ -3,6 +3,8 @@
 import json
 import math
 import subprocess
+
+import pytest
 import sys
 from pathlib import Path
 
@@ -119,3 +121,20 @@ def test_highres_quality_runs_every_setting(tmp_path, digits_checkpoint, digits_
         assert 0 <= r["class_consistency"] <= 1 and finite(r["frechet_distance"])
         # NFE: the sampler's 40 steps, plus the upscaled second stage's round(strength · 40)
         assert r["nfe"] == 40 + (round(r["strength"] * 40) if r["strength"] else 0)
+
+
+@pytest.mark.slow
+def test_context_parallel_benchmark_tiny(tmp_path):
+    """The exchanges counted at the torch.distributed calls equal the closed forms."""
+    data, stdout = run_script("context_parallel.py", tmp_path / "cp.json", "--sections", "forward")
+    rows = {r["model"]: r for r in data["results"]}
+    assert set(rows) == {"NaLaDiT-T/2", "DiT-T/2"}
+    for r in rows.values():
+        assert r["tokens"] == 256 and r["procs"] == 2 and finite(r["speedup"]) and r["one_peak_mib"] > 0
+        assert r["exchanged_per_layer_counted"] == r["exchanged_per_layer_formula"]
+    # T/2: 4 heads of D = 32 → state 4·64·33 = 8,448, halo 2·2·16 rows·128 = 8,192 numbers
+    assert rows["NaLaDiT-T/2"]["exchanged_per_layer_formula"] == 8448 + 8192
+    assert rows["DiT-T/2"]["exchanged_per_layer_formula"] == 2 * 128 * 128      # K and V of 128 tokens
+    xl = {r["tokens"]: r for r in data["bytes_xl2"]}
+    assert xl[16384]["nala_state_numbers"] == 16 * 144 * 73
+    assert "softmax gather" in stdout
