@@ -21,12 +21,13 @@ from functools import partial
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import torch.utils.checkpoint
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
 from .attention import ATTENTIONS, LINEAR_KERNELS, build_attention
-from .context_parallel import shard_input
+from .context_parallel import shard_input, shard_of
 from .grid import TokenGrid, check_pos_embed, model_grid
 # plain data, shared with the CLIs
 from .options import FAMILIES, PATCHES, SIZES, check_attention_options, parse_softmax_blocks, preset
@@ -141,7 +142,14 @@ class MixMlp(Mlp):
             raise ValueError(f"Mix-FFN needs the token grid (h, w) with h*w == N={n}, got grid={grid}")
         x = self.fc1(x)                                                  # (B, N, hidden)
         image = x.transpose(1, 2).reshape(b, -1, *grid)                  # (B, hidden, h, w)
-        x = self.dwconv(image).flatten(2).transpose(1, 2)                # (B, N, hidden)
+        shard = shard_of(grid)
+        if shard is not None:   # context parallel: the neighbours' rows, zero padding along w only
+            pad = self.dwconv.kernel_size[0] // 2
+            image = F.conv2d(shard.halo_rows(image, pad), self.dwconv.weight, self.dwconv.bias, padding=(0, pad),
+                             groups=self.dwconv.groups)
+        else:
+            image = self.dwconv(image)
+        x = image.flatten(2).transpose(1, 2)                             # (B, N, hidden)
         return self.fc2(self.act(x))
 
 

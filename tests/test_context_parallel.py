@@ -104,6 +104,8 @@ def _model_case(cp, spec, results):
         split.enable_gradient_checkpointing()
     enable(split, cp)
     got = run(split)
+    with torch.no_grad():                    # sampling: the paths without autograd
+        sampled = split(x, t, y)
     mean = lambda t: (dist.all_reduce(t := t.clone()), t / cp.size)[1]
     assert set(got[2]) == set(ref[2]), name
     # Each parameter's gradient on its own scale, floored at 1 % of the largest entry of the
@@ -111,7 +113,8 @@ def _model_case(cp, spec, results):
     # that cancel) has an fp32 floor above 1e-5 of itself in the one-process run alone.
     floor = 1e-2 * max(g.abs().max() for g in ref[2].values())
     param = lambda a, b: ((a - b).abs().max() / torch.maximum(b.abs().max(), floor)).item()
-    results[name] = dict(out=_rel(got[0], ref[0]), input_grad=_rel(mean(got[1]), ref[1]),
+    results[name] = dict(out=_rel(got[0], ref[0]), no_grad_out=_rel(sampled, ref[0]),
+                         input_grad=_rel(mean(got[1]), ref[1]),
                          param_grad=max(param(mean(got[2][n]), ref[2][n]) for n in ref[2]))
 
 
@@ -157,6 +160,10 @@ MODEL_CASES = [
     ("DiT 14x14", dict(attention="softmax"), (14, 14)),
     ("softmax_gated 10x6", dict(attention="softmax_gated"), (10, 6)),
     ("relu 10x6", dict(attention="relu"), (10, 6)),
+    ("region states R=2 10x6", dict(attention="nala", nala_regions=2), (10, 6)),
+    ("region states R=3 14x14", dict(attention="nala", nala_regions=3), (14, 14)),
+    ("Mix-FFN 10x6", dict(attention="nala", mlp="mix"), (10, 6)),
+    ("Mix-FFN DiT 14x14", dict(attention="softmax", mlp="mix"), (14, 14)),
 ]
 
 
