@@ -10,8 +10,10 @@ the final layer) runs on the rank's rows only; what couples tokens is exchanged:
   all-reduce of H · 2D · (D + 1) numbers per layer (the same at 4K and at 65K tokens); its
   backward all-reduces the state's gradient (``nala.fused_state`` / ``fused_backward`` take
   the shard);
-* the 5×5 depthwise LePE conv: ⌊k/2⌋ halo rows from each neighbour (``ShardGrid.halo``);
-  its backward sends the halo rows' gradient back to their owners;
+* region states (``attention/regions.py``): the R² states of the whole grid's regions from
+  the rank's keys, all-reduced the same way;
+* the depthwise convs (LePE 5×5, Mix-FFN 3×3): ⌊k/2⌋ halo rows from each neighbour
+  (``ShardGrid.halo``); the backward sends the halo rows' gradient back to their owners;
 * softmax layers: keys and values gathered along tokens (``ShardGrid.gather``): O(N · C)
   per layer;
 * the output: gathered to the whole image on every rank, so the loss is the mean over the

@@ -264,7 +264,7 @@ CP_RUN = ["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "
 
 
 @pytest.mark.slow
-def test_train_with_context_parallel_2_gives_the_one_process_weights(tmp_path):
+def test_train_with_context_parallel_2_gives_the_one_process_weights_and_resumes_bitwise(tmp_path):
     from safetensors.torch import load_file
 
     import train as train_cli
@@ -285,6 +285,17 @@ def test_train_with_context_parallel_2_gives_the_one_process_weights(tmp_path):
         assert err <= TOL, (key, err)
     # the steps moved the weights: the adaLN-Zero output layer starts at exactly 0
     assert one["final_layer.linear.weight"].abs().max() > 1e-3
+
+    # stopped after step 2 (its last checkpoint), resumed to 3: bit for bit the straight run
+    for steps, extra in (("2", []), ("3", ["--resume", "auto"])):
+        proc = _launch(tmp_path, "train.py", *CP_RUN, "--context-parallel", "2", "--results-dir", str(tmp_path),
+                       "--exp-name", "resumed", "--max-steps", steps, "--ckpt-every", "2", *extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (ckpt_lib.open_checkpoint(tmp_path / name) for name in ("cp2", "resumed"))
+    assert a.step == b.step == 3
+    for which in ("model", "ema"):
+        wa, wb = a.weights(which), b.weights(which)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), which
 
 
 @pytest.mark.slow
