@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,6 +188,27 @@ def _eager_case(cp, results):
             input_grad=max(_rel(a.grad, b.grad[:, :, rows]) for a, b in zip(loc, leaves)))
 
 
+def _pipeline_case(cp, results, folder):
+    """The pipelines take the split as documented: ``enable(pipe.transformer, context)`` on
+    every process, each calling the pipeline alike, gives every process the same images."""
+    import numpy as np
+
+    from nala_dit.context_parallel import enable
+    from nala_dit.pipeline import pipeline_from_checkpoint
+    from tests.test_sample_cli import write_checkpoint
+
+    torch.manual_seed(0)                       # the model's init: the same weights on every rank
+    pipe = pipeline_from_checkpoint(write_checkpoint(Path(folder) / f"rank{cp.rank}" / "dit"))
+    pipe.set_progress_bar_config(disable=True)
+    call = lambda: np.stack([np.asarray(img, dtype=np.float32) for img in pipe(
+        [2, 5], sampler="ddim", num_inference_steps=2, guidance_scale=1.5, generator=0, height=10, width=6).images])
+    ref = call()
+    enable(pipe.transformer, cp)
+    got = call()
+    assert ref.max() > ref.min()               # not a constant image
+    results["pipeline"] = dict(uint8_images=float(np.abs(got - ref).max()))
+
+
 def _worker(rank, size, port, path, models=True):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -200,6 +222,8 @@ def _worker(rank, size, port, path, models=True):
         _eager_case(cp, results)
         for name, options, latent in MODEL_CASES if models else ():
             _model_case(cp, (name, dict(options), latent), results)
+        if models:
+            _pipeline_case(cp, results, os.path.dirname(path))
         all_results = [None] * size
         dist.all_gather_object(all_results, results)
         if rank == 0:
@@ -217,7 +241,7 @@ def two_ranks(tmp_path_factory):
 
 PIECES = ["gather", "halo 7x4 r=2", "halo 3x5 r=2", "halo 8x3 r=1", "halo 4x3 r=2", "nala_attention eager",
           "nala_attention fused"]
-CASES = PIECES + [c[0] for c in MODEL_CASES]
+CASES = PIECES + [c[0] for c in MODEL_CASES] + ["pipeline"]
 
 
 @pytest.mark.parametrize("case", CASES)
