@@ -364,3 +364,23 @@ def test_sample_context_parallel_without_out_is_a_one_line_error(tmp_path, capsy
                             "--context-parallel", "2"]) == 1
     assert capsys.readouterr().err == ("error: --context-parallel 2 applies to mass sampling (--out samples.npz "
                                        "--num-samples N) under accelerate launch; drop it for --grid / --out-dir\n")
+
+
+@pytest.mark.slow
+def test_evaluate_gen_with_context_parallel_2_gives_the_one_process_scores(tmp_path, digits_checkpoint,
+                                                                           digits_classifier_dir):
+    import json
+
+    import evaluate_fid
+
+    classifier = ["--digits-classifier", str(digits_classifier_dir), "--device", "cpu"]
+    stats = tmp_path / "digits.npz"
+    assert evaluate_fid.main(["ref", "--dataset", "digits-heldout", "--features", "digits", "--out", str(stats),
+                              *classifier]) == 0
+    gen = ["gen", "--ckpt", str(digits_checkpoint), "--ref", str(stats), "--num-samples", "12", "--sampler", "ddim",
+           "--steps", "2", "--batch-size", "4", *classifier]
+    assert evaluate_fid.main(gen + ["--json", str(tmp_path / "one.json")]) == 0
+    proc = _launch(tmp_path, "evaluate_fid.py", *gen, "--context-parallel", "2", "--json", str(tmp_path / "cp.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, cp = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("one", "cp"))
+    assert cp["metrics"] == one["metrics"] and cp["num_samples"] == 12
