@@ -384,3 +384,23 @@ def test_evaluate_gen_with_context_parallel_2_gives_the_one_process_scores(tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, cp = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("one", "cp"))
     assert cp["metrics"] == one["metrics"] and cp["num_samples"] == 12
+
+
+@pytest.mark.slow
+def test_context_parallel_under_a_cpu_launch_of_one_process_is_the_launch_error(tmp_path):
+    """`accelerate launch --cpu --num_processes 2` starts one process: the launch mistake is
+    named (with the command that works) before --context-parallel 2 could fail on it."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    env.pop("ACCELERATE_USE_CPU", None)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+           "--main_process_port", str(_free_port()), str(root / "train.py"), *CP_RUN, "--context-parallel", "2",
+           "--results-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: accelerate launch was asked for 2 processes but "
+                                                     "started one: without --multi_gpu")
