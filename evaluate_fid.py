@@ -22,7 +22,9 @@ Subcommands (the shape of EDM2's calculate_metrics.py):
       --sampler ddim --steps 50
 
 Evaluation runs in one process (feature extraction is cheap next to sampling), so
-there is no `accelerate launch` form. Nothing is downloaded: the Inception weights
+there is no data-parallel `accelerate launch` form; `gen --context-parallel P` under
+`accelerate launch --num_processes P` splits each image over the P processes (the same
+scores; the first process writes them). Nothing is downloaded: the Inception weights
 come from --inception-weights or torch-fidelity's cache, else the command says
 which file to fetch.
 """
@@ -89,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--kid", action="store_true", help="also compute KID")
     gen.add_argument("--json", default=None, help="write the result here")
     gen.add_argument("--split-size", type=int, default=5000, help="Inception Score split size (ADM: 5000)")
+    gen.add_argument("--context-parallel", type=int, default=1, metavar="P",
+                     help="under accelerate launch with exactly P processes: " + options.CONTEXT_PARALLEL_HELP
+                     + "; the first process scores")
     add_size_arguments(gen)
     _add_common(gen, None)
     return parser
@@ -124,7 +129,14 @@ def _gen(args, common) -> dict:
     from nala_dit.vae import check_tiling, decode_settings
 
     check_size_args(args)
+    context = _context_parallel(args.context_parallel)
+    if context is not None:
+        common = dict(common, device=context.device)
     source = load_source(args.ckpt, args.weights, args.vae, common["device"])
+    if context is not None:
+        from nala_dit.context_parallel import enable
+
+        enable(source.model, context)
     settings = sized_settings(SampleSettings(args.sampler, args.steps, args.cfg_scale), source, args)
     settings = settings.resolved(source.objective)
     check_tiling(args.vae_tiling, args.vae_tile_size, source.vae)
@@ -136,9 +148,37 @@ def _gen(args, common) -> dict:
                    image_size=args.image_size, time_shift=args.time_shift,
                    upscale_from=args.upscale_from, strength=settings.strength if args.upscale_from else None)
     batches = _generated_batches(source, labels, args.seed, settings, args.batch_size)
+    if context is not None and context.rank != 0:
+        with decode_settings(args.vae_tiling, args.vae_tile_size):
+            for _ in batches:   # the same forwards as the first process, which scores the images
+                pass
+        return None
     with decode_settings(args.vae_tiling, args.vae_tile_size):  # the batches are drawn inside
         return metrics.evaluate_samples(batches, args.ref, args.features, args.kid, split_size=args.split_size,
                                         labels=np.asarray(labels), sampler=sampler, **common)
+
+
+def _context_parallel(size: int):
+    """``--context-parallel P`` (gen): the group of the P launched processes, or None for P = 1."""
+    options.check_context_parallel(size)
+    if size == 1:
+        return None
+    import torch
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+
+    from nala_dit.context_parallel import ContextParallel
+    from nala_dit.runlock import check_process_count
+
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
+    check_process_count(state.num_processes, "evaluate_fid.py")
+    if state.num_processes != size:
+        raise ValueError(f"evaluate_fid.py gen --context-parallel {size} splits each image over all processes: "
+                         f"launch exactly {size} (accelerate launch --num_processes {size}), not "
+                         f"{state.num_processes}")
+    context = ContextParallel.from_world(size)
+    context.device = state.device
+    return context
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "gen":
             result = _gen(args, common)
+            if result is None:   # context parallel: a process that helped generate; the first one scores
+                return 0
         else:
             result = metrics.evaluate_samples(args.samples, args.ref, args.features, args.kid,
                                               split_size=args.split_size, **common)

@@ -13,6 +13,9 @@ the trained size (SDEdit: sample at 256, upsample, re-noise to --strength, denoi
 Random, class-balanced labels, individual PNGs, DPM-Solver++ in bf16:
     python sample.py --ckpt runs/NaLaDiT-S-2 --num-samples 64 --sampler dpm-solver --steps 25 \\
         --precision bf16 --out-dir samples/
+One large image's rows over 2 processes per sample (context parallel; same .npz):
+    accelerate launch --multi_gpu --num_processes 8 sample.py --ckpt runs/NaLaDiT-XL-2 --image-size 4096 \\
+        --num-samples 64 --context-parallel 2 --out big.npz
 FID-50K samples as ADM's .npz (+ samples.npz.json), resumable, on every GPU:
     accelerate launch --multi_gpu --num_processes 8 sample.py --ckpt runs/NaLaDiT-S-2 \\
         --num-samples 50000 --cfg-scale 1.5 --out samples.npz
@@ -35,7 +38,8 @@ from datetime import timedelta
 from nala_dit.cli import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, report_error, run_main,
                           set_threads)
 from nala_dit.grid import add_size_arguments, check_size_args, sized_settings
-from nala_dit.options import ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS, VAE_TILING_MODES, cfg_scale_arg
+from nala_dit.options import (CONTEXT_PARALLEL_HELP, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS,
+                              VAE_TILING_MODES, cfg_scale_arg, check_context_parallel)
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -75,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help="transformer precision")
     how.add_argument("--batch-size", type=int, default=32, help="samples per forward pass (per process)")
     how.add_argument("--threads", type=int, help=THREADS_HELP)
+    how.add_argument("--context-parallel", type=int, default=1, metavar="P",
+                     help="mass sampling (--out) under accelerate launch: " + CONTEXT_PARALLEL_HELP)
     how.add_argument("--vae-tiling", choices=list(VAE_TILING_MODES), default="auto",
                      help="tiled VAE decode: auto = above 1024x1024 px (also decodes big batches one image at "
                      "a time), on, off (tiled images differ from untiled ones, most near tile edges)")
@@ -127,6 +133,10 @@ def run(args) -> int:
     settings = SampleSettings(args.sampler, args.steps, args.cfg_scale, args.guidance_interval,
                               args.guide_channels, args.precision, args.atol, args.rtol, args.max_nfe)
     check_size_args(args)
+    check_context_parallel(args.context_parallel)
+    if args.context_parallel > 1 and not args.out:
+        raise ValueError(f"--context-parallel {args.context_parallel} applies to mass sampling (--out "
+                         f"samples.npz --num-samples N) under accelerate launch; drop it for --grid / --out-dir")
     if args.out:
         if args.num_samples is None or args.labels:
             raise ValueError("--out (mass sampling) takes --num-samples N and no --labels (labels are balanced)")
@@ -141,7 +151,11 @@ def run(args) -> int:
         cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available()
         state = PartialState(cpu=cpu, timeout=timedelta(hours=12))
         check_process_count(state.num_processes, "sample.py")
+        from nala_dit.context_parallel import ContextParallel, enable
+
+        context = ContextParallel.from_world(args.context_parallel)
         source = load_source(args.ckpt, args.weights, args.vae, state.device)
+        enable(source.model, context)
         settings = sized_settings(settings, source, args, state.is_main_process)
         settings.resolved(source.objective)  # clear errors before any work
         check_tiling(args.vae_tiling, args.vae_tile_size, source.vae)
@@ -149,7 +163,7 @@ def run(args) -> int:
             print(note, file=sys.stderr)
         with decode_settings(args.vae_tiling, args.vae_tile_size):
             done = mass_sample(source, args.out, args.num_samples, args.seed, settings, args.batch_size,
-                               args.shard_size, args.stop_after, args.keep_parts, state=state)
+                               args.shard_size, args.stop_after, args.keep_parts, state=state, context=context)
         if state.is_main_process and done is not None:
             print(f"wrote {done} and {done}.json")
         return 0

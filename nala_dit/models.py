@@ -21,11 +21,13 @@ from functools import partial
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import torch.utils.checkpoint
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
 from .attention import ATTENTIONS, LINEAR_KERNELS, build_attention
+from .context_parallel import shard_input, shard_of
 from .grid import TokenGrid, check_pos_embed, model_grid
 # plain data, shared with the CLIs
 from .options import FAMILIES, PATCHES, SIZES, check_attention_options, parse_softmax_blocks, preset
@@ -140,7 +142,14 @@ class MixMlp(Mlp):
             raise ValueError(f"Mix-FFN needs the token grid (h, w) with h*w == N={n}, got grid={grid}")
         x = self.fc1(x)                                                  # (B, N, hidden)
         image = x.transpose(1, 2).reshape(b, -1, *grid)                  # (B, hidden, h, w)
-        x = self.dwconv(image).flatten(2).transpose(1, 2)                # (B, N, hidden)
+        shard = shard_of(grid)
+        if shard is not None:   # context parallel: the neighbours' rows, zero padding along w only
+            pad = self.dwconv.kernel_size[0] // 2
+            image = F.conv2d(shard.halo_rows(image, pad), self.dwconv.weight, self.dwconv.bias, padding=(0, pad),
+                             groups=self.dwconv.groups)
+        else:
+            image = self.dwconv(image)
+        x = image.flatten(2).transpose(1, 2)                             # (B, N, hidden)
         return self.fc2(self.act(x))
 
 
@@ -410,14 +419,21 @@ class DiT(ModelMixin, ConfigMixin):
         self._check_input(x, t, y)
         grid = self.grid(x.shape[2], x.shape[3])
         h, w = grid
-        x = self.x_embedder(x) + self.position_embedding(grid)        # (B, N, C)
+        pos, blocks_grid = self.position_embedding(grid), grid
+        context = self.__dict__.get("context_parallel")   # context_parallel.enable: this rank's rows only
+        if context is not None:
+            blocks_grid = context.split(h, w)
+            x, pos = shard_input(x, pos, blocks_grid, self.patch_size)
+        x = self.x_embedder(x) + pos                                   # (B, N, C)
         c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)  # (B, C)
         for block in self.blocks:
             if self.gradient_checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, c, grid, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, c, blocks_grid, use_reentrant=False)
             else:
-                x = block(x, c, grid)                                  # (B, N, C)
+                x = block(x, c, blocks_grid)                           # (B, N, C)
         x = self.final_layer(x, c)                                     # (B, N, p·p·C_out)
+        if context is not None:
+            x = blocks_grid.gather(x)                                  # every rank's rows: the whole image
         return self.unpatchify(x, h, w)                                # (B, C_out, H, W)
 
     def forward_with_cfg(

@@ -307,6 +307,17 @@ def default_num_workers(processes: int, cpus: int | None = None) -> int:
     return max(0, min(4, cpus // max(1, processes)))
 
 
+CONTEXT_PARALLEL_HELP = ("context parallel: split each image's token grid by rows over this many processes "
+                         "(NaLa's state all-reduced, LePE halo rows, softmax K/V gathered); the processes "
+                         "launched are data-parallel groups × this; docs/highres.md")
+
+
+def check_context_parallel(value: int) -> int:
+    if value < 1:
+        raise ValueError(f"context-parallel must be >= 1 (1 = off), got {value}")
+    return value
+
+
 def _opt(help, **kw):
     return field(default=kw.pop("default", None), metadata=dict(help=help, **kw))
 
@@ -371,6 +382,7 @@ class TrainConfig:
     grad_checkpointing: bool = field(default=False, metadata=dict(help="recompute blocks in backward"))
     compile: bool = field(default=False, metadata=dict(help="torch.compile the model"))
     threads: int | None = _opt(THREADS_HELP)
+    context_parallel: int = field(default=1, metadata=dict(help=CONTEXT_PARALLEL_HELP))
     seed: int = field(default=0, metadata=dict(help="global seed (per-rank streams derive from it)"))
     # bookkeeping
     results_dir: str = field(default="runs", metadata=dict(help="parent folder of run folders"))
@@ -418,6 +430,7 @@ class TrainConfig:
             raise ValueError(f"num-workers must be >= 0, got {self.num_workers}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        check_context_parallel(self.context_parallel)
         if self.norm_scale is not None:
             self.norm_scale = parse_norm_scale(self.norm_scale)
         if self.time_shift is not None:

@@ -177,13 +177,15 @@ def write_npz_streaming(out: Path, shards: list[Path], num_samples: int, image_s
 
 def mass_sample(source: Source, out: str | os.PathLike, num_samples: int, seed: int, settings: SampleSettings,
                 batch_size: int = 32, shard_size: int | None = None, stop_after: int | None = None,
-                keep_parts: bool = False, progress: bool = True, state=None) -> Path | None:
+                keep_parts: bool = False, progress: bool = True, state=None, context=None) -> Path | None:
     """Generate ``num_samples`` images into ``out`` (.npz) across all processes of ``state``
     (an accelerate ``PartialState``; None = this process alone). Returns the ``.npz``
     path, or None when this run stopped early (``stop_after`` shards per process).
     The shards are deleted once the ``.npz`` is complete unless ``keep_parts``.
     ``<out>.lock`` keeps a second run off the same output while this one works.
-    ``shard_size`` None: the one of the run being resumed, else ``auto_shard_size``."""
+    ``shard_size`` None: the one of the run being resumed, else ``auto_shard_size``.
+    ``context`` (``context_parallel.ContextParallel``, the model split by rows over it): the
+    shards go to the data-parallel groups; each group's first process writes them."""
     out = Path(out)
     if shard_size is None:
         stored = Path(f"{out}.parts") / "settings.json"
@@ -198,16 +200,19 @@ def mass_sample(source: Source, out: str | os.PathLike, num_samples: int, seed: 
         if state is not None:
             state.wait_for_everyone()
         return _mass_sample(source, out, num_samples, seed, settings, batch_size, shard_size, stop_after,
-                            keep_parts, progress, state)
+                            keep_parts, progress, state, context)
 
 
 def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, shard_size, stop_after, keep_parts,
-                 progress, state) -> Path | None:
+                 progress, state, context=None) -> Path | None:
     from .data import to_uint8
     from .progress import progress_bar
 
     rank, world = (state.process_index, state.num_processes) if state is not None else (0, 1)
     is_main = rank == 0
+    writes = True          # context parallel: the processes of a group make the same images
+    if context is not None and context.size > 1:
+        rank, world, writes = context.data_rank, context.data_size, context.rank == 0
     # Micro-batches start at multiples of batch_size inside each shard; aligning the
     # shard size to it keeps batch boundaries global, whatever the process count.
     shard_size = math.ceil(shard_size / batch_size) * batch_size
@@ -267,6 +272,8 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     mine = [k for k in range(rank, num_shards, world) if not shard_path(k).is_file()]
     if stop_after is not None:
         mine = mine[:stop_after]
+    if context is not None and context.size > 1:
+        state.wait_for_everyone()   # a group's processes list the same shards before any is written
     with progress_bar(total=sum(min(shard_size, num_samples - k * shard_size) for k in mine),
                       disable=not (progress and is_main), desc=f"sample (rank 0 of {world})", unit="img") as bar:
         for k in mine:
@@ -279,8 +286,9 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
                 images.append(to_uint8(pixels).numpy())
                 nfes.append(nfe)
                 bar.update(len(idx))
-            _atomic_write(shard_path(k), lambda f: np.savez(f, images=np.concatenate(images),
-                                                              labels=labels[lo:hi].numpy(), nfe=np.array(nfes)))
+            if writes:
+                _atomic_write(shard_path(k), lambda f: np.savez(f, images=np.concatenate(images),
+                                                                  labels=labels[lo:hi].numpy(), nfe=np.array(nfes)))
     if state is not None:
         state.wait_for_everyone()
     if not is_main:
@@ -302,6 +310,8 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     meta = dict(recipe, nfe=max(nfe), nfe_mean=float(np.mean(nfe)), image_shape=list(image_shape),
                 world_size=world, per_class_min=int(counts.min()), per_class_max=int(counts.max()),
                 npz=str(out))
+    if context is not None and context.size > 1:
+        meta.update(context_parallel=context.size)   # world_size counts the data-parallel groups
     _atomic_write(sidecar, lambda f: f.write(json.dumps(meta, indent=2).encode()))
     if not keep_parts:
         import shutil

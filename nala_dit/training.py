@@ -283,14 +283,23 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
 
     from .progress import progress_bar
 
-    rank, world = accelerator.process_index, accelerator.num_processes
+    from .context_parallel import ContextParallel, enable, row_split
+
+    # Context parallel: the P processes of a group hold the same samples (one data rank), so
+    # data order, RNG streams and the batch split follow the data rank; each process runs
+    # its rows of the token grid (nala_dit/context_parallel.py).
+    context = ContextParallel.from_world(cfg.context_parallel)
+    process, processes = accelerator.process_index, accelerator.num_processes
+    rank, world = context.data_rank, context.data_size
     device = accelerator.device
     set_seed(cfg.seed + rank)
 
     per_step = world * cfg.grad_accum
     if cfg.global_batch_size % per_step:
+        groups = f"data-parallel groups ({processes} processes / context-parallel {cfg.context_parallel}) " \
+            if cfg.context_parallel > 1 else "processes "
         raise ValueError(
-            f"global-batch-size {cfg.global_batch_size} must be divisible by processes × grad-accum = {per_step}"
+            f"global-batch-size {cfg.global_batch_size} must be divisible by {groups}× grad-accum = {per_step}"
         )
     micro_batch = cfg.global_batch_size // per_step
 
@@ -334,6 +343,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     elif cfg.init_from:
         init_report = convert.init_from(cfg.init_from, model, cfg.model, cfg.inherit, to_dict(cfg))
         accelerator.print(init_report.table())
+    row_split(side // model.patch_size, cfg.context_parallel)     # P > the grid's rows: refused now
     objective = build_objective(dict(model.config), to_dict(cfg))
     distiller = None
     if cfg.teacher:  # not saved in checkpoints: its path is in the config, reloaded on resume
@@ -342,14 +352,18 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     ema = copy.deepcopy(model).float().requires_grad_(False)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
     devices = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    accelerator.print(start_line(world, accelerator.state.backend, f"{world}× {devices}", cfg.global_batch_size,
-                                 micro_batch, cfg.grad_accum, cfg.mixed_precision,
+    accelerator.print(start_line(processes, accelerator.state.backend, f"{processes}× {devices}",
+                                 cfg.global_batch_size, micro_batch, cfg.grad_accum, cfg.mixed_precision,
                                  attention_path(dict(model.config), device.type, cfg.mixed_precision)))
+    if cfg.context_parallel > 1:
+        accelerator.print(f"context parallel: {cfg.context_parallel} processes per image ({side // model.patch_size} "
+                          f"token rows split as {row_split(side // model.patch_size, cfg.context_parallel)}), "
+                          f"{world} data-parallel group{'s' if world > 1 else ''} of {micro_batch} images")
 
     step, epoch, position = 0, 0, 0
     if resume_from is not None:
         ckpt = open_checkpoint(resume_from)
-        restore(ckpt, cfg, model, ema, optimizer, world, rank, accelerator.print)
+        restore(ckpt, cfg, model, ema, optimizer, world, process, accelerator.print)
         step, epoch, position = ckpt.step, ckpt.state["epoch"], resumed_position(ckpt, micro_batch, accelerator.print)
         accelerator.print(f"resumed from {ckpt.path} at step {step}")
         if accelerator.is_main_process:
@@ -366,13 +380,14 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))
         if init_report is not None:  # what --init-from did, sizes included, beside the config
             (run_dir / "init_from.json").write_text(json.dumps(init_report.to_dict(), indent=2) + "\n")
+    enable(model, context)   # after the EMA copy: the EMA (sample grids on one process) runs whole
     train_model = torch.compile(model) if cfg.compile else model
     train_model, optimizer = accelerator.prepare(train_model, optimizer)
     ema.to(device)
     logger = Logger(run_dir, accelerator.is_main_process, step)
 
     workers = cfg.num_workers if cfg.num_workers is not None else \
-        default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
 
     def loader_for(epoch: int, start: int):
         sampler = data_lib.EpochSampler(len(dataset), rank, world, cfg.seed, epoch, start)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -151,3 +153,20 @@ def test_threads_benchmark_busy_neighbour_runs_until_killed():
     finally:
         busy.kill()
         assert busy.wait(timeout=30) == -9
+
+
+@pytest.mark.slow
+def test_context_parallel_benchmark_tiny(tmp_path):
+    """The exchanges counted at the torch.distributed calls equal the closed forms."""
+    data, stdout = run_script("context_parallel.py", tmp_path / "cp.json", "--sections", "forward")
+    rows = {r["model"]: r for r in data["results"]}
+    assert set(rows) == {"NaLaDiT-T/2", "DiT-T/2"}
+    for r in rows.values():
+        assert r["tokens"] == 256 and r["procs"] == 2 and finite(r["speedup"]) and r["one_peak_mib"] > 0
+        assert r["exchanged_per_layer_counted"] == r["exchanged_per_layer_formula"]
+    # T/2: 4 heads of D = 32 → state 4·64·33 = 8,448, halo 2·2·16 rows·128 = 8,192 numbers
+    assert rows["NaLaDiT-T/2"]["exchanged_per_layer_formula"] == 8448 + 8192
+    assert rows["DiT-T/2"]["exchanged_per_layer_formula"] == 2 * 128 * 128      # K and V of 128 tokens
+    xl = {r["tokens"]: r for r in data["bytes_xl2"]}
+    assert xl[16384]["nala_state_numbers"] == 16 * 144 * 73
+    assert "softmax gather" in stdout

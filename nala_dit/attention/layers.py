@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
+from ..context_parallel import gathered_softmax, shard_of, sharded_linear_attention
 from ..options import LINEAR_KERNELS, ATTENTIONS, parse_norm_scale
 from .functional import (
     ALPHA, EPS, NORM_SCALE, OFFSET, POWER, Direction, _check_direction, kernel_features, linear_attention,
@@ -47,7 +48,8 @@ class SoftmaxAttention(nn.Module):
         b, n, c = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)                       # each (B, H, N, D)
-        o = softmax_attention(q, k, v)
+        # context parallel (grid a ShardGrid): this rank's queries over every rank's k, v
+        o = softmax_attention(q, k, v) if shard_of(grid) is None else gathered_softmax(q, k, v, grid)
         return self.proj(o.transpose(1, 2).reshape(b, n, c))       # (B, N, C)
 
 
@@ -176,8 +178,9 @@ class GatedLinearAttention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                grid: tuple[int, int] | None = None) -> torch.Tensor:
+        shard = shard_of(grid)   # context parallel: q, k, v are this rank's rows of the grid
         if self.kernel == "softmax":
-            return softmax_attention(q, k, v)
+            return softmax_attention(q, k, v) if shard is None else gathered_softmax(q, k, v, shard)
         if self.kernel == "nala" and self.norm_scale_mode == "learned":
             q = q / self.norm_scale().to(q.dtype)     # NaLa(q/s, s=1) == NaLa(q, s); see the class doc
         if self.regions > 1:
@@ -185,8 +188,14 @@ class GatedLinearAttention(nn.Module):
                                          **self.feature_kwargs)
         if not self.rope:
             if self.kernel == "nala":
-                return nala_attention(q, k, v, eps=self.eps, **self.feature_kwargs)
+                return nala_attention(q, k, v, eps=self.eps, **self.feature_kwargs, shard=shard)
+            if shard is not None:
+                return sharded_linear_attention(kernel_features(q, self.kernel), kernel_features(k, self.kernel),
+                                                v, shard, self.eps).to(v.dtype)
             return linear_attention(q, k, v, kernel=self.kernel, eps=self.eps)
+        if shard is not None:
+            raise ValueError("rope does not run under context parallel (its angles are per token of one grid): "
+                             "use --context-parallel 1 or a model without rope")
         if grid is None or grid[0] * grid[1] != q.shape[-2]:
             raise ValueError(f"rope needs the token grid (h, w) with h*w == N={q.shape[-2]}, got grid={grid}")
         if self.kernel == "nala":

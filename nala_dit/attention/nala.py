@@ -153,9 +153,12 @@ def _with_ones(v: torch.Tensor) -> torch.Tensor:
     return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
 
 
-def fused_state(k: torch.Tensor, v: torch.Tensor, opts: dict) -> torch.Tensor:
+def fused_state(k: torch.Tensor, v: torch.Tensor, opts: dict, shard=None) -> torch.Tensor:
     """The §3 state on the mean scale, kept as its two feature halves ``[S | z]``:
-    (2, B, H, D, D+1) fp32, one pass over the key chunks."""
+    (2, B, H, D, D+1) fp32, one pass over the key chunks.
+
+    ``shard`` (context parallel, ``context_parallel.ShardGrid``): k, v are this rank's
+    tokens; the state is divided by the whole grid's N and summed over the ranks."""
     b, h, n, d = k.shape
     with _no_autocast(k.device):
         state = k.new_zeros(2, b, h, d, d + 1, dtype=torch.float32)
@@ -164,7 +167,9 @@ def fused_state(k: torch.Tensor, v: torch.Tensor, opts: dict) -> torch.Tensor:
             v1 = _with_ones(v[:, :, sl].float())                           # (B, H, C, D+1)
             for half, f in zip(state, phi_k):
                 half.add_(f.transpose(-2, -1) @ v1)
-        return state.div_(n)
+        if shard is None:
+            return state.div_(n)
+        return shard.all_reduce_(state.div_(shard.tokens))
 
 
 def fused_output(q: torch.Tensor, state: torch.Tensor, opts: dict,
@@ -187,7 +192,8 @@ def fused_output(q: torch.Tensor, state: torch.Tensor, opts: dict,
         return out, den
 
 
-def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True), out=(None, None, None)):
+def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True), out=(None, None, None),
+                   shard=None):
     """∂L/∂(q, k, v) of the §3 linear form from the saved state and denominator, the
     features recomputed chunk by chunk. Returns (B, H, N, D) tensors, None where ``need``
     is False: fp32, or written into ``out`` (any strides and dtype; e.g. slices of the
@@ -196,7 +202,10 @@ def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True),
     ``den`` None: ``grad_out`` is a function ``(token slice, output chunk (B, H, C, D)) →
     its gradient``; the output and denominator are recomputed in the query pass (two small
     GEMMs per chunk, the features are lifted there anyway), so a caller that saved neither
-    gets the output's gradient chunk by chunk from what follows the attention."""
+    gets the output's gradient chunk by chunk from what follows the attention.
+
+    ``shard`` (context parallel): the state's gradient from this rank's queries is divided
+    by the whole grid's N and all-reduced between the query pass and the key pass."""
     b, h, n, d = q.shape
     need_q, need_k, need_v = need
     new = lambda x, o: o if o is not None else torch.empty_like(x, dtype=torch.float32)
@@ -226,7 +235,10 @@ def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True),
                 for g, zh in zip(d_phi, z):
                     g.addcmul_(d_den, zh)
                 dq[:, :, sl] = _query_grad(qc, phi_q, d_phi, parts, opts)
-        d_state.div_(n)
+        if shard is None:
+            d_state.div_(n)
+        else:
+            shard.all_reduce_(d_state.div_(shard.tokens))
         dk = new(k, out[1]) if need_k else None
         dv = new(v, out[2]) if need_v else None
         if need_k or need_v:
@@ -248,10 +260,10 @@ class _FusedNaLa(torch.autograd.Function):
     state and the per-token denominator only, and recomputes the features."""
 
     @staticmethod
-    def forward(ctx, q, k, v, opts):
-        state = fused_state(k, v, opts)
+    def forward(ctx, q, k, v, opts, shard=None):
+        state = fused_state(k, v, opts, shard)
         out, den = fused_output(q, state, opts)
-        ctx.opts = opts
+        ctx.opts, ctx.shard = opts, shard
         ctx.save_for_backward(q, k, v, state, den)
         return out.to(v.dtype)
 
@@ -259,9 +271,10 @@ class _FusedNaLa(torch.autograd.Function):
     @once_differentiable  # the hand-written backward is not itself differentiated
     def backward(ctx, grad_out):
         q, k, v, state, den = ctx.saved_tensors
-        dq, dk, dv = fused_backward(q, k, v, state, den, grad_out, ctx.opts, ctx.needs_input_grad[:3])
+        dq, dk, dv = fused_backward(q, k, v, state, den, grad_out, ctx.opts, ctx.needs_input_grad[:3],
+                                    shard=ctx.shard)
         cast = lambda g, x: None if g is None else g.to(x.dtype)
-        return cast(dq, q), cast(dk, k), cast(dv, v), None
+        return cast(dq, q), cast(dk, k), cast(dv, v), None, None
 
 
 def _nala_eager(q, k, v, direction, power, offset, norm_scale, alpha, norm_eps, eps):
@@ -321,6 +334,7 @@ def nala_attention(
     norm_eps: float = NORM_EPS,
     eps: float = EPS,
     impl: str = "auto",
+    shard=None,
 ) -> torch.Tensor:
     """Norm-aware linear attention (NaLa), linear in the number of tokens N.
 
@@ -338,6 +352,11 @@ def nala_attention(
       features computed in registers;
     * ``"eager"``: the readable composition ``nala_features`` → §3, plain autograd;
     * ``"compile"``: ``torch.compile`` of the eager composition (opt-in; slow to build).
+
+    ``shard`` (context parallel, ``context_parallel.ShardGrid``): q, k, v are this rank's
+    tokens and the state is all-reduced over the ranks. The fused path keeps its passes;
+    every other path runs the eager composition with the all-reduced state
+    (``context_parallel.sharded_linear_attention``: the 2D-wide features are materialised).
     """
     _check_qkv(q, k, v)
     _check_direction(direction)
@@ -347,16 +366,24 @@ def nala_attention(
                        norm_eps=float(norm_eps), eps=float(eps))
     if impl == "auto":
         impl = select_nala_impl(q.device.type, q.shape[-1], q.dtype, triton_available(), q.shape[-2])
+        if shard is not None and impl != "fused":
+            impl = "eager"
         if impl == "triton" and not triton_passes_check(q.device, q.dtype, q.shape[-1], triton_opts):
             impl = "eager"
     if impl == "triton":
         return _triton_kernel(q, k, v, norm_scale, triton_opts)
+    if shard is not None and impl != "fused":
+        from ..context_parallel import sharded_linear_attention
+
+        phi_q, phi_k = nala_features(q, k, direction=direction, power=power, offset=offset,
+                                     norm_scale=norm_scale, alpha=alpha, norm_eps=norm_eps)
+        return sharded_linear_attention(phi_q, phi_k, v, shard, eps).to(v.dtype)
     if impl == "eager":
         return _nala_eager(q, k, v, direction, power, offset, norm_scale, alpha, norm_eps, eps)
     if impl == "compile":
         return _nala_compiled(q, k, v, direction, power, offset, norm_scale, alpha, norm_eps, eps)
     opts = fused_opts(direction, power, offset, norm_scale, alpha, norm_eps, eps)
-    return _FusedNaLa.apply(q, k, v, opts)
+    return _FusedNaLa.apply(q, k, v, opts, shard)
 
 
 def fused_opts(direction: str = "cosine", power: float = POWER, offset: float = OFFSET,

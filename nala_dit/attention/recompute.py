@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from ..context_parallel import shard_of
 from .nala import fused_backward, fused_output, fused_state
 
 
@@ -56,6 +57,8 @@ def gated_tail(o: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, grid: t
         # gradient the parameter's strides.
         weight = lepe[0].flatten(1).view_as(lepe[0])
         pad = lepe[0].shape[-1] // 2
+        if shard_of(grid) is not None:   # context parallel: the neighbours' rows, padding only along w
+            v_img, pad = shard_of(grid).halo_rows(v_img, pad), (0, pad)
         o = o + F.conv2d(v_img, weight, lepe[1], padding=pad, groups=c).flatten(2).transpose(1, 2)
     return norm_gate(o, g, norm)
 
@@ -79,27 +82,40 @@ def _image(t: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
 
 def _lepe(v: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grid) -> torch.Tensor:
     """DWConv5×5(v) as tokens (B, N, C) (a transposed view of the contiguous output)."""
-    out = F.conv2d(_image(v, grid), weight, bias, padding=weight.shape[-1] // 2, groups=v.shape[-1])
+    img, pad = _lepe_input(_image(v, grid), weight, grid)
+    out = F.conv2d(img, weight, bias, padding=pad, groups=v.shape[-1])
     return out.flatten(2).transpose(1, 2)
+
+
+def _lepe_input(img: torch.Tensor, weight: torch.Tensor, grid):
+    """The conv's input and padding: under context parallel the image with ⌊k/2⌋ halo rows
+    of the neighbours (``ShardGrid.halo``) and zero padding along w only."""
+    pad = weight.shape[-1] // 2
+    if shard_of(grid) is None:
+        return img, (pad, pad)
+    return shard_of(grid).halo(img, pad), (0, pad)
 
 
 def _lepe_backward(d_o: torch.Tensor, v: torch.Tensor, weight: torch.Tensor, has_bias: bool, grid, autocast):
     """∂L/∂v (B, N, C), ∂L/∂weight, ∂L/∂bias of ``_lepe`` for the gradient ``d_o`` of its output."""
     dtype = autocast[1] if autocast[0] and v.device.type in ("cpu", "cuda") else None
-    img, w, d_img = (t if dtype is None else t.to(dtype) for t in (_image(v, grid), weight, _image(d_o, grid)))
-    c, pad = v.shape[-1], weight.shape[-1] // 2
+    img, pads = _lepe_input(_image(v, grid), weight, grid)
+    img, w, d_img = (t if dtype is None else t.to(dtype) for t in (img, weight, _image(d_o, grid)))
+    c = v.shape[-1]
     cpu = v.device.type == "cpu"
     d_v, d_w, d_b = torch.ops.aten.convolution_backward(
-        d_img, img, w, [c] if has_bias else None, [1, 1], [pad, pad], [1, 1], False, [0, 0], c,
+        d_img, img, w, [c] if has_bias else None, [1, 1], list(pads), [1, 1], False, [0, 0], c,
         [True, not cpu, has_bias and not cpu])
     if cpu:
         # convolution_backward's weight and bias paths are ~20× slower on a CPU than its input
         # path. The weight gradient is a depthwise conv of the input with the output gradient
         # as its (h, w) kernel, one group per (sample, channel): the same sums.
         b = img.shape[0]
-        d_w = F.conv2d(img.reshape(1, b * c, *grid), d_img.reshape(b * c, 1, *grid), padding=pad,
+        d_w = F.conv2d(img.reshape(1, b * c, *img.shape[-2:]), d_img.reshape(b * c, 1, *grid), padding=pads,
                        groups=b * c).view(b, c, 1, *weight.shape[-2:]).sum(0)
         d_b = d_img.sum((0, 2, 3)) if has_bias else None
+    if shard_of(grid) is not None:     # the halo rows' gradients go back to their ranks
+        d_v = shard_of(grid).halo_backward(d_v, weight.shape[-1] // 2)
     d_v = d_v.flatten(2).transpose(1, 2).to(v.dtype)
     return d_v, d_w.to(weight.dtype), None if d_b is None else d_b.to(weight.dtype)
 
@@ -137,7 +153,8 @@ class GatedMiddle(torch.autograd.Function):
             qs = _heads(q, spec["heads"])
             if scale is not None:
                 qs = qs / scale.to(qs.dtype)
-            state = fused_state(_heads(k, spec["heads"]), _heads(v, spec["heads"]), spec["opts"])
+            state = fused_state(_heads(k, spec["heads"]), _heads(v, spec["heads"]), spec["opts"],
+                                shard_of(spec["grid"]))
             o = _fused_tokens(qs, state, spec)[0]
         else:
             o = o_att
@@ -198,7 +215,7 @@ class GatedMiddle(torch.autograd.Function):
                 if scale is not None:
                     qs = qs / scale.to(qs.dtype)
                 fused_backward(qs, _heads(k, h), _heads(v, h), state, None, chunk_grad, spec["opts"],
-                               out=(_heads(dq, h), _heads(dk, h), _heads(dv, h)))
+                               out=(_heads(dq, h), _heads(dk, h), _heads(dv, h)), shard=shard_of(spec["grid"]))
             del lepe_tok
             if lepe_w is not None:
                 d_v, d_lw, d_lb = _lepe_backward(d_o, v, lepe_w, lepe_b is not None, spec["grid"], autocast)

@@ -41,6 +41,7 @@ from functools import lru_cache
 
 import torch
 
+from ..context_parallel import shard_of
 from .functional import (
     ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, _check_qkv, _no_autocast, nala_features,
     nala_similarity_reference,
@@ -148,13 +149,16 @@ def region_nala_attention(
     """
     _check_qkv(q, k, v)
     b, h, n, d = q.shape
-    check_regions(regions, grid, n)
+    shard = shard_of(grid)     # context parallel: q, k, v are this rank's rows of the whole grid
+    check_regions(regions, grid if shard is None else (shard.h, shard.w), n if shard is None else shard.tokens)
     r2 = regions * regions
     if logits.shape != (h, r2, r2):
         raise ValueError(f"region logits must be (H, R², R²) = ({h}, {r2}, {r2}), got {tuple(logits.shape)}")
-    order, _, sizes = region_layout(tuple(grid), regions)
     features = dict(direction=direction, power=power, offset=offset, norm_scale=norm_scale, alpha=alpha,
                     norm_eps=norm_eps)
+    if shard is not None:
+        return _sharded_region_attention(q, k, v, shard, regions, logits, eps, features)
+    order, _, sizes = region_layout(tuple(grid), regions)
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, logits))):
         return _region_forward(q, k, v, order, sizes, logits, fused_opts(eps=eps, **features))
     with _no_autocast(q.device):
@@ -175,6 +179,27 @@ def region_nala_attention(
             num_den = torch.cat([qr @ mixed[:, :, i] for i, qr in enumerate(queries)], 2)
         out = num_den[..., :d] / (num_den[..., d:] + eps)                   # region order
         return _grid_order(out, order).to(v.dtype)
+
+
+def _sharded_region_attention(q, k, v, shard, regions, logits, eps, features) -> torch.Tensor:
+    """Region states under context parallel (autograd, with or without gradients): the
+    rank's keys add to the states of the regions of the whole grid its rows fall in, over
+    the whole grid's N; the states are all-reduced (backward: their gradient); each local
+    query reads its region's mix. Exchanged: R² states, R² × H × 2D × (D+1) numbers."""
+    b, h, n, d = q.shape
+    _, region, _ = region_layout((shard.h, shard.w), regions)
+    local = region[shard.start * shard.w:shard.stop * shard.w].to(q.device)      # (n,) this rank's regions
+    with _no_autocast(q.device):
+        phi_q, phi_k = nala_features(q.float(), k.float(), **features)
+        v1 = torch.cat([v.float(), v.new_ones(b, h, n, 1, dtype=torch.float32)], -1)
+        index = [(local == r).nonzero().squeeze(1) for r in range(regions * regions)]
+        states = torch.stack([phi_k.index_select(2, i).transpose(-2, -1) @ v1.index_select(2, i)
+                              for i in index], 2)                             # (B, H, R², 2D, D+1); 0 off this rank
+        mixed = _mix(logits.float().exp(), shard.all_reduce(states / shard.tokens))
+        present = [r for r, i in enumerate(index) if len(i)]
+        num_den = torch.cat([phi_q.index_select(2, index[r]) @ mixed[:, :, r] for r in present], 2)
+        out = num_den[..., :d] / (num_den[..., d:] + eps)                   # tokens by region
+        return _grid_order(out, torch.cat([index[r] for r in present])).to(v.dtype)
 
 
 def _grid_order(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
