@@ -130,7 +130,7 @@ def attention_path(model_config: dict, device_type: str, precision: str) -> str:
     attention = model_config["attention"]
     regions = model_config.get("nala_regions") or 1
     if attention == "nala" and regions > 1:
-        return f"nala ({regions}x{regions} region states, eager)"
+        return f"nala ({regions}x{regions} region states, fused)"
     if attention == "nala":
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
         tokens = (model_config["input_size"] // model_config["patch_size"]) ** 2

@@ -41,14 +41,15 @@ def test_bands_and_layout_follow_the_floor_rule():
     assert torch.equal(order, torch.argsort(region, stable=True))
 
 
+@pytest.mark.parametrize("impl", ["fused", "eager"])
 @pytest.mark.parametrize("grid,regions", [((8, 8), 2), ((7, 9), 3), ((9, 6), 4), ((12, 12), 4), ((5, 11), 2)])
-def test_outputs_and_gradients_equal_the_fp64_reference(grid, regions):
+def test_outputs_and_gradients_equal_the_fp64_reference(grid, regions, impl):
     q, k, v = _qkv(grid)
     rho = _logits(regions, 2)
     ref_in = [t.clone().requires_grad_() for t in (q, k, v, rho)]
     ref = region_attention_reference(*ref_in[:3], grid, regions, ref_in[3])
     got_in = [t.float().clone().requires_grad_() for t in (q, k, v, rho)]
-    got = region_nala_attention(*got_in[:3], grid, regions, got_in[3])
+    got = region_nala_attention(*got_in[:3], grid, regions, got_in[3], impl=impl)
     assert got.dtype == torch.float32
     assert_close("output", ref, got, 1e-5)
     grad = torch.randn_like(ref)

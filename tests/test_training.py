@@ -340,7 +340,7 @@ def test_start_line_names_processes_batch_precision_and_attention():
     assert attention_path(nala, "cpu", "no") == "nala (fused)"
     assert attention_path(nala, "cuda", "bf16") in ("nala (triton)", "nala (eager)")
     assert attention_path(dict(nala, attention="softmax"), "cuda", "no") == "softmax (SDPA)"
-    assert attention_path(dict(nala, nala_regions=2), "cpu", "no") == "nala (2x2 region states, eager)"
+    assert attention_path(dict(nala, nala_regions=2), "cpu", "no") == "nala (2x2 region states, fused)"
     assert start_line(1, None, "1× cpu", 8, 8, 1, "no", "nala (fused)") == \
         "start: 1 process on 1× cpu, global batch 8 (8 per process, grad-accum 1), precision no, attention nala (fused)"
     assert start_line(4, "nccl", "4× NVIDIA H200", 256, 32, 2, "bf16", "nala (triton)") == \

@@ -40,13 +40,14 @@ import math
 from functools import lru_cache
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..context_parallel import shard_of
 from .functional import (
     ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, _check_qkv, _no_autocast, nala_features,
     nala_similarity_reference,
 )
-from .nala import fused_opts, fused_output, fused_state
+from .nala import fused_backward, fused_opts, fused_output, fused_state
 
 REGION_DECAY = 1.0    # ρ_ir = −REGION_DECAY · distance of region centres (in image sides) at initialisation
 
@@ -138,14 +139,16 @@ def region_nala_attention(
     alpha: float = ALPHA,
     norm_eps: float = NORM_EPS,
     eps: float = EPS,
+    impl: str = "fused",
 ) -> torch.Tensor:
     """NaLa with R × R region states mixed by ``exp(logits)`` (see the module doc).
 
     q, k, v: (B, H, N, D) on the row-major ``grid``; ``logits``: (H, R², R²). Returns (B, H,
     N, D) in v's dtype; features, states, mixing and division in fp32; no N × N tensor is
-    formed. With gradients: plain autograd over NaLa's features (``nala_features``). Without
-    (sampling): the fused passes of ``nala.py`` (``fused_state`` per key region, ``fused_output``
-    per query region: token chunks, features never stored).
+    formed. ``impl``: ``"fused"`` (default) runs the fused passes of ``nala.py`` on the
+    tokens laid out region by region (``_FusedRegionNaLa``: token chunks, features recomputed
+    in backward, never stored); ``"eager"`` is plain autograd over NaLa's features
+    (``nala_features``), the readable form the tests compare it with.
     """
     _check_qkv(q, k, v)
     b, h, n, d = q.shape
@@ -159,8 +162,12 @@ def region_nala_attention(
     if shard is not None:
         return _sharded_region_attention(q, k, v, shard, regions, logits, eps, features)
     order, _, sizes = region_layout(tuple(grid), regions)
+    if impl not in ("fused", "eager"):
+        raise ValueError(f"impl must be 'fused' or 'eager', got {impl!r}")
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, logits))):
         return _region_forward(q, k, v, order, sizes, logits, fused_opts(eps=eps, **features))
+    if impl == "fused":
+        return _FusedRegionNaLa.apply(q, k, v, logits, (tuple(grid), regions), fused_opts(eps=eps, **features))
     with _no_autocast(q.device):
         phi_q, phi_k = nala_features(q.float(), k.float(), direction=direction, power=power, offset=offset,
                                      norm_scale=norm_scale, alpha=alpha, norm_eps=norm_eps)
@@ -200,6 +207,97 @@ def _sharded_region_attention(q, k, v, shard, regions, logits, eps, features) ->
         num_den = torch.cat([phi_q.index_select(2, index[r]) @ mixed[:, :, r] for r in present], 2)
         out = num_den[..., :d] / (num_den[..., d:] + eps)                   # tokens by region
         return _grid_order(out, torch.cat([index[r] for r in present])).to(v.dtype)
+
+
+@lru_cache(maxsize=64)
+def _padded_layout(grid: tuple[int, int], regions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gather, scatter)`` for the region-major padded layout (B, H·R², m, D), m the largest
+    region: ``gather`` (R² · m,) picks grid tokens region by region, index N (an appended zero
+    token) where a region is shorter than m; ``scatter`` (N,) is each grid token's place in it."""
+    order, _, sizes = region_layout(grid, regions)
+    m, n = max(sizes), len(order)
+    gather = torch.full((len(sizes), m), n, dtype=torch.long)
+    scatter = torch.empty(n, dtype=torch.long)
+    start = 0
+    for r, size in enumerate(sizes):
+        tokens = order[start:start + size]
+        gather[r, :size] = tokens
+        scatter[tokens] = r * m + torch.arange(size)
+        start += size
+    return gather.reshape(-1), scatter
+
+
+class _Mixer:
+    """What the fused passes call between their key and query halves (the protocol of
+    ``context_parallel.ShardGrid``: ``tokens`` and an in-place ``all_reduce_``), used here to
+    mix region states. Forward: the R² region sums over N → ``M_i = Σ_r w_ir S_r`` (S kept).
+    Backward: ∂L/∂M (over N) → ∂L/∂S_r = Σ_i w_ir ∂L/∂M_i for the key pass (∂L/∂M kept)."""
+
+    def __init__(self, weights: torch.Tensor, tokens: int, backward: bool):
+        self.weights, self.tokens, self.backward = weights, tokens, backward
+        self.kept = None
+
+    def all_reduce_(self, state: torch.Tensor) -> torch.Tensor:
+        h, r2 = self.weights.shape[:2]
+        two, b = state.shape[:2]
+        per_region = state.view(two, b, h, r2, *state.shape[3:])
+        self.kept = per_region.clone()
+        pattern = "hir,tbhixy->tbhrxy" if self.backward else "hir,tbhrxy->tbhixy"
+        per_region.copy_(torch.einsum(pattern, self.weights, self.kept))
+        return state
+
+
+class _FusedRegionNaLa(torch.autograd.Function):
+    """Region states on the fused passes: q, k, v laid out region by region and padded with
+    zero tokens to the largest region, (B, H·R², m, D), so every region is a "head" of
+    ``fused_state`` / ``fused_output`` / ``fused_backward`` and ``_Mixer`` mixes between their
+    halves. A zero token has zero features: it adds nothing to a state, and its output
+    (and so its gradient) is dropped. Saved: the padded q, k, v, the R² states, the mixed
+    states and the denominator; the features are recomputed in backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, logits, layout, opts):
+        b, h, n, d = q.shape
+        gather, scatter = (t.to(q.device) for t in _padded_layout(*layout))
+        r2 = layout[1] ** 2
+
+        def padded(t):   # (B, H, N, D) -> (B, H·R², m, D)
+            t = torch.cat([t, t.new_zeros(b, h, 1, d)], 2).index_select(2, gather)
+            return t.reshape(b, h * r2, -1, d)
+
+        qp, kp, vp = padded(q), padded(k), padded(v)
+        weights = logits.detach().float().exp()
+        mixer = _Mixer(weights, n, backward=False)
+        with _no_autocast(q.device):
+            mixed = fused_state(kp, vp, opts, shard=mixer)            # (2, B, H·R², D, D+1)
+            out, den = fused_output(qp, mixed, opts)
+        ctx.save_for_backward(qp, kp, vp, mixed, den, mixer.kept, weights, scatter)
+        ctx.opts, ctx.shape = opts, (b, h, n, d, r2)
+        return out.reshape(b, h, -1, d).index_select(2, scatter).to(v.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        qp, kp, vp, mixed, den, states, weights, scatter = ctx.saved_tensors
+        b, h, n, d, r2 = ctx.shape
+        m = qp.shape[2]
+        g = grad_out.new_zeros(b, h, r2 * m, d)
+        g[:, :, scatter] = grad_out
+        mixer = _Mixer(weights, n, backward=True)
+        need = ctx.needs_input_grad
+        with _no_autocast(grad_out.device):
+            dq, dk, dv = fused_backward(qp, kp, vp, mixed, den, g.reshape(b, h * r2, m, d).float(), ctx.opts,
+                                        need[:3], shard=mixer)
+            d_mixed = mixer.kept                                          # ∂L/∂M_i / N, (2, B, H, R², D, D+1)
+            d_logits = None
+            if need[3]:
+                d_w = torch.einsum("tbhixy,tbhrxy->hir", d_mixed, states) * n
+                d_logits = d_w * weights
+
+        def unpadded(t, like):
+            return None if t is None else t.reshape(b, h, r2 * m, d).index_select(2, scatter).to(like.dtype)
+
+        return unpadded(dq, grad_out), unpadded(dk, grad_out), unpadded(dv, grad_out), d_logits, None, None
 
 
 def _grid_order(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
