@@ -137,6 +137,7 @@ QUICK_SEEDS = (0, 1)
 QUICK_TASKS = ("digits", "canvas64", "ladder64_interp")
 HELDOUT_REPEATS = 4  # fixed (t, noise) draws per held-out image (all items unless a recipe says)
 METRICS = ("class_consistency", "frechet_distance", "train_loss", "heldout_loss", "train_time_s")
+RAW = "heldout_loss_raw"   # held-out loss of the raw (not EMA) weights; absent from cells scored before it
 
 
 def lr_tag(lr: float) -> str:
@@ -256,7 +257,9 @@ def reference(task: str, work: Path, classifier_dir: Path) -> Path:
 
 def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifier_dir: Path,
                         sample: bool = True) -> dict:
-    """Held-out loss, and with ``sample`` class-consistency and Fréchet distance (NaN without)."""
+    """Held-out loss of the EMA weights and of the raw weights (an EMA of 0.99 lags about 100
+    steps, a third of a 300-step budget), and with ``sample`` class-consistency and Fréchet
+    distance of the EMA weights (NaN without)."""
     import numpy as np
 
     from nala_dit import metrics
@@ -266,10 +269,13 @@ def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifi
 
     source = load_source(ckpt)
     source.model.eval()
-    loss = heldout_loss(source.model, source.objective, heldout_set(task), items=recipe.get("heldout_items"),
-                        repeats=recipe.get("heldout_repeats", HELDOUT_REPEATS))
+    held = dict(items=recipe.get("heldout_items"), repeats=recipe.get("heldout_repeats", HELDOUT_REPEATS))
+    loss = heldout_loss(source.model, source.objective, heldout_set(task), **held)
+    raw = load_source(ckpt, weights="model").model.eval()
+    loss_raw = heldout_loss(raw, source.objective, heldout_set(task), **held)
     if not sample:
-        return dict(class_consistency=math.nan, frechet_distance=math.nan, heldout_loss=loss, num_samples=0)
+        return dict(class_consistency=math.nan, frechet_distance=math.nan, heldout_loss=loss,
+                    heldout_loss_raw=loss_raw, num_samples=0)
     labels = [c for _ in range(recipe["per_class"]) for c in range(source.num_classes)]
     settings = SampleSettings(sampler=recipe["sampler"], num_steps=recipe["sample_steps"], cfg_scale=recipe["cfg"])
     start = time.perf_counter()
@@ -279,7 +285,7 @@ def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifi
     result = metrics.evaluate_samples([view], ref, features="digits", digits_classifier_dir=classifier_dir,
                                       labels=np.asarray(labels))
     return dict(class_consistency=result["metrics"]["class_consistency"],
-                frechet_distance=result["metrics"]["fd_digits"], heldout_loss=loss,
+                frechet_distance=result["metrics"]["fd_digits"], heldout_loss=loss, heldout_loss_raw=loss_raw,
                 num_samples=len(labels), nfe=nfe, sample_time_s=round(sample_time, 2))
 
 
@@ -753,6 +759,10 @@ def summarize(cells: list[dict]) -> list[dict]:
         row = dict(task=task, variant=variant, lr=lr, budget=budget, n=len(items))
         for m in METRICS:
             row[m], row[m + "_std"] = _mean_std([float(it[m]) for it in items])
+        # Raw-weight held-out loss: cells scored before it existed lack it (n counts those that have it).
+        raw = [float(it[RAW]) for it in items if RAW in it]
+        row[RAW], row[RAW + "_std"] = _mean_std(raw) if raw else (math.nan, math.nan)
+        row[RAW + "_n"] = len(raw)
         rows.append(row)
     return rows
 
@@ -771,9 +781,19 @@ def _tasks(names) -> list[str]:
     return sorted(set(names), key=lambda t: (order.index(t) if t in order else len(order), t))
 
 
+def _raw_cell(row: dict) -> str:
+    """The raw-weight held-out loss, with its own n when fewer cells than the row's have it."""
+    n = row.get(RAW + "_n", 0)
+    if not n:
+        return "—"
+    text = _fmt(row[RAW], row[RAW + "_std"], 4)
+    return text if n == row["n"] else f"{text} (n = {n})"
+
+
 def _table_lines(rows: list[dict]) -> list[str]:
-    lines = ["| variant | lr | n | class-consistency ↑ | Fréchet distance ↓ | train loss | held-out loss | train time (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| variant | lr | n | class-consistency ↑ | Fréchet distance ↓ | train loss | held-out loss | "
+             "held-out loss, raw weights | train time (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['variant']} | {lr_tag(r['lr'])} | {r['n']} | "
@@ -781,6 +801,7 @@ def _table_lines(rows: list[dict]) -> list[str]:
             f"{_fmt(r['frechet_distance'], r['frechet_distance_std'], 2)} | "
             f"{_fmt(r['train_loss'], r['train_loss_std'], 4)} | "
             f"{_fmt(r['heldout_loss'], r['heldout_loss_std'], 4)} | "
+            f"{_raw_cell(r)} | "
             f"{_fmt(r['train_time_s'], r['train_time_s_std'], 1)} |")
     return lines
 

@@ -73,6 +73,8 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
             assert math.isfinite(r[m]) and math.isfinite(r[m + "_std"]), (r["task"], r["variant"], m)
         if sampled:
             assert 0 <= r["class_consistency"] <= 1 and r["frechet_distance"] >= 0
+        # the raw weights are scored beside the EMA at every budget (an EMA of 0.99 lags ~100 steps)
+        assert r["heldout_loss_raw_n"] == r["n"] and math.isfinite(r["heldout_loss_raw"]), (r["task"], r["variant"])
     table = (tmp_path / "table.md").read_text()
     assert "## canvas64, 2 steps" in table and "| softmax | 2e-3 | 2 | — | — |" in table
     for task in ablation.QUICK_TASKS:
@@ -176,3 +178,18 @@ def test_quick_timing_builds_and_steps_every_remedy_variant(tmp_path):
     swap = (5 * c * c + 33 * c) - (4 * c * c + 4 * c)
     assert params("hybrid_b0") == nala - swap
     assert params("hybrid_b13") == nala - 2 * swap
+
+
+def test_summary_counts_the_raw_weight_loss_only_where_cells_have_it():
+    import benchmarks.ablation as ablation
+
+    def cell(seed, raw):
+        row = dict(budget=300, class_consistency=0.1, frechet_distance=5.0, train_loss=0.03, heldout_loss=0.04,
+                   train_time_s=10.0, **({"heldout_loss_raw": raw} if raw is not None else {}))
+        return dict(task="canvas128", variant="nala_r2", lr=2e-3, seed=seed, budgets=[row])
+
+    rows = ablation.summarize([cell(0, 0.02), cell(1, None), cell(2, 0.04)])
+    assert len(rows) == 1 and rows[0]["n"] == 3 and rows[0]["heldout_loss_raw_n"] == 2
+    assert rows[0]["heldout_loss_raw"] == pytest.approx(0.03) and rows[0]["heldout_loss_raw_std"] == pytest.approx(2 ** 0.5 / 100)
+    assert ablation._raw_cell(rows[0]) == "0.0300 ± 0.0141 (n = 2)"
+    assert ablation._raw_cell(ablation.summarize([cell(0, None)])[0]) == "—"
