@@ -164,9 +164,8 @@ def region_nala_attention(
     order, _, sizes = region_layout(tuple(grid), regions)
     if impl not in ("fused", "eager"):
         raise ValueError(f"impl must be 'fused' or 'eager', got {impl!r}")
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, logits))):
-        return _region_forward(q, k, v, order, sizes, logits, fused_opts(eps=eps, **features))
-    if impl == "fused":
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, logits))
+    if impl == "fused" or not needs_grad:     # without gradients (sampling) always the fused passes
         return _FusedRegionNaLa.apply(q, k, v, logits, (tuple(grid), regions), fused_opts(eps=eps, **features))
     with _no_autocast(q.device):
         phi_q, phi_k = nala_features(q.float(), k.float(), direction=direction, power=power, offset=offset,
@@ -305,21 +304,6 @@ def _grid_order(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(len(order))
     return x.index_select(2, inverse.to(x.device))
-
-
-@torch.no_grad()
-def _region_forward(q, k, v, order, sizes, logits, opts) -> torch.Tensor:
-    """The forward without autograd from the fused passes: each region's ``[S_r | z_r]``
-    (``fused_state`` gives its mean over the region: times n_r / N), mixed per query region,
-    then ``fused_output`` for that region's queries."""
-    n = q.shape[-2]
-    with _no_autocast(q.device):
-        keys, values, queries = (_by_region(t, order, sizes) for t in (k, v, q))
-        states = torch.stack([fused_state(kr, vr, opts) * (len_r / n)
-                              for kr, vr, len_r in zip(keys, values, sizes)], 3)   # (2, B, H, R², D, D+1)
-        mixed = torch.einsum("hir,tbhrxy->tbhixy", logits.float().exp(), states)
-        out = torch.cat([fused_output(qr, mixed[:, :, :, i], opts)[0] for i, qr in enumerate(queries)], 2)
-        return _grid_order(out, order).to(v.dtype)
 
 
 def region_attention_reference(q, k, v, grid, regions, logits, *, eps: float = EPS, **feature_kwargs):
