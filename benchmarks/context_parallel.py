@@ -14,6 +14,10 @@ median over ``--repeats`` calls after one warm-up, each call between two barrier
     python benchmarks/context_parallel.py --tokens 4096 --out benchmarks/context_parallel_cpu_4k.json
     python benchmarks/context_parallel.py --tokens 16384 --repeats 1 --out benchmarks/context_parallel_cpu_16k.json
     python benchmarks/context_parallel.py --tiny          # smoke test (seconds)
+    python benchmarks/context_parallel.py --device cuda --tokens 4096,16384,65536   # NCCL, a GPU per rank
+
+On CUDA "peak" is ``torch.cuda.max_memory_allocated`` of the rank's GPU, and with fewer GPUs
+than P only the one-process numbers are measured (NCCL takes one GPU per rank).
 """
 
 from __future__ import annotations
@@ -48,11 +52,18 @@ def _measure(rank: int, procs: int, port: int, cfg: dict, out: str) -> None:
     from nala_dit.models import create_model
 
     torch.set_num_threads(cfg["threads"])
-    rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731  (MiB)
-    counted = {"all_reduce": 0, "all_gather": 0}
+    cuda = cfg.get("device") == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        rss = lambda: torch.cuda.max_memory_allocated(device) / 2**20  # noqa: E731  (MiB, the GPU's peak)
+    else:
+        rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731  (MiB)
+    counted = {"all_reduce": 0, "all_gather": 0, "send": 0}
     if procs > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=procs)
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=procs,
+                                **(dict(device_id=device) if cuda else {}))
         real_reduce, real_gather = dist.all_reduce, dist.all_gather
 
         def all_reduce(t, *a, **k):
@@ -63,11 +74,23 @@ def _measure(rank: int, procs: int, port: int, cfg: dict, out: str) -> None:
             counted["all_gather"] += t.numel()
             return real_gather(outs, t, *a, **k)
 
-        cp_lib.dist = type("CountingDist", (), dict(all_reduce=staticmethod(all_reduce),
-                                                     all_gather=staticmethod(all_gather)))
-    barrier = (lambda: dist.barrier()) if procs > 1 else (lambda: None)
+        def batch_isend_irecv(ops):
+            counted["send"] += sum(op.tensor.numel() for op in ops if op.op is dist.isend)
+            return dist.batch_isend_irecv(ops)
+
+        cp_lib.dist = type("CountingDist", (), dict(
+            all_reduce=staticmethod(all_reduce), all_gather=staticmethod(all_gather),
+            batch_isend_irecv=staticmethod(batch_isend_irecv), P2POp=dist.P2POp, isend=dist.isend,
+            irecv=dist.irecv))
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def barrier():
+        sync()
+        if procs > 1:
+            dist.barrier()
+
     torch.manual_seed(0)
-    model = create_model(cfg["model"], input_size=cfg["latent"])
+    model = create_model(cfg["model"], input_size=cfg["latent"]).to(device)
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
@@ -77,7 +100,7 @@ def _measure(rank: int, procs: int, port: int, cfg: dict, out: str) -> None:
         cp_lib.enable(model, cp_lib.ContextParallel(procs, rank, group))
     built = rss()
     x = torch.randn(1, model.in_channels, cfg["latent"], cfg["latent"], generator=torch.Generator().manual_seed(1))
-    t, y = torch.tensor([500.0]), torch.tensor([1])
+    x, t, y = x.to(device), torch.tensor([500.0], device=device), torch.tensor([1], device=device)
 
     def call():
         if cfg["section"] == "forward":
@@ -116,7 +139,7 @@ def _free_port() -> int:
 
 
 def run_child(procs: int, cfg: dict) -> list[dict]:
-    """One measurement in fresh processes: ``procs`` = 1 or P (spawned, gloo)."""
+    """One measurement in fresh processes: ``procs`` = 1 or P (spawned; gloo, or NCCL on CUDA)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,6 +185,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (the table's numbers: 1)")
     p.add_argument("--tiny", action="store_true", help="NaLaDiT-T/2 and DiT-T/2 at 256 tokens, one repeat")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: gloo; cuda: NCCL, rank r on cuda:r (P = 1 only where fewer than P GPUs)")
     p.add_argument("--out", type=Path)
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -177,6 +202,16 @@ def main(argv=None) -> int:
     if any(s not in SECTIONS for s in sections) or args.procs < 2:
         p.error(f"--sections takes {SECTIONS}; --procs must be >= 2")
     repeats = 1 if args.tiny else args.repeats
+    gpus = 0
+    if args.device == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if not gpus:
+            p.error("--device cuda: no CUDA device found; run without --device for the CPU (gloo) numbers")
+        if gpus < args.procs:
+            print(f"P={args.procs} needs {args.procs} GPUs (NCCL takes one per rank), found {gpus}: "
+                  f"measuring one process only", flush=True)
     load = os.getloadavg()
     started = time.perf_counter()
     results = []
@@ -190,8 +225,14 @@ def main(argv=None) -> int:
                 p.error(f"--tokens {n} is not a square grid")
             for section in sections:
                 cfg = dict(model=model, latent=side * int(patch), section=section, repeats=repeats,
-                           threads=args.threads)
+                           threads=args.threads, device=args.device)
                 one = run_child(1, cfg)[0]
+                if args.device == "cuda" and gpus < args.procs:
+                    results.append(dict(model=model, tokens=n, section=section, procs=1, one_time_s=one["time_s"],
+                                        one_peak_mib=one["peak_mib"], one_grew_mib=one["grew_mib"], one=one))
+                    print(f"{model} {n:,} tokens {section}: 1 process {one['time_s']:.3f} s, "
+                          f"peak {one['peak_mib']:.0f} MiB", flush=True)
+                    continue
                 split = run_child(args.procs, cfg)
                 per_layer = exchanged_numbers("nala" if attention == "nala" else "softmax", n, hidden, heads)
                 # the output's gather (once per forward): this rank's tokens (padded to the most
@@ -207,7 +248,7 @@ def main(argv=None) -> int:
                            exchanged_forward=got, exchanged_per_layer_formula=per_layer, one=one, split=split)
                 row["memory_ratio"] = row["split_grew_mib"] / max(row["one_grew_mib"], 1e-9)
                 if section == "forward":   # the counts of one forward: depth layers and the output gather
-                    row["exchanged_per_layer_counted"] = (got["all_reduce"] + got["all_gather"] - out_gather) / depth
+                    row["exchanged_per_layer_counted"] = (sum(got.values()) - out_gather) / depth
                 results.append(row)
                 print(f"{model} {n:,} tokens {section}: 1 process {one['time_s']:.2f} s, P={args.procs} "
                       f"{row['split_time_s']:.2f} s ({row['speedup']:.2f}×); grew {one['grew_mib']:.0f} → "
@@ -221,6 +262,7 @@ def main(argv=None) -> int:
                           date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), threads=args.threads,
                           cpu_count=os.cpu_count(), load_average_start=list(load), load_average_end=list(os.getloadavg()),
                           wall_s=time.perf_counter() - started, batch=1, dtype="fp32", tiny=args.tiny,
+                          device=args.device, gpus=gpus,
                           statistic=f"median of {repeats} after one warm-up"),
                 results=results, bytes_xl2=table)
     if args.out:

@@ -12,7 +12,7 @@
 # into .gpu_wheels/ beforehand (e.g. `pip download diffusers --no-deps -d .gpu_wheels`)
 # and they are installed into a temporary folder first.
 #
-# Output (7 files; a device run returns at most 8):
+# Output (8 files; a device run returns at most 8):
 #   gpu_check.log                     everything printed, with the stage summary at the end
 #   attention_cuda_s.json             NaLa (Triton, unchunked, compile) vs ReLU-LA vs SDPA
 #                                     (default, flash, cuDNN), DiT-S heads (6 x 64), bf16,
@@ -25,6 +25,9 @@
 #                                     training peak with/without gradient checkpointing at
 #                                     1K/4K/16K tokens, SD-VAE decode tiled vs untiled, bf16
 #   triton_configs.json               block-size sweep of the kernels (fwd+bwd)
+#   context_parallel_cuda.json        NaLaDiT-S/2, one image over P = 2 GPUs (NCCL) against
+#                                     one, 4K/16K tokens, fwd and training step, fp32; with one
+#                                     GPU the P = 1 numbers only
 #   plots.tar                         the PNG plot written beside each JSON above
 
 set -u
@@ -91,10 +94,10 @@ stage "tests (CUDA, fp32 + bf16/fp16)" 120 \
   "$PY" -m pytest -q -p no:cacheprovider -rs "${XDIST[@]}" tests/triton_cases.py
 
 # (b) Attention: DiT-S heads with torch.compile, then DiT-XL heads.
-stage "attention S heads" 110 \
+stage "attention S heads" 100 \
   "$PY" benchmarks/attention.py --device cuda --dtype bf16 --compile --min-tokens 1024 --step 2 \
   --max-tokens 65536 --heads 6 --head-dim 64 --repeats 5 --time-cap 2 --math-cap-gib 4 \
-  --budget-s 75 --out "$DEST/attention_cuda_s.json"
+  --budget-s 65 --out "$DEST/attention_cuda_s.json"
 stage "attention XL heads" 70 \
   "$PY" benchmarks/attention.py --device cuda --dtype bf16 --min-tokens 1024 --step 2 \
   --max-tokens 65536 --heads 16 --head-dim 72 --repeats 5 --time-cap 2 --math-cap-gib 4 \
@@ -114,10 +117,16 @@ stage "triton block-size sweep" 40 \
 # tokens (48 GiB each, scores and softmax: ~96 GiB), XL/2 (16 heads) up to 16K. A cell
 # predicted over 10 s, or out of memory, is skipped with the reason; sections in order
 # of interest, no new cell after 90 s.
-stage "highres S/2 + XL/2" 120 \
+stage "highres S/2 + XL/2" 100 \
   "$PY" benchmarks/highres.py --device cuda --dtype bf16 --sizes S/2,XL/2 --sections sample,vae,train \
-  --math-cap-gib 50 --vae-real-max-px 4096 --repeats 3 --time-cap 10 --single-call-s 2 --budget-s 90 \
+  --math-cap-gib 50 --vae-real-max-px 4096 --repeats 3 --time-cap 10 --single-call-s 2 --budget-s 75 \
   --out "$DEST/highres_cuda.json"
+
+# (f) Context parallel: one image's rows over P = 2 GPUs (NCCL) against one GPU; the NaLa
+# state all-reduce and the LePE halo on a real interconnect (docs/highres.md).
+stage "context parallel P = 1 / 2" 45 \
+  "$PY" benchmarks/context_parallel.py --device cuda --tokens 4096,16384 --repeats 3 \
+  --out "$DEST/context_parallel_cuda.json"
 
 # A device run returns at most 8 files: the plots travel as one archive.
 (cd "$DEST" && ls ./*.png >/dev/null 2>&1 && tar -cf plots.tar ./*.png && rm -f ./*.png)

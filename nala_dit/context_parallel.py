@@ -12,8 +12,10 @@ the final layer) runs on the rank's rows only; what couples tokens is exchanged:
   the shard);
 * region states (``attention/regions.py``): the R² states of the whole grid's regions from
   the rank's keys, all-reduced the same way;
-* the depthwise convs (LePE 5×5, Mix-FFN 3×3): ⌊k/2⌋ halo rows from each neighbour
-  (``ShardGrid.halo``); the backward sends the halo rows' gradient back to their owners;
+* the depthwise convs (LePE 5×5, Mix-FFN 3×3): ⌊k/2⌋ halo rows from each neighbour,
+  point to point (``ShardGrid.halo``: a rank sends only the rows its neighbours read, so
+  the bytes per rank do not grow with P); the backward sends the halo rows' gradient back
+  to their owners;
 * softmax layers: keys and values gathered along tokens (``ShardGrid.gather``): O(N · C)
   per layer;
 * the output: gathered to the whole image on every rank, so the loss is the mean over the
@@ -188,58 +190,67 @@ class _GatherTokens(torch.autograd.Function):
         return grad.narrow(ctx.dim, shard.start * shard.w, (shard.stop - shard.start) * shard.w), None, None
 
 
-def _edges(img: torch.Tensor, shard: ShardGrid, r: int) -> torch.Tensor:
-    """(B, C, 2r, w): this rank's first r rows, then its last r (zero where it has fewer)."""
-    n = img.shape[-2]
-    edges = img.new_zeros(*img.shape[:-2], 2 * r, img.shape[-1])
-    m = min(r, n)
-    edges[..., :m, :] = img[..., :m, :]
-    edges[..., 2 * r - m:, :] = img[..., n - m:, :]
-    return edges
-
-
-def _halo_sources(shard: ShardGrid, r: int):
-    """For each halo row i (0…2r−1: r above, then r below): (owner rank, row in the
-    owner's ``_edges``), or None past the image's edge. A row within r of this rank's
-    block is within r of its owner's block edge, so the edges hold every halo row."""
+def _halo_plan(shard: ShardGrid, r: int):
+    """Who sends which rows for an r-row halo: ``(needs, gives)``. ``needs[s]`` lists
+    (halo slot 0…2r−1, r above then r below; row in rank s's block) for the rows this rank
+    takes from rank s; ``gives[s]`` the rows of this rank's block that rank s takes, in the
+    order s lists them. Slots past the image's edge are absent (they stay zero). Only
+    neighbours appear unless a block is thinner than r rows."""
     starts = [sum(shard.counts[:s]) for s in range(len(shard.counts))]
-    out = []
-    for i in range(2 * r):
-        g = shard.start - r + i if i < r else shard.stop + i - r          # global row
-        if not 0 <= g < shard.h:
-            out.append(None)
-            continue
-        s = max(j for j, a in enumerate(starts) if a <= g)
-        stop_s = starts[s] + shard.counts[s]
-        out.append((s, r + g - (stop_s - r)) if i < r else (s, g - starts[s]))
-    return out
+
+    def needs_of(start: int, stop: int) -> dict[int, list[tuple[int, int]]]:
+        out: dict[int, list[tuple[int, int]]] = {}
+        for i in range(2 * r):
+            g = start - r + i if i < r else stop + i - r                # global row
+            if 0 <= g < shard.h:
+                s = max(j for j, a in enumerate(starts) if a <= g)
+                out.setdefault(s, []).append((i, g - starts[s]))
+        return out
+
+    me = shard.context.rank
+    needs = needs_of(shard.start, shard.stop)             # never itself: halo rows lie outside its block
+    gives = {}
+    for s in range(len(shard.counts)):
+        if s != me:
+            theirs = needs_of(starts[s], starts[s] + shard.counts[s]).get(me, [])
+            if theirs:
+                gives[s] = [row for _, row in theirs]
+    return needs, gives
+
+
+def _swap(shard: ShardGrid, outgoing: dict[int, torch.Tensor], incoming: dict[int, torch.Tensor]) -> None:
+    """Point to point: send ``outgoing[s]`` to rank s, fill ``incoming[s]`` from it."""
+    group = shard.context.group
+    ops = [dist.P2POp(dist.isend, t.contiguous(), group=group, group_peer=s) for s, t in outgoing.items()]
+    ops += [dist.P2POp(dist.irecv, t, group=group, group_peer=s) for s, t in incoming.items()]
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
 
 
 def _halo_forward(img, shard, r):
     if r == 0:
         return img
-    edges = shard._all_gather(_edges(img, shard, r))
-    rows = [img.new_zeros(*img.shape[:-2], 1, img.shape[-1]) if src is None else edges[src[0]][..., src[1]:src[1] + 1, :]
-            for src in _halo_sources(shard, r)]
-    return torch.cat(rows[:r] + [img] + rows[r:], dim=-2)
+    needs, gives = _halo_plan(shard, r)
+    halo = img.new_zeros(*img.shape[:-2], 2 * r, img.shape[-1])          # zero past the image's edge
+    incoming = {s: img.new_empty(*img.shape[:-2], len(rows), img.shape[-1]) for s, rows in needs.items()}
+    _swap(shard, {s: img[..., rows, :] for s, rows in gives.items()}, incoming)
+    for s, rows in needs.items():
+        halo[..., [i for i, _ in rows], :] = incoming[s]
+    return torch.cat([halo[..., :r, :], img, halo[..., r:, :]], dim=-2)
 
 
 def _halo_backward(grad, shard, r):
     if r == 0:
         return grad
     n = grad.shape[-2] - 2 * r
-    halo = torch.cat([grad[..., :r, :], grad[..., n + r:, :]], dim=-2)
-    sent = shard._all_gather(halo)                                       # every rank's halo gradients
+    needs, gives = _halo_plan(shard, r)
+    halo = torch.cat([grad[..., :r, :], grad[..., n + r:, :]], dim=-2)  # the halo slots' gradients
     d_img = grad[..., r:r + n, :].clone()
-    d_edges = torch.zeros_like(halo)                                     # gradient of this rank's _edges
-    for s, g_s in enumerate(sent):
-        other = ShardGrid(shard.context.__class__(shard.context.size, s), shard.h, shard.w)
-        for i, src in enumerate(_halo_sources(other, r)):
-            if src is not None and src[0] == shard.context.rank:
-                d_edges[..., src[1]:src[1] + 1, :] += g_s[..., i:i + 1, :]
-    m = min(r, n)
-    d_img[..., :m, :] += d_edges[..., :m, :]
-    d_img[..., n - m:, :] += d_edges[..., 2 * r - m:, :]
+    incoming = {s: grad.new_empty(*grad.shape[:-2], len(rows), grad.shape[-1]) for s, rows in gives.items()}
+    _swap(shard, {s: halo[..., [i for i, _ in rows], :] for s, rows in needs.items()}, incoming)
+    for s, rows in gives.items():
+        d_img.index_add_(-2, torch.tensor(rows, device=grad.device), incoming[s])
     return d_img
 
 
@@ -288,11 +299,12 @@ def exchanged_numbers(kind: str, tokens: int, hidden: int, heads: int, rows: int
                       width: int | None = None, kernel: int = 5) -> int:
     """Numbers one rank sends per layer forward (P = 2, one sample): NaLa's state
     ``H · 2D · (D + 1)`` plus a LePE halo of ⌊k/2⌋ rows of width ``width`` and C channels
-    (``width`` default √tokens); softmax's K/V gather: this rank's half of 2 · N · C."""
+    to its one neighbour (``width`` default √tokens); softmax's K/V gather: this rank's
+    half of 2 · N · C."""
     d = hidden // heads
     width = width or int(round(tokens ** 0.5))
     if kind == "nala":
-        return heads * 2 * d * (d + 1) + 2 * (kernel // 2) * width * hidden
+        return heads * 2 * d * (d + 1) + (kernel // 2) * width * hidden
     if kind == "softmax":
         return 2 * (tokens // 2) * hidden
     raise ValueError(f"kind must be 'nala' or 'softmax', got {kind!r}")

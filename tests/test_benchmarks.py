@@ -164,9 +164,22 @@ def test_context_parallel_benchmark_tiny(tmp_path):
     for r in rows.values():
         assert r["tokens"] == 256 and r["procs"] == 2 and finite(r["speedup"]) and r["one_peak_mib"] > 0
         assert r["exchanged_per_layer_counted"] == r["exchanged_per_layer_formula"]
-    # T/2: 4 heads of D = 32 → state 4·64·33 = 8,448, halo 2·2·16 rows·128 = 8,192 numbers
-    assert rows["NaLaDiT-T/2"]["exchanged_per_layer_formula"] == 8448 + 8192
+    # T/2: 4 heads of D = 32 → state 4·64·33 = 8,448, halo to the one neighbour: 2 rows of
+    # 16 tokens · 128 channels = 4,096 numbers
+    assert rows["NaLaDiT-T/2"]["exchanged_per_layer_formula"] == 8448 + 4096
     assert rows["DiT-T/2"]["exchanged_per_layer_formula"] == 2 * 128 * 128      # K and V of 128 tokens
     xl = {r["tokens"]: r for r in data["bytes_xl2"]}
     assert xl[16384]["nala_state_numbers"] == 16 * 144 * 73
     assert "softmax gather" in stdout
+
+
+def test_context_parallel_benchmark_on_cuda_without_a_gpu_is_a_one_line_error(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "context_parallel.py"), "--device", "cuda"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "--device cuda: no CUDA device found; run without --device for the CPU (gloo) numbers")

@@ -50,8 +50,9 @@ def test_shard_grid_unpacks_as_the_local_rows():
 
 
 def test_exchanged_numbers_closed_forms():
-    # XL/2: 16 heads, D = 72: state 16·144·73 = 168,192 numbers, halo 2·2·128·1152 at 16K tokens
-    assert exchanged_numbers("nala", 16384, 1152, 16) == 168_192 + 4 * 128 * 1152
+    # XL/2: 16 heads, D = 72: state 16·144·73 = 168,192 numbers, halo to the one neighbour
+    # 2 rows · 128 · 1152 at 16K tokens
+    assert exchanged_numbers("nala", 16384, 1152, 16) == 168_192 + 2 * 128 * 1152
     assert exchanged_numbers("softmax", 16384, 1152, 16) == 2 * 8192 * 1152
 
 
