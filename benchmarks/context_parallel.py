@@ -74,6 +74,10 @@ def _measure(rank: int, procs: int, port: int, cfg: dict, out: str) -> None:
             counted["all_gather"] += t.numel()
             return real_gather(outs, t, *a, **k)
 
+        def reduce_scatter_tensor(out, t, *a, **k):
+            counted["reduce_scatter"] = counted.get("reduce_scatter", 0) + t.numel()
+            return dist.reduce_scatter_tensor(out, t, *a, **k)
+
         def batch_isend_irecv(ops):
             counted["send"] += sum(op.tensor.numel() for op in ops if op.op is dist.isend)
             return dist.batch_isend_irecv(ops)
@@ -81,6 +85,7 @@ def _measure(rank: int, procs: int, port: int, cfg: dict, out: str) -> None:
         cp_lib.dist = type("CountingDist", (), dict(
             all_reduce=staticmethod(all_reduce), all_gather=staticmethod(all_gather),
             batch_isend_irecv=staticmethod(batch_isend_irecv), P2POp=dist.P2POp, isend=dist.isend,
+            reduce_scatter_tensor=staticmethod(reduce_scatter_tensor),
             irecv=dist.irecv))
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 

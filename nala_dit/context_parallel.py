@@ -136,7 +136,7 @@ class ShardGrid(tuple):
 
     def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """This rank's tokens (``rows · w`` along ``dim``) → the whole grid's, rank order;
-        backward: this rank's slice of the all-reduced gradient."""
+        backward: this rank's slice of the gradient summed over the group (reduce-scatter)."""
         return _GatherTokens.apply(x, self, dim)
 
     def halo(self, img: torch.Tensor, r: int) -> torch.Tensor:
@@ -185,9 +185,21 @@ class _GatherTokens(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        # Each rank needs only its own tokens' slice of the gradients summed over the group: a
+        # reduce-scatter (every rank's slices padded to the most rows, as in the forward) sends
+        # half of what an all-reduce of the whole gradient would.
         shard = ctx.shard
-        grad = shard.all_reduce_(grad.contiguous().clone())
-        return grad.narrow(ctx.dim, shard.start * shard.w, (shard.stop - shard.start) * shard.w), None, None
+        most = max(shard.counts) * shard.w
+        grad = grad.movedim(ctx.dim, 0)
+        parts, at = [], 0
+        for n in shard.counts:
+            part = grad[at:at + n * shard.w]
+            at += n * shard.w
+            parts.append(torch.cat([part, part.new_zeros(most - len(part), *part.shape[1:])]) if len(part) < most else part)
+        mine = grad.new_empty(most, *grad.shape[1:])
+        dist.reduce_scatter_tensor(mine, torch.cat(parts).contiguous(), group=shard.context.group)
+        n_mine = (shard.stop - shard.start) * shard.w
+        return mine[:n_mine].movedim(0, ctx.dim), None, None
 
 
 def _halo_plan(shard: ShardGrid, r: int):
