@@ -144,7 +144,22 @@ def check_compatible(ref: Reference, student: DiT, student_objective_config: dic
         raise ValueError(f"{role} {ref.describe()} does not match the student (theirs vs student's): "
                          f"{'; '.join(problems)}. Use {'a teacher' if role == '--teacher' else 'an ' + role + ' model'} "
                          f"trained on the same data, "
-                         f"objective and patch size, or change the student's flags to match")
+                         f"objective and patch size, or change the student's flags to match{_size_hint(r, s)}")
+
+
+def _size_hint(source_config, student_config) -> str:
+    """'' or, when the trunk's width or depth differ, the --model size that matches the source
+    (train.py's default preset is S/2, a digits source is T/2)."""
+    from .options import SIZES
+
+    if all(source_config[k] == student_config[k] for k in ("hidden_size", "depth")):
+        return ""
+    size = next((name for name, v in SIZES.items()
+                 if (v["hidden_size"], v["depth"]) == (source_config["hidden_size"], source_config["depth"])), None)
+    if size is None:
+        return ""
+    return (f" (the source is {size}/{source_config['patch_size']}-sized: pass --model NaLaDiT-{size}/"
+            f"{source_config['patch_size']}, or another family at that size, or the source run's --config)")
 
 
 # ------------------------------------------------------------------ inheritance

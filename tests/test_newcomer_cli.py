@@ -209,3 +209,16 @@ def test_sampling_page_documents_the_pipelines_size_arguments():
 def test_a_huge_unknown_key_is_echoed_capped(tmp_path, capsys):
     err = _yaml_error(tmp_path, "k" * 1000 + ": 1\n", capsys)  # YAML allows plain keys up to 1024 characters
     assert "unknown key 'kkkk" in err and len(err) < 400
+
+
+def test_init_from_a_smaller_source_names_the_model_size_to_pass(digits_checkpoint, tmp_path, capsys):
+    """train.py's default preset is NaLaDiT-S/2; a T/2 source gets the --model to pass."""
+    import train as train_cli
+
+    code = train_cli.main(["--init-from", str(digits_checkpoint), "--data", "digits", "--image-size", "8",
+                           "--max-steps", "1", "--num-workers", "0", "--results-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code != 0 and err.count("\n") == 1, err
+    assert "hidden_size=128 vs 384" in err
+    assert "(the source is T/2-sized: pass --model NaLaDiT-T/2, or another family at that size, or the " \
+           "source run's --config)" in err
