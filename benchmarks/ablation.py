@@ -660,9 +660,10 @@ def time_to_loss(rows: list[dict], step_s: dict) -> list[dict]:
     return out
 
 
-def equal_compute(rows: list[dict], step_s: dict) -> list[dict]:
+def equal_compute(rows: list[dict], step_s: dict, reference: str | None = None) -> list[dict]:
     """Per task: held-out loss at equal compute. The compute is the cheapest variant's whole
-    run (its last budget × its isolated median step time); each variant affords
+    run (its last budget × its isolated median step time), or with ``reference`` that
+    variant's whole run (tasks without it are left out); each variant affords
     ``steps`` = compute / its step time. Only budgets are measured, so each variant gets the
     budgets around its ``steps``: ``below`` (the largest at or under it) and ``above`` (the
     next); a loss that falls with training puts the variant's loss at equal compute between
@@ -670,7 +671,9 @@ def equal_compute(rows: list[dict], step_s: dict) -> list[dict]:
     out = []
     for task, mine, variants in _timed_rows(rows, step_s):
         cost = {v: max(r["budget"] for r in mine if r["variant"] == v) * step_s[task][v] for v in variants}
-        limit = min(cost.values())
+        if reference is not None and reference not in cost:
+            continue
+        limit = cost[reference] if reference is not None else min(cost.values())
         for v in sorted(variants, key=lambda v: step_s[task][v]):
             steps = int(limit / step_s[task][v] * (1 + 1e-9))
             by_budget = sorted((r for r in mine if r["variant"] == v), key=lambda r: r["budget"])
@@ -704,6 +707,7 @@ def _timing_sections(rows: list[dict], step_s: dict, heading) -> list[str]:
     """The time-to-loss and equal-compute tables of every task with a timing."""
     lines = []
     found, equal = time_to_loss(rows, step_s), equal_compute(rows, step_s)
+    at_softmax = equal_compute(rows, step_s, reference="softmax")
     for task in _tasks(f["task"] for f in found):
         mine = [f for f in found if f["task"] == task]
         same = [f for f in equal if f["task"] == task]
@@ -718,6 +722,12 @@ def _timing_sections(rows: list[dict], step_s: dict, heading) -> list[str]:
                   "steps; only budgets are measured, so the table gives the budgets around that count (a loss "
                   "that falls with training lies between them; no interpolation).", ""]
         lines += _equal_compute_lines(same) + [""]
+        theirs = [f for f in at_softmax if f["task"] == task]
+        if theirs and theirs[0]["compute_s"] != same[0]["compute_s"]:
+            lines += [heading(f"{title}: held-out loss at plain softmax's compute ({theirs[0]['compute_s']:.0f} s)"), "",
+                      "The compute is plain softmax's whole run: what the other variants do with the seconds "
+                      "softmax trains for (a variant run to fewer steps shows its last budget).", ""]
+            lines += _equal_compute_lines(theirs) + [""]
     return lines
 
 

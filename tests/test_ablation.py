@@ -148,6 +148,14 @@ def test_time_to_loss_ranks_variants_by_compute_time_to_the_common_target(tmp_pa
         assert f"| softmax | {step:.3f} | {steps} | {around} |" in ablation.write_table(tmp_path).read_text()
     page = ablation.readme_block(ablation.summarize(ablation.load_cells(tmp_path)), [], ablation.load_timing(tmp_path))
     assert "**Canvas 128 px (4,096 tokens): held-out loss at equal compute (200 s)**" in page
+    # At plain softmax's compute (its 400 steps x 2.5 s = 1,000 s) NaLa affords 2,000 steps;
+    # its runs stop at 400, the last budget shown.
+    at_softmax = ablation.equal_compute(ablation.summarize(ablation.load_cells(tmp_path)),
+                                        ablation.load_timing(tmp_path), reference="softmax")
+    assert [(f["variant"], f["steps"], f["compute_s"], f["below"]["budget"]) for f in at_softmax] == [
+        ("nala", 2000, 1000.0, 400), ("softmax", 400, 1000.0, 400)]
+    assert "**Canvas 128 px (4,096 tokens): held-out loss at plain softmax's compute (1000 s)**" in page
+    assert "| nala | 0.500 | 2000 | 400 steps: 0.3000 ± 0.0000 (n = 3) |" in page
 
 
 def test_quick_timing_builds_and_steps_every_remedy_variant(tmp_path):
