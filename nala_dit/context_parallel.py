@@ -41,6 +41,8 @@ grid; a layer asks ``shard_of(grid)``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -203,28 +205,33 @@ class _GatherTokens(torch.autograd.Function):
 
 
 def _halo_plan(shard: ShardGrid, r: int):
+    return _plan(tuple(shard.counts), shard.context.rank, shard.h, r)
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(counts: tuple, me: int, h: int, r: int):
     """Who sends which rows for an r-row halo: ``(needs, gives)``. ``needs[s]`` lists
     (halo slot 0…2r−1, r above then r below; row in rank s's block) for the rows this rank
     takes from rank s; ``gives[s]`` the rows of this rank's block that rank s takes, in the
     order s lists them. Slots past the image's edge are absent (they stay zero). Only
-    neighbours appear unless a block is thinner than r rows."""
-    starts = [sum(shard.counts[:s]) for s in range(len(shard.counts))]
+    neighbours appear unless a block is thinner than r rows. Computed once per grid split
+    (every layer and step of a run asks for the same one)."""
+    starts = [sum(counts[:s]) for s in range(len(counts))]
 
     def needs_of(start: int, stop: int) -> dict[int, list[tuple[int, int]]]:
         out: dict[int, list[tuple[int, int]]] = {}
         for i in range(2 * r):
             g = start - r + i if i < r else stop + i - r                # global row
-            if 0 <= g < shard.h:
+            if 0 <= g < h:
                 s = max(j for j, a in enumerate(starts) if a <= g)
                 out.setdefault(s, []).append((i, g - starts[s]))
         return out
 
-    me = shard.context.rank
-    needs = needs_of(shard.start, shard.stop)             # never itself: halo rows lie outside its block
+    needs = needs_of(starts[me], starts[me] + counts[me])             # never itself: halo rows lie outside its block
     gives = {}
-    for s in range(len(shard.counts)):
+    for s in range(len(counts)):
         if s != me:
-            theirs = needs_of(starts[s], starts[s] + shard.counts[s]).get(me, [])
+            theirs = needs_of(starts[s], starts[s] + counts[s]).get(me, [])
             if theirs:
                 gives[s] = [row for _, row in theirs]
     return needs, gives
