@@ -5,33 +5,36 @@ of a step (timesteps, noise, label dropout, flips, VAE samples) comes from the g
 RNG re-seeded from ``(seed, rank, step)``, and the data order is a fixed permutation per
 epoch, so a run resumed from a checkpoint continues bit for bit (on CPU, same process
 count) where an uninterrupted run would be.
+
+Where each part lives: set-up, resume, checkpoints and the loop (``_train``) here; one
+optimizer step, the data position and the EMA in ``train_step.py``; what is logged in
+``tracking.py``; what is evaluated while training (sample grids) in ``validation.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
-import math
 import os
-import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 from . import convert
 from . import data as data_lib
 from .checkpoint import (build_objective, check_finite_weights, config_changes, list_checkpoints, open_checkpoint,
                          remove_temporaries, save_checkpoint, set_aside_newer)
 from .config import dump_yaml, to_dict
-from .generate import decode, generate
 from .grid import latent_size, vae_factor
 from .models import create_model
 from .options import MODEL_OVERRIDES, TrainConfig, default_num_workers  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
 from .options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
 from .runlock import LOCK_NAME, check_process_count, hold_lock
-from .sampling import save_grid
+from .tracking import Logger, LossWindow, exponent_log, truncate_log  # noqa: F401  (exponent_log, truncate_log: moved)
+from .train_step import EpochBatches, TrainStep, step_seed, to_model_space, update_ema
+from .validation import write_sample_grid
 
 
 def build_dataset(cfg: TrainConfig, state=None):
@@ -106,22 +109,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
-def exponent_log(layers) -> dict:
-    """The NaLa exponent statistics of the last forward: the first layer's as
-    ``nala/exponent_mean`` / ``nala/exponent_std`` / ``nala/saturated`` (as before), and the
-    saturated share and mean exponent of every layer as ``nala/layer{i}/...``."""
-    values = {}
-    for i, layer in enumerate(layers):
-        stats = getattr(layer, "last_stats", None)
-        if not stats:
-            continue
-        if not values:
-            values.update({f"nala/{k}": v for k, v in stats.items()})
-        values[f"nala/layer{i}/exponent_mean"] = stats["exponent_mean"]
-        values[f"nala/layer{i}/saturated"] = stats["saturated"]
-    return values
-
-
 def attention_path(model_config: dict, device_type: str, precision: str) -> str:
     """The attention and the code path it runs on ``device_type``: NaLa's ``impl="auto"``
     choice (``select_nala_impl``), SDPA for softmax."""
@@ -145,65 +132,6 @@ def start_line(world: int, backend: str | None, devices: str, global_batch: int,
     group = f"{world} process{'es' if world > 1 else ''}" + (f" ({backend})" if world > 1 and backend else "")
     return (f"start: {group} on {devices}, global batch {global_batch} ({micro_batch} per process, "
             f"grad-accum {grad_accum}), precision {precision}, attention {attention}")
-
-
-def step_seed(seed: int, rank: int, step: int) -> int:
-    """A distinct, reproducible RNG stream per (seed, rank, step)."""
-    return (seed * 1_000_003 + step * 4099 + rank) % (2**63)
-
-
-@torch.no_grad()
-def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
-    """``ema ← decay·ema + (1 − decay)·model`` over all parameters in one fused call."""
-    ema_params = list(ema.parameters())
-    torch._foreach_lerp_(ema_params, [p.detach().to(e.dtype) for e, p in zip(ema_params, model.parameters())],
-                         1 - decay)
-
-
-class Logger:
-    """JSON lines + TensorBoard on the main process, starting after ``step``: records of
-    later steps (written by a run that died before its next checkpoint, or by an abandoned
-    branch) are dropped, so a resumed run's log holds every step once."""
-
-    def __init__(self, run_dir: Path, enabled: bool, step: int = 0):
-        self.enabled = enabled
-        self.writer = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
-            truncate_log(run_dir / "log.jsonl", step)
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=step + 1)
-            self.file = open(run_dir / "log.jsonl", "a")
-
-    def log(self, step: int, values: dict) -> None:
-        if not self.enabled:
-            return
-        self.file.write(json.dumps({"step": step, **values}) + "\n")
-        self.file.flush()
-        for k, v in values.items():
-            if isinstance(v, (int, float)):
-                self.writer.add_scalar(k, v, step)
-
-    def close(self) -> None:
-        if self.enabled:
-            self.file.close()
-            self.writer.close()
-
-
-def truncate_log(path: Path, step: int) -> None:
-    """Keep the JSON lines of steps <= ``step`` (atomic rewrite; a torn last line is dropped)."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] <= step:
-                kept.append(line + "\n")
-        except (ValueError, KeyError, TypeError):
-            continue
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
 
 
 def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int, print=print) -> None:
@@ -278,6 +206,82 @@ def train(cfg: TrainConfig) -> Path:
                 run_dir.rmdir()
 
 
+
+def find_resume(cfg: TrainConfig, run_dir: Path, ckpt_dir: Path, accelerator) -> Path | None:
+    """The checkpoint this run continues from (``--resume``), or None for a new run; a run
+    folder that already holds checkpoints is refused without ``--resume``. Clears the
+    half-written files of killed runs (the caller holds the run folder's lock)."""
+    resume_from = None
+    if cfg.resume == "auto":
+        found = list_checkpoints(ckpt_dir)
+        resume_from = found[-1] if found else None
+    elif cfg.resume:
+        resume_from = _open_resume(cfg.resume, ckpt_dir).path
+    elif list_checkpoints(ckpt_dir):
+        raise FileExistsError(
+            f"{run_dir} already holds checkpoints; pass --resume auto to continue it, "
+            f"or choose another --exp-name / --results-dir"
+        )
+    if accelerator.is_main_process:  # half-written files of killed runs (we hold the lock)
+        remove_temporaries(run_dir)
+        remove_temporaries(ckpt_dir)
+    return resume_from
+
+
+def build_run_model(cfg: TrainConfig, dataset, channels: int, side: int, resume_from: Path | None, print=print):
+    """(model, what ``--init-from`` did or None): a resumed run keeps its checkpoint's base
+    grid and records the run's real source; a new run may start from ``--init-from``."""
+    model = build_model(cfg, dataset.num_classes, channels, side)
+    init_report = None
+    if resume_from is not None:
+        resumed = open_checkpoint(resume_from)
+        if base := resumed.model_config.get("base_size"):
+            model.rebase(base)  # a run fine-tuned up the ladder keeps its source's base grid
+        recorded = resumed.config.get("init-from")
+        if cfg.init_from and cfg.init_from != recorded:
+            # A resume continues the checkpoint's weights: say so, and keep recording the run's real source.
+            print(f"resume: --init-from {cfg.init_from} is ignored: the run continues from {resumed.path} "
+                  f"(it started from {recorded or 'random weights'}); drop --init-from, or start a new "
+                  f"run (another --exp-name) to initialise from it")
+            cfg.init_from = recorded
+    elif cfg.init_from:
+        init_report = convert.init_from(cfg.init_from, model, cfg.model, cfg.inherit, to_dict(cfg))
+        print(init_report.table())
+    return model, init_report
+
+
+def resume_run(resume_from: Path, cfg: TrainConfig, accelerator, model, ema, optimizer, world: int,
+               micro_batch: int, ckpt_dir: Path) -> tuple[int, int, int]:
+    """Restore the checkpoint into this run; (step, epoch, data position) to continue at.
+    A rollback sets this run's later checkpoints aside."""
+    ckpt = open_checkpoint(resume_from)
+    restore(ckpt, cfg, model, ema, optimizer, world, accelerator.process_index, accelerator.print)
+    step, epoch, position = ckpt.step, ckpt.state["epoch"], resumed_position(ckpt, micro_batch, accelerator.print)
+    accelerator.print(f"resumed from {ckpt.path} at step {step}")
+    if accelerator.is_main_process:
+        # A rollback: this run's later checkpoints belong to the abandoned branch.
+        aside = set_aside_newer(ckpt_dir, step)
+        if aside is not None:
+            accelerator.print(f"rolled back to step {step}: moved this run's later checkpoints to {aside}")
+    accelerator.wait_for_everyone()
+    return step, epoch, position
+
+
+def checkpoint(accelerator, cfg: TrainConfig, ckpt_dir: Path, step: int, batches: EpochBatches, world: int,
+               model, ema, optimizer) -> None:
+    """Save step ``step`` (weights, EMA, optimizer, data position, every rank's RNG state),
+    after checking the weights are finite."""
+    check_finite_weights(ckpt_dir, step, model=model, ema=ema)
+    rng_states = accelerator.gather(torch.get_rng_state().to(accelerator.device).unsqueeze(0)).cpu()
+    if accelerator.is_main_process:
+        state = dict(step=step, epoch=batches.epoch, position=batches.position, world_size=world,
+                     config=to_dict(cfg), model_config=dict(model.config))
+        path = save_checkpoint(ckpt_dir, model=model, ema=ema, optimizer=optimizer, state=state,
+                               rng_states=list(rng_states), keep_last=cfg.keep_last)
+        accelerator.print(f"saved checkpoint {path}")
+    accelerator.wait_for_everyone()
+
+
 def _train(cfg: TrainConfig, accelerator) -> Path:
     from accelerate.utils import set_seed
 
@@ -285,11 +289,12 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
 
     from .context_parallel import ContextParallel, enable, row_split
 
+    # --- set-up: processes, data, model, objective, optimizer ---
     # Context parallel: the P processes of a group hold the same samples (one data rank), so
     # data order, RNG streams and the batch split follow the data rank; each process runs
     # its rows of the token grid (nala_dit/context_parallel.py).
     context = ContextParallel.from_world(cfg.context_parallel)
-    process, processes = accelerator.process_index, accelerator.num_processes
+    processes = accelerator.num_processes
     rank, world = context.data_rank, context.data_size
     device = accelerator.device
     set_seed(cfg.seed + rank)
@@ -305,20 +310,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
 
     run_dir = cfg.run_dir()
     ckpt_dir = run_dir / "checkpoints"
-    resume_from = None
-    if cfg.resume == "auto":
-        found = list_checkpoints(ckpt_dir)
-        resume_from = found[-1] if found else None
-    elif cfg.resume:
-        resume_from = _open_resume(cfg.resume, ckpt_dir).path
-    elif list_checkpoints(ckpt_dir):
-        raise FileExistsError(
-            f"{run_dir} already holds checkpoints; pass --resume auto to continue it, "
-            f"or choose another --exp-name / --results-dir"
-        )
-    if accelerator.is_main_process:  # half-written files of killed runs (we hold the lock)
-        remove_temporaries(run_dir)
-        remove_temporaries(ckpt_dir)
+    resume_from = find_resume(cfg, run_dir, ckpt_dir, accelerator)
 
     dataset = build_dataset(cfg, accelerator)
     vae, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
@@ -327,22 +319,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         if isinstance(dataset, data_lib.LatentDataset):
             scaling = dataset.scaling_factor
     channels, side = model_space(dataset, vae, int(cfg.model.rsplit("/", 1)[1]))
-    model = build_model(cfg, dataset.num_classes, channels, side)
-    init_report = None
-    if resume_from is not None:
-        resumed = open_checkpoint(resume_from)
-        if base := resumed.model_config.get("base_size"):
-            model.rebase(base)  # a run fine-tuned up the ladder keeps its source's base grid
-        recorded = resumed.config.get("init-from")
-        if cfg.init_from and cfg.init_from != recorded:
-            # A resume continues the checkpoint's weights: say so, and keep recording the run's real source.
-            accelerator.print(f"resume: --init-from {cfg.init_from} is ignored: the run continues from {resumed.path} "
-                              f"(it started from {recorded or 'random weights'}); drop --init-from, or start a new "
-                              f"run (another --exp-name) to initialise from it")
-            cfg.init_from = recorded
-    elif cfg.init_from:
-        init_report = convert.init_from(cfg.init_from, model, cfg.model, cfg.inherit, to_dict(cfg))
-        accelerator.print(init_report.table())
+    model, init_report = build_run_model(cfg, dataset, channels, side, resume_from, accelerator.print)
     row_split(side // model.patch_size, cfg.context_parallel)     # P > the grid's rows: refused now
     objective = build_objective(dict(model.config), to_dict(cfg))
     distiller = None
@@ -360,18 +337,11 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
                           f"token rows split as {row_split(side // model.patch_size, cfg.context_parallel)}), "
                           f"{world} data-parallel group{'s' if world > 1 else ''} of {micro_batch} images")
 
+    # --- resume ---
     step, epoch, position = 0, 0, 0
     if resume_from is not None:
-        ckpt = open_checkpoint(resume_from)
-        restore(ckpt, cfg, model, ema, optimizer, world, process, accelerator.print)
-        step, epoch, position = ckpt.step, ckpt.state["epoch"], resumed_position(ckpt, micro_batch, accelerator.print)
-        accelerator.print(f"resumed from {ckpt.path} at step {step}")
-        if accelerator.is_main_process:
-            # A rollback: this run's later checkpoints belong to the abandoned branch.
-            aside = set_aside_newer(ckpt_dir, step)
-            if aside is not None:
-                accelerator.print(f"rolled back to step {step}: moved this run's later checkpoints to {aside}")
-        accelerator.wait_for_everyone()
+        step, epoch, position = resume_run(resume_from, cfg, accelerator, model, ema, optimizer, world, micro_batch,
+                                           ckpt_dir)
 
     if cfg.grad_checkpointing:
         model.gradient_checkpointing = True
@@ -388,161 +358,48 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
 
     workers = cfg.num_workers if cfg.num_workers is not None else \
         default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
-
-    def loader_for(epoch: int, start: int):
-        sampler = data_lib.EpochSampler(len(dataset), rank, world, cfg.seed, epoch, start)
-        return iter(DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True,
-                               num_workers=workers, persistent_workers=False))
-
-    batches_per_epoch = math.ceil(len(dataset) / world) // micro_batch
-    if batches_per_epoch < 1:
-        raise ValueError(f"the data ({len(dataset)} items) is smaller than one micro-batch of {micro_batch} per process")
-    batches = loader_for(epoch, position * micro_batch)
-
-    def next_batch():
-        nonlocal batches, epoch, position
-        if position >= batches_per_epoch:
-            epoch, position = epoch + 1, 0
-            batches = loader_for(epoch, 0)
-        x, y = next(batches)
-        position += 1
-        return x.to(device), y.to(device)
-
-    def to_model_space(x):
-        if isinstance(dataset, data_lib.LatentDataset):
-            return data_lib.sample_latents(x, scaling, flip=cfg.flip)
-        if cfg.flip:
-            x = data_lib.random_flip(x)
-        if vae is not None:
-            with torch.no_grad():
-                x = vae.encode(x.to(vae.dtype)).latent_dist.sample().float() * scaling
-        return x
-
-    def loss_fn(x, y):
-        """(loss, its terms [L_simple, distillation, variance distillation]) of one micro-batch."""
-        fn = distiller.watch(train_model) if distiller else train_model
-        if model.config.objective == "diffusion":
-            t = objective.sample_timesteps(x.shape[0], device)
-            loss = objective.training_losses(fn, x, t, y)["loss"].mean()
-        else:
-            loss = objective.training_losses(fn, x, y)["loss"].mean()
-        if distiller is None:
-            return loss, loss.detach().reshape(1)
-        extra, terms = distiller.terms()
-        return loss + extra, torch.cat([loss.detach().reshape(1), terms])
+    batches = EpochBatches(dataset, rank, world, cfg.seed, micro_batch, workers, device, epoch, position)
+    train_step = TrainStep(cfg, accelerator, model, train_model, optimizer, objective, distiller, batches,
+                           functools.partial(to_model_space, dataset=dataset, vae=vae, scaling=scaling, flip=cfg.flip))
 
     grid_noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
     grid_labels = (torch.arange(16) % dataset.num_classes).to(device)
     if step == 0:
         update_ema(ema, model, 0.0)  # EMA starts as a copy of the model (DiT)
 
-    def checkpoint():
-        check_finite_weights(ckpt_dir, step, model=model, ema=ema)
-        rng_states = accelerator.gather(torch.get_rng_state().to(device).unsqueeze(0)).cpu()
-        if accelerator.is_main_process:
-            state = dict(step=step, epoch=epoch, position=position, world_size=world,
-                         config=to_dict(cfg), model_config=dict(model.config))
-            path = save_checkpoint(ckpt_dir, model=model, ema=ema, optimizer=optimizer, state=state,
-                                   rng_states=list(rng_states), keep_last=cfg.keep_last)
-            accelerator.print(f"saved checkpoint {path}")
-        accelerator.wait_for_everyone()
-
     # NaLa layers record their exponent statistics on log steps only (a norm per layer).
     stat_layers = [b.attn for b in model.blocks if hasattr(b.attn, "record_stats")]
     progress = progress_bar(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
                             desc=f"train {cfg.model}", unit="step")
-    # Losses stay on the device between log steps: no host sync in the step itself. A
-    # non-finite loss is remembered by step and checked (across ranks) at every log step
-    # and before every checkpoint, so no NaN weights are ever saved.
-    window_loss = torch.zeros((), device=device)
-    window_terms = torch.zeros(3 if distiller else 1, device=device)
-    first_bad = torch.full((), -1, dtype=torch.long, device=device)
-    window_steps, window_start = 0, time.perf_counter()
+    window = LossWindow(accelerator, 3 if distiller else 1, start_step=step)
 
-    def check_finite():
-        bad = accelerator.gather(first_bad.unsqueeze(0))
-        bad = bad[bad >= 0]
-        if len(bad):
-            progress.close()
-            last = list_checkpoints(ckpt_dir)
-            if int(bad.min()) == start_step + 1:  # no update had run yet: what the run started from is bad
-                raise FloatingPointError(
-                    f"non-finite loss at step {int(bad.min())}, the first of this run, before any update: the weights "
-                    f"it started from (--resume / --init-from), or the data, hold NaN or inf; not the learning rate. "
-                    f"Stopping without saving; check those files")
-            raise FloatingPointError(
-                f"non-finite loss at step {int(bad.min())}; stopping without saving. Last good checkpoint: "
-                f"{last[-1] if last else 'none'}. Try a lower --lr, --max-grad-norm 1, or --mixed-precision no."
-            )
-
+    # --- the loop: step, EMA, log, sample grid, checkpoint ---
     train_model.train()
-    start_step = step
     while step < cfg.max_steps:
         torch.manual_seed(step_seed(cfg.seed, rank, step))
         log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps
         for layer in stat_layers:
             layer.record_stats = log_now
-        local = torch.zeros((), device=device)
-        for micro in range(cfg.grad_accum):
-            x, y = next_batch()
-            x = to_model_space(x)
-            # Gradients are all-reduced only on the last micro-batch.
-            sync = micro == cfg.grad_accum - 1
-            with accelerator.no_sync(train_model) if not sync else contextlib.nullcontext():
-                with accelerator.autocast():
-                    loss, terms = loss_fn(x, y)
-                accelerator.backward(loss / cfg.grad_accum)
-            local += loss.detach().float() / cfg.grad_accum
-            window_terms += terms.float() / cfg.grad_accum
-        if cfg.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(train_model.parameters(), cfg.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss, terms = train_step()
         update_ema(ema, model, cfg.ema_decay)
         step += 1
-        first_bad = torch.where((first_bad < 0) & ~torch.isfinite(local), step, first_bad)
-        window_loss += local
-        window_steps += 1
+        window.add(step, loss, terms)
         if log_now:
-            check_finite()
-            per_rank = accelerator.gather((window_loss / window_steps).unsqueeze(0)).cpu()
-            elapsed = time.perf_counter() - window_start
-            values = dict(loss=per_rank.mean().item(), loss_per_rank=per_rank.tolist(),
-                          steps_per_sec=window_steps / elapsed,
-                          images_per_sec=window_steps * cfg.global_batch_size / elapsed)
-            values.update(exponent_log(stat_layers))
-            if distiller:
-                terms = accelerator.gather((window_terms / window_steps).unsqueeze(0)).mean(0).tolist()
-                values.update(loss_simple=terms[0], loss_distill=terms[1], loss_distill_sigma=terms[2])
+            window.check_finite(ckpt_dir, progress)
+            values = window.values(cfg.global_batch_size, stat_layers, distiller is not None)
             logger.log(step, values)
             progress.set_postfix(loss=f"{values['loss']:.4f}", img_s=f"{values['images_per_sec']:.1f}")
-            window_loss.zero_()
-            window_terms.zero_()
-            window_steps, window_start = 0, time.perf_counter()
+            window.reset()
         progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
         if cfg.sample_every > 0 and step % cfg.sample_every == 0:
-            check_finite()  # every rank: a diverged run stops with its own message, not with NaN samples
+            window.check_finite(ckpt_dir, progress)  # every rank: a diverged run stops with its own message
             if accelerator.is_main_process:
                 write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
                                   cfg, vae, scaling, nrow=min(dataset.num_classes, 8))
         if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
-            check_finite()
-            checkpoint()
+            window.check_finite(ckpt_dir, progress)
+            checkpoint(accelerator, cfg, ckpt_dir, step, batches, world, model, ema, optimizer)
     progress.close()
     logger.close()
     accelerator.end_training()
     return run_dir
-
-
-def write_sample_grid(model, objective, noise, labels, path: Path, cfg: TrainConfig, vae, scaling,
-                      nrow: int = 8) -> None:
-    """EMA samples as a PNG grid (fixed noise and labels, so grids are comparable)."""
-    was_training = model.training
-    model.eval()
-    gen = torch.Generator(noise.device).manual_seed(cfg.seed)
-    # DDIM / Heun by default: a grid is a progress check, 250 DDPM steps would dominate the step time.
-    sampler = cfg.sample_sampler or ("ddim" if model.config.objective == "diffusion" else "ode-heun")
-    out = generate(model, objective, noise, labels, sampler=sampler, num_steps=cfg.sample_steps,
-                   cfg_scale=cfg.sample_cfg_scale, generator=gen)
-    save_grid(data_lib.to_uint8(decode(out.samples, vae, scaling)), path, nrow=nrow)
-    model.train(was_training)

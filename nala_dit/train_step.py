@@ -1,0 +1,121 @@
+"""One optimizer step of ``train.py``: the data position, the batch into model space, the
+loss over ``grad_accum`` micro-batches, the optimizer update, and the EMA.
+
+Every random draw of a step (timesteps, noise, label dropout, flips, VAE samples) comes
+from the global RNG, which the loop (``training.py``) re-seeds from ``step_seed(seed,
+rank, step)`` before calling ``TrainStep``; the data order is a fixed permutation per epoch
+(``EpochBatches``), so a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch.utils.data import DataLoader
+
+from . import data as data_lib
+
+
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """A distinct, reproducible RNG stream per (seed, rank, step)."""
+    return (seed * 1_000_003 + step * 4099 + rank) % (2**63)
+
+
+@torch.no_grad()
+def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
+    """``ema ← decay·ema + (1 − decay)·model`` over all parameters in one fused call."""
+    ema_params = list(ema.parameters())
+    torch._foreach_lerp_(ema_params, [p.detach().to(e.dtype) for e, p in zip(ema_params, model.parameters())],
+                         1 - decay)
+
+
+class EpochBatches:
+    """This process's micro-batches, epoch after epoch, from (``epoch``, ``position``):
+    ``position`` micro-batches into the epoch, the state a checkpoint stores."""
+
+    def __init__(self, dataset, rank: int, world: int, seed: int, micro_batch: int, workers: int, device,
+                 epoch: int = 0, position: int = 0):
+        self.dataset, self.rank, self.world, self.seed = dataset, rank, world, seed
+        self.micro_batch, self.workers, self.device = micro_batch, workers, device
+        self.per_epoch = math.ceil(len(dataset) / world) // micro_batch
+        if self.per_epoch < 1:
+            raise ValueError(f"the data ({len(dataset)} items) is smaller than one micro-batch of {micro_batch} "
+                             f"per process")
+        self.epoch, self.position = epoch, position
+        self.batches = self._loader(epoch, position * micro_batch)
+
+    def _loader(self, epoch: int, start: int):
+        sampler = data_lib.EpochSampler(len(self.dataset), self.rank, self.world, self.seed, epoch, start)
+        return iter(DataLoader(self.dataset, batch_size=self.micro_batch, sampler=sampler, drop_last=True,
+                               num_workers=self.workers, persistent_workers=False))
+
+    def next(self):
+        if self.position >= self.per_epoch:
+            self.epoch, self.position = self.epoch + 1, 0
+            self.batches = self._loader(self.epoch, 0)
+        x, y = next(self.batches)
+        self.position += 1
+        return x.to(self.device), y.to(self.device)
+
+
+def to_model_space(x, dataset, vae, scaling: float, flip: bool):
+    """A data batch as the model sees it: cached latents sampled from their moments and
+    scaled, or images flipped and (with a VAE) encoded and scaled; pixels as they are."""
+    if isinstance(dataset, data_lib.LatentDataset):
+        return data_lib.sample_latents(x, scaling, flip=flip)
+    if flip:
+        x = data_lib.random_flip(x)
+    if vae is not None:
+        with torch.no_grad():
+            x = vae.encode(x.to(vae.dtype)).latent_dist.sample().float() * scaling
+    return x
+
+
+class TrainStep:
+    """Forward and backward of ``grad_accum`` micro-batches, clipping and the optimizer
+    update (the EMA follows in the loop). Returns the step's loss and each micro-batch's
+    share of its terms, on the device (no host sync). ``to_model`` brings a data batch to
+    model space (``to_model_space`` with the run's data, VAE and scale)."""
+
+    def __init__(self, cfg, accelerator, model, train_model, optimizer, objective, distiller, batches: EpochBatches,
+                 to_model):
+        self.cfg, self.accelerator = cfg, accelerator
+        self.model, self.train_model, self.optimizer = model, train_model, optimizer
+        self.objective, self.distiller, self.batches = objective, distiller, batches
+        self.to_model = to_model
+
+    def loss(self, x, y):
+        """(loss, its terms [L_simple, distillation, variance distillation]) of one micro-batch."""
+        fn = self.distiller.watch(self.train_model) if self.distiller else self.train_model
+        if self.model.config.objective == "diffusion":
+            t = self.objective.sample_timesteps(x.shape[0], x.device)
+            loss = self.objective.training_losses(fn, x, t, y)["loss"].mean()
+        else:
+            loss = self.objective.training_losses(fn, x, y)["loss"].mean()
+        if self.distiller is None:
+            return loss, loss.detach().reshape(1)
+        extra, terms = self.distiller.terms()
+        return loss + extra, torch.cat([loss.detach().reshape(1), terms])
+
+    def __call__(self):
+        cfg, accelerator = self.cfg, self.accelerator
+        local = torch.zeros((), device=accelerator.device)
+        parts = []
+        for micro in range(cfg.grad_accum):
+            x, y = self.batches.next()
+            x = self.to_model(x)
+            # Gradients are all-reduced only on the last micro-batch.
+            sync = micro == cfg.grad_accum - 1
+            with accelerator.no_sync(self.train_model) if not sync else contextlib.nullcontext():
+                with accelerator.autocast():
+                    loss, terms = self.loss(x, y)
+                accelerator.backward(loss / cfg.grad_accum)
+            local += loss.detach().float() / cfg.grad_accum
+            parts.append(terms.float() / cfg.grad_accum)
+        if cfg.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(self.train_model.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return local, parts
