@@ -27,6 +27,7 @@ from .checkpoint import (build_objective, check_finite_weights, config_changes, 
 from .config import dump_yaml, to_dict
 from .generate import decode, generate
 from .grid import latent_size, vae_factor
+from .latent_norm import agreed_norm, recorded_norm, run_norm, source_norm
 from .models import create_model
 from .options import MODEL_OVERRIDES, TrainConfig, default_num_workers  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
 from .options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
@@ -326,6 +327,8 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         vae, scaling = data_lib.load_vae(cfg.vae, device)
         if isinstance(dataset, data_lib.LatentDataset):
             scaling = dataset.scaling_factor
+    norm = run_norm(cfg.latent_norm, dataset, vae, scaling, cfg.vae)  # latents → model space (None: pixels)
+    keep_norm = "latent-norm" in {k.strip() for k in (cfg.allow_changes or "").split(",")}
     channels, side = model_space(dataset, vae, int(cfg.model.rsplit("/", 1)[1]))
     model = build_model(cfg, dataset.num_classes, channels, side)
     init_report = None
@@ -343,6 +346,8 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     elif cfg.init_from:
         init_report = convert.init_from(cfg.init_from, model, cfg.model, cfg.inherit, to_dict(cfg))
         accelerator.print(init_report.table())
+        norm = agreed_norm(norm, source_norm(cfg.init_from), f"--init-from {cfg.init_from}", cfg.data, keep_norm,
+                           accelerator.print)
     row_split(side // model.patch_size, cfg.context_parallel)     # P > the grid's rows: refused now
     objective = build_objective(dict(model.config), to_dict(cfg))
     distiller = None
@@ -364,6 +369,8 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     if resume_from is not None:
         ckpt = open_checkpoint(resume_from)
         restore(ckpt, cfg, model, ema, optimizer, world, process, accelerator.print)
+        norm = agreed_norm(norm, recorded_norm(ckpt.state), f"checkpoint {ckpt.path}", cfg.data, keep_norm,
+                           accelerator.print)
         step, epoch, position = ckpt.step, ckpt.state["epoch"], resumed_position(ckpt, micro_batch, accelerator.print)
         accelerator.print(f"resumed from {ckpt.path} at step {step}")
         if accelerator.is_main_process:
@@ -410,12 +417,12 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
 
     def to_model_space(x):
         if isinstance(dataset, data_lib.LatentDataset):
-            return data_lib.sample_latents(x, scaling, flip=cfg.flip)
+            return data_lib.sample_latents(x, norm, flip=cfg.flip)
         if cfg.flip:
             x = data_lib.random_flip(x)
         if vae is not None:
             with torch.no_grad():
-                x = vae.encode(x.to(vae.dtype)).latent_dist.sample().float() * scaling
+                x = norm.normalize(vae.encode(x.to(vae.dtype)).latent_dist.sample().float())
         return x
 
     def loss_fn(x, y):
@@ -441,7 +448,8 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         rng_states = accelerator.gather(torch.get_rng_state().to(device).unsqueeze(0)).cpu()
         if accelerator.is_main_process:
             state = dict(step=step, epoch=epoch, position=position, world_size=world,
-                         config=to_dict(cfg), model_config=dict(model.config))
+                         config=to_dict(cfg), model_config=dict(model.config),
+                         latent_norm=norm.to_dict() if norm is not None else None)
             path = save_checkpoint(ckpt_dir, model=model, ema=ema, optimizer=optimizer, state=state,
                                    rng_states=list(rng_states), keep_last=cfg.keep_last)
             accelerator.print(f"saved checkpoint {path}")
@@ -524,7 +532,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             check_finite()  # every rank: a diverged run stops with its own message, not with NaN samples
             if accelerator.is_main_process:
                 write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
-                                  cfg, vae, scaling, nrow=min(dataset.num_classes, 8))
+                                  cfg, vae, norm, nrow=min(dataset.num_classes, 8))
         if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
             check_finite()
             checkpoint()
@@ -536,7 +544,8 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
 
 def write_sample_grid(model, objective, noise, labels, path: Path, cfg: TrainConfig, vae, scaling,
                       nrow: int = 8) -> None:
-    """EMA samples as a PNG grid (fixed noise and labels, so grids are comparable)."""
+    """EMA samples as a PNG grid (fixed noise and labels, so grids are comparable);
+    ``scaling``: the run's ``LatentNorm`` (or a factor), undone before decoding."""
     was_training = model.training
     model.eval()
     gen = torch.Generator(noise.device).manual_seed(cfg.seed)
