@@ -157,6 +157,12 @@ def test_channel_norm_travels_with_checkpoint_and_mismatches_are_refused(caches,
         f"error: checkpoint {ckpt} was trained on latents normalised otherwise than {caches['b']} gives (channel {c} "
         f"{what} {a:.6g} vs {b:.6g}; the model's vs this run's): train on the latents it was trained on, or pass "
         f"--allow-changes latent-norm to keep its normalisation for this data")
+    # deliberately: the new data in the checkpoint's normalisation
+    assert latent_run(tmp_path, caches["b"], caches["vae"], "--max-steps", "2", "--resume", "auto",
+                      "--allow-changes", "latent-norm") == 0
+    assert f"latent norm: keeping checkpoint {ckpt}'s {norm_a.describe()} for {caches['b']}" in capsys.readouterr().out
+    state = json.loads((tmp_path / "run" / "checkpoints" / "0000002" / "state.json").read_text())
+    assert state["latent_norm"] == norm_a.to_dict()
     # --init-from with another cache, and with the scalar norm: the same refusal
     assert latent_run(tmp_path, caches["b"], caches["vae"], "--max-steps", "1", "--init-from", str(tmp_path / "run"),
                       name="init") == 1
@@ -195,3 +201,27 @@ def test_channel_norm_needs_a_cache_with_statistics(caches, tmp_path, capsys):
     assert capsys.readouterr().err.splitlines()[1].endswith(
         "error: --latent-norm channel normalises VAE latents, but this run is in pixel space (no --vae): drop it, or "
         "train on a latent folder from extract_latents.py with its --vae")
+
+
+def test_damaged_statistics_are_one_line_errors(caches, tmp_path):
+    from nala_dit.data import LatentDataset
+
+    meta = json.loads((caches["a"] / "meta.json").read_text())
+    folder = tmp_path / "lat"
+    folder.mkdir()
+    for name in meta["shards"]:
+        shutil.copy(caches["a"] / name, folder / name)
+    (folder / "meta.json").write_text(json.dumps({**meta, "latent_stats": {"mean": [0.0] * 3, "std": [1.0] * 4}}))
+    with pytest.raises(ValueError) as err:
+        LatentDataset(folder)
+    assert str(err.value) == (
+        f"{folder / 'meta.json'}: 'latent_stats' must hold 'mean' and 'std', 4 finite numbers each, got "
+        f"{{'mean': [0.0, 0.0, 0.0], 'std': [1.0, 1.0, 1.0, 1.0]}}; rerun extract_latents.py with the same flags "
+        f"(finished shards are kept)")
+    with pytest.raises(ValueError) as err:
+        LatentNorm.channel([0.0, 1.0], [1.0, 0.0])
+    assert str(err.value) == ("channel latent norm: the std of channel 1 is 0.0, not positive: that channel is "
+                              "constant over the cache; use --latent-norm scalar")
+    with pytest.raises(ValueError) as err:
+        LatentNorm.from_dict({"mode": "channel", "mean": [0.0], "std": "x"}, "state.json 'latent_norm'")
+    assert str(err.value).startswith("state.json 'latent_norm': channel latent norm: mean and std must be lists")
