@@ -135,7 +135,8 @@ def latent_run(tmp_path, cache, vae, *extra, name="run"):
 
 
 def test_channel_norm_travels_with_checkpoint_and_mismatches_are_refused(caches, tmp_path, capsys):
-    from nala_dit.pipeline import pipeline_from_checkpoint
+    from export import main as export_main
+    from nala_dit.pipeline import load_pipeline
     from nala_dit.sources import load_source
 
     stats_a, stats_b = (json.loads((caches[k] / "meta.json").read_text())["latent_stats"] for k in "ab")
@@ -144,8 +145,11 @@ def test_channel_norm_travels_with_checkpoint_and_mismatches_are_refused(caches,
     state = json.loads((tmp_path / "run" / "checkpoints" / "0000001" / "state.json").read_text())
     assert state["latent_norm"] == norm_a.to_dict() and state["config"]["latent-norm"] == "channel"
     assert load_source(tmp_path / "run").latent_norm == norm_a
-    assert pipeline_from_checkpoint(tmp_path / "run").latent_norm == norm_a
     capsys.readouterr()
+    assert export_main(["checkpoint", str(tmp_path / "run"), str(tmp_path / "exported")]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"latents normalised {norm_a.describe()}")
+    assert load_pipeline(tmp_path / "exported").latent_norm == norm_a
+    capsys.readouterr()  # diffusers' loading bar
 
     # resume on another cache: its statistics are not the checkpoint's
     gaps = [(abs(a - b), i, "mean", a, b) for i, (a, b) in enumerate(zip(stats_a["mean"], stats_b["mean"]))]
