@@ -219,6 +219,17 @@ def recorded_norm(state: dict, train_config: dict | None = None) -> LatentNorm |
     return None
 
 
+def checkpoint_norm(ckpt) -> LatentNorm | None:
+    """``recorded_norm`` of a ``checkpoint.Checkpoint``; a damaged entry is a one-line error
+    naming its ``state.json``."""
+    from .checkpoint import CheckpointError
+
+    try:
+        return recorded_norm(ckpt.state)
+    except ValueError as err:
+        raise CheckpointError(f"{ckpt.path / 'state.json'}: {err}") from None
+
+
 def source_norm(path: str | os.PathLike) -> LatentNorm | None:
     """What an ``--init-from`` source was trained with: a checkpoint or run folder's
     ``state.json``, a pipeline folder's ``model_index.json``, or, for a published ``.pt``,
@@ -236,11 +247,7 @@ def source_norm(path: str | os.PathLike) -> LatentNorm | None:
         if config.get("scaling_factor") is not None:
             return LatentNorm.scalar(config["scaling_factor"])
         return None
-    ckpt = open_checkpoint(p)
-    norm = recorded_norm(ckpt.state)
-    if norm is None and ckpt.config.get("vae"):
-        return None  # an old checkpoint whose cache is gone: the VAE's factor, not known without loading it
-    return norm
+    return checkpoint_norm(open_checkpoint(p))  # None: pixel space, or an old run whose cache is gone
 
 
 # ------------------------------------------------------------------ a training run's normalisation

@@ -434,7 +434,8 @@ def pipeline_from_checkpoint(path: str | os.PathLike, weights: str = "ema", vae:
     """A pipeline from a training checkpoint: its EMA (default) weights, the β schedule or
     transport settings it was trained with, class names and the VAE (copied or referenced)."""
     from .checkpoint import load_model
-    from .sources import checkpoint_norm, default_id2label
+    from .latent_norm import checkpoint_norm
+    from .sources import default_id2label
 
     model, ckpt = load_model(path, weights)
     vae_path = vae or ckpt.config.get("vae")

@@ -23,7 +23,7 @@ import torch
 from .checkpoint import CheckpointError, build_objective, load_model, torch_load_tensors
 from .cli import did_you_mean
 from .guards import assert_no_meta, non_finite, refuse_non_finite  # noqa: F401  (assert_no_meta re-exported)
-from .latent_norm import LatentNorm, recorded_norm
+from .latent_norm import LatentNorm, checkpoint_norm
 from .model_files import load_transformer
 from .models import DiT
 
@@ -79,14 +79,6 @@ def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None =
     return Source(model, build_objective(ckpt.model_config, ckpt.config), vae_model, scaling,
                   default_id2label(ckpt.config, model.config.num_classes), info, norm)
 
-
-def checkpoint_norm(ckpt) -> LatentNorm | None:
-    """The latent normalisation a checkpoint was trained with (its ``state.json``), as a
-    one-line error naming the file when the entry is damaged; None: the VAE's factor."""
-    try:
-        return recorded_norm(ckpt.state)
-    except ValueError as err:
-        raise CheckpointError(f"{ckpt.path / 'state.json'}: {err}") from None
 
 
 def read_pipeline_index(path: str | os.PathLike) -> dict:

@@ -27,7 +27,7 @@ from .checkpoint import (build_objective, check_finite_weights, config_changes, 
 from .config import dump_yaml, to_dict
 from .generate import decode, generate
 from .grid import latent_size, vae_factor
-from .latent_norm import agreed_norm, recorded_norm, run_norm, source_norm
+from .latent_norm import agreed_norm, checkpoint_norm, run_norm, source_norm
 from .models import create_model
 from .options import MODEL_OVERRIDES, TrainConfig, default_num_workers  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
 from .options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
@@ -346,8 +346,9 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     elif cfg.init_from:
         init_report = convert.init_from(cfg.init_from, model, cfg.model, cfg.inherit, to_dict(cfg))
         accelerator.print(init_report.table())
-        norm = agreed_norm(norm, source_norm(cfg.init_from), f"--init-from {cfg.init_from}", cfg.data, keep_norm,
-                           accelerator.print)
+        if norm is not None:  # a latent run: the source's latents must be this run's
+            norm = agreed_norm(norm, source_norm(cfg.init_from), f"--init-from {cfg.init_from}", cfg.data, keep_norm,
+                               accelerator.print)
     row_split(side // model.patch_size, cfg.context_parallel)     # P > the grid's rows: refused now
     objective = build_objective(dict(model.config), to_dict(cfg))
     distiller = None
@@ -369,7 +370,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     if resume_from is not None:
         ckpt = open_checkpoint(resume_from)
         restore(ckpt, cfg, model, ema, optimizer, world, process, accelerator.print)
-        norm = agreed_norm(norm, recorded_norm(ckpt.state), f"checkpoint {ckpt.path}", cfg.data, keep_norm,
+        norm = agreed_norm(norm, checkpoint_norm(ckpt), f"checkpoint {ckpt.path}", cfg.data, keep_norm,
                            accelerator.print)
         step, epoch, position = ckpt.step, ckpt.state["epoch"], resumed_position(ckpt, micro_batch, accelerator.print)
         accelerator.print(f"resumed from {ckpt.path} at step {step}")

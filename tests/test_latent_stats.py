@@ -176,6 +176,14 @@ def test_channel_norm_travels_with_checkpoint_and_mismatches_are_refused(caches,
                       "--latent-norm", "scalar", name="init") == 1
     assert "(channel vs scalar; the model's vs this run's)" in capsys.readouterr().err
 
+    # a damaged entry in state.json names the file
+    state_file = tmp_path / "run" / "checkpoints" / "0000002" / "state.json"
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "latent_norm": {"mode": "chanel"}}))
+    with pytest.raises(ValueError) as err:
+        load_source(tmp_path / "run")
+    assert str(err.value) == (f"{state_file}: state.json 'latent_norm': must be an object with 'mode' one of scalar, "
+                              f"channel, got {{'mode': 'chanel'}}; the file was edited or damaged")
+
     # a cache made by another VAE
     from nala_dit.data import load_vae
     from nala_dit.latent_norm import vae_fingerprint
