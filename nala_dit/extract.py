@@ -107,18 +107,21 @@ def extract_latents(
         for k in mine:
             indices = range(k * shard_size, min((k + 1) * shard_size, len(dataset)))
             loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, num_workers=num_workers)
-            moments, labels = [], []
+            moments, labels, sums = [], [], 0
             for x, y in loader:
-                moments.append(encode_moments(vae, x.to(accelerator.device)).cpu().to(store))
+                m = encode_moments(vae, x.to(accelerator.device)).to(store)
+                # float64 sums of the stored (rounded) values, on the GPU where there is one (MPS has no
+                # float64): the statistics are those of what training reads
+                sums = sums + moment_sums(m if m.device.type == "cuda" else m.cpu()).cpu()
+                moments.append(m.cpu())
                 labels.append(y)
                 bar.update(len(y))
             moments = torch.cat(moments).contiguous()
             path = out_dir / shard_name(k)
             tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
             try:
-                # the sums of the stored (rounded) values: the statistics are those of what training reads
-                save_file({"moments": moments, "labels": torch.cat(labels).contiguous(),
-                           SUMS_KEY: moment_sums(moments)}, str(tmp))
+                save_file({"moments": moments, "labels": torch.cat(labels).contiguous(), SUMS_KEY: sums},
+                          str(tmp))
             except (OSError, SafetensorError) as err:  # disk full: safetensors raises its own error
                 tmp.unlink(missing_ok=True)
                 first = str(err).splitlines()[0] if str(err) else type(err).__name__

@@ -150,7 +150,7 @@ def difference(ours: LatentNorm, theirs: LatentNorm) -> str | None:
 def moment_sums(moments: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     """(B, 2, 2, C, h, w) stored moments → (2, C) float64: Σ μ and Σ (μ² + σ²) per channel,
     over images, both flips and positions (B · 2 · h · w values per channel)."""
-    sums = torch.zeros(2, moments.shape[3], dtype=torch.float64)
+    sums = torch.zeros(2, moments.shape[3], dtype=torch.float64, device=moments.device)
     for start in range(0, moments.shape[0], chunk):
         m = moments[start: start + chunk].to(torch.float64)
         mu, var = m[:, :, 0], m[:, :, 1].clamp(*LOGVAR_CLAMP).exp()

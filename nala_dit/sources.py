@@ -3,9 +3,9 @@ and the samplers: ``pipeline.py`` and ``sampling.py`` import this module, never 
 
 * ``load_source``: a training checkpoint (checkpoint folder, ``checkpoints/`` or run
   folder: latest checkpoint) or an exported pipeline folder → ``Source`` (model,
-  objective, VAE, scaling factor and latent normalisation, class names, provenance). A pipeline folder is read
-  from its files (``model_index.json``, ``transformer/``, ``vae/``), exactly what its
-  pipeline class holds, without building the pipeline.
+  objective, VAE, scaling factor, latent normalisation, class names, provenance). A
+  pipeline folder is read from its files (``model_index.json``, ``transformer/``,
+  ``vae/``), exactly what its pipeline class holds, without building the pipeline.
 * labels: class ids from ids or names, the class names of a training set, label files.
 * the published DiT / SiT ``.pt`` weights → our softmax ``DiT``.
 """
@@ -80,7 +80,6 @@ def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None =
                   default_id2label(ckpt.config, model.config.num_classes), info, norm)
 
 
-
 def read_pipeline_index(path: str | os.PathLike) -> dict:
     """A pipeline folder's ``model_index.json``, checked to be one of our pipelines."""
     index = Path(path) / "model_index.json"
@@ -132,16 +131,6 @@ def resolve_scaling_factor(stored: float | None, vae=None) -> float:
     if stored is not None:
         return float(stored)
     return float(getattr(getattr(vae, "config", None), "scaling_factor", None) or DEFAULT_SCALING_FACTOR)
-
-
-def latent_scaling(train_config: dict) -> float | None:
-    """The scaling factor a latent folder was written with (it overrides the VAE's)."""
-    from . import data as data_lib
-
-    meta = Path(train_config.get("data") or "") / data_lib.LATENT_META
-    if train_config.get("data") and meta.is_file():
-        return data_lib.read_latent_meta(meta.parent)["scaling_factor"]
-    return None
 
 
 # Labels.
