@@ -403,7 +403,9 @@ class TrainConfig:
     sample_steps: int = field(default=50, metadata=dict(help="sampler steps for grids"))
     sample_cfg_scale: float = field(default=1.0, metadata=dict(help="guidance scale for grids"))
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
-    allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the checkpoint")
+    allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the "
+                                     "checkpoint; 'latent-norm' (also for --init-from): train this data with the "
+                                     "model's own latent statistics")
     # conversion from a softmax model (nala_dit/convert.py, LiT's recipe)
     init_from: str | None = _opt("start from another model's (EMA) weights, at any image size: a softmax DiT/SiT "
                                  "(official .pt, run, checkpoint or pipeline folder) to convert to this model's "

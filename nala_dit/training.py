@@ -328,7 +328,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         if isinstance(dataset, data_lib.LatentDataset):
             scaling = dataset.scaling_factor
     norm = run_norm(cfg.latent_norm, dataset, vae, scaling, cfg.vae)  # latents → model space (None: pixels)
-    keep_norm = "latent-norm" in {k.strip() for k in (cfg.allow_changes or "").split(",")}
+    keep_norm = "latent-norm" in {k.strip().replace("_", "-") for k in (cfg.allow_changes or "").split(",")}
     channels, side = model_space(dataset, vae, int(cfg.model.rsplit("/", 1)[1]))
     model = build_model(cfg, dataset.num_classes, channels, side)
     init_report = None
