@@ -136,7 +136,10 @@ def latent_run(tmp_path, cache, vae, *extra, name="run"):
 
 def test_channel_norm_travels_with_checkpoint_and_mismatches_are_refused(caches, tmp_path, capsys):
     from export import main as export_main
+    from nala_dit.data import to_uint8
+    from nala_dit.generate import SampleSettings, sample_batch
     from nala_dit.pipeline import load_pipeline
+    from nala_dit.sampling import sample_images
     from nala_dit.sources import load_source
 
     stats_a, stats_b = (json.loads((caches[k] / "meta.json").read_text())["latent_stats"] for k in "ab")
@@ -145,6 +148,16 @@ def test_channel_norm_travels_with_checkpoint_and_mismatches_are_refused(caches,
     state = json.loads((tmp_path / "run" / "checkpoints" / "0000001" / "state.json").read_text())
     assert state["latent_norm"] == norm_a.to_dict() and state["config"]["latent-norm"] == "channel"
     assert load_source(tmp_path / "run").latent_norm == norm_a
+    # sample.py / evaluate_fid.py's path decodes with exactly the checkpoint's statistics
+    source = load_source(tmp_path / "run")
+    settings = SampleSettings("ddim", 2)
+    images, _ = sample_images(source, [0, 1], 0, settings, batch_size=2)
+    lat, _ = sample_batch(source.model, source.objective, torch.tensor([0, 1]), [0, 1], 0, settings,
+                          decode_output=False)
+    with torch.no_grad():
+        expected = source.vae.decode(lat * torch.tensor(stats_a["std"]).view(1, 4, 1, 1)
+                                     + torch.tensor(stats_a["mean"]).view(1, 4, 1, 1)).sample
+    assert torch.equal(images, to_uint8(expected.clamp(-1, 1)))
     capsys.readouterr()
     assert export_main(["checkpoint", str(tmp_path / "run"), str(tmp_path / "exported")]) == 0
     assert capsys.readouterr().out.strip().endswith(f"latents normalised {norm_a.describe()}")
