@@ -114,7 +114,7 @@ def _generated_batches(source, labels, seed, settings, batch_size):
             idx = list(range(start, min(start + batch_size, len(labels))))
             y = torch.tensor([labels[i] for i in idx], dtype=torch.long)
             images, _ = sample_batch(source.model, source.objective, y, idx, seed, settings,
-                                     source.vae, source.scaling_factor)
+                                     source.vae, source.latent_norm)
             bar.update(len(idx))
             yield to_uint8(images).numpy()
 

@@ -91,7 +91,8 @@ def run(args) -> int:
                             vae_path=None if args.copy_vae else vae_path,
                             source=dict(model=args.model, checkpoint=str(args.pt), weights="official"))
     write_folder(pipe, args.out_dir)
-    print(f"wrote {type(pipe).__name__} folder {args.out_dir}")
+    norm = f", latents normalised {pipe.latent_norm.describe()}" if pipe.config.latent_norm else ""
+    print(f"wrote {type(pipe).__name__} folder {args.out_dir}{norm}")
     return 0
 
 

@@ -7,8 +7,11 @@ Many GPUs (shards are split across processes; rerun the same command to resume):
     accelerate launch --multi_gpu --num_processes 8 extract_latents.py --data ... --vae ... --out ...
 Then train on them:
     accelerate launch train.py --config configs/nala_dit_s2_imagenet256.yaml --data /data/imagenet256-latents
+meta.json also holds the per-channel mean and std of the whole cache (latent_stats, exact
+however the extraction was split or resumed), which --latent-norm channel trains with.
 """
 
+import json
 import sys
 
 from nala_dit.cli import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, report_error, run_main,
@@ -46,7 +49,12 @@ def main(argv=None) -> int:
         done, total = shards_done(args.out)
         raise Interrupted(f"{done} of {total if total is not None else '?'} shards kept in {args.out}; "
                            f"run the same command to resume")
+    stats = json.loads((out / "meta.json").read_text()).get("latent_stats")
     print(f"latents in {out}")
+    if stats:
+        show = lambda v: ", ".join(f"{x:.4g}" for x in v)  # noqa: E731
+        print(f"per-channel mean [{show(stats['mean'])}], std [{show(stats['std'])}] over {stats['latents']:,} "
+              f"latents ({stats['values_per_channel']:,} values per channel)")
     return 0
 
 

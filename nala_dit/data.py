@@ -253,6 +253,16 @@ def read_latent_meta(root: str | os.PathLike) -> dict:
                              f"folder; {fix}")
     if not math.isfinite(meta["scaling_factor"]) or meta["scaling_factor"] <= 0:
         raise ValueError(f"{path}: 'scaling_factor' must be a positive number, got {meta['scaling_factor']!r}; {fix}")
+    stats = meta.get("latent_stats")
+    if stats is not None:  # written by extract_latents once every shard is there
+        channels = meta["latent_channels"]
+        good = isinstance(stats, dict) and all(
+            isinstance(stats.get(k), list) and len(stats[k]) == channels
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in stats[k])
+            for k in ("mean", "std"))
+        if not good:
+            raise ValueError(f"{path}: 'latent_stats' must hold 'mean' and 'std', {channels} finite numbers each, got "
+                             f"{stats!r:.80}; {fix}")
     return meta
 
 
@@ -289,6 +299,10 @@ class LatentDataset(Dataset):
         self.classes = self.meta["classes"]
         self.num_classes = len(self.classes)
         self.scaling_factor = self.meta["scaling_factor"]
+        # per-channel mean/std of the whole cache and the encoder's fingerprint (None: a cache written
+        # before extract_latents recorded them; rerunning it with the same flags adds them)
+        self.stats = self.meta.get("latent_stats")
+        self.vae_fingerprint = self.meta.get("vae_fingerprint")
         self.channels = self.meta["latent_channels"]
         self.image_size = self.meta["image_size"]
         self._handles: dict[int, object] = {}
@@ -316,17 +330,19 @@ def random_flip(x: torch.Tensor) -> torch.Tensor:
     return torch.where(flip[:, None, None, None], x.flip(-1), x)
 
 
-def sample_latents(moments: torch.Tensor, scaling_factor: float, flip: bool = True) -> torch.Tensor:
-    """(B, 2, 2, C, h, w) stored moments → a fresh scaled latent sample (B, C, h, w).
+def sample_latents(moments: torch.Tensor, scaling_factor, flip: bool = True) -> torch.Tensor:
+    """(B, 2, 2, C, h, w) stored moments → a fresh latent sample in model space (B, C, h, w).
 
     Picks the mirrored image's posterior with probability 1/2, then draws
-    ``z = mean + exp(logvar / 2)·ε`` (the VAE's DiagonalGaussian sample).
+    ``z = mean + exp(logvar / 2)·ε`` (the VAE's DiagonalGaussian sample), and scales it:
+    ``scaling_factor`` is a number (``z · f``) or a ``latent_norm.LatentNorm``.
     """
     b = moments.shape[0]
     which = (torch.rand(b, device=moments.device) < 0.5).long() if flip else torch.zeros(b, dtype=torch.long, device=moments.device)
     chosen = moments[torch.arange(b, device=moments.device), which]   # (B, 2, C, h, w)
     mean, logvar = chosen[:, 0], chosen[:, 1].clamp(-30.0, 20.0)
-    return (mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)) * scaling_factor
+    z = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)
+    return z * scaling_factor if isinstance(scaling_factor, (int, float)) else scaling_factor.normalize(z)
 
 
 class EpochSampler(Sampler[int]):

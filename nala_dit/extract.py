@@ -9,6 +9,13 @@ Shard ``k`` holds images ``[k·S, (k+1)·S)`` of the folder's sorted order; proc
 of ``W`` writes the shards with ``k % W == r``. A shard is written under a temporary
 name and renamed, so an interrupted extraction resumes by skipping finished shards.
 All images are opened up front; the unreadable ones are reported together.
+
+Each shard also keeps its float64 sums of μ and μ² + σ² per channel (``moment_sums``);
+once every shard is there, the first process combines them, in shard order, into the
+cache's per-channel mean and std (``meta.json`` ``latent_stats``, with the counts), so
+the statistics are exact over the whole cache however the extraction was split or
+resumed (``nala_dit/latent_norm.py``). ``meta.json`` also records the encoder's
+fingerprint (``vae_fingerprint``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Subset
 
 from .data import LATENT_META, ImageFolderDataset, check_images, load_vae
+from .latent_norm import SUMS_KEY, cache_statistics, moment_sums, vae_fingerprint
 from .options import default_num_workers
 from .runlock import check_process_count
 
@@ -73,11 +81,14 @@ def extract_latents(
         source=str(Path(data).resolve()), vae=vae_path, scaling_factor=scaling, image_size=image_size,
         latent_channels=vae.config.latent_channels, classes=dataset.classes, num_images=len(dataset),
         shard_size=shard_size, shards=[shard_name(k) for k in range(num_shards)], dtype=dtype,
+        vae_fingerprint=vae_fingerprint(vae),
     )
     meta_path = out_dir / LATENT_META
     if meta_path.is_file():
         old = json.loads(meta_path.read_text())
         changed = [k for k in ("num_images", "image_size", "shard_size", "classes", "vae", "dtype") if old.get(k) != meta[k]]
+        if old.get("vae_fingerprint", meta["vae_fingerprint"]) != meta["vae_fingerprint"]:
+            changed.append("vae_fingerprint")
         if changed:
             raise ValueError(
                 f"{out_dir} holds an extraction with different {changed}; use another --out or delete it"
@@ -85,9 +96,7 @@ def extract_latents(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = meta_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta, indent=2))
-        os.replace(tmp, meta_path)
+        write_meta(meta_path, meta)
     accelerator.wait_for_everyone()
 
     mine = [k for k in range(num_shards) if k % world == rank and not (out_dir / shard_name(k)).is_file()]
@@ -98,15 +107,20 @@ def extract_latents(
         for k in mine:
             indices = range(k * shard_size, min((k + 1) * shard_size, len(dataset)))
             loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, num_workers=num_workers)
-            moments, labels = [], []
+            moments, labels, sums = [], [], 0
             for x, y in loader:
-                moments.append(encode_moments(vae, x.to(accelerator.device)).cpu().to(store))
+                m = encode_moments(vae, x.to(accelerator.device)).to(store)
+                # float64 sums of the stored (rounded) values, on the GPU where there is one (MPS has no
+                # float64): the statistics are those of what training reads
+                sums = sums + moment_sums(m if m.device.type == "cuda" else m.cpu()).cpu()
+                moments.append(m.cpu())
                 labels.append(y)
                 bar.update(len(y))
+            moments = torch.cat(moments).contiguous()
             path = out_dir / shard_name(k)
             tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
             try:
-                save_file({"moments": torch.cat(moments).contiguous(), "labels": torch.cat(labels).contiguous()},
+                save_file({"moments": moments, "labels": torch.cat(labels).contiguous(), SUMS_KEY: sums},
                           str(tmp))
             except (OSError, SafetensorError) as err:  # disk full: safetensors raises its own error
                 tmp.unlink(missing_ok=True)
@@ -115,7 +129,17 @@ def extract_latents(
                               f"shards are kept: free space and rerun the same command to resume") from None
             os.replace(tmp, path)
     accelerator.wait_for_everyone()
+    if accelerator.is_main_process:  # every shard is there now: the statistics of the whole cache
+        meta["latent_stats"] = cache_statistics(out_dir, meta["shards"])
+        write_meta(meta_path, meta)
+    accelerator.wait_for_everyone()
     return out_dir
+
+
+def write_meta(path: Path, meta: dict) -> None:
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, path)
 
 
 def shards_done(out: str | os.PathLike) -> tuple[int, int | None]:

@@ -24,6 +24,7 @@ import torch
 
 from .diffusion import GaussianDiffusion
 from .guidance import cfg_model_fn
+from .latent_norm import denormalize
 from .options import DEFAULT_STEPS, DIFFUSION_SAMPLERS, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, TRANSPORT_SAMPLERS  # noqa: F401
 from .options import RENOISE_SAMPLERS, parse_cfg_scale
 from .samplers import SampleOutput, ddim_sample, ddpm_sample, ode_sample, sde_sample
@@ -208,6 +209,9 @@ def decode(latents: torch.Tensor, vae=None, scaling_factor: float = 0.18215, til
            tile_size: int | None = None) -> torch.Tensor:
     """Model space → pixels in [-1, 1]: the VAE decoder for latent models, identity otherwise.
 
+    ``scaling_factor``: how model space maps to the VAE's latents, a number f (``z = x / f``)
+    or the ``latent_norm.LatentNorm`` the model was trained with (per-channel statistics).
+
     ``tiling`` ("auto", "on", "off") and ``tile_size`` (image px): tiled/sliced decoding,
     see ``nala_dit.vae``; None takes the surrounding ``vae.decode_settings`` (default auto:
     tiles above 1024² px). The VAE's own settings are restored afterwards.
@@ -215,7 +219,7 @@ def decode(latents: torch.Tensor, vae=None, scaling_factor: float = 0.18215, til
     if vae is None:
         return latents.clamp(-1, 1)
     with decoding(vae, latents.shape, tiling, tile_size):
-        out = vae.decode((latents / scaling_factor).to(vae.dtype)).sample
+        out = vae.decode(denormalize(latents, scaling_factor).to(vae.dtype)).sample
     return out.float().clamp(-1, 1)
 
 

@@ -236,6 +236,10 @@ VAE_AUTO_TILING_PIXELS = 1024 * 1024
 # decode peaks at 0.75 GiB, as a 512² image does.
 VAE_TILE_PIXELS = 512
 
+# latent_norm.py: how VAE latents become the model's inputs: × the VAE's scaling factor
+# (DiT / SiT) or per channel by the latent cache's mean and std (LightningDiT).
+LATENT_NORMS = ("scalar", "channel")
+
 # metrics.py / features: evaluation inputs.
 FEATURE_CHOICES = ("inception", "digits")
 DATASETS = ("digits-train", "digits-heldout")
@@ -354,6 +358,10 @@ class TrainConfig:
                                   f"({CANVAS_SIZES[0]} if not given), image folders ({IMAGE_FOLDER_SIZE} if not given); "
                                   f"digits {DIGITS_SIZES[0]} (the scans, if not given) or {DIGITS_SIZES[1]} (upscaled 2x)")
     vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
+    latent_norm: str = field(default="scalar", metadata=dict(
+        help="latents to model space: 'scalar' (× the VAE's scaling factor, as DiT/SiT) or 'channel' (minus the "
+             "latent cache's per-channel mean, over its std; extract_latents.py computes them)",
+        choices=list(LATENT_NORMS)))
     flip: bool = field(default=True, metadata=dict(help="random horizontal flips"))
     skip_corrupt: bool = field(default=False, metadata=dict(help="skip unreadable images with a warning"))
     check_data: bool = field(default=False, metadata=dict(help="image folders: open every image before training; list the unreadable ones"))
@@ -395,7 +403,9 @@ class TrainConfig:
     sample_steps: int = field(default=50, metadata=dict(help="sampler steps for grids"))
     sample_cfg_scale: float = field(default=1.0, metadata=dict(help="guidance scale for grids"))
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
-    allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the checkpoint")
+    allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the "
+                                     "checkpoint; 'latent-norm' (also for --init-from): train this data with the "
+                                     "model's own latent statistics")
     # conversion from a softmax model (nala_dit/convert.py, LiT's recipe)
     init_from: str | None = _opt("start from another model's (EMA) weights, at any image size: a softmax DiT/SiT "
                                  "(official .pt, run, checkpoint or pipeline folder) to convert to this model's "
@@ -431,6 +441,9 @@ class TrainConfig:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         check_context_parallel(self.context_parallel)
+        if self.latent_norm == "channel" and self.vae is None:
+            raise ValueError("--latent-norm channel normalises VAE latents, but this run is in pixel space (no --vae): "
+                             "drop it, or train on a latent folder from extract_latents.py with its --vae")
         if self.norm_scale is not None:
             self.norm_scale = parse_norm_scale(self.norm_scale)
         if self.time_shift is not None:

@@ -17,7 +17,9 @@
   in the pipeline config.
 
 Both record ``id2label``, the null class id, the objective settings, the VAE scaling
-factor and where the weights came from with ``register_to_config``, so they survive
+factor, the latent normalisation (``latent_norm``: the factor or per-channel mean and std
+the transformer was trained with, ``nala_dit/latent_norm.py``; decoding undoes exactly it)
+and where the weights came from with ``register_to_config``, so they survive
 ``save_pretrained``. A VAE can also be stored by reference (``vae_path``; loaded on first
 use) instead of copied. Images come from ``nala_dit.generate.sample_batch``, exactly as
 ``sample.py`` makes them: the same seed and settings give the same pixels.
@@ -53,6 +55,7 @@ from .generate import (SampleSettings, _Precision, decode, default_sampler, gene
                        sample_batch, seed_from)
 from .grid import latent_for, parse_time_shift, vae_factor
 from .guards import check_finite_samples, check_sample_memory, refuse_non_finite
+from .latent_norm import LatentNorm
 from .model_files import check_transformer_folder
 from .models import DiT
 from .sources import assert_no_meta, read_pipeline_index, resolve_labels, resolve_scaling_factor
@@ -84,7 +87,7 @@ class _NaLaPipeline(DiffusionPipeline):
     _objective = "diffusion"
 
     def _register_settings(self, transformer, id2label, objective_config, scaling_factor, vae_path, sampler,
-                           num_inference_steps, source):
+                           num_inference_steps, source, latent_norm=None):
         if transformer.config.objective != self._objective:
             other = "NaLaSiTPipeline" if transformer.config.objective == "transport" else "NaLaDiTPipeline"
             raise ValueError(f"{type(self).__name__} needs a {self._objective} model, but this transformer is a "
@@ -111,6 +114,7 @@ class _NaLaPipeline(DiffusionPipeline):
             sampler=sampler,
             num_inference_steps=num_inference_steps,
             source=dict(source or {}),
+            latent_norm=None if latent_norm is None else LatentNorm.from_dict(dict(latent_norm)).to_dict(),
         )
         self.objective()  # fail now, not at the first call, on bad objective settings
         if sampler not in (None, "scheduler"):
@@ -154,6 +158,14 @@ class _NaLaPipeline(DiffusionPipeline):
     @property
     def scaling_factor(self) -> float:
         return resolve_scaling_factor(self.config.scaling_factor, self.vae if self.vae is not None else self._vae_cache)
+
+    @property
+    def latent_norm(self) -> LatentNorm:
+        """Model space ↔ VAE latents as the transformer was trained: the recorded per-channel
+        statistics or factor, else the scalar ``scaling_factor`` (``output_type="latent"``
+        returns model space: ``pipe.latent_norm.denormalize(latents)`` gives the VAE's)."""
+        stored = getattr(self.config, "latent_norm", None)
+        return LatentNorm.from_dict(stored) if stored is not None else LatentNorm.scalar(self.scaling_factor)
 
     def resolved_vae(self, device=None):
         """The VAE component, else the referenced one (``vae_path``, loaded once), else None."""
@@ -252,7 +264,7 @@ class _NaLaPipeline(DiffusionPipeline):
         if output_type == "latent":
             images = latents
         else:
-            images = decode(latents, self.resolved_vae(), self.scaling_factor,    # (B, C, H, W) in [-1, 1]
+            images = decode(latents, self.resolved_vae(), self.latent_norm,    # (B, C, H, W) in [-1, 1]
                             tiling=vae_tiling, tile_size=vae_tile_size)
             check_finite_samples(images)
             if output_type == "pil":
@@ -277,13 +289,13 @@ class NaLaDiTPipeline(_NaLaPipeline):
     def __init__(self, transformer: DiT, scheduler=None, vae=None, id2label: dict | None = None,
                  objective_config: dict | None = None, scaling_factor: float | None = None,
                  vae_path: str | None = None, sampler: str | None = "ddpm", num_inference_steps: int | None = None,
-                 source: dict | None = None, null_class_id: int | None = None):
+                 source: dict | None = None, null_class_id: int | None = None, latent_norm: dict | None = None):
         # null_class_id is recorded for readers of model_index.json; it always comes
         # from the transformer, so a stored value is ignored here.
         super().__init__()
         self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae)
         self._register_settings(transformer, id2label, objective_config, scaling_factor, vae_path, sampler,
-                                num_inference_steps, source)
+                                num_inference_steps, source, latent_norm)
 
     def _latents(self, labels, indices, seed, settings, progress):
         if settings.sampler != "scheduler":
@@ -323,13 +335,13 @@ class NaLaSiTPipeline(_NaLaPipeline):
     def __init__(self, transformer: DiT, vae=None, id2label: dict | None = None,
                  objective_config: dict | None = None, scaling_factor: float | None = None,
                  vae_path: str | None = None, sampler: str | None = "ode-heun", num_inference_steps: int | None = None,
-                 source: dict | None = None, null_class_id: int | None = None):
+                 source: dict | None = None, null_class_id: int | None = None, latent_norm: dict | None = None):
         # null_class_id is recorded for readers of model_index.json; it always comes
         # from the transformer, so a stored value is ignored here.
         super().__init__()
         self.register_modules(transformer=transformer, vae=vae)
         self._register_settings(transformer, id2label, objective_config, scaling_factor, vae_path, sampler,
-                                num_inference_steps, source)
+                                num_inference_steps, source, latent_norm)
 
     @classmethod
     def from_model(cls, model: DiT, vae=None, train_config: dict | None = None, **settings) -> "NaLaSiTPipeline":
@@ -422,20 +434,22 @@ def pipeline_from_checkpoint(path: str | os.PathLike, weights: str = "ema", vae:
     """A pipeline from a training checkpoint: its EMA (default) weights, the β schedule or
     transport settings it was trained with, class names and the VAE (copied or referenced)."""
     from .checkpoint import load_model
-    from .sources import default_id2label, latent_scaling
+    from .latent_norm import checkpoint_norm
+    from .sources import default_id2label
 
     model, ckpt = load_model(path, weights)
     vae_path = vae or ckpt.config.get("vae")
     if copy_vae and not vae_path:
         raise ValueError(f"--copy-vae: {path} holds a pixel-space model (trained without --vae), so there is no "
                          f"VAE to copy; drop --copy-vae")
-    vae_model, scaling = None, None
+    vae_model, scaling, norm = None, None, None
     if vae_path:
         vae_model, scaling = load_vae(vae_path)   # also checks that a referenced VAE exists now
-        scaling = latent_scaling(ckpt.config) or scaling
+        norm = checkpoint_norm(ckpt)              # what it was trained with: decoded with exactly that
+        scaling = norm.scale if norm is not None and norm.mode == "scalar" else scaling
     source = dict(model=ckpt.config.get("model"), checkpoint=str(ckpt.path), step=ckpt.step, weights=weights,
                   vae=vae_path)
     return pipeline_for(model, vae=vae_model if copy_vae else None, train_config=ckpt.config,
                         id2label=id2label or default_id2label(ckpt.config, model.config.num_classes),
                         scaling_factor=scaling, vae_path=None if copy_vae or not vae_path else str(vae_path),
-                        source=source)
+                        source=source, latent_norm=None if norm is None else norm.to_dict())

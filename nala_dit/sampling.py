@@ -72,7 +72,7 @@ def sample_images(source: Source, labels: list[int], seed: int, settings: Sample
             idx = list(range(start, min(start + batch_size, len(labels))))
             y = torch.tensor([labels[i] for i in idx], dtype=torch.long)
             images, nfe = sample_batch(source.model, source.objective, y, idx, seed, settings,
-                                       source.vae, source.scaling_factor, progress)
+                                       source.vae, source.latent_norm, progress)
             out.append(to_uint8(images))
             bar.update(len(idx))
     return torch.cat(out), nfe
@@ -282,7 +282,7 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
             for start in range(lo, hi, batch_size):
                 idx = list(range(start, min(start + batch_size, hi)))
                 pixels, nfe = sample_batch(model, source.objective, labels[idx], idx, seed, s,
-                                           source.vae, source.scaling_factor)
+                                           source.vae, source.latent_norm)
                 images.append(to_uint8(pixels).numpy())
                 nfes.append(nfe)
                 bar.update(len(idx))

@@ -3,9 +3,9 @@ and the samplers: ``pipeline.py`` and ``sampling.py`` import this module, never 
 
 * ``load_source``: a training checkpoint (checkpoint folder, ``checkpoints/`` or run
   folder: latest checkpoint) or an exported pipeline folder → ``Source`` (model,
-  objective, VAE, scaling factor, class names, provenance). A pipeline folder is read
-  from its files (``model_index.json``, ``transformer/``, ``vae/``), exactly what its
-  pipeline class holds, without building the pipeline.
+  objective, VAE, scaling factor, latent normalisation, class names, provenance). A
+  pipeline folder is read from its files (``model_index.json``, ``transformer/``,
+  ``vae/``), exactly what its pipeline class holds, without building the pipeline.
 * labels: class ids from ids or names, the class names of a training set, label files.
 * the published DiT / SiT ``.pt`` weights → our softmax ``DiT``.
 """
@@ -23,6 +23,7 @@ import torch
 from .checkpoint import CheckpointError, build_objective, load_model, torch_load_tensors
 from .cli import did_you_mean
 from .guards import assert_no_meta, non_finite, refuse_non_finite  # noqa: F401  (assert_no_meta re-exported)
+from .latent_norm import LatentNorm, checkpoint_norm
 from .model_files import load_transformer
 from .models import DiT
 
@@ -40,6 +41,12 @@ class Source:
     scaling_factor: float = 0.18215
     id2label: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    # model space → VAE latents as trained (what decoding undoes); None: the scalar scaling_factor
+    latent_norm: LatentNorm | None = None
+
+    def __post_init__(self):
+        if self.latent_norm is None:
+            self.latent_norm = LatentNorm.scalar(self.scaling_factor)
 
     @property
     def num_classes(self) -> int:
@@ -62,14 +69,15 @@ def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None =
     model, ckpt = load_model(path, weights)
     model = model.to(device)
     vae_path = vae or ckpt.config.get("vae")
-    vae_model, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
+    vae_model, scaling, norm = None, data_lib.DEFAULT_SCALING_FACTOR, None
     if vae_path:
         vae_model, scaling = data_lib.load_vae(vae_path, device)
-        scaling = latent_scaling(ckpt.config) or scaling
+        norm = checkpoint_norm(ckpt)
+        scaling = norm.scale if norm is not None and norm.mode == "scalar" else scaling
     info = dict(model=ckpt.config.get("model"), checkpoint=str(ckpt.path), step=ckpt.step, weights=weights,
                 vae=vae_path)
     return Source(model, build_objective(ckpt.model_config, ckpt.config), vae_model, scaling,
-                  default_id2label(ckpt.config, model.config.num_classes), info)
+                  default_id2label(ckpt.config, model.config.num_classes), info, norm)
 
 
 def read_pipeline_index(path: str | os.PathLike) -> dict:
@@ -109,9 +117,11 @@ def load_pipeline_folder(path: str | os.PathLike, vae: str | None = None, device
     else:
         vae_model = None
     id2label = {int(k): v for k, v in (config.get("id2label") or {}).items()}
+    norm = config.get("latent_norm")
+    norm = None if norm is None else LatentNorm.from_dict(norm, f"{path / 'model_index.json'} 'latent_norm'")
     return Source(model, build_objective(dict(model.config), dict(config.get("objective_config") or {})),
                   vae_model, resolve_scaling_factor(config.get("scaling_factor"), vae_model), id2label,
-                  dict(config.get("source") or {}, pipeline=str(path)))
+                  dict(config.get("source") or {}, pipeline=str(path)), norm)
 
 
 def resolve_scaling_factor(stored: float | None, vae=None) -> float:
@@ -121,16 +131,6 @@ def resolve_scaling_factor(stored: float | None, vae=None) -> float:
     if stored is not None:
         return float(stored)
     return float(getattr(getattr(vae, "config", None), "scaling_factor", None) or DEFAULT_SCALING_FACTOR)
-
-
-def latent_scaling(train_config: dict) -> float | None:
-    """The scaling factor a latent folder was written with (it overrides the VAE's)."""
-    from . import data as data_lib
-
-    meta = Path(train_config.get("data") or "") / data_lib.LATENT_META
-    if train_config.get("data") and meta.is_file():
-        return data_lib.read_latent_meta(meta.parent)["scaling_factor"]
-    return None
 
 
 # Labels.

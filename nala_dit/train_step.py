@@ -60,16 +60,18 @@ class EpochBatches:
         return x.to(self.device), y.to(self.device)
 
 
-def to_model_space(x, dataset, vae, scaling: float, flip: bool):
+def to_model_space(x, dataset, vae, norm, flip: bool):
     """A data batch as the model sees it: cached latents sampled from their moments and
-    scaled, or images flipped and (with a VAE) encoded and scaled; pixels as they are."""
+    normalised, or images flipped and (with a VAE) encoded and normalised; pixels as they
+    are. ``norm``: the run's ``latent_norm.LatentNorm`` (scalar factor or per-channel
+    statistics; None in pixel space)."""
     if isinstance(dataset, data_lib.LatentDataset):
-        return data_lib.sample_latents(x, scaling, flip=flip)
+        return data_lib.sample_latents(x, norm, flip=flip)
     if flip:
         x = data_lib.random_flip(x)
     if vae is not None:
         with torch.no_grad():
-            x = vae.encode(x.to(vae.dtype)).latent_dist.sample().float() * scaling
+            x = norm.normalize(vae.encode(x.to(vae.dtype)).latent_dist.sample().float())
     return x
 
 

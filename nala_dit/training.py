@@ -28,6 +28,7 @@ from .checkpoint import (build_objective, check_finite_weights, config_changes, 
                          remove_temporaries, save_checkpoint, set_aside_newer)
 from .config import dump_yaml, to_dict
 from .grid import latent_size, vae_factor
+from .latent_norm import agreed_norm, checkpoint_norm, run_norm, source_norm
 from .models import create_model
 from .options import MODEL_OVERRIDES, TrainConfig, default_num_workers  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
 from .options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
@@ -268,14 +269,15 @@ def resume_run(resume_from: Path, cfg: TrainConfig, accelerator, model, ema, opt
 
 
 def checkpoint(accelerator, cfg: TrainConfig, ckpt_dir: Path, step: int, batches: EpochBatches, world: int,
-               model, ema, optimizer) -> None:
+               model, ema, optimizer, norm) -> None:
     """Save step ``step`` (weights, EMA, optimizer, data position, every rank's RNG state),
     after checking the weights are finite."""
     check_finite_weights(ckpt_dir, step, model=model, ema=ema)
     rng_states = accelerator.gather(torch.get_rng_state().to(accelerator.device).unsqueeze(0)).cpu()
     if accelerator.is_main_process:
         state = dict(step=step, epoch=batches.epoch, position=batches.position, world_size=world,
-                     config=to_dict(cfg), model_config=dict(model.config))
+                     config=to_dict(cfg), model_config=dict(model.config),
+                     latent_norm=norm.to_dict() if norm is not None else None)
         path = save_checkpoint(ckpt_dir, model=model, ema=ema, optimizer=optimizer, state=state,
                                rng_states=list(rng_states), keep_last=cfg.keep_last)
         accelerator.print(f"saved checkpoint {path}")
@@ -318,8 +320,13 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         vae, scaling = data_lib.load_vae(cfg.vae, device)
         if isinstance(dataset, data_lib.LatentDataset):
             scaling = dataset.scaling_factor
+    norm = run_norm(cfg.latent_norm, dataset, vae, scaling, cfg.vae)  # latents → model space (None: pixels)
+    keep_norm = "latent-norm" in {k.strip().replace("_", "-") for k in (cfg.allow_changes or "").split(",")}
     channels, side = model_space(dataset, vae, int(cfg.model.rsplit("/", 1)[1]))
     model, init_report = build_run_model(cfg, dataset, channels, side, resume_from, accelerator.print)
+    if resume_from is None and cfg.init_from and norm is not None:  # a latent run: the source's latents must be this run's
+        norm = agreed_norm(norm, source_norm(cfg.init_from), f"--init-from {cfg.init_from}", cfg.data, keep_norm,
+                           accelerator.print)
     row_split(side // model.patch_size, cfg.context_parallel)     # P > the grid's rows: refused now
     objective = build_objective(dict(model.config), to_dict(cfg))
     distiller = None
@@ -340,6 +347,9 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     # --- resume ---
     step, epoch, position = 0, 0, 0
     if resume_from is not None:
+        # the checkpoint's latent statistics must be this run's: refused before anything is moved
+        norm = agreed_norm(norm, checkpoint_norm(open_checkpoint(resume_from)), f"checkpoint {resume_from}", cfg.data,
+                           keep_norm, accelerator.print)
         step, epoch, position = resume_run(resume_from, cfg, accelerator, model, ema, optimizer, world, micro_batch,
                                            ckpt_dir)
 
@@ -360,7 +370,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
     batches = EpochBatches(dataset, rank, world, cfg.seed, micro_batch, workers, device, epoch, position)
     train_step = TrainStep(cfg, accelerator, model, train_model, optimizer, objective, distiller, batches,
-                           functools.partial(to_model_space, dataset=dataset, vae=vae, scaling=scaling, flip=cfg.flip))
+                           functools.partial(to_model_space, dataset=dataset, vae=vae, norm=norm, flip=cfg.flip))
 
     grid_noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
     grid_labels = (torch.arange(16) % dataset.num_classes).to(device)
@@ -395,10 +405,10 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             window.check_finite(ckpt_dir, progress)  # every rank: a diverged run stops with its own message
             if accelerator.is_main_process:
                 write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
-                                  cfg, vae, scaling, nrow=min(dataset.num_classes, 8))
+                                  cfg, vae, norm, nrow=min(dataset.num_classes, 8))
         if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
             window.check_finite(ckpt_dir, progress)
-            checkpoint(accelerator, cfg, ckpt_dir, step, batches, world, model, ema, optimizer)
+            checkpoint(accelerator, cfg, ckpt_dir, step, batches, world, model, ema, optimizer, norm)
     progress.close()
     logger.close()
     accelerator.end_training()

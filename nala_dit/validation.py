@@ -14,7 +14,8 @@ from .sampling import save_grid
 
 def write_sample_grid(model, objective, noise, labels, path: Path, cfg: TrainConfig, vae, scaling,
                       nrow: int = 8) -> None:
-    """EMA samples as a PNG grid (fixed noise and labels, so grids are comparable)."""
+    """EMA samples as a PNG grid (fixed noise and labels, so grids are comparable);
+    ``scaling``: the run's ``LatentNorm`` (or a factor), undone before decoding."""
     was_training = model.training
     model.eval()
     gen = torch.Generator(noise.device).manual_seed(cfg.seed)
