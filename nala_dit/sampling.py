@@ -24,6 +24,7 @@ that killed runs left behind are removed when the next run starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -133,6 +134,20 @@ def _atomic_write(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _disk_full_line(path: Path, out: Path, then: str):
+    """A failed write (disk full) as one line, as training's and export's: the file, what
+    was kept and the rerun (``_atomic_write`` has removed the partial file)."""
+    try:
+        yield
+    except OSError as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        samples, shards = shards_done(out)
+        raise OSError(f"cannot write {path}: {first} (disk full?); removed the partial file, kept {shards} finished "
+                      f"shard{'s' if shards != 1 else ''} ({samples} samples) in {out}.parts: free space and rerun "
+                      f"the same command to {then}") from None
 
 
 def _read_json(path: Path, fix: str) -> dict:
@@ -311,8 +326,10 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
                 nfes.append(nfe)
                 bar.update(len(idx))
             if writes:
-                _atomic_write(shard_path(k), lambda f: np.savez(f, images=np.concatenate(images),
-                                                                  labels=labels[lo:hi].numpy(), nfe=np.array(nfes)))
+                with _disk_full_line(shard_path(k), out, "resume"):
+                    _atomic_write(shard_path(k), lambda f: np.savez(f, images=np.concatenate(images),
+                                                                      labels=labels[lo:hi].numpy(),
+                                                                      nfe=np.array(nfes)))
     if state is not None:
         state.wait_for_everyone()
     if not is_main:
@@ -329,7 +346,8 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     for p in shards:
         with np.load(p) as part:
             nfe.extend(part["nfe"].tolist())
-    write_npz_streaming(out, shards, num_samples, image_shape)
+    with _disk_full_line(out, out, "assemble it"):
+        write_npz_streaming(out, shards, num_samples, image_shape)
     counts = torch.bincount(labels, minlength=num_classes)
     meta = dict(recipe, nfe=max(nfe), nfe_mean=float(np.mean(nfe)), image_shape=list(image_shape),
                 world_size=world, per_class_min=int(counts.min()), per_class_max=int(counts.max()),

@@ -310,3 +310,48 @@ def test_a_run_refused_after_recording_its_settings_does_not_block_the_corrected
     assert cli(*common, "--image-size", 16) == 1
     assert f"{cut}.parts holds shards made with other settings {{'latent_size': ([8, 8], [16, 16])}}" in \
         capsys.readouterr().err
+
+
+def test_disk_full_while_writing_shards_or_the_npz_is_one_line(run_dir, tmp_path, capsys, monkeypatch):
+    """Issue 34 item 12: the file, what was kept and the rerun; the rerun finishes the job."""
+    out = tmp_path / "s.npz"
+    common = ["--ckpt", run_dir, "--num-samples", 4, *FAST, "--batch-size", 2, "--shard-size", 2, "--out", out]
+    real_savez, real_open = np.savez, open
+    calls = []
+
+    def full_after_one(f, **arrays):
+        calls.append(1)
+        if len(calls) == 2:
+            f.write(b"partial")
+            raise OSError(28, "No space left on device")
+        return real_savez(f, **arrays)
+
+    monkeypatch.setattr(np, "savez", full_after_one)
+    assert cli(*common) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"error: cannot write {out}.parts/shard-000001.npz: [Errno 28] No space left on device (disk "
+                   f"full?); removed the partial file, kept 1 finished shard (2 samples) in {out}.parts: "
+                   f"free space and rerun the same command to resume")
+    assert sorted(p.name for p in Path(f"{out}.parts").iterdir()) == ["settings.json", "shard-000000.npz"]
+    monkeypatch.setattr(np, "savez", real_savez)
+    import nala_dit.sampling as sampling
+
+    real_zip = sampling.zipfile.ZipFile
+
+    def full_zip(f, mode="r", *args, **kwargs):
+        if mode == "w" and str(getattr(f, "name", "")).endswith("-s.npz"):  # the .npz, not a shard
+            f.write(b"partial")
+            raise OSError(28, "No space left on device")
+        return real_zip(f, mode, *args, **kwargs)
+
+    monkeypatch.setattr(sampling.zipfile, "ZipFile", full_zip)
+    assert cli(*common) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"error: cannot write {out}: [Errno 28] No space left on device (disk full?); removed the partial "
+                   f"file, kept 2 finished shards (4 samples) in {out}.parts: free space and rerun the same "
+                   f"command to assemble it")
+    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+    monkeypatch.undo()
+    assert cli(*common) == 0
+    with np.load(out) as done:
+        assert done["arr_0"].shape == (4, 8, 8, 1)
