@@ -31,6 +31,10 @@ import sys
 import time
 from pathlib import Path
 
+from nala_dit.requirements import require_installed
+
+require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
+
 from nala_dit.cli import passive_wait_policy
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)

@@ -35,6 +35,10 @@ import math
 import sys
 from datetime import timedelta
 
+from nala_dit.requirements import require_installed
+
+require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
+
 from nala_dit.cli import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, report_error, run_main,
                           set_threads)
 from nala_dit.grid import add_size_arguments, check_size_args, sized_settings
