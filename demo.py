@@ -293,10 +293,13 @@ def next_steps(out: Path, threads: list = ()) -> str:
         lines.append(f"  {python} {sample} --ckpt {runs[name]} --labels 0,1,2,3,4,5,6,7,8,9 --per-label 8 "
                      f"--sampler {sampler} --steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}_grid.png{t}")
     name, _, sampler, steps = MODELS[0]
-    exported = f"exported/demo-{name.lower()}"
+    # named after the demo's folder: the quick and the full demo's blocks can be pasted one
+    # after the other (runs/demo → exported/demo-naladit, runs/demo-quick → exported/demo-quick-naladit)
+    exported = f"exported/{out.name}-{name.lower()}"
     lines += [f"  {python} {sample} --ckpt {tuned} --labels 0,1,2,3,4,5,6,7,8,9 --per-label 8 --sampler {sampler} "
               f"--steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}{side}_grid.png{t}    # {side} px",
-              f"  {python} {export} checkpoint {runs[name]} {exported}    # a diffusers pipeline folder",
+              f"  {python} {export} checkpoint {runs[name]} {exported}    # a diffusers pipeline folder (pixel "
+              f"space: no --vae/--copy-vae)",
               f"  {python} {sample} --ckpt {exported} --labels 3,1,4 --per-label 4 --sampler {sampler} --steps {steps} "
               f"--cfg-scale {CFG_SCALE:g} --grid exported_grid.png{t}"]
     return "\n".join(lines)

@@ -204,3 +204,28 @@ def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo
     assert {p.name for p in tmp_path.glob("*_grid.png")} == {"naladit_grid.png", "nalasit_grid.png",
                                                             "naladit16_grid.png", "exported_grid.png"}
     assert (tmp_path / "exported" / "demo-naladit" / "model_index.json").is_file()
+
+
+def test_quick_and_full_demo_next_lines_write_to_different_places(demo, tmp_path, monkeypatch):
+    """Issue 34 item 10: pasting the quick demo's block after the full one's (or the
+    reverse) exports and samples each demo's own model: no output path in common."""
+    monkeypatch.chdir(tmp_path)
+    full, quick = (demo.next_steps(tmp_path / "runs" / name) for name in ("demo", "demo-quick"))
+    exports = [[line.split()[4] for line in block.splitlines() if "export.py checkpoint " in line]
+               for block in (full, quick)]
+    assert exports == [["exported/demo-naladit"], ["exported/demo-quick-naladit"]]
+    assert "--ckpt exported/demo-quick-naladit " in quick and "exported/demo-naladit" not in quick
+
+
+def test_readme_next_lines_are_what_the_full_demo_prints(demo, monkeypatch):
+    """Issue 34 items 10, 13: the README's block is the full demo's printout, line for line
+    (run from the repository with `make demo`: .venv/bin/python, runs/demo, no --threads)."""
+    import re
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "executable", str(ROOT / ".venv" / "bin" / "python"))
+    printed = [line[2:] for line in demo.next_steps(ROOT / "runs" / "demo").splitlines() if line.startswith("  ")]
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"\*\*Next: use the demo's models\*\*.*?```bash\n(.*?)```", readme, re.S).group(1)
+    assert block.splitlines() == printed
+    assert len(printed) == 5 and "these five lines" in readme
