@@ -114,6 +114,25 @@ def write_real_digits(path: Path, per_class: int, seed: int = 0) -> None:
     np.savez(path, arr_0=images[keep][..., None], arr_1=labels[keep])
 
 
+# A digit in the report's grids is drawn this many pixels wide (the grids themselves hold
+# 8-px digits: 102 × 102 px for 10 × 10, too small to judge a digit at screen resolution).
+REPORT_DIGIT_PX = 32
+
+
+def enlarge_grid(grid: Path, side: int) -> tuple[Path, tuple[int, int]]:
+    """``<name>_grid.png`` of ``side``-px samples → ``<name>_grid_x<k>.png``, each pixel a
+    k × k block (nearest neighbour: no blur added to what the model drew), k so that a digit
+    is ``REPORT_DIGIT_PX`` wide. Returns the file and its (width, height)."""
+    from PIL import Image
+
+    k = max(1, REPORT_DIGIT_PX // side)
+    with Image.open(grid) as img:
+        big = img.resize((img.width * k, img.height * k), Image.NEAREST)
+    path = grid.with_name(f"{grid.stem}_x{k}.png")
+    big.save(path)
+    return path, big.size
+
+
 def loss_curve(run_dir: Path) -> tuple[list[int], list[float]]:
     records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     return [r["step"] for r in records], [r["loss"] for r in records]
@@ -258,7 +277,11 @@ def run_demo(out: Path, quick: bool, threads: list) -> None:
                    frechet_distance=real_metrics["fd_digits"])
 
     plot_losses(curves, out / "loss.png")
-    report = dict(quick=quick, samples_per_model=10 * per_class, models=rows, ceiling=ceiling,
+    grids = {}   # model → (enlarged grid file, its size): shown in the report beside the scores
+    for name, grid_side in [(r["model"], 8) for r in rows] + [(f"{source}_at{side}", side), (tuned, side)]:
+        path, size = enlarge_grid(out / f"{name}_grid.png", grid_side)
+        grids[name] = dict(file=path.name, width=size[0], height=size[1])
+    report = dict(quick=quick, samples_per_model=10 * per_class, models=rows, ceiling=ceiling, grids=grids,
                   ladder=dict(rows=ladder, time_s=ladder_time, side=side, source=source, sampler=sampler),
                   note="Fréchet distance in the digits classifier's feature space; not comparable to Inception FID.")
     (out / "report.json").write_text(json.dumps(report, indent=2))
@@ -326,6 +349,21 @@ def render_report(report: dict) -> str:
         )
     c = report["ceiling"]
     lines.append(f"| {c['model']} | | | | | | | | {c['class_consistency']:.3f} | {c['frechet_distance']:.3f} |")
+    if report["quick"]:
+        lines += ["", f"**Quick smoke run: these models are at chance.** {report['models'][0]['steps']} training "
+                  "steps teach them nothing yet: a class-consistency near 0.1 is what random labels get, and the "
+                  "grids are noise. The run checks that every step works; `make demo` (600 steps) gives models "
+                  "that draw digits."]
+    grids = report.get("grids") or {}
+    if grids:
+        lines += ["", "## Samples", "", f"One row per digit 0-9, {REPORT_DIGIT_PX} px per digit (the sampled "
+                  "pixels enlarged, nearest neighbour; `<model>_grid.png` holds them at their own size).", "",
+                  "| model | class-consistency | Fréchet distance | samples |", "|---|---|---|---|"]
+        for r in report["models"]:
+            if r["model"] in grids:
+                g = grids[r["model"]]
+                lines.append(f"| {r['model']} | {r['class_consistency']:.3f} | {r['frechet_distance']:.3f} | "
+                             f"![{r['model']} samples, {g['width']}×{g['height']} px]({g['file']}) |")
     by = {r["model"]: r for r in report["models"]}
     if "DiT" in by:
         base = by["DiT"]
@@ -358,6 +396,12 @@ def render_report(report: dict) -> str:
                          f"{r['frechet_distance']:.3f} |")
         lines += ["", f"Grids: `{source}_at{side}_grid.png` (sampled directly), `{source}-{side}_grid.png` "
                   "(fine-tuned)."]
+        shown = [(label, grids[key]) for label, key in (("sampled directly", f"{source}_at{side}"),
+                                                        ("fine-tuned", f"{source}-{side}")) if key in grids]
+        if shown:
+            lines += ["", "| " + " | ".join(label for label, _ in shown) + " |", "|" + "---|" * len(shown),
+                      "| " + " | ".join(f"![{label}, {g['width']}×{g['height']} px]({g['file']})"
+                                        for label, g in shown) + " |"]
     lines += ["", "![training loss](loss.png)", ""]
     return "\n".join(lines)
 
