@@ -184,3 +184,26 @@ def test_every_printed_command_says_how_to_reach_the_venv(page):
         # On the first screen: right under the two `make` commands.
         head = page.read_text().split("## Where things are")[0]
         assert ACTIVATE in head and head.index(ACTIVATE) > head.index("make test")
+
+
+def test_pages_never_cite_files_outside_the_repository():
+    """Issue 34 item 13: the repository cites papers and public repositories, never the
+    development machine's ``../shared`` notes (a reader's clone has no such folder)."""
+    pages = [*DOC_PAGES, *sorted((ROOT / "benchmarks").rglob("*.md")), *sorted((ROOT / "configs").glob("*.yaml"))]
+    cited = [f"{p.relative_to(ROOT)}:{i}" for p in pages
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\.\./shared|shared/docs", line)]
+    assert cited == []
+
+
+def test_training_page_lists_every_shipped_config():
+    """Issue 34 item 13: docs/training.md names every config in configs/ (brace forms expanded)."""
+    import itertools
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    named = set()
+    for span in re.findall(r"`([a-z0-9_{},]+)`", text):
+        parts = re.split(r"(\{[^}]*\})", span)
+        options = [p[1:-1].split(",") if p.startswith("{") else [p] for p in parts]
+        named |= {"".join(c) for c in itertools.product(*options)}
+    shipped = {p.stem for p in (ROOT / "configs").glob("*.yaml")}
+    assert sorted(shipped - named) == []
