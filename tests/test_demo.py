@@ -191,7 +191,7 @@ def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo
     from PIL import Image
 
     assert Image.open(out / "NaLaDiT_grid_x4.png").size == (408, 408) and "](NaLaDiT_grid_x4.png) |" in md
-    assert Image.open(out / "NaLaDiT-16_grid_x2.png").size == (2 * (4 * 18 + 2), 2 * (10 * 18 + 2))
+    assert Image.open(out / "NaLaDiT-16_grid_x2.png").size == (2 * (2 * 18 + 2), 2 * (10 * 18 + 2))  # 2 per digit
     assert "these models are at chance" in md
     # The printed next steps run as printed, here where the demo ran: they start with the
     # demo's interpreter and carry its --threads. The first through a shell, the rest
