@@ -207,3 +207,10 @@ def test_training_page_lists_every_shipped_config():
         named |= {"".join(c) for c in itertools.product(*options)}
     shipped = {p.stem for p in (ROOT / "configs").glob("*.yaml")}
     assert sorted(shipped - named) == []
+
+
+def test_readme_says_what_the_set_up_costs_on_disk():
+    """Issue 34 item 13: the venv is about 6 GB (torch's CUDA libraries come on a CPU-only
+    machine too); measured with `du -sh .venv` on the development machine: 6.0G."""
+    text = (ROOT / "README.md").read_text()
+    assert "**about 6 GB**" in text and "CPU-only machine too" in text
