@@ -322,7 +322,7 @@ def next_steps(out: Path, threads: list = ()) -> str:
     lines += [f"  {python} {sample} --ckpt {tuned} --labels 0,1,2,3,4,5,6,7,8,9 --per-label 8 --sampler {sampler} "
               f"--steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}{side}_grid.png{t}    # {side} px",
               f"  {python} {export} checkpoint {runs[name]} {exported}    # a diffusers pipeline folder (pixel "
-              f"space: no --vae/--copy-vae)",
+              f"space: no VAE to copy)",
               f"  {python} {sample} --ckpt {exported} --labels 3,1,4 --per-label 4 --sampler {sampler} --steps {steps} "
               f"--cfg-scale {CFG_SCALE:g} --grid exported_grid.png{t}"]
     return "\n".join(lines)
