@@ -170,7 +170,7 @@ def peer_lost(err: BaseException) -> bool:
     if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
         return False
     text = str(err)
-    return (type(err).__name__ in ("DistBackendError", "DistNetworkError")
+    return (type(err).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError")
             or any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")))
 
 

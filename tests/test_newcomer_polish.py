@@ -28,6 +28,7 @@ import torch.distributed as dist
 def main():
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=int(os.environ["RANK"]),
                             world_size=2)
+    dist.barrier()                   # both set up (as a CLI is when its work starts)
     if os.environ["RANK"] == "0":   # rank 0 alone meets an error (a full disk, say): one line, then exits
         return report_error(OSError("cannot write shard-000000.npz: No space left on device"))
     dist.barrier()                   # ... while rank 1 waits for it
