@@ -192,8 +192,8 @@ class _NaLaPipeline(DiffusionPipeline):
         dtype = self.transformer.dtype
         if dtype == torch.float32:
             return "fp32" if precision is None else precision
-        if dtype == torch.bfloat16 and precision in (None, "bf16"):
-            return "bf16"
+        if dtype == torch.bfloat16 and precision != "fp32":
+            return "bf16" if precision is None else precision   # another name: _Precision's error
         if dtype == torch.bfloat16:
             raise ValueError(f"precision={precision!r} needs float32 weights, but the transformer holds bfloat16 "
                              f"ones (torch_dtype=/dtype= or pipe.to(torch.bfloat16)): pipe.to(torch.float32) first, "
