@@ -31,6 +31,10 @@ import sys
 import time
 from pathlib import Path
 
+from nala_dit.requirements import require_installed
+
+require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
+
 from nala_dit.cli import passive_wait_policy
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
@@ -108,6 +112,25 @@ def write_real_digits(path: Path, per_class: int, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     keep = np.concatenate([rng.choice(np.flatnonzero(labels == c), per_class, replace=False) for c in range(10)])
     np.savez(path, arr_0=images[keep][..., None], arr_1=labels[keep])
+
+
+# A digit in the report's grids is drawn this many pixels wide (the grids themselves hold
+# 8-px digits: 102 × 102 px for 10 × 10, too small to judge a digit at screen resolution).
+REPORT_DIGIT_PX = 32
+
+
+def enlarge_grid(grid: Path, side: int) -> tuple[Path, tuple[int, int]]:
+    """``<name>_grid.png`` of ``side``-px samples → ``<name>_grid_x<k>.png``, each pixel a
+    k × k block (nearest neighbour: no blur added to what the model drew), k so that a digit
+    is ``REPORT_DIGIT_PX`` wide. Returns the file and its (width, height)."""
+    from PIL import Image
+
+    k = max(1, REPORT_DIGIT_PX // side)
+    with Image.open(grid) as img:
+        big = img.resize((img.width * k, img.height * k), Image.NEAREST)
+    path = grid.with_name(f"{grid.stem}_x{k}.png")
+    big.save(path)
+    return path, big.size
 
 
 def loss_curve(run_dir: Path) -> tuple[list[int], list[float]]:
@@ -254,7 +277,11 @@ def run_demo(out: Path, quick: bool, threads: list) -> None:
                    frechet_distance=real_metrics["fd_digits"])
 
     plot_losses(curves, out / "loss.png")
-    report = dict(quick=quick, samples_per_model=10 * per_class, models=rows, ceiling=ceiling,
+    grids = {}   # model → (enlarged grid file, its size): shown in the report beside the scores
+    for name, grid_side in [(r["model"], 8) for r in rows] + [(f"{source}_at{side}", side), (tuned, side)]:
+        path, size = enlarge_grid(out / f"{name}_grid.png", grid_side)
+        grids[name] = dict(file=path.name, width=size[0], height=size[1])
+    report = dict(quick=quick, samples_per_model=10 * per_class, models=rows, ceiling=ceiling, grids=grids,
                   ladder=dict(rows=ladder, time_s=ladder_time, side=side, source=source, sampler=sampler),
                   note="Fréchet distance in the digits classifier's feature space; not comparable to Inception FID.")
     (out / "report.json").write_text(json.dumps(report, indent=2))
@@ -289,10 +316,13 @@ def next_steps(out: Path, threads: list = ()) -> str:
         lines.append(f"  {python} {sample} --ckpt {runs[name]} --labels 0,1,2,3,4,5,6,7,8,9 --per-label 8 "
                      f"--sampler {sampler} --steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}_grid.png{t}")
     name, _, sampler, steps = MODELS[0]
-    exported = f"exported/demo-{name.lower()}"
+    # named after the demo's folder: the quick and the full demo's blocks can be pasted one
+    # after the other (runs/demo → exported/demo-naladit, runs/demo-quick → exported/demo-quick-naladit)
+    exported = f"exported/{out.name}-{name.lower()}"
     lines += [f"  {python} {sample} --ckpt {tuned} --labels 0,1,2,3,4,5,6,7,8,9 --per-label 8 --sampler {sampler} "
               f"--steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}{side}_grid.png{t}    # {side} px",
-              f"  {python} {export} checkpoint {runs[name]} {exported}    # a diffusers pipeline folder",
+              f"  {python} {export} checkpoint {runs[name]} {exported}    # a diffusers pipeline folder (pixel "
+              f"space: no VAE to copy)",
               f"  {python} {sample} --ckpt {exported} --labels 3,1,4 --per-label 4 --sampler {sampler} --steps {steps} "
               f"--cfg-scale {CFG_SCALE:g} --grid exported_grid.png{t}"]
     return "\n".join(lines)
@@ -319,6 +349,21 @@ def render_report(report: dict) -> str:
         )
     c = report["ceiling"]
     lines.append(f"| {c['model']} | | | | | | | | {c['class_consistency']:.3f} | {c['frechet_distance']:.3f} |")
+    if report["quick"]:
+        lines += ["", f"**Quick smoke run: these models are at chance.** {report['models'][0]['steps']} training "
+                  "steps teach them nothing yet: a class-consistency near 0.1 is what random labels get, and the "
+                  "grids are noise. The run checks that every step works; `make demo` (600 steps) gives models "
+                  "that draw digits."]
+    grids = report.get("grids") or {}
+    if grids:
+        lines += ["", "## Samples", "", f"One row per digit 0-9, {REPORT_DIGIT_PX} px per digit (the sampled "
+                  "pixels enlarged, nearest neighbour; `<model>_grid.png` holds them at their own size).", "",
+                  "| model | class-consistency | Fréchet distance | samples |", "|---|---|---|---|"]
+        for r in report["models"]:
+            if r["model"] in grids:
+                g = grids[r["model"]]
+                lines.append(f"| {r['model']} | {r['class_consistency']:.3f} | {r['frechet_distance']:.3f} | "
+                             f"![{r['model']} samples, {g['width']}×{g['height']} px]({g['file']}) |")
     by = {r["model"]: r for r in report["models"]}
     if "DiT" in by:
         base = by["DiT"]
@@ -351,6 +396,12 @@ def render_report(report: dict) -> str:
                          f"{r['frechet_distance']:.3f} |")
         lines += ["", f"Grids: `{source}_at{side}_grid.png` (sampled directly), `{source}-{side}_grid.png` "
                   "(fine-tuned)."]
+        shown = [(label, grids[key]) for label, key in (("sampled directly", f"{source}_at{side}"),
+                                                        ("fine-tuned", f"{source}-{side}")) if key in grids]
+        if shown:
+            lines += ["", "| " + " | ".join(label for label, _ in shown) + " |", "|" + "---|" * len(shown),
+                      "| " + " | ".join(f"![{label}, {g['width']}×{g['height']} px]({g['file']})"
+                                        for label, g in shown) + " |"]
     lines += ["", "![training loss](loss.png)", ""]
     return "\n".join(lines)
 

@@ -34,6 +34,10 @@ import json
 import sys
 from pathlib import Path
 
+from nala_dit.requirements import require_installed
+
+require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
+
 from nala_dit import options
 from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, run_main, set_threads
 from nala_dit.grid import add_size_arguments, check_size_args, sized_settings

@@ -20,6 +20,10 @@ loads it on first use; with it the VAE is saved inside the folder.
 import argparse
 import sys
 
+from nala_dit.requirements import require_installed
+
+require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
+
 from nala_dit.cli import ArgumentParser, Interrupted, passive_wait_policy, run_main
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)

@@ -14,6 +14,10 @@ however the extraction was split or resumed), which --latent-norm channel trains
 import json
 import sys
 
+from nala_dit.requirements import require_installed
+
+require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
+
 from nala_dit.cli import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, report_error, run_main,
                           set_threads)
 

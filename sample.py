@@ -35,6 +35,10 @@ import math
 import sys
 from datetime import timedelta
 
+from nala_dit.requirements import require_installed
+
+require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
+
 from nala_dit.cli import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, report_error, run_main,
                           set_threads)
 from nala_dit.grid import add_size_arguments, check_size_args, sized_settings
@@ -162,10 +166,9 @@ def run(args) -> int:
         if state.is_main_process and (note := balance_notice(args.num_samples, source.num_classes)):
             print(note, file=sys.stderr)
         with decode_settings(args.vae_tiling, args.vae_tile_size):
-            done = mass_sample(source, args.out, args.num_samples, args.seed, settings, args.batch_size,
-                               args.shard_size, args.stop_after, args.keep_parts, state=state, context=context)
-        if state.is_main_process and done is not None:
-            print(f"wrote {done} and {done}.json")
+            # it says what it wrote (or that the file was already complete)
+            mass_sample(source, args.out, args.num_samples, args.seed, settings, args.batch_size,
+                        args.shard_size, args.stop_after, args.keep_parts, state=state, context=context)
         return 0
 
     if not (args.grid or args.out_dir):

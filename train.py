@@ -12,6 +12,10 @@ Print the resolved config (defaults < YAML < flags) and exit:
 
 import sys
 
+from nala_dit.requirements import require_installed
+
+require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
+
 from nala_dit.cli import Interrupted, main_process, passive_wait_policy, report_error, run_main
 from nala_dit.config import dump_yaml, resolve
 from nala_dit.options import TrainConfig

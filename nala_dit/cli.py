@@ -148,6 +148,13 @@ def run_main(main) -> int:
         return main()
     except KeyboardInterrupt as err:
         kept = str(err) if isinstance(err, Interrupted) else "run the same command to start again"
+    except Exception as err:
+        if not peer_lost(err):
+            raise
+        # another rank stopped (its one-line error is out): one line here, not torch's traceback
+        print(f"rank {os.environ.get('RANK', '?')}: stopped because another process of this launch stopped (its "
+              f"error is the line above from rank 0, or the launcher's report)", file=sys.stderr)
+        return 1
     tqdm = sys.modules.get("tqdm.std")
     if tqdm is not None:  # close live progress bars now, or they redraw after the line
         for bar in list(getattr(tqdm.tqdm, "_instances", ())):
@@ -155,6 +162,16 @@ def run_main(main) -> int:
     if main_process():
         print(f"interrupted: {kept}", file=sys.stderr)
     return 130
+
+
+def peer_lost(err: BaseException) -> bool:
+    """A collective that failed because another process of the launch exited (gloo's
+    "Connection closed by peer", NCCL's or torch's distributed errors), in a launch."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return False
+    text = str(err)
+    return (type(err).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError")
+            or any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")))
 
 
 # Seconds the other ranks of a launch wait before they exit on an error, so that rank 0's

@@ -66,9 +66,12 @@ class ImageFolderDataset(Dataset):
 
     def __init__(self, root: str | os.PathLike, image_size: int, skip_corrupt: bool = False):
         self.root = Path(root)
-        if not self.root.is_dir():
+        if not self.root.is_dir():  # what --data takes, not one layout: it may have been a latent folder
+            from .cli import did_you_mean
+
             raise FileNotFoundError(
-                f"data folder not found: {self.root} (expected <root>/<class name>/<images>)"
+                f"data folder not found: {self.root}{did_you_mean(self.root)} (--data takes digits, digits-canvas, "
+                f"a latent folder written by extract_latents.py or an image folder <root>/<class name>/<images>)"
             )
         self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir())
         if not self.classes:

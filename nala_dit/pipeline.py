@@ -197,6 +197,23 @@ class _NaLaPipeline(DiffusionPipeline):
         return latent_for(self.transformer, self.resolved_vae(),
                           (side if height is None else height, side if width is None else width))
 
+    def precision_for(self, precision: str | None) -> str:
+        """``precision`` checked against the transformer's weights: None = its dtype's
+        ("fp32" for float32 weights, "bf16" for bfloat16 ones, as diffusers' ``torch_dtype``
+        / ``dtype`` / ``pipe.to(dtype)`` leave them); fp32 needs fp32 weights."""
+        dtype = self.transformer.dtype
+        if dtype == torch.float32:
+            return "fp32" if precision is None else precision
+        if dtype == torch.bfloat16 and precision != "fp32":
+            return "bf16" if precision is None else precision   # another name: _Precision's error
+        if dtype == torch.bfloat16:
+            raise ValueError(f"precision={precision!r} needs float32 weights, but the transformer holds bfloat16 "
+                             f"ones (torch_dtype=/dtype= or pipe.to(torch.bfloat16)): pipe.to(torch.float32) first, "
+                             f"or precision='bf16'")
+        raise ValueError(f"the transformer holds {dtype} weights; these pipelines run float32 or bfloat16 weights "
+                         f"(bf16 autocast; NaLa's state stays fp32): load with torch_dtype=torch.bfloat16 or call "
+                         f"pipe.to(torch.bfloat16)")
+
     def _latents(self, labels, indices, seed, settings, progress):
         return sample_batch(self.transformer, self.objective(), labels, indices, seed, settings,
                             progress=progress, decode_output=False)
@@ -212,7 +229,7 @@ class _NaLaPipeline(DiffusionPipeline):
         sampler: str | None = None,
         guidance_interval: tuple[float, float] | None = None,
         guide_channels: int | None = None,
-        precision: str = "fp32",
+        precision: str | None = None,
         return_dict: bool = True,
         height: int | None = None,
         width: int | None = None,
@@ -232,7 +249,11 @@ class _NaLaPipeline(DiffusionPipeline):
             "scheduler" to run this pipeline's diffusers scheduler.
         guidance_interval: (lo, hi) in model time (DiT timesteps, SiT t) where guidance applies.
         guide_channels: guide only the first k channels (3 = the original DiT code).
-        precision: "fp32" or "bf16" (autocast for the transformer).
+        precision: "fp32" or "bf16" (the transformer under bf16 autocast: matmuls and convolutions
+            in bf16, the sampler's arithmetic and NaLa's features, state and division in fp32).
+            Default: the transformer's dtype, so a pipeline loaded with diffusers'
+            ``torch_dtype=torch.bfloat16`` / ``dtype=`` or moved by ``pipe.to(torch.bfloat16)``
+            (bf16 weights, half the memory) runs as "bf16" (docs/sampling.md, "Precision").
         height, width: image size in pixels (diffusers' convention; default: the trained
             size, ``sample_size × vae_scale_factor``); each a multiple of VAE factor × patch.
             Away from the trained size expect degraded content (docs/highres.md).
@@ -251,7 +272,7 @@ class _NaLaPipeline(DiffusionPipeline):
         if num_inference_steps is None and sampler is None:
             num_inference_steps = self.config.num_inference_steps
         settings = SampleSettings(sampler or self.config.sampler, num_inference_steps, guidance_scale,
-                                  guidance_interval, guide_channels, precision,
+                                  guidance_interval, guide_channels, self.precision_for(precision),
                                   latent_size=self.latent_size(height, width),
                                   time_shift=parse_time_shift(time_shift) if time_shift is not None else None)
         check_sample_memory(self.transformer, settings.latent_size, len(ids), self.vae_scale_factor,

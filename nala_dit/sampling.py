@@ -24,6 +24,7 @@ that killed runs left behind are removed when the next run starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -135,6 +136,20 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+@contextlib.contextmanager
+def _disk_full_line(path: Path, out: Path, then: str):
+    """A failed write (disk full) as one line, as training's and export's: the file, what
+    was kept and the rerun (``_atomic_write`` has removed the partial file)."""
+    try:
+        yield
+    except OSError as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        samples, shards = shards_done(out)
+        raise OSError(f"cannot write {path}: {first} (disk full?); removed the partial file, kept {shards} finished "
+                      f"shard{'s' if shards != 1 else ''} ({samples} samples) in {out}.parts: free space and rerun "
+                      f"the same command to {then}") from None
+
+
 def _read_json(path: Path, fix: str) -> dict:
     try:
         value = json.loads(path.read_text())
@@ -175,6 +190,34 @@ def write_npz_streaming(out: Path, shards: list[Path], num_samples: int, image_s
     _atomic_write(out, write)
 
 
+# Recipe keys that only some runs record (dopri5's tolerances): compared when either side has them.
+OPTIONAL_RECIPE_KEYS = ("atol", "rtol", "max_nfe")
+
+
+def size_recipe(s: SampleSettings, model, objective) -> dict:
+    """Where a run sampled, resolved with its defaults: the latent size, the time shift as a
+    number and the upscaling (None without). Recorded whether or not the flags were given,
+    so a file made at another size never passes for the trained size's."""
+    return dict(latent_size=list(s.noise_size(model)), time_shift=float(s.shift_for(model, objective)),
+                upscale_from=list(s.upscale_from) if s.upscale_from is not None else None,
+                strength=s.strength if s.upscale_from is not None else None)
+
+
+def recipe_differences(stored: dict, recipe: dict, model, objective) -> dict:
+    """``{key: (stored, now)}`` for every recipe setting that differs, looked at both ways.
+    A sidecar of an older version recorded the size options only when given: their
+    absence means the defaults, resolved here as this version records them."""
+    stored = dict(stored)
+    if any(k not in stored for k in ("latent_size", "time_shift", "upscale_from")):
+        size = stored.get("latent_size")
+        small = stored.get("upscale_from")
+        old = SampleSettings(latent_size=tuple(size) if size else None, time_shift=stored.get("time_shift"),
+                             upscale_from=tuple(small) if small else None, strength=stored.get("strength", 0.6))
+        stored.update(size_recipe(old, model, objective))
+    keys = list(recipe) + [k for k in OPTIONAL_RECIPE_KEYS if k in stored and k not in recipe]
+    return {k: (stored.get(k), recipe.get(k)) for k in keys if stored.get(k) != recipe.get(k)}
+
+
 def mass_sample(source: Source, out: str | os.PathLike, num_samples: int, seed: int, settings: SampleSettings,
                 batch_size: int = 32, shard_size: int | None = None, stop_after: int | None = None,
                 keep_parts: bool = False, progress: bool = True, state=None, context=None) -> Path | None:
@@ -189,7 +232,8 @@ def mass_sample(source: Source, out: str | os.PathLike, num_samples: int, seed: 
     out = Path(out)
     if shard_size is None:
         stored = Path(f"{out}.parts") / "settings.json"
-        shard_size = (json.loads(stored.read_text())["shard_size"] if stored.is_file()
+        resumed = stored.is_file() and any(stored.parent.glob("shard-*.npz"))
+        shard_size = (json.loads(stored.read_text())["shard_size"] if resumed
                       else auto_shard_size(num_samples, batch_size))
     if num_samples < 1 or batch_size < 1 or shard_size < 1:
         raise ValueError("--num-samples, --batch-size and --shard-size must be >= 1")
@@ -229,29 +273,24 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
                   num_classes=num_classes, batch_size=batch_size, shard_size=shard_size)
     if s.sampler == "dopri5":
         recipe.update(atol=s.atol, rtol=s.rtol, max_nfe=s.max_nfe)
-    # the size options, only when given (older sidecars, made without them, still match)
-    if s.latent_size is not None:
-        recipe.update(latent_size=list(s.latent_size))
-    if s.time_shift is not None:
-        recipe.update(time_shift=s.time_shift)
-    if s.upscale_from is not None:
-        recipe.update(upscale_from=list(s.upscale_from), strength=s.strength)
+    recipe.update(size_recipe(s, model, source.objective))
     sidecar = Path(f"{out}.json")
     keep = (f"not overwriting it: choose another --out, or move {out}{f' and {sidecar}' if sidecar.exists() else ''} "
             f"away to redo it")
     if out.is_file() and sidecar.is_file():
         done = _read_json(sidecar, f"delete it and {out} and rerun")
-        if {k: done.get(k) for k in recipe} == recipe:
+        diff = recipe_differences(done, recipe, model, source.objective)
+        if not diff:
             if is_main:
                 print(f"{out} is already complete with these settings; nothing to do")
             return out
-        diff = {k: (done.get(k), v) for k, v in recipe.items() if done.get(k) != v}
         raise FileExistsError(f"{out} holds a finished run made with other settings {diff} (its {sidecar.name}, "
                               f"now); {keep}")
     settings_file = parts / "settings.json"
     stored = _read_json(settings_file, f"delete {parts} to start over") if settings_file.is_file() else None
-    if stored is not None and stored != recipe:
-        diff = {k: (stored.get(k), v) for k, v in recipe.items() if stored.get(k) != v}
+    if stored is not None and not any(parts.glob("shard-*.npz")):
+        stored = None  # a run refused before its first shard: nothing to keep, this run starts afresh
+    if stored is not None and (diff := recipe_differences(stored, recipe, model, source.objective)):
         raise ValueError(f"{parts} holds shards made with other settings {diff} (stored, now); "
                          f"rerun with the same flags or delete {parts}")
     # A file at --out without its sidecar is ours only when this run's shards are there
@@ -287,8 +326,10 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
                 nfes.append(nfe)
                 bar.update(len(idx))
             if writes:
-                _atomic_write(shard_path(k), lambda f: np.savez(f, images=np.concatenate(images),
-                                                                  labels=labels[lo:hi].numpy(), nfe=np.array(nfes)))
+                with _disk_full_line(shard_path(k), out, "resume"):
+                    _atomic_write(shard_path(k), lambda f: np.savez(f, images=np.concatenate(images),
+                                                                      labels=labels[lo:hi].numpy(),
+                                                                      nfe=np.array(nfes)))
     if state is not None:
         state.wait_for_everyone()
     if not is_main:
@@ -305,7 +346,8 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     for p in shards:
         with np.load(p) as part:
             nfe.extend(part["nfe"].tolist())
-    write_npz_streaming(out, shards, num_samples, image_shape)
+    with _disk_full_line(out, out, "assemble it"):
+        write_npz_streaming(out, shards, num_samples, image_shape)
     counts = torch.bincount(labels, minlength=num_classes)
     meta = dict(recipe, nfe=max(nfe), nfe_mean=float(np.mean(nfe)), image_shape=list(image_shape),
                 world_size=world, per_class_min=int(counts.min()), per_class_max=int(counts.max()),
@@ -316,4 +358,5 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     if not keep_parts:
         import shutil
         shutil.rmtree(parts)
+    print(f"wrote {out} and {sidecar}")
     return out

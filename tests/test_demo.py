@@ -187,6 +187,12 @@ def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo
                    "## Up the ladder: NaLaDiT at 16 px", "| NaLaDiT 8 → 16 px, fine-tuned | 5 |"):
         assert header in md
     assert (out / "loss.png").stat().st_size > 1000
+    # the samples beside the scores, 32 px per digit; the quick report says its models are at chance
+    from PIL import Image
+
+    assert Image.open(out / "NaLaDiT_grid_x4.png").size == (408, 408) and "](NaLaDiT_grid_x4.png) |" in md
+    assert Image.open(out / "NaLaDiT-16_grid_x2.png").size == (2 * (2 * 18 + 2), 2 * (10 * 18 + 2))  # 2 per digit
+    assert "these models are at chance" in md
     # The printed next steps run as printed, here where the demo ran: they start with the
     # demo's interpreter and carry its --threads. The first through a shell, the rest
     # through each CLI's main (the same argv, without four more interpreter starts).
@@ -204,3 +210,54 @@ def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo
     assert {p.name for p in tmp_path.glob("*_grid.png")} == {"naladit_grid.png", "nalasit_grid.png",
                                                             "naladit16_grid.png", "exported_grid.png"}
     assert (tmp_path / "exported" / "demo-naladit" / "model_index.json").is_file()
+
+
+def test_quick_and_full_demo_next_lines_write_to_different_places(demo, tmp_path, monkeypatch):
+    """Issue 34 item 10: pasting the quick demo's block after the full one's (or the
+    reverse) exports and samples each demo's own model: no output path in common."""
+    monkeypatch.chdir(tmp_path)
+    full, quick = (demo.next_steps(tmp_path / "runs" / name) for name in ("demo", "demo-quick"))
+    exports = [[line.split()[4] for line in block.splitlines() if "export.py checkpoint " in line]
+               for block in (full, quick)]
+    assert exports == [["exported/demo-naladit"], ["exported/demo-quick-naladit"]]
+    assert "--ckpt exported/demo-quick-naladit " in quick and "exported/demo-naladit" not in quick
+
+
+def test_readme_next_lines_are_what_the_full_demo_prints(demo, monkeypatch):
+    """Issue 34 items 10, 13: the README's block is the full demo's printout, line for line
+    (run from the repository with `make demo`: .venv/bin/python, runs/demo, no --threads)."""
+    import re
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "executable", str(ROOT / ".venv" / "bin" / "python"))
+    printed = [line[2:] for line in demo.next_steps(ROOT / "runs" / "demo").splitlines() if line.startswith("  ")]
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"\*\*Next: use the demo's models\*\*.*?```bash\n(.*?)```", readme, re.S).group(1)
+    assert block.splitlines() == printed
+    assert len(printed) == 5 and "these five lines" in readme
+
+
+def test_report_shows_enlarged_samples_beside_the_scores_and_says_quick_models_are_at_chance(demo, tmp_path):
+    """Issue 34 item 15: the grids (102 × 102 px for 10 × 10 digits of 8 px) are shown at
+    32 px per digit, nearest neighbour (every sampled pixel a 4 × 4 block), in a table beside
+    the scores; the quick report says its models are at chance."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (102, 102), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "NaLaDiT_grid.png")
+    path, size = demo.enlarge_grid(tmp_path / "NaLaDiT_grid.png", 8)
+    assert path == tmp_path / "NaLaDiT_grid_x4.png" and size == (408, 408)
+    np.testing.assert_array_equal(np.asarray(Image.open(path)), pixels.repeat(4, 0).repeat(4, 1))
+    assert demo.enlarge_grid(tmp_path / "NaLaDiT_grid.png", 16)[1] == (204, 204)  # 16-px digits: ×2
+
+    row = dict(model="NaLaDiT", preset="NaLaDiT-T/2", params=1, steps=20, train_time_s=10.0, images_per_sec=128.0,
+               sampler="ddpm", cfg_scale=2.0, nfe=10, class_consistency=0.103, frechet_distance=40.0)
+    report = dict(quick=True, samples_per_model=100, models=[row],
+                  ceiling=dict(model="real", class_consistency=1.0, frechet_distance=3.0),
+                  grids={"NaLaDiT": dict(file=path.name, width=408, height=408)})
+    md = demo.render_report(report)
+    assert "**Quick smoke run: these models are at chance.** 20 training steps teach them nothing yet" in md
+    assert ("| NaLaDiT | 0.103 | 40.000 | ![NaLaDiT samples, 408×408 px](NaLaDiT_grid_x4.png) |"
+            in md.split("## Samples")[1])
+    assert "at chance" not in demo.render_report(dict(report, quick=False))

@@ -186,7 +186,8 @@ def test_two_process_error_prints_once(tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 1
     errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
-    assert errors == [f"error: data folder not found: {tmp_path / 'nope'} (expected <root>/<class name>/<images>) "
+    assert errors == [f"error: data folder not found: {tmp_path / 'nope'} (--data takes digits, digits-canvas, a "
+                      f"latent folder written by extract_latents.py or an image folder <root>/<class name>/<images>) "
                       f"(the launcher's ChildFailedError report that follows only repeats that the processes "
                       f"stopped)"], proc.stderr
     assert "train.py\", line" not in proc.stderr  # no traceback through our script

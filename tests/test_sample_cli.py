@@ -256,3 +256,102 @@ def test_dopri5_tolerances_and_nfe_bound_from_the_cli(tmp_path, capsys):
     assert cli("--ckpt", sit, "--labels", "2", "--sampler", "ode-heun", "--max-nfe", 10,
                "--out-dir", tmp_path / "heun") == 1
     assert "dopri5 sampler only" in capsys.readouterr().err
+
+
+def test_a_finished_npz_made_with_other_size_settings_is_never_complete(run_dir, tmp_path, capsys):
+    """Issue 34 item 1: the size settings (image size, time shift, upscaling) are compared
+    resolved, defaults included, both ways; "wrote" only when something was written."""
+    base = ["--ckpt", run_dir, "--num-samples", 2, *FAST, "--batch-size", 2]
+    cases = [(["--image-size", 16], {"latent_size": ([16, 16], [8, 8])}),
+             (["--time-shift", 2], {"time_shift": (2.0, 1.0)}),
+             (["--image-size", 16, "--upscale-from", 8],
+              {"latent_size": ([16, 16], [8, 8]), "upscale_from": ([8, 8], None), "strength": (0.6, None)})]
+    for i, (extra, diff) in enumerate(cases):
+        out = tmp_path / f"s{i}.npz"
+        assert cli(*base, *extra, "--out", out) == 0
+        before = out.read_bytes()
+        capsys.readouterr()
+        assert cli(*base, "--out", out) == 1  # without the options: other settings, refused
+        err = capsys.readouterr().err
+        assert f"{out} holds a finished run made with other settings {diff} (its s{i}.npz.json, now)" in err, err
+        flipped = {k: (b, a) for k, (a, b) in diff.items()}
+        other = tmp_path / f"n{i}.npz"   # ... and the other way round
+        assert cli(*base, "--out", other) == 0
+        capsys.readouterr()
+        assert cli(*base, *extra, "--out", other) == 1
+        assert f"other settings {flipped} (its n{i}.npz.json, now)" in capsys.readouterr().err
+        assert cli(*base, *extra, "--out", out) == 0  # the same command: complete, nothing written
+        got = capsys.readouterr().out
+        assert f"{out} is already complete with these settings; nothing to do" in got and "wrote" not in got
+        assert out.read_bytes() == before
+    # a sidecar written before the size settings were recorded still matches the native command
+    sidecar = Path(f"{tmp_path / 'n0.npz'}.json")
+    old = {k: v for k, v in json.loads(sidecar.read_text()).items()
+           if k not in ("latent_size", "time_shift", "upscale_from", "strength")}
+    sidecar.write_text(json.dumps(old))
+    assert cli(*base, "--out", tmp_path / "n0.npz") == 0
+    assert "already complete" in capsys.readouterr().out
+
+
+def test_a_run_refused_after_recording_its_settings_does_not_block_the_corrected_one(run_dir, tmp_path, capsys):
+    """Issue 34 item 5: --time-shift with dpm-solver is refused by the sampler; the corrected
+    command starts (no shard was written), and a parts folder with shards still refuses with
+    the difference named."""
+    out = tmp_path / "t.npz"
+    base = ["--ckpt", run_dir, "--num-samples", 2, "--sampler", "dpm-solver", "--steps", 2, "--out", out]
+    assert cli(*base, "--time-shift", 2) == 1
+    assert "not to a diffusers scheduler (dpm-solver)" in capsys.readouterr().err
+    assert cli(*base) == 0
+    assert Path(f"{out}.json").is_file() and not Path(f"{out}.parts").exists()
+    cut = tmp_path / "cut.npz"
+    common = ["--ckpt", run_dir, "--num-samples", 4, *FAST, "--batch-size", 2, "--shard-size", 2, "--out", cut]
+    assert cli(*common, "--stop-after", 1) == 0
+    capsys.readouterr()
+    assert cli(*common, "--image-size", 16) == 1
+    assert f"{cut}.parts holds shards made with other settings {{'latent_size': ([8, 8], [16, 16])}}" in \
+        capsys.readouterr().err
+
+
+def test_disk_full_while_writing_shards_or_the_npz_is_one_line(run_dir, tmp_path, capsys, monkeypatch):
+    """Issue 34 item 12: the file, what was kept and the rerun; the rerun finishes the job."""
+    out = tmp_path / "s.npz"
+    common = ["--ckpt", run_dir, "--num-samples", 4, *FAST, "--batch-size", 2, "--shard-size", 2, "--out", out]
+    real_savez, real_open = np.savez, open
+    calls = []
+
+    def full_after_one(f, **arrays):
+        calls.append(1)
+        if len(calls) == 2:
+            f.write(b"partial")
+            raise OSError(28, "No space left on device")
+        return real_savez(f, **arrays)
+
+    monkeypatch.setattr(np, "savez", full_after_one)
+    assert cli(*common) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"error: cannot write {out}.parts/shard-000001.npz: [Errno 28] No space left on device (disk "
+                   f"full?); removed the partial file, kept 1 finished shard (2 samples) in {out}.parts: "
+                   f"free space and rerun the same command to resume")
+    assert sorted(p.name for p in Path(f"{out}.parts").iterdir()) == ["settings.json", "shard-000000.npz"]
+    monkeypatch.setattr(np, "savez", real_savez)
+    import nala_dit.sampling as sampling
+
+    real_zip = sampling.zipfile.ZipFile
+
+    def full_zip(f, mode="r", *args, **kwargs):
+        if mode == "w" and str(getattr(f, "name", "")).endswith("-s.npz"):  # the .npz, not a shard
+            f.write(b"partial")
+            raise OSError(28, "No space left on device")
+        return real_zip(f, mode, *args, **kwargs)
+
+    monkeypatch.setattr(sampling.zipfile, "ZipFile", full_zip)
+    assert cli(*common) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"error: cannot write {out}: [Errno 28] No space left on device (disk full?); removed the partial "
+                   f"file, kept 2 finished shards (4 samples) in {out}.parts: free space and rerun the same "
+                   f"command to assemble it")
+    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+    monkeypatch.undo()
+    assert cli(*common) == 0
+    with np.load(out) as done:
+        assert done["arr_0"].shape == (4, 8, 8, 1)

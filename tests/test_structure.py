@@ -134,7 +134,7 @@ ENTRY_POINTS = ["train.py", "sample.py", "evaluate_fid.py", "export.py", "extrac
                 *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*.py")), "tests/conftest.py"]
 _HEAVY_IMPORT = ("torch", "numpy", "triton", "diffusers", "accelerate", "torchvision", "torch_fidelity", "nala_dit.")
 # What the CLIs import before they parse (torch-free: test_cli_answers_without_heavy_imports).
-_LIGHT = {"nala_dit", "nala_dit.cli", "nala_dit.config", "nala_dit.options", "nala_dit.grid"}
+_LIGHT = {"nala_dit", "nala_dit.cli", "nala_dit.config", "nala_dit.options", "nala_dit.grid", "nala_dit.requirements"}
 
 
 def _first_heavy_import_and_passive_call(path: Path) -> tuple[int, int]:
