@@ -431,8 +431,12 @@ class DiTPipelineTransformer(ModelMixin, ConfigMixin):
         return Transformer2DModelOutput(sample=out) if return_dict else (out,)
 
 
-def diffusers_dit_pipeline(model: DiT, vae, scheduler=None, id2label: dict | None = None):
-    """diffusers' own ``DiTPipeline`` around our model (DDIM with our β schedule by default)."""
+def diffusers_dit_pipeline(model: DiT, vae, scheduler=None, id2label: dict | None = None, latent_norm=None):
+    """diffusers' own ``DiTPipeline`` around our model (DDIM with our β schedule by default).
+
+    ``DiTPipeline`` decodes ``latents / vae.config.scaling_factor``, nothing else: a model
+    trained with other latent statistics (``latent_norm``: its ``LatentNorm``, e.g.
+    ``source.latent_norm``) is refused rather than decoded wrongly."""
     from diffusers import DiTPipeline
 
     from .diffusion import GaussianDiffusion
@@ -440,6 +444,11 @@ def diffusers_dit_pipeline(model: DiT, vae, scheduler=None, id2label: dict | Non
 
     if vae is None:
         raise ValueError("diffusers' DiTPipeline always decodes with a VAE; pixel-space models need NaLaDiTPipeline")
+    if latent_norm is not None and (latent_norm.mode != "scalar"
+                                    or latent_norm.scale != float(vae.config.scaling_factor)):
+        raise ValueError(f"diffusers' DiTPipeline decodes with the VAE's scaling_factor "
+                         f"{vae.config.scaling_factor} only, and this model was trained with latent norm "
+                         f"{latent_norm.to_dict()}: use NaLaDiTPipeline (export.py checkpoint), which decodes with it")
     if scheduler is None:
         scheduler = diffusers_scheduler("ddim", GaussianDiffusion.from_schedule("linear", 1000, "learned_range"))
     return DiTPipeline(transformer=DiTPipelineTransformer.from_dit(model), vae=vae, scheduler=scheduler,

@@ -124,6 +124,13 @@ def test_our_dit_inside_diffusers_dit_pipeline(tiny_vae, tmp_path):
     torch.testing.assert_close(pipe.transformer(x, timestep=t, class_labels=y).sample, model(x, t, y))
     with pytest.raises(ValueError, match="null class as 1000"):
         DiTPipelineTransformer.from_dit(tiny("NaLaDiT-T/4", in_channels=4, num_classes=10))
+    # DiTPipeline decodes latents / scaling_factor only: other latent statistics are refused, not decoded wrongly.
+    from nala_dit.latent_norm import LatentNorm
+    same = LatentNorm.scalar(vae.config.scaling_factor)
+    assert isinstance(diffusers_dit_pipeline(model, vae, latent_norm=same), DiTPipeline)
+    for other in (LatentNorm.channel([0.1, 0, 0, 0], [1.1, 1, 1, 1]), LatentNorm.scalar(0.5)):
+        with pytest.raises(ValueError, match="use NaLaDiTPipeline"):
+            diffusers_dit_pipeline(model, vae, latent_norm=other)
 
 
 GENERIC_LOAD = """

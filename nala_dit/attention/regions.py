@@ -2,7 +2,7 @@
 
 One global state ``S = (1/N) Σ_j φ_k(k_j) v_jᵀ`` has rank ≤ 2D however many tokens it
 averages, so every query reads the same small summary of thousands of tokens (MHLA's
-"global context collapse", ``../shared/docs/QUALITY4K.md``). Region states restore rank:
+"global context collapse": MHLA, arXiv 2601.07832). Region states restore rank:
 
 * the h × w token grid is cut into R × R regions; region ``(a, b)`` holds the rows
   ``[⌊a·h/R⌋, ⌊(a+1)·h/R⌋)`` and the columns ``[⌊b·w/R⌋, ⌊(b+1)·w/R⌋)`` (``region_bounds``:
