@@ -189,7 +189,9 @@ def test_every_printed_command_says_how_to_reach_the_venv(page):
 def test_pages_never_cite_files_outside_the_repository():
     """Issue 34 item 13: the repository cites papers and public repositories, never the
     development machine's ``../shared`` notes (a reader's clone has no such folder)."""
-    pages = [*DOC_PAGES, *sorted((ROOT / "benchmarks").rglob("*.md")), *sorted((ROOT / "configs").glob("*.yaml"))]
+    pages = [*DOC_PAGES, *sorted((ROOT / "benchmarks").rglob("*.md")), *sorted((ROOT / "configs").glob("*.yaml")),
+             *sorted((ROOT / "nala_dit").rglob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.py")),
+             *sorted(ROOT.glob("*.py"))]
     cited = [f"{p.relative_to(ROOT)}:{i}" for p in pages
              for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\.\./shared|shared/docs", line)]
     assert cited == []
