@@ -426,6 +426,7 @@ class TrainConfig:
         if self.sample_sampler is not None and self.sample_sampler not in sampler_names:
             raise ValueError(f"--sample-sampler {self.sample_sampler} is not a sampler for {self.model} "
                              f"({objective}); choose one of {', '.join(sampler_names)}")
+        self._check_grid_options(objective)
         if self.num_workers is not None and self.num_workers < 0:
             raise ValueError(f"num-workers must be >= 0, got {self.num_workers}")
         if self.threads is not None and self.threads < 1:
@@ -452,6 +453,33 @@ class TrainConfig:
         for name in ("log_every", "ckpt_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1")
+
+    def _check_grid_options(self, objective: str) -> None:
+        """The sample-grid options, checked now: a grid is drawn every ``sample_every`` steps,
+        and one that cannot be drawn would stop the run there (hours in, for the ImageNet
+        configs). Whatever ``generate`` would refuse at the first grid is refused here."""
+        if self.diffusion_steps < 1:
+            raise ValueError(f"--diffusion-steps must be >= 1, got {self.diffusion_steps}")
+        if self.sample_every < 0:
+            raise ValueError(f"--sample-every must be >= 0 (0 = no grids), got {self.sample_every}")
+        if self.sample_every == 0:
+            return
+        try:
+            self.sample_cfg_scale = parse_cfg_scale(self.sample_cfg_scale)
+        except ValueError as err:
+            raise ValueError(f"--sample-cfg-scale: {err}") from None
+        sampler = self.sample_sampler or ("ddim" if objective == "diffusion" else "ode-heun")  # write_sample_grid's
+        least = 2 if sampler.startswith("sde-") else 1
+        if self.sample_steps < least:
+            why = " (its last step is one of them)" if least == 2 else ""
+            raise ValueError(f"--sample-steps must be >= {least} for {sampler}{why}, got {self.sample_steps}")
+        if objective == "diffusion" and self.sample_steps > self.diffusion_steps:
+            raise ValueError(f"--sample-steps {self.sample_steps} is more than the {self.diffusion_steps} "
+                             f"--diffusion-steps a {sampler} grid can take; use at most {self.diffusion_steps}")
+        if self.sample_cfg_scale != 1.0 and self.class_dropout_prob <= 0:
+            raise ValueError(f"--sample-cfg-scale {self.sample_cfg_scale} needs an unconditional model, but "
+                             f"--class-dropout-prob {self.class_dropout_prob} trains none; use --sample-cfg-scale 1 "
+                             f"or a --class-dropout-prob above 0")
 
     def run_dir(self) -> Path:
         return Path(self.results_dir) / (self.exp_name or self.model.replace("/", "-"))

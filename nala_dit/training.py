@@ -520,14 +520,14 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             window_terms.zero_()
             window_steps, window_start = 0, time.perf_counter()
         progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
+        if step % cfg.ckpt_every == 0 or step == cfg.max_steps:  # before the grid: a failed grid loses no steps
+            check_finite()
+            checkpoint()
         if cfg.sample_every > 0 and step % cfg.sample_every == 0:
             check_finite()  # every rank: a diverged run stops with its own message, not with NaN samples
             if accelerator.is_main_process:
                 write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
                                   cfg, vae, scaling, nrow=min(dataset.num_classes, 8))
-        if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
-            check_finite()
-            checkpoint()
     progress.close()
     logger.close()
     accelerator.end_training()
