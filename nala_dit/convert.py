@@ -364,11 +364,42 @@ def init_from(path: str | os.PathLike, student: DiT, student_preset: str, mode: 
     if not same and mode == "attention-qkv" and theirs.num_heads != ours.num_heads:
         raise ValueError(f"--inherit attention-qkv: the source has {theirs.num_heads} heads, the student "
                          f"{ours.num_heads}; use all-but-attention or the same head count")
+    _check_structure(ref, student, same)
     # The student's positions continue the source's: its base grid, recomputed table.
     student.rebase(theirs.get("base_size") or theirs.input_size)
     report = inherit(student, ref.model.state_dict(), "all" if same else mode)
     report.sizes = (theirs.input_size, ours.input_size, student.config.base_size, ours.pos_embed, ours.patch_size)
     return report
+
+
+def _check_structure(ref: Reference, student: DiT, same_attention: bool) -> None:
+    """Refuse a source whose trained tensors the student has no place for, naming the flag
+    that gives it one: Mix-FFN convs (``--mlp mix``), region weights (``--nala-regions R``),
+    and, for a source of the student's own attention, another hybrid schedule
+    (``--softmax-blocks``: a block's softmax and linear layers hold different tensors).
+    The other way round (a student with more structure) is growth that keeps the source's
+    function (``_grown``), and a softmax source's blocks fill a hybrid's softmax blocks."""
+    theirs, ours = ref.model.config, student.config
+    source = ref.model.state_dict()
+
+    def numbers(part: str) -> int:
+        return sum(v.numel() for k, v in source.items() if part in k)
+
+    if theirs.get("mlp", "mlp") == "mix" and ours.get("mlp", "mlp") != "mix":
+        raise ValueError(f"--init-from {ref.path} is a Mix-FFN model (--mlp mix): a student without it would drop "
+                         f"its trained depthwise convs (blocks.*.mlp.dwconv, {numbers('.mlp.dwconv.'):,} numbers); "
+                         f"pass --mlp mix")
+    regions = theirs.get("nala_regions") or 1
+    if regions > 1 and (ours.get("nala_regions") or 1) == 1:
+        raise ValueError(f"--init-from {ref.path} has {regions}x{regions} region states (--nala-regions {regions}): "
+                         f"a student without them would drop their trained mixing weights (blocks.*.attn.region_logits, "
+                         f"{numbers('.attn.region_logits'):,} numbers); pass --nala-regions {regions}")
+    blocks = [list(c.get("softmax_blocks") or ()) for c in (theirs, ours)]
+    if same_attention and blocks[0] != blocks[1]:
+        shown = [",".join(map(str, b)) or "none" for b in blocks]
+        what = f"softmax blocks {shown[0]} (--softmax-blocks {shown[0]})" if blocks[0] else "no softmax blocks"
+        raise ValueError(f"--init-from {ref.path} has {what}, the student {shown[1]}: a block's softmax and linear "
+                         f"layers hold different tensors; pass --softmax-blocks {shown[0]}")
 
 
 # ------------------------------------------------------------------ distillation

@@ -70,3 +70,74 @@ def test_a_grid_that_fails_loses_no_steps(tmp_path, capsys):
     assert code == 1 and "error:" in err and "samples" in err
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["0000002"]
     assert (run / "samples").read_text() == "not a folder"  # nothing a user made is touched
+
+
+# --- item 3: --init-from never drops trained tensors of a structure the student lacks
+
+
+def _source_run(path, **model_kwargs):
+    """A train.py-style run folder: a NaLaDiT-T/2 on 8-px digits with ``model_kwargs``."""
+    import torch
+
+    from nala_dit.checkpoint import save_checkpoint
+    from nala_dit.config import to_dict
+    from nala_dit.models import create_model
+
+    model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10, **model_kwargs)
+    cfg = TrainConfig(model="NaLaDiT-T/2", data="digits", **{k: str(v) if k == "softmax_blocks" else v
+                                                              for k, v in model_kwargs.items()})
+    state = dict(step=1, epoch=0, position=1, world_size=1, config=to_dict(cfg), model_config=dict(model.config))
+    save_checkpoint(path / "checkpoints", model=model, ema=model, state=state,
+                    optimizer=torch.optim.AdamW(model.parameters()), rng_states=[torch.get_rng_state()])
+    return path
+
+
+@pytest.mark.parametrize("source,student,message", [
+    (dict(mlp="mix"), {}, "is a Mix-FFN model (--mlp mix): a student without it would drop its trained "
+                          "depthwise convs (blocks.*.mlp.dwconv, 20,480 numbers); pass --mlp mix"),
+    (dict(nala_regions=2), {}, "has 2x2 region states (--nala-regions 2): a student without them would drop "
+                               "their trained mixing weights (blocks.*.attn.region_logits, 256 numbers); pass "
+                               "--nala-regions 2"),
+    (dict(softmax_blocks="1,3"), {}, "has softmax blocks 1,3 (--softmax-blocks 1,3), the student none: a block's "
+                                     "softmax and linear layers hold different tensors; pass --softmax-blocks 1,3"),
+    ({}, dict(softmax_blocks="every:2"), "has no softmax blocks, the student 1,3: a block's softmax and linear "
+                                         "layers hold different tensors; pass --softmax-blocks none"),
+    (dict(softmax_blocks="1"), dict(softmax_blocks="3"), "has softmax blocks 1 (--softmax-blocks 1), the student 3: "
+                                                         "a block's softmax and linear layers hold different tensors; "
+                                                         "pass --softmax-blocks 1"),
+])
+def test_init_from_a_structure_the_student_lacks_is_refused_naming_the_flag(tmp_path, source, student, message):
+    from nala_dit import convert
+    from nala_dit.config import to_dict
+    from nala_dit.models import create_model
+
+    run = _source_run(tmp_path / "src", **source)
+    model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10, **student)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = TrainConfig(model="NaLaDiT-T/2", data="digits")
+    with pytest.raises(ValueError) as err:
+        convert.init_from(str(run), model, "NaLaDiT-T/2", "all-but-attention", to_dict(cfg))
+    assert "\n" not in str(err.value)
+    assert message in str(err.value), str(err.value)
+    assert all(v.equal(before[k]) for k, v in model.state_dict().items())  # nothing was copied
+
+
+def test_init_from_that_adds_structure_keeps_the_function_and_the_refusal_reaches_train_py(tmp_path, capsys):
+    """The other way round is growth, not loss: a plain source into a Mix-FFN / 2x2-region
+    student starts as the source's function (identity conv, w = 1: test_regions); and
+    train.py says the refusal in one line, the flag to pass included."""
+    from nala_dit import convert
+    from nala_dit.config import to_dict
+    from nala_dit.models import create_model
+
+    run = _source_run(tmp_path / "plain")
+    model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10, mlp="mix", nala_regions=2)
+    report = convert.init_from(str(run), model, "NaLaDiT-T/2", "all-but-attention",
+                               to_dict(TrainConfig(model="NaLaDiT-T/2")))
+    assert report.counts()["dropped"] == (0, 0)
+    mix = _source_run(tmp_path / "mix", mlp="mix")
+    code = train_cli.main(["--model", "NaLaDiT-T/2", "--init-from", str(mix), "--data", "digits", "--max-steps", "1",
+                           "--num-workers", "0", "--results-dir", str(tmp_path), "--exp-name", "student"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "; pass --mlp mix" in err, err
+    assert not (tmp_path / "student").exists()
