@@ -21,9 +21,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from . import convert
+from .attention.regions import check_regions
 from . import data as data_lib
 from .checkpoint import (build_objective, check_finite_weights, config_changes, list_checkpoints, open_checkpoint,
-                         remove_temporaries, save_checkpoint, set_aside_newer)
+                         remove_temporaries, resumable_gradient_sync, save_checkpoint, set_aside_newer)
 from .config import dump_yaml, to_dict
 from .generate import decode, generate
 from .grid import latent_size, vae_factor
@@ -327,6 +328,9 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         if isinstance(dataset, data_lib.LatentDataset):
             scaling = dataset.scaling_factor
     channels, side = model_space(dataset, vae, int(cfg.model.rsplit("/", 1)[1]))
+    grid = side // int(cfg.model.rsplit("/", 1)[1])
+    if cfg.nala_regions:  # R against the token grid before the model (and its R⁴ region weights) is built
+        check_regions(cfg.nala_regions, (grid, grid), grid * grid)
     model = build_model(cfg, dataset.num_classes, channels, side)
     init_report = None
     if resume_from is not None:
@@ -383,6 +387,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     enable(model, context)   # after the EMA copy: the EMA (sample grids on one process) runs whole
     train_model = torch.compile(model) if cfg.compile else model
     train_model, optimizer = accelerator.prepare(train_model, optimizer)
+    resumable_gradient_sync(train_model)   # CPU processes: the same gradient sums resumed or not
     ema.to(device)
     logger = Logger(run_dir, accelerator.is_main_process, step)
 

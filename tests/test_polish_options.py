@@ -141,3 +141,98 @@ def test_init_from_that_adds_structure_keeps_the_function_and_the_refusal_reache
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1 and "; pass --mlp mix" in err, err
     assert not (tmp_path / "student").exists()
+
+
+# --- item 6: --nala-regions is checked before the model is built, and bounded
+
+
+REGION_BOUND = "is more than 16 regions per side: the mixing weights grow as R⁴: H·R⁴ numbers per layer, 256 per " \
+               "head at R = 4, 65,536 at R = 16, "
+
+
+@pytest.mark.parametrize("text,value", [("1e9", "1000000000"), ("1_000", "1000"), ("100", "100")])
+def test_nala_regions_out_of_bound_is_one_line_in_yaml_and_flags(tmp_path, capsys, text, value):
+    (tmp_path / "c.yaml").write_text(f"model: NaLaDiT-T/2\nnala-regions: {text}\n")
+    line = dry_run_error(capsys, "--config", str(tmp_path / "c.yaml"))
+    assert f"nala-regions {value} {REGION_BOUND}" in line and "use 2 to 16" in line
+    if text == "100":
+        assert "100,000,000 at R = 100;" in dry_run_error(capsys, "--model", "NaLaDiT-T/2", "--nala-regions", "100")
+
+
+def test_nala_regions_against_the_grid_is_refused_before_the_model_is_built(tmp_path, capsys, monkeypatch):
+    from nala_dit import training
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model was built before --nala-regions was checked against the grid")
+
+    monkeypatch.setattr(training, "build_model", no_build)
+    code = train_cli.main(["--model", "NaLaDiT-T/2", "--data", "digits", "--nala-regions", "5", "--num-workers", "0",
+                           "--results-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert "error: nala-regions 5 cuts each side into 5 bands, but the token grid is 4x4: use at most 4 regions " \
+           "per side at this size" in err
+
+
+def test_nala_regions_in_an_edited_stored_config_is_one_line(tmp_path, capsys):
+    """A run's ``state.json`` and a pipeline's ``transformer/config.json`` with R = 10⁹:
+    refused before any region weight is made (10⁹⁴ · H numbers per layer)."""
+    import json
+
+    import export
+    import sample
+    from nala_dit import checkpoint as ckpt_lib
+    from tests.test_sample_cli import FAST, write_checkpoint
+
+    run = write_checkpoint(tmp_path / "run", nala_regions=2)
+    pipe = tmp_path / "pipe"
+    assert export.main(["checkpoint", str(run), str(pipe)]) == 0
+    state_file = ckpt_lib.find_checkpoint(run) / ckpt_lib.STATE
+    state = json.loads(state_file.read_text())
+    state["model_config"]["nala_regions"] = 10 ** 9
+    state_file.write_text(json.dumps(state))
+    config_file = pipe / "transformer" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "nala_regions": 10 ** 9}))
+    capsys.readouterr()
+    for where, file in ((run, state_file), (pipe, config_file)):
+        assert sample.main(["--ckpt", str(where), "--labels", "1", *FAST, "--grid", str(tmp_path / "g.png")]) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert str(file) in err and f"nala-regions 1000000000 {REGION_BOUND}1.0e+36 at R = 1000000000" in err, err
+
+
+# --- item 7: choice flags and list-valued YAML keys
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--mlp", "none"], "--mlp expects one of 'mlp', 'mix', got 'none' (every block has an MLP: 'mlp' is DiT's, the "
+                        "default; 'mix' is Mix-FFN, a 3x3 depthwise conv between its linears)"),
+    (["--attention", "None"], "--attention expects one of 'softmax', 'nala', 'relu', 'elu', 'softmax_gated', got "
+                              "'None'"),
+])
+def test_none_for_a_choice_flag_names_the_choices(capsys, argv, message):
+    line = dry_run_error(capsys, "--model", "NaLaDiT-T/2", *argv)
+    assert message in line and "invalid choice: None" not in line
+
+
+def test_pos_embed_none_is_the_choice_none():
+    """``none`` is one of --pos-embed's choices (LePE only); the flag refused it as None."""
+    assert resolve(TrainConfig, ["--pos-embed", "none"])[0].pos_embed == "none"
+    assert resolve(TrainConfig, ["--mlp", "mix"])[0].mlp == "mix"
+
+
+def test_yaml_softmax_blocks_in_the_list_form_of_stored_configs(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text("model: NaLaDiT-T/2\nsoftmax-blocks: [1, 3]\nallow-changes: [lr, mlp]\n")
+    cfg, _ = resolve(TrainConfig, ["--config", str(tmp_path / "c.yaml")])
+    assert (cfg.softmax_blocks, cfg.allow_changes) == ("1,3", "lr,mlp")
+    (tmp_path / "c.yaml").write_text("model: NaLaDiT-T/2\nsoftmax-blocks: [1, 7]\n")
+    assert "softmax-blocks '1,7': block 7 does not exist in a 4-block model; use indices 0..3" in \
+        dry_run_error(capsys, "--config", str(tmp_path / "c.yaml"))
+
+
+def test_a_very_deep_yaml_list_is_one_line(tmp_path, capsys):
+    path = tmp_path / "deep.yaml"
+    path.write_text("lr: " + "[" * 5_000 + "]" * 5_000 + "\n")  # past Python's recursion limit, as 100,000 is
+    assert dry_run_error(capsys, "--config", str(path)).split(": error: ", 1)[1] == (
+        f"{path}: nested too deeply to read (lists or mappings inside each other thousands of levels "
+        f"deep); a config holds plain values and short lists")
