@@ -24,7 +24,7 @@ from . import convert
 from .attention.regions import check_regions
 from . import data as data_lib
 from .checkpoint import (build_objective, check_finite_weights, config_changes, list_checkpoints, open_checkpoint,
-                         remove_temporaries, resumable_gradient_sync, save_checkpoint, set_aside_newer)
+                         remove_temporaries, save_checkpoint, set_aside_newer)
 from .config import dump_yaml, to_dict
 from .generate import decode, generate
 from .grid import latent_size, vae_factor
@@ -216,12 +216,9 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
     changes = config_changes(ckpt, to_dict(cfg), dict(model.config))
     allowed = {k.strip().replace("_", "-") for k in (cfg.allow_changes or "").split(",") if k.strip()}
     refused = {k: v for k, v in changes.items() if k not in allowed}
-    if refused:
-        listed = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in refused.items())
-        raise ValueError(
-            f"checkpoint {ckpt.path} was trained with other settings ({listed}). Resume with the checkpoint's "
-            f"settings, or pass --allow-changes {','.join(refused)} to change them deliberately"
-        )
+    if changes and (problem := convert.resume_refusal(ckpt, changes, refused, model, cfg.model, to_dict(cfg),
+                                                      cfg.run_dir().name)):
+        raise ValueError(problem)  # the advice names only what works: --allow-changes, or --init-from a new run
     for k, (a, b) in changes.items():
         print(f"resume: {k} changes from {a!r} to {b!r} (--allow-changes)")
     if ckpt.state["world_size"] != world:
@@ -284,7 +281,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
 
     from .progress import progress_bar
 
-    from .context_parallel import ContextParallel, enable, row_split
+    from .context_parallel import ContextParallel, enable, resumable_gradient_sync, row_split
 
     # Context parallel: the P processes of a group hold the same samples (one data rank), so
     # data order, RNG streams and the batch split follow the data rank; each process runs

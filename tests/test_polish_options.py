@@ -102,6 +102,9 @@ def _source_run(path, **model_kwargs):
                                      "softmax and linear layers hold different tensors; pass --softmax-blocks 1,3"),
     ({}, dict(softmax_blocks="every:2"), "has no softmax blocks, the student 1,3: a block's softmax and linear "
                                          "layers hold different tensors; pass --softmax-blocks none"),
+    (dict(lepe=True), dict(lepe=False), "has trained tensors the student lacks (blocks.*.attn.lepe.bias, "
+                                        "blocks.*.attn.lepe.weight: 13,312 numbers) that would be dropped; pass "
+                                        "--lepe true"),
     (dict(softmax_blocks="1"), dict(softmax_blocks="3"), "has softmax blocks 1 (--softmax-blocks 1), the student 3: "
                                                          "a block's softmax and linear layers hold different tensors; "
                                                          "pass --softmax-blocks 1"),
@@ -236,3 +239,62 @@ def test_a_very_deep_yaml_list_is_one_line(tmp_path, capsys):
     assert dry_run_error(capsys, "--config", str(path)).split(": error: ", 1)[1] == (
         f"{path}: nested too deeply to read (lists or mappings inside each other thousands of levels "
         f"deep); a config holds plain values and short lists")
+
+
+# --- item 9: resume advice names only what works
+
+
+def _train_main(tmp_path, *argv):
+    from tests.test_training import TINY_RUN
+
+    return train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), *argv])
+
+
+def _one_error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line[line.index("error:"):] for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_resume_with_a_new_structure_suggests_a_new_run_and_the_command_works(tmp_path, capsys):
+    """--mlp mix on a plain run: --allow-changes cannot load the weights, so the error names
+    --init-from into a new run; that command, as printed, trains."""
+    import re
+
+    from nala_dit import checkpoint as ckpt_lib
+
+    assert _train_main(tmp_path, "--exp-name", "run", "--max-steps", "1", "--ckpt-every", "1") == 0
+    capsys.readouterr()
+    ckpt = tmp_path / "run" / "checkpoints" / "0000001"
+    for allow in ([], ["--allow-changes", "mlp"]):
+        assert _train_main(tmp_path, "--exp-name", "run", "--max-steps", "2", "--resume", "auto", "--mlp", "mix",
+                           *allow) == 1
+        err = _one_error(capsys)
+        assert f"checkpoint {ckpt} was trained with other settings (mlp: 'mlp' in the checkpoint, 'mix' now). Its " \
+               f"weights do not fit the model these settings build (8 missing (e.g. blocks.0.mlp.dwconv.weight)), " \
+               f"so this run cannot continue with them (--allow-changes cannot help): resume with the " \
+               f"checkpoint's settings (--mlp mlp); or to train with the new settings, start a new run from its " \
+               f"weights: drop --resume (and --allow-changes) and pass --init-from {ckpt} --exp-name run-mlp" in err
+        assert "pass --allow-changes" not in err
+    suggested = re.search(r"pass (--init-from \S+ --exp-name \S+)$", err).group(1).split()
+    assert _train_main(tmp_path, "--max-steps", "1", "--mlp", "mix", *suggested) == 0
+    assert ckpt_lib.open_checkpoint(tmp_path / "run-mlp").model_config["mlp"] == "mix"
+    # the other advice works too: the checkpoint's own setting resumes
+    assert _train_main(tmp_path, "--exp-name", "run", "--max-steps", "2", "--resume", "auto", "--mlp", "mlp") == 0
+
+
+@pytest.mark.parametrize("source,now,own,reason", [
+    (["--mlp", "mix"], ["--mlp", "mlp"], "--mlp mix", "is a Mix-FFN model (--mlp mix): a student without it would "
+                                                      "drop its trained depthwise convs"),
+    (["--nala-regions", "2"], ["--nala-regions", "1"], "--nala-regions 2", "has 2x2 region states"),
+    ([], ["--softmax-blocks", "1"], "--softmax-blocks none", "has no softmax blocks, the student 1"),
+])
+def test_resume_advice_never_suggests_what_fails(tmp_path, capsys, source, now, own, reason):
+    assert _train_main(tmp_path, "--exp-name", "run", "--max-steps", "1", "--ckpt-every", "1", *source) == 0
+    capsys.readouterr()
+    assert _train_main(tmp_path, "--exp-name", "run", "--max-steps", "2", "--resume", "auto", *now) == 1
+    err = _one_error(capsys)
+    assert f"resume with the checkpoint's settings ({own}); or a new run cannot start from its weights either" in err
+    assert reason in err and "--allow-changes " not in err.replace("(--allow-changes cannot help)", "")
+    assert _train_main(tmp_path, "--exp-name", "run", "--max-steps", "2", "--resume", "auto", *own.split()) == 0
