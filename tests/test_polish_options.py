@@ -298,3 +298,42 @@ def test_resume_advice_never_suggests_what_fails(tmp_path, capsys, source, now, 
     assert f"resume with the checkpoint's settings ({own}); or a new run cannot start from its weights either" in err
     assert reason in err and "--allow-changes " not in err.replace("(--allow-changes cannot help)", "")
     assert _train_main(tmp_path, "--exp-name", "run", "--max-steps", "2", "--resume", "auto", *own.split()) == 0
+
+
+# --- item 12 (training): what a resume across context-parallel sizes gives; the first line names the hybrid
+
+
+def test_resume_across_context_parallel_sizes_says_fp32_close(tmp_path, capsys):
+    """A 1-process run's checkpoint, its config edited as a --context-parallel 2 run's would
+    be (world size 1 either way: one data-parallel group), resumed in one process."""
+    import json
+
+    from nala_dit import checkpoint as ckpt_lib
+
+    assert _train_main(tmp_path, "--exp-name", "run", "--max-steps", "1", "--ckpt-every", "1") == 0
+    state_file = ckpt_lib.find_checkpoint(tmp_path / "run") / ckpt_lib.STATE
+    state = json.loads(state_file.read_text())
+    state["config"]["context-parallel"] = 2
+    state_file.write_text(json.dumps(state))
+    capsys.readouterr()
+    assert _train_main(tmp_path, "--exp-name", "run", "--max-steps", "2", "--resume", "auto") == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "context-parallel" in line]
+    assert lines == ["resume: the checkpoint was trained with --context-parallel 2, this run uses 1: it continues "
+                     "fp32-close to an uninterrupted run, not bit for bit (the split adds in another order; 2 "
+                     "processes against 1: 1.3e-6 apart after 3 steps, docs/highres.md)"]
+    assert _train_main(tmp_path, "--exp-name", "run", "--max-steps", "3", "--resume", "auto") == 0
+    assert "context-parallel" not in capsys.readouterr().out  # same size: nothing to say
+
+
+def test_start_line_names_the_softmax_blocks(tmp_path, capsys):
+    from nala_dit.models import create_model
+    from nala_dit.training import attention_path
+
+    hybrid = dict(create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10,
+                               softmax_blocks="1,3").config)
+    assert attention_path(hybrid, "cpu", "no") == "nala (fused) with softmax in blocks 1, 3 (--softmax-blocks 1,3)"
+    assert attention_path(dict(hybrid, softmax_blocks=None), "cpu", "no") == "nala (fused)"
+    assert _train_main(tmp_path, "--exp-name", "run", "--max-steps", "1", "--softmax-blocks", "every:2") == 0
+    start = [line for line in capsys.readouterr().out.splitlines() if line.startswith("start:")]
+    assert start == ["start: 1 process on 1× cpu, global batch 8 (8 per process, grad-accum 1), precision no, "
+                     "attention nala (fused) with softmax in blocks 1, 3 (--softmax-blocks 1,3)"]
