@@ -419,4 +419,3 @@ def build_objective(model_config: dict, train_config: dict):
         sample_eps=train_config.get("sample-eps"),
         time_shift=shift,
     )
-

@@ -21,8 +21,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from . import convert
-from .attention.regions import check_regions
 from . import data as data_lib
+from .attention.regions import check_regions
 from .checkpoint import (build_objective, check_finite_weights, config_changes, list_checkpoints, open_checkpoint,
                          remove_temporaries, save_checkpoint, set_aside_newer)
 from .config import dump_yaml, to_dict
