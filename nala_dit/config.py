@@ -68,6 +68,25 @@ def _parse_value(text: str, typ: type, optional: bool, name: str):
         raise argparse.ArgumentTypeError(f"--{name} expects {what}{example}, got {shown(text)}") from None
 
 
+def _parse_choice(text: str, choices, name: str) -> str:
+    """A choice flag's value, checked by argparse against ``choices`` after this. Only
+    ``none`` / ``null`` need care: they are the choice ``none`` where there is one
+    (``--pos-embed none``), else an error naming the choices (argparse would answer
+    "invalid choice: None", a value the user never typed)."""
+    if text in choices or text.lower() not in ("none", "null"):
+        return text
+    if "none" in choices:
+        return "none"
+    listed = ", ".join(map(repr, choices))
+    hint = CHOICE_HINTS.get(name.replace("-", "_"), "")
+    raise argparse.ArgumentTypeError(f"--{name} expects one of {listed}, got {shown(text)}{hint}")
+
+
+# What a value outside a flag's choices may have meant.
+CHOICE_HINTS = {"mlp": " (every block has an MLP: 'mlp' is DiT's, the default; 'mix' is Mix-FFN, a 3x3 depthwise "
+                       "conv between its linears)"}
+
+
 def build_parser(cls, description: str | None = None, epilog: str | None = None) -> argparse.ArgumentParser:
     """An argparse parser with one flag per dataclass field (help from field metadata)."""
     parser = ArgumentParser(description=description, epilog=epilog)
@@ -86,7 +105,8 @@ def build_parser(cls, description: str | None = None, epilog: str | None = None)
         kwargs = dict(dest=field.name, default=argparse.SUPPRESS, help=f"{text} (default: {default})" if shown else text)
         if "choices" in field.metadata:
             kwargs["choices"] = field.metadata["choices"]
-        if typ is bool:
+            kwargs["type"] = lambda s, c=tuple(field.metadata["choices"]), n=name: _parse_choice(s, c, n)
+        elif typ is bool:
             kwargs["type"] = lambda s, n=name: _parse_value(s, bool, False, n)
             kwargs["nargs"] = "?"
             kwargs["const"] = True
@@ -174,6 +194,9 @@ def load_yaml(path: Path, cls) -> dict:
         data = yaml.load(path.read_text(), Loader=ConfigLoader) or {}
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: {yaml_problem(err)}") from None
+    except RecursionError:  # the parser recurses per level: a 100,000-deep list
+        raise ValueError(f"{path}: nested too deeply to read (lists or mappings inside each other thousands of "
+                         f"levels deep); a config holds plain values and short lists") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a config must be a mapping of flag: value, got {type(data).__name__}")
     flags = {flag_name(f.name): f.name for f in dataclasses.fields(cls)}
@@ -208,6 +231,10 @@ def check_types(cfg) -> None:
             setattr(cfg, field.name, value)
         elif typ is str and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)  # a number in YAML for a field that also takes words (norm-scale)
+            setattr(cfg, field.name, value)
+        elif typ is str and field.metadata.get("comma_list") and isinstance(value, list) \
+                and all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in value):
+            value = ",".join(map(str, value))  # softmax-blocks: [1, 3], as model configs store it
             setattr(cfg, field.name, value)
         elif typ in (int, float, str, bool) and (not isinstance(value, typ)
                                                  or (typ is not bool and isinstance(value, bool))):  # max-steps: true

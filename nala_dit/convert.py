@@ -31,6 +31,7 @@ the student recomputes it under its ``pos_embed`` policy with the source's base 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -364,11 +365,102 @@ def init_from(path: str | os.PathLike, student: DiT, student_preset: str, mode: 
     if not same and mode == "attention-qkv" and theirs.num_heads != ours.num_heads:
         raise ValueError(f"--inherit attention-qkv: the source has {theirs.num_heads} heads, the student "
                          f"{ours.num_heads}; use all-but-attention or the same head count")
+    _check_structure(ref, student, same)
     # The student's positions continue the source's: its base grid, recomputed table.
     student.rebase(theirs.get("base_size") or theirs.input_size)
     report = inherit(student, ref.model.state_dict(), "all" if same else mode)
     report.sizes = (theirs.input_size, ours.input_size, student.config.base_size, ours.pos_embed, ours.patch_size)
     return report
+
+
+def _check_structure(ref: Reference, student: DiT, same_attention: bool) -> None:
+    """Refuse a source whose trained tensors the student has no place for, naming the flag
+    that gives it one: Mix-FFN convs (``--mlp mix``), region weights (``--nala-regions R``),
+    and, for a source of the student's own attention, another hybrid schedule
+    (``--softmax-blocks``: a block's softmax and linear layers hold different tensors).
+    The other way round (a student with more structure) is growth that keeps the source's
+    function (``_grown``), and a softmax source's blocks fill a hybrid's softmax blocks."""
+    theirs, ours = ref.model.config, student.config
+    source = ref.model.state_dict()
+
+    def numbers(part: str) -> int:
+        return sum(v.numel() for k, v in source.items() if part in k)
+
+    if theirs.get("mlp", "mlp") == "mix" and ours.get("mlp", "mlp") != "mix":
+        raise ValueError(f"--init-from {ref.path} is a Mix-FFN model (--mlp mix): a student without it would drop "
+                         f"its trained depthwise convs (blocks.*.mlp.dwconv, {numbers('.mlp.dwconv.'):,} numbers); "
+                         f"pass --mlp mix")
+    regions = theirs.get("nala_regions") or 1
+    if regions > 1 and (ours.get("nala_regions") or 1) == 1:
+        raise ValueError(f"--init-from {ref.path} has {regions}x{regions} region states (--nala-regions {regions}): "
+                         f"a student without them would drop their trained mixing weights (blocks.*.attn.region_logits, "
+                         f"{numbers('.attn.region_logits'):,} numbers); pass --nala-regions {regions}")
+    blocks = [list(c.get("softmax_blocks") or ()) for c in (theirs, ours)]
+    if same_attention and blocks[0] != blocks[1]:
+        shown = [",".join(map(str, b)) or "none" for b in blocks]
+        what = f"softmax blocks {shown[0]} (--softmax-blocks {shown[0]})" if blocks[0] else "no softmax blocks"
+        raise ValueError(f"--init-from {ref.path} has {what}, the student {shown[1]}: a block's softmax and linear "
+                         f"layers hold different tensors; pass --softmax-blocks {shown[0]}")
+    ours_keys = student.state_dict()
+    lost = [k for k in source if same_attention and k not in ours_keys and k not in _POSITIONAL]
+    if lost:  # any other option whose trained tensors the student has no place for (--lepe, --norm-scale ...)
+        groups = sorted({re.sub(r"\.\d+\.", ".*.", k) for k in lost})
+        options = ("lepe", "gate", "out_norm", "norm_scale", "rope", "direction", "power", "offset", "alpha")
+        differ = " ".join(_as_flag(k.replace("_", "-"), theirs.get(k)) for k in options if theirs.get(k) != ours.get(k))
+        differ = differ or "the source run's model flags (its config.yaml)"
+        raise ValueError(f"--init-from {ref.path} has trained tensors the student lacks ({', '.join(groups[:3])}"
+                         f"{', ...' if len(groups) > 3 else ''}: {sum(source[k].numel() for k in lost):,} numbers) "
+                         f"that would be dropped; pass {differ}")
+
+
+# ------------------------------------------------------------------ resume with other settings
+def _as_flag(key: str, value) -> str:
+    """``--key value`` as train.py reads it back (lists as ``1,3``, None as ``none``)."""
+    if isinstance(value, (list, tuple)):
+        value = ",".join(map(str, value)) or "none"
+    elif value is None:
+        value = "none"
+    elif isinstance(value, bool):
+        value = str(value).lower()
+    return f"--{key} {value}"
+
+
+def resume_refusal(ckpt, changes: dict, refused: dict, model: DiT, student_preset: str, train_config: dict,
+                   run_name: str) -> str | None:
+    """The error for resuming ``ckpt`` into ``model`` (built from the new settings), or None
+    when the resume may go on: every change named in ``--allow-changes`` and the weights fit.
+
+    The advice is only what works: ``--allow-changes`` when the checkpoint's tensors fit the
+    new model; when they do not (``--mlp``, ``--nala-regions``, ``--softmax-blocks``, ``--lepe``
+    ...), a new run started from the checkpoint's weights (``--init-from``, tried here on
+    ``model``, which the caller discards) or, when that is refused too, its reason; and
+    always the checkpoint's own settings, with which the resume works."""
+    from .guards import state_dict_mismatch
+    from .model_files import weight_shapes
+    from .options import TrainConfig
+
+    shapes = weight_shapes(ckpt.path / "model.safetensors")
+    misfit = state_dict_mismatch({k: v.to("meta") for k, v in model.state_dict().items()},
+                                 {k: torch.empty(s, device="meta") for k, s in shapes.items()})
+    if not refused and not misfit:
+        return None
+    listed = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in (refused or changes).items())
+    flags = {f.name.replace("_", "-") for f in dataclasses.fields(TrainConfig)}
+    own = " ".join(_as_flag(k, a) for k, (a, _) in (refused or changes).items() if k in flags)
+    own = f"resume with the checkpoint's settings ({own or 'in its state.json'})"
+    head = f"checkpoint {ckpt.path} was trained with other settings ({listed})"
+    if not misfit:
+        return (f"{head}. {own[0].upper() + own[1:]}, or pass --allow-changes {','.join(refused)} to change them "
+                f"deliberately")
+    try:
+        init_from(ckpt.path, model, student_preset, train_config.get("inherit") or INHERIT_MODES[0], train_config)
+    except (ValueError, FileNotFoundError) as err:
+        new_run = f"a new run cannot start from its weights either ({str(err).splitlines()[0]})"
+    else:
+        new_run = (f"to train with the new settings, start a new run from its weights: drop --resume (and "
+                   f"--allow-changes) and pass --init-from {ckpt.path} --exp-name {run_name}-{'-'.join(changes)}")
+    return (f"{head}. Its weights do not fit the model these settings build ({misfit}), so this run cannot continue "
+            f"with them (--allow-changes cannot help): {own}; or {new_run}")
 
 
 # ------------------------------------------------------------------ distillation

@@ -166,6 +166,29 @@ def parse_softmax_blocks(value, depth: int) -> list[int] | None:
     return blocks or None
 
 
+# NaLa region states (attention/regions.py): R x R regions of the token grid. Their mixing
+# weights are (H, R², R²) per layer, H·R⁴ numbers: 65,536 per head at R = 16 (1.0 M in a
+# NaLaDiT-XL/2 block, 4 % of its 25 M weights), 16.8 M per block at R = 32, 6.4 G per block
+# at R = 100 (which also needs a grid of 100 token rows). The studies used R = 2 and 4.
+MAX_NALA_REGIONS = 16
+NALA_REGIONS_COST = ("the mixing weights grow as R⁴: H·R⁴ numbers per layer, 256 per head at R = 4, 65,536 at "
+                     f"R = {MAX_NALA_REGIONS}")
+
+
+def check_nala_regions(value) -> int:
+    """R of ``--nala-regions``: an integer from 1 (one global state, plain NaLa) to
+    ``MAX_NALA_REGIONS``; anything else a one-line ValueError that says what R costs.
+    Whether R fits the token grid (R <= its shorter side) is ``regions.check_regions``'."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"nala-regions must be an integer >= 1 (1 = one global state, plain NaLa), got {value!r}")
+    if value > MAX_NALA_REGIONS:
+        per_head = f"{value ** 4:,}" if value < 10 ** 4 else f"{float(value) ** 4:.1e}"
+        raise ValueError(f"nala-regions {value} is more than {MAX_NALA_REGIONS} regions per side: {NALA_REGIONS_COST}, "
+                         f"{per_head} at R = {value}; use 2 to {MAX_NALA_REGIONS}, no more than the token "
+                         f"grid's side (1 = plain NaLa)")
+    return value
+
+
 # Data sides when --image-size is not given: the digits canvas ladder (32 / 64 / 128 px =
 # 256 / 1,024 / 4,096 tokens at patch 2; digits.py) and image folders.
 CANVAS_SIZES = (32, 64, 128)
@@ -345,10 +368,11 @@ class TrainConfig:
     pos_embed: str | None = _opt("positions on a grid other than the base one: 'extrapolate' (DiT's integer "
                                  "positions, default), 'interpolate' (PixArt: scaled into the base range) or "
                                  "'none' (LePE only)", choices=list(POS_EMBED_MODES))
-    softmax_blocks: str | None = _opt(SOFTMAX_BLOCKS_HELP)
+    softmax_blocks: str | None = _opt(SOFTMAX_BLOCKS_HELP, comma_list=True)
     nala_regions: int | None = _opt("NaLa region states: cut the token grid into R x R regions, one key-value state "
                                     "each, mixed per query region by learned weights (1 = one global state, plain "
-                                    "NaLa; docs/ablation.md)")
+                                    f"NaLa); R from 1 to {MAX_NALA_REGIONS} and at most the token grid's side: "
+                                    f"{NALA_REGIONS_COST}; docs/training.md")
     mlp: str | None = _opt("the block's MLP: 'mlp' (DiT's, default) or 'mix' (Mix-FFN: a 3x3 depthwise conv on the "
                            "token grid between the two linears)", choices=list(MLP_KINDS))
     class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
@@ -405,7 +429,7 @@ class TrainConfig:
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
     allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the "
                                      "checkpoint; 'latent-norm' (also for --init-from): train this data with the "
-                                     "model's own latent statistics")
+                                     "model's own latent statistics", comma_list=True)
     # conversion from a softmax model (nala_dit/convert.py, LiT's recipe)
     init_from: str | None = _opt("start from another model's (EMA) weights, at any image size: a softmax DiT/SiT "
                                  "(official .pt, run, checkpoint or pipeline folder) to convert to this model's "
@@ -436,6 +460,7 @@ class TrainConfig:
         if self.sample_sampler is not None and self.sample_sampler not in sampler_names:
             raise ValueError(f"--sample-sampler {self.sample_sampler} is not a sampler for {self.model} "
                              f"({objective}); choose one of {', '.join(sampler_names)}")
+        self._check_grid_options(objective)
         if self.num_workers is not None and self.num_workers < 0:
             raise ValueError(f"num-workers must be >= 0, got {self.num_workers}")
         if self.threads is not None and self.threads < 1:
@@ -448,6 +473,8 @@ class TrainConfig:
             self.norm_scale = parse_norm_scale(self.norm_scale)
         if self.time_shift is not None:
             self.time_shift = parse_time_shift(self.time_shift)
+        if self.nala_regions is not None:
+            check_nala_regions(self.nala_regions)
         if self.softmax_blocks is not None:
             parse_softmax_blocks(self.softmax_blocks, SIZES[self.model.split("-")[-1].split("/")[0]]["depth"])
         # A config.yaml saved before the ladder holds the old default (256) for every data kind.
@@ -465,6 +492,33 @@ class TrainConfig:
         for name in ("log_every", "ckpt_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1")
+
+    def _check_grid_options(self, objective: str) -> None:
+        """The sample-grid options, checked now: a grid is drawn every ``sample_every`` steps,
+        and one that cannot be drawn would stop the run there (hours in, for the ImageNet
+        configs). Whatever ``generate`` would refuse at the first grid is refused here."""
+        if self.diffusion_steps < 1:
+            raise ValueError(f"--diffusion-steps must be >= 1, got {self.diffusion_steps}")
+        if self.sample_every < 0:
+            raise ValueError(f"--sample-every must be >= 0 (0 = no grids), got {self.sample_every}")
+        if self.sample_every == 0:
+            return
+        try:
+            self.sample_cfg_scale = parse_cfg_scale(self.sample_cfg_scale)
+        except ValueError as err:
+            raise ValueError(f"--sample-cfg-scale: {err}") from None
+        sampler = self.sample_sampler or ("ddim" if objective == "diffusion" else "ode-heun")  # write_sample_grid's
+        least = 2 if sampler.startswith("sde-") else 1
+        if self.sample_steps < least:
+            why = " (its last step is one of them)" if least == 2 else ""
+            raise ValueError(f"--sample-steps must be >= {least} for {sampler}{why}, got {self.sample_steps}")
+        if objective == "diffusion" and self.sample_steps > self.diffusion_steps:
+            raise ValueError(f"--sample-steps {self.sample_steps} is more than the {self.diffusion_steps} "
+                             f"--diffusion-steps a {sampler} grid can take; use at most {self.diffusion_steps}")
+        if self.sample_cfg_scale != 1.0 and self.class_dropout_prob <= 0:
+            raise ValueError(f"--sample-cfg-scale {self.sample_cfg_scale} needs an unconditional model, but "
+                             f"--class-dropout-prob {self.class_dropout_prob} trains none; use --sample-cfg-scale 1 "
+                             f"or a --class-dropout-prob above 0")
 
     def run_dir(self) -> Path:
         return Path(self.results_dir) / (self.exp_name or self.model.replace("/", "-"))

@@ -24,6 +24,7 @@ import torch
 
 from . import convert
 from . import data as data_lib
+from .attention.regions import check_regions
 from .checkpoint import (build_objective, check_finite_weights, config_changes, list_checkpoints, open_checkpoint,
                          remove_temporaries, save_checkpoint, set_aside_newer)
 from .config import dump_yaml, to_dict
@@ -112,7 +113,15 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def attention_path(model_config: dict, device_type: str, precision: str) -> str:
     """The attention and the code path it runs on ``device_type``: NaLa's ``impl="auto"``
-    choice (``select_nala_impl``), SDPA for softmax."""
+    choice (``select_nala_impl``), SDPA for softmax; a hybrid's softmax blocks after it."""
+    blocks = model_config.get("softmax_blocks")
+    path = _attention_path(model_config, device_type, precision)
+    if not blocks:
+        return path
+    return f"{path} with softmax in blocks {', '.join(map(str, blocks))} (--softmax-blocks {','.join(map(str, blocks))})"
+
+
+def _attention_path(model_config: dict, device_type: str, precision: str) -> str:
     from .attention import select_nala_impl, triton_available
 
     attention = model_config["attention"]
@@ -144,17 +153,18 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
     changes = config_changes(ckpt, to_dict(cfg), dict(model.config))
     allowed = {k.strip().replace("_", "-") for k in (cfg.allow_changes or "").split(",") if k.strip()}
     refused = {k: v for k, v in changes.items() if k not in allowed}
-    if refused:
-        listed = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in refused.items())
-        raise ValueError(
-            f"checkpoint {ckpt.path} was trained with other settings ({listed}). Resume with the checkpoint's "
-            f"settings, or pass --allow-changes {','.join(refused)} to change them deliberately"
-        )
+    if changes and (problem := convert.resume_refusal(ckpt, changes, refused, model, cfg.model, to_dict(cfg),
+                                                      cfg.run_dir().name)):
+        raise ValueError(problem)  # the advice names only what works: --allow-changes, or --init-from a new run
     for k, (a, b) in changes.items():
         print(f"resume: {k} changes from {a!r} to {b!r} (--allow-changes)")
     if ckpt.state["world_size"] != world:
         print(f"warning: resuming a {ckpt.state['world_size']}-process run on {world} processes; "
               "data order and RNG streams will differ from an uninterrupted run")
+    if (was := ckpt.config.get("context-parallel") or 1) != cfg.context_parallel:
+        print(f"resume: the checkpoint was trained with --context-parallel {was}, this run uses {cfg.context_parallel}: "
+              f"it continues fp32-close to an uninterrupted run, not bit for bit (the split adds in another order; "
+              f"2 processes against 1: 1.3e-6 apart after 3 steps, docs/highres.md)")
     ckpt.load_into(model, "model")
     ckpt.load_into(ema, "ema")
     ckpt.load_optimizer(optimizer)
@@ -289,7 +299,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
 
     from .progress import progress_bar
 
-    from .context_parallel import ContextParallel, enable, row_split
+    from .context_parallel import ContextParallel, enable, resumable_gradient_sync, row_split
 
     # --- set-up: processes, data, model, objective, optimizer ---
     # Context parallel: the P processes of a group hold the same samples (one data rank), so
@@ -323,6 +333,9 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     norm = run_norm(cfg.latent_norm, dataset, vae, scaling, cfg.vae)  # latents → model space (None: pixels)
     keep_norm = "latent-norm" in {k.strip().replace("_", "-") for k in (cfg.allow_changes or "").split(",")}
     channels, side = model_space(dataset, vae, int(cfg.model.rsplit("/", 1)[1]))
+    grid = side // int(cfg.model.rsplit("/", 1)[1])
+    if cfg.nala_regions:  # R against the token grid before the model (and its R⁴ region weights) is built
+        check_regions(cfg.nala_regions, (grid, grid), grid * grid)
     model, init_report = build_run_model(cfg, dataset, channels, side, resume_from, accelerator.print)
     if resume_from is None and cfg.init_from and norm is not None:  # a latent run: the source's latents must be this run's
         norm = agreed_norm(norm, source_norm(cfg.init_from), f"--init-from {cfg.init_from}", cfg.data, keep_norm,
@@ -363,6 +376,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     enable(model, context)   # after the EMA copy: the EMA (sample grids on one process) runs whole
     train_model = torch.compile(model) if cfg.compile else model
     train_model, optimizer = accelerator.prepare(train_model, optimizer)
+    resumable_gradient_sync(train_model)   # CPU processes: the same gradient sums resumed or not
     ema.to(device)
     logger = Logger(run_dir, accelerator.is_main_process, step)
 
@@ -401,14 +415,14 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             progress.set_postfix(loss=f"{values['loss']:.4f}", img_s=f"{values['images_per_sec']:.1f}")
             window.reset()
         progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
+        if step % cfg.ckpt_every == 0 or step == cfg.max_steps:  # before the grid: a failed grid loses no steps
+            window.check_finite(ckpt_dir, progress)
+            checkpoint(accelerator, cfg, ckpt_dir, step, batches, world, model, ema, optimizer, norm)
         if cfg.sample_every > 0 and step % cfg.sample_every == 0:
             window.check_finite(ckpt_dir, progress)  # every rank: a diverged run stops with its own message
             if accelerator.is_main_process:
                 write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
                                   cfg, vae, norm, nrow=min(dataset.num_classes, 8))
-        if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
-            window.check_finite(ckpt_dir, progress)
-            checkpoint(accelerator, cfg, ckpt_dir, step, batches, world, model, ema, optimizer, norm)
     progress.close()
     logger.close()
     accelerator.end_training()

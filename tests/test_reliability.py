@@ -173,7 +173,8 @@ def test_resume_refuses_changed_model_and_objective(tmp_path, capsys):
     assert "lepe: True in the checkpoint, False now" in err
     err = train_fails(tmp_path, capsys, "--max-steps", "3", "--resume", "auto", "--power", "2",
                       "--lepe", "false", "--allow-changes", "power,lepe")
-    assert "model.safetensors: does not fit this model" in err and "unexpected (e.g. blocks.0.attn.lepe" in err
+    assert "Its weights do not fit the model these settings build (8 unexpected (e.g. blocks.0.attn.lepe" in err
+    assert "(--allow-changes cannot help): resume with the checkpoint's settings (--lepe true)" in err
 
 
 def test_distillation_settings_are_compared_on_resume(tmp_path):

@@ -43,6 +43,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..context_parallel import shard_of
+from ..options import check_nala_regions
 from .functional import (
     ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, _check_qkv, _no_autocast, nala_features,
     nala_similarity_reference,
@@ -59,8 +60,7 @@ def region_bounds(size: int, regions: int) -> list[int]:
 
 def check_regions(regions: int, grid: tuple[int, int] | None, tokens: int) -> tuple[int, int]:
     """The grid (h, w) for ``regions`` per side; a ValueError naming the fix otherwise."""
-    if isinstance(regions, bool) or not isinstance(regions, int) or regions < 1:
-        raise ValueError(f"nala-regions must be an integer >= 1 (1 = one global state, plain NaLa), got {regions!r}")
+    check_nala_regions(regions)   # an integer in 1..MAX_NALA_REGIONS: refused before any weight is made
     if grid is None or grid[0] * grid[1] != tokens:
         raise ValueError(f"region states need the token grid (h, w) with h*w == N={tokens}, got grid={grid}")
     h, w = grid
