@@ -19,13 +19,14 @@ from benchmarks.study.cells import cell_done, cell_path, load_cells, write_json 
 from benchmarks.study.cli import main  # noqa: E402,F401
 from benchmarks.study.compute import equal_compute, time_to_loss  # noqa: E402,F401
 from benchmarks.study.recipes import (  # noqa: E402,F401
-    DESCRIPTIONS, HELDOUT_REPEATS, LADDER_TASKS, LADDER_VARIANTS, METRICS, QUICK, QUICK_LADDER, QUICK_SEEDS,
-    QUICK_TASKS, QUICK_VARIANTS, RAW, REMEDY_VARIANTS, TASK_TITLES, TASKS, VARIANTS, cell_name, data_flags,
-    is_canvas, lr_tag, task_recipe,
+    BANDS, DESCRIPTIONS, GATED_SOFTMAX, HELDOUT_REPEATS, LADDER_TASKS, LADDER_VARIANTS, METRICS, QUICK, QUICK_LADDER,
+    QUICK_SEEDS, QUICK_TASKS, QUICK_VARIANTS, RAW, REMEDY_VARIANTS, STUDY_TASKS, TASK_TITLES, TASKS, TWO_BY_TWO,
+    VARIANT_GROUPS, VARIANTS, cell_name, data_flags, is_canvas, lr_tag, recipe_flags, task_recipe,
 )
 from benchmarks.study.runner import cell_main, grid, run_cell, run_main  # noqa: E402,F401
 from benchmarks.study.scoring import (  # noqa: E402,F401
-    classifier_view, evaluate_checkpoint, heldout_loss, heldout_set, log_summary, reference, train_log,
+    band_edges, classifier_view, evaluate_checkpoint, heldout_loss, heldout_losses, heldout_set, log_summary, reference,
+    train_log,
 )
 from benchmarks.study.summary import _fmt, _mean_std, _raw_cell, summarize  # noqa: E402,F401
 from benchmarks.study.tables import (  # noqa: E402,F401

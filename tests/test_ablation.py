@@ -44,7 +44,8 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     timing = json.loads((tmp_path / "timing.json").read_text())
     assert timing["meta"]["threads"] == 1 and set(timing["tasks"]) == set(ablation.QUICK_TASKS)
     assert set(timing["task_meta"]) == set(ablation.QUICK_TASKS)              # each task's own conditions
-    assert all(m["variants"] == ["softmax", "nala"] and len(m["loadavg_end"]) == 3 for m in timing["task_meta"].values())
+    assert all(m["variants"] == list(ablation.QUICK_VARIANTS) and len(m["loadavg_end"]) == 3
+               for m in timing["task_meta"].values())
     for task in ablation.QUICK_TASKS:
         for v in ablation.QUICK_VARIANTS:
             row = timing["tasks"][task][v]
@@ -62,7 +63,7 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
         run = tmp_path / "work" / "runs" / ablation.cell_name("ladder64_interp", v, 0, 2e-3)
         record = json.loads((run / "init_from.json").read_text())
         assert (record["source_input_size"], record["input_size"], record["pos_embed"]) == (32, 64, "interpolate")
-    assert ablation.QUICK_TASKS[1] == "canvas64" and ablation.task_recipe("canvas64", True)["image_size"] == 64
+    assert ablation.QUICK_TASKS[1] == "study64" and ablation.task_recipe("study64", True)["image_size"] == 64
     for r in rows:
         assert r["n"] == len(ablation.QUICK_SEEDS)
         sampled = r["budget"] in ablation.task_recipe(r["task"], True).get("sample_budgets", budgets)
@@ -75,14 +76,25 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
             assert 0 <= r["class_consistency"] <= 1 and r["frechet_distance"] >= 0
         # the raw weights are scored beside the EMA at every budget (an EMA of 0.99 lags ~100 steps)
         assert r["heldout_loss_raw_n"] == r["n"] and math.isfinite(r["heldout_loss_raw"]), (r["task"], r["variant"])
+        # the study's noise bands fill every row of the study task, and no other task has them
+        for band in ablation.BANDS:
+            if r["task"] == "study64":
+                assert r[band + "_n"] == r["n"] and math.isfinite(r[band]) and math.isfinite(r[band + "_std"])
+            else:
+                assert r[band + "_n"] == 0
+    # the study cells trained with its rules: the EMA warm-up, and Mix-FFN's conv at identity
+    for v, mix in (("softmax", None), ("nala_mix", "identity")):
+        config = (tmp_path / "work" / "runs" / ablation.cell_name("study64", v, 0, 2e-3) / "config.yaml").read_text()
+        assert "ema-warmup: true" in config and f"mix-init: {mix or 'null'}" in config, v
     table = (tmp_path / "table.md").read_text()
-    assert "## canvas64, 2 steps" in table and "| softmax | 2e-3 | 2 | — | — |" in table
+    assert "## study64, 2 steps" in table and "| softmax | 2e-3 | 2 | — | — |" in table
+    assert table.count("held-out loss by noise band: low · mid · high") == len(budgets)       # the study's tables only
     for task in ablation.QUICK_TASKS:
         title = ablation.TASK_TITLES[task]
         assert f"## {title}: time to held-out loss" in table and f"## {title}: held-out loss at equal compute" in table
-    for task in ("canvas64", "ladder64_interp"):                  # one curve plot per ladder size
+    for task in ("study64", "ladder64_interp"):                   # one curve plot per ladder size
         assert (tmp_path / f"curves_{task}.png").stat().st_size > 10_000
-    assert "| softmax | 2e-3 | 2 |" in table and "| nala | 2e-3 | 2 |" in table
+    assert "| softmax | 2e-3 | 2 |" in table and "| nala_mix | 2e-3 | 2 |" in table
     # A rerun finds every cell done and trains nothing.
     cells = sorted((tmp_path / "cells").rglob("*.json"))
     stamps = [p.stat().st_mtime_ns for p in cells]
@@ -96,7 +108,7 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     assert ablation.main(["table", "--out", str(tmp_path), "--page", str(readme)]) == 0
     filled = readme.read_text()
     assert filled.startswith("intro\n<!-- ablation:start") and filled.endswith("<!-- ablation:end -->\nclaims\n")
-    assert "stale table" not in filled and "| nala | 2e-3 | 2 |" in filled
+    assert "stale table" not in filled and "| nala_mix | 2e-3 | 2 |" in filled
     assert "Digits (16 tokens): 4 cells" in filled and f"budgets {', '.join(map(str, budgets))} steps" in filled
     assert ablation.main(["table", "--out", str(tmp_path), "--readme", str(readme)]) == 0
     assert readme.read_text() == filled
@@ -201,3 +213,71 @@ def test_summary_counts_the_raw_weight_loss_only_where_cells_have_it():
     assert rows[0]["heldout_loss_raw"] == pytest.approx(0.03) and rows[0]["heldout_loss_raw_std"] == pytest.approx(2 ** 0.5 / 100)
     assert ablation._raw_cell(rows[0]) == "0.0300 ± 0.0141 (n = 2)"
     assert ablation._raw_cell(ablation.summarize([cell(0, None)])[0]) == "—"
+
+
+def test_heldout_loss_by_noise_band_is_the_hand_computed_mean():
+    """An objective whose loss is 1, 2 or 4 by the noise band of t (1,000 timesteps: t < 333,
+    < 667, the rest): with 3 bands every band's mean is exactly its value, draw i falls in
+    band i mod 3 (300 canvases: 100 draws each, across the 256-image batches), the overall loss
+    is (100·1 + 100·2 + 100·4)/300 = 7/3, and a second model sees the very same draws."""
+    from types import SimpleNamespace
+
+    import benchmarks.ablation as ablation
+    from benchmarks.study.scoring import band_edges, heldout_losses
+
+    class BandObjective:
+        num_timesteps = 1000
+
+        def __init__(self):
+            self.draws = []
+
+        def training_losses(self, model, x, t, y, noise=None):
+            self.draws.append(t.clone())
+            return {"loss": torch.tensor([1.0, 2.0, 4.0])[torch.bucketize(t, torch.tensor([333, 667]), right=True)]}
+
+    assert band_edges(1000, 3) == [0, 333, 667, 1000]
+    data = SimpleNamespace(images=torch.zeros(300, 1, 2, 2), labels=torch.zeros(300, dtype=torch.long))
+    model = SimpleNamespace(config=SimpleNamespace(objective="diffusion"))
+    first, second = BandObjective(), BandObjective()
+    out = heldout_losses(model, first, data, items=None, repeats=1, bands=3)
+    assert out == {"heldout_loss": pytest.approx(7 / 3, abs=1e-12), "heldout_loss_low": 1.0,
+                   "heldout_loss_mid": 2.0, "heldout_loss_high": 4.0}
+    t = torch.cat(first.draws)
+    assert len(t) == 300 and torch.equal(torch.bucketize(t, torch.tensor([333, 667]), right=True), torch.arange(300) % 3)
+    assert t.min() >= 0 and t.max() < 1000 and len(set(t.tolist())) > 250           # spread within the bands
+    heldout_losses(model, second, data, items=None, repeats=1, bands=3)
+    assert torch.equal(torch.cat(second.draws), t)                                 # the same draws for every model
+    # Without bands: the plain uniform draws, as every cell before the study was scored.
+    assert set(heldout_losses(model, BandObjective(), data, repeats=1)) == {"heldout_loss"}
+    assert ablation.heldout_loss(model, BandObjective(), data, repeats=1) == heldout_losses(
+        model, BandObjective(), data, repeats=1)["heldout_loss"]
+    with pytest.raises(ValueError, match="held-out noise bands are defined on the diffusion objective's timesteps"):
+        heldout_losses(SimpleNamespace(config=SimpleNamespace(objective="transport")), first, data, bands=3)
+
+
+def test_study_variants_and_recipe_flags():
+    """The 2 x 2 and gated softmax +- Mix-FFN: Mix-FFN adds 40C parameters per block to any
+    attention; a study task trains with the EMA warm-up and every Mix-FFN conv at identity."""
+    import benchmarks.ablation as ablation
+    from benchmarks.study.recipes import STUDY_TASKS, TWO_BY_TWO, recipe_flags
+    from nala_dit.config import resolve
+    from nala_dit.models import count_params
+    from nala_dit.options import TrainConfig
+    from nala_dit.training import build_model
+
+    def params(variant):
+        cfg, _ = resolve(TrainConfig, [*ablation.VARIANTS[variant], "--data", "digits-canvas", "--image-size", "64"])
+        return count_params(build_model(cfg, input_size=64, in_channels=1, num_classes=10))
+
+    c, depth = 128, 4
+    assert TWO_BY_TWO == ("softmax", "softmax_mix", "nala", "nala_mix")
+    counts = {v: params(v) for v in ("softmax", "softmax_mix", "softmax_gated", "softmax_gated_mix")}
+    for plain in ("softmax", "softmax_gated"):        # (NaLa's: test_quick_timing_builds_and_steps_every_remedy_variant)
+        assert counts[f"{plain}_mix"] - counts[plain] == depth * 10 * 4 * c
+    assert counts["softmax_mix"] == 1_424_392                  # tests/test_models.py's hand count
+    for task in STUDY_TASKS:
+        recipe = ablation.task_recipe(task, False)
+        assert recipe_flags(recipe, "softmax_mix") == ["--ema-warmup", "true", "--mix-init", "identity"]
+        assert recipe_flags(recipe, "nala") == ["--ema-warmup", "true"]
+        assert recipe["heldout_bands"] == 3 and recipe["ema"] == 0.99
+    assert recipe_flags(ablation.task_recipe("canvas128", False), "nala_mix") == []   # the ladder's cells, as they ran

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from . import ROOT
-from .recipes import LADDER_VARIANTS, QUICK, QUICK_TASKS, QUICK_VARIANTS, QUICK_SEEDS, REMEDY_VARIANTS, TASKS, VARIANTS
+from .recipes import (GATED_SOFTMAX, LADDER_VARIANTS, QUICK, QUICK_SEEDS, QUICK_TASKS, QUICK_VARIANTS, REMEDY_VARIANTS,
+                      TASKS, TWO_BY_TWO, VARIANT_GROUPS, VARIANTS)
 from .runner import _csv, cell_main, cell_parser, run_main
 from .tables import write_table
 from .timing import QUICK_TIMING, TIMING_FILE, timing_main
@@ -29,7 +30,8 @@ def main(argv=None) -> int:
                      help=f"comma list of {list(TASKS)} (default digits; --quick: {','.join(QUICK_TASKS)})")
     run.add_argument("--variants", type=_csv(str), default=None,
                      help=f"comma list, or 'ladder' = {','.join(LADDER_VARIANTS)}, 'remedies' = "
-                          f"{','.join(REMEDY_VARIANTS)} (default: all)")
+                          f"{','.join(REMEDY_VARIANTS)}, '2x2' = {','.join(TWO_BY_TWO)}, 'gated' = "
+                          f"{','.join(GATED_SOFTMAX)} (default: all)")
     run.add_argument("--seeds", type=_csv(int), default=[0, 1, 2])
     run.add_argument("--sweep-lrs", type=_csv(float), default=[1e-3, 4e-3],
                      help="extra learning rates run at seed 0 for --sweep-variants")
@@ -55,7 +57,7 @@ def main(argv=None) -> int:
     timing.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation", help=f"writes <out>/{TIMING_FILE}")
     timing.add_argument("--tasks", type=_csv(str), default=["canvas64", "canvas128"])
     timing.add_argument("--variants", type=_csv(str), default=["ladder"],
-                        help="comma list, 'ladder' (default) or 'remedies'")
+                        help="comma list, 'ladder' (default), 'remedies', '2x2' or 'gated'")
     timing.add_argument("--rounds", type=int, default=5, help="round-robin passes over the variants")
     timing.add_argument("--steps", type=int, default=2, help="timed steps per variant per pass")
     timing.add_argument("--quick", action="store_true",
@@ -67,8 +69,7 @@ def main(argv=None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command in ("run", "timing") and args.variants:
-        groups = {"ladder": LADDER_VARIANTS, "remedies": REMEDY_VARIANTS}
-        args.variants = [x for v in args.variants for x in groups.get(v, [v])]
+        args.variants = [x for v in args.variants for x in VARIANT_GROUPS.get(v, [v])]
     if args.command == "timing":
         _check_names(parser, args, ("tasks", "variants"))
         if args.rounds < 1 or args.steps < 1:

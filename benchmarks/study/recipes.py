@@ -25,6 +25,10 @@ VARIANTS = {
     "nala_r4_mix": ["--model", "DiT-T/2", "--attention", "nala", "--nala-regions", "4", "--mlp", "mix"],
     "hybrid_b0": ["--model", "DiT-T/2", "--attention", "nala", "--softmax-blocks", "0"],
     "hybrid_b13": ["--model", "DiT-T/2", "--attention", "nala", "--softmax-blocks", "1,3"],
+    # The 2 x 2 {softmax, NaLa} x {MLP, Mix-FFN} (with softmax, nala and nala_mix above), and
+    # gated softmax with Mix-FFN (with softmax_gated: NaLa's layer, the softmax kernel).
+    "softmax_mix": ["--model", "DiT-T/2", "--attention", "softmax", "--mlp", "mix"],
+    "softmax_gated_mix": ["--model", "DiT-T/2", "--attention", "softmax_gated", "--mlp", "mix"],
 }
 DESCRIPTIONS = {
     "softmax": "DiT's softmax attention (qkv, proj; no extras)",
@@ -45,11 +49,17 @@ DESCRIPTIONS = {
     "nala_r4_mix": "NaLa s = 1 with 4 x 4 region states and Mix-FFN",
     "hybrid_b0": "DiT's softmax layer in block 0, NaLa s = 1 in blocks 1-3",
     "hybrid_b13": "DiT's softmax layer in blocks 1 and 3, NaLa s = 1 in blocks 0 and 2",
+    "softmax_mix": "DiT's softmax layer with Mix-FFN",
+    "softmax_gated_mix": "softmax in the gated layer with Mix-FFN",
 }
 # The ladder grid's variants (``--variants ladder``): the issue's five and the hybrid.
 LADDER_VARIANTS = ("softmax", "softmax_gated", "nala", "nala_sqrt_d", "relu_gated", "hybrid")
 # The 4,096-token remedies (``--variants remedies``).
 REMEDY_VARIANTS = ("nala_r2", "nala_r4", "nala_mix", "nala_r4_mix", "hybrid_b0", "hybrid_b13")
+# Is it the attention? The 2 x 2 (``--variants 2x2``), then gated softmax +- Mix-FFN (``--variants gated``).
+TWO_BY_TWO = ("softmax", "softmax_mix", "nala", "nala_mix")
+GATED_SOFTMAX = ("softmax_gated", "softmax_gated_mix")
+VARIANT_GROUPS = {"ladder": LADDER_VARIANTS, "remedies": REMEDY_VARIANTS, "2x2": TWO_BY_TWO, "gated": GATED_SOFTMAX}
 
 # The digits recipe is the demo's (configs/digits_*.yaml): batch 64, lr 2e-3, EMA 0.99;
 # budgets 0.5x, 1x, 2x its 600 steps.
@@ -81,16 +91,32 @@ for _side in (64, 128):
     for _pos, _tag in (("interpolate", "interp"), ("extrapolate", "extrap")):
         TASKS[f"ladder{_side}_{_tag}"] = dict(TASKS[f"canvas{_side}"], init_task="canvas", pos_embed=_pos)
 LADDER_TASKS = tuple(t for t in TASKS if t.startswith("ladder"))
+# The 2 x 2 study (``study64``, ``study128``): the ladder's recipes with
+# * the measure that reflects the weights: the EMA with a warm-up (``train.py --ema-warmup``,
+#   decay min(0.99, (1 + t) / (10 + t))): below t = 890 it averages about the last tenth of the
+#   steps, where EMA 0.99 lags 100 steps (a third of a 300-step run) and still holds 5 % of the
+#   random initial weights at step 300 (0.99^300);
+# * one Mix-FFN rule, the conv at identity (``--mix-init identity``): every Mix-FFN model starts as
+#   its plain-MLP twin's function, seeded alike with the same weights, as the from-256 configs' models
+#   start (``convert.inherit``), so the 2 x 2 measures what the conv learns, not its random start;
+# * held-out loss on more canvases, in three equal noise bands of t (``heldout_bands``: the draws are
+#   stratified, a third in each band, the same for every model).
+for _side in (64, 128):
+    TASKS[f"study{_side}"] = dict(TASKS[f"canvas{_side}"], ema_warmup=True, mix_init="identity", heldout_bands=3,
+                                  heldout_items=360 if _side == 64 else 180, heldout_repeats=1)
+STUDY_TASKS = ("study64", "study128")
 QUICK = dict(batch=16, budgets=(2, 4), log_every=1, per_class=2, sample_steps=4, sample_batch=20,
              heldout_items=64, heldout_repeats=1)
 # A ladder task in quick mode: the smallest batch and scoring that still fill every column.
 QUICK_LADDER = dict(batch=2, per_class=1, sample_steps=2, sample_batch=10, sample_budgets=(4,), heldout_items=8)
-QUICK_VARIANTS = ("softmax", "nala")
+QUICK_VARIANTS = ("softmax", "nala_mix")
 QUICK_SEEDS = (0, 1)
-QUICK_TASKS = ("digits", "canvas64", "ladder64_interp")
+QUICK_TASKS = ("digits", "study64", "ladder64_interp")
 HELDOUT_REPEATS = 4  # fixed (t, noise) draws per held-out image (all items unless a recipe says)
 METRICS = ("class_consistency", "frechet_distance", "train_loss", "heldout_loss", "train_time_s")
 RAW = "heldout_loss_raw"   # held-out loss of the raw (not EMA) weights; absent from cells scored before it
+# Held-out loss of the scored (EMA) weights in three noise bands of t (low, mid, high noise; study tasks).
+BANDS = ("heldout_loss_low", "heldout_loss_mid", "heldout_loss_high")
 
 
 def lr_tag(lr: float) -> str:
@@ -114,6 +140,16 @@ def is_canvas(task: str) -> bool:
     return TASKS[task]["data"] == "digits-canvas"
 
 
+def recipe_flags(recipe: dict, variant: str) -> list:
+    """The train.py flags of the recipe's training rules: the EMA warm-up, and the Mix-FFN
+    conv's init for the variants with Mix-FFN."""
+    flags = ["--ema-warmup", "true"] if recipe.get("ema_warmup") else []
+    mix = VARIANTS[variant][VARIANTS[variant].index("--mlp") + 1] == "mix" if "--mlp" in VARIANTS[variant] else False
+    if mix and recipe.get("mix_init"):
+        flags += ["--mix-init", recipe["mix_init"]]
+    return flags
+
+
 def data_flags(recipe: dict) -> list:
     """The train.py flags that pick the task's data (the ladder's canvas side)."""
     size = recipe.get("image_size")
@@ -130,4 +166,6 @@ TASK_TITLES = {"digits": "Digits (16 tokens)", "canvas": "Canvas (256 tokens)", 
                "canvas128": "Canvas 128 px (4,096 tokens)",
                **{f"ladder{s}_{tag}": f"Canvas {s} px ({(s // 2) ** 2:,} tokens), up the ladder from the 256-token "
                                       f"canvas, {pos} positions"
-                  for s in (64, 128) for pos, tag in (("interpolate", "interp"), ("extrapolate", "extrap"))}}
+                  for s in (64, 128) for pos, tag in (("interpolate", "interp"), ("extrapolate", "extrap"))},
+               **{f"study{s}": f"Canvas {s} px ({(s // 2) ** 2:,} tokens), the 2 × 2 study (EMA warm-up, Mix-FFN conv "
+                               f"at identity)" for s in (64, 128)}}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import ENTRY, ROOT
 from .cells import _previous, cell_done, cell_path, write_json
-from .recipes import TASKS, VARIANTS, cell_name, data_flags, task_recipe
+from .recipes import TASKS, VARIANTS, cell_name, data_flags, recipe_flags, task_recipe
 from .scoring import evaluate_checkpoint, log_summary, reference, train_log
 from .tables import write_table
 
@@ -33,7 +33,7 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
     run_dir = work / "runs" / cell_name(task, variant, seed, lr)
     budgets = recipe["budgets"]
     every = math.gcd(*budgets)
-    argv = [*VARIANTS[variant], *data_flags(recipe), "--flip", "false",
+    argv = [*VARIANTS[variant], *recipe_flags(recipe, variant), *data_flags(recipe), "--flip", "false",
             "--global-batch-size", recipe["batch"], "--lr", lr, "--ema-decay", recipe["ema"],
             "--max-steps", budgets[-1], "--ckpt-every", every, "--log-every", recipe["log_every"],
             "--sample-every", 0, "--num-workers", 0, "--mixed-precision", "no", "--seed", seed,

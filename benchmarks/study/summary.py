@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from .recipes import METRICS, RAW, VARIANTS
+from .recipes import BANDS, METRICS, RAW, VARIANTS
+
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
     n = len(values)
@@ -28,10 +29,12 @@ def summarize(cells: list[dict]) -> list[dict]:
         row = dict(task=task, variant=variant, lr=lr, budget=budget, n=len(items))
         for m in METRICS:
             row[m], row[m + "_std"] = _mean_std([float(it[m]) for it in items])
-        # Raw-weight held-out loss: cells scored before it existed lack it (n counts those that have it).
-        raw = [float(it[RAW]) for it in items if RAW in it]
-        row[RAW], row[RAW + "_std"] = _mean_std(raw) if raw else (math.nan, math.nan)
-        row[RAW + "_n"] = len(raw)
+        # Raw-weight held-out loss and the noise bands: cells scored before them, or on a
+        # recipe without bands, lack them (n counts those that have them).
+        for key in (RAW, *BANDS):
+            have = [float(it[key]) for it in items if key in it]
+            row[key], row[key + "_std"] = _mean_std(have) if have else (math.nan, math.nan)
+            row[key + "_n"] = len(have)
         rows.append(row)
     return rows
 
@@ -44,10 +47,16 @@ def _fmt(mean: float, std: float, digits: int) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def _raw_cell(row: dict) -> str:
-    """The raw-weight held-out loss, with its own n when fewer cells than the row's have it."""
-    n = row.get(RAW + "_n", 0)
+def _raw_cell(row: dict, key: str = RAW) -> str:
+    """The raw-weight held-out loss (or another loss not every cell has: ``key``), with its own n
+    when fewer cells than the row's have it."""
+    n = row.get(key + "_n", 0)
     if not n:
         return "—"
-    text = _fmt(row[RAW], row[RAW + "_std"], 4)
+    text = _fmt(row[key], row[key + "_std"], 4)
     return text if n == row["n"] else f"{text} (n = {n})"
+
+
+def _bands_cell(row: dict) -> str:
+    """The held-out loss in the low · mid · high noise bands (— for a row without bands)."""
+    return " · ".join(_raw_cell(row, key) for key in BANDS)

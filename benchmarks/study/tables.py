@@ -8,26 +8,29 @@ from pathlib import Path
 
 from .cells import load_cells, write_json
 from .compute import _timing_sections
-from .recipes import DESCRIPTIONS, TASK_TITLES, TASKS, VARIANTS, _tasks, cell_name, lr_tag
-from .summary import _fmt, _raw_cell, summarize
+from .recipes import BANDS, DESCRIPTIONS, TASK_TITLES, TASKS, VARIANTS, _tasks, cell_name, lr_tag
+from .summary import _bands_cell, _fmt, _raw_cell, summarize
 from .timing import load_timing
 
 README_START, README_END = "<!-- ablation:start", "<!-- ablation:end -->"
 
 
 def _table_lines(rows: list[dict]) -> list[str]:
+    """One row per variant; the noise-band column only in a table where some cell has bands."""
+    bands = any(r.get(BANDS[0] + "_n") for r in rows)
     lines = ["| variant | lr | n | class-consistency ↑ | Fréchet distance ↓ | train loss | held-out loss | "
-             "held-out loss, raw weights | train time (s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "held-out loss, raw weights | train time (s) |" + (" held-out loss by noise band: low · mid · high |"
+                                                                if bands else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if bands else "")]
     for r in rows:
-        lines.append(
+        lines.append((
             f"| {r['variant']} | {lr_tag(r['lr'])} | {r['n']} | "
             f"{_fmt(r['class_consistency'], r['class_consistency_std'], 3)} | "
             f"{_fmt(r['frechet_distance'], r['frechet_distance_std'], 2)} | "
             f"{_fmt(r['train_loss'], r['train_loss_std'], 4)} | "
             f"{_fmt(r['heldout_loss'], r['heldout_loss_std'], 4)} | "
             f"{_raw_cell(r)} | "
-            f"{_fmt(r['train_time_s'], r['train_time_s_std'], 1)} |")
+            f"{_fmt(r['train_time_s'], r['train_time_s_std'], 1)} |") + (f" {_bands_cell(r)} |" if bands else ""))
     return lines
 
 

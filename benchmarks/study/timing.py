@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from .cells import write_json
-from .recipes import VARIANTS, data_flags, task_recipe
+from .recipes import VARIANTS, data_flags, recipe_flags, task_recipe
 from .scoring import heldout_set
 
 TIMING_FILE = "timing.json"
@@ -26,8 +26,8 @@ def _timing_setup(task: str, variant: str, recipe: dict, batch: int):
     from nala_dit.config import resolve, to_dict
     from nala_dit.training import TrainConfig, build_model, param_groups, update_ema
 
-    cfg, _ = resolve(TrainConfig, [str(a) for a in [*VARIANTS[variant], *data_flags(recipe),
-                                                    "--lr", recipe["lr"], "--ema-decay", recipe["ema"]]])
+    flags = [*VARIANTS[variant], *recipe_flags(recipe, variant), *data_flags(recipe)]
+    cfg, _ = resolve(TrainConfig, [str(a) for a in [*flags, "--lr", recipe["lr"], "--ema-decay", recipe["ema"]]])
     data = heldout_set(task)
     torch.manual_seed(0)
     model = build_model(cfg, data.num_classes, data.channels, data.image_size)
