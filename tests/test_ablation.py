@@ -281,3 +281,35 @@ def test_study_variants_and_recipe_flags():
         assert recipe_flags(recipe, "nala") == ["--ema-warmup", "true"]
         assert recipe["heldout_bands"] == 3 and recipe["ema"] == 0.99
     assert recipe_flags(ablation.task_recipe("canvas128", False), "nala_mix") == []   # the ladder's cells, as they ran
+
+
+def test_training_flops_per_image_match_the_hand_count(tmp_path):
+    """DiT-T/2 (C = 128, 4 blocks, 4 latent channels, patch 2) with Mix-FFN, forward FLOPs at N
+    tokens = c0 + c1·N + c2·N² (2 per multiply-add), counted by hand:
+    c0 = t-embedder 2·256·C + 2·C² + adaLN 4·2·C·6C + final adaLN 2·C·2C = 950,272;
+    c1 = patch 2·16·C + per block (qkv 6C² + proj 2C² + fc1, fc2 16C² + 3×3 depthwise conv 2·4C·9)
+         + final linear 2·C·(2·2·8) = 1,622,016;  c2 = per block 2·C (scores) + 2·C (weighted sum) = 2,048.
+    Training = 3 × forward; the fit from N = 4, 16, 64 equals a direct count at 1,024 tokens."""
+    import benchmarks.ablation as ablation
+    from benchmarks.study.flops import flops_block, flops_polynomial, forward_flops, training_flops
+
+    c = 128
+    c0 = 2 * 256 * c + 2 * c * c + 4 * (2 * c * 6 * c) + 2 * c * 2 * c
+    c1 = 2 * 16 * c + 4 * (6 * c * c + 2 * c * c + 16 * c * c + 2 * 4 * c * 9) + 2 * c * 32
+    c2 = 4 * (2 * c + 2 * c)
+    assert (c0, c1, c2) == (950_272, 1_622_016, 2_048)
+    assert flops_polynomial("T/2", "softmax_mix") == (c0, c1, c2)
+    assert forward_flops("T/2", "softmax_mix", 64) == c0 + c1 * 1024 + c2 * 1024 ** 2
+    assert training_flops((c0, c1, c2), 4096) == 3 * (c0 + c1 * 4096 + c2 * 4096 ** 2) == 123_013_398_528
+    # The subcommand writes flops.json and the page's block (text outside the markers kept).
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- flops:start old -->\nstale\n<!-- flops:end -->\nend\n")
+    assert ablation.main(["flops", "--out", str(tmp_path), "--sizes", "T/2", "--page", str(page)]) == 0
+    flops = json.loads((tmp_path / "flops.json").read_text())
+    # NaLa: no N² term; Mix-FFN adds the conv's 2·4C·9 per token per block to any attention.
+    nala, nala_mix = (flops["models"]["T/2"][v]["forward_coefficients"] for v in ("nala", "nala_mix"))
+    assert nala[2] == nala_mix[2] == 0 and nala_mix[1] - nala[1] == 4 * 2 * 4 * c * 9
+    assert flops["models"]["T/2"]["softmax_mix"]["training_flops"]["4096"] == 123_013_398_528
+    text = page.read_text()
+    assert text == "intro\n" + flops_block(flops) + "\nend\n" and "stale" not in text
+    assert "| T/2 | 4,096 | " in text and " 123.0 (" in text

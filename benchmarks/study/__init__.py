@@ -3,8 +3,9 @@
 The study's code, one module per concern (``benchmarks/ablation.py`` is its command line):
 ``recipes`` (tasks, variants, names), ``scoring`` (a checkpoint's scores), ``cells`` (the
 per-cell JSON store), ``runner`` (one cell, the grid), ``timing`` (isolated step times),
-``summary`` (mean ± std over seeds), ``compute`` (time to loss, equal compute), ``tables``
-(the markdown, the page block, the curves) and ``cli``.
+``summary`` (mean ± std over seeds), ``compute`` (time to loss, equal compute), ``flops``
+(training FLOPs per image at a user's model size), ``tables`` (the markdown, the page block,
+the curves) and ``cli``.
 
 Every *cell* is one (task, variant, seed, lr): one ``train.py`` run to the largest
 budget, with a checkpoint at every budget. The learning rate is constant, so the

@@ -9,6 +9,7 @@ from pathlib import Path
 from . import ROOT
 from .recipes import (GATED_SOFTMAX, LADDER_VARIANTS, QUICK, QUICK_SEEDS, QUICK_TASKS, QUICK_VARIANTS, REMEDY_VARIANTS,
                       TASKS, TWO_BY_TWO, VARIANT_GROUPS, VARIANTS)
+from .flops import FLOPS_FILE, FLOPS_SIZES, FLOPS_TOKENS, flops_main
 from .runner import _csv, cell_main, cell_parser, run_main
 from .tables import write_table
 from .timing import QUICK_TIMING, TIMING_FILE, timing_main
@@ -62,6 +63,12 @@ def main(argv=None) -> int:
     timing.add_argument("--steps", type=int, default=2, help="timed steps per variant per pass")
     timing.add_argument("--quick", action="store_true",
                         help=f"smoke run: the quick recipes' batches, {QUICK_TIMING}")
+    flops = sub.add_parser("flops", help="training FLOPs per image of the 2 x 2 variants at T/2, S/2, XL/2 and "
+                                         f"{', '.join(map(str, FLOPS_TOKENS))} tokens")
+    flops.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation", help=f"writes <out>/{FLOPS_FILE}")
+    flops.add_argument("--sizes", type=_csv(str), default=None, help=f"comma list of {','.join(FLOPS_SIZES)} (default all)")
+    flops.add_argument("--page", type=Path, default=None,
+                       help="also replace the FLOPs block between the flops markers of this file (docs/ablation.md)")
     sub.add_parser("cell", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "cell":
@@ -75,6 +82,11 @@ def main(argv=None) -> int:
         if args.rounds < 1 or args.steps < 1:
             parser.error(f"--rounds {args.rounds} and --steps {args.steps} must be >= 1")
         return timing_main(args)
+    if args.command == "flops":
+        bad = [s for s in args.sizes or () if s not in FLOPS_SIZES]
+        if bad:
+            parser.error(f"--sizes: unknown {bad}; choose from {list(FLOPS_SIZES)}")
+        return flops_main(args)
     if args.command == "table":
         print(write_table(args.out.resolve(), args.md, args.page).read_text())
         return 0

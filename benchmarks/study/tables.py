@@ -79,17 +79,18 @@ def readme_block(rows: list[dict], cells: list[dict], step_s: dict | None = None
     return "\n".join(lines + [README_END])
 
 
-def fill_readme(path: Path, block: str) -> None:
-    """Replace the text between the ablation markers of ``path`` with ``block``."""
+def fill_readme(path: Path, block: str, markers: tuple[str, str] = (README_START, README_END)) -> None:
+    """Replace the text between the ablation markers (or other ``markers``) of ``path`` with ``block``."""
+    first, last = markers
     if not path.is_file():
         raise SystemExit(f"{path}: no such file; pass --page the page that holds the ablation markers (docs/ablation.md)")
     text = path.read_text()
-    start, end = text.find(README_START), text.find(README_END)
+    start, end = text.find(first), text.find(last)
     if start < 0 or end < start:
-        raise SystemExit(f"{path}: no '{README_START} ... -->' ... '{README_END}' block to fill; "
+        raise SystemExit(f"{path}: no '{first} ... -->' ... '{last}' block to fill; "
                          "add the two marker lines where the tables belong")
     tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")  # never a half-written README
-    tmp.write_text(text[:start] + block + text[end + len(README_END):])
+    tmp.write_text(text[:start] + block + text[end + len(last):])
     os.replace(tmp, path)
 
 
