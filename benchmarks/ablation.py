@@ -13,8 +13,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nala_dit.cli import passive_wait_policy  # noqa: E402
 
-from benchmarks.study import ENTRY, ROOT  # noqa: E402,F401  (first: sets the thread wait policy before torch)
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
+
+from benchmarks.study import ENTRY, ROOT  # noqa: E402,F401
 from benchmarks.study.cells import cell_done, cell_path, load_cells, write_json  # noqa: E402,F401
 from benchmarks.study.cli import main  # noqa: E402,F401
 from benchmarks.study.compute import equal_compute, time_to_loss  # noqa: E402,F401
