@@ -313,3 +313,30 @@ def test_training_flops_per_image_match_the_hand_count(tmp_path):
     text = page.read_text()
     assert text == "intro\n" + flops_block(flops) + "\nend\n" and "stale" not in text
     assert "| T/2 | 4,096 | " in text and " 123.0 (" in text
+
+
+def test_steps_to_softmax_mix_loss_and_their_training_flops(tmp_path):
+    """Known answer: softmax + Mix-FFN ends at 0.025 (300 steps, 4,096 tokens, batch 4); NaLa +
+    Mix-FFN is at or below it from 300 steps, plain softmax never: FLOPs = 300 × 4 × T/2's
+    training FLOPs per image, 3 × (c0 + c1·4096) for NaLa + Mix-FFN (no N² term)."""
+    import benchmarks.ablation as ablation
+    from benchmarks.study.compute import steps_to_reference
+
+    losses = {"softmax": (0.50, 0.20, 0.030), "softmax_mix": (0.50, 0.15, 0.025), "nala_mix": (0.50, 0.10, 0.020)}
+    for variant, values in losses.items():
+        for seed in (0, 1):
+            budgets = [dict(budget=b, heldout_loss=v, train_loss=v, train_time_s=1.0, class_consistency=math.nan,
+                            frechet_distance=math.nan) for b, v in zip((75, 150, 300), values)]
+            ablation.write_json(ablation.cell_path(tmp_path, "study128", variant, seed, 2e-3),
+                                dict(task="study128", variant=variant, seed=seed, lr=2e-3, budgets=budgets))
+    found = steps_to_reference(ablation.summarize(ablation.load_cells(tmp_path)))
+    assert [(f["variant"], f["budget"], f["n"]) for f in found] == [               # in VARIANTS order
+        ("softmax", None, 2), ("nala_mix", 300, 2), ("softmax_mix", 300, 2)]
+    nala_mix = 300 * 4 * 3 * (950_272 + 1_913_856 * 4096)
+    softmax_mix = 300 * 4 * 123_013_398_528
+    assert [f["training_flops"] for f in found] == [None, nala_mix, softmax_mix] and found[0]["target"] == 0.025
+    table = ablation.write_table(tmp_path).read_text()
+    assert "## Canvas 128 px (4,096 tokens), the 2 × 2 study (EMA warm-up, Mix-FFN conv at identity): steps to " \
+           "softmax + Mix-FFN's 300-step held-out loss 0.0250" in table
+    assert f"| nala_mix | 2 | 300 | {nala_mix:.3g} | {nala_mix / softmax_mix:.2f} |" in table
+    assert "| softmax | 2 | not reached | — | — |" in table

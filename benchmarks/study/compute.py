@@ -120,3 +120,56 @@ def _time_to_loss_lines(found: list[dict]) -> list[str]:
         lines.append(f"| {f['variant']} | {f['n']} | {f['budget']} | {f['step_s']:.3f} | {f['time_s']:.1f} | "
                      f"{f['factor']:.2f} |")
     return lines
+
+
+REFERENCE = "softmax_mix"   # the 2 x 2's control: DiT's softmax layer with the same Mix-FFN
+
+
+def steps_to_reference(rows: list[dict], reference: str = REFERENCE) -> list[dict]:
+    """Per study task holding the reference's cells: the target is the reference's mean held-out
+    loss at its last budget; for each variant (default lr), the first budget whose mean is at or
+    below it (None: not reached within its budgets), and what that costs in training FLOPs:
+    budget × batch × training FLOPs per image of T/2 at the task's tokens (``flops.py``; None for
+    a variant outside the 2 x 2)."""
+    from .flops import FLOPS_VARIANTS, flops_polynomial, training_flops
+    from .recipes import STUDY_TASKS
+
+    out = []
+    for task in [t for t in STUDY_TASKS if any(r["task"] == t and r["variant"] == reference for r in rows)]:
+        recipe = TASKS[task]
+        mine = [r for r in rows if r["task"] == task and r["lr"] == recipe["lr"] and not math.isnan(r["heldout_loss"])]
+        last = max(r["budget"] for r in mine if r["variant"] == reference)
+        target = next(r["heldout_loss"] for r in mine if r["variant"] == reference and r["budget"] == last)
+        tokens = (recipe["image_size"] // 2) ** 2
+        for v in sorted({r["variant"] for r in mine}, key=list(VARIANTS).index):
+            hits = sorted(r["budget"] for r in mine if r["variant"] == v and r["heldout_loss"] <= target)
+            budget = hits[0] if hits else None
+            n = next(r["n"] for r in mine if r["variant"] == v and r["budget"] == (budget or max(
+                b["budget"] for b in mine if b["variant"] == v)))
+            per_image = training_flops(flops_polynomial("T/2", v), tokens) if v in FLOPS_VARIANTS else None
+            flops = budget * recipe["batch"] * per_image if budget and per_image else None
+            out.append(dict(task=task, variant=v, target=target, reference_budget=last, budget=budget, n=n,
+                            training_flops=flops))
+    return out
+
+
+def _reference_sections(rows: list[dict], heading) -> list[str]:
+    """The steps-to-reference tables of the study tasks (none before the reference has cells)."""
+    found = steps_to_reference(rows)
+    lines = []
+    for task in _tasks(f["task"] for f in found):
+        mine = [f for f in found if f["task"] == task]
+        ref = next(f for f in mine if f["variant"] == REFERENCE)
+        lines += [heading(f"{TASK_TITLES.get(task, task)}: steps to softmax + Mix-FFN's {ref['reference_budget']}-step "
+                          f"held-out loss {ref['target']:.4f}"), "",
+                  "The first budget at or below it, and its training FLOPs (budget × batch × T/2's training FLOPs "
+                  "per image at this size, `ablation.py flops`).", "",
+                  "| variant | n | first budget at the target | training FLOPs | × softmax + Mix-FFN's |", "|---|---|---|---|---|"]
+        for f in mine:
+            flops = f"{f['training_flops']:.3g}" if f["training_flops"] else "—"
+            ratio = f"{f['training_flops'] / ref['training_flops']:.2f}" if f["training_flops"] and ref["training_flops"] \
+                else "—"
+            budget = f["budget"] if f["budget"] else "not reached"
+            lines.append(f"| {f['variant']} | {f['n']} | {budget} | {flops} | {ratio} |")
+        lines.append("")
+    return lines
