@@ -30,7 +30,7 @@ from .attention import ATTENTIONS, LINEAR_KERNELS, build_attention
 from .context_parallel import shard_input, shard_of
 from .grid import TokenGrid, check_pos_embed, model_grid
 # plain data, shared with the CLIs
-from .options import FAMILIES, PATCHES, SIZES, check_attention_options, parse_softmax_blocks, preset
+from .options import FAMILIES, MIX_INITS, PATCHES, SIZES, check_attention_options, parse_softmax_blocks, preset
 
 OBJECTIVES = ("diffusion", "transport")
 
@@ -130,11 +130,32 @@ class MixMlp(Mlp):
     3×3 kernel and a bias per hidden channel, 10·hidden parameters) gives every token its
     neighbours' hidden features, a local term that a single global attention state lacks.
     ``fc1`` / ``fc2`` keep timm's names, so a plain MLP's weights load into it; a model
-    inherited from one starts with the conv at identity (``convert.inherit``)."""
+    inherited from one starts with the conv at identity (``convert.inherit``).
 
-    def __init__(self, dim: int, hidden: int):
+    ``init`` (``--mix-init``): ``"default"`` is PyTorch's random conv init; ``"identity"``
+    is the centre tap 1, the other taps 0, bias 0, so a fresh Mix-FFN computes DiT's MLP
+    exactly. The identity conv is built without drawing random numbers, so a model seeded
+    alike gets the same ``fc1`` / ``fc2`` (and every other weight) as the plain-MLP model:
+    the two start as the same function."""
+
+    def __init__(self, dim: int, hidden: int, init: str = "default"):
         super().__init__(dim, hidden)
-        self.dwconv = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden)
+        if init not in MIX_INITS:
+            raise ValueError(f"mix_init must be one of {MIX_INITS}, got {init!r}")
+        self.init = init
+        if init == "identity":
+            self.dwconv = nn.utils.skip_init(nn.Conv2d, hidden, hidden, 3, padding=1, groups=hidden,
+                                              device=torch.get_default_device())
+            self.reset_identity()
+        else:
+            self.dwconv = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden)
+
+    @torch.no_grad()
+    def reset_identity(self) -> None:
+        """The conv as the identity: centre tap 1, every other tap 0, bias 0."""
+        self.dwconv.weight.zero_()
+        self.dwconv.weight[:, :, 1, 1] = 1
+        self.dwconv.bias.zero_()
 
     def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
         b, n, _ = x.shape
@@ -160,12 +181,12 @@ class DiTBlock(nn.Module):
     """adaLN-Zero transformer block; ``attn`` is softmax, NaLa or a linear baseline."""
 
     def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float, attention: str, mlp: str = "mlp",
-                 **attn_options):
+                 mix_init: str = "default", **attn_options):
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.attn = build_attention(attention, hidden_size, num_heads, **attn_options)
         self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.mlp = MLPS[mlp](hidden_size, int(hidden_size * mlp_ratio))
+        self.mlp = MLPS[mlp](hidden_size, int(hidden_size * mlp_ratio), **({"init": mix_init} if mlp == "mix" else {}))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -231,6 +252,7 @@ class DiT(ModelMixin, ConfigMixin):
         softmax_blocks: list[int] | str | None = None,
         nala_regions: int = 1,
         mlp: str = "mlp",
+        mix_init: str = "default",
     ):
         super().__init__()
         if attention not in ATTENTIONS:
@@ -249,6 +271,11 @@ class DiT(ModelMixin, ConfigMixin):
             raise ValueError(f"num_classes must be >= 1 (1 = unconditional), got {num_classes}")
         if mlp not in MLPS:
             raise ValueError(f"mlp must be one of {tuple(MLPS)} ('mlp' = DiT's, 'mix' = Mix-FFN), got {mlp!r}")
+        if mix_init not in MIX_INITS:
+            raise ValueError(f"mix_init must be one of {MIX_INITS} ('identity': the conv starts as the identity, "
+                             f"'default': PyTorch's random init), got {mix_init!r}")
+        if mix_init != "default" and mlp != "mix":
+            raise ValueError(f"mix_init={mix_init!r} applies to Mix-FFN (mlp='mix'), not to mlp={mlp!r}")
         if nala_regions != 1 and attention != "nala":
             raise ValueError(f"nala_regions={nala_regions} applies to NaLa attention, not to attention={attention!r}")
         if hidden_size % num_heads:
@@ -289,8 +316,8 @@ class DiT(ModelMixin, ConfigMixin):
         softmax_blocks = parse_softmax_blocks(softmax_blocks, depth)
         self.register_to_config(softmax_blocks=softmax_blocks)
         self.blocks = nn.ModuleList(
-            DiTBlock(hidden_size, num_heads, mlp_ratio, "softmax", mlp) if i in (softmax_blocks or ())
-            else DiTBlock(hidden_size, num_heads, mlp_ratio, attention, mlp, **attn_options)
+            DiTBlock(hidden_size, num_heads, mlp_ratio, "softmax", mlp, mix_init) if i in (softmax_blocks or ())
+            else DiTBlock(hidden_size, num_heads, mlp_ratio, attention, mlp, mix_init, **attn_options)
             for i in range(depth)
         )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
@@ -328,8 +355,11 @@ class DiT(ModelMixin, ConfigMixin):
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
 
-        # A learned NaLa norm scale starts from the (just re-initialised) query weights.
+        # A learned NaLa norm scale starts from the (just re-initialised) query weights;
+        # an identity-initialised Mix-FFN conv is the identity again.
         for block in self.blocks:
+            if getattr(block.mlp, "init", None) == "identity":
+                block.mlp.reset_identity()
             if hasattr(block.attn, "reset_norm_scale"):
                 block.attn.reset_norm_scale()
 

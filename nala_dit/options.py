@@ -20,6 +20,7 @@ from .cli import THREADS_HELP
 # "softmax_gated" being softmax in that layer (to separate kernel from extras).
 ATTENTIONS = ("softmax", "nala", "relu", "elu", "softmax_gated")
 MLP_KINDS = ("mlp", "mix")   # models.py MLPS: DiT's MLP, Mix-FFN
+MIX_INITS = ("default", "identity")   # Mix-FFN's conv: PyTorch's random init, or the identity (centre tap 1)
 LINEAR_KERNELS = ("nala", "relu", "elu")
 DIRECTIONS = ("cosine", "relu_split")
 # NaLa's norm scale s in p = λ(τ + tanh(‖q‖/s)): a positive number (1 = the paper), or
@@ -292,7 +293,7 @@ ATTENTION_OPTIONS = {
 ATTENTION_GROUPS = {GATED_ATTENTIONS: "the gated layer", LINEAR_KERNELS: "the linear kernels", ("nala",): "NaLa"}
 # The TrainConfig fields that override a preset's constructor arguments.
 MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha",
-                   "rope", "pos_embed", "softmax_blocks", "nala_regions", "mlp")
+                   "rope", "pos_embed", "softmax_blocks", "nala_regions", "mlp", "mix_init")
 # Training options that only one objective reads (TrainConfig field -> objective).
 OBJECTIVE_OPTIONS = {
     "diffusion_steps": "diffusion", "noise_schedule": "diffusion",
@@ -375,6 +376,8 @@ class TrainConfig:
                                     f"{NALA_REGIONS_COST}; docs/training.md")
     mlp: str | None = _opt("the block's MLP: 'mlp' (DiT's, default) or 'mix' (Mix-FFN: a 3x3 depthwise conv on the "
                            "token grid between the two linears)", choices=list(MLP_KINDS))
+    mix_init: str | None = _opt("Mix-FFN's conv at the start: 'default' (PyTorch's random init) or 'identity' (centre "
+                                "tap 1, the rest 0, bias 0: a fresh Mix-FFN computes DiT's MLP)", choices=list(MIX_INITS))
     class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
     # data
     data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8, or 16x16 upscaled), 'digits-canvas' (embedded, one digit on a 32/64/128-px canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
@@ -409,6 +412,10 @@ class TrainConfig:
     weight_decay: float = field(default=0.0, metadata=dict(help="AdamW weight decay"))
     max_grad_norm: float = field(default=0.0, metadata=dict(help="gradient clipping; 0 = off"))
     ema_decay: float = field(default=0.9999, metadata=dict(help="EMA decay per step"))
+    ema_warmup: bool = field(default=False, metadata=dict(help="EMA decay warm-up: min(ema-decay, (1 + t) / (10 + t)) at "
+                                                             "optimizer step t (0 = the first), so the EMA forgets the "
+                                                             "initial weights at once and averages about the last tenth "
+                                                             "of the steps until the cap is reached"))
     max_steps: int = field(default=400_000, metadata=dict(help="optimizer steps"))
     mixed_precision: str = field(default="no", metadata=dict(help="autocast dtype (attention reductions stay fp32)", choices=["no", "bf16", "fp16"]))
     grad_checkpointing: bool = field(default=False, metadata=dict(help="recompute blocks in backward"))
@@ -469,6 +476,9 @@ class TrainConfig:
         if self.latent_norm == "channel" and self.vae is None:
             raise ValueError("--latent-norm channel normalises VAE latents, but this run is in pixel space (no --vae): "
                              "drop it, or train on a latent folder from extract_latents.py with its --vae")
+        if self.mix_init is not None and self.mlp != "mix":
+            raise ValueError(f"--mix-init {self.mix_init} applies to Mix-FFN (--mlp mix), not to DiT's MLP; add --mlp mix "
+                             f"or drop --mix-init")
         if self.norm_scale is not None:
             self.norm_scale = parse_norm_scale(self.norm_scale)
         if self.time_shift is not None:

@@ -24,8 +24,13 @@ def step_seed(seed: int, rank: int, step: int) -> int:
 
 
 @torch.no_grad()
-def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
-    """``ema ← decay·ema + (1 − decay)·model`` over all parameters in one fused call."""
+def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float, step: int | None = None) -> None:
+    """``ema ← decay·ema + (1 − decay)·model`` over all parameters in one fused call.
+
+    With ``step`` (``--ema-warmup``) the decay warms up: ``min(decay, (1 + step) / (10 + step))``,
+    ``step`` = the optimizer steps before this update (0 for the first: decay 0.1)."""
+    if step is not None:
+        decay = min(decay, (1 + step) / (10 + step))
     ema_params = list(ema.parameters())
     torch._foreach_lerp_(ema_params, [p.detach().to(e.dtype) for e, p in zip(ema_params, model.parameters())],
                          1 - decay)

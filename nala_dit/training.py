@@ -405,7 +405,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         for layer in stat_layers:
             layer.record_stats = log_now
         loss, terms = train_step()
-        update_ema(ema, model, cfg.ema_decay)
+        update_ema(ema, model, cfg.ema_decay, step if cfg.ema_warmup else None)
         step += 1
         window.add(step, loss, terms)
         if log_now:

@@ -44,7 +44,8 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     timing = json.loads((tmp_path / "timing.json").read_text())
     assert timing["meta"]["threads"] == 1 and set(timing["tasks"]) == set(ablation.QUICK_TASKS)
     assert set(timing["task_meta"]) == set(ablation.QUICK_TASKS)              # each task's own conditions
-    assert all(m["variants"] == ["softmax", "nala"] and len(m["loadavg_end"]) == 3 for m in timing["task_meta"].values())
+    assert all(m["variants"] == list(ablation.QUICK_VARIANTS) and len(m["loadavg_end"]) == 3
+               for m in timing["task_meta"].values())
     for task in ablation.QUICK_TASKS:
         for v in ablation.QUICK_VARIANTS:
             row = timing["tasks"][task][v]
@@ -62,7 +63,7 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
         run = tmp_path / "work" / "runs" / ablation.cell_name("ladder64_interp", v, 0, 2e-3)
         record = json.loads((run / "init_from.json").read_text())
         assert (record["source_input_size"], record["input_size"], record["pos_embed"]) == (32, 64, "interpolate")
-    assert ablation.QUICK_TASKS[1] == "canvas64" and ablation.task_recipe("canvas64", True)["image_size"] == 64
+    assert ablation.QUICK_TASKS[1] == "study64" and ablation.task_recipe("study64", True)["image_size"] == 64
     for r in rows:
         assert r["n"] == len(ablation.QUICK_SEEDS)
         sampled = r["budget"] in ablation.task_recipe(r["task"], True).get("sample_budgets", budgets)
@@ -75,14 +76,25 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
             assert 0 <= r["class_consistency"] <= 1 and r["frechet_distance"] >= 0
         # the raw weights are scored beside the EMA at every budget (an EMA of 0.99 lags ~100 steps)
         assert r["heldout_loss_raw_n"] == r["n"] and math.isfinite(r["heldout_loss_raw"]), (r["task"], r["variant"])
+        # the study's noise bands fill every row of the study task, and no other task has them
+        for band in ablation.BANDS:
+            if r["task"] == "study64":
+                assert r[band + "_n"] == r["n"] and math.isfinite(r[band]) and math.isfinite(r[band + "_std"])
+            else:
+                assert r[band + "_n"] == 0
+    # the study cells trained with its rules: the EMA warm-up, and Mix-FFN's conv at identity
+    for v, mix in (("softmax", None), ("nala_mix", "identity")):
+        config = (tmp_path / "work" / "runs" / ablation.cell_name("study64", v, 0, 2e-3) / "config.yaml").read_text()
+        assert "ema-warmup: true" in config and f"mix-init: {mix or 'null'}" in config, v
     table = (tmp_path / "table.md").read_text()
-    assert "## canvas64, 2 steps" in table and "| softmax | 2e-3 | 2 | — | — |" in table
+    assert "## study64, 2 steps" in table and "| softmax | 2e-3 | 2 | — | — |" in table
+    assert table.count("held-out loss by noise band: low · mid · high") == len(budgets)       # the study's tables only
     for task in ablation.QUICK_TASKS:
         title = ablation.TASK_TITLES[task]
         assert f"## {title}: time to held-out loss" in table and f"## {title}: held-out loss at equal compute" in table
-    for task in ("canvas64", "ladder64_interp"):                  # one curve plot per ladder size
+    for task in ("study64", "ladder64_interp"):                   # one curve plot per ladder size
         assert (tmp_path / f"curves_{task}.png").stat().st_size > 10_000
-    assert "| softmax | 2e-3 | 2 |" in table and "| nala | 2e-3 | 2 |" in table
+    assert "| softmax | 2e-3 | 2 |" in table and "| nala_mix | 2e-3 | 2 |" in table
     # A rerun finds every cell done and trains nothing.
     cells = sorted((tmp_path / "cells").rglob("*.json"))
     stamps = [p.stat().st_mtime_ns for p in cells]
@@ -96,7 +108,7 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     assert ablation.main(["table", "--out", str(tmp_path), "--page", str(readme)]) == 0
     filled = readme.read_text()
     assert filled.startswith("intro\n<!-- ablation:start") and filled.endswith("<!-- ablation:end -->\nclaims\n")
-    assert "stale table" not in filled and "| nala | 2e-3 | 2 |" in filled
+    assert "stale table" not in filled and "| nala_mix | 2e-3 | 2 |" in filled
     assert "Digits (16 tokens): 4 cells" in filled and f"budgets {', '.join(map(str, budgets))} steps" in filled
     assert ablation.main(["table", "--out", str(tmp_path), "--readme", str(readme)]) == 0
     assert readme.read_text() == filled
@@ -201,3 +213,130 @@ def test_summary_counts_the_raw_weight_loss_only_where_cells_have_it():
     assert rows[0]["heldout_loss_raw"] == pytest.approx(0.03) and rows[0]["heldout_loss_raw_std"] == pytest.approx(2 ** 0.5 / 100)
     assert ablation._raw_cell(rows[0]) == "0.0300 ± 0.0141 (n = 2)"
     assert ablation._raw_cell(ablation.summarize([cell(0, None)])[0]) == "—"
+
+
+def test_heldout_loss_by_noise_band_is_the_hand_computed_mean():
+    """An objective whose loss is 1, 2 or 4 by the noise band of t (1,000 timesteps: t < 333,
+    < 667, the rest): with 3 bands every band's mean is exactly its value, draw i falls in
+    band i mod 3 (300 canvases: 100 draws each, across the 256-image batches), the overall loss
+    is (100·1 + 100·2 + 100·4)/300 = 7/3, and a second model sees the very same draws."""
+    from types import SimpleNamespace
+
+    import benchmarks.ablation as ablation
+    from benchmarks.study.scoring import band_edges, heldout_losses
+
+    class BandObjective:
+        num_timesteps = 1000
+
+        def __init__(self):
+            self.draws = []
+
+        def training_losses(self, model, x, t, y, noise=None):
+            self.draws.append(t.clone())
+            return {"loss": torch.tensor([1.0, 2.0, 4.0])[torch.bucketize(t, torch.tensor([333, 667]), right=True)]}
+
+    assert band_edges(1000, 3) == [0, 333, 667, 1000]
+    data = SimpleNamespace(images=torch.zeros(300, 1, 2, 2), labels=torch.zeros(300, dtype=torch.long))
+    model = SimpleNamespace(config=SimpleNamespace(objective="diffusion"))
+    first, second = BandObjective(), BandObjective()
+    out = heldout_losses(model, first, data, items=None, repeats=1, bands=3)
+    assert out == {"heldout_loss": pytest.approx(7 / 3, abs=1e-12), "heldout_loss_low": 1.0,
+                   "heldout_loss_mid": 2.0, "heldout_loss_high": 4.0}
+    t = torch.cat(first.draws)
+    assert len(t) == 300 and torch.equal(torch.bucketize(t, torch.tensor([333, 667]), right=True), torch.arange(300) % 3)
+    assert t.min() >= 0 and t.max() < 1000 and len(set(t.tolist())) > 250           # spread within the bands
+    heldout_losses(model, second, data, items=None, repeats=1, bands=3)
+    assert torch.equal(torch.cat(second.draws), t)                                 # the same draws for every model
+    # Without bands: the plain uniform draws, as every cell before the study was scored.
+    assert set(heldout_losses(model, BandObjective(), data, repeats=1)) == {"heldout_loss"}
+    assert ablation.heldout_loss(model, BandObjective(), data, repeats=1) == heldout_losses(
+        model, BandObjective(), data, repeats=1)["heldout_loss"]
+    with pytest.raises(ValueError, match="held-out noise bands are defined on the diffusion objective's timesteps"):
+        heldout_losses(SimpleNamespace(config=SimpleNamespace(objective="transport")), first, data, bands=3)
+
+
+def test_study_variants_and_recipe_flags():
+    """The 2 x 2 and gated softmax +- Mix-FFN: Mix-FFN adds 40C parameters per block to any
+    attention; a study task trains with the EMA warm-up and every Mix-FFN conv at identity."""
+    import benchmarks.ablation as ablation
+    from benchmarks.study.recipes import STUDY_TASKS, TWO_BY_TWO, recipe_flags
+    from nala_dit.config import resolve
+    from nala_dit.models import count_params
+    from nala_dit.options import TrainConfig
+    from nala_dit.training import build_model
+
+    def params(variant):
+        cfg, _ = resolve(TrainConfig, [*ablation.VARIANTS[variant], "--data", "digits-canvas", "--image-size", "64"])
+        return count_params(build_model(cfg, input_size=64, in_channels=1, num_classes=10))
+
+    c, depth = 128, 4
+    assert TWO_BY_TWO == ("softmax", "softmax_mix", "nala", "nala_mix")
+    counts = {v: params(v) for v in ("softmax", "softmax_mix", "softmax_gated", "softmax_gated_mix")}
+    for plain in ("softmax", "softmax_gated"):        # (NaLa's: test_quick_timing_builds_and_steps_every_remedy_variant)
+        assert counts[f"{plain}_mix"] - counts[plain] == depth * 10 * 4 * c
+    assert counts["softmax_mix"] == 1_424_392                  # tests/test_models.py's hand count
+    for task in STUDY_TASKS:
+        recipe = ablation.task_recipe(task, False)
+        assert recipe_flags(recipe, "softmax_mix") == ["--ema-warmup", "true", "--mix-init", "identity"]
+        assert recipe_flags(recipe, "nala") == ["--ema-warmup", "true"]
+        assert recipe["heldout_bands"] == 3 and recipe["ema"] == 0.99
+    assert recipe_flags(ablation.task_recipe("canvas128", False), "nala_mix") == []   # the ladder's cells, as they ran
+
+
+def test_training_flops_per_image_match_the_hand_count(tmp_path):
+    """DiT-T/2 (C = 128, 4 blocks, 4 latent channels, patch 2) with Mix-FFN, forward FLOPs at N
+    tokens = c0 + c1·N + c2·N² (2 per multiply-add), counted by hand:
+    c0 = t-embedder 2·256·C + 2·C² + adaLN 4·2·C·6C + final adaLN 2·C·2C = 950,272;
+    c1 = patch 2·16·C + per block (qkv 6C² + proj 2C² + fc1, fc2 16C² + 3×3 depthwise conv 2·4C·9)
+         + final linear 2·C·(2·2·8) = 1,622,016;  c2 = per block 2·C (scores) + 2·C (weighted sum) = 2,048.
+    Training = 3 × forward; the fit from N = 4, 16, 64 equals a direct count at 1,024 tokens."""
+    import benchmarks.ablation as ablation
+    from benchmarks.study.flops import flops_block, flops_polynomial, forward_flops, training_flops
+
+    c = 128
+    c0 = 2 * 256 * c + 2 * c * c + 4 * (2 * c * 6 * c) + 2 * c * 2 * c
+    c1 = 2 * 16 * c + 4 * (6 * c * c + 2 * c * c + 16 * c * c + 2 * 4 * c * 9) + 2 * c * 32
+    c2 = 4 * (2 * c + 2 * c)
+    assert (c0, c1, c2) == (950_272, 1_622_016, 2_048)
+    assert flops_polynomial("T/2", "softmax_mix") == (c0, c1, c2)
+    assert forward_flops("T/2", "softmax_mix", 64) == c0 + c1 * 1024 + c2 * 1024 ** 2
+    assert training_flops((c0, c1, c2), 4096) == 3 * (c0 + c1 * 4096 + c2 * 4096 ** 2) == 123_013_398_528
+    # The subcommand writes flops.json and the page's block (text outside the markers kept).
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- flops:start old -->\nstale\n<!-- flops:end -->\nend\n")
+    assert ablation.main(["flops", "--out", str(tmp_path), "--sizes", "T/2", "--page", str(page)]) == 0
+    flops = json.loads((tmp_path / "flops.json").read_text())
+    # NaLa: no N² term; Mix-FFN adds the conv's 2·4C·9 per token per block to any attention.
+    nala, nala_mix = (flops["models"]["T/2"][v]["forward_coefficients"] for v in ("nala", "nala_mix"))
+    assert nala[2] == nala_mix[2] == 0 and nala_mix[1] - nala[1] == 4 * 2 * 4 * c * 9
+    assert flops["models"]["T/2"]["softmax_mix"]["training_flops"]["4096"] == 123_013_398_528
+    text = page.read_text()
+    assert text == "intro\n" + flops_block(flops) + "\nend\n" and "stale" not in text
+    assert "| T/2 | 4,096 | " in text and " 123.0 (" in text
+
+
+def test_steps_to_softmax_mix_loss_and_their_training_flops(tmp_path):
+    """Known answer: softmax + Mix-FFN ends at 0.025 (300 steps, 4,096 tokens, batch 4); NaLa +
+    Mix-FFN is at or below it from 300 steps, plain softmax never: FLOPs = 300 × 4 × T/2's
+    training FLOPs per image, 3 × (c0 + c1·4096) for NaLa + Mix-FFN (no N² term)."""
+    import benchmarks.ablation as ablation
+    from benchmarks.study.compute import steps_to_reference
+
+    losses = {"softmax": (0.50, 0.20, 0.030), "softmax_mix": (0.50, 0.15, 0.025), "nala_mix": (0.50, 0.10, 0.020)}
+    for variant, values in losses.items():
+        for seed in (0, 1):
+            budgets = [dict(budget=b, heldout_loss=v, train_loss=v, train_time_s=1.0, class_consistency=math.nan,
+                            frechet_distance=math.nan) for b, v in zip((75, 150, 300), values)]
+            ablation.write_json(ablation.cell_path(tmp_path, "study128", variant, seed, 2e-3),
+                                dict(task="study128", variant=variant, seed=seed, lr=2e-3, budgets=budgets))
+    found = steps_to_reference(ablation.summarize(ablation.load_cells(tmp_path)))
+    assert [(f["variant"], f["budget"], f["n"]) for f in found] == [               # in VARIANTS order
+        ("softmax", None, 2), ("nala_mix", 300, 2), ("softmax_mix", 300, 2)]
+    nala_mix = 300 * 4 * 3 * (950_272 + 1_913_856 * 4096)
+    softmax_mix = 300 * 4 * 123_013_398_528
+    assert [f["training_flops"] for f in found] == [None, nala_mix, softmax_mix] and found[0]["target"] == 0.025
+    table = ablation.write_table(tmp_path).read_text()
+    assert "## Canvas 128 px (4,096 tokens), the 2 × 2 study (EMA warm-up, Mix-FFN conv at identity): steps to " \
+           "softmax + Mix-FFN's 300-step held-out loss 0.0250" in table
+    assert f"| nala_mix | 2 | 300 | {nala_mix:.3g} | {nala_mix / softmax_mix:.2f} |" in table
+    assert "| softmax | 2 | not reached | — | — |" in table

@@ -162,3 +162,69 @@ def test_bad_input_gives_clear_errors():
         model(torch.randn(1, 4, 7, 8), torch.tensor([1.0]), torch.tensor([1]))
     with pytest.raises(ValueError, match=r"x must be \(B, 4, H, W\)"):
         model(torch.randn(1, 3, 8, 8), torch.tensor([1.0]), torch.tensor([1]))
+
+
+# --------------------------------------------------------------- Mix-FFN's start (--mix-init)
+
+
+def test_softmax_mix_parameter_count_is_the_hand_count():
+    """DiT-T/2 with DiT's softmax layer and Mix-FFN, as the study builds it (64-px canvas, 1
+    channel, 10 classes + the null label), counted by hand: C = 128, 4 blocks, MLP hidden 4C."""
+    c, depth, tokens = 128, 4, 32 * 32
+    embed = (c * 1 * 2 * 2 + c) + tokens * c + (256 * c + c + c * c + c) + 11 * c   # patch, pos, t, y
+    block = (3 * c * c + 3 * c) + (c * c + c)          # qkv, proj
+    block += (c * 4 * c + 4 * c) + (4 * c * c + c)     # fc1, fc2
+    block += 4 * c * 9 + 4 * c                         # Mix-FFN's 3x3 depthwise conv and its bias
+    block += c * 6 * c + 6 * c                         # adaLN
+    final = (c * 2 * 2 * 2 + 2 * 2 * 2) + (c * 2 * c + 2 * c)
+    assert embed + depth * block + final == 1_424_392
+    for init in ("default", "identity"):
+        model = create_model("DiT-T/2", input_size=64, in_channels=1, num_classes=10, mlp="mix", mix_init=init)
+        assert count_params(model) == 1_424_392
+
+
+@pytest.mark.parametrize("attention", ["softmax", "softmax_gated", "nala"])
+def test_identity_mix_ffn_is_dits_mlp_on_the_same_weights(attention):
+    """Known answer: seeded alike, an identity-initialised Mix-FFN model holds exactly the plain
+    model's weights (the identity conv draws no random numbers) plus a conv that is the identity
+    (centre tap 1, the rest 0, bias 0), and computes the same function."""
+    def build(**mlp):
+        torch.manual_seed(3)
+        model = DiT(**TINY, attention=attention, **mlp).eval()
+        return model
+
+    def perturb(model):   # leave adaLN-Zero's zeros, so the blocks (and their MLPs) do something
+        torch.manual_seed(4)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if ".mlp.dwconv." not in name:
+                    p.add_(0.05 * torch.randn_like(p) * p.requires_grad)
+        return model
+
+    plain, mix = build(), build(mlp="mix", mix_init="identity")
+    ours = mix.state_dict()
+    conv = {k: ours.pop(k) for k in list(ours) if ".mlp.dwconv." in k}
+    assert ours.keys() == plain.state_dict().keys()
+    assert all(torch.equal(v, plain.state_dict()[k]) for k, v in ours.items())
+    for i in range(TINY["depth"]):
+        w, b = mix.state_dict()[f"blocks.{i}.mlp.dwconv.weight"], mix.state_dict()[f"blocks.{i}.mlp.dwconv.bias"]
+        assert w.shape == (4 * TINY["hidden_size"], 1, 3, 3) and w.sum() == w.shape[0] and torch.all(w[:, 0, 1, 1] == 1)
+        assert torch.all(b == 0)
+    assert len(conv) == 2 * TINY["depth"]
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([3, 500]), torch.tensor([1, 2])
+    assert_close("identity Mix-FFN vs MLP", perturb(plain)(x, t, y), perturb(mix)(x, t, y), 1e-6)
+    # PyTorch's default init is random: the same seed gives another function.
+    torch.manual_seed(3)
+    assert not torch.equal(DiT(**TINY, attention=attention, mlp="mix").blocks[0].mlp.dwconv.bias, torch.zeros(4 * 32))
+
+
+def test_mix_init_is_refused_without_mix_ffn():
+    from nala_dit.options import TrainConfig
+
+    with pytest.raises(ValueError, match=r"mix_init='identity' applies to Mix-FFN \(mlp='mix'\), not to mlp='mlp'"):
+        DiT(**TINY, mix_init="identity")
+    with pytest.raises(ValueError, match=r"mix_init must be one of \('default', 'identity'\)"):
+        DiT(**TINY, mlp="mix", mix_init="zeros")
+    with pytest.raises(ValueError, match=r"--mix-init identity applies to Mix-FFN \(--mlp mix\), not to DiT's MLP; "
+                                         r"add --mlp mix or drop --mix-init"):
+        TrainConfig(model="DiT-T/2", mix_init="identity").validate()

@@ -1,0 +1,239 @@
+"""One cell (train through ``train.py``, score every budget) and the grid of cells."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import ENTRY, ROOT
+from .cells import _previous, cell_done, cell_path, write_json
+from .recipes import TASKS, VARIANTS, cell_name, data_flags, recipe_flags, task_recipe
+from .scoring import evaluate_checkpoint, log_summary, reference, train_log
+from .tables import write_table
+
+def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bool,
+             budgets: list[int] | None = None, classifier_dir: Path | None = None) -> dict:
+    """Train one cell to its largest budget (resuming if interrupted), score every budget."""
+    import torch
+
+    import train as train_cli
+    from nala_dit.checkpoint import list_checkpoints, open_checkpoint
+    from nala_dit.models import count_params
+
+    recipe = task_recipe(task, quick)
+    if budgets:
+        recipe["budgets"] = tuple(sorted(budgets))
+    work = out / "work"
+    run_dir = work / "runs" / cell_name(task, variant, seed, lr)
+    budgets = recipe["budgets"]
+    every = math.gcd(*budgets)
+    argv = [*VARIANTS[variant], *recipe_flags(recipe, variant), *data_flags(recipe), "--flip", "false",
+            "--global-batch-size", recipe["batch"], "--lr", lr, "--ema-decay", recipe["ema"],
+            "--max-steps", budgets[-1], "--ckpt-every", every, "--log-every", recipe["log_every"],
+            "--sample-every", 0, "--num-workers", 0, "--mixed-precision", "no", "--seed", seed,
+            "--results-dir", run_dir.parent, "--exp-name", run_dir.name]
+    if list_checkpoints(run_dir / "checkpoints"):
+        argv += ["--resume", "auto"]
+    elif recipe.get("init_task"):
+        argv += ["--init-from", ladder_source(recipe["init_task"], variant, seed, out, quick, classifier_dir),
+                 "--pos-embed", recipe["pos_embed"]]
+    argv = [str(a) for a in argv]
+    load = os.getloadavg()
+    start = time.perf_counter()
+    print(f"[{cell_name(task, variant, seed, lr)}] python train.py {' '.join(argv)}", flush=True)
+    code = train_cli.main(argv)
+    wall_train = time.perf_counter() - start
+    if code:
+        raise RuntimeError(f"train.py exited with {code}")
+    classifier_dir = classifier_dir or work / "digits_classifier"
+    ref = reference(task, work, classifier_dir)
+    records = train_log(run_dir)
+    by_step = {open_checkpoint(p).step: p for p in list_checkpoints(run_dir / "checkpoints")}
+    # A cell extended to a larger budget keeps the scores of the budgets it already had
+    # (the resumed run is the same run, continued; scoring is deterministic, so the kept
+    # final checkpoint is not scored twice).
+    previous = _previous(out, task, variant, seed, lr)
+    scored = {row["budget"]: row for row in previous.get("budgets", [])}
+    rows = []
+    for budget in budgets:
+        if budget in scored:
+            rows.append(scored[budget])
+            continue
+        ckpt = by_step[budget]
+        loss, time_s = log_summary(records, budget, window=2 * recipe["log_every"])
+        scores = evaluate_checkpoint(task, ckpt, recipe, ref, classifier_dir,
+                                     sample=budget in recipe.get("sample_budgets", budgets) or budget == budgets[-1])
+        rows.append(dict(budget=budget, train_loss=loss, train_time_s=round(time_s, 2), **scores))
+        print(f"[{cell_name(task, variant, seed, lr)}] step {budget}: {rows[-1]}", flush=True)
+    from nala_dit.checkpoint import load_model
+
+    model, _ = load_model(by_step[budgets[-1]])
+    result = dict(task=task, variant=variant, seed=seed, lr=lr, quick=quick, recipe=recipe,
+                  flags=VARIANTS[variant], params=count_params(model), budgets=rows,
+                  wall_train_s=round(wall_train + previous.get("wall_train_s", 0), 1),
+                  wall_total_s=round(time.perf_counter() - start + previous.get("wall_total_s", 0), 1),
+                  loadavg_start=load, loadavg_end=os.getloadavg(), torch_threads=torch.get_num_threads(),
+                  last_exponent=records[-1].get("nala/exponent_mean"))
+    # Keep only the final checkpoint (diagnostics read it); earlier ones were scored.
+    for step, path in by_step.items():
+        if step != budgets[-1]:
+            shutil.rmtree(path, ignore_errors=True)
+    return result
+
+
+def ladder_source(task: str, variant: str, seed: int, out: Path, quick: bool, classifier_dir) -> Path:
+    """The final checkpoint of ``task``'s cell for this variant and seed, the start of a
+    ladder cell; the cell is run first (and recorded, unless already recorded) if its
+    checkpoint is not in ``out/work`` (a fresh clone holds the cell JSONs, not the runs)."""
+    from nala_dit.checkpoint import list_checkpoints
+
+    lr = task_recipe(task, quick)["lr"]
+    found = list_checkpoints(out / "work" / "runs" / cell_name(task, variant, seed, lr) / "checkpoints")
+    final = max(task_recipe(task, quick)["budgets"])
+    if not found or int(found[-1].name) < final:
+        result = run_cell(task, variant, seed, lr, out, quick, classifier_dir=classifier_dir)
+        if not cell_path(out, task, variant, seed, lr).is_file():
+            write_json(cell_path(out, task, variant, seed, lr), result)
+        found = list_checkpoints(out / "work" / "runs" / cell_name(task, variant, seed, lr) / "checkpoints")
+    return found[-1]
+
+
+def cell_main(args) -> int:
+    out = args.out.resolve()
+    path = cell_path(out, args.task, args.variant, args.seed, args.lr)
+    try:
+        result = run_cell(args.task, args.variant, args.seed, args.lr, out, args.quick, args.budgets,
+                          args.classifier_dir)
+    except Exception as err:  # a failed cell is recorded, not retried forever
+        import traceback
+
+        traceback.print_exc()
+        result = dict(task=args.task, variant=args.variant, seed=args.seed, lr=args.lr, quick=args.quick,
+                      error=f"{type(err).__name__}: {err}")
+    write_json(path, result)
+    return 0 if "error" not in result else 1
+
+
+# ------------------------------------------------------------------ the grid
+
+
+def grid(args) -> list[tuple[str, str, int, float]]:
+    """Cells in priority order: seed 0 of every variant first, then seed 1, ... (with
+    ``--core N``: all seeds of the first N variants before the others); the lr sweep
+    (seed 0 of --sweep-variants at --sweep-lrs) after the seeds."""
+    cells = []
+    groups = [args.variants[:args.core], args.variants[args.core:]] if args.core else [args.variants]
+    for task in args.tasks:
+        recipe = task_recipe(task, args.quick)
+        for group in groups:
+            for seed in args.seeds:
+                cells += [(task, v, seed, recipe["lr"]) for v in group]
+        for lr in args.sweep_lrs:
+            cells += [(task, v, 0, lr) for v in args.sweep_variants if v in args.variants and lr != recipe["lr"]]
+    return cells
+
+
+def _locked(lock: Path) -> bool:
+    """A cell is being run by a live process (runners may overlap after a restart)."""
+    try:
+        pid = int(lock.read_text())
+        os.kill(pid, 0)
+        return True
+    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+        return False
+
+
+def _live_cells(out: Path) -> int:
+    return sum(_locked(lock) for lock in (out / "locks").glob("*.pid"))
+
+
+def run_main(args) -> int:
+    out = args.out.resolve()
+    todo = [c for c in grid(args) if not cell_done(out, *c, budgets=args.budgets)]
+    print(f"{len(todo)} cells to run", flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    running: list[tuple[subprocess.Popen, Path]] = []
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    (out / "locks").mkdir(parents=True, exist_ok=True)
+    # Shared by every cell: build them once before the cells run side by side.
+    classifier_dir = (args.classifier_dir or out / "work" / "digits_classifier").resolve()
+    for task in args.tasks:
+        reference(task, out / "work", classifier_dir)
+    failures = 0
+    for cell in todo:
+        lock = out / "locks" / (cell_name(*cell).replace("/", "__") + ".pid")
+        if cell_done(out, *cell, budgets=args.budgets) or _locked(lock):
+            continue
+        flags = ["--task", cell[0], "--variant", cell[1], "--seed", str(cell[2]), "--lr", repr(cell[3]),
+                 "--out", str(out)] + (["--quick"] if args.quick else [])
+        if args.budgets:
+            flags += ["--budgets", ",".join(map(str, args.budgets))]
+        flags += ["--classifier-dir", str(classifier_dir)]
+        if args.jobs <= 1:  # in this process: no interpreter start per cell
+            lock.write_text(str(os.getpid()))
+            import torch
+
+            torch.set_num_threads(1)
+            failures += cell_main(cell_parser().parse_args(flags))
+            lock.unlink(missing_ok=True)
+            write_table(out, args.md)
+            continue
+        # Slots count every live cell, also those of an earlier runner still finishing
+        # (a restarted runner picks up where the old one is, without oversubscribing).
+        while len(running) >= args.jobs or _live_cells(out) >= args.jobs or _source_busy(out, cell, args.quick):
+            time.sleep(2)
+            failures += _reap(running, out, args.md)
+        log = open(out / "logs" / (cell_name(*cell).replace("/", "__") + ".log"), "a")
+        proc = subprocess.Popen([sys.executable, str(ENTRY), "cell", *flags], env=env, cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT)
+        lock.write_text(str(proc.pid))
+        running.append((proc, lock))
+    while running and not args.no_wait:
+        time.sleep(2)
+        failures += _reap(running, out, args.md)
+    write_table(out, args.md)
+    return 1 if failures else 0
+
+
+def _source_busy(out: Path, cell: tuple, quick: bool) -> bool:
+    """A ladder cell waits while another process trains its source cell (same run folder)."""
+    source = task_recipe(cell[0], quick).get("init_task")
+    if source is None:
+        return False
+    lr = task_recipe(source, quick)["lr"]
+    return _locked(out / "locks" / (cell_name(source, *cell[1:3], lr).replace("/", "__") + ".pid"))
+
+
+def _reap(running: list, out: Path, md: Path | None) -> int:
+    failures = 0
+    for item in list(running):
+        proc, lock = item
+        if proc.poll() is not None:
+            running.remove(item)
+            lock.unlink(missing_ok=True)
+            failures += proc.returncode != 0
+            write_table(out, md)
+    return failures
+
+
+def cell_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ablation.py cell", description="train and score one cell")
+    p.add_argument("--task", choices=list(TASKS), required=True)
+    p.add_argument("--variant", choices=list(VARIANTS), required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--lr", type=float, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--budgets", type=_csv(int), default=None)
+    p.add_argument("--classifier-dir", type=Path, default=None)
+    return p
+
+
+def _csv(kind):
+    return lambda s: [kind(x) for x in s.split(",") if x]

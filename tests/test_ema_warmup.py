@@ -1,0 +1,77 @@
+"""--ema-warmup: the EMA's decay min(decay, (1 + t) / (10 + t)) against its closed form, in
+training (every step's weights against the recursion) and across a resume (bitwise)."""
+
+import math
+
+import torch
+
+import train as train_cli
+from nala_dit import checkpoint as ckpt_lib
+from nala_dit.training import update_ema
+
+TINY_RUN = ["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "8", "--num-workers", "0",
+            "--sample-every", "0", "--log-every", "1", "--flip", "false", "--ema-decay", "0.9", "--ema-warmup", "true"]
+
+
+def test_warmup_decay_sequence_has_its_closed_form():
+    """One float64 parameter. Held at 1 with the EMA from 0, below the cap 1 − ema_T =
+    ∏_{t<T} (1 + t)/(10 + t) = 1 / C(T + 9, 9): 0.9 after one update, 1 − 1/55 after two. Moving
+    (sin t) over 200 updates, past the cap (0.95 from t = 170 on): the recursion with the
+    formula's decays, written out."""
+    model = torch.nn.Linear(1, 1, bias=False, dtype=torch.float64)
+    ema = torch.nn.Linear(1, 1, bias=False, dtype=torch.float64)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+        ema.weight.zero_()
+    for t in range(20):
+        update_ema(ema, model, 0.95, step=t)
+        assert math.isclose(1.0 - ema.weight.item(), 1 / math.comb(t + 10, 9), rel_tol=1e-9), t
+    assert abs(ema.weight.item() - (1 - 1 / math.comb(29, 9))) < 1e-15
+    cap = 170
+    assert (1 + cap) / (10 + cap) >= 0.95 > cap / (9 + cap)
+    with torch.no_grad():
+        ema.weight.fill_(0.25)
+    expected = 0.25
+    for t in range(200):
+        with torch.no_grad():
+            model.weight.fill_(math.sin(t))
+        update_ema(ema, model, 0.95, step=t)
+        d = 0.95 if t >= cap else (1 + t) / (10 + t)
+        expected = d * expected + (1 - d) * math.sin(t)
+        assert abs(ema.weight.item() - expected) < 1e-12, t
+    # Without a step: the plain decay, as before.
+    with torch.no_grad():
+        ema.weight.zero_()
+        model.weight.fill_(1.0)
+    update_ema(ema, model, 0.95)
+    assert abs(ema.weight.item() - 0.05) < 1e-15
+
+
+def test_training_applies_the_warmup_and_resumes_bitwise(tmp_path):
+    def run(name, *extra):
+        assert train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), "--exp-name", name, *extra]) == 0
+        return tmp_path / name
+
+    straight = run("straight", "--max-steps", "4", "--ckpt-every", "1")
+    # Interrupted after step 2 (its checkpoint), resumed to 4 in another folder.
+    resumed = run("resumed", "--max-steps", "4", "--ckpt-every", "4", "--resume",
+                  str(straight / "checkpoints" / "0000002"))
+    a, b = ckpt_lib.open_checkpoint(straight), ckpt_lib.open_checkpoint(resumed)
+    assert a.step == b.step == 4
+    for which in ("model", "ema"):
+        wa, wb = a.weights(which), b.weights(which)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), which
+    # Every step's EMA is the recursion over the saved raw weights with d_t = min(0.9, (1 + t)/(10 + t)):
+    # 2/11, 3/12, 4/13 for the updates after steps 1..3 (all under the cap 0.9).
+    steps = {ckpt_lib.open_checkpoint(p).step: ckpt_lib.open_checkpoint(p) for p in ckpt_lib.list_checkpoints(
+        straight / "checkpoints")}
+    assert sorted(steps) == [1, 2, 3, 4]
+    ema = steps[1].weights("ema")
+    for t in range(1, 4):
+        d = min(0.9, (1 + t) / (10 + t))
+        raw = steps[t + 1].weights("model")
+        ema = {k: d * v + (1 - d) * raw[k] for k, v in ema.items()}
+        saved = steps[t + 1].weights("ema")
+        assert all(torch.allclose(saved[k], ema[k], rtol=1e-5, atol=1e-7) for k in ema), t
+        moved = max((saved[k] - steps[t].weights("ema")[k]).abs().max().item() for k in ema)
+        assert moved > 0   # the EMA follows the raw weights
