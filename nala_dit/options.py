@@ -9,6 +9,7 @@ they answer at once; the modules that do the work (``attention/``, ``models.py``
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,6 +213,9 @@ BETA_SCHEDULES = ("linear", "cosine")
 PATHS = ("linear", "gvp", "vp")
 PREDICTIONS = ("velocity", "score", "noise")
 LOSS_WEIGHTS = ("none", "velocity", "likelihood")
+# Training-time distribution of both objectives (transport.noise_logits): DiT/SiT's uniform, or
+# SD3's logit-normal (LightningDiT, Sana).
+T_SAMPLINGS = ("uniform", "logit-normal")
 
 # generate.py: sampler names and their default step counts.
 DIFFUSION_SAMPLERS = ("ddpm", "ddim", "dpm-solver")
@@ -370,6 +374,12 @@ class TrainConfig:
     sample_eps: float | None = _opt("SiT: sample eps (default per path, as SiT)")
     time_shift: str | None = _opt("resolution-aware shift of the training times toward noise: a number s in 0.01..100 "
                                   "(1 = none) or 'auto' (s = √(tokens / base tokens)); samplers default to it")
+    t_sampling: str = field(default="uniform", metadata=dict(
+        help="training times: 'uniform' (DiT/SiT) or 'logit-normal' (SD3, LightningDiT: noise fraction "
+             "sigmoid(t-mean + t-std·z); DiT's index floor(T·fraction), T = diffusion-steps)", choices=list(T_SAMPLINGS)))
+    t_mean: float = field(default=0.0, metadata=dict(help="logit-normal t: mean of the noise fraction's logit "
+                                                          "(> 0: more steps near noise)"))
+    t_std: float = field(default=1.0, metadata=dict(help="logit-normal t: std of the noise fraction's logit"))
     # optimisation
     global_batch_size: int = field(default=256, metadata=dict(help="images per optimizer step, all processes"))
     grad_accum: int = field(default=1, metadata=dict(help="micro-batches per optimizer step"))
@@ -452,6 +462,11 @@ class TrainConfig:
         for name in ("log_every", "ckpt_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1")
+        if self.t_sampling == "uniform" and (self.t_mean, self.t_std) != (defaults["t_mean"], defaults["t_std"]):
+            raise ValueError(f"--t-mean / --t-std shape logit-normal times; pass --t-sampling logit-normal with them "
+                             f"(got --t-sampling uniform, --t-mean {self.t_mean}, --t-std {self.t_std})")
+        if not (math.isfinite(self.t_mean) and math.isfinite(self.t_std) and self.t_std > 0):
+            raise ValueError(f"--t-std must be > 0 and --t-mean finite, got --t-mean {self.t_mean}, --t-std {self.t_std}")
 
     def run_dir(self) -> Path:
         return Path(self.results_dir) / (self.exp_name or self.model.replace("/", "-"))
