@@ -383,9 +383,15 @@ class TrainConfig:
     # optimisation
     global_batch_size: int = field(default=256, metadata=dict(help="images per optimizer step, all processes"))
     grad_accum: int = field(default=1, metadata=dict(help="micro-batches per optimizer step"))
-    lr: float = field(default=1e-4, metadata=dict(help="AdamW learning rate (constant)"))
+    lr: float = field(default=1e-4, metadata=dict(help="AdamW learning rate (constant after --warmup-steps)"))
+    warmup_steps: int = field(default=0, metadata=dict(help="learning-rate warm-up: linear from 0 to --lr over this "
+                                                            "many steps (Sana 2,000); 0 = off (DiT)"))
     weight_decay: float = field(default=0.0, metadata=dict(help="AdamW weight decay"))
-    max_grad_norm: float = field(default=0.0, metadata=dict(help="gradient clipping; 0 = off"))
+    adam_beta2: float = field(default=0.999, metadata=dict(help="AdamW β2 (DiT 0.999, LightningDiT 0.95); β1 is 0.9"))
+    max_grad_norm: float = field(default=0.0, metadata=dict(help="gradient clipping to this global norm; 0 = off "
+                                                                 "(the norm is logged either way)"))
+    max_nan_steps: int = field(default=20, metadata=dict(help="a step with a non-finite loss is skipped (no update); "
+                                                              "this many in a row stop the run (0 = stop at the first)"))
     ema_decay: float = field(default=0.9999, metadata=dict(help="EMA decay per step"))
     max_steps: int = field(default=400_000, metadata=dict(help="optimizer steps"))
     mixed_precision: str = field(default="no", metadata=dict(help="autocast dtype (attention reductions stay fp32)", choices=["no", "bf16", "fp16"]))
@@ -462,6 +468,10 @@ class TrainConfig:
         for name in ("log_every", "ckpt_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1")
+        if self.warmup_steps < 0 or self.max_nan_steps < 0 or self.max_grad_norm < 0:
+            raise ValueError("warmup-steps, max-nan-steps and max-grad-norm must be >= 0")
+        if not 0 <= self.adam_beta2 < 1:
+            raise ValueError(f"adam-beta2 must be in [0, 1) (DiT 0.999, LightningDiT 0.95), got {self.adam_beta2}")
         if self.t_sampling == "uniform" and (self.t_mean, self.t_std) != (defaults["t_mean"], defaults["t_std"]):
             raise ValueError(f"--t-mean / --t-std shape logit-normal times; pass --t-sampling logit-normal with them "
                              f"(got --t-sampling uniform, --t-mean {self.t_mean}, --t-std {self.t_std})")

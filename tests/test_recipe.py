@@ -59,3 +59,117 @@ def test_uniform_times_are_the_official_draws():
         Transport(t_sampling="logit-normal", t_std=0.0)
     with pytest.raises(ValueError, match="t_sampling 'lognormal'"):
         GaussianDiffusion.from_schedule("linear", 1000, t_sampling="lognormal")
+
+
+# --- optimiser knobs: warm-up, β2, clipping (and their resume) -----------------------
+
+def test_warmup_is_linear_from_zero():
+    from nala_dit.train_step import lr_at
+
+    assert [lr_at(s, 1e-3, 4) for s in (0, 1, 2, 4, 9)] == [0.0, 2.5e-4, 5e-4, 1e-3, 1e-3]
+    assert lr_at(0, 1e-3, 0) == 1e-3
+
+
+def test_clipping_against_a_hand_computed_norm():
+    from accelerate import Accelerator
+
+    from nala_dit.train_step import clip_gradients
+
+    accelerator = Accelerator(cpu=True)
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1, 2))
+    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([[0.0, -4.0]])  # ‖(3, 0, 0, −4)‖ = 5
+    assert clip_gradients(accelerator, [a, b], 0.0).item() == 5.0  # off: the norm, the gradients as they were
+    assert a.grad.tolist() == [3.0, 0.0] and b.grad.tolist() == [[0.0, -4.0]]
+    assert clip_gradients(accelerator, [a, b], 10.0).item() == 5.0  # below the bound: untouched
+    assert a.grad.tolist() == [3.0, 0.0]
+    assert clip_gradients(accelerator, [a, b], 1.0).item() == 5.0  # the norm before clipping
+    scale = 1.0 / (5.0 + 1e-6)  # torch's clip coefficient
+    assert torch.allclose(a.grad, torch.tensor([3.0 * scale, 0.0]), rtol=0, atol=1e-7)
+    assert torch.allclose(b.grad, torch.tensor([[0.0, -4.0 * scale]]), rtol=0, atol=1e-7)
+
+
+RECIPE = ["--t-sampling", "logit-normal", "--t-mean", "0.3", "--warmup-steps", "4", "--adam-beta2", "0.95",
+          "--max-grad-norm", "0.5"]
+
+
+def test_recipe_logs_lr_and_grad_norm_and_resumes_bitwise(tmp_path, capsys):
+    from nala_dit import checkpoint as ckpt_lib
+    from tests.test_training import read_log, run_train
+
+    straight = run_train(tmp_path, *RECIPE, "--max-steps", "5", "--ckpt-every", "5", name="straight")
+    log = read_log(straight)
+    assert [r["lr"] for r in log] == pytest.approx([0.0, 2.5e-5, 5e-5, 7.5e-5, 1e-4], rel=1e-12)  # --lr 1e-4, warm-up 4
+    assert all(r["grad_norm"] > 0 for r in log)
+    assert ckpt_lib.open_checkpoint(straight).optimizer_state()["param_groups"][0]["betas"] == (0.9, 0.95)
+    resumed = run_train(tmp_path, *RECIPE, "--max-steps", "3", "--ckpt-every", "3", name="resumed")
+    run_train(tmp_path, *RECIPE, "--max-steps", "5", "--ckpt-every", "5", "--resume", "auto", name="resumed")
+    a, b = ckpt_lib.open_checkpoint(straight), ckpt_lib.open_checkpoint(resumed)
+    for which in ("model", "ema"):
+        wa, wb = a.weights(which), b.weights(which)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), which
+    assert read_log(resumed) == [{**r, "steps_per_sec": s["steps_per_sec"], "images_per_sec": s["images_per_sec"]}
+                                 for r, s in zip(log, read_log(resumed))]
+    # A changed knob on resume is applied and said.
+    capsys.readouterr()
+    run_train(tmp_path, *RECIPE[:-4], "--adam-beta2", "0.9", "--max-steps", "6", "--ckpt-every", "6",
+              "--resume", "auto", name="resumed")
+    out = capsys.readouterr().out
+    assert "resume: --adam-beta2 0.9 replaces the checkpoint's 0.95" in out
+    assert "resume: --max-grad-norm 0.0 replaces the checkpoint's 0.5" in out
+    assert ckpt_lib.open_checkpoint(resumed).optimizer_state()["param_groups"][0]["betas"] == (0.9, 0.9)
+
+
+# --- NaN handling ---------------------------------------------------------------------
+
+def poison_batches(monkeypatch, calls):
+    """Batches that turn NaN at the data calls in ``calls`` (1-based: one per step here)."""
+    from nala_dit import training
+
+    real, seen = training.to_model_space, []
+
+    def poisoned(x, **kwargs):
+        seen.append(1)
+        x = real(x, **kwargs)
+        return x * float("nan") if len(seen) in calls else x
+
+    monkeypatch.setattr(training, "to_model_space", poisoned)
+
+
+def equal_trees(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(equal_trees(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(equal_trees(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_a_non_finite_step_is_skipped_and_a_streak_stops_the_run(tmp_path, capsys, monkeypatch):
+    from nala_dit import checkpoint as ckpt_lib
+    from tests.test_reliability import train_fails
+    from tests.test_training import read_log, run_train
+
+    poison_batches(monkeypatch, {3})
+    run = run_train(tmp_path, "--max-steps", "4", "--ckpt-every", "1", "--max-grad-norm", "1")
+    assert "step 3: non-finite loss (lr 0.0001), step skipped: no update of the weights, EMA or optimizer " \
+           "(1 in a row; the run stops at --max-nan-steps 20)" in capsys.readouterr().out
+    before, after = (ckpt_lib.open_checkpoint(run / "checkpoints" / f"000000{i}") for i in (2, 3))
+    for which in ("model", "ema"):
+        assert equal_trees(before.weights(which), after.weights(which)), which
+    assert equal_trees(before.optimizer_state(), after.optimizer_state())
+    last = ckpt_lib.open_checkpoint(run)
+    assert not equal_trees(after.weights("model"), last.weights("model"))  # step 4 updates again
+    log = read_log(run)
+    assert log[2]["skipped_steps"] == 1 and log[2]["loss"] is None and log[2]["grad_norm"] is None
+    assert all("skipped_steps" not in r and r["loss"] > 0 for r in log[:2] + log[3:])
+    # --max-nan-steps in a row: one line naming the step, the lr and the last good checkpoint.
+    monkeypatch.undo()
+    poison_batches(monkeypatch, {3, 4})
+    err = train_fails(tmp_path, capsys, "--max-steps", "6", "--ckpt-every", "2", "--max-nan-steps", "2",
+                      name="streak")
+    good = tmp_path / "streak" / "checkpoints" / "0000002"
+    assert err == (f"error: non-finite loss at step 4 (lr 0.0001), 2 step(s) in a row skipped since step 3 "
+                   f"(--max-nan-steps 2); stopping without saving. Last good checkpoint: {good}. Try a lower --lr, "
+                   f"--max-grad-norm 1, or --mixed-precision no.")
+    assert [p.name for p in ckpt_lib.list_checkpoints(tmp_path / "streak" / "checkpoints")] == ["0000002"]
