@@ -242,6 +242,8 @@ VAE_TILE_PIXELS = 512
 
 # metrics.py / features: evaluation inputs.
 FEATURE_CHOICES = ("inception", "digits")
+# training.py: trackers beside log.jsonl (accelerate's; "all" = both).
+REPORT_TO = ("tensorboard", "wandb", "all", "none")
 DATASETS = ("digits-train", "digits-heldout")
 INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 
@@ -410,6 +412,27 @@ class TrainConfig:
     sample_sampler: str | None = _opt("sampler for grids (default ddim / ode-heun)", choices=list(SAMPLERS))
     sample_steps: int = field(default=50, metadata=dict(help="sampler steps for grids"))
     sample_cfg_scale: float = field(default=1.0, metadata=dict(help="guidance scale for grids"))
+    report_to: str = field(default="tensorboard", metadata=dict(
+        help="trackers beside log.jsonl (accelerate's): 'tensorboard' (<run>/tensorboard), 'wandb' (pip install "
+             "nala_dit[wandb]; WANDB_MODE=offline works without an account), 'all' or 'none'",
+        choices=list(REPORT_TO)))
+    val_every: int = field(default=0, metadata=dict(help="steps between held-out losses (overall and in three noise "
+                                                         "bands, raw and EMA weights, fixed draws); 0 = off"))
+    val_data: str | None = _opt("held-out data for --val-every, a folder of the kind --data is (default: the "
+                                "embedded data's held-out split)")
+    val_samples: int = field(default=256, metadata=dict(help="held-out items --val-every scores (the first ones)"))
+    fid_every: int = field(default=0, metadata=dict(help="steps between FID-type scores of EMA samples against "
+                                                         "--fid-ref (evaluate_fid.py's metrics); 0 = off"))
+    fid_ref: str | None = _opt("reference .npz for --fid-every (evaluate_fid.py ref; --features digits for the "
+                               "embedded data)")
+    fid_samples: int = field(default=1000, metadata=dict(help="EMA samples per --fid-every evaluation (seeded by "
+                                                              "index, the grid's sampler settings)"))
+    fid_features: str | None = _opt("features for --fid-every (default: the ones --fid-ref records)",
+                                    choices=list(FEATURE_CHOICES))
+    inception_weights: str | None = _opt(f"--fid-every with Inception: path to {INCEPTION_WEIGHTS_FILE} (default: "
+                                         f"torch-fidelity's cache)")
+    digits_classifier: str | None = _opt("--fid-every with digits features: the classifier folder (default "
+                                         "runs/digits_classifier; trained if absent)")
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
     allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the checkpoint")
     # conversion from a softmax model (nala_dit/convert.py, LiT's recipe)
@@ -472,6 +495,17 @@ class TrainConfig:
             raise ValueError("warmup-steps, max-nan-steps and max-grad-norm must be >= 0")
         if not 0 <= self.adam_beta2 < 1:
             raise ValueError(f"adam-beta2 must be in [0, 1) (DiT 0.999, LightningDiT 0.95), got {self.adam_beta2}")
+        for name in ("val_every", "fid_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 0 (0 = off)")
+        if self.val_samples < 1 or self.fid_samples < 2:
+            raise ValueError(f"val-samples must be >= 1 and fid-samples >= 2 (a covariance needs two), got "
+                             f"{self.val_samples} and {self.fid_samples}")
+        if self.val_data is not None and not self.val_every:
+            raise ValueError("--val-data is the held-out data of --val-every: pass --val-every N with it")
+        if self.fid_every and not self.fid_ref:
+            raise ValueError("--fid-every scores against a reference: pass --fid-ref REF.npz (evaluate_fid.py ref "
+                             "--dataset digits-heldout --features digits --out REF.npz for the embedded digits)")
         if self.t_sampling == "uniform" and (self.t_mean, self.t_std) != (defaults["t_mean"], defaults["t_std"]):
             raise ValueError(f"--t-mean / --t-std shape logit-normal times; pass --t-sampling logit-normal with them "
                              f"(got --t-sampling uniform, --t-mean {self.t_mean}, --t-std {self.t_std})")

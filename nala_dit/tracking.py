@@ -31,33 +31,82 @@ def exponent_log(layers) -> dict:
 
 
 class Logger:
-    """JSON lines + TensorBoard on the main process, starting after ``step``: records of
-    later steps (written by a run that died before its next checkpoint, or by an abandoned
-    branch) are dropped, so a resumed run's log holds every step once."""
+    """``log.jsonl`` on the main process, and accelerate's trackers (``--report-to``:
+    TensorBoard in ``<run>/tensorboard``, wandb in ``<run>/wandb``) with the resolved config
+    as the run's config. Records of steps after ``step`` (written by a run that died before
+    its next checkpoint, or by an abandoned branch) are dropped from the file and from
+    TensorBoard (``purge_step``), so a resumed run's log holds every step once; a resumed
+    wandb run continues the same wandb run (its id is kept in ``<run>/wandb-id``)."""
 
-    def __init__(self, run_dir: Path, enabled: bool, step: int = 0):
-        self.enabled = enabled
-        self.writer = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
-            truncate_log(run_dir / "log.jsonl", step)
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=step + 1)
-            self.file = open(run_dir / "log.jsonl", "a")
+    def __init__(self, run_dir: Path, accelerator, step: int = 0, report_to: str = "tensorboard",
+                 config: dict | None = None):
+        self.accelerator = accelerator
+        self.enabled = accelerator.is_main_process
+        if not self.enabled:
+            return
+        truncate_log(run_dir / "log.jsonl", step)
+        self.file = open(run_dir / "log.jsonl", "a")
+        trackers = make_trackers(report_to, run_dir, step)
+        if trackers:
+            accelerator.log_with = trackers
+            accelerator.init_trackers("nala_dit", config=tracker_config(config or {}))
 
     def log(self, step: int, values: dict) -> None:
         if not self.enabled:
             return
         self.file.write(json.dumps({"step": step, **values}) + "\n")
         self.file.flush()
-        for k, v in values.items():
-            if isinstance(v, (int, float)):
-                self.writer.add_scalar(k, v, step)
+        numbers = {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.accelerator.log(numbers, step=step)
 
     def close(self) -> None:
+        """The file; the trackers finish with ``accelerator.end_training()``."""
         if self.enabled:
             self.file.close()
-            self.writer.close()
+
+
+def make_trackers(report_to: str, run_dir: Path, step: int) -> list:
+    """accelerate's tracker objects for ``--report-to`` (main process)."""
+    from accelerate.tracking import TensorBoardTracker
+
+    trackers = []
+    if report_to in ("tensorboard", "all"):
+        trackers.append(TensorBoardTracker("tensorboard", str(run_dir), purge_step=step + 1))
+    if report_to in ("wandb", "all"):
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ValueError(f"--report-to {report_to} needs wandb: pip install 'nala_dit[wandb]' (or "
+                             f"--report-to tensorboard)")
+        from accelerate.tracking import WandBTracker
+
+        id_file = run_dir / "wandb-id"
+        if not id_file.is_file():
+            import uuid
+
+            id_file.write_text(uuid.uuid4().hex[:16] + "\n")
+        trackers.append(WandBTracker(os.environ.get("WANDB_PROJECT", "nala_dit"), name=run_dir.name,
+                                     dir=str(run_dir), id=id_file.read_text().strip(), resume="allow"))
+    return trackers
+
+
+def tracker_config(config: dict) -> dict:
+    """The run's config as trackers take it: numbers, strings and booleans (None left out)."""
+    return {k: v if isinstance(v, (bool, int, float, str)) else json.dumps(v) for k, v in config.items()
+            if v is not None}
+
+
+def progress_values(values: dict) -> dict:
+    """The progress line's part of a log record: loss, images/s, and the held-out loss
+    and first FID-type score when they were computed at this step."""
+    shown = dict(loss="-" if values["loss"] is None else f"{values['loss']:.4f}",
+                 img_s=f"{values['images_per_sec']:.1f}")
+    if "val/loss" in values:
+        shown["val"] = f"{values['val/loss']:.4f}"
+    fid = next((k for k in values if k.startswith("fid/")), None)
+    if fid is not None:
+        shown[fid.split("/", 1)[1]] = f"{values[fid]:.3f}"
+    return shown
 
 
 def truncate_log(path: Path, step: int) -> None:

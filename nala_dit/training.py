@@ -33,9 +33,9 @@ from .models import create_model
 from .options import MODEL_OVERRIDES, TrainConfig, default_num_workers  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
 from .options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
 from .runlock import LOCK_NAME, check_process_count, hold_lock
-from .tracking import Logger, LossWindow, NanStreak, exponent_log, truncate_log  # noqa: F401  (exponent_log, truncate_log: moved)
+from .tracking import Logger, LossWindow, NanStreak, exponent_log, progress_values, truncate_log  # noqa: F401  (exponent_log, truncate_log: moved)
 from .train_step import EpochBatches, TrainStep, step_seed, to_model_space, update_ema
-from .validation import write_sample_grid
+from .validation import HeldOutLoss, TrainingFID, heldout_dataset, write_sample_grid
 
 
 def build_dataset(cfg: TrainConfig, state=None):
@@ -363,13 +363,20 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     train_model = torch.compile(model) if cfg.compile else model
     train_model, optimizer = accelerator.prepare(train_model, optimizer)
     ema.to(device)
-    logger = Logger(run_dir, accelerator.is_main_process, step)
+    logger = Logger(run_dir, accelerator, step, cfg.report_to, to_dict(cfg))
 
     workers = cfg.num_workers if cfg.num_workers is not None else \
         default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
     batches = EpochBatches(dataset, rank, world, cfg.seed, micro_batch, workers, device, epoch, position)
     train_step = TrainStep(cfg, accelerator, model, train_model, optimizer, objective, distiller, batches,
                            functools.partial(to_model_space, dataset=dataset, vae=vae, scaling=scaling, flip=cfg.flip))
+
+    # Evaluation while training (validation.py): held-out loss on fixed draws, FID of EMA samples.
+    heldout = HeldOutLoss(heldout_dataset(cfg, dataset), objective,
+                          functools.partial(to_model_space, dataset=dataset, vae=vae, scaling=scaling, flip=False),
+                          rank, world, cfg.val_samples, 4 * micro_batch, device, cfg.context_parallel) \
+        if cfg.val_every else None
+    fid = TrainingFID(cfg, dataset.num_classes, micro_batch) if cfg.fid_every else None
 
     grid_noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
     grid_labels = (torch.arange(16) % dataset.num_classes).to(device)
@@ -387,7 +394,9 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     train_model.train()
     while step < cfg.max_steps:
         torch.manual_seed(step_seed(cfg.seed, rank, step))
-        log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps
+        val_now = heldout is not None and (step + 1) % cfg.val_every == 0
+        fid_now = fid is not None and (step + 1) % cfg.fid_every == 0
+        log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps or val_now or fid_now
         for layer in stat_layers:
             layer.record_stats = log_now
         result = train_step(step)
@@ -398,9 +407,13 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         nan_streak.update(step, result, progress)  # every process: the skip decision is shared
         if log_now:
             values = window.values(cfg.global_batch_size, stat_layers, distiller is not None)
+            if val_now:
+                values.update(heldout(model, accelerator, "val/loss"))
+                values.update(heldout(ema, accelerator, "val/ema_loss"))
+            if fid_now:
+                values.update(fid(ema, objective, vae, scaling, accelerator))
             logger.log(step, values)
-            progress.set_postfix(loss="-" if values["loss"] is None else f"{values['loss']:.4f}",
-                                 img_s=f"{values['images_per_sec']:.1f}")
+            progress.set_postfix(**progress_values(values))
             window.reset()
         progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
         if cfg.sample_every > 0 and step % cfg.sample_every == 0 and accelerator.is_main_process:

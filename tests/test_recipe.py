@@ -173,3 +173,71 @@ def test_a_non_finite_step_is_skipped_and_a_streak_stops_the_run(tmp_path, capsy
                    f"(--max-nan-steps 2); stopping without saving. Last good checkpoint: {good}. Try a lower --lr, "
                    f"--max-grad-norm 1, or --mixed-precision no.")
     assert [p.name for p in ckpt_lib.list_checkpoints(tmp_path / "streak" / "checkpoints")] == ["0000002"]
+
+
+# --- validation during training -------------------------------------------------------
+
+def test_noise_bands_split_by_hand():
+    from nala_dit.validation import band_losses, band_means
+
+    u = torch.tensor([0.0, 0.2, 1 / 3, 0.5, 2 / 3, 1.0], dtype=torch.float64)  # band edges belong above
+    losses = torch.tensor([1.0, 3.0, 5.0, 7.0, 9.0, 11.0])
+    sums = band_losses(u, losses)
+    assert sums.tolist() == [[4.0, 2.0], [12.0, 2.0], [20.0, 2.0]]
+    assert band_means(sums + band_losses(u[:1], losses[:1]), "val/loss") == {  # a second process's share
+        "val/loss": 37 / 7, "val/loss_noise_low": 5 / 3, "val/loss_noise_mid": 6.0, "val/loss_noise_high": 10.0}
+
+
+@pytest.fixture(scope="module")
+def digits_reference(tmp_path_factory, digits_classifier_dir):
+    from nala_dit import metrics
+
+    out = tmp_path_factory.mktemp("ref") / "digits.npz"
+    metrics.make_reference(out, dataset="digits-heldout", features="digits", digits_classifier_dir=digits_classifier_dir)
+    return out
+
+
+def test_validation_draws_survive_resume_and_leave_training_alone(tmp_path, digits_reference, digits_classifier_dir):
+    from tests.test_training import read_log, run_train
+
+    common = ["--model", "NaLaSiT-T/2", "--log-every", "2"]
+    evaluate = ["--val-every", "2", "--val-samples", "24", "--fid-every", "4", "--fid-ref", str(digits_reference),
+                "--fid-samples", "20", "--sample-steps", "4", "--digits-classifier", str(digits_classifier_dir)]
+    plain = read_log(run_train(tmp_path, *common, "--max-steps", "4", "--ckpt-every", "4", name="plain"))
+    straight = read_log(run_train(tmp_path, *common, *evaluate, "--max-steps", "4", "--ckpt-every", "4",
+                                  name="straight"))
+    run_train(tmp_path, *common, *evaluate, "--max-steps", "2", "--ckpt-every", "2", name="resumed")
+    resumed = read_log(run_train(tmp_path, *common, *evaluate, "--max-steps", "4", "--ckpt-every", "4",
+                                 "--resume", "auto", name="resumed"))
+    # Evaluation draws nothing from the training's streams: the same losses as without it.
+    assert [r["loss"] for r in plain] == [r["loss"] for r in straight] == [r["loss"] for r in resumed]
+    keys = ["val/loss", "val/loss_noise_low", "val/loss_noise_mid", "val/loss_noise_high", "val/ema_loss",
+            "val/ema_loss_noise_low", "val/ema_loss_noise_mid", "val/ema_loss_noise_high"]
+    for a, b in zip(straight, resumed):  # the resumed run rebuilt its draws: the same numbers
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+        assert 0 < a["val/loss"] < 10
+    fid = ["fid/fd_digits", "fid/precision_digits", "fid/recall_digits", "fid/class_consistency"]
+    assert "fid/fd_digits" not in straight[0] and straight[1]["fid/fd_digits"] > 0
+    assert {k: straight[1][k] for k in fid} == {k: resumed[1][k] for k in fid}  # samples seeded by index
+
+
+# --- trackers -------------------------------------------------------------------------
+
+def test_offline_wandb_and_tensorboard_runs_write_their_files(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb", reason="wandb is not installed: pip install -e '.[wandb]' (make test installs it)")
+    from tests.test_training import run_train
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = run_train(tmp_path, "--report-to", "all", "--max-steps", "2", "--ckpt-every", "2", "--val-every", "2",
+                    "--val-samples", "8", "--t-sampling", "logit-normal")
+    wandb.teardown()  # the service writes the run's records after the run finishes: wait for it, as at exit
+    records = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(records) == 1, list((run / "wandb").iterdir())
+    data = records[0].read_bytes()
+    run_id = (run / "wandb-id").read_text().strip()
+    assert records[0].name == f"run-{run_id}.wandb"  # the id a resumed run continues
+    for key in (b"loss", b"lr", b"grad_norm", b"steps_per_sec", b"images_per_sec", b"val/ema_loss",
+                b"t-sampling", b"logit-normal"):  # logged values and the resolved config
+        assert key in data, key
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
