@@ -75,7 +75,12 @@ def heldout_dataset(cfg: TrainConfig, train_dataset):
     """The held-out split ``--val-every`` scores: ``--val-data`` (a folder like ``--data``),
     else the embedded data's own held-out split."""
     if cfg.val_data is not None:
-        if (Path(cfg.val_data) / data_lib.LATENT_META).is_file():
+        latents = (Path(cfg.val_data) / data_lib.LATENT_META).is_file()
+        if latents != isinstance(train_dataset, data_lib.LatentDataset):
+            kinds = ("a latent folder", "images") if latents else ("an image folder", "latents")
+            raise ValueError(f"--val-data {cfg.val_data} is {kinds[0]} but --data {cfg.data} holds {kinds[1]}: "
+                             f"pass held-out data of the kind the model trains on")
+        if latents:
             return data_lib.LatentDataset(cfg.val_data)
         return data_lib.ImageFolderDataset(cfg.val_data, train_dataset.image_size, cfg.skip_corrupt)
     if cfg.data == "digits":

@@ -1,6 +1,7 @@
 """The 2025 training recipe (issue 32): logit-normal times, warm-up, β2, clipping, NaN
 skips, validation during training, trackers. Each knob against a known answer."""
 
+import json
 import math
 
 import pytest
@@ -204,8 +205,8 @@ def test_validation_draws_survive_resume_and_leave_training_alone(tmp_path, digi
     evaluate = ["--val-every", "2", "--val-samples", "24", "--fid-every", "4", "--fid-ref", str(digits_reference),
                 "--fid-samples", "20", "--sample-steps", "4", "--digits-classifier", str(digits_classifier_dir)]
     plain = read_log(run_train(tmp_path, *common, "--max-steps", "4", "--ckpt-every", "4", name="plain"))
-    straight = read_log(run_train(tmp_path, *common, *evaluate, "--max-steps", "4", "--ckpt-every", "4",
-                                  name="straight"))
+    straight_run = run_train(tmp_path, *common, *evaluate, "--max-steps", "4", "--ckpt-every", "4", name="straight")
+    straight = read_log(straight_run)
     run_train(tmp_path, *common, *evaluate, "--max-steps", "2", "--ckpt-every", "2", name="resumed")
     resumed = read_log(run_train(tmp_path, *common, *evaluate, "--max-steps", "4", "--ckpt-every", "4",
                                  "--resume", "auto", name="resumed"))
@@ -219,6 +220,14 @@ def test_validation_draws_survive_resume_and_leave_training_alone(tmp_path, digi
     fid = ["fid/fd_digits", "fid/precision_digits", "fid/recall_digits", "fid/class_consistency"]
     assert "fid/fd_digits" not in straight[0] and straight[1]["fid/fd_digits"] > 0
     assert {k: straight[1][k] for k in fid} == {k: resumed[1][k] for k in fid}  # samples seeded by index
+    # ... and they are what evaluate_fid.py gen scores for the same checkpoint, samples and sampler.
+    import evaluate_fid
+
+    assert evaluate_fid.main(["gen", "--ckpt", str(straight_run), "--ref", str(digits_reference), "--num-samples", "20",
+                              "--sampler", "ode-heun", "--steps", "4", "--device", "cpu", "--digits-classifier",
+                              str(digits_classifier_dir), "--json", str(tmp_path / "gen.json")]) == 0
+    scores = json.loads((tmp_path / "gen.json").read_text())["metrics"]
+    assert {k: straight[1][k] for k in fid} == pytest.approx({f"fid/{k}": v for k, v in scores.items()}, rel=1e-5)
 
 
 # --- trackers -------------------------------------------------------------------------
