@@ -122,7 +122,10 @@ def test_shipped_configs_resolve(config):
     assert config.startswith(("nala_" if family.startswith("NaLa") else "") + family.replace("NaLa", "").lower()) \
         or config.startswith("digits_")
     if config.startswith("digits_"):
-        assert cfg.data == "digits" and size == "T/2"
+        assert cfg.data == "digits" and size == "T/2" and cfg.val_every > 0  # the embedded data: validation on
+    elif config.endswith("_fast.yaml"):  # the 2025 recipe (docs/training.md)
+        assert (cfg.t_sampling, cfg.adam_beta2, cfg.mixed_precision) == ("logit-normal", 0.95, "bf16")
+        assert cfg.warmup_steps > 0 and cfg.max_grad_norm > 0 and cfg.val_every > 0 and cfg.fid_every > 0
     else:
         assert size.replace("/", "").lower() in config and cfg.global_batch_size == 256 and cfg.lr == 1e-4
 
