@@ -420,7 +420,8 @@ class TrainConfig:
                                                          "bands, raw and EMA weights, fixed draws); 0 = off"))
     val_data: str | None = _opt("held-out data for --val-every, a folder of the kind --data is (default: the "
                                 "embedded data's held-out split)")
-    val_samples: int = field(default=256, metadata=dict(help="held-out items --val-every scores (the first ones)"))
+    val_samples: int = field(default=256, metadata=dict(help="held-out items --val-every scores (spread evenly over "
+                                                              "the split)"))
     fid_every: int = field(default=0, metadata=dict(help="steps between FID-type scores of EMA samples against "
                                                          "--fid-ref (evaluate_fid.py's metrics); 0 = off"))
     fid_ref: str | None = _opt("reference .npz for --fid-every (evaluate_fid.py ref; --features digits for the "

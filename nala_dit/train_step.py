@@ -139,7 +139,7 @@ class TrainStep:
         bad = ~torch.isfinite(local)
         if scaler is None:  # an fp16 loss scaler skips non-finite gradients itself (and lowers its scale)
             bad = bad | ~torch.isfinite(grad_norm.detach().float())
-        skipped = bool(accelerator.gather(bad.reshape(1)).any())  # one decision for every process
+        skipped = bool(accelerator.gather(bad.reshape(1).int()).any())  # one decision for every process
         lr = lr_at(step, cfg.lr, cfg.warmup_steps)
         if skipped:
             if scaler is not None:

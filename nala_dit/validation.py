@@ -23,7 +23,8 @@ from .sampling import balanced_labels, save_grid
 # The held-out draws (t and noise per item) are the same for every run and seed, so the
 # held-out losses of two runs (other seeds, other t-sampling) are scored on one set of draws.
 VAL_SEED = 0
-VAL_STREAM = 3   # generate.py uses streams 0-2 for sample noise
+VAL_STREAM = 3        # (t, noise) of an item; generate.py uses streams 0-2 for sample noise
+VAL_DATA_STREAM = 4   # the item's own draws into model space (a VAE or cached-latent sample)
 # Noise bands of the held-out loss, by noise fraction u (0 = data, 1 = pure noise): DiT's
 # u = index / T, SiT's u = 1 − t.
 NOISE_BANDS = (("low", 0.0, 1 / 3), ("mid", 1 / 3, 2 / 3), ("high", 2 / 3, float("inf")))
@@ -92,23 +93,24 @@ def heldout_dataset(cfg: TrainConfig, train_dataset):
 
 
 class HeldOutLoss:
-    """The training loss on the first ``--val-samples`` held-out items, each with its own
-    (t, noise) drawn from ``index_seed(VAL_SEED, item, VAL_STREAM)``: t uniform (DiT's
+    """The training loss on ``--val-samples`` held-out items (spread evenly over the split),
+    each with its own (t, noise) drawn from ``index_seed(VAL_SEED, item, VAL_STREAM)``: t uniform (DiT's
     index, SiT's time in its training interval), whatever ``--t-sampling`` trains with, so
     the same draws at every evaluation, on resume, in every run. Each data-parallel rank
-    scores its share (items rank, rank + world, ...); ``__call__`` returns the overall and
+    scores every world-th of them; ``__call__`` returns the overall and
     per-noise-band means (``NOISE_BANDS``) on every process."""
 
     def __init__(self, dataset, objective, to_model, rank: int, world: int, count: int, batch_size: int,
                  device: torch.device, context_parallel: int = 1):
         self.objective, self.batch_size, self.duplicates = objective, batch_size, context_parallel
-        self.items = list(range(rank, min(count, len(dataset)), world))
-        self.total = min(count, len(dataset))
+        # ``count`` items spread evenly over the split (a folder is sorted by class), each rank its share
+        total = min(count, len(dataset))
+        self.items = [k * len(dataset) // total for k in range(rank, total, world)]
         xs, ys, ts, noises = [], [], [], []
         with own_rng(device):
             for i in self.items:
                 x, y = dataset[i]
-                torch.manual_seed(index_seed(VAL_SEED, i, VAL_STREAM))
+                torch.manual_seed(index_seed(VAL_SEED, i, VAL_DATA_STREAM))
                 x = to_model(torch.as_tensor(x).unsqueeze(0).to(device))[0]
                 gen = torch.Generator().manual_seed(index_seed(VAL_SEED, i, VAL_STREAM))
                 if hasattr(objective, "num_timesteps"):  # DiT: an index
