@@ -322,6 +322,9 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     resume_from = find_resume(cfg, run_dir, ckpt_dir, accelerator)
 
     dataset = build_dataset(cfg, accelerator)
+    # Evaluation while training (validation.py): its data and reference are checked now, before the model.
+    heldout_data = heldout_dataset(cfg, dataset) if cfg.val_every else None
+    fid = TrainingFID(cfg, dataset.num_classes, micro_batch) if cfg.fid_every else None
     vae, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
     if cfg.vae is not None:
         vae, scaling = data_lib.load_vae(cfg.vae, device)
@@ -371,12 +374,11 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     train_step = TrainStep(cfg, accelerator, model, train_model, optimizer, objective, distiller, batches,
                            functools.partial(to_model_space, dataset=dataset, vae=vae, scaling=scaling, flip=cfg.flip))
 
-    # Evaluation while training (validation.py): held-out loss on fixed draws, FID of EMA samples.
-    heldout = HeldOutLoss(heldout_dataset(cfg, dataset), objective,
+    # The held-out loss's fixed draws (validation.py), made once: the same at every evaluation.
+    heldout = HeldOutLoss(heldout_data, objective,
                           functools.partial(to_model_space, dataset=dataset, vae=vae, scaling=scaling, flip=False),
                           rank, world, cfg.val_samples, 4 * micro_batch, device, cfg.context_parallel) \
-        if cfg.val_every else None
-    fid = TrainingFID(cfg, dataset.num_classes, micro_batch) if cfg.fid_every else None
+        if heldout_data is not None else None
 
     grid_noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
     grid_labels = (torch.arange(16) % dataset.num_classes).to(device)

@@ -250,3 +250,27 @@ def test_offline_wandb_and_tensorboard_runs_write_their_files(tmp_path, monkeypa
                 b"t-sampling", b"logit-normal"):  # logged values and the resolved config
         assert key in data, key
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_recipe_options_are_checked_in_one_line(tmp_path, capsys):
+    from nala_dit.options import TrainConfig
+    from tests.test_reliability import train_fails
+
+    def refused(message, **kwargs):
+        with pytest.raises(ValueError) as err:
+            TrainConfig(**kwargs).validate()
+        assert str(err.value) == message
+
+    refused("--t-mean / --t-std shape logit-normal times; pass --t-sampling logit-normal with them (got --t-sampling "
+            "uniform, --t-mean 0.5, --t-std 1.0)", t_mean=0.5)
+    refused("adam-beta2 must be in [0, 1) (DiT 0.999, LightningDiT 0.95), got 1.0", adam_beta2=1.0)
+    refused("--fid-every scores against a reference: pass --fid-ref REF.npz (evaluate_fid.py ref --dataset "
+            "digits-heldout --features digits --out REF.npz for the embedded digits)", fid_every=100)
+    refused("--val-data is the held-out data of --val-every: pass --val-every N with it", val_data="held-out")
+    from tests.test_training import make_image_folder
+
+    images = make_image_folder(tmp_path / "images", per_class=2)
+    err = train_fails(tmp_path, capsys, "--data", str(images), "--image-size", "16", "--global-batch-size", "2",
+                      "--max-steps", "1", "--val-every", "1")
+    assert err == (f"error: --val-every scores a held-out split: {images} is a folder, so pass --val-data with a "
+                   f"held-out folder of the same kind")
