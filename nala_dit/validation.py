@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from . import data as data_lib
