@@ -403,6 +403,9 @@ def build_objective(model_config: dict, train_config: dict):
     shift = 1.0
     if train_config.get("time-shift") is not None and "input_size" in model_config:
         shift = model_grid(model_config).time_shift(train_config["time-shift"])
+    # the training times' distribution (``--t-sampling``; older configs: uniform)
+    t_sampling = dict(t_sampling=train_config.get("t-sampling") or "uniform", t_mean=train_config.get("t-mean", 0.0),
+                      t_std=train_config.get("t-std", 1.0))
     if model_config.get("objective", "diffusion") == "diffusion":
         var_type = "learned_range" if model_config.get("learn_sigma", True) else "fixed_small"
         return GaussianDiffusion.from_schedule(
@@ -410,6 +413,7 @@ def build_objective(model_config: dict, train_config: dict):
             train_config.get("diffusion-steps", 1000),
             var_type,
             time_shift=shift,
+            **t_sampling,
         )
     return Transport(
         path=train_config.get("path-type", "linear"),
@@ -418,4 +422,5 @@ def build_objective(model_config: dict, train_config: dict):
         train_eps=train_config.get("train-eps"),
         sample_eps=train_config.get("sample-eps"),
         time_shift=shift,
+        **t_sampling,
     )

@@ -47,6 +47,7 @@ import math
 import torch
 
 from .options import BETA_SCHEDULES  # noqa: F401  (plain data, shared with the CLIs)
+from .transport import check_t_sampling, noise_logits
 
 MODEL_VAR_TYPES = ("learned_range", "fixed_small", "fixed_large")
 
@@ -171,7 +172,8 @@ class GaussianDiffusion:
     timestep passed to the model; identity when None.
     """
 
-    def __init__(self, betas, model_var_type="learned_range", timestep_map=None, time_shift: float = 1.0):
+    def __init__(self, betas, model_var_type="learned_range", timestep_map=None, time_shift: float = 1.0,
+                 t_sampling: str = "uniform", t_mean: float = 0.0, t_std: float = 1.0):
         if model_var_type not in MODEL_VAR_TYPES:
             raise ValueError(f"unknown model_var_type {model_var_type!r}; "
                              f"allowed: {', '.join(MODEL_VAR_TYPES)}")
@@ -184,6 +186,8 @@ class GaussianDiffusion:
         self.model_var_type = model_var_type
         # training timesteps (``sample_timesteps``); samplers pass their own to ``respace``
         self.time_shift = float(time_shift)
+        check_t_sampling(t_sampling, t_mean, t_std)
+        self.t_sampling, self.t_mean, self.t_std = t_sampling, float(t_mean), float(t_std)
         self.num_timesteps = len(betas)
         self.timestep_map = (torch.arange(self.num_timesteps, dtype=torch.float64)
                              if timestep_map is None
@@ -207,8 +211,10 @@ class GaussianDiffusion:
         self.posterior_mean_coef2 = (1.0 - acp_prev) * alphas.sqrt() / (1.0 - acp)
 
     @classmethod
-    def from_schedule(cls, schedule="linear", num_timesteps=1000, model_var_type="learned_range", time_shift=1.0):
-        return cls(get_named_beta_schedule(schedule, num_timesteps), model_var_type, time_shift=time_shift)
+    def from_schedule(cls, schedule="linear", num_timesteps=1000, model_var_type="learned_range", time_shift=1.0,
+                      t_sampling="uniform", t_mean=0.0, t_std=1.0):
+        return cls(get_named_beta_schedule(schedule, num_timesteps), model_var_type, time_shift=time_shift,
+                   t_sampling=t_sampling, t_mean=t_mean, t_std=t_std)
 
     def respace(self, section_counts, time_shift: float = 1.0):
         """A diffusion over the kept timesteps (``space_timesteps``, then ``shift_timesteps``)."""
@@ -222,8 +228,14 @@ class GaussianDiffusion:
                                  self.model_var_type, self.timestep_map[keep])
 
     def sample_timesteps(self, batch: int, device=None) -> torch.Tensor:
-        """Training timesteps: uniform over 0..T-1 (DiT), each moved by ``time_shift``."""
-        t = torch.randint(0, self.num_timesteps, (batch,), device=device)
+        """Training timesteps: uniform over 0..T-1 (DiT), or logit-normal: the index
+        ``min(floor(T·u), T − 1)`` of the noise fraction u = sigmoid(``noise_logits``), the
+        draw SiT's times come from; each moved by ``time_shift``."""
+        if self.t_sampling == "uniform":
+            t = torch.randint(0, self.num_timesteps, (batch,), device=device)
+        else:
+            u = torch.sigmoid(noise_logits(batch, self.t_mean, self.t_std, device).double())
+            t = (u * self.num_timesteps).floor().long().clamp_(max=self.num_timesteps - 1)
         if self.time_shift == 1.0:
             return t
         if getattr(self, "_shift_table", None) is None:  # t -> shifted t, for every t

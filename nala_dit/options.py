@@ -9,6 +9,7 @@ they answer at once; the modules that do the work (``attention/``, ``models.py``
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,6 +237,9 @@ BETA_SCHEDULES = ("linear", "cosine")
 PATHS = ("linear", "gvp", "vp")
 PREDICTIONS = ("velocity", "score", "noise")
 LOSS_WEIGHTS = ("none", "velocity", "likelihood")
+# Training-time distribution of both objectives (transport.noise_logits): DiT/SiT's uniform, or
+# SD3's logit-normal (LightningDiT, Sana).
+T_SAMPLINGS = ("uniform", "logit-normal")
 
 # generate.py: sampler names and their default step counts.
 DIFFUSION_SAMPLERS = ("ddpm", "ddim", "dpm-solver")
@@ -266,6 +270,8 @@ LATENT_NORMS = ("scalar", "channel")
 
 # metrics.py / features: evaluation inputs.
 FEATURE_CHOICES = ("inception", "digits")
+# training.py: trackers beside log.jsonl (accelerate's; "all" = both).
+REPORT_TO = ("tensorboard", "wandb", "all", "none")
 DATASETS = ("digits-train", "digits-heldout")
 INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 
@@ -405,12 +411,24 @@ class TrainConfig:
     sample_eps: float | None = _opt("SiT: sample eps (default per path, as SiT)")
     time_shift: str | None = _opt("resolution-aware shift of the training times toward noise: a number s in 0.01..100 "
                                   "(1 = none) or 'auto' (s = √(tokens / base tokens)); samplers default to it")
+    t_sampling: str = field(default="uniform", metadata=dict(
+        help="training times: 'uniform' (DiT/SiT) or 'logit-normal' (SD3, LightningDiT: noise fraction "
+             "sigmoid(t-mean + t-std·z); DiT's index floor(T·fraction), T = diffusion-steps)", choices=list(T_SAMPLINGS)))
+    t_mean: float = field(default=0.0, metadata=dict(help="logit-normal t: mean of the noise fraction's logit "
+                                                          "(> 0: more steps near noise)"))
+    t_std: float = field(default=1.0, metadata=dict(help="logit-normal t: std of the noise fraction's logit"))
     # optimisation
     global_batch_size: int = field(default=256, metadata=dict(help="images per optimizer step, all processes"))
     grad_accum: int = field(default=1, metadata=dict(help="micro-batches per optimizer step"))
-    lr: float = field(default=1e-4, metadata=dict(help="AdamW learning rate (constant)"))
+    lr: float = field(default=1e-4, metadata=dict(help="AdamW learning rate (constant after --warmup-steps)"))
+    warmup_steps: int = field(default=0, metadata=dict(help="learning-rate warm-up: linear from 0 to --lr over this "
+                                                            "many steps (Sana 2,000); 0 = off (DiT)"))
     weight_decay: float = field(default=0.0, metadata=dict(help="AdamW weight decay"))
-    max_grad_norm: float = field(default=0.0, metadata=dict(help="gradient clipping; 0 = off"))
+    adam_beta2: float = field(default=0.999, metadata=dict(help="AdamW β2 (DiT 0.999, LightningDiT 0.95); β1 is 0.9"))
+    max_grad_norm: float = field(default=0.0, metadata=dict(help="gradient clipping to this global norm; 0 = off "
+                                                                 "(the norm is logged either way)"))
+    max_nan_steps: int = field(default=20, metadata=dict(help="a step with a non-finite loss is skipped (no update); "
+                                                              "this many in a row stop the run (0 = stop at the first)"))
     ema_decay: float = field(default=0.9999, metadata=dict(help="EMA decay per step"))
     ema_warmup: bool = field(default=False, metadata=dict(help="EMA decay warm-up: min(ema-decay, (1 + t) / (10 + t)) at "
                                                              "optimizer step t (0 = the first), so the EMA forgets the "
@@ -433,6 +451,28 @@ class TrainConfig:
     sample_sampler: str | None = _opt("sampler for grids (default ddim / ode-heun)", choices=list(SAMPLERS))
     sample_steps: int = field(default=50, metadata=dict(help="sampler steps for grids"))
     sample_cfg_scale: float = field(default=1.0, metadata=dict(help="guidance scale for grids"))
+    report_to: str = field(default="tensorboard", metadata=dict(
+        help="trackers beside log.jsonl (accelerate's): 'tensorboard' (<run>/tensorboard), 'wandb' (pip install "
+             "nala_dit[wandb]; WANDB_MODE=offline works without an account), 'all' or 'none'",
+        choices=list(REPORT_TO)))
+    val_every: int = field(default=0, metadata=dict(help="steps between held-out losses (overall and in three noise "
+                                                         "bands, raw and EMA weights, fixed draws); 0 = off"))
+    val_data: str | None = _opt("held-out data for --val-every, a folder of the kind --data is (default: the "
+                                "embedded data's held-out split)")
+    val_samples: int = field(default=256, metadata=dict(help="held-out items --val-every scores (spread evenly over "
+                                                              "the split)"))
+    fid_every: int = field(default=0, metadata=dict(help="steps between FID-type scores of EMA samples against "
+                                                         "--fid-ref (evaluate_fid.py's metrics); 0 = off"))
+    fid_ref: str | None = _opt("reference .npz for --fid-every (evaluate_fid.py ref; --features digits for the "
+                               "embedded data)")
+    fid_samples: int = field(default=1000, metadata=dict(help="EMA samples per --fid-every evaluation (seeded by "
+                                                              "index, the grid's sampler settings)"))
+    fid_features: str | None = _opt("features for --fid-every (default: the ones --fid-ref records)",
+                                    choices=list(FEATURE_CHOICES))
+    inception_weights: str | None = _opt(f"--fid-every with Inception: path to {INCEPTION_WEIGHTS_FILE} (default: "
+                                         f"torch-fidelity's cache)")
+    digits_classifier: str | None = _opt("--fid-every with digits features: the classifier folder (default "
+                                         "runs/digits_classifier; trained if absent)")
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
     allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the "
                                      "checkpoint; 'latent-norm' (also for --init-from): train this data with the "
@@ -502,6 +542,26 @@ class TrainConfig:
         for name in ("log_every", "ckpt_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1")
+        if self.warmup_steps < 0 or self.max_nan_steps < 0 or self.max_grad_norm < 0:
+            raise ValueError("warmup-steps, max-nan-steps and max-grad-norm must be >= 0")
+        if not 0 <= self.adam_beta2 < 1:
+            raise ValueError(f"adam-beta2 must be in [0, 1) (DiT 0.999, LightningDiT 0.95), got {self.adam_beta2}")
+        for name in ("val_every", "fid_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 0 (0 = off)")
+        if self.val_samples < 1 or self.fid_samples < 2:
+            raise ValueError(f"val-samples must be >= 1 and fid-samples >= 2 (a covariance needs two), got "
+                             f"{self.val_samples} and {self.fid_samples}")
+        if self.val_data is not None and not self.val_every:
+            raise ValueError("--val-data is the held-out data of --val-every: pass --val-every N with it")
+        if self.fid_every and not self.fid_ref:
+            raise ValueError("--fid-every scores against a reference: pass --fid-ref REF.npz (evaluate_fid.py ref "
+                             "--dataset digits-heldout --features digits --out REF.npz for the embedded digits)")
+        if self.t_sampling == "uniform" and (self.t_mean, self.t_std) != (defaults["t_mean"], defaults["t_std"]):
+            raise ValueError(f"--t-mean / --t-std shape logit-normal times; pass --t-sampling logit-normal with them "
+                             f"(got --t-sampling uniform, --t-mean {self.t_mean}, --t-std {self.t_std})")
+        if not (math.isfinite(self.t_mean) and math.isfinite(self.t_std) and self.t_std > 0):
+            raise ValueError(f"--t-std must be > 0 and --t-mean finite, got --t-mean {self.t_mean}, --t-std {self.t_std}")
 
     def _check_grid_options(self, objective: str) -> None:
         """The sample-grid options, checked now: a grid is drawn every ``sample_every`` steps,

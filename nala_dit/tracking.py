@@ -31,33 +31,82 @@ def exponent_log(layers) -> dict:
 
 
 class Logger:
-    """JSON lines + TensorBoard on the main process, starting after ``step``: records of
-    later steps (written by a run that died before its next checkpoint, or by an abandoned
-    branch) are dropped, so a resumed run's log holds every step once."""
+    """``log.jsonl`` on the main process, and accelerate's trackers (``--report-to``:
+    TensorBoard in ``<run>/tensorboard``, wandb in ``<run>/wandb``) with the resolved config
+    as the run's config. Records of steps after ``step`` (written by a run that died before
+    its next checkpoint, or by an abandoned branch) are dropped from the file and from
+    TensorBoard (``purge_step``), so a resumed run's log holds every step once; a resumed
+    wandb run continues the same wandb run (its id is kept in ``<run>/wandb-id``)."""
 
-    def __init__(self, run_dir: Path, enabled: bool, step: int = 0):
-        self.enabled = enabled
-        self.writer = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
-            truncate_log(run_dir / "log.jsonl", step)
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=step + 1)
-            self.file = open(run_dir / "log.jsonl", "a")
+    def __init__(self, run_dir: Path, accelerator, step: int = 0, report_to: str = "tensorboard",
+                 config: dict | None = None):
+        self.accelerator = accelerator
+        self.enabled = accelerator.is_main_process
+        if not self.enabled:
+            return
+        truncate_log(run_dir / "log.jsonl", step)
+        self.file = open(run_dir / "log.jsonl", "a")
+        trackers = make_trackers(report_to, run_dir, step)
+        if trackers:
+            accelerator.log_with = trackers
+            accelerator.init_trackers("nala_dit", config=tracker_config(config or {}))
 
     def log(self, step: int, values: dict) -> None:
         if not self.enabled:
             return
         self.file.write(json.dumps({"step": step, **values}) + "\n")
         self.file.flush()
-        for k, v in values.items():
-            if isinstance(v, (int, float)):
-                self.writer.add_scalar(k, v, step)
+        numbers = {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.accelerator.log(numbers, step=step)
 
     def close(self) -> None:
+        """The file; the trackers finish with ``accelerator.end_training()``."""
         if self.enabled:
             self.file.close()
-            self.writer.close()
+
+
+def make_trackers(report_to: str, run_dir: Path, step: int) -> list:
+    """accelerate's tracker objects for ``--report-to`` (main process)."""
+    from accelerate.tracking import TensorBoardTracker
+
+    trackers = []
+    if report_to in ("tensorboard", "all"):
+        trackers.append(TensorBoardTracker("tensorboard", str(run_dir), purge_step=step + 1))
+    if report_to in ("wandb", "all"):
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ValueError(f"--report-to {report_to} needs wandb: pip install 'nala_dit[wandb]' (or "
+                             f"--report-to tensorboard)")
+        from accelerate.tracking import WandBTracker
+
+        id_file = run_dir / "wandb-id"
+        if not id_file.is_file():
+            import uuid
+
+            id_file.write_text(uuid.uuid4().hex[:16] + "\n")
+        trackers.append(WandBTracker(os.environ.get("WANDB_PROJECT", "nala_dit"), name=run_dir.name,
+                                     dir=str(run_dir), id=id_file.read_text().strip(), resume="allow"))
+    return trackers
+
+
+def tracker_config(config: dict) -> dict:
+    """The run's config as trackers take it: numbers, strings and booleans (None left out)."""
+    return {k: v if isinstance(v, (bool, int, float, str)) else json.dumps(v) for k, v in config.items()
+            if v is not None}
+
+
+def progress_values(values: dict) -> dict:
+    """The progress line's part of a log record: loss, images/s, and the held-out loss
+    and first FID-type score when they were computed at this step."""
+    shown = dict(loss="-" if values["loss"] is None else f"{values['loss']:.4f}",
+                 img_s=f"{values['images_per_sec']:.1f}")
+    if "val/loss" in values:
+        shown["val"] = f"{values['val/loss']:.4f}"
+    fid = next((k for k in values if k.startswith("fid/")), None)
+    if fid is not None:
+        shown[fid.split("/", 1)[1]] = f"{values[fid]:.3f}"
+    return shown
 
 
 def truncate_log(path: Path, step: int) -> None:
@@ -77,54 +126,45 @@ def truncate_log(path: Path, step: int) -> None:
 
 
 class LossWindow:
-    """The losses of the steps since the last log step. They stay on the device: no host
-    sync in the step itself. A non-finite loss is remembered by step and checked (across
-    ranks, ``check_finite``) at every log step and before every sample grid and checkpoint,
-    so no NaN weights are ever saved."""
+    """The steps since the last log step: loss, terms and gradient norm of the updates
+    (on the device: no host sync for them), the learning rate of the last one, and the
+    count of skipped (non-finite) steps."""
 
-    def __init__(self, accelerator, num_terms: int, start_step: int):
+    def __init__(self, accelerator, num_terms: int):
         device = accelerator.device
-        self.accelerator, self.start_step = accelerator, start_step
+        self.accelerator = accelerator
         self.loss = torch.zeros((), device=device)
         self.terms = torch.zeros(num_terms, device=device)
-        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
-        self.steps, self.start = 0, time.perf_counter()
+        self.grad_norm = torch.zeros((), device=device)
+        self.lr = None
+        self.steps, self.skipped, self.start = 0, 0, time.perf_counter()
 
-    def add(self, step: int, loss, parts) -> None:
-        """Step ``step``'s loss, and its terms as the micro-batches' shares."""
-        for part in parts:
+    def add(self, result) -> None:
+        """One ``train_step.StepResult``."""
+        self.lr = result.lr
+        if result.skipped:
+            self.skipped += 1
+            return
+        for part in result.parts:
             self.terms += part
-        self.first_bad = torch.where((self.first_bad < 0) & ~torch.isfinite(loss), step, self.first_bad)
-        self.loss += loss
+        self.loss += result.loss
+        self.grad_norm += result.grad_norm
         self.steps += 1
-
-    def check_finite(self, ckpt_dir: Path, progress) -> None:
-        """Stop (every rank) with the first non-finite step and the last good checkpoint."""
-        bad = self.accelerator.gather(self.first_bad.unsqueeze(0))
-        bad = bad[bad >= 0]
-        if len(bad):
-            progress.close()
-            last = list_checkpoints(ckpt_dir)
-            if int(bad.min()) == self.start_step + 1:  # no update had run yet: what the run started from is bad
-                raise FloatingPointError(
-                    f"non-finite loss at step {int(bad.min())}, the first of this run, before any update: the weights "
-                    f"it started from (--resume / --init-from), or the data, hold NaN or inf; not the learning rate. "
-                    f"Stopping without saving; check those files")
-            raise FloatingPointError(
-                f"non-finite loss at step {int(bad.min())}; stopping without saving. Last good checkpoint: "
-                f"{last[-1] if last else 'none'}. Try a lower --lr, --max-grad-norm 1, or --mixed-precision no."
-            )
 
     def values(self, global_batch_size: int, stat_layers, distilled: bool) -> dict:
         """The log record of the window (gathered over ranks) and the NaLa exponent
         statistics of ``stat_layers``' last forward."""
-        per_rank = self.accelerator.gather((self.loss / self.steps).unsqueeze(0)).cpu()
+        per_rank = self.accelerator.gather((self.loss / max(1, self.steps)).unsqueeze(0)).cpu()
         elapsed = time.perf_counter() - self.start
-        values = dict(loss=per_rank.mean().item(), loss_per_rank=per_rank.tolist(),
-                      steps_per_sec=self.steps / elapsed,
-                      images_per_sec=self.steps * global_batch_size / elapsed)
+        done = self.steps + self.skipped
+        values = dict(loss=per_rank.mean().item() if self.steps else None,
+                      loss_per_rank=per_rank.tolist() if self.steps else None,
+                      steps_per_sec=done / elapsed, images_per_sec=done * global_batch_size / elapsed,
+                      lr=self.lr, grad_norm=(self.grad_norm / self.steps).item() if self.steps else None)
+        if self.skipped:
+            values["skipped_steps"] = self.skipped
         values.update(exponent_log(stat_layers))
-        if distilled:
+        if distilled and self.steps:
             terms = self.accelerator.gather((self.terms / self.steps).unsqueeze(0)).mean(0).tolist()
             values.update(loss_simple=terms[0], loss_distill=terms[1], loss_distill_sigma=terms[2])
         return values
@@ -132,4 +172,39 @@ class LossWindow:
     def reset(self) -> None:
         self.loss.zero_()
         self.terms.zero_()
-        self.steps, self.start = 0, time.perf_counter()
+        self.grad_norm.zero_()
+        self.steps, self.skipped, self.start = 0, 0, time.perf_counter()
+
+
+class NanStreak:
+    """Skipped steps in a row (``TrainStep`` skips a non-finite loss). The run stops, on
+    every process at the same step, once ``max_steps`` are skipped in a row, or at once
+    when no update has run since the run started (then the weights it started from, or
+    the data, are to blame: skipping cannot help)."""
+
+    def __init__(self, max_steps: int, start_step: int, ckpt_dir: Path, print=print):
+        self.max_steps, self.start_step, self.ckpt_dir, self.print = max_steps, start_step, ckpt_dir, print
+        self.first, self.count = None, 0
+
+    def update(self, step: int, result, progress) -> None:
+        """After step ``step`` (1-based: the step just taken)."""
+        if not result.skipped:
+            self.first, self.count = None, 0
+            return
+        self.first = step if self.first is None else self.first
+        self.count += 1
+        if self.first == self.start_step + 1:  # no update had run yet: what the run started from is bad
+            progress.close()
+            raise FloatingPointError(
+                f"non-finite loss at step {self.first}, the first of this run, before any update: the weights "
+                f"it started from (--resume / --init-from), or the data, hold NaN or inf; not the learning rate. "
+                f"Stopping without saving; check those files")
+        if self.count >= self.max_steps:
+            progress.close()
+            last = list_checkpoints(self.ckpt_dir)
+            raise FloatingPointError(
+                f"non-finite loss at step {step} (lr {result.lr:g}), {self.count} step(s) in a row skipped since step "
+                f"{self.first} (--max-nan-steps {self.max_steps}); stopping without saving. Last good checkpoint: "
+                f"{last[-1] if last else 'none'}. Try a lower --lr, --max-grad-norm 1, or --mixed-precision no.")
+        self.print(f"step {step}: non-finite loss (lr {result.lr:g}), step skipped: no update of the weights, "
+                   f"EMA or optimizer ({self.count} in a row; the run stops at --max-nan-steps {self.max_steps})")

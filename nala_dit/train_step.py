@@ -10,6 +10,7 @@ rank, step)`` before calling ``TrainStep``; the data order is a fixed permutatio
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 
 import torch
@@ -80,11 +81,29 @@ def to_model_space(x, dataset, vae, norm, flip: bool):
     return x
 
 
+def lr_at(step: int, lr: float, warmup_steps: int) -> float:
+    """The learning rate of the update from step ``step`` to ``step + 1``: linear from 0
+    over the first ``warmup_steps`` updates (lr·step/warmup, as diffusers'
+    ``get_constant_schedule_with_warmup``), then ``lr``."""
+    if step < warmup_steps:
+        return lr * step / warmup_steps
+    return lr
+
+
+def clip_gradients(accelerator, parameters, max_norm: float) -> torch.Tensor:
+    """The gradients' global 2-norm before clipping (all processes' gradients, as the
+    optimizer sees them), clipped to ``max_norm`` when it is > 0. The norm is computed
+    either way, to be logged (clipping at ∞ scales by exactly 1)."""
+    return accelerator.clip_grad_norm_(parameters, max_norm if max_norm > 0 else float("inf"))
+
+
 class TrainStep:
-    """Forward and backward of ``grad_accum`` micro-batches, clipping and the optimizer
-    update (the EMA follows in the loop). Returns the step's loss and each micro-batch's
-    share of its terms, on the device (no host sync). ``to_model`` brings a data batch to
-    model space (``to_model_space`` with the run's data, VAE and scale)."""
+    """Forward and backward of ``grad_accum`` micro-batches, the gradient norm (and
+    clipping), and the optimizer update at the step's learning rate (the EMA follows in
+    the loop). A step whose loss is not finite on any process (or, without an fp16 loss
+    scaler, whose gradient norm is not) is skipped: no optimizer update, the gradients
+    dropped. ``to_model`` brings a data batch to model space (``to_model_space`` with the
+    run's data, VAE and scale)."""
 
     def __init__(self, cfg, accelerator, model, train_model, optimizer, objective, distiller, batches: EpochBatches,
                  to_model):
@@ -106,7 +125,8 @@ class TrainStep:
         extra, terms = self.distiller.terms()
         return loss + extra, torch.cat([loss.detach().reshape(1), terms])
 
-    def __call__(self):
+    def __call__(self, step: int) -> StepResult:
+        """The update from step ``step`` to ``step + 1``."""
         cfg, accelerator = self.cfg, self.accelerator
         local = torch.zeros((), device=accelerator.device)
         parts = []
@@ -121,8 +141,30 @@ class TrainStep:
                 accelerator.backward(loss / cfg.grad_accum)
             local += loss.detach().float() / cfg.grad_accum
             parts.append(terms.float() / cfg.grad_accum)
-        if cfg.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(self.train_model.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
+        grad_norm = clip_gradients(accelerator, self.train_model.parameters(), cfg.max_grad_norm)
+        scaler = getattr(accelerator, "scaler", None)
+        bad = ~torch.isfinite(local)
+        if scaler is None:  # an fp16 loss scaler skips non-finite gradients itself (and lowers its scale)
+            bad = bad | ~torch.isfinite(grad_norm.detach().float())
+        skipped = bool(accelerator.gather(bad.reshape(1).int()).any())  # one decision for every process
+        lr = lr_at(step, cfg.lr, cfg.warmup_steps)
+        if skipped:
+            if scaler is not None:
+                scaler.update()
+        else:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return local, parts
+        return StepResult(local, parts, grad_norm.detach().float(), lr, skipped)
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What one step did: its loss and the micro-batches' shares of its terms (on the
+    device), the gradient norm before clipping, the learning rate, whether it was skipped."""
+    loss: torch.Tensor
+    parts: list
+    grad_norm: torch.Tensor
+    lr: float
+    skipped: bool

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -34,9 +35,9 @@ from .models import create_model
 from .options import MODEL_OVERRIDES, TrainConfig, default_num_workers  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
 from .options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
 from .runlock import LOCK_NAME, check_process_count, hold_lock
-from .tracking import Logger, LossWindow, exponent_log, truncate_log  # noqa: F401  (exponent_log, truncate_log: moved)
+from .tracking import Logger, LossWindow, NanStreak, exponent_log, progress_values, truncate_log  # noqa: F401  (exponent_log, truncate_log: moved)
 from .train_step import EpochBatches, TrainStep, step_seed, to_model_space, update_ema
-from .validation import write_sample_grid
+from .validation import HeldOutLoss, TrainingFID, heldout_dataset, write_sample_grid
 
 
 def build_dataset(cfg: TrainConfig, state=None):
@@ -144,12 +145,19 @@ def start_line(world: int, backend: str | None, devices: str, global_batch: int,
             f"grad-accum {grad_accum}), precision {precision}, attention {attention}")
 
 
+# Settings a resumed run takes from its own flags (a change is printed, not refused).
+RESUME_APPLIED = ("lr", "warmup_steps", "weight_decay", "adam_beta2", "max_grad_norm", "max_nan_steps", "t_sampling",
+                  "t_mean", "t_std")
+
+
 def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int, print=print) -> None:
     """Load a checkpoint into this run after checking it is the same model and objective.
 
     Changed settings are refused with the list of differences unless named in
-    ``--allow-changes``; ``--lr`` and ``--weight-decay`` are applied to the restored
-    optimizer (its saved param groups would otherwise silently win)."""
+    ``--allow-changes``; the recipe's knobs (``RESUME_APPLIED``: learning rate, warm-up,
+    weight decay, β2, clipping, NaN budget, training times) are this run's, each change
+    printed, and applied to the restored optimizer (its saved param groups would
+    otherwise silently win)."""
     changes = config_changes(ckpt, to_dict(cfg), dict(model.config))
     allowed = {k.strip().replace("_", "-") for k in (cfg.allow_changes or "").split(",") if k.strip()}
     refused = {k: v for k, v in changes.items() if k not in allowed}
@@ -168,13 +176,14 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
     ckpt.load_into(model, "model")
     ckpt.load_into(ema, "ema")
     ckpt.load_optimizer(optimizer)
-    for name, key in (("lr", "lr"), ("weight-decay", "weight_decay")):
-        wanted = getattr(cfg, key)
-        saved = sorted({group[key] for group in optimizer.param_groups})
-        if saved != [wanted]:
-            print(f"resume: --{name} {wanted} replaces the checkpoint's {', '.join(map(str, saved))}")
-            for group in optimizer.param_groups:
-                group[key] = wanted
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    for key in RESUME_APPLIED:
+        name, wanted = key.replace("_", "-"), getattr(cfg, key)
+        saved = ckpt.config.get(name, defaults[key])  # keys added later: their defaults
+        if saved != wanted:
+            print(f"resume: --{name} {wanted} replaces the checkpoint's {saved}")
+    for i, group in enumerate(optimizer.param_groups):  # the loop sets each step's lr (--warmup-steps)
+        group.update(lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay if i == 0 else 0.0)
     rng = ckpt.rng_state(rank)
     if rng is not None:
         torch.set_rng_state(rng)
@@ -325,6 +334,9 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     resume_from = find_resume(cfg, run_dir, ckpt_dir, accelerator)
 
     dataset = build_dataset(cfg, accelerator)
+    # Evaluation while training (validation.py): its data and reference are checked now, before the model.
+    heldout_data = heldout_dataset(cfg, dataset) if cfg.val_every else None
+    fid = TrainingFID(cfg, dataset.num_classes, micro_batch) if cfg.fid_every else None
     vae, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
     if cfg.vae is not None:
         vae, scaling = data_lib.load_vae(cfg.vae, device)
@@ -347,7 +359,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         distiller = convert.Distiller.load(cfg.teacher, model, cfg.model, to_dict(cfg), cfg.distill_weight,
                                            cfg.distill_sigma_weight, device)
     ema = copy.deepcopy(model).float().requires_grad_(False)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, cfg.adam_beta2))
     devices = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     accelerator.print(start_line(processes, accelerator.state.backend, f"{processes}× {devices}",
                                  cfg.global_batch_size, micro_batch, cfg.grad_accum, cfg.mixed_precision,
@@ -378,13 +390,19 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     train_model, optimizer = accelerator.prepare(train_model, optimizer)
     resumable_gradient_sync(train_model)   # CPU processes: the same gradient sums resumed or not
     ema.to(device)
-    logger = Logger(run_dir, accelerator.is_main_process, step)
+    logger = Logger(run_dir, accelerator, step, cfg.report_to, to_dict(cfg))
 
     workers = cfg.num_workers if cfg.num_workers is not None else \
         default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
     batches = EpochBatches(dataset, rank, world, cfg.seed, micro_batch, workers, device, epoch, position)
     train_step = TrainStep(cfg, accelerator, model, train_model, optimizer, objective, distiller, batches,
                            functools.partial(to_model_space, dataset=dataset, vae=vae, norm=norm, flip=cfg.flip))
+
+    # The held-out loss's fixed draws (validation.py), made once: the same at every evaluation.
+    heldout = HeldOutLoss(heldout_data, objective,
+                          functools.partial(to_model_space, dataset=dataset, vae=vae, norm=norm, flip=False),
+                          rank, world, cfg.val_samples, 4 * micro_batch, device, cfg.context_parallel) \
+        if heldout_data is not None else None
 
     grid_noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
     grid_labels = (torch.arange(16) % dataset.num_classes).to(device)
@@ -395,34 +413,40 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     stat_layers = [b.attn for b in model.blocks if hasattr(b.attn, "record_stats")]
     progress = progress_bar(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
                             desc=f"train {cfg.model}", unit="step")
-    window = LossWindow(accelerator, 3 if distiller else 1, start_step=step)
+    window = LossWindow(accelerator, 3 if distiller else 1)
+    nan_streak = NanStreak(cfg.max_nan_steps, step, ckpt_dir, accelerator.print)
 
     # --- the loop: step, EMA, log, sample grid, checkpoint ---
     train_model.train()
     while step < cfg.max_steps:
         torch.manual_seed(step_seed(cfg.seed, rank, step))
-        log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps
+        val_now = heldout is not None and (step + 1) % cfg.val_every == 0
+        fid_now = fid is not None and (step + 1) % cfg.fid_every == 0
+        log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps or val_now or fid_now
         for layer in stat_layers:
             layer.record_stats = log_now
-        loss, terms = train_step()
-        update_ema(ema, model, cfg.ema_decay, step if cfg.ema_warmup else None)
+        result = train_step(step)
+        if not result.skipped:
+            update_ema(ema, model, cfg.ema_decay, step if cfg.ema_warmup else None)
         step += 1
-        window.add(step, loss, terms)
+        window.add(result)
+        nan_streak.update(step, result, progress)  # every process: the skip decision is shared
         if log_now:
-            window.check_finite(ckpt_dir, progress)
             values = window.values(cfg.global_batch_size, stat_layers, distiller is not None)
+            if val_now:
+                values.update(heldout(model, accelerator, "val/loss"))
+                values.update(heldout(ema, accelerator, "val/ema_loss"))
+            if fid_now:
+                values.update(fid(ema, objective, vae, norm, accelerator))
             logger.log(step, values)
-            progress.set_postfix(loss=f"{values['loss']:.4f}", img_s=f"{values['images_per_sec']:.1f}")
+            progress.set_postfix(**progress_values(values))
             window.reset()
         progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
         if step % cfg.ckpt_every == 0 or step == cfg.max_steps:  # before the grid: a failed grid loses no steps
-            window.check_finite(ckpt_dir, progress)
             checkpoint(accelerator, cfg, ckpt_dir, step, batches, world, model, ema, optimizer, norm)
-        if cfg.sample_every > 0 and step % cfg.sample_every == 0:
-            window.check_finite(ckpt_dir, progress)  # every rank: a diverged run stops with its own message
-            if accelerator.is_main_process:
-                write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
-                                  cfg, vae, norm, nrow=min(dataset.num_classes, 8))
+        if cfg.sample_every > 0 and step % cfg.sample_every == 0 and accelerator.is_main_process:
+            write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
+                              cfg, vae, norm, nrow=min(dataset.num_classes, 8))
     progress.close()
     logger.close()
     accelerator.end_training()

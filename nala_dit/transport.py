@@ -58,7 +58,7 @@ class SolverBudgetExceeded(RuntimeError, ValueError):
     A ValueError too: the CLIs report it as the bad value it is (``--max-nfe`` too small),
     in one line."""
 
-from .options import LOSS_WEIGHTS, PATHS, PREDICTIONS  # noqa: F401  (plain data, shared with the CLIs)
+from .options import LOSS_WEIGHTS, PATHS, PREDICTIONS, T_SAMPLINGS  # noqa: F401  (plain data, shared with the CLIs)
 
 DIFFUSION_FORMS = ("constant", "SBDM", "sigma", "linear", "decreasing", "increasing-decreasing")
 DIVERGENCE_ESTIMATORS = ("gaussian", "rademacher")
@@ -147,6 +147,21 @@ def shift_time(t, s: float):
     return t / (t + s * (1 - t))
 
 
+def noise_logits(batch: int, mean: float, std: float, device=None, generator=None) -> torch.Tensor:
+    """Logit-normal training times (SD3, §3.1; LightningDiT; Sana) as logits: the noise
+    fraction is ``sigmoid(mean + std·z)``, z ~ N(0, 1), so a positive ``mean`` spends more
+    steps near noise. SiT's time is ``sigmoid(−logit)`` (t = 1 is data); DiT's index
+    ``floor(T·sigmoid(logit))`` (``GaussianDiffusion.sample_timesteps``)."""
+    return mean + std * torch.randn(batch, device=device, generator=generator)
+
+
+def check_t_sampling(t_sampling: str, t_mean: float, t_std: float) -> None:
+    """Raise unless the training-time distribution is one this repo draws."""
+    _check("t_sampling", t_sampling, T_SAMPLINGS)
+    if not (math.isfinite(t_mean) and math.isfinite(t_std) and t_std > 0):
+        raise ValueError(f"logit-normal t needs a finite t-mean and a t-std > 0, got t-mean {t_mean}, t-std {t_std}")
+
+
 def shifted_grid(t0: float, t1: float, n: int, s: float = 1.0) -> list[float]:
     """n + 1 times from t0 to t1: uniform, or with ``shift_time`` applied to the fraction
     of the interval covered (endpoints exact)."""
@@ -166,10 +181,13 @@ class Transport:
     """
 
     def __init__(self, path="linear", prediction="velocity", loss_weight="none",
-                 train_eps=None, sample_eps=None, time_shift: float = 1.0):
+                 train_eps=None, sample_eps=None, time_shift: float = 1.0, t_sampling: str = "uniform",
+                 t_mean: float = 0.0, t_std: float = 1.0):
         if not time_shift > 0:
             raise ValueError(f"time_shift must be > 0 (1 = no shift), got {time_shift}")
         self.time_shift = float(time_shift)  # training times (``sample_t``); samplers take their own
+        check_t_sampling(t_sampling, t_mean, t_std)
+        self.t_sampling, self.t_mean, self.t_std = t_sampling, float(t_mean), float(t_std)
         _check("prediction", prediction, PREDICTIONS)
         _check("loss_weight", loss_weight, LOSS_WEIGHTS)
         if prediction == "velocity" and loss_weight != "none":
@@ -206,8 +224,13 @@ class Transport:
         return t0, t1
 
     def sample_t(self, batch, device=None, generator=None):
+        """Training times in the training interval: uniform (SiT), or logit-normal
+        (``noise_logits``), then moved by ``time_shift``."""
         t0, t1 = self.interval(train=True)
-        u = torch.rand(batch, device=device, generator=generator)
+        if self.t_sampling == "uniform":
+            u = torch.rand(batch, device=device, generator=generator)
+        else:
+            u = torch.sigmoid(-noise_logits(batch, self.t_mean, self.t_std, device, generator))
         if self.time_shift != 1.0:
             u = shift_time(u, self.time_shift)
         return u * (t1 - t0) + t0

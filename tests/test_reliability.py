@@ -266,8 +266,8 @@ def test_non_finite_weights_are_never_saved_nor_loaded(tmp_path, capsys, monkeyp
 
     real_update, calls = training.update_ema, []
 
-    def diverging_ema(ema, model, decay):  # the step-2 update leaves one NaN, with a finite step-2 loss
-        real_update(ema, model, decay)
+    def diverging_ema(ema, model, decay, step=None):  # the step-2 update leaves one NaN, with a finite step-2 loss
+        real_update(ema, model, decay, step)
         calls.append(decay)
         if len(calls) == 3:  # the initial copy, step 1, step 2
             ema.final_layer.linear.bias.data[0] = float("nan")

@@ -57,7 +57,7 @@ def test_help_states_each_default_once_and_synonyms_are_suggested(tmp_path, caps
 
     helps = {a.dest: a.help for a in build_parser(TrainConfig)._actions}
     assert helps["exp_name"] == "run folder name (default: the model name)"
-    assert helps["lr"] == "AdamW learning rate (constant) (default: 0.0001)"
+    assert helps["lr"] == "AdamW learning rate (constant after --warmup-steps) (default: 0.0001)"
     assert helps["attention"] == "override the preset's attention"  # no "(default: None)"
     assert all(h.count("default") <= 1 and "(default: None)" not in h for h in helps.values())
     cfg_file = tmp_path / "c.yaml"
@@ -122,7 +122,10 @@ def test_shipped_configs_resolve(config):
     assert config.startswith(("nala_" if family.startswith("NaLa") else "") + family.replace("NaLa", "").lower()) \
         or config.startswith("digits_")
     if config.startswith("digits_"):
-        assert cfg.data == "digits" and size == "T/2"
+        assert cfg.data == "digits" and size == "T/2" and cfg.val_every > 0  # the embedded data: validation on
+    elif config.endswith("_fast.yaml"):  # the 2025 recipe (docs/training.md)
+        assert (cfg.t_sampling, cfg.adam_beta2, cfg.mixed_precision) == ("logit-normal", 0.95, "bf16")
+        assert cfg.warmup_steps > 0 and cfg.max_grad_norm > 0 and cfg.val_every > 0 and cfg.fid_every > 0
     else:
         assert size.replace("/", "").lower() in config and cfg.global_batch_size == 256 and cfg.lr == 1e-4
 
@@ -270,7 +273,7 @@ def test_bad_inputs_give_clear_errors(tmp_path, capsys):
     (images / "cat" / "broken.png").write_bytes(b"not a png")
     fails("--data", str(images), "--image-size", "16", "--global-batch-size", "5", match="cannot read image")
     fails("--num-classes", "7", match="--num-classes 7 does not match the data: digits has 10 classes")
-    fails("--lr", "1e12", "--max-steps", "20", "--ckpt-every", "100", match="non-finite loss")
+    fails("--lr", "1e12", "--max-steps", "20", "--ckpt-every", "100", "--max-nan-steps", "3", match="non-finite loss")
     run_train(tmp_path, "--max-steps", "1", "--ckpt-every", "1", name="exists")
     fails("--ckpt-every", "1", match="already holds checkpoints; pass --resume auto", name="exists")
     fails("--resume", "auto", "--model", "DiT-T/2", "--max-steps", "2", match="checkpoint", name="exists")
