@@ -1,0 +1,101 @@
+"""Representation alignment (nala_dit/repa.py): the loss, the encoders, the resizing rule,
+and training with it (checkpoint, EMA, export, bitwise resume)."""
+
+import json
+
+import pytest
+import torch
+
+from nala_dit import repa
+
+
+def test_alignment_loss_against_a_hand_computation():
+    # A fixed projector: identity-like weights on 2-d tokens, biases 0, so SiLU(x) is known.
+    proj = repa.build_projector(2, 2, 2)
+    with torch.no_grad():
+        for layer in (proj[0], proj[2], proj[4]):
+            layer.weight.copy_(torch.eye(2))
+            layer.bias.zero_()
+    tokens = torch.tensor([[[1.0, 0.0], [0.0, 2.0]]])           # (B=1, T=2, D=2)
+    features = torch.tensor([[[1.0, 1.0], [3.0, 0.0]]])
+    # silu(silu(1)) = silu(0.7310586) = 0.7310586 / (1 + e^-0.7310586) = 0.4918, silu(0) = 0: token 0 → (0.4918, 0),
+    # cos with (1, 1) = 1/√2; token 1 → (0, silu(silu(2))) ⟂ (3, 0): cos 0.
+    projected = proj(tokens)
+    s1 = torch.nn.functional.silu(torch.nn.functional.silu(torch.tensor(1.0)))
+    assert projected[0, 0].tolist() == pytest.approx([s1.item(), 0.0])
+    loss, cos = repa.alignment_loss(projected, features)
+    assert cos.item() == pytest.approx((1 / 2 ** 0.5 + 0.0) / 2, rel=1e-6)
+    assert loss.item() == pytest.approx(-cos.item())
+    loss.backward()  # the loss trains the projector
+    assert proj[0].weight.grad is not None
+    with pytest.raises(ValueError, match=r"projected tokens \(1, 2, 2\) and encoder features \(1, 3, 2\) differ"):
+        repa.alignment_loss(projected, torch.zeros(1, 3, 2))
+
+
+def test_images_are_resized_so_the_encoder_patch_grid_is_a_non_square_token_grid():
+    # A 2x3 token grid, encoder patch 2: the image goes to 4x6 px. A horizontal ramp 0..11 over
+    # 12 px halved by bicubic (a = -0.75, align_corners False) samples at x = 2i + 0.5 with
+    # weights (-0.09375, 0.59375, 0.59375, -0.09375) on pixels 2i-1..2i+2 (edges clamped).
+    ramp = torch.arange(12.0).repeat(8, 1)[None, None]            # (1, 1, 8, 12), values 0..11
+    images = ramp / 11 * 2 - 1                                    # in [-1, 1]: back to 0..11/11 in [0, 1]
+    x = repa.encoder_input(images, (2, 3), 2, mean=(0.0,), std=(1 / 11,), channels=1)
+    assert x.shape == (1, 1, 4, 6)
+    first = -0.09375 * 0 + 0.59375 * 0 + 0.59375 * 1 - 0.09375 * 2   # pixel -1 clamped to 0
+    last = -0.09375 * 9 + 0.59375 * 10 + 0.59375 * 11 - 0.09375 * 11  # pixel 12 clamped to 11
+    expected = [first, 2.5, 4.5, 6.5, 8.5, last]
+    for row in x[0, 0]:
+        assert row.tolist() == pytest.approx(expected, abs=1e-4)
+    # one channel repeated to an RGB encoder's three
+    assert repa.encoder_input(images, (4, 6), 2, repa.IMAGENET_MEAN, repa.IMAGENET_STD, 3).shape == (1, 3, 8, 12)
+
+
+@pytest.fixture(scope="module")
+def tiny_dinov2(tmp_path_factory):
+    from transformers import Dinov2Config, Dinov2Model
+
+    torch.manual_seed(0)
+    config = Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                          patch_size=4, image_size=16)
+    folder = tmp_path_factory.mktemp("dinov2")
+    Dinov2Model(config).eval().save_pretrained(folder)
+    return folder
+
+
+def test_a_saved_dinov2_loads_offline_and_gives_the_token_grid(tiny_dinov2, monkeypatch):
+    from transformers import Dinov2Model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    encoder = repa.load_encoder(tiny_dinov2)
+    assert (encoder.patch_size, encoder.dim, encoder.channels) == (4, 32, 3)
+    assert not encoder.module.training and not any(p.requires_grad for p in encoder.module.parameters())
+    images = torch.rand(2, 1, 8, 8) * 2 - 1
+    feats = encoder.features(images, (2, 3))                      # a non-square 2x3 grid: 8x12 px in
+    assert feats.shape == (2, 6, 32)
+    # the same numbers as the transformers model run by hand: final-norm tokens without CLS
+    reference = Dinov2Model.from_pretrained(tiny_dinov2, local_files_only=True).eval()
+    x = repa.encoder_input(images, (2, 3), 4, repa.IMAGENET_MEAN, repa.IMAGENET_STD, 3)
+    with torch.no_grad():
+        expected = reference(pixel_values=x).last_hidden_state[:, 1:]
+    torch.testing.assert_close(feats, expected, rtol=0, atol=0)
+
+
+def test_missing_encoder_files_are_one_line(tiny_dinov2, tmp_path):
+    with pytest.raises(FileNotFoundError) as err:
+        repa.load_encoder(tmp_path / "nowhere")
+    assert str(err.value).startswith(f"--repa-encoder {tmp_path / 'nowhere'}: no such folder; save one with "
+                                     f"transformers: Dinov2Model.from_pretrained('facebook/dinov2-base')")
+    assert "\n" not in str(err.value)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((tiny_dinov2 / "config.json").read_text())
+    with pytest.raises(FileNotFoundError) as err:
+        repa.load_encoder(broken)
+    assert str(err.value).startswith(f"--repa-encoder {broken}: {broken / 'model.safetensors'} is missing "
+                                     f"(weights are read from safetensors only)")
+    assert "\n" not in str(err.value)
+    (broken / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match=f"{broken / 'config.json'} is missing"):
+        repa.load_encoder(broken)
+    (broken / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(ValueError, match="holds a 'bert' model"):
+        repa.load_encoder(broken)
