@@ -225,3 +225,20 @@ class Aligned(nn.Module):
         tokens, self.__dict__["tokens"] = self.tokens, None
         self.__dict__["projected"] = self.projector(tokens)
         return out
+
+
+class Alignment:
+    """The alignment term of one micro-batch: the encoder's features of the clean images
+    (flipped as the model's input) on the token grid of the model input ``x``, against
+    the projected tokens the ``Aligned`` wrapper kept from the forward just run."""
+
+    def __init__(self, aligned: Aligned, encoder: FrozenEncoder, weight: float, patch_size: int):
+        self.aligned, self.encoder, self.weight, self.patch_size = aligned, encoder, weight, patch_size
+
+    def loss(self, images: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(λ·(−cos), [−cos, cos] detached)."""
+        grid = (x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)
+        features = self.encoder.features(images, grid)
+        projected, self.aligned.__dict__["projected"] = self.aligned.projected, None
+        negative, cos = alignment_loss(projected, features)
+        return self.weight * negative, torch.stack([negative.detach(), cos])

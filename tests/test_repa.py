@@ -99,3 +99,75 @@ def test_missing_encoder_files_are_one_line(tiny_dinov2, tmp_path):
     (broken / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(ValueError, match="holds a 'bert' model"):
         repa.load_encoder(broken)
+
+
+# --- training with alignment ------------------------------------------------------------
+
+def aligned_run(tmp_path, encoder, *extra, name="run"):
+    from tests.test_training import run_train
+
+    return run_train(tmp_path, "--repa-encoder", str(encoder), "--repa-projector-dim", "16", "--flip", "true",
+                     *extra, name=name)
+
+
+def test_aligned_run_resumes_bitwise_and_the_projector_stays_out_of_ema_and_export(tmp_path, tiny_dinov2, capsys):
+    import export
+    from safetensors.torch import load_file
+
+    from nala_dit import checkpoint as ckpt_lib
+    from tests.test_training import read_log
+
+    straight = aligned_run(tmp_path, tiny_dinov2, "--max-steps", "4", "--ckpt-every", "4", name="straight")
+    resumed = aligned_run(tmp_path, tiny_dinov2, "--max-steps", "2", "--ckpt-every", "2", name="resumed")
+    aligned_run(tmp_path, tiny_dinov2, "--max-steps", "4", "--ckpt-every", "4", "--resume", "auto", name="resumed")
+    a, b = ckpt_lib.open_checkpoint(straight), ckpt_lib.open_checkpoint(resumed)
+    for which in ("model", "ema", "projector"):
+        wa, wb = a.weights(which), b.weights(which)
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), which
+    assert a.optimizer_state()["state"].keys() == b.optimizer_state()["state"].keys()
+    log = read_log(straight)
+    keys = ("loss", "loss_simple", "loss_align", "align_cos")
+    assert [[r[k] for k in keys] for r in log] == [[r[k] for k in keys] for r in read_log(resumed)]
+    for r in log:  # loss = diffusion + λ·(−cos), λ = 0.5; −cos is the logged alignment loss
+        assert r["loss"] == pytest.approx(r["loss_simple"] + 0.5 * r["loss_align"], rel=1e-5)
+        assert r["align_cos"] == pytest.approx(-r["loss_align"], rel=1e-6) and -1 < r["align_cos"] < 1
+    # The projector (3 linears, T/2's hidden 128 → 16 → 16 → the encoder's 32) is its own file and
+    # optimizer entries; the model and EMA hold exactly a plain model's tensors.
+    projector = a.weights("projector")
+    assert {k: tuple(v.shape) for k, v in projector.items()} == {
+        "0.weight": (16, 128), "0.bias": (16,), "2.weight": (16, 16), "2.bias": (16,), "4.weight": (32, 16),
+        "4.bias": (32,)}
+    plain = ckpt_lib.build_model_from_config(a.model_config).state_dict()
+    assert a.weights("model").keys() == a.weights("ema").keys() == plain.keys()
+    model_params = sum(1 for _ in ckpt_lib.build_model_from_config(a.model_config).parameters())
+    assert sum(len(g["params"]) for g in a.optimizer_state()["param_groups"]) == model_params + 6
+    out = tmp_path / "pipe"
+    assert export.main(["checkpoint", str(straight), str(out)]) == 0
+    exported = load_file(str(out / "transformer" / "diffusion_pytorch_model.safetensors"))
+    assert exported.keys() == plain.keys() and all(torch.equal(exported[k], a.weights("ema")[k]) for k in exported)
+    assert not [p for p in out.rglob("*") if "projector" in p.name]
+    # Resuming without the encoder (or a plain checkpoint with it) is one line.
+    import train as train_cli
+    from tests.test_training import TINY_RUN
+
+    capsys.readouterr()
+    assert train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), "--exp-name", "resumed", "--max-steps", "5",
+                                      "--flip", "true", "--resume", "auto"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: checkpoint {b.path} was trained with other settings (repa-encoder: {str(tiny_dinov2)!r} "
+                   f"in the checkpoint, None now; repa-projector-dim: 16 in the checkpoint, 2048 now). Resume with the "
+                   f"checkpoint's settings, or pass --allow-changes repa-encoder,repa-projector-dim to change them "
+                   f"deliberately"], err
+
+
+def test_alignment_needs_images_and_one_process_per_image(tmp_path, tiny_dinov2):
+    from nala_dit.training import TrainConfig
+
+    with pytest.raises(ValueError, match=r"^--repa-encoder with --context-parallel is not supported"):
+        TrainConfig(repa_encoder=str(tiny_dinov2), context_parallel=2).validate()
+    with pytest.raises(ValueError, match=r"^--repa-depth 13: NaLaDiT-S/2 has blocks 1..12$"):
+        TrainConfig(repa_encoder=str(tiny_dinov2), repa_depth=13).validate()
+    with pytest.raises(ValueError, match=r"^--repa-depth chooses the block aligned"):
+        TrainConfig(repa_depth=3).validate()
+    assert [repa.default_depth(m) for m in ("NaLaSiT-XL/2", "DiT-L/2", "NaLaDiT-B/2", "SiT-S/2", "NaLaDiT-T/2")] \
+        == [8, 8, 4, 4, 1]
