@@ -242,3 +242,67 @@ class Alignment:
         projected, self.aligned.__dict__["projected"] = self.aligned.projected, None
         negative, cos = alignment_loss(projected, features)
         return self.weight * negative, torch.stack([negative.detach(), cos])
+
+
+def digits_decoder(encoder: DigitsEncoder) -> nn.Sequential:
+    """The autoencoder's decoder: features back to pixels (training only, not saved)."""
+    c, width = encoder.channels, encoder.config["width"]
+    layers, current = [nn.Conv2d(encoder.dim, width, 3, padding=1), nn.SiLU()], width
+    for _ in range(int(math.log2(encoder.patch_size))):
+        layers += [nn.ConvTranspose2d(current, width, 4, stride=2, padding=1), nn.SiLU()]
+    layers += [nn.Conv2d(width, c, 3, padding=1)]
+    return nn.Sequential(*layers)
+
+
+def train_digits_encoder(folder: str | Path, steps: int = 600, batch: int = 64, mask: float = 0.5,
+                         seed: int = 0, print=print) -> Path:
+    """The repo's own REPA encoder for the embedded digits, trained on the training split
+    WITHOUT labels: a masked convolutional autoencoder (each 2×2 pixel patch hidden with
+    probability ``mask``; the whole image reconstructed, MSE), deterministic (seeded, one
+    thread's arithmetic), a few seconds on a CPU. Saves the encoder half to ``folder``
+    (``--repa-encoder folder``). Never the metric's classifier (``digits.py``)."""
+    from .data import DigitsDataset
+
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    images = DigitsDataset("train", 8).images                      # (N, 1, 8, 8) in [-1, 1]; labels unused
+    encoder = DigitsEncoder()
+    decoder = digits_decoder(encoder)
+    params = [*encoder.parameters(), *decoder.parameters()]
+    optimizer = torch.optim.Adam(params, lr=2e-3)
+    p = encoder.patch_size
+    for step in range(steps):
+        x = images[torch.randint(len(images), (batch,), generator=generator)]
+        keep = (torch.rand(batch, 1, 8 // p, 8 // p, generator=generator) >= mask).float()
+        keep = keep.repeat_interleave(p, 2).repeat_interleave(p, 3)
+        recon = decoder(encoder.net(x * keep))                   # hidden patches read as 0 (mid grey)
+        loss = F.mse_loss(recon, x)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if (step + 1) % 200 == 0:
+            print(f"digits encoder: step {step + 1}, masked reconstruction MSE {loss.item():.4f}")
+    return save_digits_encoder(encoder.eval(), folder)
+
+
+def linear_probe(encoder: FrozenEncoder, size: int = 8, patch: int = 2) -> float:
+    """Held-out accuracy of a logistic regression on the encoder's flattened patch features
+    (fit on the training split; labels used here only), at the token grid of ``size``-px
+    digits and ``patch``."""
+    from sklearn.linear_model import LogisticRegression
+
+    from .data import DigitsDataset
+
+    grid = (size // patch, size // patch)
+    splits = [DigitsDataset(split, size) for split in ("train", "heldout")]
+    feats = [encoder.features(d.images, grid).flatten(1).numpy() for d in splits]
+    probe = LogisticRegression(max_iter=2000).fit(feats[0], splits[0].labels.numpy())
+    return float(probe.score(feats[1], splits[1].labels.numpy()))
+
+
+if __name__ == "__main__":  # python -m nala_dit.repa FOLDER: the digits encoder and its linear probe
+    import sys
+
+    torch.set_num_threads(1)
+    out = train_digits_encoder(sys.argv[1] if len(sys.argv) > 1 else "runs/digits_encoder")
+    print(f"saved {out}; linear probe (held-out accuracy): {linear_probe(load_encoder(out)):.3f}")

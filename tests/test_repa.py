@@ -171,3 +171,23 @@ def test_alignment_needs_images_and_one_process_per_image(tmp_path, tiny_dinov2)
         TrainConfig(repa_depth=3).validate()
     assert [repa.default_depth(m) for m in ("NaLaSiT-XL/2", "DiT-L/2", "NaLaDiT-B/2", "SiT-S/2", "NaLaDiT-T/2")] \
         == [8, 8, 4, 4, 1]
+
+
+def test_the_digits_encoder_is_label_free_deterministic_and_trains_a_model(tmp_path):
+    from nala_dit import checkpoint as ckpt_lib
+    from tests.test_training import read_log
+
+    a = repa.train_digits_encoder(tmp_path / "a", steps=20, print=lambda *_: None)
+    b = repa.train_digits_encoder(tmp_path / "b", steps=20, print=lambda *_: None)
+    ea, eb = repa.load_encoder(a), repa.load_encoder(b)
+    assert all(torch.equal(x, y) for x, y in zip(ea.module.state_dict().values(), eb.module.state_dict().values()))
+    assert (ea.patch_size, ea.dim, ea.channels) == (2, 64, 1)
+    images = torch.rand(3, 1, 8, 8) * 2 - 1
+    assert ea.features(images, (4, 4)).shape == (3, 16, 64)      # 8-px digits at patch 2
+    assert ea.features(images, (8, 8)).shape == (3, 64, 64)      # 16-px digits: the image resized to 16 px
+    run = aligned_run(tmp_path, a, "--max-steps", "2", "--ckpt-every", "2")
+    assert [r["step"] for r in read_log(run) if "align_cos" in r] == [1, 2]
+    assert ckpt_lib.open_checkpoint(run).weights("projector")["4.weight"].shape == (64, 16)
+    (a / repa.DIGITS_ENCODER_WEIGHTS).unlink()
+    with pytest.raises(FileNotFoundError, match=f"^--repa-encoder {a}: {a / repa.DIGITS_ENCODER_WEIGHTS} is missing"):
+        repa.load_encoder(a)
