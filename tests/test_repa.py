@@ -191,3 +191,29 @@ def test_the_digits_encoder_is_label_free_deterministic_and_trains_a_model(tmp_p
     (a / repa.DIGITS_ENCODER_WEIGHTS).unlink()
     with pytest.raises(FileNotFoundError, match=f"^--repa-encoder {a}: {a / repa.DIGITS_ENCODER_WEIGHTS} is missing"):
         repa.load_encoder(a)
+
+
+@pytest.mark.parametrize("name, overrides, checkpointing", [
+    ("NaLaSiT-T/2", dict(softmax_blocks="every:2", mlp="mix"), False),   # hybrid, Mix-FFN
+    ("DiT-T/2", {}, True),                                                # softmax, gradient checkpointing
+    ("NaLaDiT-T/2", dict(nala_regions=2), False),                         # region states
+])
+def test_block_k_tokens_are_aligned_and_the_forward_is_unchanged(name, overrides, checkpointing):
+    from nala_dit.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model(name, input_size=8, in_channels=1, num_classes=10, **overrides).eval()  # no label dropout
+    model.gradient_checkpointing = checkpointing
+    x, t, y = torch.randn(2, 1, 8, 8), torch.rand(2), torch.tensor([1, 2])
+    plain = model(x, t, y)
+    projector = repa.build_projector(model.config.hidden_size, 16, 8)
+    aligned = repa.Aligned(model, model, projector, depth=2)
+    assert torch.equal(aligned(x, t, y), plain)
+    assert aligned.projected.shape == (2, 16, 8)                  # 4x4 tokens
+    loss, _ = repa.alignment_loss(aligned.projected, torch.randn(2, 16, 8))
+    loss.backward()
+    # Block 2's output: blocks 1-2 (and the embedders) get gradients, blocks 3-4 and the final layer none.
+    grads = [any(p.grad is not None and p.grad.abs().sum() > 0 for p in b.parameters()) for b in model.blocks]
+    assert grads == [True, True, False, False]
+    assert all(p.grad is None for p in model.final_layer.parameters())
+    assert torch.equal(model(x, t, y), plain) and aligned.tokens is None   # outside the wrapper: nothing kept
