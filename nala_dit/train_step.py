@@ -58,6 +58,8 @@ class EpochBatches:
             self.batches = self._loader(self.epoch, 0)
         x, y = next(self.batches)
         self.position += 1
+        if isinstance(x, (list, tuple)):  # (latent moments, images): a --keep-images cache with --repa-encoder
+            return [part.to(self.device) for part in x], y.to(self.device)
         return x.to(self.device), y.to(self.device)
 
 
@@ -66,9 +68,8 @@ def to_model_space(x, dataset, vae, scaling: float, flip: bool, images: bool = F
     scaled, or images flipped and (with a VAE) encoded and scaled; pixels as they are.
     ``images``: (that, the clean images flipped as it was) for ``--repa-encoder``."""
     if isinstance(dataset, data_lib.LatentDataset):
-        if images:
-            raise ValueError(f"{dataset.root}: cache without images: rerun extract_latents.py with --keep-images "
-                             f"(--repa-encoder needs the clean images)")
+        if images:  # x = (moments, uint8 images) of a --keep-images cache
+            return data_lib.sample_latents(x[0], scaling, flip=flip, images=x[1])
         return data_lib.sample_latents(x, scaling, flip=flip)
     if flip:
         x = data_lib.random_flip(x)

@@ -47,7 +47,7 @@ def build_dataset(cfg: TrainConfig, state=None):
     elif cfg.data == "digits-canvas":
         ds = data_lib.DigitsCanvasDataset("train", cfg.image_size or CANVAS_SIZES[0])
     elif (Path(cfg.data) / data_lib.LATENT_META).is_file():
-        ds = data_lib.LatentDataset(cfg.data)
+        ds = data_lib.LatentDataset(cfg.data, images=bool(cfg.repa_encoder))
         if cfg.vae is None:
             raise ValueError(f"{cfg.data} holds latents: pass --vae (the VAE they came from) to decode sample grids")
     else:
@@ -349,9 +349,6 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     ema = copy.deepcopy(model).float().requires_grad_(False)
     encoder = projector = None
     if cfg.repa_encoder:  # REPA (repa.py): the projector trains in the decay group, outside the model and EMA
-        if isinstance(dataset, data_lib.LatentDataset):
-            raise ValueError(f"{cfg.data}: cache without images: rerun extract_latents.py with --keep-images "
-                             f"(--repa-encoder needs the clean images)")
         encoder = repa_lib.load_encoder(cfg.repa_encoder).to(device)
         projector = repa_lib.build_projector(model.config.hidden_size, cfg.repa_projector_dim, encoder.dim)
     groups = param_groups(model, cfg.weight_decay)

@@ -217,3 +217,53 @@ def test_block_k_tokens_are_aligned_and_the_forward_is_unchanged(name, overrides
     assert grads == [True, True, False, False]
     assert all(p.grad is None for p in model.final_layer.parameters())
     assert torch.equal(model(x, t, y), plain) and aligned.tokens is None   # outside the wrapper: nothing kept
+
+
+def test_keep_images_cache_resumes_and_trains_aligned_with_the_image_flipped_as_the_latent(tmp_path, tiny_dinov2,
+                                                                                          capsys):
+    from safetensors.torch import load_file
+
+    import train as train_cli
+    from extract_latents import main as extract_main
+    from nala_dit import data as data_lib
+    from nala_dit.train_step import to_model_space
+    from tests.test_training import TINY_RUN, make_image_folder, read_log, tiny_vae
+
+    images, vae = make_image_folder(tmp_path / "images"), tiny_vae(tmp_path / "vae")
+    argv = ["--data", str(images), "--vae", str(vae), "--image-size", "64", "--shard-size", "4", "--num-workers", "0",
+            "--dtype", "float32"]
+    assert extract_main(argv + ["--out", str(tmp_path / "plain")]) == 0
+    # A cache without images is refused with the fix, in one line.
+    capsys.readouterr()
+    assert train_cli.main(TINY_RUN + ["--data", str(tmp_path / "plain"), "--vae", str(vae), "--results-dir",
+                                      str(tmp_path), "--repa-encoder", str(tiny_dinov2), "--max-steps", "1"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"error: {tmp_path / 'plain'}: cache without images: rerun extract_latents.py with --keep-images (into "
+        f"another --out; --repa-encoder needs the clean images)")
+    out = tmp_path / "lat"
+    assert extract_main(argv + ["--out", str(out), "--keep-images"]) == 0
+    shards = sorted(out.glob("latents-*.safetensors"))
+    first = shards[0].stat().st_mtime_ns
+    shards[1].unlink()                                            # interrupted before the second shard
+    assert extract_main(argv + ["--out", str(out), "--keep-images"]) == 0
+    assert shards[0].stat().st_mtime_ns == first and shards[1].is_file()
+    # The stored image is the resized image the latents encode, as uint8.
+    x, _ = data_lib.ImageFolderDataset(images, 64)[5]
+    stored = load_file(str(shards[1]))["images"][1]
+    assert stored.dtype == torch.uint8 and torch.equal(stored.float() / 127.5 - 1, x)
+    assert extract_main(argv + ["--out", str(tmp_path / "plain"), "--keep-images"]) == 1   # no silent mix
+    # The image is mirrored exactly where the latent is: near-zero variance makes the latent its mean.
+    lat = data_lib.LatentDataset(out, images=True)
+    moments = torch.randn(8, 2, 2, 4, 8, 8)
+    moments[:, :, 1] = -30.0
+    pixels = torch.randint(0, 256, (8, 3, 64, 64), dtype=torch.uint8)
+    torch.manual_seed(3)
+    z, seen = to_model_space([moments, pixels], dataset=lat, vae=None, scaling=1.0, flip=True, images=True)
+    mirrored = [bool(torch.allclose(z[i], moments[i, 1, 0], atol=1e-5)) for i in range(8)]
+    assert 0 < sum(mirrored) < 8
+    for i, m in enumerate(mirrored):
+        plain = pixels[i].float() / 127.5 - 1
+        assert torch.equal(seen[i], plain.flip(-1) if m else plain)
+    run = aligned_run(tmp_path, tiny_dinov2, "--data", str(out), "--vae", str(vae), "--global-batch-size", "2",
+                      "--max-steps", "2", "--ckpt-every", "2", name="latent")
+    assert [r["step"] for r in read_log(run) if "align_cos" in r] == [1, 2]
