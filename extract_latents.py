@@ -37,6 +37,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
                    help="storage dtype of the moments")
     p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable images with a warning")
+    p.add_argument("--keep-images", action="store_true", help="also store each resized image (uint8) beside its "
+                   "latents: what --repa-encoder needs (196 KB per 256-px image)")
     p.add_argument("--threads", type=int, help=THREADS_HELP)
     args = p.parse_args(argv)
     from nala_dit.extract import extract_latents  # torch, diffusers: only once there is work to do
@@ -44,7 +46,7 @@ def main(argv=None) -> int:
     try:
         set_threads(args.threads)
         out = extract_latents(args.data, args.out, args.vae, args.image_size, args.batch_size,
-                              args.shard_size, args.num_workers, args.dtype, args.skip_corrupt)
+                              args.shard_size, args.num_workers, args.dtype, args.skip_corrupt, args.keep_images)
     except (ValueError, FileNotFoundError, OSError) as err:
         return report_error(err)  # one line, printed by rank 0 only
     except KeyboardInterrupt:

@@ -5,6 +5,8 @@ A checkpoint is a folder ``<run>/checkpoints/<step:07d>/`` holding
 * ``model.safetensors`` and ``ema.safetensors`` — the raw and EMA weights (fp32);
 * ``optimizer.pt`` — the AdamW state, read back with ``torch.load(weights_only=True)``;
 * ``rng.safetensors`` — each rank's torch RNG state;
+* ``projector.safetensors`` — with ``--repa-encoder`` only: the alignment projector
+  (``repa.py``), trained with the model, never part of its weights, EMA or exports;
 * ``state.json`` — step, data position, world size, the resolved training config and
   the model config, so the checkpoint alone rebuilds the model (SiT's do not).
 
@@ -71,12 +73,14 @@ def save_checkpoint(
     state: dict,
     rng_states: list[torch.Tensor],
     keep_last: int = 0,
+    projector: torch.nn.Module | None = None,
 ) -> Path:
     """Write ``ckpt_dir/<step:07d>`` atomically; keep the last ``keep_last`` (0 = all).
     Non-finite weights are never written: every checkpoint on disk is a good one."""
     root = Path(ckpt_dir)
     final = root / f"{state['step']:07d}"
-    check_finite_weights(root, state["step"], model=model, ema=ema)
+    check_finite_weights(root, state["step"], model=model, ema=ema, **({} if projector is None else
+                                                                        dict(projector=projector)))
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f"{TMP_PREFIX}{os.getpid()}-{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -84,6 +88,8 @@ def save_checkpoint(
         tmp.mkdir()
         save_file(_contiguous(model.state_dict()), str(tmp / "model.safetensors"))
         save_file(_contiguous(ema.state_dict()), str(tmp / "ema.safetensors"))
+        if projector is not None:
+            save_file(_contiguous(projector.state_dict()), str(tmp / "projector.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         save_file({f"rank{i}": s.contiguous() for i, s in enumerate(rng_states)}, str(tmp / "rng.safetensors"))
         (tmp / STATE).write_text(json.dumps(state, indent=2))
@@ -204,8 +210,8 @@ class Checkpoint:
             raise self.error(name, load_error_cause(err)) from None
 
     def weights(self, which: str = "ema") -> dict[str, torch.Tensor]:
-        if which not in ("ema", "model"):
-            raise ValueError(f"weights must be 'ema' or 'model', got {which!r}")
+        if which not in ("ema", "model", "projector"):
+            raise ValueError(f"weights must be 'ema', 'model' or 'projector', got {which!r}")
         tensors = self._read(f"{which}.safetensors", lambda f: load_file(str(f)))
         if problem := non_finite(tensors, "its"):
             raise self.error(f"{which}.safetensors", f"{problem}: written by a run that diverged")
@@ -362,6 +368,8 @@ OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps", "time-shift
                   "transport": ("path-type", "prediction", "loss-weight", "train-eps", "sample-eps", "time-shift")}
 # With a distillation teacher (convert.py) these are part of the loss too.
 DISTILL_KEYS = ("teacher", "distill-weight", "distill-sigma-weight")
+# With representation alignment (repa.py): what the projector was trained to match.
+REPA_KEYS = ("repa-encoder", "repa-depth", "repa-projector-dim")
 
 
 def config_changes(ckpt: Checkpoint, train_config: dict, model_config: dict) -> dict[str, tuple]:
@@ -383,7 +391,9 @@ def config_changes(ckpt: Checkpoint, train_config: dict, model_config: dict) -> 
             changes[flag_name(key)] = (stored, now)
     objective = model_config.get("objective", "diffusion")
     distilled = ckpt.config.get("teacher") or train_config.get("teacher")
-    for key in (*OBJECTIVE_KEYS.get(objective, ()), "vae", *(DISTILL_KEYS if distilled else ())):
+    aligned = ckpt.config.get("repa-encoder") or train_config.get("repa-encoder")
+    for key in (*OBJECTIVE_KEYS.get(objective, ()), "vae", *(DISTILL_KEYS if distilled else ()),
+                *(REPA_KEYS if aligned else ())):
         stored, now = ckpt.config.get(key, train_config.get(key)), train_config.get(key)
         if _jsonable(stored) != _jsonable(now):
             changes[key] = (stored, now)

@@ -275,13 +275,19 @@ class LatentDataset(Dataset):
     x has shape ``(2, 2, C, h, w)``: [orig, flipped] × [mean, logvar]. Use
     ``sample_latents`` in the training step to draw the flip and the latent. Shards are
     memory-mapped (safetensors), so an ImageNet-size folder does not need to fit in RAM.
+    With ``images`` (``--repa-encoder``), x is (moments, the uint8 image (3, S, S) the
+    extraction kept with ``--keep-images``).
     """
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, images: bool = False):
         from safetensors import safe_open
 
         self.root = Path(root)
         self.meta = read_latent_meta(self.root)
+        self.images = images
+        if images and not self.meta.get("images"):
+            raise ValueError(f"{self.root}: cache without images: rerun extract_latents.py with --keep-images "
+                             f"(into another --out; --repa-encoder needs the clean images)")
         self.shards = [self.root / name for name in self.meta["shards"]]
         missing = [str(s) for s in self.shards if not s.is_file()]
         if missing:
@@ -321,6 +327,8 @@ class LatentDataset(Dataset):
             self._handles[shard] = safe_open(str(self.shards[shard]), "pt")
         row = index - self.offsets[shard]
         moments = self._handles[shard].get_slice("moments")[row: row + 1][0].float()
+        if self.images:
+            return (moments, self._handles[shard].get_slice("images")[row: row + 1][0]), int(self.labels[index])
         return moments, int(self.labels[index])
 
     def __getstate__(self):  # handles do not pickle into DataLoader workers
@@ -333,19 +341,24 @@ def random_flip(x: torch.Tensor) -> torch.Tensor:
     return torch.where(flip[:, None, None, None], x.flip(-1), x)
 
 
-def sample_latents(moments: torch.Tensor, scaling_factor, flip: bool = True) -> torch.Tensor:
+def sample_latents(moments: torch.Tensor, scaling_factor, flip: bool = True, images=None):
     """(B, 2, 2, C, h, w) stored moments → a fresh latent sample in model space (B, C, h, w).
 
     Picks the mirrored image's posterior with probability 1/2, then draws
     ``z = mean + exp(logvar / 2)·ε`` (the VAE's DiagonalGaussian sample), and scales it:
-    ``scaling_factor`` is a number (``z · f``) or a ``latent_norm.LatentNorm``.
+    ``scaling_factor`` is a number (``z · f``) or a ``latent_norm.LatentNorm``. With ``images``
+    (B, 3, S, S) uint8: (that, the images in [−1, 1] mirrored where the latent is).
     """
     b = moments.shape[0]
     which = (torch.rand(b, device=moments.device) < 0.5).long() if flip else torch.zeros(b, dtype=torch.long, device=moments.device)
     chosen = moments[torch.arange(b, device=moments.device), which]   # (B, 2, C, h, w)
     mean, logvar = chosen[:, 0], chosen[:, 1].clamp(-30.0, 20.0)
     z = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)
-    return z * scaling_factor if isinstance(scaling_factor, (int, float)) else scaling_factor.normalize(z)
+    z = z * scaling_factor if isinstance(scaling_factor, (int, float)) else scaling_factor.normalize(z)
+    if images is None:
+        return z
+    pixels = images.float() / 127.5 - 1
+    return z, torch.where(which.bool()[:, None, None, None], pixels.flip(-1), pixels)
 
 
 class EpochSampler(Sampler[int]):

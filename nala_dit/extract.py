@@ -60,6 +60,7 @@ def extract_latents(
     num_workers: int | None = None,
     dtype: str = "float16",
     skip_corrupt: bool = False,
+    keep_images: bool = False,
 ) -> Path:
     from accelerate import Accelerator
 
@@ -81,12 +82,14 @@ def extract_latents(
         source=str(Path(data).resolve()), vae=vae_path, scaling_factor=scaling, image_size=image_size,
         latent_channels=vae.config.latent_channels, classes=dataset.classes, num_images=len(dataset),
         shard_size=shard_size, shards=[shard_name(k) for k in range(num_shards)], dtype=dtype,
-        vae_fingerprint=vae_fingerprint(vae),
+        vae_fingerprint=vae_fingerprint(vae), images=keep_images,
     )
     meta_path = out_dir / LATENT_META
     if meta_path.is_file():
         old = json.loads(meta_path.read_text())
-        changed = [k for k in ("num_images", "image_size", "shard_size", "classes", "vae", "dtype") if old.get(k) != meta[k]]
+        old["images"] = bool(old.get("images"))   # extractions before --keep-images kept none
+        changed = [k for k in ("num_images", "image_size", "shard_size", "classes", "vae", "dtype", "images")
+                   if old.get(k) != meta[k]]
         if old.get("vae_fingerprint", meta["vae_fingerprint"]) != meta["vae_fingerprint"]:
             changed.append("vae_fingerprint")
         if changed:
@@ -107,7 +110,7 @@ def extract_latents(
         for k in mine:
             indices = range(k * shard_size, min((k + 1) * shard_size, len(dataset)))
             loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, num_workers=num_workers)
-            moments, labels, sums = [], [], 0
+            moments, labels, images, sums = [], [], [], 0
             for x, y in loader:
                 m = encode_moments(vae, x.to(accelerator.device)).to(store)
                 # float64 sums of the stored (rounded) values, on the GPU where there is one (MPS has no
@@ -115,13 +118,15 @@ def extract_latents(
                 sums = sums + moment_sums(m if m.device.type == "cuda" else m.cpu()).cpu()
                 moments.append(m.cpu())
                 labels.append(y)
+                if keep_images:  # the resized image the latents encode, as uint8 (REPA's encoder input)
+                    images.append(((x + 1) * 127.5).round().clamp(0, 255).to(torch.uint8))
                 bar.update(len(y))
             moments = torch.cat(moments).contiguous()
             path = out_dir / shard_name(k)
             tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
             try:
-                save_file({"moments": moments, "labels": torch.cat(labels).contiguous(), SUMS_KEY: sums},
-                          str(tmp))
+                save_file({"moments": moments, "labels": torch.cat(labels).contiguous(), SUMS_KEY: sums,
+                           **({"images": torch.cat(images).contiguous()} if keep_images else {})}, str(tmp))
             except (OSError, SafetensorError) as err:  # disk full: safetensors raises its own error
                 tmp.unlink(missing_ok=True)
                 first = str(err).splitlines()[0] if str(err) else type(err).__name__

@@ -489,6 +489,16 @@ class TrainConfig:
     teacher: str | None = _opt("distil from this model (same forms as --init-from; frozen, EMA weights)")
     distill_weight: float = field(default=0.5, metadata=dict(help="weight of ‖teacher − student‖² on ε / velocity"))
     distill_sigma_weight: float | None = _opt("weight on the learned-variance channels (default 0.05 if both learn it)")
+    # representation alignment (nala_dit/repa.py, REPA)
+    repa_encoder: str | None = _opt("representation alignment (REPA): a folder holding a frozen encoder, DINOv2 "
+                                    "saved by transformers' save_pretrained (e.g. facebook/dinov2-base) or the "
+                                    "digits encoder; its patch features of the clean image pull block "
+                                    "--repa-depth's tokens (docs/training.md)")
+    repa_depth: int | None = _opt("REPA: the block (1-based) whose output tokens are aligned (default per size: "
+                                  "XL and L 8, as REPA's SiT-XL/2; S and B 4; T 1)")
+    repa_weight: float = field(default=0.5, metadata=dict(help="REPA: weight λ of the alignment loss −cos"))
+    repa_projector_dim: int = field(default=2048, metadata=dict(help="REPA: hidden width of the 3-layer MLP "
+                                                                     "projector (SiLU)"))
 
     def validate(self) -> None:
         objective, _, attention = preset(self.model)
@@ -562,6 +572,18 @@ class TrainConfig:
                              f"(got --t-sampling uniform, --t-mean {self.t_mean}, --t-std {self.t_std})")
         if not (math.isfinite(self.t_mean) and math.isfinite(self.t_std) and self.t_std > 0):
             raise ValueError(f"--t-std must be > 0 and --t-mean finite, got --t-mean {self.t_mean}, --t-std {self.t_std}")
+        depth = SIZES[self.model.split("-")[-1].split("/")[0]]["depth"]
+        if self.repa_depth is not None and not 1 <= self.repa_depth <= depth:
+            raise ValueError(f"--repa-depth {self.repa_depth}: {self.model} has blocks 1..{depth}")
+        if not (math.isfinite(self.repa_weight) and self.repa_weight >= 0) or self.repa_projector_dim < 1:
+            raise ValueError(f"--repa-weight must be >= 0 and --repa-projector-dim >= 1, got {self.repa_weight} and "
+                             f"{self.repa_projector_dim}")
+        if self.repa_encoder is None and self.repa_depth is not None:
+            raise ValueError("--repa-depth chooses the block aligned to --repa-encoder's features: pass "
+                             "--repa-encoder FOLDER with it")
+        if self.repa_encoder is not None and self.context_parallel > 1:
+            raise ValueError("--repa-encoder with --context-parallel is not supported (each process holds only its "
+                             "rows of the tokens): use --context-parallel 1")
 
     def _check_grid_options(self, objective: str) -> None:
         """The sample-grid options, checked now: a grid is drawn every ``sample_every`` steps,

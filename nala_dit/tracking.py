@@ -151,9 +151,10 @@ class LossWindow:
         self.grad_norm += result.grad_norm
         self.steps += 1
 
-    def values(self, global_batch_size: int, stat_layers, distilled: bool) -> dict:
+    def values(self, global_batch_size: int, stat_layers, distilled: bool, aligned: bool = False) -> dict:
         """The log record of the window (gathered over ranks) and the NaLa exponent
-        statistics of ``stat_layers``' last forward."""
+        statistics of ``stat_layers``' last forward; with ``aligned`` (REPA) the diffusion
+        loss alone, the alignment loss −cos (unweighted, REPA's ``proj_loss``) and cos."""
         per_rank = self.accelerator.gather((self.loss / max(1, self.steps)).unsqueeze(0)).cpu()
         elapsed = time.perf_counter() - self.start
         done = self.steps + self.skipped
@@ -164,9 +165,13 @@ class LossWindow:
         if self.skipped:
             values["skipped_steps"] = self.skipped
         values.update(exponent_log(stat_layers))
-        if distilled and self.steps:
+        if (distilled or aligned) and self.steps:
             terms = self.accelerator.gather((self.terms / self.steps).unsqueeze(0)).mean(0).tolist()
-            values.update(loss_simple=terms[0], loss_distill=terms[1], loss_distill_sigma=terms[2])
+            values.update(loss_simple=terms[0])
+            if distilled:
+                values.update(loss_distill=terms[1], loss_distill_sigma=terms[2])
+            if aligned:
+                values.update(loss_align=terms[-2], align_cos=terms[-1])
         return values
 
     def reset(self) -> None:

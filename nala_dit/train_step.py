@@ -63,22 +63,28 @@ class EpochBatches:
             self.batches = self._loader(self.epoch, 0)
         x, y = next(self.batches)
         self.position += 1
+        if isinstance(x, (list, tuple)):  # (latent moments, images): a --keep-images cache with --repa-encoder
+            return [part.to(self.device) for part in x], y.to(self.device)
         return x.to(self.device), y.to(self.device)
 
 
-def to_model_space(x, dataset, vae, norm, flip: bool):
+def to_model_space(x, dataset, vae, norm, flip: bool, images: bool = False):
     """A data batch as the model sees it: cached latents sampled from their moments and
     normalised, or images flipped and (with a VAE) encoded and normalised; pixels as they
     are. ``norm``: the run's ``latent_norm.LatentNorm`` (scalar factor or per-channel
-    statistics; None in pixel space)."""
+    statistics; None in pixel space). ``images``: (that, the clean images flipped as it
+    was) for ``--repa-encoder``."""
     if isinstance(dataset, data_lib.LatentDataset):
+        if images:  # x = (moments, uint8 images) of a --keep-images cache
+            return data_lib.sample_latents(x[0], norm, flip=flip, images=x[1])
         return data_lib.sample_latents(x, norm, flip=flip)
     if flip:
         x = data_lib.random_flip(x)
+    pixels = x
     if vae is not None:
         with torch.no_grad():
             x = norm.normalize(vae.encode(x.to(vae.dtype)).latent_dist.sample().float())
-    return x
+    return (x, pixels) if images else x
 
 
 def lr_at(step: int, lr: float, warmup_steps: int) -> float:
@@ -103,27 +109,34 @@ class TrainStep:
     the loop). A step whose loss is not finite on any process (or, without an fp16 loss
     scaler, whose gradient norm is not) is skipped: no optimizer update, the gradients
     dropped. ``to_model`` brings a data batch to model space (``to_model_space`` with the
-    run's data, VAE and scale)."""
+    run's data, VAE and scale; with ``alignment``, a ``repa.Alignment``, it also returns
+    the clean images)."""
 
     def __init__(self, cfg, accelerator, model, train_model, optimizer, objective, distiller, batches: EpochBatches,
-                 to_model):
+                 to_model, alignment=None):
         self.cfg, self.accelerator = cfg, accelerator
         self.model, self.train_model, self.optimizer = model, train_model, optimizer
         self.objective, self.distiller, self.batches = objective, distiller, batches
-        self.to_model = to_model
+        self.to_model, self.alignment = to_model, alignment
 
-    def loss(self, x, y):
-        """(loss, its terms [L_simple, distillation, variance distillation]) of one micro-batch."""
+    def loss(self, x, y, images=None):
+        """(loss, its terms [L_simple, distillation, variance distillation, −cos, cos]) of
+        one micro-batch (the distillation terms with a teacher, the alignment terms with
+        ``--repa-encoder``)."""
         fn = self.distiller.watch(self.train_model) if self.distiller else self.train_model
         if self.model.config.objective == "diffusion":
             t = self.objective.sample_timesteps(x.shape[0], x.device)
             loss = self.objective.training_losses(fn, x, t, y)["loss"].mean()
         else:
             loss = self.objective.training_losses(fn, x, y)["loss"].mean()
-        if self.distiller is None:
-            return loss, loss.detach().reshape(1)
-        extra, terms = self.distiller.terms()
-        return loss + extra, torch.cat([loss.detach().reshape(1), terms])
+        terms = [loss.detach().reshape(1)]
+        if self.distiller is not None:
+            extra, distill_terms = self.distiller.terms()
+            loss, terms = loss + extra, terms + [distill_terms]
+        if self.alignment is not None:
+            extra, align_terms = self.alignment.loss(images, x)
+            loss, terms = loss + extra, terms + [align_terms]
+        return loss, torch.cat(terms)
 
     def __call__(self, step: int) -> StepResult:
         """The update from step ``step`` to ``step + 1``."""
@@ -132,12 +145,12 @@ class TrainStep:
         parts = []
         for micro in range(cfg.grad_accum):
             x, y = self.batches.next()
-            x = self.to_model(x)
+            x, images = self.to_model(x) if self.alignment is not None else (self.to_model(x), None)
             # Gradients are all-reduced only on the last micro-batch.
             sync = micro == cfg.grad_accum - 1
             with accelerator.no_sync(self.train_model) if not sync else contextlib.nullcontext():
                 with accelerator.autocast():
-                    loss, terms = self.loss(x, y)
+                    loss, terms = self.loss(x, y, images)
                 accelerator.backward(loss / cfg.grad_accum)
             local += loss.detach().float() / cfg.grad_accum
             parts.append(terms.float() / cfg.grad_accum)

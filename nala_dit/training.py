@@ -34,6 +34,7 @@ from .latent_norm import agreed_norm, checkpoint_norm, run_norm, source_norm
 from .models import create_model
 from .options import MODEL_OVERRIDES, TrainConfig, default_num_workers  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
 from .options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
+from . import repa as repa_lib
 from .runlock import LOCK_NAME, check_process_count, hold_lock
 from .tracking import Logger, LossWindow, NanStreak, exponent_log, progress_values, truncate_log  # noqa: F401  (exponent_log, truncate_log: moved)
 from .train_step import EpochBatches, TrainStep, step_seed, to_model_space, update_ema
@@ -48,7 +49,7 @@ def build_dataset(cfg: TrainConfig, state=None):
     elif cfg.data == "digits-canvas":
         ds = data_lib.DigitsCanvasDataset("train", cfg.image_size or CANVAS_SIZES[0])
     elif (Path(cfg.data) / data_lib.LATENT_META).is_file():
-        ds = data_lib.LatentDataset(cfg.data)
+        ds = data_lib.LatentDataset(cfg.data, images=bool(cfg.repa_encoder))
         if cfg.vae is None:
             raise ValueError(f"{cfg.data} holds latents: pass --vae (the VAE they came from) to decode sample grids")
     else:
@@ -147,10 +148,11 @@ def start_line(world: int, backend: str | None, devices: str, global_batch: int,
 
 # Settings a resumed run takes from its own flags (a change is printed, not refused).
 RESUME_APPLIED = ("lr", "warmup_steps", "weight_decay", "adam_beta2", "max_grad_norm", "max_nan_steps", "t_sampling",
-                  "t_mean", "t_std")
+                  "t_mean", "t_std", "repa_weight")
 
 
-def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int, print=print) -> None:
+def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int, print=print,
+            projector=None) -> None:
     """Load a checkpoint into this run after checking it is the same model and objective.
 
     Changed settings are refused with the list of differences unless named in
@@ -175,6 +177,15 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
               f"2 processes against 1: 1.3e-6 apart after 3 steps, docs/highres.md)")
     ckpt.load_into(model, "model")
     ckpt.load_into(ema, "ema")
+    saved_projector = (ckpt.path / "projector.safetensors").is_file()
+    if saved_projector and projector is None:  # its parameters are in the optimizer state: both or neither
+        raise ValueError(f"checkpoint {ckpt.path} was trained with --repa-encoder {ckpt.config.get('repa-encoder')}: "
+                         f"resume with it, or start a new run from its weights (--init-from {ckpt.path})")
+    if projector is not None and not saved_projector:
+        raise ValueError(f"checkpoint {ckpt.path} was trained without --repa-encoder: resume without it, or start "
+                         f"a new aligned run from its weights (--init-from {ckpt.path})")
+    if projector is not None:
+        ckpt.load_into(projector, "projector")
     ckpt.load_optimizer(optimizer)
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     for key in RESUME_APPLIED:
@@ -271,11 +282,11 @@ def build_run_model(cfg: TrainConfig, dataset, channels: int, side: int, resume_
 
 
 def resume_run(resume_from: Path, cfg: TrainConfig, accelerator, model, ema, optimizer, world: int,
-               micro_batch: int, ckpt_dir: Path) -> tuple[int, int, int]:
+               micro_batch: int, ckpt_dir: Path, projector=None) -> tuple[int, int, int]:
     """Restore the checkpoint into this run; (step, epoch, data position) to continue at.
     A rollback sets this run's later checkpoints aside."""
     ckpt = open_checkpoint(resume_from)
-    restore(ckpt, cfg, model, ema, optimizer, world, accelerator.process_index, accelerator.print)
+    restore(ckpt, cfg, model, ema, optimizer, world, accelerator.process_index, accelerator.print, projector)
     step, epoch, position = ckpt.step, ckpt.state["epoch"], resumed_position(ckpt, micro_batch, accelerator.print)
     accelerator.print(f"resumed from {ckpt.path} at step {step}")
     if accelerator.is_main_process:
@@ -288,7 +299,7 @@ def resume_run(resume_from: Path, cfg: TrainConfig, accelerator, model, ema, opt
 
 
 def checkpoint(accelerator, cfg: TrainConfig, ckpt_dir: Path, step: int, batches: EpochBatches, world: int,
-               model, ema, optimizer, norm) -> None:
+               model, ema, optimizer, norm, projector=None) -> None:
     """Save step ``step`` (weights, EMA, optimizer, data position, every rank's RNG state),
     after checking the weights are finite."""
     check_finite_weights(ckpt_dir, step, model=model, ema=ema)
@@ -298,7 +309,7 @@ def checkpoint(accelerator, cfg: TrainConfig, ckpt_dir: Path, step: int, batches
                      config=to_dict(cfg), model_config=dict(model.config),
                      latent_norm=norm.to_dict() if norm is not None else None)
         path = save_checkpoint(ckpt_dir, model=model, ema=ema, optimizer=optimizer, state=state,
-                               rng_states=list(rng_states), keep_last=cfg.keep_last)
+                               rng_states=list(rng_states), keep_last=cfg.keep_last, projector=projector)
         accelerator.print(f"saved checkpoint {path}")
     accelerator.wait_for_everyone()
 
@@ -359,7 +370,14 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         distiller = convert.Distiller.load(cfg.teacher, model, cfg.model, to_dict(cfg), cfg.distill_weight,
                                            cfg.distill_sigma_weight, device)
     ema = copy.deepcopy(model).float().requires_grad_(False)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, cfg.adam_beta2))
+    encoder = projector = None
+    if cfg.repa_encoder:  # REPA (repa.py): the projector trains in the decay group, outside the model and EMA
+        encoder = repa_lib.load_encoder(cfg.repa_encoder).to(device)
+        projector = repa_lib.build_projector(model.config.hidden_size, cfg.repa_projector_dim, encoder.dim)
+    groups = param_groups(model, cfg.weight_decay)
+    if projector is not None:
+        groups[0]["params"] += list(projector.parameters())
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.adam_beta2))
     devices = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     accelerator.print(start_line(processes, accelerator.state.backend, f"{processes}× {devices}",
                                  cfg.global_batch_size, micro_batch, cfg.grad_accum, cfg.mixed_precision,
@@ -376,7 +394,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         norm = agreed_norm(norm, checkpoint_norm(open_checkpoint(resume_from)), f"checkpoint {resume_from}", cfg.data,
                            keep_norm, accelerator.print)
         step, epoch, position = resume_run(resume_from, cfg, accelerator, model, ema, optimizer, world, micro_batch,
-                                           ckpt_dir)
+                                           ckpt_dir, projector)
 
     if cfg.grad_checkpointing:
         model.gradient_checkpointing = True
@@ -387,6 +405,10 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             (run_dir / "init_from.json").write_text(json.dumps(init_report.to_dict(), indent=2) + "\n")
     enable(model, context)   # after the EMA copy: the EMA (sample grids on one process) runs whole
     train_model = torch.compile(model) if cfg.compile else model
+    aligned = None
+    if projector is not None:  # one module for DDP: the projector's gradients are all-reduced with the model's
+        depth = cfg.repa_depth or repa_lib.default_depth(cfg.model)
+        train_model = aligned = repa_lib.Aligned(model, train_model, projector, depth)
     train_model, optimizer = accelerator.prepare(train_model, optimizer)
     resumable_gradient_sync(train_model)   # CPU processes: the same gradient sums resumed or not
     ema.to(device)
@@ -395,8 +417,10 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     workers = cfg.num_workers if cfg.num_workers is not None else \
         default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
     batches = EpochBatches(dataset, rank, world, cfg.seed, micro_batch, workers, device, epoch, position)
+    alignment = repa_lib.Alignment(aligned, encoder, cfg.repa_weight, model.patch_size) if aligned else None
     train_step = TrainStep(cfg, accelerator, model, train_model, optimizer, objective, distiller, batches,
-                           functools.partial(to_model_space, dataset=dataset, vae=vae, norm=norm, flip=cfg.flip))
+                           functools.partial(to_model_space, dataset=dataset, vae=vae, norm=norm, flip=cfg.flip,
+                                             **({"images": True} if alignment else {})), alignment)
 
     # The held-out loss's fixed draws (validation.py), made once: the same at every evaluation.
     heldout = HeldOutLoss(heldout_data, objective,
@@ -413,7 +437,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
     stat_layers = [b.attn for b in model.blocks if hasattr(b.attn, "record_stats")]
     progress = progress_bar(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
                             desc=f"train {cfg.model}", unit="step")
-    window = LossWindow(accelerator, 3 if distiller else 1)
+    window = LossWindow(accelerator, 1 + (2 if distiller else 0) + (2 if alignment else 0))
     nan_streak = NanStreak(cfg.max_nan_steps, step, ckpt_dir, accelerator.print)
 
     # --- the loop: step, EMA, log, sample grid, checkpoint ---
@@ -432,7 +456,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         window.add(result)
         nan_streak.update(step, result, progress)  # every process: the skip decision is shared
         if log_now:
-            values = window.values(cfg.global_batch_size, stat_layers, distiller is not None)
+            values = window.values(cfg.global_batch_size, stat_layers, distiller is not None, alignment is not None)
             if val_now:
                 values.update(heldout(model, accelerator, "val/loss"))
                 values.update(heldout(ema, accelerator, "val/ema_loss"))
@@ -443,7 +467,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             window.reset()
         progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
         if step % cfg.ckpt_every == 0 or step == cfg.max_steps:  # before the grid: a failed grid loses no steps
-            checkpoint(accelerator, cfg, ckpt_dir, step, batches, world, model, ema, optimizer, norm)
+            checkpoint(accelerator, cfg, ckpt_dir, step, batches, world, model, ema, optimizer, norm, projector)
         if cfg.sample_every > 0 and step % cfg.sample_every == 0 and accelerator.is_main_process:
             write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
                               cfg, vae, norm, nrow=min(dataset.num_classes, 8))
