@@ -18,12 +18,12 @@ from nala_dit.training import TrainConfig, build_dataset
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_readme_ladder_command_resolves(capsys):
-    """The README's up-the-ladder line (after the demo's printed ones) is a valid train.py
+def test_the_demo_page_ladder_command_resolves(capsys):
+    """docs/demo.md's up-the-ladder line (not one the demo prints) is a valid train.py
     command: --dry-run resolves it (defaults < the YAML < flags) without training."""
     import train
 
-    (line,) = [ln for ln in (ROOT / "README.md").read_text().splitlines()
+    (line,) = [ln for ln in (ROOT / "docs" / "demo.md").read_text().splitlines()
                if ln.startswith(".venv/bin/python train.py ") and "--init-from runs/demo/NaLaDiT " in ln]
     argv = shlex.split(line)[2:]
     assert train.main(argv + ["--dry-run"]) == 0
