@@ -21,6 +21,7 @@ std over the seeds found, n shown) is rebuilt from whatever results exist.
     python benchmarks/recipe_study.py run                  # all 18 cells, one after another
     python benchmarks/recipe_study.py run --jobs 2         # two at a time (one thread each)
     python benchmarks/recipe_study.py run --models NaLaSiT --recipes uniform,logit-normal --seeds 0
+    python benchmarks/recipe_study.py run --models NaLaSiT,SiT,NaLaDiT --recipes uniform,repa --jobs 2   # REPA
     python benchmarks/recipe_study.py table                # benchmarks/recipe_study/RESULTS.md
 """
 
@@ -45,20 +46,25 @@ passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE for the runs it starts, unless 
 HERE = ROOT / "benchmarks" / "recipe_study"
 WORK = HERE / "work"
 
-# model: (config, sampler, steps) as the demo (demo.py MODELS)
+# model: (config, sampler, steps, extra flags) as the demo (demo.py MODELS); SiT is the softmax control
 MODELS = {
-    "NaLaDiT": ("configs/digits_nala_dit.yaml", "ddpm", 40),
-    "NaLaSiT": ("configs/digits_nala_sit.yaml", "ode-heun", 16),
+    "NaLaDiT": ("configs/digits_nala_dit.yaml", "ddpm", 40, []),
+    "NaLaSiT": ("configs/digits_nala_sit.yaml", "ode-heun", 16, []),
+    "SiT": ("configs/digits_nala_sit.yaml", "ode-heun", 16, ["--model", "SiT-T/2"]),
 }
+ENCODER = "{digits_encoder}"   # replaced by <work>/digits_encoder, trained once (python -m nala_dit.repa)
 RECIPES = {
     "uniform": [],
     "logit-normal": ["--t-sampling", "logit-normal"],
     "warmup50-clip1": ["--warmup-steps", "50", "--max-grad-norm", "1.0"],
+    "repa": ["--repa-encoder", ENCODER],
 }
 DESCRIPTIONS = {
     "uniform": "DiT/SiT: uniform t, constant lr, no clipping (the demo)",
     "logit-normal": "logit-normal t (mean 0, std 1)",
     "warmup50-clip1": "uniform t, 50-step linear warm-up, gradient clipping at 1.0",
+    "repa": "the demo's recipe plus representation alignment to the repo's label-free digits encoder "
+            "(block 1 of 4, λ 0.5, projector 2048: the T preset's defaults)",
 }
 SEEDS = (0, 1, 2)
 STEPS = 600            # the demo's, equal for every cell
@@ -90,14 +96,19 @@ def reference(work: Path) -> tuple[Path, Path]:
         subprocess.run([python(), str(ROOT / "evaluate_fid.py"), "ref", "--dataset", "digits-heldout", "--features",
                         "digits", "--out", str(ref), "--digits-classifier", str(classifier), "--threads", "1"],
                        check=True, cwd=ROOT)
+    encoder = work / "digits_encoder"
+    if not (encoder / "encoder.json").is_file():   # the repa recipe's encoder: label-free, deterministic
+        subprocess.run([python(), "-m", "nala_dit.repa", str(encoder)], check=True, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
     return ref, classifier
 
 
 def train_argv(model: str, recipe: str, seed: int, ref: Path, classifier: Path, work: Path = WORK,
                steps_: int = STEPS, samples: int = SAMPLES) -> list[str]:
-    config, sampler, steps = MODELS[model]
+    config, sampler, steps, extra = MODELS[model]
     folder = cell_dir(model, recipe, seed, work)
-    return [python(), str(ROOT / "train.py"), "--config", str(ROOT / config), *RECIPES[recipe],
+    flags = [str(work / "digits_encoder") if flag == ENCODER else flag for flag in RECIPES[recipe]]
+    return [python(), str(ROOT / "train.py"), "--config", str(ROOT / config), *extra, *flags,
             "--seed", str(seed), "--threads", "1", "--max-steps", str(steps_), "--ckpt-every", str(max(1, steps_ // 3)),
             "--keep-last", "1", "--val-every", str(100 if steps_ % 100 == 0 else steps_), "--val-samples", str(HELDOUT),
             "--fid-every", str(steps_), "--fid-ref", str(ref), "--fid-samples", str(samples),
@@ -174,8 +185,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train and score the missing cells, then write the table")
-    run.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
-    run.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
+    run.add_argument("--models", default="NaLaDiT,NaLaSiT", help=f"comma-separated, of {', '.join(MODELS)}")
+    run.add_argument("--recipes", default="uniform,logit-normal,warmup50-clip1",
+                     help=f"comma-separated, of {', '.join(RECIPES)}")
     run.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     run.add_argument("--jobs", type=int, default=1, help="cells at a time (each one thread)")
     run.add_argument("--quick", action="store_true", help="smoke test: 20 steps, 20 samples, into --work")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -300,9 +301,26 @@ def linear_probe(encoder: FrozenEncoder, size: int = 8, patch: int = 2) -> float
     return float(probe.score(feats[1], splits[1].labels.numpy()))
 
 
-if __name__ == "__main__":  # python -m nala_dit.repa FOLDER: the digits encoder and its linear probe
-    import sys
+def main(argv=None) -> int:
+    """``python -m nala_dit.repa [FOLDER]``: train the digits encoder into FOLDER and print its
+    linear probe. A folder that already holds an encoder is kept (one line), never overwritten."""
+    import argparse
 
+    parser = argparse.ArgumentParser(prog="python -m nala_dit.repa",
+                                     description="train the label-free digits encoder for --repa-encoder")
+    parser.add_argument("folder", nargs="?", default="runs/digits_encoder",
+                        help="where to save it (default runs/digits_encoder)")
+    args = parser.parse_args(argv)
+    folder = Path(args.folder)
+    if (folder / DIGITS_ENCODER_JSON).exists() or (folder / DIGITS_ENCODER_WEIGHTS).exists():
+        print(f"error: {folder} already holds a digits encoder; use it as --repa-encoder {folder}, or pick another "
+              f"folder", file=sys.stderr)
+        return 1
     torch.set_num_threads(1)
-    out = train_digits_encoder(sys.argv[1] if len(sys.argv) > 1 else "runs/digits_encoder")
+    out = train_digits_encoder(folder)
     print(f"saved {out}; linear probe (held-out accuracy): {linear_probe(load_encoder(out)):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

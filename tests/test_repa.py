@@ -188,6 +188,12 @@ def test_the_digits_encoder_is_label_free_deterministic_and_trains_a_model(tmp_p
     run = aligned_run(tmp_path, a, "--max-steps", "2", "--ckpt-every", "2")
     assert [r["step"] for r in read_log(run) if "align_cos" in r] == [1, 2]
     assert ckpt_lib.open_checkpoint(run).weights("projector")["4.weight"].shape == (64, 16)
+    # The command line never overwrites an encoder, and --help is help, not a folder to train into.
+    before = (a / repa.DIGITS_ENCODER_WEIGHTS).read_bytes()
+    assert repa.main([str(a)]) == 1 and (a / repa.DIGITS_ENCODER_WEIGHTS).read_bytes() == before
+    with pytest.raises(SystemExit) as stop:
+        repa.main(["--help"])
+    assert stop.value.code == 0 and not (tmp_path / "--help").exists()
     (a / repa.DIGITS_ENCODER_WEIGHTS).unlink()
     with pytest.raises(FileNotFoundError, match=f"^--repa-encoder {a}: {a / repa.DIGITS_ENCODER_WEIGHTS} is missing"):
         repa.load_encoder(a)
