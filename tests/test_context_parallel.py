@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from nala_dit.context_parallel import ContextParallel, ShardGrid, exchanged_numbers, row_split
-from tests.utils import TINY
+from tests.utils import TINY, free_port
 
 TOL = 1e-5     # relative to the reference's largest magnitude (fp32, sums in another order)
 SCALE = 0.1   # weights' std: at 0.3 the fp32 one-process gradients themselves differ from fp64 by 3e-5
@@ -54,12 +53,6 @@ def test_exchanged_numbers_closed_forms():
     # 2 rows · 128 · 1152 at 16K tokens
     assert exchanged_numbers("nala", 16384, 1152, 16) == 168_192 + 2 * 128 * 1152
     assert exchanged_numbers("softmax", 16384, 1152, 16) == 2 * 8192 * 1152
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _spread(model, seed):
@@ -236,7 +229,7 @@ def _worker(rank, size, port, path, models=True):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     path = tmp_path_factory.mktemp("cp") / "results.pt"
-    mp.spawn(_worker, args=(2, _free_port(), str(path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(path)), nprocs=2, join=True)
     return torch.load(path, weights_only=True)
 
 
@@ -257,7 +250,7 @@ def test_two_processes_equal_one(two_ranks, case):
 def three_ranks(tmp_path_factory):
     """P = 3: rows 2, 1, 1 of a 4-row grid, so a halo of 2 rows spans two ranks."""
     path = tmp_path_factory.mktemp("cp3") / "results.pt"
-    mp.spawn(_worker, args=(3, _free_port(), str(path), False), nprocs=3, join=True)
+    mp.spawn(_worker, args=(3, free_port(), str(path), False), nprocs=3, join=True)
     return torch.load(path, weights_only=True)
 
 
@@ -279,7 +272,7 @@ def _launch(tmp_path, script, *args, processes=2):
            "PYTHONPATH": str(root)}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), str(root / script), *args]
+           "--main_process_port", str(free_port()), str(root / script), *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=root)
 
 
@@ -401,7 +394,7 @@ def test_context_parallel_under_a_cpu_launch_of_one_process_is_the_launch_error(
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     env.pop("ACCELERATE_USE_CPU", None)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-           "--main_process_port", str(_free_port()), str(root / "train.py"), *CP_RUN, "--context-parallel", "2",
+           "--main_process_port", str(free_port()), str(root / "train.py"), *CP_RUN, "--context-parallel", "2",
            "--results-dir", str(tmp_path)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=root)
     assert proc.returncode == 1

@@ -315,7 +315,7 @@ def test_distillation_lowers_the_teacher_student_gap(tmp_path):
 @pytest.mark.slow
 def test_two_process_distillation_resumes_bitwise(tmp_path):
     """accelerate, 2 CPU processes, grad accumulation, a teacher: 4 steps straight = resumed at 2 + 2 more."""
-    from tests.test_training import free_port
+    from tests.utils import free_port
 
     write_checkpoint(tmp_path / "teacher", randomised("DiT-T/2", seed=8), "DiT-T/2")
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}

@@ -176,7 +176,8 @@ def test_two_process_error_prints_once(tmp_path):
     import subprocess
     import sys
 
-    from tests.test_training import ROOT, TINY_RUN, free_port
+    from tests.test_training import ROOT, TINY_RUN
+    from tests.utils import free_port
 
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",

@@ -45,7 +45,7 @@ def test_other_ranks_do_not_print_a_gloo_traceback_after_one_rank_stops(tmp_path
     import subprocess
     import sys
 
-    from tests.test_sample_cli import free_port
+    from tests.utils import free_port
 
     script = PEER_SCRIPT.format(root=str(ROOT), port=free_port())
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -6,7 +6,6 @@ with 4 processes gloo's ring adds an element's four terms in an order that follo
 in the bucket. ``checkpoint.resumable_gradient_sync`` all-reduces each gradient on its own."""
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,14 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tests.utils import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Net(torch.nn.Module):
@@ -112,7 +106,7 @@ def test_the_hook_gives_ddp_its_gradients_in_one_process(tmp_path):
 @pytest.mark.slow
 def test_four_process_gradients_do_not_depend_on_ddp_buckets(tmp_path):
     path = tmp_path / "out.pt"
-    mp.spawn(_worker, args=(4, _free_port(), str(path)), nprocs=4, join=True)
+    mp.spawn(_worker, args=(4, free_port(), str(path)), nprocs=4, join=True)
     results = torch.load(path, weights_only=True)
     assert results[False] > 0, "DDP's own bucketed all-reduce no longer depends on its buckets: re-measure"
     assert results[True] == 0.0
@@ -133,7 +127,7 @@ def test_train_py_with_four_processes_resumes_bitwise(tmp_path):
                   ["--exp-name", "resumed", "--resume", str(tmp_path / "straight" / "checkpoints" / "0000002")]):
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "4",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(_free_port()), str(ROOT / "train.py"), *run, *extra]
+               "--main_process_port", str(free_port()), str(ROOT / "train.py"), *run, *extra]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = (ckpt_lib.open_checkpoint(tmp_path / name) for name in ("straight", "resumed"))

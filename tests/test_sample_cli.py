@@ -3,7 +3,6 @@ exact balance, resume), and clear errors."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from nala_dit.checkpoint import save_checkpoint
 from nala_dit.config import to_dict
 from nala_dit.models import create_model
 from nala_dit.training import TrainConfig
+from tests.utils import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--sampler", "ddim", "--steps", "2"]
@@ -126,12 +126,6 @@ def test_latent_checkpoint_with_vae_matches_exported_pipeline(tmp_path):
     images = pipe([2, 5], sampler="ode-euler", num_inference_steps=2, guidance_scale=1.5, generator=0).images
     for ref, img in zip(fp32, images):
         np.testing.assert_array_equal(ref, np.asarray(img))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import train as train_cli
 from nala_dit import checkpoint as ckpt_lib
 from nala_dit.config import resolve
 from nala_dit.training import TrainConfig
+from tests.utils import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -285,12 +285,6 @@ def test_skip_corrupt_warns_and_continues(tmp_path):
     with pytest.warns(UserWarning, match="skipping corrupt image"):
         run_train(tmp_path, "--data", str(images), "--image-size", "16", "--global-batch-size", "5",
                   "--max-steps", "1", "--ckpt-every", "1", "--skip-corrupt", "true")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import torch
 
 
@@ -23,3 +25,10 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, tol: float) ->
 # depth 2, 2 heads, hidden 32, 8×8 latents with 4 channels, 10 classes.
 TINY = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2,
             num_heads=2, num_classes=10)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for a process group or accelerate launch)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
