@@ -151,6 +151,11 @@ RESUME_APPLIED = ("lr", "warmup_steps", "weight_decay", "adam_beta2", "max_grad_
                   "t_mean", "t_std", "repa_weight")
 
 
+def allowed_changes(cfg: TrainConfig) -> set[str]:
+    """The settings ``--allow-changes`` lets differ from the checkpoint (flag spelling)."""
+    return {k.strip().replace("_", "-") for k in (cfg.allow_changes or "").split(",") if k.strip()}
+
+
 def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int, print=print,
             projector=None) -> None:
     """Load a checkpoint into this run after checking it is the same model and objective.
@@ -161,7 +166,7 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
     printed, and applied to the restored optimizer (its saved param groups would
     otherwise silently win)."""
     changes = config_changes(ckpt, to_dict(cfg), dict(model.config))
-    allowed = {k.strip().replace("_", "-") for k in (cfg.allow_changes or "").split(",") if k.strip()}
+    allowed = allowed_changes(cfg)
     refused = {k: v for k, v in changes.items() if k not in allowed}
     if changes and (problem := convert.resume_refusal(ckpt, changes, refused, model, cfg.model, to_dict(cfg),
                                                       cfg.run_dir().name)):
@@ -354,7 +359,7 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         if isinstance(dataset, data_lib.LatentDataset):
             scaling = dataset.scaling_factor
     norm = run_norm(cfg.latent_norm, dataset, vae, scaling, cfg.vae)  # latents → model space (None: pixels)
-    keep_norm = "latent-norm" in {k.strip().replace("_", "-") for k in (cfg.allow_changes or "").split(",")}
+    keep_norm = "latent-norm" in allowed_changes(cfg)
     channels, side = model_space(dataset, vae, int(cfg.model.rsplit("/", 1)[1]))
     grid = side // int(cfg.model.rsplit("/", 1)[1])
     if cfg.nala_regions:  # R against the token grid before the model (and its R⁴ region weights) is built
