@@ -127,6 +127,7 @@ def _gen(args, common) -> dict:
     import numpy as np
 
     from nala_dit import metrics
+    from nala_dit.context_parallel import enable, leave_group
     from nala_dit.generate import SampleSettings
     from nala_dit.sampling import balance_notice, balanced_labels
     from nala_dit.sources import load_source
@@ -138,8 +139,6 @@ def _gen(args, common) -> dict:
         common = dict(common, device=context.device)
     source = load_source(args.ckpt, args.weights, args.vae, common["device"])
     if context is not None:
-        from nala_dit.context_parallel import enable
-
         enable(source.model, context)
     settings = sized_settings(SampleSettings(args.sampler, args.steps, args.cfg_scale), source, args)
     settings = settings.resolved(source.objective)
@@ -156,10 +155,14 @@ def _gen(args, common) -> dict:
         with decode_settings(args.vae_tiling, args.vae_tile_size):
             for _ in batches:   # the same forwards as the first process, which scores the images
                 pass
+        leave_group()
         return None
     with decode_settings(args.vae_tiling, args.vae_tile_size):  # the batches are drawn inside
-        return metrics.evaluate_samples(batches, args.ref, args.features, args.kid, split_size=args.split_size,
-                                        labels=np.asarray(labels), sampler=sampler, **common)
+        result = metrics.evaluate_samples(batches, args.ref, args.features, args.kid, split_size=args.split_size,
+                                          labels=np.asarray(labels), sampler=sampler, **common)
+    if context is not None:
+        leave_group()
+    return result
 
 
 def _context_parallel(size: int):

@@ -18,8 +18,8 @@ from nala_dit.requirements import require_installed
 
 require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
 
-from nala_dit.cli import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, report_error, run_main,
-                          set_threads)
+from nala_dit.cli import (THREADS_HELP, ArgumentParser, Interrupted, main_process, passive_wait_policy, report_error,
+                          run_main, set_threads)
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -41,12 +41,14 @@ def main(argv=None) -> int:
                    "latents: what --repa-encoder needs (196 KB per 256-px image)")
     p.add_argument("--threads", type=int, help=THREADS_HELP)
     args = p.parse_args(argv)
+    from nala_dit.context_parallel import leave_group
     from nala_dit.extract import extract_latents  # torch, diffusers: only once there is work to do
 
     try:
         set_threads(args.threads)
         out = extract_latents(args.data, args.out, args.vae, args.image_size, args.batch_size,
                               args.shard_size, args.num_workers, args.dtype, args.skip_corrupt, args.keep_images)
+        leave_group()   # launched processes exit together (nala_dit.context_parallel.leave_group)
     except (ValueError, FileNotFoundError, OSError) as err:
         return report_error(err)  # one line, printed by rank 0 only
     except KeyboardInterrupt:
@@ -55,6 +57,8 @@ def main(argv=None) -> int:
         done, total = shards_done(args.out)
         raise Interrupted(f"{done} of {total if total is not None else '?'} shards kept in {args.out}; "
                            f"run the same command to resume")
+    if not main_process():   # the first process reports for all
+        return 0
     stats = json.loads((out / "meta.json").read_text()).get("latent_stats")
     print(f"latents in {out}")
     if stats:
