@@ -581,9 +581,6 @@ class TrainConfig:
         if self.repa_encoder is None and self.repa_depth is not None:
             raise ValueError("--repa-depth chooses the block aligned to --repa-encoder's features: pass "
                              "--repa-encoder FOLDER with it")
-        if self.repa_encoder is not None and self.context_parallel > 1:
-            raise ValueError("--repa-encoder with --context-parallel is not supported (each process holds only its "
-                             "rows of the tokens): use --context-parallel 1")
 
     def _check_grid_options(self, objective: str) -> None:
         """The sample-grid options, checked now: a grid is drawn every ``sample_every`` steps,

@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .context_parallel import shard_of
+
 # Default --repa-depth per preset size: REPA aligns block 8 of SiT-XL/2's 28 (its README's
 # recipe); the same first-third rule gives 8 for L (24 blocks), 4 for S and B (12 blocks)
 # and 1 for the tiny T (4 blocks).
@@ -62,13 +64,25 @@ def build_projector(hidden_size: int, projector_dim: int, encoder_dim: int) -> n
                          nn.SiLU(), nn.Linear(projector_dim, encoder_dim))
 
 
-def alignment_loss(projected: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def alignment_loss(projected: torch.Tensor, features: torch.Tensor, shard=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(−mean cos, mean cos) over images and tokens of (B, T, D) projected tokens and
-    encoder features (REPA's ``proj_loss``: both L2-normalised per token)."""
+    encoder features (REPA's ``proj_loss``: both L2-normalised per token).
+
+    Under context parallel (``shard``, a ``context_parallel.ShardGrid``) ``projected``
+    holds this rank's rows only: the features are cut to the same rows, each rank sums
+    its cosines and the sums are all-reduced (autograd), so every rank holds the whole
+    grid's mean and backward gives each rank its rows' gradient P times, the convention
+    of the model's gathered output (``ShardGrid.gather``)."""
+    if shard is not None:
+        features = features[:, shard.start * shard.w:shard.stop * shard.w]
     if projected.shape != features.shape:
         raise ValueError(f"projected tokens {tuple(projected.shape)} and encoder features {tuple(features.shape)} "
                          f"differ: the encoder's patch grid must be the model's token grid")
-    cos = (F.normalize(projected.float(), dim=-1) * F.normalize(features.float(), dim=-1)).sum(-1).mean()
+    cos = (F.normalize(projected.float(), dim=-1) * F.normalize(features.float(), dim=-1)).sum(-1)
+    if shard is None:
+        cos = cos.mean()
+    else:
+        cos = shard.all_reduce(cos.sum()) / (cos.shape[0] * shard.tokens)
     return -cos, cos.detach()
 
 
@@ -211,11 +225,12 @@ class Aligned(nn.Module):
         super().__init__()
         self.train_model, self.projector = train_model, projector
         self.__dict__["capturing"], self.__dict__["tokens"], self.__dict__["projected"] = False, None, None
+        self.__dict__["shard"] = None
         model.blocks[depth - 1].register_forward_hook(self._keep)
 
     def _keep(self, module, args, output):
-        if self.capturing:
-            self.__dict__["tokens"] = output
+        if self.capturing:   # a block is called as block(x, c, grid); under context parallel grid is a shard
+            self.__dict__["tokens"], self.__dict__["shard"] = output, shard_of(args[2]) if len(args) > 2 else None
 
     def forward(self, *args, **kwargs):
         self.__dict__["capturing"] = True
@@ -241,7 +256,7 @@ class Alignment:
         grid = (x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)
         features = self.encoder.features(images, grid)
         projected, self.aligned.__dict__["projected"] = self.aligned.projected, None
-        negative, cos = alignment_loss(projected, features)
+        negative, cos = alignment_loss(projected, features, self.aligned.shard)
         return self.weight * negative, torch.stack([negative.detach(), cos])
 
 

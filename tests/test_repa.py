@@ -160,11 +160,9 @@ def test_aligned_run_resumes_bitwise_and_the_projector_stays_out_of_ema_and_expo
                    f"deliberately"], err
 
 
-def test_alignment_needs_images_and_one_process_per_image(tmp_path, tiny_dinov2):
+def test_repa_options_are_checked(tmp_path, tiny_dinov2):
     from nala_dit.training import TrainConfig
 
-    with pytest.raises(ValueError, match=r"^--repa-encoder with --context-parallel is not supported"):
-        TrainConfig(repa_encoder=str(tiny_dinov2), context_parallel=2).validate()
     with pytest.raises(ValueError, match=r"^--repa-depth 13: NaLaDiT-S/2 has blocks 1..12$"):
         TrainConfig(repa_encoder=str(tiny_dinov2), repa_depth=13).validate()
     with pytest.raises(ValueError, match=r"^--repa-depth chooses the block aligned"):
@@ -225,6 +223,30 @@ def test_block_k_tokens_are_aligned_and_the_forward_is_unchanged(name, overrides
     assert torch.equal(model(x, t, y), plain) and aligned.tokens is None   # outside the wrapper: nothing kept
 
 
+def test_the_hook_keeps_block_k_under_torch_compile():
+    """``--compile`` wraps the model in ``torch.compile`` after the hook is registered: dynamo
+    traces the hook into the graph and replays its side effect (the kept tokens), so the
+    projected tokens and their gradients are the eager ones. The ``eager`` backend checks
+    the tracing (what could drop the hook) in seconds; inductor only generates the kernels."""
+    from nala_dit.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10).eval()
+    x, t, y = torch.randn(2, 1, 8, 8), torch.rand(2), torch.tensor([1, 2])
+    features = torch.randn(2, 16, 8)
+    projector = repa.build_projector(model.config.hidden_size, 16, 8)
+    results = []
+    for train_model in (model, torch.compile(model, backend="eager")):
+        aligned = repa.Aligned(model, train_model, projector, depth=2)
+        out = aligned(x, t, y)
+        loss, _ = repa.alignment_loss(aligned.projected, features)
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        results.append((out.detach(), aligned.projected.detach(), model.blocks[0].attn.qkvg.weight.grad.clone()))
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
 def test_keep_images_cache_resumes_and_trains_aligned_with_the_image_flipped_as_the_latent(tmp_path, tiny_dinov2,
                                                                                           capsys):
     from safetensors.torch import load_file
@@ -273,3 +295,34 @@ def test_keep_images_cache_resumes_and_trains_aligned_with_the_image_flipped_as_
     run = aligned_run(tmp_path, tiny_dinov2, "--data", str(out), "--vae", str(vae), "--global-batch-size", "2",
                       "--max-steps", "2", "--ckpt-every", "2", name="latent")
     assert [r["step"] for r in read_log(run) if "align_cos" in r] == [1, 2]
+
+
+@pytest.mark.slow
+def test_aligned_run_with_context_parallel_2_gives_the_one_process_weights(tmp_path, tiny_dinov2):
+    """Each rank aligns its own rows of block K's tokens against the same rows of the encoder's
+    features; the cosine sums are all-reduced. Two processes splitting each image therefore
+    train what one process trains (weights, projector, logged alignment), up to the order of
+    fp32 sums."""
+    from safetensors.torch import load_file
+
+    import train as train_cli
+    from nala_dit import checkpoint as ckpt_lib
+    from tests.test_context_parallel import CP_RUN, TOL, _launch
+    from tests.test_training import read_log
+
+    run = CP_RUN + ["--repa-encoder", str(tiny_dinov2), "--repa-projector-dim", "16", "--results-dir", str(tmp_path)]
+    proc = _launch(tmp_path, "train.py", *run, "--context-parallel", "2", "--exp-name", "cp2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert train_cli.main(run + ["--exp-name", "one"]) == 0
+    split, one = (ckpt_lib.open_checkpoint(tmp_path / name) for name in ("cp2", "one"))
+    for which in ("model", "projector"):
+        a, b = (load_file(str(c.path / f"{which}.safetensors")) for c in (split, one))
+        assert a.keys() == b.keys()
+        worst = max((a[k] - b[k]).abs().max().item() for k in b)
+        assert worst <= TOL, (which, worst)
+    logs = [read_log(tmp_path / name) for name in ("cp2", "one")]
+    assert len(logs[0]) == len(logs[1]) == 3
+    for a, b in zip(*logs):
+        assert a["align_cos"] == pytest.approx(b["align_cos"], abs=1e-6)
+        assert a["loss_align"] == pytest.approx(b["loss_align"], abs=1e-6)
+    assert logs[1][0]["align_cos"] != logs[1][-1]["align_cos"]   # the alignment trained
