@@ -24,6 +24,7 @@ that wrote it (``vae_fingerprint``): a run whose ``--vae`` has another encoder i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -37,6 +38,13 @@ from .options import LATENT_NORMS
 
 SUMS_KEY = "moment_sums"       # (2, C) float64 in each shard: Σ μ and Σ (μ² + σ²) per channel
 LOGVAR_CLAMP = (-30.0, 20.0)   # as diffusers' DiagonalGaussianDistribution and data.sample_latents
+
+
+@functools.lru_cache(maxsize=64)
+def _channel_view(values: tuple[float, ...], dtype: torch.dtype, device: torch.device, ndim: int) -> torch.Tensor:
+    """(1, C, 1, …) of per-channel statistics, made once per device and dtype (not copied from
+    the host at every micro-batch). Read-only: nothing writes into it."""
+    return torch.tensor(values, dtype=dtype, device=device).view(1, -1, *([1] * (ndim - 2)))
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ class LatentNorm:
         if len(values) != z.shape[1]:
             raise ValueError(f"channel latent norm has statistics of {len(values)} channels, the latents have "
                              f"{z.shape[1]}")
-        return torch.tensor(values, dtype=z.dtype, device=z.device).view(1, -1, *([1] * (z.dim() - 2)))
+        return _channel_view(values, z.dtype, z.device, z.dim())
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
         """VAE latents (B, C, h, w) → model space."""

@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from nala_dit.context_parallel import ContextParallel, ShardGrid, exchanged_numbers, row_split
-from tests.utils import TINY, free_port
+from tests.utils import TINY, free_port, launch
 
 TOL = 1e-5     # relative to the reference's largest magnitude (fp32, sums in another order)
 SCALE = 0.1   # weights' std: at 0.3 the fp32 one-process gradients themselves differ from fp64 by 3e-5
@@ -262,20 +262,6 @@ def test_three_processes_equal_one(three_ranks, case):
 
 
 # ------------------------------------------------------------------ train.py
-def _launch(tmp_path, script, *args, processes=2):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(root)}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(root / script), *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=root)
-
-
 CP_RUN = ["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "4", "--num-workers", "0",
           "--sample-every", "0", "--log-every", "1", "--flip", "false", "--max-steps", "3", "--ckpt-every", "3",
           "--lr", "1e-3"]
@@ -288,7 +274,7 @@ def test_train_with_context_parallel_2_gives_the_one_process_weights_and_resumes
     import train as train_cli
     from nala_dit import checkpoint as ckpt_lib
 
-    proc = _launch(tmp_path, "train.py", *CP_RUN, "--context-parallel", "2", "--results-dir", str(tmp_path),
+    proc = launch(tmp_path, "train.py", *CP_RUN, "--context-parallel", "2", "--results-dir", str(tmp_path),
                    "--exp-name", "cp2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "context parallel: 2 processes per image (4 token rows split as [2, 2]), 1 data-parallel group of 4 " \
@@ -306,7 +292,7 @@ def test_train_with_context_parallel_2_gives_the_one_process_weights_and_resumes
 
     # stopped after step 2 (its last checkpoint), resumed to 3: bit for bit the straight run
     for steps, extra in (("2", []), ("3", ["--resume", "auto"])):
-        proc = _launch(tmp_path, "train.py", *CP_RUN, "--context-parallel", "2", "--results-dir", str(tmp_path),
+        proc = launch(tmp_path, "train.py", *CP_RUN, "--context-parallel", "2", "--results-dir", str(tmp_path),
                        "--exp-name", "resumed", "--max-steps", steps, "--ckpt-every", "2", *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = (ckpt_lib.open_checkpoint(tmp_path / name) for name in ("cp2", "resumed"))
@@ -318,7 +304,7 @@ def test_train_with_context_parallel_2_gives_the_one_process_weights_and_resumes
 
 @pytest.mark.slow
 def test_context_parallel_not_dividing_the_processes_is_a_one_line_error(tmp_path):
-    proc = _launch(tmp_path, "train.py", *CP_RUN, "--context-parallel", "3", "--results-dir", str(tmp_path))
+    proc = launch(tmp_path, "train.py", *CP_RUN, "--context-parallel", "3", "--results-dir", str(tmp_path))
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     # once (rank 0), then the note of cli.report_error on what the launcher prints after it
@@ -344,7 +330,7 @@ def test_sample_with_context_parallel_2_writes_the_one_process_npz(tmp_path):
     common = ["--ckpt", str(run_dir), "--num-samples", "6", "--seed", "3", "--sampler", "ddim", "--steps", "2",
               "--batch-size", "2", "--shard-size", "2", "--image-size", "10x6"]   # a 5x3 token grid
     assert sample_cli.main(common + ["--out", str(tmp_path / "one.npz")]) == 0
-    proc = _launch(tmp_path, "sample.py", *common, "--context-parallel", "2", "--out", str(tmp_path / "cp.npz"))
+    proc = launch(tmp_path, "sample.py", *common, "--context-parallel", "2", "--out", str(tmp_path / "cp.npz"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     with np.load(tmp_path / "one.npz") as one, np.load(tmp_path / "cp.npz") as cp:
         assert one["arr_0"].shape == (6, 10, 6, 1)
@@ -377,7 +363,7 @@ def test_evaluate_gen_with_context_parallel_2_gives_the_one_process_scores(tmp_p
     gen = ["gen", "--ckpt", str(digits_checkpoint), "--ref", str(stats), "--num-samples", "12", "--sampler", "ddim",
            "--steps", "2", "--batch-size", "4", *classifier]
     assert evaluate_fid.main(gen + ["--json", str(tmp_path / "one.json")]) == 0
-    proc = _launch(tmp_path, "evaluate_fid.py", *gen, "--context-parallel", "2", "--json", str(tmp_path / "cp.json"))
+    proc = launch(tmp_path, "evaluate_fid.py", *gen, "--context-parallel", "2", "--json", str(tmp_path / "cp.json"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, cp = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("one", "cp"))
     assert cp["metrics"] == one["metrics"] and cp["num_samples"] == 12
@@ -387,16 +373,7 @@ def test_evaluate_gen_with_context_parallel_2_gives_the_one_process_scores(tmp_p
 def test_context_parallel_under_a_cpu_launch_of_one_process_is_the_launch_error(tmp_path):
     """`accelerate launch --cpu --num_processes 2` starts one process: the launch mistake is
     named (with the command that works) before --context-parallel 2 could fail on it."""
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    env.pop("ACCELERATE_USE_CPU", None)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-           "--main_process_port", str(free_port()), str(root / "train.py"), *CP_RUN, "--context-parallel", "2",
-           "--results-dir", str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    proc = launch(tmp_path, "train.py", *CP_RUN, "--context-parallel", "2", "--results-dir", tmp_path, cpu_flag=True)
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: accelerate launch was asked for 2 processes but "

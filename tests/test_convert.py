@@ -12,7 +12,7 @@ import torch
 import train as train_cli
 from nala_dit import checkpoint as ckpt_lib
 from nala_dit.config import to_dict
-from nala_dit.convert import Distiller, InheritReport, Reference, check_compatible, inherit
+from nala_dit.convert import Distiller, Reference, check_compatible, inherit
 from nala_dit.diffusion import GaussianDiffusion
 from nala_dit.models import count_params, create_model
 from nala_dit.training import TrainConfig
@@ -315,19 +315,15 @@ def test_distillation_lowers_the_teacher_student_gap(tmp_path):
 @pytest.mark.slow
 def test_two_process_distillation_resumes_bitwise(tmp_path):
     """accelerate, 2 CPU processes, grad accumulation, a teacher: 4 steps straight = resumed at 2 + 2 more."""
-    from tests.utils import free_port
+    from tests.utils import launch
 
     write_checkpoint(tmp_path / "teacher", randomised("DiT-T/2", seed=8), "DiT-T/2")
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
     base = TINY_RUN + ["--results-dir", str(tmp_path), "--grad-accum", "2", "--teacher", str(tmp_path / "teacher"),
                        "--init-from", str(tmp_path / "teacher"), "--max-steps", "4", "--ckpt-every", "2"]
     for extra in (["--exp-name", "straight"],
                   ["--exp-name", "resumed", "--resume", str(tmp_path / "straight" / "checkpoints" / "0000002")]):
         # One launch per run: accelerate tears its process group down at the end of a run.
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(free_port()), str(ROOT / "train.py"), *base, *extra]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        proc = launch(tmp_path, "train.py", *base, *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
     a = ckpt_lib.open_checkpoint(tmp_path / "straight")
     b = ckpt_lib.open_checkpoint(tmp_path / "resumed")

@@ -172,19 +172,11 @@ def test_init_from_help_names_both_uses():
 def test_two_process_error_prints_once(tmp_path):
     """Every rank meets the same bad --data: one error line (rank 0), no traceback of ours;
     what follows is the launcher's own report of the exit."""
-    import os
-    import subprocess
-    import sys
+    from tests.test_training import TINY_RUN
+    from tests.utils import launch
 
-    from tests.test_training import ROOT, TINY_RUN
-    from tests.utils import free_port
-
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(ROOT / "train.py"), *TINY_RUN,
-           "--data", str(tmp_path / "nope"), "--results-dir", str(tmp_path), "--max-steps", "1"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = launch(tmp_path, "train.py", *TINY_RUN, "--data", tmp_path / "nope", "--results-dir", tmp_path,
+                  "--max-steps", "1")
     assert proc.returncode == 1
     errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
     assert errors == [f"error: data folder not found: {tmp_path / 'nope'} (--data takes digits, digits-canvas, a "

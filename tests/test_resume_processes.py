@@ -6,15 +6,13 @@ with 4 processes gloo's ring adds an element's four terms in an order that follo
 in the bucket. ``checkpoint.resumable_gradient_sync`` all-reduces each gradient on its own."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from tests.utils import free_port
+from tests.utils import free_port, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,14 +119,9 @@ def test_train_py_with_four_processes_resumes_bitwise(tmp_path):
     run = ["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "8", "--num-workers", "0",
            "--sample-every", "0", "--log-every", "1", "--flip", "false", "--lr", "1e-3", "--max-steps", "3",
            "--ckpt-every", "1", "--results-dir", str(tmp_path)]
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT)}
     for extra in (["--exp-name", "straight"],
                   ["--exp-name", "resumed", "--resume", str(tmp_path / "straight" / "checkpoints" / "0000002")]):
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "4",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(free_port()), str(ROOT / "train.py"), *run, *extra]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+        proc = launch(tmp_path, "train.py", *run, *extra, processes=4, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = (ckpt_lib.open_checkpoint(tmp_path / name) for name in ("straight", "resumed"))
     assert a.step == b.step == 3 and a.state["world_size"] == b.state["world_size"] == 4

@@ -2,9 +2,6 @@
 exact balance, resume), and clear errors."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +14,7 @@ from nala_dit.checkpoint import save_checkpoint
 from nala_dit.config import to_dict
 from nala_dit.models import create_model
 from nala_dit.training import TrainConfig
-from tests.utils import free_port
+from tests.utils import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--sampler", "ddim", "--steps", "2"]
@@ -147,13 +144,7 @@ def test_mass_sampling_two_processes_balanced_and_resumable(run_dir, tmp_path):
     assert len(done) == 2 and not out.exists()
 
     # Resume with two processes: the finished shards are kept, the rest is split.
-    env = dict(os.environ, ACCELERATE_USE_CPU="1", HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
-               OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(ROOT / "sample.py"),
-           *map(str, common), "--out", str(out), "--keep-parts"]
-    result = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = launch(tmp_path, "sample.py", *common, "--out", out, "--keep-parts", cwd=tmp_path, HF_HUB_OFFLINE="1")
     assert result.returncode == 0, result.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in done} == done
     assert len(list(parts.glob("shard-*.npz"))) == 8

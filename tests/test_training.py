@@ -16,7 +16,7 @@ import train as train_cli
 from nala_dit import checkpoint as ckpt_lib
 from nala_dit.config import resolve
 from nala_dit.training import TrainConfig
-from tests.utils import free_port
+from tests.utils import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -289,12 +289,8 @@ def test_skip_corrupt_warns_and_continues(tmp_path):
 
 @pytest.mark.slow
 def test_two_process_cpu_run(tmp_path):
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(ROOT / "train.py"), *TINY_RUN,
-           "--results-dir", str(tmp_path), "--exp-name", "ddp", "--max-steps", "3", "--ckpt-every", "3"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = launch(tmp_path, "train.py", *TINY_RUN, "--results-dir", tmp_path, "--exp-name", "ddp", "--max-steps", "3",
+                  "--ckpt-every", "3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     # One start line (rank 0) saying how the run is spread, one done line.
     assert [line for line in proc.stdout.splitlines() if line.startswith(("start:", "done:"))] == [
@@ -314,12 +310,8 @@ def test_two_process_cpu_run(tmp_path):
 @pytest.mark.slow
 def test_cpu_launch_of_two_processes_is_refused(tmp_path):
     """`accelerate launch --cpu --num_processes 2` starts ONE process: refused with the command that works."""
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
-    env.pop("ACCELERATE_USE_CPU", None)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-           "--main_process_port", str(free_port()), str(ROOT / "train.py"), *TINY_RUN,
-           "--results-dir", str(tmp_path), "--exp-name", "cpu2", "--max-steps", "1"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = launch(tmp_path, "train.py", *TINY_RUN, "--results-dir", tmp_path, "--exp-name", "cpu2", "--max-steps", "1",
+                  cpu_flag=True)
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: accelerate launch was asked for 2 processes but started one: without --multi_gpu "

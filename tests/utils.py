@@ -1,10 +1,16 @@
-"""Shared test helpers: one comparison function and the tiny model config."""
+"""Shared test helpers: comparisons, the tiny model config, free ports and `accelerate launch`."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
@@ -32,3 +38,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def launch(tmp_path, script: str, *args, processes: int = 2, cpu_flag: bool = False, timeout: int = 300,
+           cwd=ROOT, **env) -> subprocess.CompletedProcess:
+    """``accelerate launch`` of the repo's ``script`` with ``processes`` CPU processes (a gloo
+    group: ``--multi_gpu`` with ``ACCELERATE_USE_CPU=1``, the command the README gives for CPUs),
+    one thread each. ``cpu_flag`` runs the common mistake instead, ``--cpu --num_processes N``
+    (which starts one process). ``env`` adds variables; output is captured as text."""
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT), **env}
+    if cpu_flag:
+        env.pop("ACCELERATE_USE_CPU")
+        how = ["--cpu", "--num_processes", str(processes)]
+    else:
+        how = ["--multi_gpu", "--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
+               "--dynamo_backend", "no"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *how, "--main_process_port", str(free_port()),
+           str(ROOT / script), *map(str, args)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
