@@ -340,3 +340,39 @@ def test_steps_to_softmax_mix_loss_and_their_training_flops(tmp_path):
            "softmax + Mix-FFN's 300-step held-out loss 0.0250" in table
     assert f"| nala_mix | 2 | 300 | {nala_mix:.3g} | {nala_mix / softmax_mix:.2f} |" in table
     assert "| softmax | 2 | not reached | — | — |" in table
+
+
+def test_the_2x2_contrasts_are_per_seed_differences_with_the_two_spread_rule(tmp_path):
+    """Known answer, three seeds at 400 steps (held-out loss):
+    softmax 0.050 0.040 0.045 · softmax_mix 0.030 0.030 0.035 · nala 0.040 0.042 0.041 ·
+    nala_mix 0.030 0.020 0.031. Mix-FFN's change for softmax: −0.020, −0.010, −0.010 → mean
+    −0.0133, std 0.0058 (claimed: 0.0133 > 0.0115); NaLa + Mix-FFN − softmax + Mix-FFN: 0, −0.010,
+    −0.004 → −0.0047 ± 0.0050 (not claimed); the interaction (nala_mix − nala − softmax_mix +
+    softmax): 0.010, −0.012, 0.000 → −0.0007 ± 0.0110. A fourth, incomplete seed is left out of
+    every contrast that needs its missing variant."""
+    import benchmarks.ablation as ablation
+    from benchmarks.study.contrasts import contrast_rows
+
+    losses = {"softmax": (0.050, 0.040, 0.045), "softmax_mix": (0.030, 0.030, 0.035),
+              "nala": (0.040, 0.042, 0.041), "nala_mix": (0.030, 0.020, 0.031)}
+    for variant, values in losses.items():
+        for seed, v in enumerate(values + ((0.5,) if variant == "softmax" else ())):
+            row = dict(budget=400, heldout_loss=v, train_loss=v, train_time_s=1.0, class_consistency=math.nan,
+                       frechet_distance=math.nan)
+            ablation.write_json(ablation.cell_path(tmp_path, "study64", variant, seed, 2e-3),
+                                dict(task="study64", variant=variant, seed=seed, lr=2e-3, budgets=[row]))
+    rows = {r["label"]: r["heldout_loss"] for r in contrast_rows(ablation.load_cells(tmp_path), "study64", 400)}
+    mix_softmax = rows["Mix-FFN's change, softmax"]
+    assert mix_softmax["seeds"] == [0, 1, 2] and mix_softmax["mean"] == pytest.approx(-0.04 / 3)
+    assert mix_softmax["std"] == pytest.approx(math.sqrt(((-0.02 + 0.04 / 3) ** 2 + 2 * (-0.01 + 0.04 / 3) ** 2) / 2))
+    assert mix_softmax["claimed"]
+    level = rows["NaLa + Mix-FFN − softmax + Mix-FFN"]
+    assert level["mean"] == pytest.approx(-0.014 / 3) and not level["claimed"]
+    inter = rows["interaction: NaLa's change − softmax's"]
+    assert inter["mean"] == pytest.approx(-0.002 / 3) and not inter["claimed"]
+    m = -0.002 / 3
+    assert inter["std"] == pytest.approx(math.sqrt(((0.010 - m) ** 2 + (-0.012 - m) ** 2 + m ** 2) / 2))
+    assert "Mix-FFN's change, gated softmax" not in rows          # no gated cells: no row
+    table = ablation.write_table(tmp_path).read_text()
+    assert "## study64, 400 steps: the 2 × 2's contrasts, seed by seed" in table
+    assert "| Mix-FFN's change, softmax | -0.0133 ± 0.0058 (n 3) ✔ |" in table

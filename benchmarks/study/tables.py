@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .cells import load_cells, write_json
 from .compute import _reference_sections, _timing_sections
+from .contrasts import contrast_sections
 from .recipes import BANDS, DESCRIPTIONS, TASK_TITLES, TASKS, VARIANTS, _tasks, cell_name, lr_tag
 from .summary import _bands_cell, _fmt, _raw_cell, summarize
 from .timing import load_timing
@@ -45,6 +46,7 @@ def render_table(rows: list[dict], cells: list[dict], step_s: dict | None = None
         for budget in sorted({r["budget"] for r in rows if r["task"] == task}):
             lines += [f"## {task}, {budget} steps", ""]
             lines += _table_lines([r for r in rows if r["task"] == task and r["budget"] == budget]) + [""]
+    lines += contrast_sections(cells, lambda text: f"## {text}")
     lines += _timing_sections(rows, step_s or {}, lambda text: f"## {text}")
     lines += _reference_sections(rows, lambda text: f"## {text}")
     failed = [c for c in cells if "error" in c]
@@ -75,6 +77,7 @@ def readme_block(rows: list[dict], cells: list[dict], step_s: dict | None = None
         for budget in sorted({r["budget"] for r in rows if r["task"] == task}):
             lines += [f"**{TASK_TITLES.get(task, task)}, {budget} steps**", ""]
             lines += _table_lines([r for r in rows if r["task"] == task and r["budget"] == budget]) + [""]
+    lines += contrast_sections(cells, lambda text: f"**{text}**")
     if step_s:
         lines += _timing_sections(rows, step_s, lambda text: f"**{text}**")
     lines += _reference_sections(rows, lambda text: f"**{text}**")
