@@ -10,7 +10,7 @@ the step's seeded RNG, so an interrupted and resumed run sees exactly the same d
 * ``LatentDataset`` — shards written by ``extract_latents``: the posterior mean and
   log-variance of each image *and of its mirror image*, so training still draws a fresh
   latent and a fresh flip every time (fast-DiT freezes one of each).
-* ``DigitsDataset`` — scikit-learn's 1,797 real 8×8 handwritten digits (no download), or 16×16 upscaled.
+* ``DigitsDataset`` — scikit-learn's 1,797 real 8×8 handwritten digits (no download), or upscaled to 16, 32, 64 px.
 """
 
 from __future__ import annotations
@@ -181,8 +181,8 @@ def _some(items: list, limit: int = 10) -> str:
 
 
 class DigitsDataset(Dataset):
-    """The embedded digits, 1×S×S in [-1, 1], S = 8 (the scans) or 16 (upscaled 2×, every
-    2×2 block averaging to its scan pixel; ``nala_dit.digits.upscale_digits``); pixel space,
+    """The embedded digits, 1×S×S in [-1, 1], S = 8 (the scans) or 16, 32, 64 (upscaled 2×,
+    4×, 8×, every f×f block averaging to its scan pixel; ``nala_dit.digits.upscale_digits``); pixel space,
     no VAE, no download."""
 
     def __init__(self, split: str = "train", size: int = 8):

@@ -51,7 +51,8 @@ def load_digits_split(split: str, size: int = IMAGE_SIZE) -> tuple[np.ndarray, n
     """Images uint8 (N, size, size) in 0..255 and labels int64 (N,) of one fixed split.
 
     `split` is "train" (1,437 images) or "heldout" (360 images); `size` is 8 (the scans) or
-    16 (the scans upscaled 2x by ``upscale_digits``: every 2x2 block averages to its scan pixel).
+    16, 32, 64 (the scans upscaled 2x, 4x, 8x by ``upscale_digits``: every f×f block averages
+    to its scan pixel).
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")

@@ -195,15 +195,17 @@ def check_nala_regions(value) -> int:
 # 256 / 1,024 / 4,096 tokens at patch 2; digits.py) and image folders.
 CANVAS_SIZES = (32, 64, 128)
 IMAGE_FOLDER_SIZE = 256
-# --data digits: the 8x8 scans and the ladder's next rung, the scans upscaled 2x (digits.py).
-DIGITS_SIZES = (8, 16)
+# --data digits: the 8x8 scans and the ladder's rungs, the scans upscaled 2x, 4x, 8x (digits.py):
+# 16, 64, 256, 1,024 tokens at patch 2, the whole frame one digit.
+DIGITS_SIZES = (8, 16, 32, 64)
 
 
 def check_digits_size(size: int) -> int:
     if size not in DIGITS_SIZES:
         raise ValueError(f"--image-size {size} is not a digits size; choose {DIGITS_SIZES[0]} (the scans, 16 tokens "
-                         f"at patch 2) or {DIGITS_SIZES[1]} (upscaled 2x, 64 tokens), or use --data digits-canvas for "
-                         f"{'/'.join(map(str, CANVAS_SIZES))}-px canvases")
+                         f"at patch 2) or {', '.join(map(str, DIGITS_SIZES[1:]))} (upscaled 2x, 4x, 8x: 64, 256, "
+                         f"1,024 tokens), or use --data digits-canvas for {'/'.join(map(str, CANVAS_SIZES))}-px "
+                         f"canvases")
     return size
 
 
@@ -386,10 +388,11 @@ class TrainConfig:
                                 "tap 1, the rest 0, bias 0: a fresh Mix-FFN computes DiT's MLP)", choices=list(MIX_INITS))
     class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
     # data
-    data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8, or 16x16 upscaled), 'digits-canvas' (embedded, one digit on a 32/64/128-px canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
+    data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8, or upscaled to 16/32/64 px), 'digits-canvas' (embedded, one digit on a 32/64/128-px canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
     image_size: int | None = _opt(f"the data's image side in pixels: digits-canvas {'/'.join(map(str, CANVAS_SIZES))} "
                                   f"({CANVAS_SIZES[0]} if not given), image folders ({IMAGE_FOLDER_SIZE} if not given); "
-                                  f"digits {DIGITS_SIZES[0]} (the scans, if not given) or {DIGITS_SIZES[1]} (upscaled 2x)")
+                                  f"digits {DIGITS_SIZES[0]} (the scans, if not given) or {'/'.join(map(str, DIGITS_SIZES[1:]))} "
+                                  f"(upscaled 2x/4x/8x)")
     vae: str | None = _opt("diffusers AutoencoderKL folder or hub id; none = pixel space")
     latent_norm: str = field(default="scalar", metadata=dict(
         help="latents to model space: 'scalar' (× the VAE's scaling factor, as DiT/SiT) or 'channel' (minus the "

@@ -99,9 +99,10 @@ def test_image_size_is_the_canvas_side_and_errors_name_the_fix(capsys):
     assert build_dataset(resolve(TrainConfig, ["--data", "digits-canvas"])[0]).image_size == 32
     for argv, message in [(["--data", "digits-canvas", "--image-size", "48"],
                            "--image-size 48 is not a digits-canvas size; choose one of 32, 64, 128"),
-                          (["--data", "digits", "--image-size", "32"],
-                           "--image-size 32 is not a digits size; choose 8 (the scans, 16 tokens at patch 2) or 16 "
-                           "(upscaled 2x, 64 tokens), or use --data digits-canvas for 32/64/128-px canvases"),
+                          (["--data", "digits", "--image-size", "128"],
+                           "--image-size 128 is not a digits size; choose 8 (the scans, 16 tokens at patch 2) or 16, "
+                           "32, 64 (upscaled 2x, 4x, 8x: 64, 256, 1,024 tokens), or use --data digits-canvas for "
+                           "32/64/128-px canvases"),
                           (["--data", "digits", "--image-size", "256"], "holds the old default 256: set image-size: null"),
                           (["--data", "digits-canvas", "--image-size", "256"],
                            "not a digits-canvas size; choose one of 32, 64, 128 (256 / 1,024 / 4,096 tokens at patch 2); "

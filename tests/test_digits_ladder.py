@@ -32,17 +32,19 @@ def test_the_demo_page_ladder_command_resolves(capsys):
         assert key in out
 
 
-@pytest.mark.parametrize("split, count", [("train", 1437), ("heldout", 360)])
-def test_upscaled_digits_area_average_back_to_the_scans(split, count):
+@pytest.mark.parametrize("split, count, size", [("train", 1437, 16), ("heldout", 360, 16), ("heldout", 360, 32),
+                                               ("heldout", 360, 64)])
+def test_upscaled_digits_area_average_back_to_the_scans(split, count, size):
     small, labels = load_digits_split(split)
-    big, big_labels = load_digits_split(split, 16)
-    assert big.shape == (count, 16, 16) and big.dtype == np.uint8 and np.array_equal(labels, big_labels)
-    blocks = big.astype(np.int64).reshape(count, 8, 2, 8, 2).sum(axis=(2, 4))
-    assert np.array_equal(blocks, 4 * small.astype(np.int64))          # exact, every block of every digit
+    big, big_labels = load_digits_split(split, size)
+    f = size // 8
+    assert big.shape == (count, size, size) and big.dtype == np.uint8 and np.array_equal(labels, big_labels)
+    blocks = big.astype(np.int64).reshape(count, 8, f, 8, f).sum(axis=(2, 4))
+    assert np.array_equal(blocks, f * f * small.astype(np.int64))      # exact, every block of every digit
     # What the digits classifier reads (area-averaged to 8x8): bit for bit the scans.
     assert torch.equal(digits_to_input(torch.from_numpy(big)[:, None]), digits_to_input(torch.from_numpy(small)[:, None]))
     # Not nearest-neighbour copies: bilinear's detail inside the blocks.
-    assert (big.reshape(count, 8, 2, 8, 2).max(axis=(2, 4)) != big.reshape(count, 8, 2, 8, 2).min(axis=(2, 4))).mean() > 0.3
+    assert (big.reshape(count, 8, f, 8, f).max(axis=(2, 4)) != big.reshape(count, 8, f, 8, f).min(axis=(2, 4))).mean() > 0.3
 
 
 def test_upscale_known_answers():
@@ -72,13 +74,14 @@ def test_digits_sizes_and_errors_name_the_allowed_ones(capsys):
     assert ds.images.min() == -1 and ds.images.max() == 1
     assert build_dataset(resolve(TrainConfig, ["--data", "digits", "--image-size", "8"])[0]).image_size == 8
     assert build_dataset(resolve(TrainConfig, ["--data", "digits"])[0]).image_size == 8
-    for size in ("12", "32", "4"):
+    for size in ("12", "128", "4"):
         with pytest.raises(SystemExit):
             resolve(TrainConfig, ["--data", "digits", "--image-size", size])
         errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
         assert len(errors) == 1 and f"--image-size {size} is not a digits size; choose 8 (the scans, 16 tokens at " \
-            "patch 2) or 16 (upscaled 2x, 64 tokens), or use --data digits-canvas for 32/64/128-px canvases" in errors[0]
-    with pytest.raises(ValueError, match="--image-size 24 is not a digits size; choose 8 .* or 16"):
+            "patch 2) or 16, 32, 64 (upscaled 2x, 4x, 8x: 64, 256, 1,024 tokens), or use --data digits-canvas for " \
+            "32/64/128-px canvases" in errors[0]
+    with pytest.raises(ValueError, match="--image-size 24 is not a digits size; choose 8 .* or 16, 32, 64"):
         load_digits_split("train", 24)
 
 
