@@ -35,6 +35,17 @@ def _table_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _result_sections(rows: list[dict], cells: list[dict], heading, title=lambda task: task) -> list[str]:
+    """One table per task and budget (headed ``heading(title(task) + budget)``), then the
+    2 × 2's contrasts."""
+    lines = []
+    for task in _tasks(r["task"] for r in rows):
+        for budget in sorted({r["budget"] for r in rows if r["task"] == task}):
+            lines += [heading(f"{title(task)}, {budget} steps"), ""]
+            lines += _table_lines([r for r in rows if r["task"] == task and r["budget"] == budget]) + [""]
+    return lines + contrast_sections(cells, heading)
+
+
 def render_table(rows: list[dict], cells: list[dict], step_s: dict | None = None) -> str:
     lines = ["# Ablation results", "",
              "Mean ± sample std over seeds (n = seeds finished). Class-consistency: share of samples the "
@@ -42,11 +53,7 @@ def render_table(rows: list[dict], cells: list[dict], step_s: dict | None = None
              "features vs the held-out split (lower is better; not Inception FID). Losses: the iDDPM hybrid "
              "training objective (training: last 100 steps; held-out: fixed draws). Time: summed training "
              "step time on one thread (load varies, see cells' loadavg).", ""]
-    for task in _tasks(r["task"] for r in rows):
-        for budget in sorted({r["budget"] for r in rows if r["task"] == task}):
-            lines += [f"## {task}, {budget} steps", ""]
-            lines += _table_lines([r for r in rows if r["task"] == task and r["budget"] == budget]) + [""]
-    lines += contrast_sections(cells, lambda text: f"## {text}")
+    lines += _result_sections(rows, cells, lambda text: f"## {text}")
     lines += _timing_sections(rows, step_s or {}, lambda text: f"## {text}")
     lines += _reference_sections(rows, lambda text: f"## {text}")
     failed = [c for c in cells if "error" in c]
@@ -73,11 +80,7 @@ def readme_block(rows: list[dict], cells: list[dict], step_s: dict | None = None
                   f"budgets {', '.join(map(str, budgets))} steps.", ""]
     lines += ["The training-time column is wall time under that varying load: compare throughput "
               "with `benchmarks/model.py` instead.", ""]
-    for task in _tasks(r["task"] for r in rows):
-        for budget in sorted({r["budget"] for r in rows if r["task"] == task}):
-            lines += [f"**{TASK_TITLES.get(task, task)}, {budget} steps**", ""]
-            lines += _table_lines([r for r in rows if r["task"] == task and r["budget"] == budget]) + [""]
-    lines += contrast_sections(cells, lambda text: f"**{text}**")
+    lines += _result_sections(rows, cells, lambda text: f"**{text}**", lambda task: TASK_TITLES.get(task, task))
     if step_s:
         lines += _timing_sections(rows, step_s, lambda text: f"**{text}**")
     lines += _reference_sections(rows, lambda text: f"**{text}**")
