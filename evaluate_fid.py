@@ -127,7 +127,7 @@ def _gen(args, common) -> dict:
     import numpy as np
 
     from nala_dit import metrics
-    from nala_dit.context_parallel import enable, leave_group
+    from nala_dit.context_parallel import enable
     from nala_dit.generate import SampleSettings
     from nala_dit.sampling import balance_notice, balanced_labels
     from nala_dit.sources import load_source
@@ -155,14 +155,10 @@ def _gen(args, common) -> dict:
         with decode_settings(args.vae_tiling, args.vae_tile_size):
             for _ in batches:   # the same forwards as the first process, which scores the images
                 pass
-        leave_group()
         return None
     with decode_settings(args.vae_tiling, args.vae_tile_size):  # the batches are drawn inside
-        result = metrics.evaluate_samples(batches, args.ref, args.features, args.kid, split_size=args.split_size,
-                                          labels=np.asarray(labels), sampler=sampler, **common)
-    if context is not None:
-        leave_group()
-    return result
+        return metrics.evaluate_samples(batches, args.ref, args.features, args.kid, split_size=args.split_size,
+                                        labels=np.asarray(labels), sampler=sampler, **common)
 
 
 def _context_parallel(size: int):

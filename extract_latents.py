@@ -41,14 +41,12 @@ def main(argv=None) -> int:
                    "latents: what --repa-encoder needs (196 KB per 256-px image)")
     p.add_argument("--threads", type=int, help=THREADS_HELP)
     args = p.parse_args(argv)
-    from nala_dit.context_parallel import leave_group
     from nala_dit.extract import extract_latents  # torch, diffusers: only once there is work to do
 
     try:
         set_threads(args.threads)
         out = extract_latents(args.data, args.out, args.vae, args.image_size, args.batch_size,
                               args.shard_size, args.num_workers, args.dtype, args.skip_corrupt, args.keep_images)
-        leave_group()   # launched processes exit together (nala_dit.context_parallel.leave_group)
     except (ValueError, FileNotFoundError, OSError) as err:
         return report_error(err)  # one line, printed by rank 0 only
     except KeyboardInterrupt:

@@ -155,7 +155,7 @@ def run(args) -> int:
         cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available()
         state = PartialState(cpu=cpu, timeout=timedelta(hours=12))
         check_process_count(state.num_processes, "sample.py")
-        from nala_dit.context_parallel import ContextParallel, enable, leave_group
+        from nala_dit.context_parallel import ContextParallel, enable
 
         context = ContextParallel.from_world(args.context_parallel)
         source = load_source(args.ckpt, args.weights, args.vae, state.device)
@@ -169,7 +169,6 @@ def run(args) -> int:
             # it says what it wrote (or that the file was already complete)
             mass_sample(source, args.out, args.num_samples, args.seed, settings, args.batch_size,
                         args.shard_size, args.stop_after, args.keep_parts, state=state, context=context)
-        leave_group()
         return 0
 
     if not (args.grid or args.out_dir):

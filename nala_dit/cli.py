@@ -143,9 +143,16 @@ class Interrupted(KeyboardInterrupt):
 def run_main(main) -> int:
     """A script's entry point: ``main()``, with Ctrl-C ending in one line that says what
     was kept and how to go on (instead of a traceback); exit status 130. In a
-    multi-process launch only rank 0 speaks."""
+    multi-process launch only rank 0 speaks. After a successful ``main()`` the launched
+    processes leave their group together (``context_parallel.leave_group``): a helper rank
+    that is done must not exit while another still works (gloo aborts it)."""
     try:
-        return main()
+        code = main()
+        if code == 0 and "torch.distributed" in sys.modules:
+            from .context_parallel import leave_group
+
+            leave_group()
+        return code
     except KeyboardInterrupt as err:
         kept = str(err) if isinstance(err, Interrupted) else "run the same command to start again"
     except Exception as err:

@@ -105,7 +105,7 @@ def leave_group() -> None:
     """Every launched process waits for the others, then the group is torn down. A process
     that exits while gloo's threads still run aborts ("terminate called without an active
     exception"): a helper rank that finished its forwards must not exit before the first
-    rank has scored."""
+    rank has scored. ``cli.run_main`` calls it after every successful script."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
