@@ -140,17 +140,25 @@ class Interrupted(KeyboardInterrupt):
     KeyboardInterrupt, so in-process callers of ``main`` see the interrupt as before."""
 
 
+def leave_group() -> None:
+    """Every launched process waits for the others, then the group is torn down. A process
+    that exits while gloo's threads still run aborts ("terminate called without an active
+    exception"): a helper rank that finished its forwards must not exit before the first
+    rank has scored. ``run_main`` calls it after every successful script."""
+    dist = sys.modules.get("torch.distributed")   # never imports torch itself
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def run_main(main) -> int:
     """A script's entry point: ``main()``, with Ctrl-C ending in one line that says what
     was kept and how to go on (instead of a traceback); exit status 130. In a
     multi-process launch only rank 0 speaks. After a successful ``main()`` the launched
-    processes leave their group together (``context_parallel.leave_group``): a helper rank
-    that is done must not exit while another still works (gloo aborts it)."""
+    processes leave their group together (``leave_group``)."""
     try:
         code = main()
-        if code == 0 and "torch.distributed" in sys.modules:
-            from .context_parallel import leave_group
-
+        if code == 0:
             leave_group()
         return code
     except KeyboardInterrupt as err:

@@ -101,16 +101,6 @@ class ContextParallel:
         return f"ContextParallel(size={self.size}, rank={self.rank}, data {self.data_rank}/{self.data_size})"
 
 
-def leave_group() -> None:
-    """Every launched process waits for the others, then the group is torn down. A process
-    that exits while gloo's threads still run aborts ("terminate called without an active
-    exception"): a helper rank that finished its forwards must not exit before the first
-    rank has scored. ``cli.run_main`` calls it after every successful script."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
 def shard_of(grid) -> "ShardGrid | None":
     """The shard a layer runs on, or None when the grid is a whole one."""
     return grid if isinstance(grid, ShardGrid) else None
