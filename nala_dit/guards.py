@@ -7,10 +7,12 @@ Ground floor: torch only, no model code (``model_files.py`` checks stored model 
 * ``check_sample_memory``: a lower bound on what sampling at a size needs, against the
   memory this machine has, before the first allocation.
 * ``check_writable``: an output path can be written, checked before the work that fills it.
+* ``read_json``: a stored JSON file, invalid or nested too deeply to parse, as one line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -23,6 +25,19 @@ class NonFiniteError(FloatingPointError, ValueError):
 
 class TooLargeError(MemoryError, ValueError):
     """A request that cannot fit in this machine's memory, refused before allocating."""
+
+
+def read_json(path: str | os.PathLike, fix: str):
+    """The JSON in ``path``; invalid JSON, or lists and objects nested past Python's recursion
+    limit (the parser recurses per level), is a ValueError naming the file and ``fix``."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"{path}: not valid JSON ({err}); {fix}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to read (lists or objects inside each other thousands of "
+                         f"levels deep); {fix}") from None
 
 
 def check_finite_samples(x: torch.Tensor) -> None:

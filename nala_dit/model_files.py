@@ -13,14 +13,13 @@
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import os
 from pathlib import Path
 
 import torch
 
-from .guards import assert_no_meta, refuse_non_finite, state_dict_mismatch
+from .guards import assert_no_meta, read_json, refuse_non_finite, state_dict_mismatch
 from .models import DiT
 
 # Config keys that count things: a model with 0 (or fewer) of them is not a model.
@@ -92,7 +91,7 @@ def weight_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     path = Path(path)
     files = [path]
     if path.name.endswith(".index.json"):
-        index = json.loads(path.read_text())
+        index = read_json(path, "export or download it again")
         files = sorted({path.parent / name for name in index.get("weight_map", {}).values()})
     shapes = {}
     for file in files:
@@ -170,10 +169,7 @@ def check_transformer_folder(folder: str | os.PathLike) -> None:
     if not config_file.is_file():
         raise FileNotFoundError(f"{config_file} not found: {folder.parent} is not a complete pipeline folder; "
                                 f"export it again")
-    try:
-        config = json.loads(config_file.read_text())
-    except ValueError as err:
-        raise ValueError(f"{config_file}: not valid JSON ({err}); export the pipeline again") from None
+    config = read_json(config_file, "export the pipeline again")
     keys = check_model_config(config, str(config_file))
     weights = next((folder / name for name in TRANSFORMER_WEIGHTS if (folder / name).is_file()), None)
     if weights is not None:

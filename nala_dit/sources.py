@@ -22,7 +22,7 @@ import torch
 
 from .checkpoint import CheckpointError, build_objective, load_model, torch_load_tensors
 from .cli import did_you_mean
-from .guards import assert_no_meta, non_finite, refuse_non_finite  # noqa: F401  (assert_no_meta re-exported)
+from .guards import assert_no_meta, non_finite, read_json, refuse_non_finite  # noqa: F401  (assert_no_meta re-exported)
 from .latent_norm import LatentNorm, checkpoint_norm
 from .model_files import load_transformer
 from .models import DiT
@@ -85,10 +85,7 @@ def read_pipeline_index(path: str | os.PathLike) -> dict:
     index = Path(path) / "model_index.json"
     if not index.is_file():
         raise FileNotFoundError(f"{index} not found: {path} is not a saved pipeline folder")
-    try:
-        config = json.loads(index.read_text())
-    except ValueError as err:
-        raise ValueError(f"{index}: not valid JSON ({err}); export the pipeline again") from None
+    config = read_json(index, "export the pipeline again")
     name = config.get("_class_name") if isinstance(config, dict) else None
     if not isinstance(name, str) or name not in PIPELINE_OBJECTIVES:
         what = f"a {name}" if isinstance(name, str) else f"_class_name {name!r}"

@@ -210,6 +210,15 @@ def test_wrong_type_in_pipeline_transformer_config(pipe_dir, tmp_path, capsys):
             load_pipeline(bad)
 
 
+@pytest.mark.parametrize("name", ["transformer/config.json", "model_index.json"])
+def test_deeply_nested_pipeline_json_is_one_line(pipe_dir, tmp_path, capsys, name):
+    bad = copy_tree(pipe_dir, tmp_path / "bad")
+    (bad / name).write_text("[" * 100_000 + "]" * 100_000)  # past the parser's recursion limit
+    assert cli("--ckpt", bad, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
+    assert one_line_error(capsys) == (f"error: {bad / name}: nested too deeply to read (lists or objects inside each "
+                                      f"other thousands of levels deep); export the pipeline again")
+
+
 # 5. huge model configs: refused from the weights file's header, before building
 @pytest.mark.parametrize("hidden", [8192, 65536, 10**9])
 def test_huge_config_is_refused_before_building(run_dir, pipe_dir, tmp_path, capsys, monkeypatch, hidden):

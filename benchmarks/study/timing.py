@@ -67,6 +67,7 @@ def timing_main(args) -> int:
     previous = json.loads(out_file.read_text()) if out_file.is_file() else {}
     result = dict(previous, meta=dict(threads=torch.get_num_threads(), torch=torch.__version__,
                                       machine=platform.processor() or platform.machine(), quick=args.quick,
+                                      date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                       loadavg_start=os.getloadavg(), **knobs))
     for task in args.tasks:
         recipe = task_recipe(task, args.quick)
