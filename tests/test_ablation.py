@@ -376,3 +376,40 @@ def test_the_2x2_contrasts_are_per_seed_differences_with_the_two_spread_rule(tmp
     table = ablation.write_table(tmp_path).read_text()
     assert "## study64, 400 steps: the 2 × 2's contrasts, seed by seed" in table
     assert "| Mix-FFN's change, softmax | -0.0133 ± 0.0058 (n 3) ✔ |" in table
+
+
+def test_samples_protocol_climbs_the_ladder_one_rung_at_a_time(tmp_path, digits_classifier_dir):
+    """The samples protocol's rungs: each starts from the same variant and seed's previous rung
+    (8 -> 16 px here, quick), trains with the time shift "auto" (s = sqrt(64 / 16) = 2 at 16 px),
+    and is scored on samples with KID beside class-consistency and Fréchet distance."""
+    import benchmarks.ablation as ablation
+    from benchmarks.study.recipes import SAMPLES_TASKS, recipe_flags
+
+    assert SAMPLES_TASKS == ("samples8", "samples16", "samples32", "samples64")
+    assert [ablation.task_recipe(t, False).get("init_task") for t in SAMPLES_TASKS] == \
+           [None, "samples8", "samples16", "samples32"]
+    assert [ablation.task_recipe(t, False).get("image_size", 8) for t in SAMPLES_TASKS] == [8, 16, 32, 64]
+    assert recipe_flags(ablation.task_recipe("samples64", False), "nala_mix") == \
+           ["--ema-warmup", "true", "--time-shift", "auto", "--mix-init", "identity"]
+    assert ablation.main(["run", "--quick", "--out", str(tmp_path), "--tasks", "samples16", "--variants", "nala_mix",
+                          "--classifier-dir", str(digits_classifier_dir)]) == 0
+    run = tmp_path / "work" / "runs" / ablation.cell_name("samples16", "nala_mix", 0, 1e-3)
+    record = json.loads((run / "init_from.json").read_text())
+    assert (record["source_input_size"], record["input_size"], record["pos_embed"]) == (8, 16, "interpolate")
+    source = tmp_path / "work" / "runs" / ablation.cell_name("samples8", "nala_mix", 0, 2e-3) / "checkpoints"
+    assert f"init-from: {sorted(source.iterdir())[-1]}\n" in (run / "config.yaml").read_text()   # its final checkpoint
+    from nala_dit.checkpoint import build_objective, list_checkpoints, open_checkpoint
+
+    ckpt = open_checkpoint(list_checkpoints(run / "checkpoints")[-1])
+    assert build_objective(ckpt.model_config, ckpt.config).time_shift == 2.0
+    rows = json.loads((tmp_path / "table.json").read_text())["rows"]
+    assert {(r["task"], r["budget"]) for r in rows} == {(t, b) for t in ("samples8", "samples16")
+                                                       for b in ablation.QUICK["budgets"]}
+    for r in rows:   # KID beside the other sample scores wherever a rung samples (quick: a ladder's last budget)
+        sampled = r["budget"] in ablation.task_recipe(r["task"], True).get("sample_budgets", ablation.QUICK["budgets"])
+        assert r["n"] == len(ablation.QUICK_SEEDS) and r["kid_n"] == (r["n"] if sampled else 0)
+        if sampled:
+            assert 0 <= r["class_consistency"] <= 1 and math.isfinite(r["kid"]) and r["frechet_distance"] >= 0
+    assert {r["task"] for r in rows if r["kid_n"]} == {"samples8", "samples16"}
+    table = (tmp_path / "table.md").read_text()
+    assert "| variant | lr | n | class-consistency ↑ | Fréchet distance ↓ | KID ↓ | train loss |" in table

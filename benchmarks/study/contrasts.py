@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from .recipes import BANDS, RAW, STUDY_TASKS, TASKS
+from .recipes import BANDS, KID, RAW, SAMPLES_TASKS, STUDY_TASKS, TASKS
 from .summary import _mean_std
 
 # (label, ((variant, sign), ...)): the value of a contrast in one seed is Σ sign · metric.
@@ -26,8 +26,17 @@ CONTRASTS = (
     ("Mix-FFN's change, gated softmax", (("softmax_gated_mix", 1), ("softmax_gated", -1))),
     ("NaLa + Mix-FFN − gated softmax + Mix-FFN", (("nala_mix", 1), ("softmax_gated_mix", -1))),
 )
+# (metric, column header) of the loss study's contrasts, and of the samples protocol's
 CONTRAST_METRICS = ("heldout_loss", *BANDS, RAW)
 CONTRAST_HEADERS = ("held-out loss", "low noise", "mid noise", "high noise", "raw weights")
+SAMPLE_METRICS = ("class_consistency", "frechet_distance", KID, "heldout_loss")
+SAMPLE_HEADERS = ("class-consistency ↑", "Fréchet distance ↓", "KID ↓", "held-out loss ↓")
+LOSS_NOTE = ("Held-out loss differences (lower is better, so a negative change is a gain), mean ± std over seeds "
+             "of the per-seed difference; ✔ = n ≥ 3 and |mean| > 2 · std, the study's rule for a claim "
+             "(benchmarks/study/contrasts.py).")
+SAMPLE_NOTE = ("Differences of the sample scores (class-consistency: higher is better; the others: lower is "
+               "better), mean ± std over seeds of the per-seed difference; ✔ = n ≥ 3 and |mean| > 2 · std, the "
+               "study's rule for a claim (benchmarks/study/contrasts.py).")
 MIN_SEEDS = 3
 
 
@@ -56,13 +65,13 @@ def contrast(values: dict[tuple[str, int], float], terms) -> dict:
     return dict(n=len(diffs), mean=mean, std=std, seeds=seeds, claimed=claimed)
 
 
-def contrast_rows(cells: list[dict], task: str, budget: int) -> list[dict]:
-    """One row per contrast with at least one seed: {label, metric: contrast(...)}."""
-    values = {m: _values(cells, task, budget, m) for m in CONTRAST_METRICS}
+def contrast_rows(cells: list[dict], task: str, budget: int, metrics=CONTRAST_METRICS) -> list[dict]:
+    """One row per contrast with at least one seed on ``metrics[0]``: {label, metric: contrast(...)}."""
+    values = {m: _values(cells, task, budget, m) for m in metrics}
     rows = []
     for label, terms in CONTRASTS:
-        row = dict(label=label, **{m: contrast(values[m], terms) for m in CONTRAST_METRICS})
-        if row["heldout_loss"]["n"]:
+        row = dict(label=label, **{m: contrast(values[m], terms) for m in metrics})
+        if row[metrics[0]]["n"]:
             rows.append(row)
     return rows
 
@@ -76,21 +85,19 @@ def _cell(c: dict) -> str:
 
 
 def contrast_sections(cells: list[dict], heading) -> list[str]:
-    """Markdown: per study task and budget, the contrasts of the held-out losses."""
+    """Markdown: per study task and budget, the contrasts of the held-out losses; per rung of the
+    samples protocol and budget, the contrasts of the sample scores."""
     lines = []
-    for task in STUDY_TASKS:
-        done = [c for c in cells if c["task"] == task and "error" not in c]
-        budgets = sorted({r["budget"] for c in done for r in c["budgets"]})
-        for budget in budgets:
-            rows = contrast_rows(cells, task, budget)
-            if not rows:
-                continue
-            lines += [heading(f"{task}, {budget} steps: the 2 × 2's contrasts, seed by seed"), "",
-                      "Held-out loss differences (lower is better, so a negative change is a gain), mean ± std "
-                      "over seeds of the per-seed difference; ✔ = n ≥ 3 and |mean| > 2 · std, the study's rule "
-                      "for a claim (benchmarks/study/contrasts.py).", "",
-                      "| contrast | " + " | ".join(CONTRAST_HEADERS) + " |",
-                      "|---|" + "---|" * len(CONTRAST_HEADERS)]
-            lines += [f"| {r['label']} | " + " | ".join(_cell(r[m]) for m in CONTRAST_METRICS) + " |" for r in rows]
-            lines.append("")
+    for tasks, metrics, headers, note in ((STUDY_TASKS, CONTRAST_METRICS, CONTRAST_HEADERS, LOSS_NOTE),
+                                          (SAMPLES_TASKS, SAMPLE_METRICS, SAMPLE_HEADERS, SAMPLE_NOTE)):
+        for task in tasks:
+            done = [c for c in cells if c["task"] == task and "error" not in c]
+            for budget in sorted({r["budget"] for c in done for r in c["budgets"]}):
+                rows = contrast_rows(cells, task, budget, metrics)
+                if not rows:
+                    continue
+                lines += [heading(f"{task}, {budget} steps: the 2 × 2's contrasts, seed by seed"), "", note, "",
+                          "| contrast | " + " | ".join(headers) + " |", "|---|" + "---|" * len(headers)]
+                lines += [f"| {r['label']} | " + " | ".join(_cell(r[m]) for m in metrics) + " |" for r in rows]
+                lines.append("")
     return lines

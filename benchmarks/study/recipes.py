@@ -105,6 +105,23 @@ for _side in (64, 128):
     TASKS[f"study{_side}"] = dict(TASKS[f"canvas{_side}"], ema_warmup=True, mix_init="identity", heldout_bands=3,
                                   heldout_items=360 if _side == 64 else 180, heldout_repeats=1)
 STUDY_TASKS = ("study64", "study128")
+# The samples protocol (samples well above chance at 1,024 tokens): whole-frame digits up the
+# ladder 8 -> 16 -> 32 -> 64 px (``--data digits --image-size S``: the scans upscaled, every block
+# averaging to its scan pixel), one rung at a time. Every rung is a cell that starts from the
+# same variant and seed's previous rung (every weight copied, positions interpolated,
+# ``train.py --init-from``) under the study's rules (EMA warm-up, Mix-FFN conv at identity) and
+# the resolution-aware time shift ("auto": s = sqrt(tokens / 16), the 8-px model's tokens), and
+# is scored on samples (class-consistency, Fréchet distance and KID of 100 samples against the
+# held-out digits) and on held-out loss. The 64-px rung (1,024 tokens) is the protocol's answer;
+# the lower rungs show where a variant loses its digits.
+TASKS["samples8"] = dict(data="digits", batch=64, lr=2e-3, ema=0.99, budgets=(600,), log_every=50, ema_warmup=True,
+                         mix_init="identity", per_class=10, sampler="ddim", sample_steps=20, cfg=2.0,
+                         sample_batch=50, kid=True, heldout_items=360, heldout_repeats=4)
+for _side, _batch, _budgets in ((16, 32, (150, 300)), (32, 32, (150, 300)), (64, 16, (150, 300))):
+    TASKS[f"samples{_side}"] = dict(TASKS["samples8"], image_size=_side, init_task=f"samples{_side // 2}",
+                                    pos_embed="interpolate", time_shift="auto", batch=_batch, lr=1e-3,
+                                    budgets=_budgets, sample_batch=25, heldout_repeats=1)
+SAMPLES_TASKS = ("samples8", "samples16", "samples32", "samples64")
 QUICK = dict(batch=16, budgets=(2, 4), log_every=1, per_class=2, sample_steps=4, sample_batch=20,
              heldout_items=64, heldout_repeats=1)
 # A ladder task in quick mode: the smallest batch and scoring that still fill every column.
@@ -115,6 +132,7 @@ QUICK_TASKS = ("digits", "study64", "ladder64_interp")
 HELDOUT_REPEATS = 4  # fixed (t, noise) draws per held-out image (all items unless a recipe says)
 METRICS = ("class_consistency", "frechet_distance", "train_loss", "heldout_loss", "train_time_s")
 RAW = "heldout_loss_raw"   # held-out loss of the raw (not EMA) weights; absent from cells scored before it
+KID = "kid"                # KID of the samples (digits classifier's features; the samples protocol's cells)
 # Held-out loss of the scored (EMA) weights in three noise bands of t (low, mid, high noise; study tasks).
 BANDS = ("heldout_loss_low", "heldout_loss_mid", "heldout_loss_high")
 
@@ -141,9 +159,11 @@ def is_canvas(task: str) -> bool:
 
 
 def recipe_flags(recipe: dict, variant: str) -> list:
-    """The train.py flags of the recipe's training rules: the EMA warm-up, and the Mix-FFN
-    conv's init for the variants with Mix-FFN."""
+    """The train.py flags of the recipe's training rules: the EMA warm-up, the time shift, and
+    the Mix-FFN conv's init for the variants with Mix-FFN."""
     flags = ["--ema-warmup", "true"] if recipe.get("ema_warmup") else []
+    if recipe.get("time_shift"):
+        flags += ["--time-shift", recipe["time_shift"]]
     mix = VARIANTS[variant][VARIANTS[variant].index("--mlp") + 1] == "mix" if "--mlp" in VARIANTS[variant] else False
     if mix and recipe.get("mix_init"):
         flags += ["--mix-init", recipe["mix_init"]]
@@ -168,4 +188,7 @@ TASK_TITLES = {"digits": "Digits (16 tokens)", "canvas": "Canvas (256 tokens)", 
                                       f"canvas, {pos} positions"
                   for s in (64, 128) for pos, tag in (("interpolate", "interp"), ("extrapolate", "extrap"))},
                **{f"study{s}": f"Canvas {s} px ({(s // 2) ** 2:,} tokens), the 2 × 2 study (EMA warm-up, Mix-FFN conv "
-                               f"at identity)" for s in (64, 128)}}
+                               f"at identity)" for s in (64, 128)},
+               "samples8": "Digits 8 px (16 tokens), the samples protocol's first rung",
+               **{f"samples{s}": f"Digits {s} px ({(s // 2) ** 2:,} tokens), the samples protocol: up the ladder "
+                                 f"from {s // 2} px" for s in (16, 32, 64)}}

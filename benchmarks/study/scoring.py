@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from .recipes import BANDS, HELDOUT_REPEATS, TASKS, is_canvas
+from .recipes import BANDS, HELDOUT_REPEATS, KID, TASKS, is_canvas
 
 def train_log(run_dir: Path) -> list[dict]:
     """The log records by step; a resumed run's repeated steps keep the later record."""
@@ -41,7 +41,7 @@ def heldout_set(task: str):
     from nala_dit import data as data_lib
 
     if not is_canvas(task):
-        return data_lib.DigitsDataset("heldout")
+        return data_lib.DigitsDataset("heldout", TASKS[task].get("image_size", 8))
     return data_lib.DigitsCanvasDataset("heldout", TASKS[task].get("image_size", 32))
 
 
@@ -133,8 +133,8 @@ def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifi
                         sample: bool = True) -> dict:
     """Held-out loss of the EMA weights (with the recipe's ``heldout_bands``, also per noise
     band) and of the raw weights (an EMA of 0.99 lags about 100 steps, a third of a 300-step
-    budget), and with ``sample`` class-consistency and Fréchet
-    distance of the EMA weights (NaN without)."""
+    budget), and with ``sample`` class-consistency and Fréchet distance of the EMA weights (NaN
+    without), and KID where the recipe asks (``kid``)."""
     import numpy as np
 
     from nala_dit import metrics
@@ -159,7 +159,8 @@ def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifi
     sample_time = time.perf_counter() - start
     view = classifier_view(task, images.numpy())
     result = metrics.evaluate_samples([view], ref, features="digits", digits_classifier_dir=classifier_dir,
-                                      labels=np.asarray(labels))
+                                      labels=np.asarray(labels), with_kid=bool(recipe.get("kid")))
+    kid = {KID: result["metrics"]["kid_digits"]} if recipe.get("kid") else {}
     return dict(class_consistency=result["metrics"]["class_consistency"],
-                frechet_distance=result["metrics"]["fd_digits"], **losses, heldout_loss_raw=loss_raw,
+                frechet_distance=result["metrics"]["fd_digits"], **kid, **losses, heldout_loss_raw=loss_raw,
                 num_samples=len(labels), nfe=nfe, sample_time_s=round(sample_time, 2))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .recipes import BANDS, METRICS, RAW, VARIANTS
+from .recipes import BANDS, KID, METRICS, RAW, VARIANTS
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -29,9 +29,9 @@ def summarize(cells: list[dict]) -> list[dict]:
         row = dict(task=task, variant=variant, lr=lr, budget=budget, n=len(items))
         for m in METRICS:
             row[m], row[m + "_std"] = _mean_std([float(it[m]) for it in items])
-        # Raw-weight held-out loss and the noise bands: cells scored before them, or on a
-        # recipe without bands, lack them (n counts those that have them).
-        for key in (RAW, *BANDS):
+        # Raw-weight held-out loss, the noise bands and KID: cells scored before them, or on a
+        # recipe without them, lack them (n counts those that have them).
+        for key in (RAW, *BANDS, KID):
             have = [float(it[key]) for it in items if key in it]
             row[key], row[key + "_std"] = _mean_std(have) if have else (math.nan, math.nan)
             row[key + "_n"] = len(have)
@@ -47,13 +47,13 @@ def _fmt(mean: float, std: float, digits: int) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def _raw_cell(row: dict, key: str = RAW) -> str:
-    """The raw-weight held-out loss (or another loss not every cell has: ``key``), with its own n
+def _raw_cell(row: dict, key: str = RAW, digits: int = 4) -> str:
+    """The raw-weight held-out loss (or another value not every cell has: ``key``), with its own n
     when fewer cells than the row's have it."""
     n = row.get(key + "_n", 0)
     if not n:
         return "—"
-    text = _fmt(row[key], row[key + "_std"], 4)
+    text = _fmt(row[key], row[key + "_std"], digits)
     return text if n == row["n"] else f"{text} (n = {n})"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from .cells import load_cells, write_json
 from .compute import _reference_sections, _timing_sections
 from .contrasts import contrast_sections
-from .recipes import BANDS, DESCRIPTIONS, TASK_TITLES, TASKS, VARIANTS, _tasks, cell_name, lr_tag
+from .recipes import BANDS, DESCRIPTIONS, KID, TASK_TITLES, TASKS, VARIANTS, _tasks, cell_name, lr_tag
 from .summary import _bands_cell, _fmt, _raw_cell, summarize
 from .timing import load_timing
 
@@ -17,17 +17,19 @@ README_START, README_END = "<!-- ablation:start", "<!-- ablation:end -->"
 
 
 def _table_lines(rows: list[dict]) -> list[str]:
-    """One row per variant; the noise-band column only in a table where some cell has bands."""
+    """One row per variant; the KID and noise-band columns only in a table where some cell has them."""
     bands = any(r.get(BANDS[0] + "_n") for r in rows)
-    lines = ["| variant | lr | n | class-consistency ↑ | Fréchet distance ↓ | train loss | held-out loss | "
-             "held-out loss, raw weights | train time (s) |" + (" held-out loss by noise band: low · mid · high |"
-                                                                if bands else ""),
-             "|---|---|---|---|---|---|---|---|---|" + ("---|" if bands else "")]
+    kid = any(r.get(KID + "_n") for r in rows)
+    lines = ["| variant | lr | n | class-consistency ↑ | Fréchet distance ↓ |" + (" KID ↓ |" if kid else "") +
+             " train loss | held-out loss | held-out loss, raw weights | train time (s) |" +
+             (" held-out loss by noise band: low · mid · high |" if bands else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if kid else "") + ("---|" if bands else "")]
     for r in rows:
         lines.append((
             f"| {r['variant']} | {lr_tag(r['lr'])} | {r['n']} | "
             f"{_fmt(r['class_consistency'], r['class_consistency_std'], 3)} | "
-            f"{_fmt(r['frechet_distance'], r['frechet_distance_std'], 2)} | "
+            f"{_fmt(r['frechet_distance'], r['frechet_distance_std'], 2)} | " +
+            (f"{_raw_cell(r, KID, 2)} | " if kid else "") +
             f"{_fmt(r['train_loss'], r['train_loss_std'], 4)} | "
             f"{_fmt(r['heldout_loss'], r['heldout_loss_std'], 4)} | "
             f"{_raw_cell(r)} | "
