@@ -36,6 +36,11 @@ from one isolated timing run, so the table can rank time to a held-out loss
     python benchmarks/ablation.py timing --out runs/ablation --tasks canvas64,canvas128 --variants ladder
     python benchmarks/ablation.py run --out runs/ablation --tasks canvas64,canvas128 --variants ladder \\
         --sweep-lrs "" --jobs 2
+
+The 2 x 2 study (``study64``, ``study128``: held-out loss with the EMA warm-up) and its samples
+protocol (``samples8`` -> ``samples16`` -> ``samples32`` -> ``samples64``: whole-frame digits up the
+ladder, each rung a cell fine-tuned from the previous one; asking for ``samples64`` runs the lower
+rungs first) are on docs/ablation.md, with their commands.
 """
 
 from __future__ import annotations
