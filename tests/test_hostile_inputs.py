@@ -443,7 +443,7 @@ def test_out_that_is_a_folder_is_refused_before_sampling(run_dir, tmp_path, caps
 @pytest.mark.parametrize("shift", ["1e300", "101", "0.001"])
 def test_time_shift_is_bounded(run_dir, tmp_path, capsys, shift):
     assert cli("--ckpt", run_dir, "--labels", "1", *FAST, "--time-shift", shift, "--grid", tmp_path / "g.png") == 1
-    assert f"time shift must be a number from 0.01 to 100 (1 = no shift" in one_line_error(capsys)
+    assert "time shift must be a number from 0.01 to 100 (1 = no shift" in one_line_error(capsys)
 
 
 def test_vae_tiling_on_a_pixel_model_is_refused(run_dir, pipe_dir, tmp_path, capsys):
