@@ -333,6 +333,10 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
                                     f"got {value!r} ({type(value).__name__}): the file was edited or damaged")
     if state["step"] < 0 or state["position"] < 0 or state["world_size"] < 1:
         raise ckpt.error(STATE, "step/position must be >= 0 and world_size >= 1")
+    updates = state.get("ema_updates", state["step"])  # the EMA's updates (steps not skipped); older: absent
+    if not isinstance(updates, int) or isinstance(updates, bool) or not 0 <= updates <= state["step"]:
+        raise ckpt.error(STATE, f"'ema_updates' must be an integer from 0 to the step {state['step']}, got "
+                                f"{updates!r}: the file was edited or damaged")
     check_model_config(state["model_config"], str(found / STATE), "the file was edited or damaged: "
                        "restore it, or use another checkpoint")
     ckpt.state = state

@@ -434,9 +434,10 @@ class TrainConfig:
                                                               "this many in a row stop the run (0 = stop at the first)"))
     ema_decay: float = field(default=0.9999, metadata=dict(help="EMA decay per step"))
     ema_warmup: bool = field(default=False, metadata=dict(help="EMA decay warm-up: min(ema-decay, (1 + t) / (10 + t)) at "
-                                                             "optimizer step t (0 = the first), so the EMA forgets the "
-                                                             "initial weights at once and averages about the last tenth "
-                                                             "of the steps until the cap is reached"))
+                                                             "the EMA's update t (0 = the first; a step skipped for a "
+                                                             "NaN loss is none), so the EMA forgets the initial weights "
+                                                             "at once and averages about the last tenth of the steps "
+                                                             "until the cap is reached"))
     max_steps: int = field(default=400_000, metadata=dict(help="optimizer steps"))
     mixed_precision: str = field(default="no", metadata=dict(help="autocast dtype (attention reductions stay fp32)", choices=["no", "bf16", "fp16"]))
     grad_checkpointing: bool = field(default=False, metadata=dict(help="recompute blocks in backward"))

@@ -29,7 +29,7 @@ def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float, step:
     """``ema ← decay·ema + (1 − decay)·model`` over all parameters in one fused call.
 
     With ``step`` (``--ema-warmup``) the decay warms up: ``min(decay, (1 + step) / (10 + step))``,
-    ``step`` = the optimizer steps before this update (0 for the first: decay 0.1)."""
+    ``step`` = the EMA updates before this one (0 for the first: decay 0.1; skipped steps are none)."""
     if step is not None:
         decay = min(decay, (1 + step) / (10 + step))
     ema_params = list(ema.parameters())

@@ -287,12 +287,14 @@ def build_run_model(cfg: TrainConfig, dataset, channels: int, side: int, resume_
 
 
 def resume_run(resume_from: Path, cfg: TrainConfig, accelerator, model, ema, optimizer, world: int,
-               micro_batch: int, ckpt_dir: Path, projector=None) -> tuple[int, int, int]:
-    """Restore the checkpoint into this run; (step, epoch, data position) to continue at.
+               micro_batch: int, ckpt_dir: Path, projector=None) -> tuple[int, int, int, int]:
+    """Restore the checkpoint into this run; (step, epoch, data position, EMA updates so far) to
+    continue at (a checkpoint written before the count was stored: one update per step).
     A rollback sets this run's later checkpoints aside."""
     ckpt = open_checkpoint(resume_from)
     restore(ckpt, cfg, model, ema, optimizer, world, accelerator.process_index, accelerator.print, projector)
     step, epoch, position = ckpt.step, ckpt.state["epoch"], resumed_position(ckpt, micro_batch, accelerator.print)
+    ema_updates = ckpt.state.get("ema_updates", step)
     accelerator.print(f"resumed from {ckpt.path} at step {step}")
     if accelerator.is_main_process:
         # A rollback: this run's later checkpoints belong to the abandoned branch.
@@ -300,17 +302,18 @@ def resume_run(resume_from: Path, cfg: TrainConfig, accelerator, model, ema, opt
         if aside is not None:
             accelerator.print(f"rolled back to step {step}: moved this run's later checkpoints to {aside}")
     accelerator.wait_for_everyone()
-    return step, epoch, position
+    return step, epoch, position, ema_updates
 
 
 def checkpoint(accelerator, cfg: TrainConfig, ckpt_dir: Path, step: int, batches: EpochBatches, world: int,
-               model, ema, optimizer, norm, projector=None) -> None:
-    """Save step ``step`` (weights, EMA, optimizer, data position, every rank's RNG state),
-    after checking the weights are finite."""
+               model, ema, optimizer, norm, projector=None, ema_updates: int | None = None) -> None:
+    """Save step ``step`` (weights, EMA, optimizer, data position, every rank's RNG state, the
+    EMA's update count: the steps not skipped), after checking the weights are finite."""
     check_finite_weights(ckpt_dir, step, model=model, ema=ema)
     rng_states = accelerator.gather(torch.get_rng_state().to(accelerator.device).unsqueeze(0)).cpu()
     if accelerator.is_main_process:
         state = dict(step=step, epoch=batches.epoch, position=batches.position, world_size=world,
+                     ema_updates=step if ema_updates is None else ema_updates,
                      config=to_dict(cfg), model_config=dict(model.config),
                      latent_norm=norm.to_dict() if norm is not None else None)
         path = save_checkpoint(ckpt_dir, model=model, ema=ema, optimizer=optimizer, state=state,
@@ -393,13 +396,13 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
                           f"{world} data-parallel group{'s' if world > 1 else ''} of {micro_batch} images")
 
     # --- resume ---
-    step, epoch, position = 0, 0, 0
+    step, epoch, position, ema_updates = 0, 0, 0, 0
     if resume_from is not None:
         # the checkpoint's latent statistics must be this run's: refused before anything is moved
         norm = agreed_norm(norm, checkpoint_norm(open_checkpoint(resume_from)), f"checkpoint {resume_from}", cfg.data,
                            keep_norm, accelerator.print)
-        step, epoch, position = resume_run(resume_from, cfg, accelerator, model, ema, optimizer, world, micro_batch,
-                                           ckpt_dir, projector)
+        step, epoch, position, ema_updates = resume_run(resume_from, cfg, accelerator, model, ema, optimizer, world,
+                                                        micro_batch, ckpt_dir, projector)
 
     if cfg.grad_checkpointing:
         model.gradient_checkpointing = True
@@ -455,8 +458,9 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         for layer in stat_layers:
             layer.record_stats = log_now
         result = train_step(step)
-        if not result.skipped:
-            update_ema(ema, model, cfg.ema_decay, step if cfg.ema_warmup else None)
+        if not result.skipped:  # the warm-up counts the EMA's updates: a skipped step is none
+            update_ema(ema, model, cfg.ema_decay, ema_updates if cfg.ema_warmup else None)
+            ema_updates += 1
         step += 1
         window.add(result)
         nan_streak.update(step, result, progress)  # every process: the skip decision is shared
@@ -472,7 +476,8 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
             window.reset()
         progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
         if step % cfg.ckpt_every == 0 or step == cfg.max_steps:  # before the grid: a failed grid loses no steps
-            checkpoint(accelerator, cfg, ckpt_dir, step, batches, world, model, ema, optimizer, norm, projector)
+            checkpoint(accelerator, cfg, ckpt_dir, step, batches, world, model, ema, optimizer, norm, projector,
+                       ema_updates)
         if cfg.sample_every > 0 and step % cfg.sample_every == 0 and accelerator.is_main_process:
             write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
                               cfg, vae, norm, nrow=min(dataset.num_classes, 8))

@@ -75,3 +75,45 @@ def test_training_applies_the_warmup_and_resumes_bitwise(tmp_path):
         assert all(torch.allclose(saved[k], ema[k], rtol=1e-5, atol=1e-7) for k in ema), t
         moved = max((saved[k] - steps[t].weights("ema")[k]).abs().max().item() for k in ema)
         assert moved > 0   # the EMA follows the raw weights
+
+
+def test_the_warmup_counts_the_emas_updates_not_skipped_steps(tmp_path, monkeypatch):
+    """Step 3's loss is NaN (skipped: no update of the weights or the EMA). The EMA's t counts
+    its updates, so step 4's decay is (1 + 2) / (10 + 2), the third update's, not step 4's
+    (1 + 3) / (10 + 3); the count is stored with the checkpoint, so a run resumed after the skip
+    is bitwise the same."""
+    from tests.test_recipe import poison_batches
+
+    poison_batches(monkeypatch, {3})
+    straight = tmp_path / "straight"
+    assert train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), "--exp-name", "straight", "--max-steps", "4",
+                                      "--ckpt-every", "1"]) == 0
+    monkeypatch.undo()
+    steps = {t: ckpt_lib.open_checkpoint(straight / "checkpoints" / f"{t:07d}") for t in (1, 2, 3, 4)}
+    assert [steps[t].state["ema_updates"] for t in (1, 2, 3, 4)] == [1, 2, 2, 3]
+    ema3, raw4, ema4 = steps[3].weights("ema"), steps[4].weights("model"), steps[4].weights("ema")
+    d = (1 + 2) / (10 + 2)
+    assert all(torch.allclose(ema4[k], d * ema3[k] + (1 - d) * raw4[k], rtol=1e-5, atol=1e-7) for k in ema4)
+    wrong = (1 + 3) / (10 + 3)     # the step count: what the warm-up used before
+    assert not all(torch.allclose(ema4[k], wrong * ema3[k] + (1 - wrong) * raw4[k], rtol=1e-5, atol=1e-7)
+                   for k in ema4)
+    assert train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), "--exp-name", "resumed", "--max-steps", "4",
+                                      "--resume", str(straight / "checkpoints" / "0000003")]) == 0
+    resumed = ckpt_lib.open_checkpoint(tmp_path / "resumed").weights("ema")
+    assert all(torch.equal(resumed[k], ema4[k]) for k in ema4)
+
+
+def test_an_edited_ema_update_count_is_refused_in_one_line(tmp_path):
+    import json
+
+    run = tmp_path / "run"
+    assert train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), "--exp-name", "run", "--max-steps", "2"]) == 0
+    state_file = ckpt_lib.find_checkpoint(run) / ckpt_lib.STATE
+    for bad in (3, -1, "2", True):
+        state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "ema_updates": bad}))
+        try:
+            ckpt_lib.open_checkpoint(run)
+        except ckpt_lib.CheckpointError as err:
+            assert f"'ema_updates' must be an integer from 0 to the step 2, got {bad!r}" in str(err)
+        else:
+            raise AssertionError(f"ema_updates {bad!r} was accepted")
