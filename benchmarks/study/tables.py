@@ -9,7 +9,7 @@ from pathlib import Path
 from .cells import load_cells, write_json
 from .compute import _reference_sections, _timing_sections
 from .contrasts import contrast_sections
-from .recipes import BANDS, DESCRIPTIONS, KID, TASK_TITLES, TASKS, VARIANTS, _tasks, cell_name, lr_tag
+from .recipes import BANDS, DESCRIPTIONS, KID, TASK_TITLES, TASKS, VARIANTS, _tasks, cell_name, is_canvas, lr_tag
 from .summary import _bands_cell, _fmt, _raw_cell, summarize
 from .timing import load_timing
 
@@ -117,7 +117,7 @@ def write_table(out: Path, md: Path | None = None, readme: Path | None = None) -
     if readme:
         fill_readme(readme, readme_block(rows, cells, step_s))
     for task in _tasks(r["task"] for r in rows):
-        if "image_size" in TASKS[task]:  # the ladder's sizes: one plot each
+        if "image_size" in TASKS[task] and is_canvas(task):  # the canvas ladder's sizes: one plot each
             plot_curves(rows, step_s.get(task, {}), task, out / f"curves_{task}.png")
     return target
 
