@@ -413,3 +413,33 @@ def test_samples_protocol_climbs_the_ladder_one_rung_at_a_time(tmp_path, digits_
     assert {r["task"] for r in rows if r["kid_n"]} == {"samples8", "samples16"}
     table = (tmp_path / "table.md").read_text()
     assert "| variant | lr | n | class-consistency ↑ | Fréchet distance ↓ | KID ↓ | train loss |" in table
+
+
+def test_a_rung_whose_source_checkpoint_is_lost_retrains_it_and_records_whether_it_reproduced(
+        tmp_path, digits_classifier_dir):
+    """A fresh clone holds the cell JSONs, not the runs: a rung retrains the rung below (without
+    rescoring it) and records whether the retrained log matches the committed cell bit for bit."""
+    import shutil
+
+    import benchmarks.ablation as ablation
+
+    flags = ["run", "--quick", "--out", str(tmp_path), "--variants", "nala",
+             "--classifier-dir", str(digits_classifier_dir)]
+    assert ablation.main([*flags, "--tasks", "samples8"]) == 0
+    below = ablation.cell_path(tmp_path, "samples8", "nala", 0, 2e-3)
+    recorded = below.read_text()
+    shutil.rmtree(tmp_path / "work" / "runs" / "samples8")            # the checkpoints are lost
+    assert ablation.main([*flags, "--tasks", "samples16"]) == 0
+    assert below.read_text() == recorded                              # kept, not rescored
+    rung = json.loads(ablation.cell_path(tmp_path, "samples16", "nala", 0, 1e-3).read_text())
+    assert rung["init_from"] == dict(cell=ablation.cell_name("samples8", "nala", 0, 2e-3), retrained=True,
+                                     reproduced=True)
+    # A recorded cell that this machine does not reproduce (here: its loss edited) is said so.
+    data = json.loads(recorded)
+    data["budgets"][-1]["train_loss"] += 1e-3
+    below.write_text(json.dumps(data))
+    shutil.rmtree(tmp_path / "work" / "runs")
+    ablation.cell_path(tmp_path, "samples16", "nala", 0, 1e-3).unlink()
+    assert ablation.main([*flags, "--tasks", "samples16"]) == 0
+    rung = json.loads(ablation.cell_path(tmp_path, "samples16", "nala", 0, 1e-3).read_text())
+    assert rung["init_from"]["reproduced"] is False

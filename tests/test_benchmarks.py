@@ -183,3 +183,35 @@ def test_context_parallel_benchmark_on_cuda_without_a_gpu_is_a_one_line_error(tm
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].endswith(
         "--device cuda: no CUDA device found; run without --device for the CPU (gloo) numbers")
+
+
+def test_scorer_view_draws_each_sample_above_its_8x8_area_average(tmp_path):
+    """A hand-made 16-px sample: its view is the 2 x 2 block means, enlarged back with square
+    pixels; the tiles sit where the layout puts them (classes as columns, 2 px padding)."""
+    import numpy as np
+    from PIL import Image
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import scorer_view
+
+    rng = np.random.default_rng(0)
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    images = {c: rng.integers(0, 256, (16, 16), dtype=np.uint8) for c in (0, 1)}
+    images[1][:2, :2] = [[0, 255], [255, 255]]  # block mean 191.25 -> 191
+    for i, c in enumerate((0, 1)):
+        Image.fromarray(images[c]).save(samples / f"{i:06d}_class{c}.png")
+    Image.fromarray(images[0]).save(samples / "notes.png")  # not sample.py's: ignored
+    out = tmp_path / "view.png"
+    assert scorer_view.main([str(samples), "--out", str(out)]) == 0
+    fig = np.asarray(Image.open(out))
+    assert fig.shape == (2 + 2 * 18, 2 + 2 * 18)
+    for col, c in enumerate((0, 1)):
+        x = 2 + col * 18
+        np.testing.assert_array_equal(fig[2:18, x:x + 16], images[c])
+        blocks = images[c].astype(np.float64).reshape(8, 2, 8, 2).mean(axis=(1, 3))
+        expected = np.round(blocks).astype(np.uint8).repeat(2, 0).repeat(2, 1)
+        np.testing.assert_array_equal(fig[20:36, x:x + 16], expected)
+    assert fig[20, 20] == fig[21, 21] == 191
+    assert not fig[:2].any() and not fig[18:20].any()  # padding rows stay black
+    assert scorer_view.main([str(tmp_path / "empty"), "--out", str(out)]) == 2

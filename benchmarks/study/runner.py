@@ -33,6 +33,7 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
     run_dir = work / "runs" / cell_name(task, variant, seed, lr)
     budgets = recipe["budgets"]
     every = math.gcd(*budgets)
+    source = None  # a ladder cell's start, when this call made it (not on a resume)
     argv = [*VARIANTS[variant], *recipe_flags(recipe, variant), *data_flags(recipe), "--flip", "false",
             "--global-batch-size", recipe["batch"], "--lr", lr, "--ema-decay", recipe["ema"],
             "--max-steps", budgets[-1], "--ckpt-every", every, "--log-every", recipe["log_every"],
@@ -41,8 +42,8 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
     if list_checkpoints(run_dir / "checkpoints"):
         argv += ["--resume", "auto"]
     elif recipe.get("init_task"):
-        argv += ["--init-from", ladder_source(recipe["init_task"], variant, seed, out, quick, classifier_dir),
-                 "--pos-embed", recipe["pos_embed"]]
+        source_path, source = ladder_source(recipe["init_task"], variant, seed, out, quick, classifier_dir)
+        argv += ["--init-from", source_path, "--pos-embed", recipe["pos_embed"]]
     argv = [str(a) for a in argv]
     load = os.getloadavg()
     start = time.perf_counter()
@@ -60,13 +61,17 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
     # final checkpoint is not scored twice).
     previous = _previous(out, task, variant, seed, lr)
     scored = {row["budget"]: row for row in previous.get("budgets", [])}
-    rows = []
+    rows, mismatched = [], []
     for budget in budgets:
+        loss, time_s = log_summary(records, budget, window=2 * recipe["log_every"])
         if budget in scored:
+            # Kept scores belong to this run only if its training log still says what they say
+            # (a retrained cell, its checkpoints lost, must have trained bit for bit alike).
+            if loss != scored[budget]["train_loss"]:
+                mismatched.append(dict(budget=budget, recorded=scored[budget]["train_loss"], now=loss))
             rows.append(scored[budget])
             continue
         ckpt = by_step[budget]
-        loss, time_s = log_summary(records, budget, window=2 * recipe["log_every"])
         scores = evaluate_checkpoint(task, ckpt, recipe, ref, classifier_dir,
                                      sample=budget in recipe.get("sample_budgets", budgets) or budget == budgets[-1])
         rows.append(dict(budget=budget, train_loss=loss, train_time_s=round(time_s, 2), **scores))
@@ -80,6 +85,10 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
                   wall_total_s=round(time.perf_counter() - start + previous.get("wall_total_s", 0), 1),
                   loadavg_start=load, loadavg_end=os.getloadavg(), torch_threads=torch.get_num_threads(),
                   last_exponent=records[-1].get("nala/exponent_mean"))
+    if mismatched:
+        result["kept_scores_mismatch"] = mismatched
+    if recipe.get("init_task") and source is not None:
+        result["init_from"] = source
     # Keep only the final checkpoint (diagnostics read it); earlier ones were scored.
     for step, path in by_step.items():
         if step != budgets[-1]:
@@ -87,21 +96,34 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
     return result
 
 
-def ladder_source(task: str, variant: str, seed: int, out: Path, quick: bool, classifier_dir) -> Path:
+def ladder_source(task: str, variant: str, seed: int, out: Path, quick: bool, classifier_dir) -> tuple[Path, dict]:
     """The final checkpoint of ``task``'s cell for this variant and seed, the start of a
-    ladder cell; the cell is run first (and recorded, unless already recorded) if its
-    checkpoint is not in ``out/work`` (a fresh clone holds the cell JSONs, not the runs)."""
+    ladder cell, and what the ladder cell records of it. The cell is run first (and
+    recorded, unless already recorded) if its checkpoint is not in ``out/work`` (a fresh
+    clone holds the cell JSONs, not the runs). A recorded cell is then retrained, not
+    rescored: ``reproduced`` says whether its training log matched the recorded one bit for
+    bit (one thread on the same CPU and torch: it does), so the rung above starts from the
+    very model whose scores are committed; where it did not, the rung above still starts
+    from an equal-recipe run, and the JSON says so."""
     from nala_dit.checkpoint import list_checkpoints
 
     lr = task_recipe(task, quick)["lr"]
     found = list_checkpoints(out / "work" / "runs" / cell_name(task, variant, seed, lr) / "checkpoints")
     final = max(task_recipe(task, quick)["budgets"])
+    info = dict(cell=cell_name(task, variant, seed, lr), retrained=False)
     if not found or int(found[-1].name) < final:
+        recorded = cell_path(out, task, variant, seed, lr).is_file()
         result = run_cell(task, variant, seed, lr, out, quick, classifier_dir=classifier_dir)
-        if not cell_path(out, task, variant, seed, lr).is_file():
+        if recorded:
+            info.update(retrained=True, reproduced="kept_scores_mismatch" not in result)
+            if not info["reproduced"]:
+                print(f"[{info['cell']}] warning: retrained, its training loss differs from the recorded cell's "
+                      f"({result['kept_scores_mismatch']}); the rung above starts from this retrained model, "
+                      f"whose scores are not the recorded ones", flush=True)
+        else:
             write_json(cell_path(out, task, variant, seed, lr), result)
         found = list_checkpoints(out / "work" / "runs" / cell_name(task, variant, seed, lr) / "checkpoints")
-    return found[-1]
+    return found[-1], info
 
 
 def cell_main(args) -> int:
