@@ -1,4 +1,4 @@
-"""Samples beside what the digits scorer reads of them: each sample above its 8 x 8 area average.
+r"""Samples beside what the digits scorer reads of them: each sample above its 8 x 8 area average.
 
 The digits classifier (``--features digits``) scores a larger whole-frame digit by
 box-averaging it to 8 x 8 (``nala_dit.digits.digits_to_input``). This draws that view under
@@ -23,6 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from nala_dit.cli import passive_wait_policy  # noqa: E402
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
 NAME = re.compile(r"^\d+_class(\d+)\.png$")
 

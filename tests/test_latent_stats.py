@@ -110,8 +110,14 @@ def test_round_trip_channel_norm_decodes_as_the_vae_alone(caches, tmp_path):
     own = LatentNorm.channel(z.mean((0, 2, 3)).tolist(), z.std((0, 2, 3), unbiased=False).tolist())
     torch.testing.assert_close(own.normalize(z).mean((0, 2, 3)), torch.zeros(4), rtol=0, atol=1e-6)
     torch.testing.assert_close(own.normalize(z).std((0, 2, 3), unbiased=False), torch.ones(4), rtol=0, atol=1e-5)
-    alone = vae.decode(z).sample.clamp(-1, 1)
-    torch.testing.assert_close(decode(model_space, vae, norm), alone, rtol=0, atol=1e-5)
+    # Denormalising inverts the normalisation to float rounding (a few ulps of z, |z| < 8) ...
+    back = norm.denormalize(model_space)
+    assert (back - z).abs().max() <= 8 * torch.finfo(torch.float32).eps * z.abs().max().clamp(min=1)
+    # ... and generate.decode is the VAE's own decode of exactly those latents, bit for bit. (Not
+    # decode(z) at a fixed tolerance: the random tiny decoder amplifies those ulps ~100x, by an
+    # amount that changes with the thread count: 1.3e-5 with one thread, under 1e-5 with two.)
+    alone = vae.decode(back).sample.clamp(-1, 1)
+    assert torch.equal(decode(model_space, vae, norm), alone)
 
     from nala_dit.pipeline import NaLaSiTPipeline
 
