@@ -423,10 +423,19 @@ def test_a_rung_whose_source_checkpoint_is_lost_retrains_it_and_records_whether_
 
     import benchmarks.ablation as ablation
 
+    import torch
+
     flags = ["run", "--quick", "--out", str(tmp_path), "--variants", "nala",
              "--classifier-dir", str(digits_classifier_dir)]
-    assert ablation.main([*flags, "--tasks", "samples8"]) == 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert ablation.main([*flags, "--tasks", "samples8"]) == 0
+        assert torch.get_num_threads() == 2      # the in-process cell ran on one thread, the caller's restored
+    finally:
+        torch.set_num_threads(threads)
     below = ablation.cell_path(tmp_path, "samples8", "nala", 0, 2e-3)
+    assert json.loads(below.read_text())["torch_threads"] == 1
     recorded = below.read_text()
     shutil.rmtree(tmp_path / "work" / "runs" / "samples8")            # the checkpoints are lost
     assert ablation.main([*flags, "--tasks", "samples16"]) == 0

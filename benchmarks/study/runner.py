@@ -201,9 +201,13 @@ def run_main(args) -> int:
             lock.write_text(str(os.getpid()))
             import torch
 
-            torch.set_num_threads(1)
-            failures += cell_main(cell_parser().parse_args(flags))
-            lock.unlink(missing_ok=True)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # one thread per cell, as the subprocess cells; the caller's restored after
+            try:
+                failures += cell_main(cell_parser().parse_args(flags))
+            finally:
+                torch.set_num_threads(threads)
+                lock.unlink(missing_ok=True)
             write_table(out, args.md)
             continue
         # Slots count every live cell, also those of an earlier runner still finishing
