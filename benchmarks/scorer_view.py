@@ -12,6 +12,11 @@ class-consistency score of the samples protocol can and cannot see.
 The folder holds ``sample.py --out-dir``'s PNGs (``000000_class3.png``, ...). Columns are the
 classes in order, rows the samples of a class in file order, each row of samples followed
 by the row of their views; 2 px black padding between tiles, as ``sample.py --grid``.
+Several folders (one per model, the same labels and seed) stack into one figure, top to
+bottom in the order given, 4 more black rows between them:
+
+    python benchmarks/scorer_view.py samples/view_nala_mix samples/view_softmax_mix \
+        --out docs/ablation_samples64_study.png
 """
 
 from __future__ import annotations
@@ -80,6 +85,20 @@ def figure(by_class: dict[int, list], pad: int = 2):
     return out
 
 
+def stack(figures: list, gap: int = 4):
+    """Figures of equal width, top to bottom, ``gap`` black rows between them."""
+    import numpy as np
+
+    widths = {f.shape[1] for f in figures}
+    if len(widths) > 1:
+        raise ValueError(f"the folders' figures differ in width ({sorted(widths)} px): give each folder "
+                         "the same --labels and sample size")
+    parts = []
+    for i, f in enumerate(figures):
+        parts += [np.zeros((gap, f.shape[1]), np.uint8)] * (i > 0) + [f]
+    return np.concatenate(parts, axis=0)
+
+
 def _luma(image):
     from PIL import Image
 
@@ -88,13 +107,13 @@ def _luma(image):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("samples", type=Path, help="sample.py --out-dir folder")
+    p.add_argument("samples", type=Path, nargs="+", help="sample.py --out-dir folder(s), stacked top to bottom")
     p.add_argument("--out", type=Path, required=True, help="PNG to write")
     args = p.parse_args(argv)
     from PIL import Image
 
     try:
-        arr = figure(read_samples(args.samples))
+        arr = stack([figure(read_samples(folder)) for folder in args.samples])
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -215,3 +215,16 @@ def test_scorer_view_draws_each_sample_above_its_8x8_area_average(tmp_path):
     assert fig[20, 20] == fig[21, 21] == 191
     assert not fig[:2].any() and not fig[18:20].any()  # padding rows stay black
     assert scorer_view.main([str(tmp_path / "empty"), "--out", str(out)]) == 2
+    # Two folders stack top to bottom, 4 black rows between the two figures.
+    both = tmp_path / "both.png"
+    assert scorer_view.main([str(samples), str(samples), "--out", str(both)]) == 0
+    stacked = np.asarray(Image.open(both))
+    assert stacked.shape == (2 * fig.shape[0] + 4, fig.shape[1])
+    np.testing.assert_array_equal(stacked[:fig.shape[0]], fig)
+    np.testing.assert_array_equal(stacked[fig.shape[0] + 4:], fig)
+    assert not stacked[fig.shape[0]:fig.shape[0] + 4].any()
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    for i, c in enumerate((0, 1, 2)):
+        Image.fromarray(images[c % 2]).save(wide / f"{i:06d}_class{c}.png")
+    assert scorer_view.main([str(samples), str(wide), "--out", str(both)]) == 2  # 2 vs 3 columns
