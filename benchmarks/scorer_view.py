@@ -93,9 +93,10 @@ def stack(figures: list, gap: int = 4):
     if len(widths) > 1:
         raise ValueError(f"the folders' figures differ in width ({sorted(widths)} px): give each folder "
                          "the same --labels and sample size")
-    parts = []
-    for i, f in enumerate(figures):
-        parts += [np.zeros((gap, f.shape[1]), np.uint8)] * (i > 0) + [f]
+    rows = np.zeros((gap, figures[0].shape[1]), np.uint8)
+    parts = [figures[0]]
+    for f in figures[1:]:
+        parts += [rows, f]
     return np.concatenate(parts, axis=0)
 
 
