@@ -452,3 +452,34 @@ def test_a_rung_whose_source_checkpoint_is_lost_retrains_it_and_records_whether_
     assert ablation.main([*flags, "--tasks", "samples16"]) == 0
     rung = json.loads(ablation.cell_path(tmp_path, "samples16", "nala", 0, 1e-3).read_text())
     assert rung["init_from"]["reproduced"] is False
+
+
+def test_a_rung_trains_its_source_under_the_source_lock_and_waits_for_another_holder(
+        tmp_path, digits_classifier_dir, monkeypatch):
+    """Two runners whose rungs share a source (``--jobs 1`` included) must not both train it in
+    one run folder: ``ladder_source`` trains the source under the source cell's own lock, and
+    waits while another live process holds that lock."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from benchmarks.study import runner
+
+    lock = runner._lock_path(tmp_path, ("samples8", "nala", 0, 2e-3))
+    assert lock == tmp_path / "locks" / "samples8__nala__seed0_lr2e-3.pid"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+    threading.Thread(target=other.wait, daemon=True).start()   # reaped on exit (a zombie still answers kill 0)
+    lock.parent.mkdir()
+    lock.write_text(str(other.pid))
+    with runner._holding(lock, poll_s=0.05):
+        assert other.poll() is not None                          # entered only once the other holder ended
+        assert lock.read_text() == str(os.getpid())
+    assert not lock.exists()
+
+    held, real = [], runner.run_cell
+    monkeypatch.setattr(runner, "run_cell", lambda *a, **k: held.append(runner._holder(lock)) or real(*a, **k))
+    path, info = runner.ladder_source("samples8", "nala", 0, tmp_path, True, digits_classifier_dir)
+    assert held == [os.getpid()] and not lock.exists()           # trained under the lock, released after
+    assert path.name == f"{max(runner.task_recipe('samples8', True)['budgets']):07d}"
+    assert info == dict(cell=runner.cell_name("samples8", "nala", 0, 2e-3), retrained=False)

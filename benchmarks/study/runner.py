@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import shutil
@@ -87,7 +88,7 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
                   last_exponent=records[-1].get("nala/exponent_mean"))
     if mismatched:
         result["kept_scores_mismatch"] = mismatched
-    if recipe.get("init_task") and source is not None:
+    if source is not None:
         result["init_from"] = source
     # Keep only the final checkpoint (diagnostics read it); earlier ones were scored.
     for step, path in by_step.items():
@@ -105,9 +106,15 @@ def ladder_source(task: str, variant: str, seed: int, out: Path, quick: bool, cl
     bit (one thread on the same CPU and torch: it does), so the rung above starts from the
     very model whose scores are committed; where it did not, the rung above still starts
     from an equal-recipe run, and the JSON says so."""
+    lr = task_recipe(task, quick)["lr"]
+    with _holding(_lock_path(out, (task, variant, seed, lr))):  # one trainer per run folder, across runners
+        return _ladder_source(task, variant, seed, lr, out, quick, classifier_dir)
+
+
+def _ladder_source(task: str, variant: str, seed: int, lr: float, out: Path, quick: bool,
+                   classifier_dir) -> tuple[Path, dict]:
     from nala_dit.checkpoint import list_checkpoints
 
-    lr = task_recipe(task, quick)["lr"]
     found = list_checkpoints(out / "work" / "runs" / cell_name(task, variant, seed, lr) / "checkpoints")
     final = max(task_recipe(task, quick)["budgets"])
     info = dict(cell=cell_name(task, variant, seed, lr), retrained=False)
@@ -161,14 +168,37 @@ def grid(args) -> list[tuple[str, str, int, float]]:
     return cells
 
 
-def _locked(lock: Path) -> bool:
-    """A cell is being run by a live process (runners may overlap after a restart)."""
+def _lock_path(out: Path, cell: tuple) -> Path:
+    return out / "locks" / (cell_name(*cell).replace("/", "__") + ".pid")
+
+
+def _holder(lock: Path) -> int | None:
+    """The live process that holds a cell's lock, if any (runners may overlap after a restart)."""
     try:
         pid = int(lock.read_text())
         os.kill(pid, 0)
-        return True
+        return pid
     except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-        return False
+        return None
+
+
+def _locked(lock: Path) -> bool:
+    return _holder(lock) is not None
+
+
+@contextlib.contextmanager
+def _holding(lock: Path, poll_s: float = 2.0):
+    """Hold a cell's lock in this process, first waiting while another live process holds it.
+    A ladder rung trains its source cell inside its own process (``ladder_source``): without
+    this, two runners whose rungs share a source would both train that source in one folder."""
+    while (pid := _holder(lock)) is not None and pid != os.getpid():
+        time.sleep(poll_s)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(str(os.getpid()))
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def _live_cells(out: Path) -> int:
@@ -189,7 +219,7 @@ def run_main(args) -> int:
         reference(task, out / "work", classifier_dir)
     failures = 0
     for cell in todo:
-        lock = out / "locks" / (cell_name(*cell).replace("/", "__") + ".pid")
+        lock = _lock_path(out, cell)
         if cell_done(out, *cell, budgets=args.budgets) or _locked(lock):
             continue
         flags = ["--task", cell[0], "--variant", cell[1], "--seed", str(cell[2]), "--lr", repr(cell[3]),
@@ -232,8 +262,7 @@ def _source_busy(out: Path, cell: tuple, quick: bool) -> bool:
     source = task_recipe(cell[0], quick).get("init_task")
     if source is None:
         return False
-    lr = task_recipe(source, quick)["lr"]
-    return _locked(out / "locks" / (cell_name(source, *cell[1:3], lr).replace("/", "__") + ".pid"))
+    return _locked(_lock_path(out, (source, *cell[1:3], task_recipe(source, quick)["lr"])))
 
 
 def _reap(running: list, out: Path, md: Path | None) -> int:
