@@ -103,9 +103,9 @@ def ladder_source(task: str, variant: str, seed: int, out: Path, quick: bool, cl
     recorded, unless already recorded) if its checkpoint is not in ``out/work`` (a fresh
     clone holds the cell JSONs, not the runs). A recorded cell is then retrained, not
     rescored: ``reproduced`` says whether its training log matched the recorded one bit for
-    bit (one thread on the same CPU and torch: it does), so the rung above starts from the
-    very model whose scores are committed; where it did not, the rung above still starts
-    from an equal-recipe run, and the JSON says so."""
+    bit (one thread, same machine and torch: it does; on another machine it may not), so the
+    rung above starts from the very model whose scores are committed; where it did not, the
+    rung above still starts from an equal-recipe run, and the JSON says so."""
     lr = task_recipe(task, quick)["lr"]
     with _holding(_lock_path(out, (task, variant, seed, lr))):  # one trainer per run folder, across runners
         return _ladder_source(task, variant, seed, lr, out, quick, classifier_dir)
