@@ -31,11 +31,11 @@ import sys
 import time
 from pathlib import Path
 
-from nala_dit.requirements import require_installed
+from nala_dit.cli.requirements import require_installed
 
 require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
 
-from nala_dit.cli import passive_wait_policy
+from nala_dit.cli.parse import passive_wait_policy
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -106,7 +106,7 @@ def prepare_out(out: Path) -> Path | None:
 
 def write_real_digits(path: Path, per_class: int, seed: int = 0) -> None:
     """Real training digits as an ADM-style .npz: the ceiling any generator can reach."""
-    from nala_dit.digits import load_digits_split
+    from nala_dit.data.digits import load_digits_split
 
     images, labels = load_digits_split("train")
     rng = np.random.default_rng(seed)
@@ -158,8 +158,8 @@ def plot_losses(curves: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from nala_dit.cli import THREADS_HELP, ArgumentParser
-    from nala_dit.runlock import LockedError, RunLock
+    from nala_dit.cli.parse import THREADS_HELP, ArgumentParser
+    from nala_dit.training.runlock import LockedError, RunLock
 
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smoke run: few steps, few samples")
@@ -214,8 +214,8 @@ def run_demo(out: Path, quick: bool, threads: list) -> None:
         metrics = json.loads(metrics_path.read_text())["metrics"]
         return metrics, json.loads(Path(f"{samples}.json").read_text()), sample_time
 
-    from nala_dit.checkpoint import load_model
-    from nala_dit.models import count_params
+    from nala_dit.training.checkpoint import load_model
+    from nala_dit.models.dit import count_params
 
     rows, curves = [], {}
     for name, config, sampler, steps in MODELS:
@@ -407,7 +407,7 @@ def render_report(report: dict) -> str:
 
 
 def _script() -> int:
-    from nala_dit.cli import Interrupted
+    from nala_dit.cli.parse import Interrupted
 
     try:
         return main()
@@ -417,6 +417,6 @@ def _script() -> int:
 
 
 if __name__ == "__main__":
-    from nala_dit.cli import run_main
+    from nala_dit.cli.parse import run_main
 
     sys.exit(run_main(_script))

@@ -34,13 +34,13 @@ import json
 import sys
 from pathlib import Path
 
-from nala_dit.requirements import require_installed
+from nala_dit.cli.requirements import require_installed
 
 require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
 
-from nala_dit import options
-from nala_dit.cli import THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, run_main, set_threads
-from nala_dit.grid import add_size_arguments, check_size_args, sized_settings
+from nala_dit.cli import options
+from nala_dit.cli.parse import THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, run_main, set_threads
+from nala_dit.models.grid import add_size_arguments, check_size_args, sized_settings
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0, help="same seed and index = same image as sample.py")
     gen.add_argument("--weights", choices=["ema", "model"], default="ema")
     gen.add_argument("--vae", default=None, help="VAE folder (default: the one the checkpoint names)")
-    gen.add_argument("--sampler", default=None, help="default: ddpm (DiT) / ode-heun (SiT); see nala_dit.generate")
+    gen.add_argument("--sampler", default=None, help="default: ddpm (DiT) / ode-heun (SiT); see nala_dit.diffusion.generate")
     gen.add_argument("--steps", type=int, default=None)
     gen.add_argument("--cfg-scale", type=options.cfg_scale_arg, default=1.0,
                      help="classifier-free guidance scale, 0..100; 1 = none")
@@ -105,13 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _generated_batches(source, labels, seed, settings, batch_size):
     """uint8 NHWC batches from the shared sampler. Noise is seeded per global sample
-    index (nala_dit.sampling), so with the same settings and --batch-size these are the
+    index (nala_dit.pipelines.sample_files), so with the same settings and --batch-size these are the
     images `sample.py --num-samples N --seed S` would write."""
     import torch
 
-    from nala_dit.data import to_uint8
-    from nala_dit.generate import sample_batch
-    from nala_dit.progress import progress_bar
+    from nala_dit.data.datasets import to_uint8
+    from nala_dit.diffusion.generate import sample_batch
+    from nala_dit.cli.progress import progress_bar
 
     with progress_bar(total=len(labels), unit="img", desc="generate + features") as bar:
         for start in range(0, len(labels), batch_size):
@@ -126,12 +126,12 @@ def _generated_batches(source, labels, seed, settings, batch_size):
 def _gen(args, common) -> dict:
     import numpy as np
 
-    from nala_dit import metrics
-    from nala_dit.context_parallel import enable
-    from nala_dit.generate import SampleSettings
-    from nala_dit.sampling import balance_notice, balanced_labels
-    from nala_dit.sources import load_source
-    from nala_dit.vae import check_tiling, decode_settings
+    from nala_dit.evaluation import metrics
+    from nala_dit.models.context_parallel import enable
+    from nala_dit.diffusion.generate import SampleSettings
+    from nala_dit.pipelines.sample_files import balance_notice, balanced_labels
+    from nala_dit.pipelines.sources import load_source
+    from nala_dit.models.vae import check_tiling, decode_settings
 
     check_size_args(args)
     context = _context_parallel(args.context_parallel)
@@ -170,8 +170,8 @@ def _context_parallel(size: int):
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
 
-    from nala_dit.context_parallel import ContextParallel
-    from nala_dit.runlock import check_process_count
+    from nala_dit.models.context_parallel import ContextParallel
+    from nala_dit.training.runlock import check_process_count
 
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
     check_process_count(state.num_processes, "evaluate_fid.py")
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import torch
 
-    from nala_dit import metrics
+    from nala_dit.evaluation import metrics
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     common = dict(batch_size=args.batch_size, device=device, num_workers=args.num_workers,

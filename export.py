@@ -9,7 +9,7 @@ From the published DiT / SiT weights (softmax models, official key layout):
         --vae sd-vae-ft-ema --copy-vae
     python export.py official SiT-XL-2-256.pt exported/sit-xl2-256 --model SiT-XL/2 --model-only
 Then:
-    python -c "import nala_dit.pipeline as p; print(p.load_pipeline('exported/nala-dit-s2')([1]).images)"
+    python -c "import nala_dit.pipelines.pipeline as p; print(p.load_pipeline('exported/nala-dit-s2')([1]).images)"
     python sample.py --ckpt exported/nala-dit-s2 --labels 1,2 --grid grid.png
     python -c "import nala_dit, diffusers; print(diffusers.DiffusionPipeline.from_pretrained('exported/nala-dit-s2'))"
 
@@ -20,11 +20,11 @@ loads it on first use; with it the VAE is saved inside the folder.
 import argparse
 import sys
 
-from nala_dit.requirements import require_installed
+from nala_dit.cli.requirements import require_installed
 
 require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
 
-from nala_dit.cli import ArgumentParser, Interrupted, passive_wait_policy, run_main
+from nala_dit.cli.parse import ArgumentParser, Interrupted, passive_wait_policy, run_main
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -66,21 +66,21 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    from nala_dit.export_folder import check_out_dir
-    from nala_dit.sources import read_labels_file
+    from nala_dit.pipelines.export import check_out_dir
+    from nala_dit.pipelines.sources import read_labels_file
 
     check_out_dir(args.out_dir)  # before any loading: an existing export or other files are never touched
     id2label = read_labels_file(args.labels_file) if args.labels_file else None
     if args.command == "checkpoint":
-        from nala_dit.export_folder import write_folder
-        from nala_dit.pipeline import pipeline_from_checkpoint
+        from nala_dit.pipelines.export import write_folder
+        from nala_dit.pipelines.pipeline import pipeline_from_checkpoint
 
         pipe = pipeline_from_checkpoint(args.ckpt, args.weights, args.vae, args.copy_vae, id2label)
     else:
-        from nala_dit.data import load_vae
-        from nala_dit.export_folder import write_folder
-        from nala_dit.pipeline import pipeline_for
-        from nala_dit.sources import load_official_state_dict, model_from_official
+        from nala_dit.data.datasets import load_vae
+        from nala_dit.pipelines.export import write_folder
+        from nala_dit.pipelines.pipeline import pipeline_for
+        from nala_dit.pipelines.sources import load_official_state_dict, model_from_official
 
         if args.copy_vae and not args.vae:
             raise ValueError("--copy-vae needs --vae PATH (the VAE folder to copy)")

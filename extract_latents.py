@@ -14,11 +14,11 @@ however the extraction was split or resumed), which --latent-norm channel trains
 import json
 import sys
 
-from nala_dit.requirements import require_installed
+from nala_dit.cli.requirements import require_installed
 
 require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
 
-from nala_dit.cli import (THREADS_HELP, ArgumentParser, Interrupted, main_process, passive_wait_policy, report_error,
+from nala_dit.cli.parse import (THREADS_HELP, ArgumentParser, Interrupted, main_process, passive_wait_policy, report_error,
                           run_main, set_threads)
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
                    "latents: what --repa-encoder needs (196 KB per 256-px image)")
     p.add_argument("--threads", type=int, help=THREADS_HELP)
     args = p.parse_args(argv)
-    from nala_dit.extract import extract_latents  # torch, diffusers: only once there is work to do
+    from nala_dit.data.extract import extract_latents  # torch, diffusers: only once there is work to do
 
     try:
         set_threads(args.threads)
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, OSError) as err:
         return report_error(err)  # one line, printed by rank 0 only
     except KeyboardInterrupt:
-        from nala_dit.extract import shards_done
+        from nala_dit.data.extract import shards_done
 
         done, total = shards_done(args.out)
         raise Interrupted(f"{done} of {total if total is not None else '?'} shards kept in {args.out}; "

@@ -35,14 +35,14 @@ import math
 import sys
 from datetime import timedelta
 
-from nala_dit.requirements import require_installed
+from nala_dit.cli.requirements import require_installed
 
 require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
 
-from nala_dit.cli import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, report_error, run_main,
+from nala_dit.cli.parse import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, report_error, run_main,
                           set_threads)
-from nala_dit.grid import add_size_arguments, check_size_args, sized_settings
-from nala_dit.options import (CONTEXT_PARALLEL_HELP, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS,
+from nala_dit.models.grid import add_size_arguments, check_size_args, sized_settings
+from nala_dit.cli.options import (CONTEXT_PARALLEL_HELP, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS,
                               VAE_TILING_MODES, cfg_scale_arg, check_context_parallel)
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_size_arguments(p)
     how = p.add_argument_group("sampler")
     how.add_argument("--sampler", choices=list(SAMPLERS), help="default: ddpm (DiT) / ode-heun (SiT)")
-    how.add_argument("--steps", type=int, help="sampler steps (default per sampler, see nala_dit.generate)")
+    how.add_argument("--steps", type=int, help="sampler steps (default per sampler, see nala_dit.diffusion.generate)")
     how.add_argument("--max-nfe", type=int, help="dopri5: stop with an error after this many model "
                      "evaluations per batch (default: unbounded)")
     how.add_argument("--atol", type=float, default=ODE_ATOL, help="dopri5: absolute tolerance")
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         if not args.out:
             raise Interrupted("nothing was written (images are saved at the end); run the same command again")
-        from nala_dit.sampling import shards_done
+        from nala_dit.pipelines.sample_files import shards_done
 
         samples, shards = shards_done(args.out)
         raise Interrupted(f"{samples} of {args.num_samples} samples kept ({shards} finished shards in "
@@ -120,11 +120,11 @@ def main(argv=None) -> int:
 def run(args) -> int:
     import torch
 
-    from nala_dit.generate import SampleSettings
+    from nala_dit.diffusion.generate import SampleSettings
     from nala_dit.guards import check_writable
-    from nala_dit.sampling import balance_notice, balanced_labels, mass_sample, sample_images, save_grid, save_pngs
-    from nala_dit.sources import load_source, resolve_labels
-    from nala_dit.vae import check_tiling, decode_settings
+    from nala_dit.pipelines.sample_files import balance_notice, balanced_labels, mass_sample, sample_images, save_grid, save_pngs
+    from nala_dit.pipelines.sources import load_source, resolve_labels
+    from nala_dit.models.vae import check_tiling, decode_settings
 
     set_threads(args.threads)
     # outputs that cannot be written fail now, not after all the sampling
@@ -147,7 +147,7 @@ def run(args) -> int:
         from accelerate import PartialState
         from accelerate.utils import parse_flag_from_env
 
-        from nala_dit.runlock import check_process_count
+        from nala_dit.training.runlock import check_process_count
 
         # Without GPUs the processes must form a gloo group (cpu=True), or each would
         # sample everything alone. Ranks that resume with nothing left to do wait at the
@@ -155,7 +155,7 @@ def run(args) -> int:
         cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available()
         state = PartialState(cpu=cpu, timeout=timedelta(hours=12))
         check_process_count(state.num_processes, "sample.py")
-        from nala_dit.context_parallel import ContextParallel, enable
+        from nala_dit.models.context_parallel import ContextParallel, enable
 
         context = ContextParallel.from_world(args.context_parallel)
         source = load_source(args.ckpt, args.weights, args.vae, state.device)

@@ -12,13 +12,13 @@ Print the resolved config (defaults < YAML < flags) and exit:
 
 import sys
 
-from nala_dit.requirements import require_installed
+from nala_dit.cli.requirements import require_installed
 
 require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
 
-from nala_dit.cli import Interrupted, main_process, passive_wait_policy, report_error, run_main
-from nala_dit.config import dump_yaml, resolve
-from nala_dit.options import TrainConfig
+from nala_dit.cli.parse import Interrupted, main_process, passive_wait_policy, report_error, run_main
+from nala_dit.cli.config import dump_yaml, resolve
+from nala_dit.cli.options import TrainConfig
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -28,14 +28,14 @@ def main(argv=None) -> int:
     if args.dry_run:
         print(dump_yaml(cfg), end="")
         return 0
-    from nala_dit.training import train  # torch and accelerate: only once there is work to do
+    from nala_dit.training.loop import train  # torch and accelerate: only once there is work to do
 
     try:
         run_dir = train(cfg)
     except (ValueError, FileNotFoundError, FileExistsError, OSError, FloatingPointError) as err:
         return report_error(err)  # one line, printed by rank 0 only
     except KeyboardInterrupt:
-        from nala_dit.checkpoint import list_checkpoints
+        from nala_dit.training.checkpoint import list_checkpoints
 
         found = list_checkpoints(cfg.run_dir() / "checkpoints")
         if not found:

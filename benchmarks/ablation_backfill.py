@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nala_dit.cli import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -56,7 +56,7 @@ def backfill_cell(out: Path, cell_file: Path) -> list[int]:
     """Fill ``heldout_loss_raw`` of ``cell_file``'s rows whose checkpoint is kept under
     ``out/work/runs``; returns the budgets filled ([] when nothing was missing or kept)."""
     from benchmarks import ablation
-    from nala_dit.checkpoint import list_checkpoints, open_checkpoint
+    from nala_dit.training.checkpoint import list_checkpoints, open_checkpoint
 
     cell = json.loads(cell_file.read_text())
     name = ablation.cell_name(cell["task"], cell["variant"], cell["seed"], cell["lr"])
@@ -82,7 +82,7 @@ def backfill_cell(out: Path, cell_file: Path) -> list[int]:
 
 
 def main(argv=None) -> int:
-    from nala_dit.cli import ArgumentParser
+    from nala_dit.cli.parse import ArgumentParser
 
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="the ablation's output folder (cells/ and work/)")

@@ -4,7 +4,7 @@
     python benchmarks/cli_startup.py --repeats 11 --json runs/bench/cli_startup.json
 
 A ratio, not seconds, so the number means the same on a loaded machine: ``--help`` must
-not import torch, diffusers or accelerate (see ``nala_dit/options.py``).
+not import torch, diffusers or accelerate (see ``nala_dit/cli/options.py``).
 """
 
 import argparse
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nala_dit.cli import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nala_dit.cli import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 SECTIONS = ("forward", "train")
@@ -48,8 +48,8 @@ def _measure(rank: int, procs: int, port: int, cfg: dict, out: str) -> None:
     import torch.distributed as dist
 
     sys.path.insert(0, str(ROOT))
-    import nala_dit.context_parallel as cp_lib
-    from nala_dit.models import create_model
+    import nala_dit.models.context_parallel as cp_lib
+    from nala_dit.models.dit import create_model
 
     torch.set_num_threads(cfg["threads"])
     cuda = cfg.get("device") == "cuda"
@@ -166,8 +166,8 @@ def _child_main(procs: int, cfg: dict, out: str) -> None:
 
 def byte_table(tokens_list=(4096, 16384, 65536)) -> list[dict]:
     """Numbers (and fp32 MB) one rank contributes per layer forward with P = 2, XL/2."""
-    from nala_dit.context_parallel import exchanged_numbers
-    from nala_dit.options import SIZES
+    from nala_dit.models.context_parallel import exchanged_numbers
+    from nala_dit.cli.options import SIZES
 
     xl = SIZES["XL"]
     rows = []
@@ -198,8 +198,8 @@ def main(argv=None) -> int:
     if args.child:
         _child_main(int(args.child[0]), json.loads(args.child[1]), args.child[2])
         return 0
-    from nala_dit.context_parallel import exchanged_numbers
-    from nala_dit.options import FAMILIES, SIZES, preset
+    from nala_dit.models.context_parallel import exchanged_numbers
+    from nala_dit.cli.options import FAMILIES, SIZES, preset
 
     tokens = [256] if args.tiny else [int(v) for v in args.tokens.split(",")]
     models = ["NaLaDiT-T/2", "DiT-T/2"] if args.tiny else [args.model]

@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nala_dit.cli import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 VARIANTS = ("scratch", "inherit", "distill", "qkv-distill")
@@ -57,7 +57,7 @@ def cpu_seconds() -> float:
 
 def train_run(out: Path, name: str, steps: int, ckpt_every: int, *flags) -> Path:
     """Train (or finish) ``out/name``; a complete run is left alone."""
-    from nala_dit.checkpoint import list_checkpoints
+    from nala_dit.training.checkpoint import list_checkpoints
 
     done = list_checkpoints(out / name / "checkpoints")
     if done and int(done[-1].name) >= steps:

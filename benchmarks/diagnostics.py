@@ -1,5 +1,5 @@
 """NaLa diagnostics of a checkpoint: ‖q‖ and exponent histograms, saturated share, and
-attention-row entropy against ‖q‖ (``nala_dit/diagnostics.py``).
+attention-row entropy against ‖q‖ (``nala_dit/models/diagnostics.py``).
 
 The inputs are held-out images of the data the checkpoint was trained on (the embedded
 ``digits`` / ``digits-canvas``; other data: ``--noise`` feeds pure Gaussian inputs),
@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nala_dit.cli import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -35,8 +35,8 @@ SAMPLED_ROWS = 256
 def inputs(ckpt, model, batch: int, t_value: float, seed: int, noise_only: bool):
     import torch
 
-    from nala_dit import data as data_lib
-    from nala_dit.checkpoint import build_objective
+    from nala_dit.data import datasets as data_lib
+    from nala_dit.training.checkpoint import build_objective
 
     gen = torch.Generator().manual_seed(seed)
     c, size = model.in_channels, model.config.input_size
@@ -79,9 +79,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    from nala_dit.checkpoint import build_model_from_config, load_model, open_checkpoint
-    from nala_dit.checkpoint import find_checkpoint
-    from nala_dit.diagnostics import collect, plot_distributions, plot_entropy
+    from nala_dit.training.checkpoint import build_model_from_config, load_model, open_checkpoint
+    from nala_dit.training.checkpoint import find_checkpoint
+    from nala_dit.models.diagnostics import collect, plot_distributions, plot_entropy
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     ckpt = open_checkpoint(find_checkpoint(args.ckpt))

@@ -13,7 +13,7 @@ One image, batch 1, random weights (cost does not depend on them), 256 → 4096 
 * ``train``: forward + MSE loss + backward (no optimizer step) at 1K/4K/16K tokens,
   with and without gradient checkpointing (``model.gradient_checkpointing = True``):
   the peak memory per image includes the parameter gradients.
-* ``vae``: ``nala_dit.generate.decode`` with the SD-VAE architecture (kl-f8: 128/256/
+* ``vae``: ``nala_dit.diffusion.generate.decode`` with the SD-VAE architecture (kl-f8: 128/256/
   512/512 channels), untiled and tiled (``--vae-tile`` px tiles), reported apart from
   the transformer.
 
@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nala_dit.cli import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -64,9 +64,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from benchmarks.attention import DTYPES, PeakMemory, sdpa_backend, sync  # noqa: E402
-from nala_dit.generate import decode  # noqa: E402
-from nala_dit.models import count_params, create_model  # noqa: E402
-from nala_dit.options import SIZES  # noqa: E402
+from nala_dit.diffusion.generate import decode  # noqa: E402
+from nala_dit.models.dit import count_params, create_model  # noqa: E402
+from nala_dit.cli.options import SIZES  # noqa: E402
 
 # (row name, model family, SDPA backend forced for DiT's softmax; None = SDPA's choice)
 METHODS = (("nala", "NaLaDiT", None), ("sdpa", "DiT", None), ("math", "DiT", SDPBackend.MATH))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nala_dit.cli import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -41,9 +41,9 @@ def score(source, setting, per_class: int, seed: int, ref: Path, classifier_dir:
     import numpy as np
     import torch
 
-    from nala_dit import metrics
-    from nala_dit.generate import SampleSettings
-    from nala_dit.sampling import sample_images
+    from nala_dit.evaluation import metrics
+    from nala_dit.diffusion.generate import SampleSettings
+    from nala_dit.pipelines.sample_files import sample_images
 
     name, side, pos, strength = setting
     model = source.model
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     import torch
 
     import benchmarks.ablation as ablation
-    from nala_dit.sources import load_source
+    from nala_dit.pipelines.sources import load_source
 
     torch.set_num_threads(args.threads)
     classifier_dir = args.work / "digits_classifier"

@@ -32,14 +32,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nala_dit.cli import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
 import torch  # noqa: E402
 
 from benchmarks.attention import DTYPES, PeakMemory, sync  # noqa: E402
-from nala_dit.models import count_flops, count_params, create_model  # noqa: E402
+from nala_dit.models.dit import count_flops, count_params, create_model  # noqa: E402
 
 FAMILIES = ("DiT", "NaLaDiT")
 

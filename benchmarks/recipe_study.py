@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nala_dit.cli import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE for the runs it starts, unless set (docs/performance.md, Threads)
 
@@ -52,7 +52,7 @@ MODELS = {
     "NaLaSiT": ("configs/digits_nala_sit.yaml", "ode-heun", 16, []),
     "SiT": ("configs/digits_nala_sit.yaml", "ode-heun", 16, ["--model", "SiT-T/2"]),
 }
-ENCODER = "{digits_encoder}"   # replaced by <work>/digits_encoder, trained once (python -m nala_dit.repa)
+ENCODER = "{digits_encoder}"   # replaced by <work>/digits_encoder, trained once (python -m nala_dit.training.repa)
 RECIPES = {
     "uniform": [],
     "logit-normal": ["--t-sampling", "logit-normal"],
@@ -98,7 +98,7 @@ def reference(work: Path) -> tuple[Path, Path]:
                        check=True, cwd=ROOT)
     encoder = work / "digits_encoder"
     if not (encoder / "encoder.json").is_file():   # the repa recipe's encoder: label-free, deterministic
-        subprocess.run([python(), "-m", "nala_dit.repa", str(encoder)], check=True, cwd=ROOT,
+        subprocess.run([python(), "-m", "nala_dit.training.repa", str(encoder)], check=True, cwd=ROOT,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     return ref, classifier
 

@@ -1,7 +1,7 @@
 r"""Samples beside what the digits scorer reads of them: each sample above its 8 x 8 area average.
 
 The digits classifier (``--features digits``) scores a larger whole-frame digit by
-box-averaging it to 8 x 8 (``nala_dit.digits.digits_to_input``). This draws that view under
+box-averaging it to 8 x 8 (``nala_dit.data.digits.digits_to_input``). This draws that view under
 each sample, enlarged back to the sample's size with square pixels, so a figure shows what a
 class-consistency score of the samples protocol can and cannot see.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nala_dit.cli import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -54,7 +54,7 @@ def scorer_view(image):
     """uint8 (H, W) or (H, W, 3) → the scorer's 8 x 8 view of it, enlarged to (H, W) uint8 grey."""
     import torch
 
-    from nala_dit.digits import digits_to_input
+    from nala_dit.data.digits import digits_to_input
 
     x = torch.from_numpy(image)
     x = x[None, None] if x.dim() == 2 else x.permute(2, 0, 1)[None]

@@ -53,7 +53,7 @@ def step_times(model_name: str, batch: int, steps: int, cap_s: float) -> dict:
     import torch
 
     from benchmarks.model import make_batch, train_step
-    from nala_dit.models import create_model
+    from nala_dit.models.dit import create_model
 
     torch.manual_seed(0)
     model = create_model(model_name, input_size=8, in_channels=1, num_classes=10)
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":  # not when a child imports step_times: its environment is the setting's
     sys.path.insert(0, str(ROOT))
-    from nala_dit.cli import passive_wait_policy
+    from nala_dit.cli.parse import passive_wait_policy
 
     passive_wait_policy()  # as every entry point; each child gets its setting's environment explicitly
     sys.exit(main())

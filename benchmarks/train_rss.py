@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nala_dit.cli import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -39,7 +39,7 @@ def one_step(preset: str, latent: int, recompute: bool) -> dict:
 
     import torch
 
-    from nala_dit.models import create_model
+    from nala_dit.models.dit import create_model
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731  (KiB on Linux)

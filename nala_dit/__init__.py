@@ -1,37 +1,47 @@
-"""nala_dit: DiT / SiT diffusion transformers with gated norm-aware linear attention.
+"""nala_dit: DiT / SiT diffusion transformers with gated norm-aware linear attention (NaLa).
 
-Where things are: ``attention/`` (NaLa and baselines), ``models.py`` (backbone and
-presets), ``diffusion.py`` / ``transport.py`` (objectives), ``samplers.py`` (every
-sampler as a plain function), ``pipeline.py`` (diffusers pipelines), ``options.py``
-(every name the CLIs offer, as plain data).
+The package, top (what a user runs) to bottom (the math); imports only point down:
 
-Importing the package costs nothing: the names below are looked up on first use, so a
-CLI's ``--help`` (which imports ``nala_dit.options``) never loads torch or diffusers.
+* ``pipelines/``: the diffusers pipelines, loading every model source, exported folders, sample files;
+* ``training/``: the loop and one step, EMA, logging, validation, REPA, conversion, checkpoints, run lock;
+* ``evaluation/``: FID / sFID / IS / precision-recall / KID and their feature extractors;
+* ``data/``: datasets (image folders, latent caches, the embedded digits), latent statistics, extraction;
+* ``diffusion/``: Gaussian diffusion (DiT), transport (SiT), every sampler, guidance, ``generate``;
+* ``models/``: the DiT/SiT network and its presets, the token grid, context parallel, the VAE;
+* ``attention/``: NaLa (``nala_attention``), its baselines and layers, the Triton kernels;
+* ``cli/``: every CLI option as plain data (``TrainConfig``), YAML configs, parsing (torch-free).
+
+Importing the package costs nothing: the names below are imported on first use, so a CLI's
+``--help`` never loads torch or diffusers.
 """
+
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-# name -> submodule that defines it (imported on first access).
-_LAZY = {
-    "MODELS": "models", "DiT": "models", "create_model": "models",
+# The public API (tests/test_api.py pins it): name -> module that defines it.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    # the network
+    "DiT": "models.dit", "MODELS": "models.dit", "create_model": "models.dit",
+    "count_params": "models.dit", "count_flops": "models.dit",
+    # the attention
     "nala_attention": "attention", "nala_attention_reference": "attention", "nala_features": "attention",
-    "NaLaDiTPipeline": "pipeline", "NaLaSiTPipeline": "pipeline", "DiTPipelineTransformer": "pipeline",
-}
-__all__ = sorted(_LAZY)
+    "GatedLinearAttention": "attention", "SoftmaxAttention": "attention",
+    # objectives and samplers
+    "GaussianDiffusion": "diffusion.gaussian", "Transport": "diffusion.transport",
+    "ddpm_sample": "diffusion.samplers", "ddim_sample": "diffusion.samplers",
+    "ode_sample": "diffusion.samplers", "sde_sample": "diffusion.samplers",
+    "cfg_model_fn": "diffusion.guidance",
+    "generate": "diffusion.generate", "sample_batch": "diffusion.generate", "SampleSettings": "diffusion.generate",
+    # metrics
+    "frechet_distance": "evaluation.metrics", "inception_score": "evaluation.metrics",
+    "precision_recall": "evaluation.metrics", "evaluate_samples": "evaluation.metrics",
+    # pipelines and model sources
+    "NaLaDiTPipeline": "pipelines.pipeline", "NaLaSiTPipeline": "pipelines.pipeline",
+    "DiTPipelineTransformer": "pipelines.pipeline", "load_source": "pipelines.sources",
+})
 
 # diffusers' generic DiffusionPipeline.from_pretrained finds our pipelines by name.
-from .register import install as _install  # noqa: E402
+from .pipelines.register import install as _install  # noqa: E402
 
 _install()
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module 'nala_dit' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_LAZY))

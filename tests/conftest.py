@@ -3,7 +3,7 @@
 First of all, as every entry point: ``OMP_WAIT_POLICY=PASSIVE`` unless set, before torch
 loads, for this process and every subprocess a test starts (they inherit the environment)."""
 
-from nala_dit.cli import passive_wait_policy
+from nala_dit.cli.parse import passive_wait_policy
 
 passive_wait_policy()
 
@@ -42,7 +42,7 @@ def inception_weights(tmp_path_factory):
 @pytest.fixture(scope="session")
 def digits_classifier_dir(tmp_path_factory):
     """The digits classifier, trained once per session (a few seconds on CPU)."""
-    from nala_dit.digits import train_digits_classifier
+    from nala_dit.data.digits import train_digits_classifier
 
     out = tmp_path_factory.mktemp("digits_classifier")
     train_digits_classifier(out)
@@ -64,10 +64,10 @@ def image_sets():
 def digits_checkpoint(tmp_path_factory):
     """A train.py-style run folder: a tiny pixel-space digits DiT (8x8, 1 channel) with
     random weights, for end-to-end sampling tests."""
-    from nala_dit.checkpoint import save_checkpoint
-    from nala_dit.config import to_dict
-    from nala_dit.models import create_model
-    from nala_dit.training import TrainConfig
+    from nala_dit.training.checkpoint import save_checkpoint
+    from nala_dit.cli.config import to_dict
+    from nala_dit.models.dit import create_model
+    from nala_dit.training.loop import TrainConfig
 
     run_dir = tmp_path_factory.mktemp("runs") / "digits-dit"
     model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nala_dit.digits import CANVAS_DIGIT, CANVAS_SIZE, load_canvas_split, load_digits_split
+from nala_dit.data.digits import CANVAS_DIGIT, CANVAS_SIZE, load_canvas_split, load_digits_split
 
 
 def test_canvas_is_deterministic_and_holds_the_labelled_digit():
@@ -174,10 +174,10 @@ def test_quick_timing_builds_and_steps_every_remedy_variant(tmp_path):
     """The 4,096-token study's variants (``--variants remedies``): each one's flags build its
     model (the parameter count says which blocks changed) and take timed training steps."""
     import benchmarks.ablation as ablation
-    from nala_dit.config import resolve
-    from nala_dit.models import count_params
-    from nala_dit.options import TrainConfig
-    from nala_dit.training import build_model
+    from nala_dit.cli.config import resolve
+    from nala_dit.models.dit import count_params
+    from nala_dit.cli.options import TrainConfig
+    from nala_dit.training.loop import build_model
 
     assert ablation.main(["timing", "--quick", "--out", str(tmp_path), "--tasks", "canvas64",
                           "--variants", "nala,remedies"]) == 0
@@ -260,10 +260,10 @@ def test_study_variants_and_recipe_flags():
     attention; a study task trains with the EMA warm-up and every Mix-FFN conv at identity."""
     import benchmarks.ablation as ablation
     from benchmarks.study.recipes import STUDY_TASKS, TWO_BY_TWO, recipe_flags
-    from nala_dit.config import resolve
-    from nala_dit.models import count_params
-    from nala_dit.options import TrainConfig
-    from nala_dit.training import build_model
+    from nala_dit.cli.config import resolve
+    from nala_dit.models.dit import count_params
+    from nala_dit.cli.options import TrainConfig
+    from nala_dit.training.loop import build_model
 
     def params(variant):
         cfg, _ = resolve(TrainConfig, [*ablation.VARIANTS[variant], "--data", "digits-canvas", "--image-size", "64"])
@@ -398,7 +398,7 @@ def test_samples_protocol_climbs_the_ladder_one_rung_at_a_time(tmp_path, digits_
     assert (record["source_input_size"], record["input_size"], record["pos_embed"]) == (8, 16, "interpolate")
     source = tmp_path / "work" / "runs" / ablation.cell_name("samples8", "nala_mix", 0, 2e-3) / "checkpoints"
     assert f"init-from: {sorted(source.iterdir())[-1]}\n" in (run / "config.yaml").read_text()   # its final checkpoint
-    from nala_dit.checkpoint import build_objective, list_checkpoints, open_checkpoint
+    from nala_dit.training.checkpoint import build_objective, list_checkpoints, open_checkpoint
 
     ckpt = open_checkpoint(list_checkpoints(run / "checkpoints")[-1])
     assert build_objective(ckpt.model_config, ckpt.config).time_shift == 2.0

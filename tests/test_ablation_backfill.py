@@ -10,10 +10,10 @@ import torch
 
 from benchmarks import ablation
 from benchmarks import ablation_backfill as backfill
-from nala_dit.checkpoint import build_objective, save_checkpoint
-from nala_dit.config import to_dict
-from nala_dit.models import create_model
-from nala_dit.training import TrainConfig
+from nala_dit.training.checkpoint import build_objective, save_checkpoint
+from nala_dit.cli.config import to_dict
+from nala_dit.models.dit import create_model
+from nala_dit.training.loop import TrainConfig
 
 
 def kept_checkpoint(run_dir: Path, step: int):

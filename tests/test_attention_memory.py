@@ -12,7 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.attention import PeakMemory  # noqa: E402
 from nala_dit.attention import GatedLinearAttention, SoftmaxAttention  # noqa: E402
-from nala_dit.models import create_model  # noqa: E402
+from nala_dit.models.dit import create_model  # noqa: E402
 from tests.utils import TINY  # noqa: E402
 
 F32 = 4

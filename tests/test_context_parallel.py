@@ -1,4 +1,4 @@
-"""Context parallel (nala_dit/context_parallel.py): one image's rows over P processes.
+"""Context parallel (nala_dit/models/context_parallel.py): one image's rows over P processes.
 
 Real multi-process runs (torch.multiprocessing spawn, gloo): every case runs in one pair of
 processes (a module fixture), each rank computing the one-process reference itself, and the
@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from nala_dit.context_parallel import ContextParallel, ShardGrid, exchanged_numbers, row_split
+from nala_dit.models.context_parallel import ContextParallel, ShardGrid, exchanged_numbers, row_split
 from tests.utils import TINY, free_port, launch
 
 TOL = 1e-5     # relative to the reference's largest magnitude (fp32, sums in another order)
@@ -69,8 +69,8 @@ def _rel(a, b):
 
 
 def _model_case(cp, spec, results):
-    from nala_dit.context_parallel import enable
-    from nala_dit.models import DiT
+    from nala_dit.models.context_parallel import enable
+    from nala_dit.models.dit import DiT
 
     name, options, latent = spec
     checkpointing = options.pop("checkpointing", False)
@@ -187,8 +187,8 @@ def _pipeline_case(cp, results, folder):
     every process, each calling the pipeline alike, gives every process the same images."""
     import numpy as np
 
-    from nala_dit.context_parallel import enable
-    from nala_dit.pipeline import pipeline_from_checkpoint
+    from nala_dit.models.context_parallel import enable
+    from nala_dit.pipelines.pipeline import pipeline_from_checkpoint
     from tests.test_sample_cli import write_checkpoint
 
     torch.manual_seed(0)                       # the model's init: the same weights on every rank
@@ -272,7 +272,7 @@ def test_train_with_context_parallel_2_gives_the_one_process_weights_and_resumes
     from safetensors.torch import load_file
 
     import train as train_cli
-    from nala_dit import checkpoint as ckpt_lib
+    from nala_dit.training import checkpoint as ckpt_lib
 
     proc = launch(tmp_path, "train.py", *CP_RUN, "--context-parallel", "2", "--results-dir", str(tmp_path),
                    "--exp-name", "cp2")

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import train as train_cli
-from nala_dit import checkpoint as ckpt_lib
-from nala_dit.config import to_dict
-from nala_dit.convert import Distiller, Reference, check_compatible, inherit
-from nala_dit.diffusion import GaussianDiffusion
-from nala_dit.models import count_params, create_model
-from nala_dit.training import TrainConfig
+from nala_dit.training import checkpoint as ckpt_lib
+from nala_dit.cli.config import to_dict
+from nala_dit.training.convert import Distiller, Reference, check_compatible, inherit
+from nala_dit.diffusion.gaussian import GaussianDiffusion
+from nala_dit.models.dit import count_params, create_model
+from nala_dit.training.loop import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = dict(input_size=8, in_channels=1, num_classes=10)  # what train.py builds for --data digits
@@ -120,7 +120,7 @@ def test_official_xl2_state_dict_converts_with_the_expected_counts():
 @pytest.mark.parametrize("family", ["DiT", "SiT"])
 def test_every_preset_pair_converts(family):
     """DiT-X/p → NaLaDiT-X/p and SiT-X/p (released with 8 output channels) → NaLaSiT-X/p, ReLU/ELU too."""
-    from nala_dit.models import MODELS
+    from nala_dit.models.dit import MODELS
 
     for name in [n for n in MODELS if n.startswith(f"{family}-")]:
         with torch.device("meta"):
@@ -219,7 +219,7 @@ def test_init_from_official_pt_through_train_py(tmp_path, capsys):
                         "--grid", str(tmp_path / "grid.png")]) == 0
     assert (tmp_path / "grid.png").is_file()
     assert export.main(["checkpoint", str(tmp_path / "conv"), str(tmp_path / "pipe")]) == 0
-    from nala_dit.pipeline import load_pipeline
+    from nala_dit.pipelines.pipeline import load_pipeline
 
     pipe = load_pipeline(tmp_path / "pipe")
     assert pipe.transformer.config.attention == "nala"
@@ -229,7 +229,7 @@ def test_init_from_official_pt_through_train_py(tmp_path, capsys):
 def test_checkpoint_and_pipeline_folder_sources(tmp_path):
     """A run folder and its exported pipeline give the same teacher with its objective settings."""
     import export
-    from nala_dit.convert import load_reference, objective_settings
+    from nala_dit.training.convert import load_reference, objective_settings
 
     teacher = randomised("DiT-T/2", seed=10)
     run = write_checkpoint(tmp_path / "run", teacher, "DiT-T/2", **{"noise-schedule": "cosine"})

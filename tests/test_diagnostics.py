@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 from nala_dit.attention import nala_attention_reference
-from nala_dit.diagnostics import LayerStats, binned, collect
-from nala_dit.models import create_model
+from nala_dit.models.diagnostics import LayerStats, binned, collect
+from nala_dit.models.dit import create_model
 
 
 def test_saturated_share_known_answer():

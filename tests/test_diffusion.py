@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from nala_dit.diffusion import (GaussianDiffusion, discretized_gaussian_log_likelihood,
+from nala_dit.diffusion.gaussian import (GaussianDiffusion, discretized_gaussian_log_likelihood,
                                 get_named_beta_schedule, space_timesteps)
 from tests.helpers_oracle import MU, S, DiffusionOracle
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nala_dit.config import resolve
-from nala_dit.digits import CANVAS_SIZES, canvas_crop, load_canvas_split, load_digits_split, make_canvas
-from nala_dit.options import TrainConfig
+from nala_dit.cli.config import resolve
+from nala_dit.data.digits import CANVAS_SIZES, canvas_crop, load_canvas_split, load_digits_split, make_canvas
+from nala_dit.cli.options import TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_canvas_crop_rejects_other_sizes():
 
 
 def test_image_size_is_the_canvas_side_and_errors_name_the_fix(capsys):
-    from nala_dit.training import build_dataset
+    from nala_dit.training.loop import build_dataset
 
     assert TrainConfig().image_size is None                      # the data's own size
     cfg, _ = resolve(TrainConfig, ["--data", "digits-canvas", "--image-size", "64"])

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from nala_dit.config import resolve
-from nala_dit.digits import digits_to_input, load_digits_split, upscale_digits
-from nala_dit.grid import size_notice
-from nala_dit.training import TrainConfig, build_dataset
+from nala_dit.cli.config import resolve
+from nala_dit.data.digits import digits_to_input, load_digits_split, upscale_digits
+from nala_dit.models.grid import size_notice
+from nala_dit.training.loop import TrainConfig, build_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,7 +106,7 @@ def test_fine_tune_a_digits_model_at_16_px_and_score_it(tmp_path, capsys, digits
     import sample
     import train
 
-    from nala_dit import checkpoint as ckpt_lib
+    from nala_dit.training import checkpoint as ckpt_lib
 
     # The README's command (its budget cut to 2 steps of 4 images), from a random-weights 8-px run.
     assert train.main(["--config", str(ROOT / "configs" / "digits_nala_dit.yaml"), "--init-from", str(digits_checkpoint),

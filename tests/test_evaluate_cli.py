@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluate_fid  # noqa: E402
-from nala_dit.digits import load_digits_split  # noqa: E402
+from nala_dit.data.digits import load_digits_split  # noqa: E402
 
 
 def _write_folder(folder: Path, images: np.ndarray) -> Path:

@@ -9,11 +9,11 @@ from safetensors.torch import load_file
 
 import export
 import train
-from nala_dit.models import DiT, create_model
-from nala_dit.pipeline import NaLaDiTPipeline, NaLaSiTPipeline, load_pipeline
-from nala_dit.generate import SampleSettings
-from nala_dit.sampling import sample_images
-from nala_dit.sources import load_source
+from nala_dit.models.dit import DiT, create_model
+from nala_dit.pipelines.pipeline import NaLaDiTPipeline, NaLaSiTPipeline, load_pipeline
+from nala_dit.diffusion.generate import SampleSettings
+from nala_dit.pipelines.sample_files import sample_images
+from nala_dit.pipelines.sources import load_source
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def test_export_checkpoint_written_by_train(trained, tmp_path):
     out = tmp_path / "pipe"
     assert export.main(["checkpoint", str(trained), str(out), "--labels-file", str(labels_file)]) == 0
     index = json.loads((out / "model_index.json").read_text())
-    assert index["transformer"] == ["nala_dit.models", "DiT"] and index["vae"] == [None, None]
+    assert index["transformer"] == ["nala_dit.models.dit", "DiT"] and index["vae"] == [None, None]
     assert index["source"]["step"] == 2 and index["source"]["weights"] == "ema"
     assert index["objective_config"] == {"noise-schedule": "linear", "diffusion-steps": 1000}
     # The EMA weights, bit for bit.

@@ -9,12 +9,12 @@ import torch
 from PIL import Image
 
 import sample
-from nala_dit.diffusion import GaussianDiffusion, shift_timesteps
-from nala_dit.generate import SampleSettings, generate, initial_noise, renoise, sample_batch, upsample_latents
-from nala_dit.grid import TokenGrid, latent_size, parse_image_size, parse_time_shift
-from nala_dit.models import DiT, sincos_pos_embed_1d, sincos_pos_embed_2d
-from nala_dit.samplers import ode_sample
-from nala_dit.transport import Transport, shift_time, shifted_grid
+from nala_dit.diffusion.gaussian import GaussianDiffusion, shift_timesteps
+from nala_dit.diffusion.generate import SampleSettings, generate, initial_noise, renoise, sample_batch, upsample_latents
+from nala_dit.models.grid import TokenGrid, latent_size, parse_image_size, parse_time_shift
+from nala_dit.models.dit import DiT, sincos_pos_embed_1d, sincos_pos_embed_2d
+from nala_dit.diffusion.samplers import ode_sample
+from nala_dit.diffusion.transport import Transport, shift_time, shifted_grid
 from tests.test_sample_cli import write_checkpoint
 from tests.utils import TINY
 
@@ -272,7 +272,7 @@ def test_bad_size_flags_are_one_line_errors(run_dir, tmp_path, capsys, flags, me
 
 
 def test_pipeline_height_width_follow_diffusers(run_dir):
-    from nala_dit.pipeline import pipeline_from_checkpoint
+    from nala_dit.pipelines.pipeline import pipeline_from_checkpoint
 
     pipe = pipeline_from_checkpoint(run_dir)
     pipe.set_progress_bar_config(disable=True)
@@ -320,7 +320,7 @@ def ladder_run(tmp_path, images, name, *extra):
 def test_fine_tune_up_copies_every_weight_and_recomputes_positions(tmp_path, capsys, preset, table):
     import json
 
-    from nala_dit import checkpoint as ckpt_lib
+    from nala_dit.training import checkpoint as ckpt_lib
     from tests.test_training import make_image_folder
 
     images = make_image_folder(tmp_path / "images", per_class=2)
@@ -344,7 +344,7 @@ def test_fine_tune_up_copies_every_weight_and_recomputes_positions(tmp_path, cap
 
 
 def test_resume_of_a_resized_run_is_bitwise(tmp_path):
-    from nala_dit import checkpoint as ckpt_lib
+    from nala_dit.training import checkpoint as ckpt_lib
     from tests.test_training import make_image_folder
 
     images = make_image_folder(tmp_path / "images", per_class=2)

@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 
 import export
 import sample
-from nala_dit import checkpoint as ckpt_lib
-from nala_dit.models import create_model
+from nala_dit.training import checkpoint as ckpt_lib
+from nala_dit.models.dit import create_model
 from tests.test_sample_cli import FAST, write_checkpoint
 
 
@@ -60,7 +60,7 @@ def poison(file: Path, key: str | None = None) -> str:
 
 # 1. non-finite weights, guidance scales and samples
 def test_pipeline_folder_with_nan_weights_is_refused(pipe_dir, tmp_path, capsys):
-    from nala_dit.pipeline import NaLaDiTPipeline
+    from nala_dit.pipelines.pipeline import NaLaDiTPipeline
 
     bad = copy_tree(pipe_dir, tmp_path / "bad")
     key = poison(bad / "transformer" / "diffusion_pytorch_model.safetensors")
@@ -82,7 +82,7 @@ def test_cfg_scale_must_be_finite_and_bounded(run_dir, tmp_path, capsys, scale):
 
 
 def test_pipeline_guidance_scale_is_checked(pipe_dir):
-    from nala_dit.pipeline import load_pipeline
+    from nala_dit.pipelines.pipeline import load_pipeline
 
     pipe = load_pipeline(pipe_dir)
     pipe.set_progress_bar_config(disable=True)
@@ -91,7 +91,7 @@ def test_pipeline_guidance_scale_is_checked(pipe_dir):
 
 
 def test_non_finite_samples_never_become_images():
-    from nala_dit.data import to_uint8
+    from nala_dit.data.datasets import to_uint8
     from nala_dit.guards import NonFiniteError
 
     x = torch.zeros(3, 1, 4, 4)
@@ -107,7 +107,7 @@ def test_non_finite_samples_never_become_images():
 def test_evaluate_gen_does_not_score_non_finite_samples(pipe_dir, tmp_path, capsys, monkeypatch,
                                                          digits_classifier_dir):
     import evaluate_fid
-    from nala_dit import generate
+    from nala_dit.diffusion import generate
 
     common = ["--digits-classifier", str(digits_classifier_dir), "--device", "cpu", "--features", "digits"]
     ref = tmp_path / "ref.npz"
@@ -196,7 +196,7 @@ def test_wrong_type_in_state_json_model_config(run_dir, tmp_path, capsys):
 
 
 def test_wrong_type_in_pipeline_transformer_config(pipe_dir, tmp_path, capsys):
-    from nala_dit.pipeline import load_pipeline
+    from nala_dit.pipelines.pipeline import load_pipeline
 
     bad = copy_tree(pipe_dir, tmp_path / "bad")
     config_file = bad / "transformer" / "config.json"
@@ -222,7 +222,7 @@ def test_deeply_nested_pipeline_json_is_one_line(pipe_dir, tmp_path, capsys, nam
 # 5. huge model configs: refused from the weights file's header, before building
 @pytest.mark.parametrize("hidden", [8192, 65536, 10**9])
 def test_huge_config_is_refused_before_building(run_dir, pipe_dir, tmp_path, capsys, monkeypatch, hidden):
-    from nala_dit import models
+    from nala_dit.models import dit as models
 
     built = []
     real_init = models.DiT.__init__
@@ -286,7 +286,7 @@ def test_memory_estimate_is_a_lower_bound_with_known_terms():
 
 
 def test_pipeline_height_width_are_checked(pipe_dir):
-    from nala_dit.pipeline import load_pipeline
+    from nala_dit.pipelines.pipeline import load_pipeline
 
     pipe = load_pipeline(pipe_dir)
     for kwargs in (dict(height=0), dict(width=0), dict(height=-8), dict(height=8.0)):
@@ -322,7 +322,7 @@ def test_disk_full_in_a_safetensors_write_is_one_line(tmp_path, monkeypatch):
 def test_disk_full_during_export_leaves_nothing(run_dir, tmp_path, capsys, monkeypatch):
     from safetensors import SafetensorError
 
-    from nala_dit.pipeline import NaLaDiTPipeline
+    from nala_dit.pipelines.pipeline import NaLaDiTPipeline
 
     def full(self, save_directory, **kwargs):
         Path(save_directory).mkdir(parents=True)
@@ -348,7 +348,7 @@ def write_latent_folder(root: Path) -> dict:
 
 
 def test_latent_meta_keys_and_types_are_checked(tmp_path):
-    from nala_dit.data import LatentDataset
+    from nala_dit.data.datasets import LatentDataset
 
     meta = write_latent_folder(tmp_path / "lat")
     assert len(LatentDataset(tmp_path / "lat")) == 2
@@ -407,7 +407,7 @@ def test_non_finite_optimizer_state_is_refused_on_resume(tmp_path):
 
 
 def test_non_finite_init_from_source_is_refused(pipe_dir, tmp_path):
-    from nala_dit.convert import init_from
+    from nala_dit.training.convert import init_from
 
     bad = copy_tree(pipe_dir, tmp_path / "bad")
     poison(bad / "transformer" / "diffusion_pytorch_model.safetensors")
@@ -424,7 +424,7 @@ def test_non_finite_init_from_source_is_refused(pipe_dir, tmp_path):
     ("--out-dir", "file.txt", "a file is in the way"),
 ])
 def test_output_paths_are_checked_before_sampling(run_dir, tmp_path, capsys, monkeypatch, flag, path, message):
-    from nala_dit import sampling
+    from nala_dit.pipelines import sample_files as sampling
 
     (tmp_path / "file.txt").write_text("x")
     (tmp_path / "a_folder").mkdir()
@@ -447,7 +447,7 @@ def test_time_shift_is_bounded(run_dir, tmp_path, capsys, shift):
 
 
 def test_vae_tiling_on_a_pixel_model_is_refused(run_dir, pipe_dir, tmp_path, capsys):
-    from nala_dit.pipeline import load_pipeline
+    from nala_dit.pipelines.pipeline import load_pipeline
 
     assert cli("--ckpt", run_dir, "--labels", "1", *FAST, "--vae-tiling", "on", "--grid", tmp_path / "g.png") == 1
     assert "--vae-tiling on: this model samples pixels directly (no VAE)" in one_line_error(capsys)
@@ -473,7 +473,7 @@ def test_resume_with_another_init_from_says_it_ignores_it(tmp_path, capsys):
 
 def test_non_finite_start_is_not_blamed_on_the_learning_rate(tmp_path, capsys, monkeypatch):
     import train as train_cli
-    from nala_dit import training
+    from nala_dit.training import loop as training
 
     real_build = training.build_model
 

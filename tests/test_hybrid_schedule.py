@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from nala_dit.config import resolve
-from nala_dit.convert import inherit
-from nala_dit.models import DiT, count_params, create_model
-from nala_dit.options import TrainConfig, parse_softmax_blocks
+from nala_dit.cli.config import resolve
+from nala_dit.training.convert import inherit
+from nala_dit.models.dit import DiT, count_params, create_model
+from nala_dit.cli.options import TrainConfig, parse_softmax_blocks
 from tests.utils import TINY
 
 DEEP = dict(TINY, depth=4)

@@ -1,4 +1,4 @@
-"""Per-channel latent statistics (nala_dit/latent_norm.py): computed by extract_latents over
+"""Per-channel latent statistics (nala_dit/data/latent_stats.py): computed by extract_latents over
 the whole cache, carried by checkpoints and pipelines, undone exactly when decoding, and
 refused when a run's latents disagree with what its model was trained on."""
 
@@ -13,7 +13,7 @@ from diffusers import AutoencoderKL
 from safetensors.torch import load_file, save_file
 
 import train as train_cli
-from nala_dit.latent_norm import SUMS_KEY, LatentNorm, cache_statistics, moment_sums
+from nala_dit.data.latent_stats import SUMS_KEY, LatentNorm, cache_statistics, moment_sums
 from tests.test_training import TINY_RUN, make_image_folder
 
 
@@ -94,10 +94,10 @@ def test_extraction_statistics_are_exact_over_the_cache_and_a_resume(caches):
 def test_round_trip_channel_norm_decodes_as_the_vae_alone(caches, tmp_path):
     """encode → normalise → denormalise → decode equals the VAE's own decode of the encoding,
     through generate.decode and through a saved and reloaded pipeline."""
-    from nala_dit.data import load_vae
-    from nala_dit.generate import decode
-    from nala_dit.pipeline import load_pipeline
-    from nala_dit.sources import load_source
+    from nala_dit.data.datasets import load_vae
+    from nala_dit.diffusion.generate import decode
+    from nala_dit.pipelines.pipeline import load_pipeline
+    from nala_dit.pipelines.sources import load_source
     from tests.test_pipeline import NAMES, tiny
 
     vae, _ = load_vae(str(caches["vae"]))
@@ -119,7 +119,7 @@ def test_round_trip_channel_norm_decodes_as_the_vae_alone(caches, tmp_path):
     alone = vae.decode(back).sample.clamp(-1, 1)
     assert torch.equal(decode(model_space, vae, norm), alone)
 
-    from nala_dit.pipeline import NaLaSiTPipeline
+    from nala_dit.pipelines.pipeline import NaLaSiTPipeline
 
     pipe = NaLaSiTPipeline.from_model(tiny("NaLaSiT-T/2", in_channels=4), id2label=NAMES,
                                       vae_path=str(caches["vae"]), latent_norm=norm.to_dict())
@@ -142,11 +142,11 @@ def latent_run(tmp_path, cache, vae, *extra, name="run"):
 
 def test_channel_norm_travels_with_checkpoint_and_mismatches_are_refused(caches, tmp_path, capsys):
     from export import main as export_main
-    from nala_dit.data import to_uint8
-    from nala_dit.generate import SampleSettings, sample_batch
-    from nala_dit.pipeline import load_pipeline
-    from nala_dit.sampling import sample_images
-    from nala_dit.sources import load_source
+    from nala_dit.data.datasets import to_uint8
+    from nala_dit.diffusion.generate import SampleSettings, sample_batch
+    from nala_dit.pipelines.pipeline import load_pipeline
+    from nala_dit.pipelines.sample_files import sample_images
+    from nala_dit.pipelines.sources import load_source
 
     stats_a, stats_b = (json.loads((caches[k] / "meta.json").read_text())["latent_stats"] for k in "ab")
     norm_a = LatentNorm.channel(stats_a["mean"], stats_a["std"])
@@ -204,8 +204,8 @@ def test_channel_norm_travels_with_checkpoint_and_mismatches_are_refused(caches,
                               f"channel, got {{'mode': 'chanel'}}; the file was edited or damaged")
 
     # a cache made by another VAE
-    from nala_dit.data import load_vae
-    from nala_dit.latent_norm import vae_fingerprint
+    from nala_dit.data.datasets import load_vae
+    from nala_dit.data.latent_stats import vae_fingerprint
 
     prints = [vae_fingerprint(load_vae(str(caches[k]))[0]) for k in ("vae", "other_vae")]
     assert latent_run(tmp_path, caches["a"], caches["other_vae"], "--max-steps", "1", name="other") == 1
@@ -235,7 +235,7 @@ def test_channel_norm_needs_a_cache_with_statistics(caches, tmp_path, capsys):
 
 
 def test_damaged_statistics_are_one_line_errors(caches, tmp_path):
-    from nala_dit.data import LatentDataset
+    from nala_dit.data.datasets import LatentDataset
 
     meta = json.loads((caches["a"] / "meta.json").read_text())
     folder = tmp_path / "lat"

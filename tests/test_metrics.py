@@ -1,12 +1,12 @@
-"""Known-answer tests for nala_dit.metrics and the embedded digits dataset."""
+"""Known-answer tests for nala_dit.evaluation.metrics and the embedded digits dataset."""
 
 import numpy as np
 import pytest
 import scipy.linalg
 import torch
 
-from nala_dit import metric_inputs, metrics
-from nala_dit.digits import DIGIT_LABELS, load_digits_split
+from nala_dit.evaluation import features as metric_inputs, metrics
+from nala_dit.data.digits import DIGIT_LABELS, load_digits_split
 
 
 def assert_close(name, ref, out, tol):

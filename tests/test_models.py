@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from nala_dit.models import MODELS, DiT, count_flops, count_params, create_model, sincos_pos_embed_2d
+from nala_dit.models.dit import MODELS, DiT, count_flops, count_params, create_model, sincos_pos_embed_2d
 from tests.utils import TINY, assert_close
 
 # The DiT paper's numbers: learned σ, 1000 classes, 256 px (32×32 latents).
@@ -219,7 +219,7 @@ def test_identity_mix_ffn_is_dits_mlp_on_the_same_weights(attention):
 
 
 def test_mix_init_is_refused_without_mix_ffn():
-    from nala_dit.options import TrainConfig
+    from nala_dit.cli.options import TrainConfig
 
     with pytest.raises(ValueError, match=r"mix_init='identity' applies to Mix-FFN \(mlp='mix'\), not to mlp='mlp'"):
         DiT(**TINY, mix_init="identity")

@@ -21,7 +21,7 @@ from nala_dit.attention import (
     rope_linear_attention,
     softmax_attention_reference,
 )
-from nala_dit.options import parse_norm_scale
+from nala_dit.cli.options import parse_norm_scale
 from tests.utils import assert_close
 
 FP32_TOL = 1e-5
@@ -123,7 +123,7 @@ def test_softmax_gated_matches_hand_written_layer():
 def exponent_spread(norm_scale):
     """Std over tokens (and mean) of block 0's exponent p in a default NaLaDiT-S/2 on
     noise latents at t = 500 (the block input is LayerNorm'd tokens at init)."""
-    from nala_dit.models import create_model
+    from nala_dit.models.dit import create_model
 
     torch.manual_seed(0)
     # Block 0 of NaLaDiT-S/2 (width 384, 6 heads of D = 64); its initial distribution does
@@ -147,7 +147,7 @@ def test_exponent_spread_at_init():
         assert stats["exponent_std"] > 0.05, (mode, stats)
         assert stats["saturated"] < 0.05, (mode, stats)
     # The learned scale starts at the RMS query norm: median ‖q‖/s ≈ 1.
-    from nala_dit.models import create_model
+    from nala_dit.models.dit import create_model
 
     torch.manual_seed(0)
     model = create_model("NaLaDiT-S/2", input_size=16, depth=1, norm_scale="learned")
@@ -159,9 +159,9 @@ def test_exponent_spread_at_init():
 
 
 def test_learned_scale_is_not_decayed_and_old_configs_load():
-    from nala_dit.checkpoint import build_model_from_config
-    from nala_dit.models import create_model
-    from nala_dit.training import param_groups
+    from nala_dit.training.checkpoint import build_model_from_config
+    from nala_dit.models.dit import create_model
+    from nala_dit.training.loop import param_groups
 
     model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10, norm_scale="learned")
     groups = param_groups(model, 0.1)
@@ -195,7 +195,7 @@ def test_bad_rope_use_names_the_problem():
     layer = GatedLinearAttention(32, 4, rope=True, lepe=False)
     with pytest.raises(ValueError, match=r"rope needs the token grid"):
         layer(torch.randn(1, 16, 32))
-    from nala_dit.models import create_model
+    from nala_dit.models.dit import create_model
 
     with pytest.raises(ValueError, match="rope applies to the linear kernels"):
         create_model("DiT-T/2", input_size=8, rope=True)
@@ -203,8 +203,8 @@ def test_bad_rope_use_names_the_problem():
 
 def test_train_cli_takes_the_options(tmp_path):
     """--norm-scale words and numbers (flag or YAML) and a clear error for a bad one."""
-    from nala_dit.config import resolve
-    from nala_dit.options import TrainConfig
+    from nala_dit.cli.config import resolve
+    from nala_dit.cli.options import TrainConfig
 
     cfg, _ = resolve(TrainConfig, ["--norm-scale", "sqrt_d", "--rope", "true", "--attention", "nala"])
     assert cfg.norm_scale == "sqrt_d" and cfg.rope is True

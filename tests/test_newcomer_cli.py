@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from nala_dit.config import resolve, shown
-from nala_dit.options import TrainConfig
+from nala_dit.cli.config import resolve, shown
+from nala_dit.cli.options import TrainConfig
 
 
 def _resolve_yaml(tmp_path, text):
@@ -116,7 +116,7 @@ def test_train_image_size_malformed_says_the_format(capsys):
 
 
 def test_non_square_size_suggests_non_square_sizes():
-    from nala_dit.grid import latent_size
+    from nala_dit.models.grid import latent_size
 
     with pytest.raises(ValueError, match=r"image size 8x15 is not a multiple of VAE factor 1 × patch 2 = 2 on each "
                                          r"side; choose e.g. 8x14, 8x16$"):
@@ -131,7 +131,7 @@ def test_train_image_size_not_patching_evenly_is_in_pixels(tmp_path, capsys):
     from types import SimpleNamespace
 
     import train as train_cli
-    from nala_dit.training import model_space
+    from nala_dit.training.loop import model_space
     from tests.test_training import TINY_RUN, make_image_folder
 
     sd_like_vae = SimpleNamespace(config=SimpleNamespace(block_out_channels=(8, 8, 16, 16), latent_channels=4))
@@ -160,7 +160,7 @@ def test_resume_of_a_missing_step_lists_the_steps_that_exist(digits_checkpoint, 
 
 
 def test_init_from_help_names_both_uses():
-    from nala_dit.config import build_parser
+    from nala_dit.cli.config import build_parser
 
     (action,) = [a for a in build_parser(TrainConfig)._actions if a.dest == "init_from"]
     for words in ("softmax DiT/SiT", "official .pt", "this repo's own runs, checkpoints or pipeline folders",
@@ -191,7 +191,7 @@ def test_sampling_page_documents_the_pipelines_size_arguments():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    tree = ast.parse((root / "nala_dit" / "pipeline.py").read_text())
+    tree = ast.parse((root / "nala_dit" / "pipelines" / "pipeline.py").read_text())
     calls = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "__call__"]
     names = {a.arg for f in calls for a in f.args.args}
     assert {"height", "width", "time_shift"} <= names  # what the page describes exists

@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_missing_data_folder_is_not_described_as_an_image_folder_layout(tmp_path):
-    from nala_dit.data import ImageFolderDataset
+    from nala_dit.data.datasets import ImageFolderDataset
 
     (tmp_path / "latents-256").mkdir()
     missing = tmp_path / "latents-265"
@@ -22,7 +22,7 @@ def test_a_missing_data_folder_is_not_described_as_an_image_folder_layout(tmp_pa
 PEER_SCRIPT = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-from nala_dit.cli import report_error, run_main
+from nala_dit.cli.parse import report_error, run_main
 import torch.distributed as dist
 
 def main():

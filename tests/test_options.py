@@ -3,12 +3,12 @@ models it applies to: in ``create_model``, in YAML configs and on the command li
 
 import pytest
 
-from nala_dit.config import resolve
-from nala_dit.options import ATTENTION_OPTIONS, TrainConfig
+from nala_dit.cli.config import resolve
+from nala_dit.cli.options import ATTENTION_OPTIONS, TrainConfig
 
 
 def test_create_model_rejects_inapplicable_attention_options():
-    from nala_dit.models import create_model
+    from nala_dit.models.dit import create_model
 
     with pytest.raises(ValueError, match=r"lepe applies to the gated layer \(nala/relu/elu/softmax_gated attention\), "
                                          r"not to DiT-T/2, which uses softmax attention.*NaLaDiT-T/2"):
@@ -48,7 +48,7 @@ def test_objective_options_and_grid_sampler_must_fit_the_objective(capsys):
 
 
 def test_default_num_workers_shares_the_cpus_of_this_process(monkeypatch):
-    from nala_dit.options import default_num_workers
+    from nala_dit.cli.options import default_num_workers
 
     # (processes on this machine, CPUs this process may use) -> workers per process
     for processes, cpus, workers in ((1, 2, 2), (2, 2, 1), (3, 2, 0), (1, 1, 1), (1, 16, 4), (8, 64, 4), (4, 8, 2)):

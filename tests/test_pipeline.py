@@ -10,9 +10,9 @@ import torch
 from diffusers import AutoencoderKL, DDIMScheduler
 from safetensors.torch import load_file, save_file
 
-import nala_dit  # noqa: F401  (diffusers resolves nala_dit.models.DiT through sys.modules)
-from nala_dit.models import create_model
-from nala_dit.pipeline import (DiTPipelineTransformer, NaLaDiTPipeline, NaLaSiTPipeline, diffusers_dit_pipeline,
+import nala_dit  # noqa: F401  (diffusers resolves nala_dit.models.dit.DiT through sys.modules)
+from nala_dit.models.dit import create_model
+from nala_dit.pipelines.pipeline import (DiTPipelineTransformer, NaLaDiTPipeline, NaLaSiTPipeline, diffusers_dit_pipeline,
                                load_pipeline, pipeline_for)
 
 NAMES = {i: name for i, name in enumerate(["tench, Tinca tinca", "golden retriever", "tabby cat"])}
@@ -74,7 +74,7 @@ def test_round_trip_pixel_space(tmp_path, name, sampler):
 
 def test_round_trip_latent_with_tiny_vae(tmp_path, tiny_vae):
     """DiT with the VAE copied into the folder, SiT with the VAE stored by reference."""
-    from nala_dit.data import load_vae
+    from nala_dit.data.datasets import load_vae
 
     vae, scaling = load_vae(str(tiny_vae))
     dit = NaLaDiTPipeline.from_model(tiny("NaLaDiT-T/2", in_channels=4), vae=vae, id2label=NAMES,
@@ -103,7 +103,7 @@ def test_scheduler_sampler_runs_the_pipelines_diffusers_scheduler():
 def test_our_dit_inside_diffusers_dit_pipeline(tiny_vae, tmp_path):
     from diffusers import DiTPipeline
 
-    from nala_dit.data import load_vae
+    from nala_dit.data.datasets import load_vae
 
     model = tiny("NaLaDiT-T/4", in_channels=4, num_classes=1000)
     vae, _ = load_vae(str(tiny_vae))
@@ -112,7 +112,7 @@ def test_our_dit_inside_diffusers_dit_pipeline(tiny_vae, tmp_path):
     images = pipe([1, 999], num_inference_steps=2, guidance_scale=1.5, output_type="np",
                   generator=torch.manual_seed(0)).images
     assert images.shape == (2, 64, 64, 3) and np.isfinite(images).all()
-    # It saves and loads as diffusers' own pipeline (the adapter lives in nala_dit.pipeline).
+    # It saves and loads as diffusers' own pipeline (the adapter lives in nala_dit.pipelines.pipeline).
     pipe.save_pretrained(tmp_path)
     loaded = quiet(DiTPipeline.from_pretrained(tmp_path))
     assert isinstance(loaded.transformer, DiTPipelineTransformer)
@@ -125,7 +125,7 @@ def test_our_dit_inside_diffusers_dit_pipeline(tiny_vae, tmp_path):
     with pytest.raises(ValueError, match="null class as 1000"):
         DiTPipelineTransformer.from_dit(tiny("NaLaDiT-T/4", in_channels=4, num_classes=10))
     # DiTPipeline decodes latents / scaling_factor only: other latent statistics are refused, not decoded wrongly.
-    from nala_dit.latent_norm import LatentNorm
+    from nala_dit.data.latent_stats import LatentNorm
     same = LatentNorm.scalar(vae.config.scaling_factor)
     assert isinstance(diffusers_dit_pipeline(model, vae, latent_norm=same), DiTPipeline)
     for other in (LatentNorm.channel([0.1, 0, 0, 0], [1.1, 1, 1, 1]), LatentNorm.scalar(0.5)):
@@ -158,7 +158,7 @@ def test_diffusers_generic_loader_round_trip(tmp_path, monkeypatch):
     import diffusers.utils.dynamic_modules_utils as dynamic
     from diffusers import DiffusionPipeline
 
-    from nala_dit.pipeline import CUSTOM_PIPELINES
+    from nala_dit.pipelines.pipeline import CUSTOM_PIPELINES
 
     monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path / "modules"))  # not the user's cache
     folders, expected = [], {}
@@ -180,7 +180,7 @@ def test_diffusers_generic_loader_round_trip(tmp_path, monkeypatch):
     proc = subprocess.run([sys.executable, "-c", GENERIC_LOAD, *map(str, folders)], capture_output=True, text=True,
                           timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["nala_dit.pipeline", "NaLaDiTPipeline", "nala_dit.pipeline", "NaLaSiTPipeline"]
+    assert proc.stdout.split() == ["nala_dit.pipelines.pipeline", "NaLaDiTPipeline", "nala_dit.pipelines.pipeline", "NaLaSiTPipeline"]
     for folder, cls in zip(folders, (NaLaDiTPipeline, NaLaSiTPipeline)):
         np.testing.assert_array_equal(np.load(folder / "generic.npy"), expected[cls])
 

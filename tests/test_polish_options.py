@@ -5,8 +5,8 @@ failed before its fix."""
 import pytest
 
 import train as train_cli
-from nala_dit.config import resolve
-from nala_dit.options import TrainConfig
+from nala_dit.cli.config import resolve
+from nala_dit.cli.options import TrainConfig
 
 
 def dry_run_error(capsys, *argv) -> str:
@@ -58,7 +58,7 @@ def test_grid_options_that_fit_pass_and_nothing_is_checked_when_grids_are_off(ca
 def test_a_grid_that_fails_loses_no_steps(tmp_path, capsys):
     """The step's checkpoint is written before its grid is drawn: here the grid cannot be
     saved (``samples`` is a file, a real OSError) and the step-2 checkpoint is there."""
-    from nala_dit.checkpoint import list_checkpoints
+    from nala_dit.training.checkpoint import list_checkpoints
     from tests.test_training import TINY_RUN
 
     run = tmp_path / "run"
@@ -79,9 +79,9 @@ def _source_run(path, **model_kwargs):
     """A train.py-style run folder: a NaLaDiT-T/2 on 8-px digits with ``model_kwargs``."""
     import torch
 
-    from nala_dit.checkpoint import save_checkpoint
-    from nala_dit.config import to_dict
-    from nala_dit.models import create_model
+    from nala_dit.training.checkpoint import save_checkpoint
+    from nala_dit.cli.config import to_dict
+    from nala_dit.models.dit import create_model
 
     model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10, **model_kwargs)
     cfg = TrainConfig(model="NaLaDiT-T/2", data="digits", **{k: str(v) if k == "softmax_blocks" else v
@@ -110,9 +110,9 @@ def _source_run(path, **model_kwargs):
                                                          "pass --softmax-blocks 1"),
 ])
 def test_init_from_a_structure_the_student_lacks_is_refused_naming_the_flag(tmp_path, source, student, message):
-    from nala_dit import convert
-    from nala_dit.config import to_dict
-    from nala_dit.models import create_model
+    from nala_dit.training import convert
+    from nala_dit.cli.config import to_dict
+    from nala_dit.models.dit import create_model
 
     run = _source_run(tmp_path / "src", **source)
     model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10, **student)
@@ -129,9 +129,9 @@ def test_init_from_that_adds_structure_keeps_the_function_and_the_refusal_reache
     """The other way round is growth, not loss: a plain source into a Mix-FFN / 2x2-region
     student starts as the source's function (identity conv, w = 1: test_regions); and
     train.py says the refusal in one line, the flag to pass included."""
-    from nala_dit import convert
-    from nala_dit.config import to_dict
-    from nala_dit.models import create_model
+    from nala_dit.training import convert
+    from nala_dit.cli.config import to_dict
+    from nala_dit.models.dit import create_model
 
     run = _source_run(tmp_path / "plain")
     model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10, mlp="mix", nala_regions=2)
@@ -163,7 +163,7 @@ def test_nala_regions_out_of_bound_is_one_line_in_yaml_and_flags(tmp_path, capsy
 
 
 def test_nala_regions_against_the_grid_is_refused_before_the_model_is_built(tmp_path, capsys, monkeypatch):
-    from nala_dit import training
+    from nala_dit.training import loop as training
 
     def no_build(*args, **kwargs):
         raise AssertionError("the model was built before --nala-regions was checked against the grid")
@@ -184,7 +184,7 @@ def test_nala_regions_in_an_edited_stored_config_is_one_line(tmp_path, capsys):
 
     import export
     import sample
-    from nala_dit import checkpoint as ckpt_lib
+    from nala_dit.training import checkpoint as ckpt_lib
     from tests.test_sample_cli import FAST, write_checkpoint
 
     run = write_checkpoint(tmp_path / "run", nala_regions=2)
@@ -262,7 +262,7 @@ def test_resume_with_a_new_structure_suggests_a_new_run_and_the_command_works(tm
     --init-from into a new run; that command, as printed, trains."""
     import re
 
-    from nala_dit import checkpoint as ckpt_lib
+    from nala_dit.training import checkpoint as ckpt_lib
 
     assert _train_main(tmp_path, "--exp-name", "run", "--max-steps", "1", "--ckpt-every", "1") == 0
     capsys.readouterr()
@@ -308,7 +308,7 @@ def test_resume_across_context_parallel_sizes_says_fp32_close(tmp_path, capsys):
     be (world size 1 either way: one data-parallel group), resumed in one process."""
     import json
 
-    from nala_dit import checkpoint as ckpt_lib
+    from nala_dit.training import checkpoint as ckpt_lib
 
     assert _train_main(tmp_path, "--exp-name", "run", "--max-steps", "1", "--ckpt-every", "1") == 0
     state_file = ckpt_lib.find_checkpoint(tmp_path / "run") / ckpt_lib.STATE
@@ -326,8 +326,8 @@ def test_resume_across_context_parallel_sizes_says_fp32_close(tmp_path, capsys):
 
 
 def test_start_line_names_the_softmax_blocks(tmp_path, capsys):
-    from nala_dit.models import create_model
-    from nala_dit.training import attention_path
+    from nala_dit.models.dit import create_model
+    from nala_dit.training.loop import attention_path
 
     hybrid = dict(create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10,
                                softmax_blocks="1,3").config)

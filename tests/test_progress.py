@@ -4,9 +4,9 @@ import io
 
 import torch
 
-from nala_dit.diffusion import GaussianDiffusion
-from nala_dit.progress import PlainProgress, progress_bar
-from nala_dit.samplers import ddpm_sample
+from nala_dit.diffusion.gaussian import GaussianDiffusion
+from nala_dit.cli.progress import PlainProgress, progress_bar
+from nala_dit.diffusion.samplers import ddpm_sample
 from tests.helpers_oracle import DiffusionOracle
 from tests.test_training import run_train
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from nala_dit.diffusion import GaussianDiffusion
-from nala_dit.transport import Transport
+from nala_dit.diffusion.gaussian import GaussianDiffusion
+from nala_dit.diffusion.transport import Transport
 
 # Kolmogorov-Smirnov: at n draws, sup |F_n − F| exceeds 1.95/√n with probability 0.001.
 KS_N = 20_000
@@ -65,7 +65,7 @@ def test_uniform_times_are_the_official_draws():
 # --- optimiser knobs: warm-up, β2, clipping (and their resume) -----------------------
 
 def test_warmup_is_linear_from_zero():
-    from nala_dit.train_step import lr_at
+    from nala_dit.training.step import lr_at
 
     assert [lr_at(s, 1e-3, 4) for s in (0, 1, 2, 4, 9)] == [0.0, 2.5e-4, 5e-4, 1e-3, 1e-3]
     assert lr_at(0, 1e-3, 0) == 1e-3
@@ -74,7 +74,7 @@ def test_warmup_is_linear_from_zero():
 def test_clipping_against_a_hand_computed_norm():
     from accelerate import Accelerator
 
-    from nala_dit.train_step import clip_gradients
+    from nala_dit.training.step import clip_gradients
 
     accelerator = Accelerator(cpu=True)
     a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1, 2))
@@ -94,7 +94,7 @@ RECIPE = ["--t-sampling", "logit-normal", "--t-mean", "0.3", "--warmup-steps", "
 
 
 def test_recipe_logs_lr_and_grad_norm_and_resumes_bitwise(tmp_path, capsys):
-    from nala_dit import checkpoint as ckpt_lib
+    from nala_dit.training import checkpoint as ckpt_lib
     from tests.test_training import read_log, run_train
 
     straight = run_train(tmp_path, *RECIPE, "--max-steps", "5", "--ckpt-every", "5", name="straight")
@@ -124,7 +124,7 @@ def test_recipe_logs_lr_and_grad_norm_and_resumes_bitwise(tmp_path, capsys):
 
 def poison_batches(monkeypatch, calls):
     """Batches that turn NaN at the data calls in ``calls`` (1-based: one per step here)."""
-    from nala_dit import training
+    from nala_dit.training import loop as training
 
     real, seen = training.to_model_space, []
 
@@ -147,7 +147,7 @@ def equal_trees(a, b) -> bool:
 
 
 def test_a_non_finite_step_is_skipped_and_a_streak_stops_the_run(tmp_path, capsys, monkeypatch):
-    from nala_dit import checkpoint as ckpt_lib
+    from nala_dit.training import checkpoint as ckpt_lib
     from tests.test_reliability import train_fails
     from tests.test_training import read_log, run_train
 
@@ -179,7 +179,7 @@ def test_a_non_finite_step_is_skipped_and_a_streak_stops_the_run(tmp_path, capsy
 # --- validation during training -------------------------------------------------------
 
 def test_noise_bands_split_by_hand():
-    from nala_dit.validation import band_losses, band_means
+    from nala_dit.training.validation import band_losses, band_means
 
     u = torch.tensor([0.0, 0.2, 1 / 3, 0.5, 2 / 3, 1.0], dtype=torch.float64)  # band edges belong above
     losses = torch.tensor([1.0, 3.0, 5.0, 7.0, 9.0, 11.0])
@@ -191,7 +191,7 @@ def test_noise_bands_split_by_hand():
 
 @pytest.fixture(scope="module")
 def digits_reference(tmp_path_factory, digits_classifier_dir):
-    from nala_dit import metrics
+    from nala_dit.evaluation import metrics
 
     out = tmp_path_factory.mktemp("ref") / "digits.npz"
     metrics.make_reference(out, dataset="digits-heldout", features="digits", digits_classifier_dir=digits_classifier_dir)
@@ -253,7 +253,7 @@ def test_offline_wandb_and_tensorboard_runs_write_their_files(tmp_path, monkeypa
 
 
 def test_recipe_options_are_checked_in_one_line(tmp_path, capsys):
-    from nala_dit.options import TrainConfig
+    from nala_dit.cli.options import TrainConfig
     from tests.test_reliability import train_fails
 
     def refused(message, **kwargs):

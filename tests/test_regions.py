@@ -11,8 +11,8 @@ from nala_dit.attention.regions import (
     initial_region_logits, region_attention_reference, region_bounds, region_layout, region_nala_attention,
     remap_region_logits,
 )
-from nala_dit.convert import inherit
-from nala_dit.models import DiT, MixMlp, Mlp, count_params
+from nala_dit.training.convert import inherit
+from nala_dit.models.dit import DiT, MixMlp, Mlp, count_params
 from tests.utils import TINY, assert_close
 
 
@@ -202,8 +202,8 @@ def test_mix_ffn_with_an_identity_conv_is_the_plain_mlp_and_inheritance_sets_it(
 
 @pytest.mark.parametrize("name,sampler", [("NaLaDiT-T/2", "ddim"), ("NaLaSiT-T/2", "ode-euler")])
 def test_pipelines_round_trip_regions_mix_and_hybrid_at_another_size(tmp_path, name, sampler):
-    from nala_dit.models import create_model
-    from nala_dit.pipeline import load_pipeline, pipeline_for
+    from nala_dit.models.dit import create_model
+    from nala_dit.pipelines.pipeline import load_pipeline, pipeline_for
 
     torch.manual_seed(0)
     model = create_model(name, input_size=8, in_channels=1, num_classes=3, nala_regions=2, mlp="mix",

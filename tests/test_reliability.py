@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import train as train_cli
-from nala_dit import checkpoint as ckpt_lib
-from nala_dit import training
-from nala_dit.runlock import LOCK_NAME, LockedError, RunLock
+from nala_dit.training import checkpoint as ckpt_lib
+from nala_dit.training import loop as training
+from nala_dit.training.runlock import LOCK_NAME, LockedError, RunLock
 from tests.test_training import TINY_RUN, make_image_folder, read_log, run_train, tiny_vae
 
 
@@ -136,7 +136,7 @@ def test_launcher_process_count_mismatch(tmp_path, capsys, monkeypatch):
 def test_single_process_accelerate_launch_is_recognised(monkeypatch):
     """What accelerate's one-process launcher leaves behind (checked against the real launcher
     in tests/test_training.py): ACCELERATE_USE_CPU, MASTER_ADDR, no WORLD_SIZE, its argv as our parent."""
-    from nala_dit.runlock import single_process_launch
+    from nala_dit.training.runlock import single_process_launch
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
@@ -231,7 +231,7 @@ def test_bad_checkpoint_files_are_named(tmp_path, capsys, monkeypatch):
     assert f"{opt_file}: not a file written by torch.save, or corrupt (UnpicklingError: Unsupported operand" in err
     assert "pickled Python objects" not in err and "weights_only" not in err
     # The optimizer.pt of another model (DiT-T/2: no LePE, no gate) and one with moments of another shape.
-    from nala_dit.models import create_model
+    from nala_dit.models.dit import create_model
 
     other = create_model("DiT-T/2", input_size=8, in_channels=1, num_classes=10)
     torch.save(torch.optim.AdamW(other.parameters()).state_dict(), opt_file)
@@ -341,7 +341,7 @@ def test_image_folder_problems_are_found_up_front(tmp_path, capsys):
 
 def test_extract_latents_lists_unreadable_files(tmp_path, capsys):
     from extract_latents import main as extract_main
-    from nala_dit.data import LatentDataset
+    from nala_dit.data.datasets import LatentDataset
 
     images = make_image_folder(tmp_path / "images", per_class=2, size=16)
     for path in (images / "cat" / "bad1.png", images / "dog" / "bad2.jpg"):
@@ -426,7 +426,7 @@ def test_export_official_pickle_is_named_without_unsafe_advice(tmp_path, capsys)
 
 def test_calc_validates_samples_and_reference(tmp_path, digits_classifier_dir, capsys):
     import evaluate_fid
-    from nala_dit.digits import load_digits_split
+    from nala_dit.data.digits import load_digits_split
 
     common = ["--digits-classifier", str(digits_classifier_dir), "--device", "cpu"]
     ref = tmp_path / "ref.npz"

@@ -1,4 +1,4 @@
-"""Representation alignment (nala_dit/repa.py): the loss, the encoders, the resizing rule,
+"""Representation alignment (nala_dit/training/repa.py): the loss, the encoders, the resizing rule,
 and training with it (checkpoint, EMA, export, bitwise resume)."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from nala_dit import repa
+from nala_dit.training import repa
 
 
 def test_alignment_loss_against_a_hand_computation():
@@ -114,7 +114,7 @@ def test_aligned_run_resumes_bitwise_and_the_projector_stays_out_of_ema_and_expo
     import export
     from safetensors.torch import load_file
 
-    from nala_dit import checkpoint as ckpt_lib
+    from nala_dit.training import checkpoint as ckpt_lib
     from tests.test_training import read_log
 
     straight = aligned_run(tmp_path, tiny_dinov2, "--max-steps", "4", "--ckpt-every", "4", name="straight")
@@ -161,7 +161,7 @@ def test_aligned_run_resumes_bitwise_and_the_projector_stays_out_of_ema_and_expo
 
 
 def test_repa_options_are_checked(tmp_path, tiny_dinov2):
-    from nala_dit.training import TrainConfig
+    from nala_dit.training.loop import TrainConfig
 
     with pytest.raises(ValueError, match=r"^--repa-depth 13: NaLaDiT-S/2 has blocks 1..12$"):
         TrainConfig(repa_encoder=str(tiny_dinov2), repa_depth=13).validate()
@@ -172,7 +172,7 @@ def test_repa_options_are_checked(tmp_path, tiny_dinov2):
 
 
 def test_the_digits_encoder_is_label_free_deterministic_and_trains_a_model(tmp_path):
-    from nala_dit import checkpoint as ckpt_lib
+    from nala_dit.training import checkpoint as ckpt_lib
     from tests.test_training import read_log
 
     a = repa.train_digits_encoder(tmp_path / "a", steps=20, print=lambda *_: None)
@@ -203,7 +203,7 @@ def test_the_digits_encoder_is_label_free_deterministic_and_trains_a_model(tmp_p
     ("NaLaDiT-T/2", dict(nala_regions=2), False),                         # region states
 ])
 def test_block_k_tokens_are_aligned_and_the_forward_is_unchanged(name, overrides, checkpointing):
-    from nala_dit.models import create_model
+    from nala_dit.models.dit import create_model
 
     torch.manual_seed(0)
     model = create_model(name, input_size=8, in_channels=1, num_classes=10, **overrides).eval()  # no label dropout
@@ -228,7 +228,7 @@ def test_the_hook_keeps_block_k_under_torch_compile():
     traces the hook into the graph and replays its side effect (the kept tokens), so the
     projected tokens and their gradients are the eager ones. The ``eager`` backend checks
     the tracing (what could drop the hook) in seconds; inductor only generates the kernels."""
-    from nala_dit.models import create_model
+    from nala_dit.models.dit import create_model
 
     torch.manual_seed(0)
     model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10).eval()
@@ -253,8 +253,8 @@ def test_keep_images_cache_resumes_and_trains_aligned_with_the_image_flipped_as_
 
     import train as train_cli
     from extract_latents import main as extract_main
-    from nala_dit import data as data_lib
-    from nala_dit.train_step import to_model_space
+    from nala_dit.data import datasets as data_lib
+    from nala_dit.training.step import to_model_space
     from tests.test_training import TINY_RUN, make_image_folder, read_log, tiny_vae
 
     images, vae = make_image_folder(tmp_path / "images"), tiny_vae(tmp_path / "vae")
@@ -306,7 +306,7 @@ def test_aligned_run_with_context_parallel_2_gives_the_one_process_weights(tmp_p
     from safetensors.torch import load_file
 
     import train as train_cli
-    from nala_dit import checkpoint as ckpt_lib
+    from nala_dit.training import checkpoint as ckpt_lib
     from tests.test_context_parallel import CP_RUN, TOL
     from tests.utils import launch
     from tests.test_training import read_log

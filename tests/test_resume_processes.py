@@ -43,7 +43,7 @@ def _grads(fn, module, rank: int, step: int) -> list[torch.Tensor]:
 def _worker(rank, world, port, path):
     """The gradients of step 2 in a run that went through step 1 (rebuilt buckets) and in a
     run resumed at step 2 (a first iteration), with DDP's own all-reduce and with the hook."""
-    from nala_dit.context_parallel import resumable_gradient_sync
+    from nala_dit.models.context_parallel import resumable_gradient_sync
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -85,7 +85,7 @@ def test_the_hook_gives_ddp_its_gradients_in_one_process(tmp_path):
     ones bit for bit, on its first iteration (one bucket) and after the rebuild."""
     import copy
 
-    from nala_dit.context_parallel import resumable_gradient_sync
+    from nala_dit.models.context_parallel import resumable_gradient_sync
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
@@ -114,7 +114,7 @@ def test_four_process_gradients_do_not_depend_on_ddp_buckets(tmp_path):
 @pytest.mark.slow
 def test_train_py_with_four_processes_resumes_bitwise(tmp_path):
     """The issue's case through train.py: 3 steps straight, and steps 1-2 then resumed to 3."""
-    from nala_dit import checkpoint as ckpt_lib
+    from nala_dit.training import checkpoint as ckpt_lib
 
     run = ["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "8", "--num-workers", "0",
            "--sample-every", "0", "--log-every", "1", "--flip", "false", "--lr", "1e-3", "--max-steps", "3",

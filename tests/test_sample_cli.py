@@ -10,10 +10,10 @@ import torch
 from PIL import Image
 
 import sample
-from nala_dit.checkpoint import save_checkpoint
-from nala_dit.config import to_dict
-from nala_dit.models import create_model
-from nala_dit.training import TrainConfig
+from nala_dit.training.checkpoint import save_checkpoint
+from nala_dit.cli.config import to_dict
+from nala_dit.models.dit import create_model
+from nala_dit.training.loop import TrainConfig
 from tests.utils import launch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def cli(*args) -> int:
 
 
 def test_grid_and_pngs_match_the_pipeline(run_dir, tmp_path):
-    from nala_dit.pipeline import pipeline_from_checkpoint
+    from nala_dit.pipelines.pipeline import pipeline_from_checkpoint
 
     assert cli("--ckpt", run_dir, "--labels", "1,7", "--per-label", 3, "--seed", 5, *FAST,
                "--grid", tmp_path / "grid.png", "--out-dir", tmp_path / "pngs") == 0
@@ -101,7 +101,7 @@ def test_latent_checkpoint_with_vae_matches_exported_pipeline(tmp_path):
     from diffusers import AutoencoderKL
 
     import export
-    from nala_dit.pipeline import load_pipeline
+    from nala_dit.pipelines.pipeline import load_pipeline
 
     torch.manual_seed(0)
     vae_dir = tmp_path / "tiny-vae"
@@ -168,7 +168,7 @@ def test_mass_sampling_refuses_mixed_settings(run_dir, tmp_path, capsys):
 def test_ctrl_c_keeps_finished_shards_and_the_same_command_resumes(run_dir, tmp_path, monkeypatch, capsys):
     """A real KeyboardInterrupt mid-job: one line says what was kept; the same command
     finishes only the rest, and the result equals an uninterrupted run."""
-    import nala_dit.sampling as sampling
+    import nala_dit.pipelines.sample_files as sampling
 
     common = ["--ckpt", run_dir, "--num-samples", 40, "--seed", 1, *FAST, "--batch-size", 2]
     assert cli(*common, "--out", tmp_path / "whole.npz") == 0
@@ -188,7 +188,7 @@ def test_ctrl_c_keeps_finished_shards_and_the_same_command_resumes(run_dir, tmp_
     kept = f"14 of 40 samples kept (7 finished shards in {out}.parts/); run the same command to resume"
     assert str(info.value) == kept
     # ... and the script entry point turns it into one line and exit status 130.
-    from nala_dit.cli import run_main
+    from nala_dit.cli.parse import run_main
 
     capsys.readouterr()
 
@@ -319,7 +319,7 @@ def test_disk_full_while_writing_shards_or_the_npz_is_one_line(run_dir, tmp_path
                    f"free space and rerun the same command to resume")
     assert sorted(p.name for p in Path(f"{out}.parts").iterdir()) == ["settings.json", "shard-000000.npz"]
     monkeypatch.setattr(np, "savez", real_savez)
-    import nala_dit.sampling as sampling
+    import nala_dit.pipelines.sample_files as sampling
 
     real_zip = sampling.zipfile.ZipFile
 

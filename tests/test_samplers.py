@@ -10,11 +10,11 @@ discretisation error that must shrink with more steps.  float64 throughout.
 import pytest
 import torch
 
-from nala_dit.diffusion import GaussianDiffusion
-from nala_dit.guidance import cfg_model_fn
-from nala_dit.samplers import (SampleOutput, ddim_sample, ddpm_sample, likelihood,
+from nala_dit.diffusion.gaussian import GaussianDiffusion
+from nala_dit.diffusion.guidance import cfg_model_fn
+from nala_dit.diffusion.samplers import (SampleOutput, ddim_sample, ddpm_sample, likelihood,
                                ode_sample, sde_sample)
-from nala_dit.transport import Transport
+from nala_dit.diffusion.transport import Transport
 from tests.helpers_oracle import MU, S, DiffusionOracle, TransportOracle, check_moments
 
 BASE = GaussianDiffusion.from_schedule("linear", 1000)

@@ -51,9 +51,9 @@ def test_import_graph_has_no_cycle():
     files = [p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "__init__.py"]
     modules = {_module(p) for p in files}
     graph = {_module(p): _imports(p, modules) for p in files}
-    assert graph["nala_dit.attention.layers"] >= {"nala_dit.attention.nala", "nala_dit.options"}, \
+    assert graph["nala_dit.attention.layers"] >= {"nala_dit.attention.nala", "nala_dit.cli.options"}, \
         "the walker must resolve relative imports inside the attention package"
-    assert graph["nala_dit.pipeline"] >= {"nala_dit.sources"}, "the walker must see pipeline → sources"
+    assert graph["nala_dit.pipelines.pipeline"] >= {"nala_dit.pipelines.sources"}, "the walker must see pipeline → sources"
     state, path = {}, []
 
     def visit(node):
@@ -72,10 +72,10 @@ def test_import_graph_has_no_cycle():
         if node not in state:
             visit(node)
     # The split the layout promises: loading sits below both pipeline and sampling.
-    assert "nala_dit.sampling" not in graph["nala_dit.pipeline"]
-    assert "nala_dit.pipeline" not in graph["nala_dit.sampling"]
-    assert "nala_dit.pipeline" not in graph["nala_dit.sources"]
-    assert "nala_dit.sampling" not in graph["nala_dit.sources"]
+    assert "nala_dit.pipelines.sample_files" not in graph["nala_dit.pipelines.pipeline"]
+    assert "nala_dit.pipelines.pipeline" not in graph["nala_dit.pipelines.sample_files"]
+    assert "nala_dit.pipelines.pipeline" not in graph["nala_dit.pipelines.sources"]
+    assert "nala_dit.pipelines.sample_files" not in graph["nala_dit.pipelines.sources"]
 
 
 # (script, argv, expected exit code, text the output must hold)
@@ -134,12 +134,12 @@ ENTRY_POINTS = ["train.py", "sample.py", "evaluate_fid.py", "export.py", "extrac
                 *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*.py")), "tests/conftest.py"]
 _HEAVY_IMPORT = ("torch", "numpy", "triton", "diffusers", "accelerate", "torchvision", "torch_fidelity", "nala_dit.")
 # What the CLIs import before they parse (torch-free: test_cli_answers_without_heavy_imports).
-_LIGHT = {"nala_dit", "nala_dit.cli", "nala_dit.config", "nala_dit.options", "nala_dit.grid", "nala_dit.requirements"}
+_LIGHT = {"nala_dit", "nala_dit.cli", "nala_dit.cli.parse", "nala_dit.cli.config", "nala_dit.cli.options", "nala_dit.models.grid", "nala_dit.cli.requirements"}
 
 
 def _first_heavy_import_and_passive_call(path: Path) -> tuple[int, int]:
     """Line of the first top-level import that may load torch (numpy too, for good measure;
-    nala_dit.cli is torch-free), and of the first top-level ``passive_wait_policy()`` call
+    nala_dit.cli.parse is torch-free), and of the first top-level ``passive_wait_policy()`` call
     (the ``if __name__ == "__main__"`` block counts as top level). The CLIs' own torch-free
     modules (``_LIGHT``) may come first."""
     heavy = call = 10 ** 9

@@ -13,9 +13,9 @@ from PIL import Image
 from safetensors.torch import load_file
 
 import train as train_cli
-from nala_dit import checkpoint as ckpt_lib
-from nala_dit.config import resolve
-from nala_dit.training import TrainConfig
+from nala_dit.training import checkpoint as ckpt_lib
+from nala_dit.cli.config import resolve
+from nala_dit.training.loop import TrainConfig
 from tests.utils import launch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ def test_config_precedence_and_unknown_keys(tmp_path, capsys):
 
 
 def test_help_states_each_default_once_and_synonyms_are_suggested(tmp_path, capsys):
-    from nala_dit.config import build_parser
+    from nala_dit.cli.config import build_parser
 
     helps = {a.dest: a.help for a in build_parser(TrainConfig)._actions}
     assert helps["exp_name"] == "run folder name (default: the model name)"
@@ -213,8 +213,8 @@ def tiny_vae(path):
 
 def test_latent_extraction_resume_and_training(tmp_path):
     from extract_latents import main as extract_main
-    from nala_dit.data import ImageFolderDataset, LatentDataset, load_vae
-    from nala_dit.extract import encode_moments
+    from nala_dit.data.datasets import ImageFolderDataset, LatentDataset, load_vae
+    from nala_dit.data.extract import encode_moments
 
     images = make_image_folder(tmp_path / "images")
     vae_dir = tiny_vae(tmp_path / "vae")
@@ -322,8 +322,8 @@ def test_cpu_launch_of_two_processes_is_refused(tmp_path):
 
 
 def test_start_line_names_processes_batch_precision_and_attention():
-    from nala_dit.models import create_model
-    from nala_dit.training import attention_path, start_line
+    from nala_dit.models.dit import create_model
+    from nala_dit.training.loop import attention_path, start_line
 
     nala = dict(create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10).config)
     assert attention_path(nala, "cpu", "no") == "nala (fused)"

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from nala_dit.transport import PATHS, Path, Transport, integrate_ode
+from nala_dit.diffusion.transport import PATHS, Path, Transport, integrate_ode
 from tests.helpers_oracle import MU, S, TransportOracle, gaussian_logp
 
 TS = torch.tensor([0.05, 0.3, 0.5, 0.7, 0.95], dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""Tiled and sliced VAE decoding (nala_dit/vae.py) on a tiny real AutoencoderKL.
+"""Tiled and sliced VAE decoding (nala_dit/models/vae.py) on a tiny real AutoencoderKL.
 
 Geometry (P = tile px, s = ¾P stride, E = ¼P blend width, per axis): tile k covers
 image px [k·s, k·s + P); px [k·s, k·s + E) blend tiles k−1 and k linearly; the rest of
@@ -15,9 +15,9 @@ import torch
 from diffusers import AutoencoderKL
 from PIL import Image
 
-from nala_dit import vae as vae_lib
-from nala_dit.generate import decode
-from nala_dit.options import VAE_AUTO_TILING_PIXELS, VAE_TILE_PIXELS
+from nala_dit.models import vae as vae_lib
+from nala_dit.diffusion.generate import decode
+from nala_dit.cli.options import VAE_AUTO_TILING_PIXELS, VAE_TILE_PIXELS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.attention import PeakMemory  # noqa: E402  (the repo's storage-counting tracker)
@@ -243,8 +243,8 @@ def test_tile_size_without_a_vae_is_an_error():
 
 
 def test_pipeline_takes_vae_tiling_and_restores_the_vae():
-    from nala_dit.models import create_model
-    from nala_dit.pipeline import pipeline_for
+    from nala_dit.models.dit import create_model
+    from nala_dit.pipelines.pipeline import pipeline_for
 
     model = create_model("NaLaSiT-T/2", input_size=8, in_channels=4, num_classes=3).eval()
     with torch.no_grad():
@@ -277,7 +277,7 @@ def latent_run(tmp_path_factory):
 
 def test_sample_cli_flags(latent_run, tmp_path, capsys):
     import sample
-    from nala_dit.pipeline import pipeline_from_checkpoint
+    from nala_dit.pipelines.pipeline import pipeline_from_checkpoint
 
     flags = ["--ckpt", str(latent_run), "--labels", "2,5", "--sampler", "ode-euler", "--steps", "2"]
     assert sample.main([*flags, "--vae-tiling", "on", "--vae-tile-size", "32", "--out-dir", str(tmp_path / "on")]) == 0

@@ -52,6 +52,6 @@ ROOT = Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "benchmarks" / "ablation.py"      # the command line; a cell runs as `ENTRY cell ...`
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from nala_dit.cli import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)

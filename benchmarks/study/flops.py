@@ -1,6 +1,6 @@
 """Training FLOPs per image of the 2 x 2 variants at a user's model size (``flops.json``).
 
-Forward FLOPs come from ``nala_dit.models.count_flops`` (torch's counter: 2 per multiply-add
+Forward FLOPs come from ``nala_dit.models.dit.count_flops`` (torch's counter: 2 per multiply-add
 of every matmul and conv, SDPA decomposed into its matmuls; elementwise work, softmax's exp and
 NaLa's feature maps, is not counted). They are exactly c0 + c1·N + c2·N² in the token count N
 (c2 = softmax's scores and weighted sum; NaLa, Mix-FFN and everything else are linear in N), so
@@ -38,7 +38,7 @@ def forward_flops(size: str, variant: str, side: int) -> int:
     """``count_flops`` of one image through the variant's preset at a ``side`` x ``side`` latent."""
     import torch
 
-    from nala_dit.models import count_flops, create_model
+    from nala_dit.models.dit import count_flops, create_model
 
     family, overrides = FLOPS_VARIANTS[variant]
     torch.manual_seed(0)

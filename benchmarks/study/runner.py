@@ -24,8 +24,8 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
     import torch
 
     import train as train_cli
-    from nala_dit.checkpoint import list_checkpoints, open_checkpoint
-    from nala_dit.models import count_params
+    from nala_dit.training.checkpoint import list_checkpoints, open_checkpoint
+    from nala_dit.models.dit import count_params
 
     recipe = task_recipe(task, quick)
     if budgets:
@@ -77,7 +77,7 @@ def run_cell(task: str, variant: str, seed: int, lr: float, out: Path, quick: bo
                                      sample=budget in recipe.get("sample_budgets", budgets) or budget == budgets[-1])
         rows.append(dict(budget=budget, train_loss=loss, train_time_s=round(time_s, 2), **scores))
         print(f"[{cell_name(task, variant, seed, lr)}] step {budget}: {rows[-1]}", flush=True)
-    from nala_dit.checkpoint import load_model
+    from nala_dit.training.checkpoint import load_model
 
     model, _ = load_model(by_step[budgets[-1]])
     result = dict(task=task, variant=variant, seed=seed, lr=lr, quick=quick, recipe=recipe,
@@ -113,7 +113,7 @@ def ladder_source(task: str, variant: str, seed: int, out: Path, quick: bool, cl
 
 def _ladder_source(task: str, variant: str, seed: int, lr: float, out: Path, quick: bool,
                    classifier_dir) -> tuple[Path, dict]:
-    from nala_dit.checkpoint import list_checkpoints
+    from nala_dit.training.checkpoint import list_checkpoints
 
     found = list_checkpoints(out / "work" / "runs" / cell_name(task, variant, seed, lr) / "checkpoints")
     final = max(task_recipe(task, quick)["budgets"])

@@ -38,7 +38,7 @@ def log_summary(records: list[dict], budget: int, window: int) -> tuple[float, f
 
 
 def heldout_set(task: str):
-    from nala_dit import data as data_lib
+    from nala_dit.data import datasets as data_lib
 
     if not is_canvas(task):
         return data_lib.DigitsDataset("heldout", TASKS[task].get("image_size", 8))
@@ -104,7 +104,7 @@ def heldout_losses(model, objective, dataset, seed: int = 1234, items: int | Non
 def classifier_view(task: str, images):
     """uint8 NHWC samples → what the digits classifier scores (canvas: the digit's crop)."""
     if is_canvas(task):
-        from nala_dit.digits import canvas_crop
+        from nala_dit.data.digits import canvas_crop
 
         return canvas_crop(images)
     return images
@@ -112,14 +112,14 @@ def classifier_view(task: str, images):
 
 def reference(task: str, work: Path, classifier_dir: Path) -> Path:
     """Digits-classifier statistics of the held-out split (built once per output folder)."""
-    from nala_dit import metrics
-    from nala_dit.data import to_uint8
+    from nala_dit.evaluation import metrics
+    from nala_dit.data.datasets import to_uint8
 
     path = work / f"ref_{task}_heldout.npz"
     if path.is_file():
         return path
     images = classifier_view(task, to_uint8(heldout_set(task).images).numpy())
-    from nala_dit.metric_inputs import build_extractor
+    from nala_dit.evaluation.features import build_extractor
 
     extractor = build_extractor("digits", digits_classifier_dir=classifier_dir)
     feats = metrics.compute_features(extractor, [images[i:i + 250] for i in range(0, len(images), 250)])
@@ -137,10 +137,10 @@ def evaluate_checkpoint(task: str, ckpt: Path, recipe: dict, ref: Path, classifi
     without), and KID where the recipe asks (``kid``)."""
     import numpy as np
 
-    from nala_dit import metrics
-    from nala_dit.generate import SampleSettings
-    from nala_dit.sampling import sample_images
-    from nala_dit.sources import load_source
+    from nala_dit.evaluation import metrics
+    from nala_dit.diffusion.generate import SampleSettings
+    from nala_dit.pipelines.sample_files import sample_images
+    from nala_dit.pipelines.sources import load_source
 
     source = load_source(ckpt)
     source.model.eval()

@@ -22,9 +22,9 @@ def _timing_setup(task: str, variant: str, recipe: dict, batch: int):
 
     import torch
 
-    from nala_dit.checkpoint import build_objective
-    from nala_dit.config import resolve, to_dict
-    from nala_dit.training import TrainConfig, build_model, param_groups, update_ema
+    from nala_dit.training.checkpoint import build_objective
+    from nala_dit.cli.config import resolve, to_dict
+    from nala_dit.training.loop import TrainConfig, build_model, param_groups, update_ema
 
     flags = [*VARIANTS[variant], *recipe_flags(recipe, variant), *data_flags(recipe)]
     cfg, _ = resolve(TrainConfig, [str(a) for a in [*flags, "--lr", recipe["lr"], "--ema-decay", recipe["ema"]]])

@@ -19,7 +19,7 @@ One concern per file, top (what a model builds) to bottom (the math):
 Every public name is re-exported here: ``from nala_dit.attention import nala_attention``.
 """
 
-from ..options import (  # the names live with the CLI options (torch-free)
+from ..cli.options import (  # the names live with the CLI options (torch-free)
     ATTENTIONS, DIRECTIONS, LINEAR_KERNELS, TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS, parse_norm_scale,
 )
 from .functional import (

@@ -34,7 +34,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from ..options import DIRECTIONS
+from ..cli.options import DIRECTIONS
 
 Direction = Literal["cosine", "relu_split"]
 

@@ -15,8 +15,8 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from ..context_parallel import gathered_softmax, shard_of, sharded_linear_attention
-from ..options import LINEAR_KERNELS, ATTENTIONS, parse_norm_scale
+from ..models.context_parallel import gathered_softmax, shard_of, sharded_linear_attention
+from ..cli.options import LINEAR_KERNELS, ATTENTIONS, parse_norm_scale
 from .functional import (
     ALPHA, EPS, NORM_SCALE, OFFSET, POWER, Direction, _check_direction, kernel_features, linear_attention,
     nala_exponent, nala_features, rope_angles, rope_linear_attention, saturated_share, softmax_attention,

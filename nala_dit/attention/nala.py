@@ -31,7 +31,7 @@ from .functional import (
     ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, Direction, _check_direction, _check_qkv,
     _no_autocast, nala_features, normalized_linear_attention,
 )
-from ..options import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
+from ..cli.options import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
 
 NALA_IMPLS = ("auto", "fused", "eager", "compile", "triton")
 
@@ -373,7 +373,7 @@ def nala_attention(
     if impl == "triton":
         return _triton_kernel(q, k, v, norm_scale, triton_opts)
     if shard is not None and impl != "fused":
-        from ..context_parallel import sharded_linear_attention
+        from ..models.context_parallel import sharded_linear_attention
 
         phi_q, phi_k = nala_features(q, k, direction=direction, power=power, offset=offset,
                                      norm_scale=norm_scale, alpha=alpha, norm_eps=norm_eps)

@@ -42,8 +42,8 @@ from functools import lru_cache
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..context_parallel import shard_of
-from ..options import check_nala_regions
+from ..models.context_parallel import shard_of
+from ..cli.options import check_nala_regions
 from .functional import (
     ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, _check_qkv, _no_autocast, nala_features,
     nala_similarity_reference,

@@ -1,0 +1,157 @@
+"""Pre-extract VAE latents of an image folder, sharded, multi-process and resumable.
+
+For every image we store the posterior *mean and log-variance* of the image and of its
+mirror image, ``moments[(2 flips), (mean, logvar), C, h, w]``, so training on cached
+latents still draws a fresh flip and a fresh posterior sample each time (fast-DiT caches
+one sample of one flip and so freezes both).
+
+Shard ``k`` holds images ``[k·S, (k+1)·S)`` of the folder's sorted order; process ``r``
+of ``W`` writes the shards with ``k % W == r``. A shard is written under a temporary
+name and renamed, so an interrupted extraction resumes by skipping finished shards.
+All images are opened up front; the unreadable ones are reported together.
+
+Each shard also keeps its float64 sums of μ and μ² + σ² per channel (``moment_sums``);
+once every shard is there, the first process combines them, in shard order, into the
+cache's per-channel mean and std (``meta.json`` ``latent_stats``, with the counts), so
+the statistics are exact over the whole cache however the extraction was split or
+resumed (``nala_dit/data/latent_stats.py``). ``meta.json`` also records the encoder's
+fingerprint (``vae_fingerprint``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import save_file
+from torch.utils.data import DataLoader, Subset
+
+from .datasets import LATENT_META, ImageFolderDataset, check_images, load_vae
+from .latent_stats import SUMS_KEY, cache_statistics, moment_sums, vae_fingerprint
+from ..cli.options import default_num_workers
+from ..training.runlock import check_process_count
+
+
+def shard_name(index: int) -> str:
+    return f"latents-{index:05d}.safetensors"
+
+
+@torch.no_grad()
+def encode_moments(vae, x: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) in [-1, 1] → (B, 2, 2, C, h, w): [orig, mirror] × [mean, logvar]."""
+    out = []
+    for img in (x, x.flip(-1)):
+        dist = vae.encode(img.to(vae.dtype)).latent_dist
+        out.append(torch.stack([dist.mean, dist.logvar], dim=1))
+    return torch.stack(out, dim=1).float()
+
+
+def extract_latents(
+    data: str,
+    out: str,
+    vae_path: str,
+    image_size: int = 256,
+    batch_size: int = 32,
+    shard_size: int = 4096,
+    num_workers: int | None = None,
+    dtype: str = "float16",
+    skip_corrupt: bool = False,
+    keep_images: bool = False,
+) -> Path:
+    from accelerate import Accelerator
+
+    from ..cli.progress import progress_bar
+
+    accelerator = Accelerator()
+    rank, world = accelerator.process_index, accelerator.num_processes
+    check_process_count(world, "extract_latents.py")
+    if num_workers is None:
+        num_workers = default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    dataset = ImageFolderDataset(data, image_size, skip_corrupt)
+    # Every image is opened before any encoding: unreadable files are reported in one list
+    # (or, with --skip-corrupt, left out of the shards rather than replaced by a neighbour).
+    check_images(dataset, accelerator)
+    vae, scaling = load_vae(vae_path, accelerator.device)
+    out_dir = Path(out)
+    num_shards = math.ceil(len(dataset) / shard_size)
+    meta = dict(
+        source=str(Path(data).resolve()), vae=vae_path, scaling_factor=scaling, image_size=image_size,
+        latent_channels=vae.config.latent_channels, classes=dataset.classes, num_images=len(dataset),
+        shard_size=shard_size, shards=[shard_name(k) for k in range(num_shards)], dtype=dtype,
+        vae_fingerprint=vae_fingerprint(vae), images=keep_images,
+    )
+    meta_path = out_dir / LATENT_META
+    if meta_path.is_file():
+        old = json.loads(meta_path.read_text())
+        old["images"] = bool(old.get("images"))   # extractions before --keep-images kept none
+        changed = [k for k in ("num_images", "image_size", "shard_size", "classes", "vae", "dtype", "images")
+                   if old.get(k) != meta[k]]
+        if old.get("vae_fingerprint", meta["vae_fingerprint"]) != meta["vae_fingerprint"]:
+            changed.append("vae_fingerprint")
+        if changed:
+            raise ValueError(
+                f"{out_dir} holds an extraction with different {changed}; use another --out or delete it"
+            )
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_meta(meta_path, meta)
+    accelerator.wait_for_everyone()
+
+    mine = [k for k in range(num_shards) if k % world == rank and not (out_dir / shard_name(k)).is_file()]
+    store = getattr(torch, dtype)
+    # Counted in images, not shards, so the ETA moves within a 4096-image shard.
+    with progress_bar(total=sum(min(shard_size, len(dataset) - k * shard_size) for k in mine), unit="img",
+                      desc=f"extract (rank {rank} of {world})", disable=not accelerator.is_local_main_process) as bar:
+        for k in mine:
+            indices = range(k * shard_size, min((k + 1) * shard_size, len(dataset)))
+            loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, num_workers=num_workers)
+            moments, labels, images, sums = [], [], [], 0
+            for x, y in loader:
+                m = encode_moments(vae, x.to(accelerator.device)).to(store)
+                # float64 sums of the stored (rounded) values, on the GPU where there is one (MPS has no
+                # float64): the statistics are those of what training reads
+                sums = sums + moment_sums(m if m.device.type == "cuda" else m.cpu()).cpu()
+                moments.append(m.cpu())
+                labels.append(y)
+                if keep_images:  # the resized image the latents encode, as uint8 (REPA's encoder input)
+                    images.append(((x + 1) * 127.5).round().clamp(0, 255).to(torch.uint8))
+                bar.update(len(y))
+            moments = torch.cat(moments).contiguous()
+            path = out_dir / shard_name(k)
+            tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+            try:
+                save_file({"moments": moments, "labels": torch.cat(labels).contiguous(), SUMS_KEY: sums,
+                           **({"images": torch.cat(images).contiguous()} if keep_images else {})}, str(tmp))
+            except (OSError, SafetensorError) as err:  # disk full: safetensors raises its own error
+                tmp.unlink(missing_ok=True)
+                first = str(err).splitlines()[0] if str(err) else type(err).__name__
+                raise OSError(f"cannot write {path}: {first} (disk full?); removed the partial file, the finished "
+                              f"shards are kept: free space and rerun the same command to resume") from None
+            os.replace(tmp, path)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:  # every shard is there now: the statistics of the whole cache
+        meta["latent_stats"] = cache_statistics(out_dir, meta["shards"])
+        write_meta(meta_path, meta)
+    accelerator.wait_for_everyone()
+    return out_dir
+
+
+def write_meta(path: Path, meta: dict) -> None:
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, path)
+
+
+def shards_done(out: str | os.PathLike) -> tuple[int, int | None]:
+    """(finished shards, all shards) of an extraction folder: what an interrupted run keeps."""
+    out = Path(out)
+    meta = out / LATENT_META
+    if not meta.is_file():
+        return 0, None
+    shards = json.loads(meta.read_text())["shards"]
+    return sum((out / name).is_file() for name in shards), len(shards)

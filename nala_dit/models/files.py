@@ -1,0 +1,188 @@
+"""Stored model configs checked against their weights files before a model is built.
+
+* ``check_model_config``: a stored model config (``state.json``'s ``model_config``, a
+  pipeline's ``transformer/config.json``) holds only known keys of the types ``DiT``
+  takes.
+* ``check_config_fits``: the sizes a config implies agree with the tensors of its
+  weights file, read from the safetensors header (``weight_shapes``) without loading
+  them, so an edited ``hidden_size: 65536`` is refused instead of built.
+* ``load_transformer``: a pipeline folder's transformer, checked both ways and for
+  non-finite weights.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from ..guards import assert_no_meta, read_json, refuse_non_finite, state_dict_mismatch
+from .dit import DiT
+
+# Config keys that count things: a model with 0 (or fewer) of them is not a model.
+COUNT_KEYS = ("input_size", "patch_size", "in_channels", "hidden_size", "depth", "num_heads", "num_classes")
+_TYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str, "None": type(None), "list": list, "dict": dict}
+
+
+def _dit_parameters() -> dict[str, inspect.Parameter]:
+    return {k: p for k, p in inspect.signature(DiT.__init__).parameters.items() if k != "self"}
+
+
+def _allowed_types(param: inspect.Parameter) -> tuple[type, ...]:
+    """The types a ``DiT.__init__`` argument takes, from its annotation (``"int | None"``),
+    else from its default's type; () when neither says."""
+    annotation = param.annotation
+    if isinstance(annotation, str):
+        names = [part.strip().split("[")[0] for part in annotation.split("|")]
+        if all(n in _TYPE_NAMES for n in names):
+            return tuple(_TYPE_NAMES[n] for n in names)
+    if param.default is not inspect.Parameter.empty and param.default is not None:
+        return (type(param.default),)
+    return ()
+
+
+def _describe(types: tuple[type, ...]) -> str:
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list",
+             dict: "an object", type(None): "null"}
+    return " or ".join(words.get(t, t.__name__) for t in types)
+
+
+def _fits(value, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):
+        return bool in types
+    if isinstance(value, int) and float in types:
+        return True  # JSON writes 4.0 as 4
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return isinstance(value, types)
+
+
+def check_model_config(config, where: str, fix: str = "restore the file written with the weights, or export "
+                                                       "the model again") -> dict:
+    """The constructor keys of a stored ``DiT`` config (diffusers' ``_`` keys dropped),
+    after checking every key is known and of the type ``DiT`` takes; else a ValueError
+    ``"<where>: 'hidden_size' must be an integer, got '128' (str); <fix>"``."""
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: the model config must be a JSON object, got {type(config).__name__}; {fix}")
+    params = _dit_parameters()
+    keys = {k: v for k, v in config.items() if not str(k).startswith("_")}
+    unknown = sorted(k for k in keys if k not in params)
+    if unknown:
+        raise ValueError(f"{where}: unknown model config key(s) {unknown} (this version knows "
+                         f"{', '.join(params)}); {fix}")
+    for key, value in keys.items():
+        types = _allowed_types(params[key])
+        if types and not _fits(value, types):
+            raise ValueError(f"{where}: {key!r} must be {_describe(types)}, got {value!r} ({type(value).__name__}); "
+                             f"{fix}")
+        if key in COUNT_KEYS and value < 1:
+            raise ValueError(f"{where}: {key!r} must be >= 1, got {value!r}; {fix}")
+    return keys
+
+
+def weight_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape of a safetensors file (or of every shard a diffusers
+    ``*.safetensors.index.json`` names), read from the headers: nothing is loaded."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    files = [path]
+    if path.name.endswith(".index.json"):
+        index = read_json(path, "export or download it again")
+        files = sorted({path.parent / name for name in index.get("weight_map", {}).values()})
+    shapes = {}
+    for file in files:
+        try:
+            with safe_open(str(file), "pt") as f:
+                for name in f.keys():
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+        except Exception as err:  # safetensors raises its own error types
+            raise ValueError(f"{file}: unreadable safetensors file ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}); export or download it again") from None
+    return shapes
+
+
+def _count(n: int) -> str:
+    """``1,412,345 (1.4 M)``: exact, and readable when large."""
+    for unit, size in (("B", 1e9), ("M", 1e6)):
+        if n >= size:
+            return f"{n:,} ({n / size:.1f} {unit})"
+    return f"{n:,}"
+
+
+def check_config_fits(keys: dict, shapes: dict[str, tuple[int, ...]], config_where: str, weights_where: str) -> None:
+    """Refuse a config whose model is not the one in the weights file, before building it.
+
+    The sizes that set every tensor (width, depth, patch, channels, grid, MLP width,
+    classes) are compared with the file's tensors first, so the model built next on the
+    ``meta`` device (no memory) is never larger than the file; then its parameter count
+    and shapes must equal the file's."""
+    defaults = {k: p.default for k, p in _dit_parameters().items() if p.default is not inspect.Parameter.empty}
+    c = {**defaults, **keys}
+    fix = "one of the two was edited or damaged, or they come from different models: restore the files written together"
+    expected = []
+    proj = shapes.get("x_embedder.proj.weight")
+    if proj is not None and len(proj) == 4:
+        expected += [("hidden_size", c["hidden_size"], proj[0]), ("in_channels", c["in_channels"], proj[1]),
+                     ("patch_size", c["patch_size"], proj[2])]
+    blocks = {name.split(".")[1] for name in shapes if name.startswith("blocks.")}
+    if blocks:
+        expected.append(("depth", c["depth"], len(blocks)))
+    pos = shapes.get("pos_embed")
+    if pos is not None and len(pos) == 3 and c["patch_size"] >= 1:
+        expected.append(("input_size", (c["input_size"] // c["patch_size"]) ** 2, pos[1]))
+    fc1 = shapes.get("blocks.0.mlp.fc1.weight")
+    if fc1 is not None and isinstance(c["mlp_ratio"], (int, float)):
+        expected.append(("mlp_ratio", int(c["hidden_size"] * c["mlp_ratio"]), fc1[0]))
+    table = shapes.get("y_embedder.embedding_table.weight")
+    if table is not None:
+        expected.append(("num_classes", c["num_classes"] + int(c["class_dropout_prob"] > 0), table[0]))
+    wrong = [f"{key} implies {want:,} where the weights have {got:,}" for key, want, got in expected if want != got]
+    file_params = sum(math.prod(s) for s in shapes.values())
+    if wrong:
+        raise ValueError(f"{config_where} does not describe {weights_where} ({_count(file_params)} parameters): "
+                         f"{'; '.join(wrong[:3])}; {fix}")
+    try:
+        with torch.device("meta"):
+            model = DiT(**keys)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{config_where}: {str(err).splitlines()[0]}; {fix}") from None
+    built = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    implied = sum(math.prod(s) for s in built.values())
+    if implied != file_params or built != shapes:
+        mismatch = state_dict_mismatch({k: torch.empty(s, device="meta") for k, s in built.items()},
+                                       {k: torch.empty(s, device="meta") for k, s in shapes.items()})
+        raise ValueError(f"{config_where} implies a model of {_count(implied)} parameters, {weights_where} holds "
+                         f"{_count(file_params)} ({mismatch or 'shapes differ'}); {fix}")
+
+
+TRANSFORMER_WEIGHTS = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json")
+
+
+def check_transformer_folder(folder: str | os.PathLike) -> None:
+    """A pipeline's ``transformer/`` folder: its ``config.json`` typed and sized like its weights."""
+    folder = Path(folder)
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} not found: {folder.parent} is not a complete pipeline folder; "
+                                f"export it again")
+    config = read_json(config_file, "export the pipeline again")
+    keys = check_model_config(config, str(config_file))
+    weights = next((folder / name for name in TRANSFORMER_WEIGHTS if (folder / name).is_file()), None)
+    if weights is not None:
+        check_config_fits(keys, weight_shapes(weights), str(config_file), str(weights))
+
+
+def load_transformer(folder: str | os.PathLike):
+    """``DiT.from_pretrained(folder)`` after ``check_transformer_folder``, refusing weights
+    left on ``meta`` (missing) and non-finite ones."""
+    check_transformer_folder(folder)
+    model = DiT.from_pretrained(str(folder))
+    assert_no_meta(model, str(folder))
+    refuse_non_finite(model, str(folder))
+    return model
+
+

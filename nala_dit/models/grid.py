@@ -1,0 +1,253 @@
+"""The token grid and its positions: one owner for "what size is this image, in tokens".
+
+A model is trained on latents (or pixels) of side ``input_size``; it runs on any (H, W)
+that patches evenly. Every caller — the model's forward, the pipelines, sampling,
+training, fine-tuning up the resolution ladder — asks this module instead of re-deriving
+sizes:
+
+    image pixels (H, W)  --÷ vae_factor-->  latent (h, w)  --÷ patch-->  tokens (gh, gw)
+
+``vae_factor`` is 8 for the SD VAE and 1 for a pixel-space model (the embedded digits).
+
+Positions for a grid that is not the trained one follow the model's ``pos_embed`` policy
+(``POS_EMBED_MODES``; HIGHRES.md collects what PixArt, Sana and DiT do):
+
+- ``extrapolate`` (DiT, the default): integer positions 0…g−1. Exact for published
+  weights at their own size; a larger grid reaches positions never seen in training.
+- ``interpolate`` (PixArt's rule): position i ↦ i · base / g, base = the grid side the
+  model was first trained at (``base_size / patch``). A larger image gets *finer*
+  positions in the trained range instead of new ones; the trained grid is unchanged.
+- ``none``: no absolute positions at all (neither the sin-cos table nor RoPE); the
+  model relies on the LePE depthwise conv for position, as Sana's 1K model relies on
+  its conv.
+
+The resolution-aware noise-schedule shift (``time_shift``) is resolved here too: the
+conventional ``"auto"`` is s = √(N_tokens / N_base) (SD3, Sana), N_base the token count
+of the base grid.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from dataclasses import dataclass, replace
+
+from ..cli.options import POS_EMBED_MODES, TIME_SHIFT_AUTO, parse_time_shift  # noqa: F401  (re-exported)
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(?:[x×]\s*(\d+))?\s*$")
+
+
+def parse_image_size(value) -> tuple[int, int]:
+    """``512``, ``"512"``, ``"512x768"`` (height × width) or ``(512, 768)`` → (H, W) pixels.
+
+    Zero, negative and malformed sizes are a ValueError naming the value and the forms."""
+    forms = "a positive side N (square) or HxW in pixels, e.g. 512 or 512x768"
+    if isinstance(value, bool):
+        raise ValueError(f"image size must be {forms}, got {value!r}")
+    if isinstance(value, int):
+        hw = (value, value)
+    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        hw = (int(value[0]), int(value[1]))
+    elif isinstance(value, str) and _SIZE.match(value):
+        a, b = _SIZE.match(value).groups()
+        hw = (int(a), int(b if b is not None else a))
+    else:
+        raise ValueError(f"image size must be {forms}, got {value!r}")
+    if min(hw) < 1:
+        raise ValueError(f"image size must be {forms}, got {value!r}")
+    return hw
+
+
+def format_size(hw: tuple[int, int]) -> str:
+    return str(hw[0]) if hw[0] == hw[1] else f"{hw[0]}x{hw[1]}"
+
+
+def latent_size(image_size, vae_factor: int, patch_size: int) -> tuple[int, int]:
+    """Image (H, W) pixels → model input (h, w); each side must be a multiple of
+    ``vae_factor × patch_size`` (one token per patch of the latent)."""
+    h, w = parse_image_size(image_size)
+    step = vae_factor * patch_size
+    if h % step or w % step:
+        if h == w:
+            valid = ", ".join(str(step * k) for k in range(max(1, h // step - 1), max(1, h // step) + 3))
+        else:  # the valid sizes next to each side, nearest first: 8x15 → 8x14, 8x16
+            near = sorted(((a, b) for a in _nearest_multiples(h, step) for b in _nearest_multiples(w, step)),
+                          key=lambda ab: (abs(ab[0] - h) + abs(ab[1] - w), ab))
+            valid = ", ".join(f"{a}x{b}" for a, b in near)
+        raise ValueError(
+            f"image size {format_size((h, w))} is not a multiple of VAE factor {vae_factor} × patch {patch_size} "
+            f"= {step} on each side; choose e.g. {valid}")
+    return h // vae_factor, w // vae_factor
+
+
+def _nearest_multiples(side: int, step: int) -> list[int]:
+    """``side`` itself if it is a multiple of ``step``, else the multiples just below (if
+    any) and above it."""
+    if side % step == 0:
+        return [side]
+    below = side // step * step
+    return [v for v in (below, below + step) if v >= step]
+
+
+def check_pos_embed(mode: str) -> str:
+    if mode not in POS_EMBED_MODES:
+        raise ValueError(f"pos_embed must be one of {', '.join(POS_EMBED_MODES)}, got {mode!r}")
+    return mode
+
+
+@dataclass(frozen=True)
+class TokenGrid:
+    """An h×w token grid of a model whose base (first trained) grid is base_h×base_w.
+
+    Unpacks like the ``(h, w)`` tuple the blocks have always received; hashable, so
+    tables computed for it are cached per grid."""
+
+    h: int
+    w: int
+    base_h: int
+    base_w: int
+    pos_embed: str = "extrapolate"
+
+    def __post_init__(self):
+        check_pos_embed(self.pos_embed)
+        if min(self.h, self.w, self.base_h, self.base_w) < 1:
+            raise ValueError(f"grid sides must be >= 1, got {self.h}x{self.w} (base {self.base_h}x{self.base_w})")
+
+    def __iter__(self):
+        return iter((self.h, self.w))
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i):
+        return (self.h, self.w)[i]
+
+    @property
+    def tokens(self) -> int:
+        return self.h * self.w
+
+    @property
+    def is_base(self) -> bool:
+        return (self.h, self.w) == (self.base_h, self.base_w)
+
+    def position_scale(self) -> tuple[float, float] | None:
+        """Multipliers (row, column) turning indices into positions; None: no positions."""
+        if self.pos_embed == "none":
+            return None
+        if self.pos_embed == "interpolate":
+            return self.base_h / self.h, self.base_w / self.w
+        return 1.0, 1.0
+
+    def time_shift(self, value) -> float:
+        """A ``time_shift`` setting resolved for this grid: a number as it is, ``"auto"``
+        as √(tokens / base tokens)."""
+        return resolve_time_shift(value, self.tokens, self.base_h * self.base_w)
+
+
+def resolve_time_shift(value, tokens: int, base_tokens: int) -> float:
+    if value is None:
+        return 1.0
+    if isinstance(value, str) and value.strip() == TIME_SHIFT_AUTO:
+        return math.sqrt(tokens / base_tokens)
+    return parse_time_shift(value)
+
+
+def model_grid(config, latent_hw: tuple[int, int] | None = None) -> TokenGrid:
+    """The token grid of a model (its diffusers config) for a latent (h, w); default the
+    trained size. Older configs without ``base_size`` / ``pos_embed`` mean base = trained
+    size and DiT's integer positions."""
+    p = config["patch_size"]
+    base = config.get("base_size") or config["input_size"]
+    h, w = latent_hw if latent_hw is not None else (config["input_size"],) * 2
+    if h % p or w % p:
+        raise ValueError(f"latent size {h}x{w} must be divisible by patch_size={p}")
+    return TokenGrid(h // p, w // p, base // p, base // p, config.get("pos_embed") or "extrapolate")
+
+
+def vae_factor(vae) -> int:
+    """Pixels per latent side: 2^(levels − 1) for a diffusers AutoencoderKL, 1 without a VAE."""
+    if vae is None:
+        return 1
+    return 2 ** (len(vae.config.block_out_channels) - 1)
+
+
+def size_notice(config, latent_hw: tuple[int, int], vae_factor_: int) -> str | None:
+    """A one-line notice when sampling away from the trained size (None at it)."""
+    trained = config["input_size"]
+    if tuple(latent_hw) == (trained, trained):
+        return None
+    mode = config.get("pos_embed") or "extrapolate"
+    hw = (latent_hw[0] * vae_factor_, latent_hw[1] * vae_factor_)
+    px = format_size(hw)
+    # train.py trains square images: a non-square request fine-tunes at its larger side.
+    where = "at this size" if hw[0] == hw[1] else f"at {max(hw)} px, the larger side (train.py trains square images)"
+    return (f"note: sampling at {px} px, not the trained {trained * vae_factor_} px ({mode} positions): expect "
+            f"repeated or broken content, most of all far above the trained size. Fine-tune {where} "
+            f"(train.py --init-from RUN --image-size {max(hw)} --pos-embed interpolate) or use --upscale-from "
+            f"{trained * vae_factor_} (docs/highres.md)")
+
+
+def latent_for(model, vae, image_size) -> tuple[int, int] | None:
+    """The latent (h, w) a model samples for an image size in pixels (None: the trained size)."""
+    if image_size is None:
+        return None
+    return latent_size(image_size, vae_factor(vae), model.config.patch_size)
+
+
+# ------------------------------------------------------------ the CLIs' size flags
+STRENGTH = 0.6  # --strength when --upscale-from is given without it
+
+
+def add_size_arguments(parser) -> None:
+    """``--image-size``, ``--time-shift``, ``--upscale-from``, ``--strength``: sample.py and
+    ``evaluate_fid.py gen`` take the same flags and mean the same by them."""
+    size = parser.add_argument_group("image size (docs/highres.md)")
+    size.add_argument("--image-size", help="pixels, N or HxW (each side a multiple of VAE factor × patch; "
+                      "default: the trained size)")
+    size.add_argument("--time-shift", help="shift the sampler's steps toward noise: a number s in 0.01..100 "
+                      "(1 = none) or 'auto' (s = √(tokens / base tokens)); default: what the model was trained with")
+    size.add_argument("--upscale-from", metavar="SIZE", help="progressive upscaling: sample at SIZE pixels "
+                      "(e.g. the trained size) first, upsample, re-noise to --strength and denoise at --image-size")
+    size.add_argument("--strength", type=float, help="--upscale-from: noise level to re-noise to, "
+                      f"0 (keep the upsampled image) … 1 (from pure noise) (default: {STRENGTH})")
+
+
+def check_size_args(args) -> None:
+    """Size flags that are wrong whatever the model: one-line errors before loading it."""
+    for flag in ("image_size", "upscale_from"):
+        if getattr(args, flag) is not None:
+            try:
+                parse_image_size(getattr(args, flag))
+            except ValueError as err:
+                raise ValueError(f"--{flag.replace('_', '-')}: {err}") from None
+    if args.time_shift is not None:
+        parse_time_shift(args.time_shift)
+    if args.upscale_from is not None and args.image_size is None:
+        raise ValueError("--upscale-from needs --image-size (the size to upscale to)")
+    if args.strength is not None and args.upscale_from is None:
+        raise ValueError("--strength applies to progressive upscaling only: add --upscale-from SIZE (e.g. the "
+                         "trained size) with --image-size, or drop --strength")
+
+
+def sized_settings(settings, source, args, verbose: bool = True):
+    """``settings`` with the latent size, time shift and upscaling of the size flags, and
+    the one-line notice when that is not the trained size."""
+    model = source.model
+    latent = latent_for(model, source.vae, args.image_size)
+    small = latent_for(model, source.vae, args.upscale_from)
+    shift = parse_time_shift(args.time_shift) if args.time_shift is not None else None
+    if latent is not None:  # before the first allocation, not as its traceback
+        from ..guards import check_sample_memory
+
+        labels = len([v for v in (getattr(args, "labels", None) or "").split(",") if v.strip()])
+        wanted = getattr(args, "num_samples", None) or labels * getattr(args, "per_label", 1) or 1
+        batch = min(getattr(args, "batch_size", 1) or 1, wanted)
+        check_sample_memory(model, latent, batch, vae_factor(source.vae), next(model.parameters()).device,
+                            f"--image-size {args.image_size}", "use a smaller --image-size or --batch-size",
+                            guided=settings.cfg_scale != 1)
+    if verbose and latent is not None and small is None and (note := size_notice(model.config, latent,
+                                                                                 vae_factor(source.vae))):
+        print(note, file=sys.stderr)
+    strength = STRENGTH if args.strength is None else args.strength
+    return replace(settings, latent_size=latent, time_shift=shift, upscale_from=small, strength=strength)

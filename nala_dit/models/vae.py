@@ -1,0 +1,147 @@
+"""Decoding latents with the VAE: tiled and sliced when the image is large.
+
+diffusers' ``AutoencoderKL`` decodes in one piece by default. Its last level holds
+128 channels at full resolution and its mid-block attends over every latent pixel, so
+the fp32 peak grows with the pixel count: 0.75 GiB at 512², 3 GiB at 1024², 12 GiB at
+2048², 48 GiB at 4096² (``docs/highres.md``). diffusers' own switches bound it:
+
+* ``vae.enable_tiling()``: the latent is cut into tiles of ``tile_latent_min_size``
+  latent px (``tile_sample_min_size`` image px), each decoded alone; neighbours overlap
+  by ``tile_overlap_factor`` (¼) of a tile and are blended linearly there. Only a latent
+  larger than one tile is tiled.
+* ``vae.enable_slicing()``: a batch is decoded one image at a time.
+
+``decoding`` sets these for one decode and puts the VAE's own settings back afterwards
+(also after an error). Modes (``--vae-tiling``, the pipelines' ``vae_tiling=``):
+
+* ``auto`` (default): tile an image larger than ``VAE_AUTO_TILING_PIXELS`` (1024² px),
+  slice a batch whose pixels together exceed it, and otherwise keep what the VAE is set
+  to (``pipe.vae.enable_tiling()``, diffusers' convention, still works);
+* ``on``: tile and slice whatever the size;
+* ``off``: one piece, even on a VAE set to tile.
+
+Tile size: ``tile_size`` image px (``--vae-tile-size``), else ``VAE_TILE_PIXELS`` (512)
+when tiling is switched on here, else the VAE's own.
+
+Where the seams are (P = tile px, s = ¾P the tile stride, E = ¼P): tile k covers image
+px [k·s, k·s + P) along each axis; px [k·s, k·s + E) blend tile k−1 (weight 1 − x/E)
+with tile k (weight x/E); px [k·s + E, (k+1)·s) come from tile k alone. That layout
+needs ¾ of a tile to be whole latent px, hence tile sizes in multiples of 4 × the VAE
+factor (32 px for the f8 VAEs).
+
+Tiling changes pixels beyond the blend bands too: each tile sees only its own latent
+(the decoder's receptive field is cut at the tile edge, and GroupNorm statistics and
+the mid-block attention are per tile). ``auto`` therefore leaves every size up to 1024²
+px untiled, so metrics at trained sizes are unaffected; slicing changes nothing but
+float rounding.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from contextlib import contextmanager
+
+from ..cli.options import VAE_AUTO_TILING_PIXELS, VAE_TILE_PIXELS, VAE_TILING_MODES
+
+# The mode and tile size that ``decode`` uses when its caller passes none: set by the
+# CLIs around the code that samples (``decode_settings``), default ("auto", None).
+_SETTINGS = contextvars.ContextVar("nala_dit_vae_decoding", default=("auto", None))
+_STATE = ("use_tiling", "use_slicing", "tile_sample_min_size", "tile_latent_min_size")
+
+
+def vae_factor(vae) -> int:
+    """Image px per latent px: 2^(levels − 1), as diffusers' ``vae_scale_factor``."""
+    return 2 ** (len(vae.config.block_out_channels) - 1)
+
+
+def _tile_fits(pixels: int, factor: int, overlap: float) -> bool:
+    """diffusers' tiled_decode advances ``int(L·(1 − overlap))`` latent px per tile but keeps
+    ``P − int(P·overlap)`` image px of each: the two must agree or tiles overlap wrongly."""
+    latent = pixels // factor
+    stride = int(latent * (1 - overlap))
+    return pixels % factor == 0 and stride > 0 and stride * factor == pixels - int(pixels * overlap)
+
+
+def check_tiling_mode(mode, name: str = "--vae-tiling") -> None:
+    if mode not in VAE_TILING_MODES:
+        raise ValueError(f"{name} must be one of {', '.join(VAE_TILING_MODES)}, got {mode!r}")
+
+
+def check_tiling(mode, tile_size=None, vae=None, names=("--vae-tiling", "--vae-tile-size")) -> None:
+    """A one-line ValueError for an unknown mode, a tile size that is not a positive whole
+    number of tiles for ``vae``, or a tile request without a VAE. ``names``: the option
+    names to put in the message (CLI flags or keyword arguments)."""
+    check_tiling_mode(mode, names[0])
+    if mode == "on" and vae is None:
+        raise ValueError(f"{names[0]} on: this model samples pixels directly (no VAE), so there is no decode to "
+                         f"tile; drop {names[0]}")
+    if tile_size is None:
+        return
+    if isinstance(tile_size, bool) or not isinstance(tile_size, int) or tile_size <= 0:
+        raise ValueError(f"{names[1]} must be a positive number of image pixels, got {tile_size!r}")
+    if vae is None:
+        raise ValueError(f"{names[1]} {tile_size}: this model samples pixels directly (no VAE), so there is nothing "
+                         f"to tile; drop {names[1]}")
+    if not hasattr(vae, "tile_sample_min_size"):
+        raise ValueError(f"{names[1]}: {type(vae).__name__} has no tiled decode; drop {names[1]}")
+    factor, overlap = vae_factor(vae), vae.tile_overlap_factor
+    if not _tile_fits(tile_size, factor, overlap):
+        below = next((p for p in range(tile_size - 1, 0, -1) if _tile_fits(p, factor, overlap)), None)
+        above = next(p for p in range(tile_size + 1, tile_size + 64 * factor) if _tile_fits(p, factor, overlap))
+        step = next(p for p in range(1, 64 * factor) if _tile_fits(p, factor, overlap))
+        choices = " or ".join(str(p) for p in (below, above) if p)
+        raise ValueError(f"{names[1]} {tile_size} does not tile this VAE (factor {factor}, tiles overlapping by "
+                         f"{overlap:g}): use a multiple of {step} px, e.g. {choices}")
+
+
+@contextmanager
+def decode_settings(tiling: str = "auto", tile_size: int | None = None):
+    """The tiling mode and tile size for every ``decode`` inside (the CLIs' flags)."""
+    check_tiling_mode(tiling)
+    token = _SETTINGS.set((tiling, tile_size))
+    try:
+        yield
+    finally:
+        _SETTINGS.reset(token)
+
+
+def plan(vae, shape, tiling: str | None = None, tile_size: int | None = None) -> dict:
+    """What a decode of latents of ``shape`` (B, C, h, w) does: the VAE attributes to set.
+
+    ``tiling``/``tile_size`` None: those of the surrounding ``decode_settings``.
+    """
+    if tiling is None:
+        tiling, context_size = _SETTINGS.get()
+        tile_size = context_size if tile_size is None else tile_size
+    check_tiling(tiling, tile_size, vae, names=("vae_tiling", "vae_tile_size"))
+    if not hasattr(vae, "use_tiling"):          # a VAE without diffusers' switches: decode as is
+        if tiling == "on":
+            raise ValueError(f"vae_tiling='on': {type(vae).__name__} has no tiled decode; use 'auto' or 'off'")
+        return {}
+    batch, pixels = shape[0], shape[-2] * shape[-1] * vae_factor(vae) ** 2
+    if tiling == "off":
+        tile = slices = False
+    elif tiling == "on":
+        tile = slices = True
+    else:
+        tile = vae.use_tiling or pixels > VAE_AUTO_TILING_PIXELS
+        slices = vae.use_slicing or (batch > 1 and batch * pixels > VAE_AUTO_TILING_PIXELS)
+    settings = dict(use_tiling=tile, use_slicing=slices)
+    if tile and (tile_size is not None or not vae.use_tiling):
+        size = VAE_TILE_PIXELS if tile_size is None else tile_size
+        settings.update(tile_sample_min_size=size, tile_latent_min_size=size // vae_factor(vae))
+    return settings
+
+
+@contextmanager
+def decoding(vae, shape, tiling: str | None = None, tile_size: int | None = None):
+    """``vae`` set up for decoding latents of ``shape`` (see ``plan``), restored on exit."""
+    settings = plan(vae, shape, tiling, tile_size)
+    saved = {name: getattr(vae, name) for name in _STATE if hasattr(vae, name)}
+    try:
+        for name, value in settings.items():
+            setattr(vae, name, value)
+        yield vae
+    finally:
+        for name, value in saved.items():
+            setattr(vae, name, value)

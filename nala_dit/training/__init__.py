@@ -1,0 +1,11 @@
+"""Training: the run and its loop (``loop.py``), one optimizer step and the EMA (``step.py``),
+logs (``tracking.py``), evaluation while training (``validation.py``), representation
+alignment (``repa.py``), softmax → NaLa conversion (``convert.py``), atomic checkpoints
+(``checkpoint.py``) and one writer per run folder (``runlock.py``)."""
+
+from .._lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "train": "loop", "TrainStep": "step", "update_ema": "step",
+    "save_checkpoint": "checkpoint", "open_checkpoint": "checkpoint", "load_model": "checkpoint",
+})

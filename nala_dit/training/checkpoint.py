@@ -1,0 +1,440 @@
+"""Checkpoints: plain, rebuildable, written atomically, loaded without unpickling code.
+
+A checkpoint is a folder ``<run>/checkpoints/<step:07d>/`` holding
+
+* ``model.safetensors`` and ``ema.safetensors`` — the raw and EMA weights (fp32);
+* ``optimizer.pt`` — the AdamW state, read back with ``torch.load(weights_only=True)``;
+* ``rng.safetensors`` — each rank's torch RNG state;
+* ``projector.safetensors`` — with ``--repa-encoder`` only: the alignment projector
+  (``repa.py``), trained with the model, never part of its weights, EMA or exports;
+* ``state.json`` — step, data position, world size, the resolved training config and
+  the model config, so the checkpoint alone rebuilds the model (SiT's do not).
+
+It is written under a temporary name (unique per process) and renamed into place, so a
+run killed mid-save leaves the previous checkpoint intact (and the half-written folder is
+ignored, and removed by the next run). A save that fails (disk full) removes its
+temporary folder. Every file read is checked: a truncated or edited file is an error
+naming the file, the cause and the fix. Loaders prefer the EMA weights (DiT's ``find_model``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ..diffusion.gaussian import GaussianDiffusion
+from ..models.grid import model_grid
+from ..guards import non_finite, state_dict_mismatch  # noqa: F401  (re-exported)
+from ..models.files import check_config_fits, check_model_config, weight_shapes
+from ..models.dit import DiT
+from ..diffusion.transport import Transport
+
+STATE = "state.json"
+TMP_PREFIX = ".tmp-"
+ABANDONED = "abandoned"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used; the message names the file, cause and fix."""
+
+
+def _contiguous(state_dict: dict) -> dict:
+    return {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
+
+
+def check_finite_weights(ckpt_dir: str | os.PathLike, step: int, **modules: torch.nn.Module) -> None:
+    """Raise (naming the tensor and the last good checkpoint) instead of saving the
+    checkpoint of ``step`` when a weight is NaN or inf: a finite loss at the last step does
+    not prove its update was finite. Call it on every rank (same weights, same verdict)."""
+    for which, module in modules.items():
+        if problem := non_finite(module.state_dict(), which):
+            previous = list_checkpoints(ckpt_dir)
+            raise FloatingPointError(
+                f"not writing checkpoint {Path(ckpt_dir) / f'{step:07d}'}: {problem} (the run diverged); the last "
+                f"good checkpoint is {previous[-1] if previous else '(none)'}. Try a lower --lr, --max-grad-norm 1, "
+                f"or --mixed-precision no")
+
+
+def save_checkpoint(
+    ckpt_dir: str | os.PathLike,
+    *,
+    model: torch.nn.Module,
+    ema: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict,
+    rng_states: list[torch.Tensor],
+    keep_last: int = 0,
+    projector: torch.nn.Module | None = None,
+) -> Path:
+    """Write ``ckpt_dir/<step:07d>`` atomically; keep the last ``keep_last`` (0 = all).
+    Non-finite weights are never written: every checkpoint on disk is a good one."""
+    root = Path(ckpt_dir)
+    final = root / f"{state['step']:07d}"
+    check_finite_weights(root, state["step"], model=model, ema=ema, **({} if projector is None else
+                                                                        dict(projector=projector)))
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{TMP_PREFIX}{os.getpid()}-{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        save_file(_contiguous(model.state_dict()), str(tmp / "model.safetensors"))
+        save_file(_contiguous(ema.state_dict()), str(tmp / "ema.safetensors"))
+        if projector is not None:
+            save_file(_contiguous(projector.state_dict()), str(tmp / "projector.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        save_file({f"rank{i}": s.contiguous() for i, s in enumerate(rng_states)}, str(tmp / "rng.safetensors"))
+        (tmp / STATE).write_text(json.dumps(state, indent=2))
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, (OSError, RuntimeError, SafetensorError)):  # disk full surfaces as any of these
+            previous = list_checkpoints(root)
+            raise OSError(
+                f"cannot write checkpoint {final}: {str(err).splitlines()[0] if str(err) else type(err).__name__} "
+                f"(disk full?); removed the partial copy, the previous checkpoint "
+                f"{previous[-1] if previous else '(none)'} is intact: free space and rerun with --resume auto"
+            ) from err
+        raise
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)  # the commit point: atomic on POSIX
+    if keep_last > 0:
+        for old in list_checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def remove_temporaries(ckpt_dir: str | os.PathLike) -> list[Path]:
+    """Delete half-written checkpoints (or files) left by killed runs (call while holding the run lock)."""
+    root = Path(ckpt_dir)
+    stale = sorted(p for p in root.glob(f"{TMP_PREFIX}*")) if root.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    return stale
+
+
+def set_aside_newer(ckpt_dir: str | os.PathLike, step: int) -> Path | None:
+    """Rolling back to ``step``: move this run's checkpoints after it into
+    ``abandoned/<time>-from-<step>/`` so ``--resume auto`` and ``--keep-last`` see only the
+    new branch (nothing is deleted). Returns that folder, or None when there were none."""
+    import time
+
+    newer = [p for p in list_checkpoints(ckpt_dir) if int(p.name) > step]
+    if not newer:
+        return None
+    aside = Path(ckpt_dir) / ABANDONED / f"{time.strftime('%Y%m%d-%H%M%S')}-from-{step:07d}"
+    aside.mkdir(parents=True, exist_ok=False)
+    for p in newer:
+        os.replace(p, aside / p.name)
+    return aside
+
+
+def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints under ``ckpt_dir``, oldest first (temporaries skipped)."""
+    root = Path(ckpt_dir)
+    if not root.is_dir():
+        return []
+    done = [p for p in root.iterdir() if p.is_dir() and p.name.isdigit() and (p / STATE).is_file()]
+    return sorted(done, key=lambda p: int(p.name))
+
+
+def find_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint folder from itself, a ``checkpoints/`` folder or a run folder (latest)."""
+    path = Path(path)
+    if (path / STATE).is_file():
+        return path
+    for root in (path, path / "checkpoints"):
+        found = list_checkpoints(root)
+        if found:
+            return found[-1]
+    from ..cli.parse import did_you_mean
+
+    raise FileNotFoundError(
+        f"no checkpoint found at {path}{did_you_mean(path)} (expected a folder with {STATE}, or a run folder "
+        f"with checkpoints/<step>/)"
+    )
+
+
+# state.json keys and the types a resume relies on.
+STATE_TYPES = dict(step=int, epoch=int, position=int, world_size=int, config=dict, model_config=dict)
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    state: dict
+
+    @property
+    def step(self) -> int:
+        return self.state["step"]
+
+    @property
+    def config(self) -> dict:
+        """The resolved training config (flag-named keys)."""
+        return self.state["config"]
+
+    @property
+    def model_config(self) -> dict:
+        return self.state["model_config"]
+
+    def previous(self) -> Path | None:
+        """The checkpoint of the same run before this one, if any."""
+        earlier = [p for p in list_checkpoints(self.path.parent) if int(p.name) < int(self.path.name)] \
+            if self.path.name.isdigit() else []
+        return earlier[-1] if earlier else None
+
+    def error(self, name: str, cause: str, fix: str | None = None) -> CheckpointError:
+        """A one-line error naming ``self.path/name``, the cause and the way out (by
+        default: the previous checkpoint, for a damaged file)."""
+        if fix is None:
+            earlier = self.previous()
+            fix = (f"resume from the previous checkpoint (--resume {earlier}) or delete {self.path}" if earlier
+                   else f"use another checkpoint or delete {self.path}")
+        return CheckpointError(f"{self.path / name}: {cause}; {fix}")
+
+    def _read(self, name: str, read):
+        file = self.path / name
+        if not file.is_file():
+            raise self.error(name, "missing (the checkpoint is incomplete)")
+        try:
+            return read(file)
+        except Exception as err:  # safetensors / zip / unpickler raise many types
+            raise self.error(name, load_error_cause(err)) from None
+
+    def weights(self, which: str = "ema") -> dict[str, torch.Tensor]:
+        if which not in ("ema", "model", "projector"):
+            raise ValueError(f"weights must be 'ema', 'model' or 'projector', got {which!r}")
+        tensors = self._read(f"{which}.safetensors", lambda f: load_file(str(f)))
+        if problem := non_finite(tensors, "its"):
+            raise self.error(f"{which}.safetensors", f"{problem}: written by a run that diverged")
+        return tensors
+
+    def load_into(self, module: torch.nn.Module, which: str = "ema") -> None:
+        """``module.load_state_dict`` of these weights, with one line saying what does not fit."""
+        tensors = self.weights(which)
+        problem = state_dict_mismatch(module.state_dict(), tensors)
+        if problem:
+            raise self.error(f"{which}.safetensors", f"does not fit this model ({problem})",
+                             f"build the model the checkpoint was trained with (see {self.path / STATE})")
+        module.load_state_dict(tensors, strict=True)
+
+    def optimizer_state(self) -> dict:
+        return self._read("optimizer.pt", lambda f: torch.load(f, weights_only=True, map_location="cpu"))
+
+    def load_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.load_state_dict`` of ``optimizer.pt``, after checking it was saved for
+        these parameters (torch compares group sizes only; moment tensors of another shape
+        would load and fail at the first step)."""
+        state = self.optimizer_state()
+        moments = state.get("state") if isinstance(state, dict) else None
+        for i, entry in (moments.items() if isinstance(moments, dict) else ()):
+            tensors = {f"{key} of parameter {i}": v for key, v in (entry.items() if isinstance(entry, dict) else ())
+                       if isinstance(v, torch.Tensor)}
+            if bad := non_finite(tensors, "its"):
+                raise self.error("optimizer.pt", f"{bad}: the optimizer state is damaged (or was saved by a run "
+                                                 f"that diverged), and would turn every weight non-finite")
+        problem = optimizer_mismatch(optimizer, state)
+        if problem is None:
+            try:
+                optimizer.load_state_dict(state)
+                return
+            except (ValueError, KeyError, TypeError, RuntimeError) as err:
+                problem = str(err).splitlines()[0] if str(err) else type(err).__name__
+        earlier = self.previous()
+        raise self.error("optimizer.pt", f"does not fit this model's optimizer ({problem}): it was saved for another "
+                                         f"model", f"put back the optimizer.pt written with this checkpoint, or resume "
+                                         f"from another checkpoint{f' (--resume {earlier})' if earlier else ''}")
+
+    def rng_state(self, rank: int) -> torch.Tensor | None:
+        states = self._read("rng.safetensors", lambda f: load_file(str(f)))
+        return states.get(f"rank{rank}")
+
+
+def optimizer_mismatch(optimizer: torch.optim.Optimizer, state) -> str | None:
+    """What keeps a saved optimizer ``state`` from fitting ``optimizer``, or None."""
+    if not isinstance(state, dict) or not isinstance(state.get("param_groups"), list) \
+            or not isinstance(state.get("state"), dict):
+        return "not an optimizer state dict (no 'state' and 'param_groups')"
+    groups = state["param_groups"]
+    if len(groups) != len(optimizer.param_groups):
+        return f"{len(groups)} parameter groups in the file, {len(optimizer.param_groups)} here"
+    for g, (saved, ours) in enumerate(zip(groups, optimizer.param_groups)):
+        ids = saved.get("params") if isinstance(saved, dict) else None
+        if not isinstance(ids, list) or len(ids) != len(ours["params"]):
+            return (f"parameter group {g} has {len(ids) if isinstance(ids, list) else '?'} parameters in the file, "
+                    f"{len(ours['params'])} here")
+        for i, p in zip(ids, ours["params"]):
+            moments = state["state"].get(i, {})
+            for key, value in (moments.items() if isinstance(moments, dict) else ()):
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
+                    return f"{key} of parameter {i} is {tuple(value.shape)} in the file, {tuple(p.shape)} here"
+    return None
+
+
+def load_error_cause(err: Exception) -> str:
+    """Why a file could not be read, in one line. A refused pickle names the refused
+    global only: torch's own text advises ``weights_only=False``, which would run the
+    file's code, so it is never passed on."""
+    # torch's wording for a global of a module it never loads (os, posix, subprocess, ...)
+    blocked = re.search(r"unsupported GLOBAL (\S+) whose module \S+ is blocked", str(err))
+    if isinstance(err, pickle.UnpicklingError) and blocked:
+        return (f"blocked: not a plain tensor file (possibly malicious): it asks to run {blocked.group(1)}, which "
+                f"torch.load(weights_only=True) refuses; nothing in it was run")
+    refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+    if isinstance(err, pickle.UnpicklingError) and refused:
+        return (f"holds pickled Python objects ({refused.group(1)}), which are refused because loading them could "
+                f"run code; only tensors and plain containers are read")
+    if isinstance(err, pickle.UnpicklingError):  # random bytes or a damaged pickle: the unpickler's own reason
+        reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err))
+        detail = reason.group(1) if reason else str(err).splitlines()[0] if str(err) else ""
+        if detail.startswith("Weights only load failed"):
+            detail = ""
+        return f"not a file written by torch.save, or corrupt ({type(err).__name__}{': ' + detail if detail else ''})"
+    first = str(err).splitlines()[0] if str(err) else ""
+    return f"unreadable, truncated or corrupt ({type(err).__name__}: {first})"
+
+
+def torch_load_tensors(path: str | os.PathLike, safe_globals: tuple = ()):
+    """``torch.load(weights_only=True)`` whose failures are one line naming the file."""
+    try:
+        with torch.serialization.safe_globals(list(safe_globals)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # zip reader / unpickler raise many types
+        cause = load_error_cause(err)
+        fix = ("use weights from a source you trust, saved as a plain state dict of tensors" if refused_pickle(cause)
+               else "re-save it as a plain state dict of tensors (torch.save(model.state_dict(), path)) where it "
+                    "was made, or download it again")
+        raise CheckpointError(f"{path}: {cause}; {fix}") from None
+
+
+def refused_pickle(cause: str) -> bool:
+    """Whether a ``load_error_cause`` says the file asked to run code (not that it is damaged)."""
+    return cause.startswith(("blocked:", "holds pickled Python objects"))
+
+
+def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    found = find_checkpoint(path)
+    ckpt = Checkpoint(found, {})
+    state = ckpt._read(STATE, lambda f: json.loads(f.read_text()))
+    if not isinstance(state, dict):
+        raise ckpt.error(STATE, f"must hold a JSON object, got {type(state).__name__}")
+    for key, typ in STATE_TYPES.items():
+        value = state.get(key)
+        if not isinstance(value, typ) or isinstance(value, bool):
+            raise ckpt.error(STATE, f"{key!r} must be {'an integer' if typ is int else 'an object'}, "
+                                    f"got {value!r} ({type(value).__name__}): the file was edited or damaged")
+    if state["step"] < 0 or state["position"] < 0 or state["world_size"] < 1:
+        raise ckpt.error(STATE, "step/position must be >= 0 and world_size >= 1")
+    updates = state.get("ema_updates", state["step"])  # the EMA's updates (steps not skipped); older: absent
+    if not isinstance(updates, int) or isinstance(updates, bool) or not 0 <= updates <= state["step"]:
+        raise ckpt.error(STATE, f"'ema_updates' must be an integer from 0 to the step {state['step']}, got "
+                                f"{updates!r}: the file was edited or damaged")
+    check_model_config(state["model_config"], str(found / STATE), "the file was edited or damaged: "
+                       "restore it, or use another checkpoint")
+    ckpt.state = state
+    return ckpt
+
+
+def build_model_from_config(model_config: dict) -> DiT:
+    """Rebuild a ``DiT`` from a stored model config (diffusers' ``config.json`` keys)."""
+    keys = {k: v for k, v in model_config.items() if not k.startswith("_")}
+    return DiT(**keys)
+
+
+def load_model(path: str | os.PathLike, weights: str = "ema") -> tuple[DiT, Checkpoint]:
+    """The model of a training checkpoint with its EMA (default) or raw weights. The model
+    config is checked against the weights file's header before the model is built."""
+    ckpt = open_checkpoint(path)
+    file = ckpt.path / f"{weights}.safetensors"
+    try:
+        shapes = weight_shapes(file) if file.is_file() else None
+    except ValueError:  # unreadable: ``ckpt.weights`` names the file and the way out
+        shapes = None
+    if shapes is not None:
+        check_config_fits(check_model_config(ckpt.model_config, str(ckpt.path / STATE)), shapes,
+                          str(ckpt.path / STATE), str(file))
+    model = build_model_from_config(ckpt.model_config)
+    ckpt.load_into(model, weights)
+    return model.eval(), ckpt
+
+
+# The training-config keys each objective is built from (``build_objective``), plus the
+# VAE that defines the latent space: a resume must not change them silently.
+OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps", "time-shift"),
+                  "transport": ("path-type", "prediction", "loss-weight", "train-eps", "sample-eps", "time-shift")}
+# With a distillation teacher (convert.py) these are part of the loss too.
+DISTILL_KEYS = ("teacher", "distill-weight", "distill-sigma-weight")
+# With representation alignment (repa.py): what the projector was trained to match.
+REPA_KEYS = ("repa-encoder", "repa-depth", "repa-projector-dim")
+
+
+def config_changes(ckpt: Checkpoint, train_config: dict, model_config: dict) -> dict[str, tuple]:
+    """``{flag name: (checkpoint value, new value)}`` for every model-config key (the whole
+    architecture: preset sizes, attention and its options, classes, objective type) and
+    every objective key that differs between ``ckpt`` and a run about to resume from it."""
+    import inspect
+
+    from ..cli.config import flag_name
+
+    defaults = {k: p.default for k, p in inspect.signature(DiT.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    changes = {}
+    for key, now in model_config.items():
+        if key.startswith("_"):  # diffusers bookkeeping
+            continue
+        stored = ckpt.model_config.get(key, defaults.get(key))  # keys added later keep their defaults
+        if _jsonable(stored) != _jsonable(now):
+            changes[flag_name(key)] = (stored, now)
+    objective = model_config.get("objective", "diffusion")
+    distilled = ckpt.config.get("teacher") or train_config.get("teacher")
+    aligned = ckpt.config.get("repa-encoder") or train_config.get("repa-encoder")
+    for key in (*OBJECTIVE_KEYS.get(objective, ()), "vae", *(DISTILL_KEYS if distilled else ()),
+                *(REPA_KEYS if aligned else ())):
+        stored, now = ckpt.config.get(key, train_config.get(key)), train_config.get(key)
+        if _jsonable(stored) != _jsonable(now):
+            changes[key] = (stored, now)
+    return changes
+
+
+def _jsonable(value):
+    """What ``value`` reads back as from state.json (tuples → lists, ints vs floats kept)."""
+    return json.loads(json.dumps(value))
+
+
+def build_objective(model_config: dict, train_config: dict):
+    """The ``GaussianDiffusion`` (DiT) or ``Transport`` (SiT) a model was trained with.
+
+    ``time-shift`` ("auto" or a number; none = 1) moves the training times; "auto" is
+    resolved for the model's trained grid (``grid.py``)."""
+    shift = 1.0
+    if train_config.get("time-shift") is not None and "input_size" in model_config:
+        shift = model_grid(model_config).time_shift(train_config["time-shift"])
+    # the training times' distribution (``--t-sampling``; older configs: uniform)
+    t_sampling = dict(t_sampling=train_config.get("t-sampling") or "uniform", t_mean=train_config.get("t-mean", 0.0),
+                      t_std=train_config.get("t-std", 1.0))
+    if model_config.get("objective", "diffusion") == "diffusion":
+        var_type = "learned_range" if model_config.get("learn_sigma", True) else "fixed_small"
+        return GaussianDiffusion.from_schedule(
+            train_config.get("noise-schedule", "linear"),
+            train_config.get("diffusion-steps", 1000),
+            var_type,
+            time_shift=shift,
+            **t_sampling,
+        )
+    return Transport(
+        path=train_config.get("path-type", "linear"),
+        prediction=train_config.get("prediction", "velocity"),
+        loss_weight=train_config.get("loss-weight", "none"),
+        train_eps=train_config.get("train-eps"),
+        sample_eps=train_config.get("sample-eps"),
+        time_shift=shift,
+        **t_sampling,
+    )

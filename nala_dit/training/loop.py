@@ -1,0 +1,487 @@
+"""The training loop behind ``train.py`` (DiT / SiT recipes, Hugging Face Accelerate).
+
+One optimizer step consumes ``grad_accum`` micro-batches per process. Every random draw
+of a step (timesteps, noise, label dropout, flips, VAE samples) comes from the global
+RNG re-seeded from ``(seed, rank, step)``, and the data order is a fixed permutation per
+epoch, so a run resumed from a checkpoint continues bit for bit (on CPU, same process
+count) where an uninterrupted run would be.
+
+Where each part lives: set-up, resume, checkpoints and the loop (``_train``) here; one
+optimizer step, the data position and the EMA in ``train_step.py``; what is logged in
+``tracking.py``; what is evaluated while training (sample grids) in ``validation.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from . import convert
+from ..data import datasets as data_lib
+from ..attention.regions import check_regions
+from .checkpoint import (build_objective, check_finite_weights, config_changes, list_checkpoints, open_checkpoint,
+                         remove_temporaries, save_checkpoint, set_aside_newer)
+from ..cli.config import dump_yaml, to_dict
+from ..models.grid import latent_size, vae_factor
+from ..data.latent_stats import agreed_norm, checkpoint_norm, run_norm, source_norm
+from ..models.dit import create_model
+from ..cli.options import MODEL_OVERRIDES, TrainConfig, default_num_workers  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
+from ..cli.options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
+from . import repa as repa_lib
+from .runlock import LOCK_NAME, check_process_count, hold_lock
+from .tracking import Logger, LossWindow, NanStreak, exponent_log, progress_values, truncate_log  # noqa: F401  (exponent_log, truncate_log: moved)
+from .step import EpochBatches, TrainStep, step_seed, to_model_space, update_ema
+from .validation import HeldOutLoss, TrainingFID, heldout_dataset, write_sample_grid
+
+
+def build_dataset(cfg: TrainConfig, state=None):
+    """The dataset named by ``--data`` (embedded digits, latent folder or image folder);
+    ``state`` (Accelerate) splits the ``--check-data`` pass over the processes."""
+    if cfg.data == "digits":
+        ds = data_lib.DigitsDataset("train", cfg.image_size or DIGITS_SIZES[0])
+    elif cfg.data == "digits-canvas":
+        ds = data_lib.DigitsCanvasDataset("train", cfg.image_size or CANVAS_SIZES[0])
+    elif (Path(cfg.data) / data_lib.LATENT_META).is_file():
+        ds = data_lib.LatentDataset(cfg.data, images=bool(cfg.repa_encoder))
+        if cfg.vae is None:
+            raise ValueError(f"{cfg.data} holds latents: pass --vae (the VAE they came from) to decode sample grids")
+    else:
+        ds = data_lib.ImageFolderDataset(cfg.data, cfg.image_size or IMAGE_FOLDER_SIZE, cfg.skip_corrupt)
+        if cfg.check_data:
+            data_lib.check_images(ds, state)
+    if cfg.num_classes is not None and cfg.num_classes != ds.num_classes:
+        raise ValueError(
+            f"--num-classes {cfg.num_classes} does not match the data: {cfg.data} has {ds.num_classes} classes"
+        )
+    return ds
+
+
+def model_space(dataset, vae, patch: int = 1) -> tuple[int, int]:
+    """(channels, side) of what the model sees: latents or pixels. An image side that does
+    not patch evenly is an error in pixels (a multiple of VAE factor × patch), before the
+    model is built."""
+    try:
+        side, _ = latent_size(dataset.image_size, vae_factor(vae), patch)
+    except ValueError as err:
+        raise ValueError(f"--image-size: {err}") from None
+    return (dataset.channels if vae is None else vae.config.latent_channels), side
+
+
+def _open_resume(path: str, ckpt_dir: Path):
+    """``open_checkpoint(path)``; a checkpoint that is not there names the steps that are
+    (beside it, or in this run's ``checkpoints/``)."""
+    try:
+        return open_checkpoint(path)
+    except FileNotFoundError as err:
+        for folder in (Path(path).parent, Path(path) / "checkpoints", ckpt_dir):
+            found = list_checkpoints(folder)
+            if found:
+                steps = ", ".join(str(int(p.name)) for p in found[-8:])
+                raise FileNotFoundError(f"{err}; {folder} holds the checkpoints of steps "
+                                        f"{'…, ' if len(found) > 8 else ''}{steps} (e.g. --resume {found[-1]})") from None
+        raise
+
+
+def build_model(cfg: TrainConfig, num_classes: int, in_channels: int, input_size: int):
+    overrides = {k: getattr(cfg, k) for k in MODEL_OVERRIDES if getattr(cfg, k) is not None}
+    return create_model(cfg.model, input_size=input_size, in_channels=in_channels, num_classes=num_classes,
+                        class_dropout_prob=cfg.class_dropout_prob, **overrides)
+
+
+# Parameters that weight decay must not pull towards 0: a learned NaLa norm scale is
+# exp(ρ), and decaying ρ would drag every scale to s = 1 (the saturated regime); region
+# mixing weights are exp(ρ) too, where decay would pull every region pair to w = 1.
+NO_DECAY = ("log_norm_scale", "region_logits")
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: everything decays except ``NO_DECAY`` parameters (one group when a
+    model has none, so optimizer states of older checkpoints still load)."""
+    decay, keep = [], []
+    for name, p in model.named_parameters():
+        (keep if name.rsplit(".", 1)[-1] in NO_DECAY else decay).append(p)
+    groups = [dict(params=decay, weight_decay=weight_decay)]
+    if keep:
+        groups.append(dict(params=keep, weight_decay=0.0))
+    return groups
+
+
+def attention_path(model_config: dict, device_type: str, precision: str) -> str:
+    """The attention and the code path it runs on ``device_type``: NaLa's ``impl="auto"``
+    choice (``select_nala_impl``), SDPA for softmax; a hybrid's softmax blocks after it."""
+    blocks = model_config.get("softmax_blocks")
+    path = _attention_path(model_config, device_type, precision)
+    if not blocks:
+        return path
+    return f"{path} with softmax in blocks {', '.join(map(str, blocks))} (--softmax-blocks {','.join(map(str, blocks))})"
+
+
+def _attention_path(model_config: dict, device_type: str, precision: str) -> str:
+    from ..attention import select_nala_impl, triton_available
+
+    attention = model_config["attention"]
+    regions = model_config.get("nala_regions") or 1
+    if attention == "nala" and regions > 1:
+        return f"nala ({regions}x{regions} region states, fused)"
+    if attention == "nala":
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+        tokens = (model_config["input_size"] // model_config["patch_size"]) ** 2
+        head_dim = model_config["hidden_size"] // model_config["num_heads"]
+        return f"nala ({select_nala_impl(device_type, head_dim, dtype, triton_available(), tokens)})"
+    return f"{attention} (SDPA)" if attention.startswith("softmax") else attention
+
+
+def start_line(world: int, backend: str | None, devices: str, global_batch: int, micro_batch: int, grad_accum: int,
+               precision: str, attention: str) -> str:
+    """The one line a run prints before its first step (rank 0): how it is spread and computed."""
+    group = f"{world} process{'es' if world > 1 else ''}" + (f" ({backend})" if world > 1 and backend else "")
+    return (f"start: {group} on {devices}, global batch {global_batch} ({micro_batch} per process, "
+            f"grad-accum {grad_accum}), precision {precision}, attention {attention}")
+
+
+# Settings a resumed run takes from its own flags (a change is printed, not refused).
+RESUME_APPLIED = ("lr", "warmup_steps", "weight_decay", "adam_beta2", "max_grad_norm", "max_nan_steps", "t_sampling",
+                  "t_mean", "t_std", "repa_weight")
+
+
+def allowed_changes(cfg: TrainConfig) -> set[str]:
+    """The settings ``--allow-changes`` lets differ from the checkpoint (flag spelling)."""
+    return {k.strip().replace("_", "-") for k in (cfg.allow_changes or "").split(",") if k.strip()}
+
+
+def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int, print=print,
+            projector=None) -> None:
+    """Load a checkpoint into this run after checking it is the same model and objective.
+
+    Changed settings are refused with the list of differences unless named in
+    ``--allow-changes``; the recipe's knobs (``RESUME_APPLIED``: learning rate, warm-up,
+    weight decay, β2, clipping, NaN budget, training times) are this run's, each change
+    printed, and applied to the restored optimizer (its saved param groups would
+    otherwise silently win)."""
+    changes = config_changes(ckpt, to_dict(cfg), dict(model.config))
+    allowed = allowed_changes(cfg)
+    refused = {k: v for k, v in changes.items() if k not in allowed}
+    if changes and (problem := convert.resume_refusal(ckpt, changes, refused, model, cfg.model, to_dict(cfg),
+                                                      cfg.run_dir().name)):
+        raise ValueError(problem)  # the advice names only what works: --allow-changes, or --init-from a new run
+    for k, (a, b) in changes.items():
+        print(f"resume: {k} changes from {a!r} to {b!r} (--allow-changes)")
+    if ckpt.state["world_size"] != world:
+        print(f"warning: resuming a {ckpt.state['world_size']}-process run on {world} processes; "
+              "data order and RNG streams will differ from an uninterrupted run")
+    if (was := ckpt.config.get("context-parallel") or 1) != cfg.context_parallel:
+        print(f"resume: the checkpoint was trained with --context-parallel {was}, this run uses {cfg.context_parallel}: "
+              f"it continues fp32-close to an uninterrupted run, not bit for bit (the split adds in another order; "
+              f"2 processes against 1: 1.3e-6 apart after 3 steps, docs/highres.md)")
+    ckpt.load_into(model, "model")
+    ckpt.load_into(ema, "ema")
+    saved_projector = (ckpt.path / "projector.safetensors").is_file()
+    if saved_projector and projector is None:  # its parameters are in the optimizer state: both or neither
+        raise ValueError(f"checkpoint {ckpt.path} was trained with --repa-encoder {ckpt.config.get('repa-encoder')}: "
+                         f"resume with it, or start a new run from its weights (--init-from {ckpt.path})")
+    if projector is not None and not saved_projector:
+        raise ValueError(f"checkpoint {ckpt.path} was trained without --repa-encoder: resume without it, or start "
+                         f"a new aligned run from its weights (--init-from {ckpt.path})")
+    if projector is not None:
+        ckpt.load_into(projector, "projector")
+    ckpt.load_optimizer(optimizer)
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    for key in RESUME_APPLIED:
+        name, wanted = key.replace("_", "-"), getattr(cfg, key)
+        saved = ckpt.config.get(name, defaults[key])  # keys added later: their defaults
+        if saved != wanted:
+            print(f"resume: --{name} {wanted} replaces the checkpoint's {saved}")
+    for i, group in enumerate(optimizer.param_groups):  # the loop sets each step's lr (--warmup-steps)
+        group.update(lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay if i == 0 else 0.0)
+    rng = ckpt.rng_state(rank)
+    if rng is not None:
+        torch.set_rng_state(rng)
+
+
+def resumed_position(ckpt, micro_batch: int, print=print) -> int:
+    """The data position (micro-batches into this epoch, per process) to resume at. It is
+    stored in the checkpoint's micro-batches; a new batch size keeps the number of
+    images already seen this epoch (rounded down) instead of skipping or repeating."""
+    stored = ckpt.config
+    old_micro = stored.get("global-batch-size", 0) // max(1, ckpt.state["world_size"] * stored.get("grad-accum", 1))
+    position = ckpt.state["position"]
+    if old_micro and old_micro != micro_batch:
+        converted = position * old_micro // micro_batch
+        print(f"resume: micro-batch {old_micro} → {micro_batch}: data position {position} → {converted} "
+              f"({position * old_micro} images into epoch {ckpt.state['epoch']})")
+        return converted
+    return position
+
+
+def train(cfg: TrainConfig) -> Path:
+    """Train; returns the run folder. Raises with a clear message on bad input.
+
+    The run folder is locked for the whole run: a second run into it stops with the
+    holder's pid and host."""
+    from accelerate import Accelerator
+
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
+    check_process_count(accelerator.num_processes, "train.py")
+    run_dir = cfg.run_dir()
+    try:
+        with hold_lock(run_dir / LOCK_NAME, f"run folder {run_dir}", "choose another --exp-name / --results-dir",
+                       accelerator):
+            return _train(cfg, accelerator)
+    finally:
+        if accelerator.is_main_process:
+            with contextlib.suppress(OSError):  # only when empty: a run that failed at once leaves no folder
+                run_dir.rmdir()
+
+
+
+def find_resume(cfg: TrainConfig, run_dir: Path, ckpt_dir: Path, accelerator) -> Path | None:
+    """The checkpoint this run continues from (``--resume``), or None for a new run; a run
+    folder that already holds checkpoints is refused without ``--resume``. Clears the
+    half-written files of killed runs (the caller holds the run folder's lock)."""
+    resume_from = None
+    if cfg.resume == "auto":
+        found = list_checkpoints(ckpt_dir)
+        resume_from = found[-1] if found else None
+    elif cfg.resume:
+        resume_from = _open_resume(cfg.resume, ckpt_dir).path
+    elif list_checkpoints(ckpt_dir):
+        raise FileExistsError(
+            f"{run_dir} already holds checkpoints; pass --resume auto to continue it, "
+            f"or choose another --exp-name / --results-dir"
+        )
+    if accelerator.is_main_process:  # half-written files of killed runs (we hold the lock)
+        remove_temporaries(run_dir)
+        remove_temporaries(ckpt_dir)
+    return resume_from
+
+
+def build_run_model(cfg: TrainConfig, dataset, channels: int, side: int, resume_from: Path | None, print=print):
+    """(model, what ``--init-from`` did or None): a resumed run keeps its checkpoint's base
+    grid and records the run's real source; a new run may start from ``--init-from``."""
+    model = build_model(cfg, dataset.num_classes, channels, side)
+    init_report = None
+    if resume_from is not None:
+        resumed = open_checkpoint(resume_from)
+        if base := resumed.model_config.get("base_size"):
+            model.rebase(base)  # a run fine-tuned up the ladder keeps its source's base grid
+        recorded = resumed.config.get("init-from")
+        if cfg.init_from and cfg.init_from != recorded:
+            # A resume continues the checkpoint's weights: say so, and keep recording the run's real source.
+            print(f"resume: --init-from {cfg.init_from} is ignored: the run continues from {resumed.path} "
+                  f"(it started from {recorded or 'random weights'}); drop --init-from, or start a new "
+                  f"run (another --exp-name) to initialise from it")
+            cfg.init_from = recorded
+    elif cfg.init_from:
+        init_report = convert.init_from(cfg.init_from, model, cfg.model, cfg.inherit, to_dict(cfg))
+        print(init_report.table())
+    return model, init_report
+
+
+def resume_run(resume_from: Path, cfg: TrainConfig, accelerator, model, ema, optimizer, world: int,
+               micro_batch: int, ckpt_dir: Path, projector=None) -> tuple[int, int, int, int]:
+    """Restore the checkpoint into this run; (step, epoch, data position, EMA updates so far) to
+    continue at (a checkpoint written before the count was stored: one update per step).
+    A rollback sets this run's later checkpoints aside."""
+    ckpt = open_checkpoint(resume_from)
+    restore(ckpt, cfg, model, ema, optimizer, world, accelerator.process_index, accelerator.print, projector)
+    step, epoch, position = ckpt.step, ckpt.state["epoch"], resumed_position(ckpt, micro_batch, accelerator.print)
+    ema_updates = ckpt.state.get("ema_updates", step)
+    accelerator.print(f"resumed from {ckpt.path} at step {step}")
+    if accelerator.is_main_process:
+        # A rollback: this run's later checkpoints belong to the abandoned branch.
+        aside = set_aside_newer(ckpt_dir, step)
+        if aside is not None:
+            accelerator.print(f"rolled back to step {step}: moved this run's later checkpoints to {aside}")
+    accelerator.wait_for_everyone()
+    return step, epoch, position, ema_updates
+
+
+def checkpoint(accelerator, cfg: TrainConfig, ckpt_dir: Path, step: int, batches: EpochBatches, world: int,
+               model, ema, optimizer, norm, projector=None, ema_updates: int | None = None) -> None:
+    """Save step ``step`` (weights, EMA, optimizer, data position, every rank's RNG state, the
+    EMA's update count: the steps not skipped), after checking the weights are finite."""
+    check_finite_weights(ckpt_dir, step, model=model, ema=ema)
+    rng_states = accelerator.gather(torch.get_rng_state().to(accelerator.device).unsqueeze(0)).cpu()
+    if accelerator.is_main_process:
+        state = dict(step=step, epoch=batches.epoch, position=batches.position, world_size=world,
+                     ema_updates=step if ema_updates is None else ema_updates,
+                     config=to_dict(cfg), model_config=dict(model.config),
+                     latent_norm=norm.to_dict() if norm is not None else None)
+        path = save_checkpoint(ckpt_dir, model=model, ema=ema, optimizer=optimizer, state=state,
+                               rng_states=list(rng_states), keep_last=cfg.keep_last, projector=projector)
+        accelerator.print(f"saved checkpoint {path}")
+    accelerator.wait_for_everyone()
+
+
+def _train(cfg: TrainConfig, accelerator) -> Path:
+    from accelerate.utils import set_seed
+
+    from ..cli.progress import progress_bar
+
+    from ..models.context_parallel import ContextParallel, enable, resumable_gradient_sync, row_split
+
+    # --- set-up: processes, data, model, objective, optimizer ---
+    # Context parallel: the P processes of a group hold the same samples (one data rank), so
+    # data order, RNG streams and the batch split follow the data rank; each process runs
+    # its rows of the token grid (nala_dit/models/context_parallel.py).
+    context = ContextParallel.from_world(cfg.context_parallel)
+    processes = accelerator.num_processes
+    rank, world = context.data_rank, context.data_size
+    device = accelerator.device
+    set_seed(cfg.seed + rank)
+
+    per_step = world * cfg.grad_accum
+    if cfg.global_batch_size % per_step:
+        groups = f"data-parallel groups ({processes} processes / context-parallel {cfg.context_parallel}) " \
+            if cfg.context_parallel > 1 else "processes "
+        raise ValueError(
+            f"global-batch-size {cfg.global_batch_size} must be divisible by {groups}× grad-accum = {per_step}"
+        )
+    micro_batch = cfg.global_batch_size // per_step
+
+    run_dir = cfg.run_dir()
+    ckpt_dir = run_dir / "checkpoints"
+    resume_from = find_resume(cfg, run_dir, ckpt_dir, accelerator)
+
+    dataset = build_dataset(cfg, accelerator)
+    # Evaluation while training (validation.py): its data and reference are checked now, before the model.
+    heldout_data = heldout_dataset(cfg, dataset) if cfg.val_every else None
+    fid = TrainingFID(cfg, dataset.num_classes, micro_batch) if cfg.fid_every else None
+    vae, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
+    if cfg.vae is not None:
+        vae, scaling = data_lib.load_vae(cfg.vae, device)
+        if isinstance(dataset, data_lib.LatentDataset):
+            scaling = dataset.scaling_factor
+    norm = run_norm(cfg.latent_norm, dataset, vae, scaling, cfg.vae)  # latents → model space (None: pixels)
+    keep_norm = "latent-norm" in allowed_changes(cfg)
+    channels, side = model_space(dataset, vae, int(cfg.model.rsplit("/", 1)[1]))
+    grid = side // int(cfg.model.rsplit("/", 1)[1])
+    if cfg.nala_regions:  # R against the token grid before the model (and its R⁴ region weights) is built
+        check_regions(cfg.nala_regions, (grid, grid), grid * grid)
+    model, init_report = build_run_model(cfg, dataset, channels, side, resume_from, accelerator.print)
+    if resume_from is None and cfg.init_from and norm is not None:  # a latent run: the source's latents must be this run's
+        norm = agreed_norm(norm, source_norm(cfg.init_from), f"--init-from {cfg.init_from}", cfg.data, keep_norm,
+                           accelerator.print)
+    row_split(side // model.patch_size, cfg.context_parallel)     # P > the grid's rows: refused now
+    objective = build_objective(dict(model.config), to_dict(cfg))
+    distiller = None
+    if cfg.teacher:  # not saved in checkpoints: its path is in the config, reloaded on resume
+        distiller = convert.Distiller.load(cfg.teacher, model, cfg.model, to_dict(cfg), cfg.distill_weight,
+                                           cfg.distill_sigma_weight, device)
+    ema = copy.deepcopy(model).float().requires_grad_(False)
+    encoder = projector = None
+    if cfg.repa_encoder:  # REPA (repa.py): the projector trains in the decay group, outside the model and EMA
+        encoder = repa_lib.load_encoder(cfg.repa_encoder).to(device)
+        projector = repa_lib.build_projector(model.config.hidden_size, cfg.repa_projector_dim, encoder.dim)
+    groups = param_groups(model, cfg.weight_decay)
+    if projector is not None:
+        groups[0]["params"] += list(projector.parameters())
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.adam_beta2))
+    devices = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    accelerator.print(start_line(processes, accelerator.state.backend, f"{processes}× {devices}",
+                                 cfg.global_batch_size, micro_batch, cfg.grad_accum, cfg.mixed_precision,
+                                 attention_path(dict(model.config), device.type, cfg.mixed_precision)))
+    if cfg.context_parallel > 1:
+        accelerator.print(f"context parallel: {cfg.context_parallel} processes per image ({side // model.patch_size} "
+                          f"token rows split as {row_split(side // model.patch_size, cfg.context_parallel)}), "
+                          f"{world} data-parallel group{'s' if world > 1 else ''} of {micro_batch} images")
+
+    # --- resume ---
+    step, epoch, position, ema_updates = 0, 0, 0, 0
+    if resume_from is not None:
+        # the checkpoint's latent statistics must be this run's: refused before anything is moved
+        norm = agreed_norm(norm, checkpoint_norm(open_checkpoint(resume_from)), f"checkpoint {resume_from}", cfg.data,
+                           keep_norm, accelerator.print)
+        step, epoch, position, ema_updates = resume_run(resume_from, cfg, accelerator, model, ema, optimizer, world,
+                                                        micro_batch, ckpt_dir, projector)
+
+    if cfg.grad_checkpointing:
+        model.gradient_checkpointing = True
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+        if init_report is not None:  # what --init-from did, sizes included, beside the config
+            (run_dir / "init_from.json").write_text(json.dumps(init_report.to_dict(), indent=2) + "\n")
+    enable(model, context)   # after the EMA copy: the EMA (sample grids on one process) runs whole
+    train_model = torch.compile(model) if cfg.compile else model
+    aligned = None
+    if projector is not None:  # one module for DDP: the projector's gradients are all-reduced with the model's
+        depth = cfg.repa_depth or repa_lib.default_depth(cfg.model)
+        train_model = aligned = repa_lib.Aligned(model, train_model, projector, depth)
+    train_model, optimizer = accelerator.prepare(train_model, optimizer)
+    resumable_gradient_sync(train_model)   # CPU processes: the same gradient sums resumed or not
+    ema.to(device)
+    logger = Logger(run_dir, accelerator, step, cfg.report_to, to_dict(cfg))
+
+    workers = cfg.num_workers if cfg.num_workers is not None else \
+        default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
+    batches = EpochBatches(dataset, rank, world, cfg.seed, micro_batch, workers, device, epoch, position)
+    alignment = repa_lib.Alignment(aligned, encoder, cfg.repa_weight, model.patch_size) if aligned else None
+    train_step = TrainStep(cfg, accelerator, model, train_model, optimizer, objective, distiller, batches,
+                           functools.partial(to_model_space, dataset=dataset, vae=vae, norm=norm, flip=cfg.flip,
+                                             **({"images": True} if alignment else {})), alignment)
+
+    # The held-out loss's fixed draws (validation.py), made once: the same at every evaluation.
+    heldout = HeldOutLoss(heldout_data, objective,
+                          functools.partial(to_model_space, dataset=dataset, vae=vae, norm=norm, flip=False),
+                          rank, world, cfg.val_samples, 4 * micro_batch, device, cfg.context_parallel) \
+        if heldout_data is not None else None
+
+    grid_noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
+    grid_labels = (torch.arange(16) % dataset.num_classes).to(device)
+    if step == 0:
+        update_ema(ema, model, 0.0)  # EMA starts as a copy of the model (DiT)
+
+    # NaLa layers record their exponent statistics on log steps only (a norm per layer).
+    stat_layers = [b.attn for b in model.blocks if hasattr(b.attn, "record_stats")]
+    progress = progress_bar(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
+                            desc=f"train {cfg.model}", unit="step")
+    window = LossWindow(accelerator, 1 + (2 if distiller else 0) + (2 if alignment else 0))
+    nan_streak = NanStreak(cfg.max_nan_steps, step, ckpt_dir, accelerator.print)
+
+    # --- the loop: step, EMA, log, sample grid, checkpoint ---
+    train_model.train()
+    while step < cfg.max_steps:
+        torch.manual_seed(step_seed(cfg.seed, rank, step))
+        val_now = heldout is not None and (step + 1) % cfg.val_every == 0
+        fid_now = fid is not None and (step + 1) % cfg.fid_every == 0
+        log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps or val_now or fid_now
+        for layer in stat_layers:
+            layer.record_stats = log_now
+        result = train_step(step)
+        if not result.skipped:  # the warm-up counts the EMA's updates: a skipped step is none
+            update_ema(ema, model, cfg.ema_decay, ema_updates if cfg.ema_warmup else None)
+            ema_updates += 1
+        step += 1
+        window.add(result)
+        nan_streak.update(step, result, progress)  # every process: the skip decision is shared
+        if log_now:
+            values = window.values(cfg.global_batch_size, stat_layers, distiller is not None, alignment is not None)
+            if val_now:
+                values.update(heldout(model, accelerator, "val/loss"))
+                values.update(heldout(ema, accelerator, "val/ema_loss"))
+            if fid_now:
+                values.update(fid(ema, objective, vae, norm, accelerator))
+            logger.log(step, values)
+            progress.set_postfix(**progress_values(values))
+            window.reset()
+        progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
+        if step % cfg.ckpt_every == 0 or step == cfg.max_steps:  # before the grid: a failed grid loses no steps
+            checkpoint(accelerator, cfg, ckpt_dir, step, batches, world, model, ema, optimizer, norm, projector,
+                       ema_updates)
+        if cfg.sample_every > 0 and step % cfg.sample_every == 0 and accelerator.is_main_process:
+            write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
+                              cfg, vae, norm, nrow=min(dataset.num_classes, 8))
+    progress.close()
+    logger.close()
+    accelerator.end_training()
+    return run_dir

@@ -1,0 +1,183 @@
+"""One optimizer step of ``train.py``: the data position, the batch into model space, the
+loss over ``grad_accum`` micro-batches, the optimizer update, and the EMA.
+
+Every random draw of a step (timesteps, noise, label dropout, flips, VAE samples) comes
+from the global RNG, which the loop (``training.py``) re-seeds from ``step_seed(seed,
+rank, step)`` before calling ``TrainStep``; the data order is a fixed permutation per epoch
+(``EpochBatches``), so a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..data import datasets as data_lib
+
+
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """A distinct, reproducible RNG stream per (seed, rank, step)."""
+    return (seed * 1_000_003 + step * 4099 + rank) % (2**63)
+
+
+@torch.no_grad()
+def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float, step: int | None = None) -> None:
+    """``ema ← decay·ema + (1 − decay)·model`` over all parameters in one fused call.
+
+    With ``step`` (``--ema-warmup``) the decay warms up: ``min(decay, (1 + step) / (10 + step))``,
+    ``step`` = the EMA updates before this one (0 for the first: decay 0.1; skipped steps are none)."""
+    if step is not None:
+        decay = min(decay, (1 + step) / (10 + step))
+    ema_params = list(ema.parameters())
+    torch._foreach_lerp_(ema_params, [p.detach().to(e.dtype) for e, p in zip(ema_params, model.parameters())],
+                         1 - decay)
+
+
+class EpochBatches:
+    """This process's micro-batches, epoch after epoch, from (``epoch``, ``position``):
+    ``position`` micro-batches into the epoch, the state a checkpoint stores."""
+
+    def __init__(self, dataset, rank: int, world: int, seed: int, micro_batch: int, workers: int, device,
+                 epoch: int = 0, position: int = 0):
+        self.dataset, self.rank, self.world, self.seed = dataset, rank, world, seed
+        self.micro_batch, self.workers, self.device = micro_batch, workers, device
+        self.per_epoch = math.ceil(len(dataset) / world) // micro_batch
+        if self.per_epoch < 1:
+            raise ValueError(f"the data ({len(dataset)} items) is smaller than one micro-batch of {micro_batch} "
+                             f"per process")
+        self.epoch, self.position = epoch, position
+        self.batches = self._loader(epoch, position * micro_batch)
+
+    def _loader(self, epoch: int, start: int):
+        sampler = data_lib.EpochSampler(len(self.dataset), self.rank, self.world, self.seed, epoch, start)
+        return iter(DataLoader(self.dataset, batch_size=self.micro_batch, sampler=sampler, drop_last=True,
+                               num_workers=self.workers, persistent_workers=False))
+
+    def next(self):
+        if self.position >= self.per_epoch:
+            self.epoch, self.position = self.epoch + 1, 0
+            self.batches = self._loader(self.epoch, 0)
+        x, y = next(self.batches)
+        self.position += 1
+        if isinstance(x, (list, tuple)):  # (latent moments, images): a --keep-images cache with --repa-encoder
+            return [part.to(self.device) for part in x], y.to(self.device)
+        return x.to(self.device), y.to(self.device)
+
+
+def to_model_space(x, dataset, vae, norm, flip: bool, images: bool = False):
+    """A data batch as the model sees it: cached latents sampled from their moments and
+    normalised, or images flipped and (with a VAE) encoded and normalised; pixels as they
+    are. ``norm``: the run's ``latent_norm.LatentNorm`` (scalar factor or per-channel
+    statistics; None in pixel space). ``images``: (that, the clean images flipped as it
+    was) for ``--repa-encoder``."""
+    if isinstance(dataset, data_lib.LatentDataset):
+        if images:  # x = (moments, uint8 images) of a --keep-images cache
+            return data_lib.sample_latents(x[0], norm, flip=flip, images=x[1])
+        return data_lib.sample_latents(x, norm, flip=flip)
+    if flip:
+        x = data_lib.random_flip(x)
+    pixels = x
+    if vae is not None:
+        with torch.no_grad():
+            x = norm.normalize(vae.encode(x.to(vae.dtype)).latent_dist.sample().float())
+    return (x, pixels) if images else x
+
+
+def lr_at(step: int, lr: float, warmup_steps: int) -> float:
+    """The learning rate of the update from step ``step`` to ``step + 1``: linear from 0
+    over the first ``warmup_steps`` updates (lr·step/warmup, as diffusers'
+    ``get_constant_schedule_with_warmup``), then ``lr``."""
+    if step < warmup_steps:
+        return lr * step / warmup_steps
+    return lr
+
+
+def clip_gradients(accelerator, parameters, max_norm: float) -> torch.Tensor:
+    """The gradients' global 2-norm before clipping (all processes' gradients, as the
+    optimizer sees them), clipped to ``max_norm`` when it is > 0. The norm is computed
+    either way, to be logged (clipping at ∞ scales by exactly 1)."""
+    return accelerator.clip_grad_norm_(parameters, max_norm if max_norm > 0 else float("inf"))
+
+
+class TrainStep:
+    """Forward and backward of ``grad_accum`` micro-batches, the gradient norm (and
+    clipping), and the optimizer update at the step's learning rate (the EMA follows in
+    the loop). A step whose loss is not finite on any process (or, without an fp16 loss
+    scaler, whose gradient norm is not) is skipped: no optimizer update, the gradients
+    dropped. ``to_model`` brings a data batch to model space (``to_model_space`` with the
+    run's data, VAE and scale; with ``alignment``, a ``repa.Alignment``, it also returns
+    the clean images)."""
+
+    def __init__(self, cfg, accelerator, model, train_model, optimizer, objective, distiller, batches: EpochBatches,
+                 to_model, alignment=None):
+        self.cfg, self.accelerator = cfg, accelerator
+        self.model, self.train_model, self.optimizer = model, train_model, optimizer
+        self.objective, self.distiller, self.batches = objective, distiller, batches
+        self.to_model, self.alignment = to_model, alignment
+
+    def loss(self, x, y, images=None):
+        """(loss, its terms [L_simple, distillation, variance distillation, −cos, cos]) of
+        one micro-batch (the distillation terms with a teacher, the alignment terms with
+        ``--repa-encoder``)."""
+        fn = self.distiller.watch(self.train_model) if self.distiller else self.train_model
+        if self.model.config.objective == "diffusion":
+            t = self.objective.sample_timesteps(x.shape[0], x.device)
+            loss = self.objective.training_losses(fn, x, t, y)["loss"].mean()
+        else:
+            loss = self.objective.training_losses(fn, x, y)["loss"].mean()
+        terms = [loss.detach().reshape(1)]
+        if self.distiller is not None:
+            extra, distill_terms = self.distiller.terms()
+            loss, terms = loss + extra, terms + [distill_terms]
+        if self.alignment is not None:
+            extra, align_terms = self.alignment.loss(images, x)
+            loss, terms = loss + extra, terms + [align_terms]
+        return loss, torch.cat(terms)
+
+    def __call__(self, step: int) -> StepResult:
+        """The update from step ``step`` to ``step + 1``."""
+        cfg, accelerator = self.cfg, self.accelerator
+        local = torch.zeros((), device=accelerator.device)
+        parts = []
+        for micro in range(cfg.grad_accum):
+            x, y = self.batches.next()
+            x, images = self.to_model(x) if self.alignment is not None else (self.to_model(x), None)
+            # Gradients are all-reduced only on the last micro-batch.
+            sync = micro == cfg.grad_accum - 1
+            with accelerator.no_sync(self.train_model) if not sync else contextlib.nullcontext():
+                with accelerator.autocast():
+                    loss, terms = self.loss(x, y, images)
+                accelerator.backward(loss / cfg.grad_accum)
+            local += loss.detach().float() / cfg.grad_accum
+            parts.append(terms.float() / cfg.grad_accum)
+        grad_norm = clip_gradients(accelerator, self.train_model.parameters(), cfg.max_grad_norm)
+        scaler = getattr(accelerator, "scaler", None)
+        bad = ~torch.isfinite(local)
+        if scaler is None:  # an fp16 loss scaler skips non-finite gradients itself (and lowers its scale)
+            bad = bad | ~torch.isfinite(grad_norm.detach().float())
+        skipped = bool(accelerator.gather(bad.reshape(1).int()).any())  # one decision for every process
+        lr = lr_at(step, cfg.lr, cfg.warmup_steps)
+        if skipped:
+            if scaler is not None:
+                scaler.update()
+        else:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(local, parts, grad_norm.detach().float(), lr, skipped)
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What one step did: its loss and the micro-batches' shares of its terms (on the
+    device), the gradient norm before clipping, the learning rate, whether it was skipped."""
+    loss: torch.Tensor
+    parts: list
+    grad_norm: torch.Tensor
+    lr: float
+    skipped: bool

@@ -1,0 +1,206 @@
+"""What a training run evaluates while it runs: EMA sample grids (``--sample-every``), the
+held-out loss on fixed draws (``--val-every``) and FID-type scores of EMA samples
+(``--fid-every``, the repo's own metrics: ``metrics.evaluate_samples``).
+
+None of them touches the training's random streams: their draws come from their own
+generators, seeded by item or sample index, inside ``own_rng`` (the global RNG state is
+put back afterwards), so a run with validation trains bit for bit as one without.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+
+from ..data import datasets as data_lib
+from ..diffusion.generate import SampleSettings, decode, generate, index_seed, sample_batch
+from ..cli.options import TrainConfig
+from ..pipelines.sample_files import balanced_labels, save_grid
+
+# The held-out draws (t and noise per item) are the same for every run and seed, so the
+# held-out losses of two runs (other seeds, other t-sampling) are scored on one set of draws.
+VAL_SEED = 0
+VAL_STREAM = 3        # (t, noise) of an item; generate.py uses streams 0-2 for sample noise
+VAL_DATA_STREAM = 4   # the item's own draws into model space (a VAE or cached-latent sample)
+# Noise bands of the held-out loss, by noise fraction u (0 = data, 1 = pure noise): DiT's
+# u = index / T, SiT's u = 1 − t.
+NOISE_BANDS = (("low", 0.0, 1 / 3), ("mid", 1 / 3, 2 / 3), ("high", 2 / 3, float("inf")))
+
+
+@contextlib.contextmanager
+def own_rng(device: torch.device):
+    """Evaluation draws that leave the global RNG (CPU and this CUDA device) as it was."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+def write_sample_grid(model, objective, noise, labels, path: Path, cfg: TrainConfig, vae, scaling,
+                      nrow: int = 8) -> None:
+    """EMA samples as a PNG grid (fixed noise and labels, so grids are comparable);
+    ``scaling``: the run's ``LatentNorm`` (or a factor), undone before decoding."""
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator(noise.device).manual_seed(cfg.seed)
+    # DDIM / Heun by default: a grid is a progress check, 250 DDPM steps would dominate the step time.
+    sampler = cfg.sample_sampler or ("ddim" if model.config.objective == "diffusion" else "ode-heun")
+    out = generate(model, objective, noise, labels, sampler=sampler, num_steps=cfg.sample_steps,
+                   cfg_scale=cfg.sample_cfg_scale, generator=gen)
+    save_grid(data_lib.to_uint8(decode(out.samples, vae, scaling)), path, nrow=nrow)
+    model.train(was_training)
+
+
+def band_losses(noise_fraction: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
+    """Per-band [sum, count] of ``losses`` (shape (len(NOISE_BANDS), 2)); a sample with
+    noise fraction u is in the band lo <= u < hi."""
+    out = torch.zeros(len(NOISE_BANDS), 2, dtype=torch.float64)
+    for i, (_, lo, hi) in enumerate(NOISE_BANDS):
+        inside = (noise_fraction >= lo) & (noise_fraction < hi)
+        out[i] = torch.stack([losses[inside].double().sum(), inside.sum().double()])
+    return out
+
+
+def band_means(sums: torch.Tensor, prefix: str) -> dict:
+    """``{prefix: overall mean, prefix_noise_low/mid/high: band means}`` of ``band_losses``
+    totals (a band without samples is left out)."""
+    values = {prefix: float(sums[:, 0].sum() / sums[:, 1].sum())}
+    for (name, _, _), (total, count) in zip(NOISE_BANDS, sums.tolist()):
+        if count:
+            values[f"{prefix}_noise_{name}"] = total / count
+    return values
+
+
+def heldout_dataset(cfg: TrainConfig, train_dataset):
+    """The held-out split ``--val-every`` scores: ``--val-data`` (a folder like ``--data``),
+    else the embedded data's own held-out split."""
+    if cfg.val_data is not None:
+        latents = (Path(cfg.val_data) / data_lib.LATENT_META).is_file()
+        if latents != isinstance(train_dataset, data_lib.LatentDataset):
+            kinds = ("a latent folder", "images") if latents else ("an image folder", "latents")
+            raise ValueError(f"--val-data {cfg.val_data} is {kinds[0]} but --data {cfg.data} holds {kinds[1]}: "
+                             f"pass held-out data of the kind the model trains on")
+        if latents:
+            return data_lib.LatentDataset(cfg.val_data)
+        return data_lib.ImageFolderDataset(cfg.val_data, train_dataset.image_size, cfg.skip_corrupt)
+    if cfg.data == "digits":
+        return data_lib.DigitsDataset("heldout", train_dataset.image_size)
+    if cfg.data == "digits-canvas":
+        return data_lib.DigitsCanvasDataset("heldout", train_dataset.image_size)
+    raise ValueError(f"--val-every scores a held-out split: {cfg.data} is a folder, so pass --val-data with a "
+                     f"held-out folder of the same kind")
+
+
+class HeldOutLoss:
+    """The training loss on ``--val-samples`` held-out items (spread evenly over the split),
+    each with its own (t, noise) drawn from ``index_seed(VAL_SEED, item, VAL_STREAM)``: t uniform (DiT's
+    index, SiT's time in its training interval), whatever ``--t-sampling`` trains with, so
+    the same draws at every evaluation, on resume, in every run. Each data-parallel rank
+    scores every world-th of them; ``__call__`` returns the overall and
+    per-noise-band means (``NOISE_BANDS``) on every process."""
+
+    def __init__(self, dataset, objective, to_model, rank: int, world: int, count: int, batch_size: int,
+                 device: torch.device, context_parallel: int = 1):
+        self.objective, self.batch_size, self.duplicates = objective, batch_size, context_parallel
+        # ``count`` items spread evenly over the split (a folder is sorted by class), each rank its share
+        total = min(count, len(dataset))
+        self.items = [k * len(dataset) // total for k in range(rank, total, world)]
+        xs, ys, ts, noises = [], [], [], []
+        with own_rng(device):
+            for i in self.items:
+                x, y = dataset[i]
+                torch.manual_seed(index_seed(VAL_SEED, i, VAL_DATA_STREAM))
+                x = to_model(torch.as_tensor(x).unsqueeze(0).to(device))[0]
+                gen = torch.Generator().manual_seed(index_seed(VAL_SEED, i, VAL_STREAM))
+                if hasattr(objective, "num_timesteps"):  # DiT: an index
+                    t = torch.randint(0, objective.num_timesteps, (1,), generator=gen)[0]
+                else:
+                    t0, t1 = objective.interval(train=True)
+                    t = torch.rand((), generator=gen) * (t1 - t0) + t0
+                xs.append(x)
+                ys.append(int(y))
+                ts.append(t)
+                noises.append(torch.randn(x.shape, generator=gen))
+        self.x = torch.stack(xs) if xs else None   # None: fewer items than ranks, none for this one
+        self.y = torch.tensor(ys, dtype=torch.long, device=device)
+        self.t = torch.stack(ts).to(device) if ts else torch.zeros(0, device=device)
+        self.noise = torch.stack(noises).to(device) if noises else None
+        if hasattr(objective, "num_timesteps"):
+            self.noise_fraction = self.t.double().cpu() / objective.num_timesteps
+        else:
+            self.noise_fraction = 1 - self.t.double().cpu()
+
+    @torch.no_grad()
+    def __call__(self, model, accelerator, prefix: str = "val/loss") -> dict:
+        was_training = model.training
+        model.eval()
+        losses = []
+        with own_rng(accelerator.device):
+            for s in range(0, len(self.items), self.batch_size):
+                x, y = self.x[s:s + self.batch_size], self.y[s:s + self.batch_size]
+                t, noise = self.t[s:s + self.batch_size], self.noise[s:s + self.batch_size]
+                with accelerator.autocast():
+                    if hasattr(self.objective, "num_timesteps"):
+                        out = self.objective.training_losses(model, x, t, y, noise=noise)
+                    else:
+                        out = self.objective.training_losses(model, x, y, t=t, noise=noise)
+                losses.append(out["loss"].float().cpu())
+        model.train(was_training)
+        local = band_losses(self.noise_fraction, torch.cat(losses) if losses else torch.zeros(0))
+        # Processes of one context-parallel group score the same items: count them once.
+        sums = accelerator.gather(local.to(accelerator.device).unsqueeze(0)).cpu().sum(0) / self.duplicates
+        return band_means(sums, prefix)
+
+
+class TrainingFID:
+    """FID-type scores of ``--fid-samples`` EMA samples against ``--fid-ref``: labels
+    balanced and shuffled with ``--seed`` (as ``sample.py``), noise seeded by sample index
+    (``sample_batch``), the grid's sampler settings; process p generates samples p, p + P,
+    ...; the first process scores them with ``metrics.evaluate_samples`` (Inception or the
+    digits classifier, as the reference records) and returns the scores (the others {})."""
+
+    def __init__(self, cfg: TrainConfig, num_classes: int, batch_size: int):
+        from ..evaluation.metrics import load_reference
+
+        load_reference(cfg.fid_ref)  # a missing or unreadable reference: refused before training
+        self.cfg, self.batch_size = cfg, batch_size
+        self.labels = balanced_labels(cfg.fid_samples, num_classes, cfg.seed)
+        self.settings = SampleSettings(cfg.sample_sampler, cfg.sample_steps, cfg.sample_cfg_scale)
+
+    @torch.no_grad()
+    def __call__(self, ema, objective, vae, scaling, accelerator) -> dict:
+        from ..evaluation.metrics import evaluate_samples
+
+        p, world, n = accelerator.process_index, accelerator.num_processes, len(self.labels)
+        mine = list(range(p, n, world))
+        per_process = -(-n // world)
+        was_training = ema.training
+        ema.eval()
+        images = []
+        with own_rng(accelerator.device):
+            for s in range(0, len(mine), self.batch_size):
+                idx = mine[s:s + self.batch_size]
+                out, _ = sample_batch(ema, objective, self.labels[idx], idx, self.cfg.seed, self.settings, vae,
+                                      scaling)
+                images.append(data_lib.to_uint8(out))  # (B, H, W, C)
+        ema.train(was_training)
+        shape = images[0].shape[1:] if images else self._image_shape(ema, vae)
+        local = torch.cat(images) if images else torch.zeros((0, *shape), dtype=torch.uint8)
+        if len(local) < per_process:  # equal shapes for the gather
+            local = torch.cat([local, torch.zeros((per_process - len(local), *shape), dtype=torch.uint8)])
+        gathered = accelerator.gather(local.to(accelerator.device).unsqueeze(0)).cpu()  # (P, per, H, W, C)
+        if not accelerator.is_main_process:
+            return {}
+        order = gathered.transpose(0, 1).reshape(-1, *gathered.shape[2:])[:n]  # sample j·P + p at row j·P + p
+        result = evaluate_samples([order.numpy()], self.cfg.fid_ref, self.cfg.fid_features,
+                                  device=str(accelerator.device), inception_weights=self.cfg.inception_weights,
+                                  digits_classifier_dir=self.cfg.digits_classifier, labels=self.labels.numpy())
+        return {f"fid/{k}": float(v) for k, v in result["metrics"].items()}
+
+    @staticmethod
+    def _image_shape(ema, vae) -> tuple[int, int, int]:
+        from ..models.grid import vae_factor
+
+        side = ema.config.input_size * vae_factor(vae)
+        return side, side, (ema.config.in_channels if vae is None else 3)
