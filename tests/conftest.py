@@ -67,7 +67,7 @@ def digits_checkpoint(tmp_path_factory):
     from nala_dit.training.checkpoint import save_checkpoint
     from nala_dit.cli.config import to_dict
     from nala_dit.models.dit import create_model
-    from nala_dit.training.loop import TrainConfig
+    from nala_dit.cli.options import TrainConfig
 
     run_dir = tmp_path_factory.mktemp("runs") / "digits-dit"
     model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10)

@@ -15,7 +15,7 @@ from nala_dit.cli.config import to_dict
 from nala_dit.training.convert import Distiller, Reference, check_compatible, inherit
 from nala_dit.diffusion.gaussian import GaussianDiffusion
 from nala_dit.models.dit import count_params, create_model
-from nala_dit.training.loop import TrainConfig
+from nala_dit.cli.options import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = dict(input_size=8, in_channels=1, num_classes=10)  # what train.py builds for --data digits

@@ -7,7 +7,7 @@ import torch
 
 import train as train_cli
 from nala_dit.training import checkpoint as ckpt_lib
-from nala_dit.training.loop import update_ema
+from nala_dit.training.step import update_ema
 
 TINY_RUN = ["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "8", "--num-workers", "0",
             "--sample-every", "0", "--log-every", "1", "--flip", "false", "--ema-decay", "0.9", "--ema-warmup", "true"]

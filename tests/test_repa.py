@@ -161,7 +161,7 @@ def test_aligned_run_resumes_bitwise_and_the_projector_stays_out_of_ema_and_expo
 
 
 def test_repa_options_are_checked(tmp_path, tiny_dinov2):
-    from nala_dit.training.loop import TrainConfig
+    from nala_dit.cli.options import TrainConfig
 
     with pytest.raises(ValueError, match=r"^--repa-depth 13: NaLaDiT-S/2 has blocks 1..12$"):
         TrainConfig(repa_encoder=str(tiny_dinov2), repa_depth=13).validate()

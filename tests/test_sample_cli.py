@@ -13,7 +13,7 @@ import sample
 from nala_dit.training.checkpoint import save_checkpoint
 from nala_dit.cli.config import to_dict
 from nala_dit.models.dit import create_model
-from nala_dit.training.loop import TrainConfig
+from nala_dit.cli.options import TrainConfig
 from tests.utils import launch
 
 ROOT = Path(__file__).resolve().parents[1]

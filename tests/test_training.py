@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 import train as train_cli
 from nala_dit.training import checkpoint as ckpt_lib
 from nala_dit.cli.config import resolve
-from nala_dit.training.loop import TrainConfig
+from nala_dit.cli.options import TrainConfig
 from tests.utils import launch
 
 ROOT = Path(__file__).resolve().parents[1]

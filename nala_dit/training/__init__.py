@@ -1,4 +1,4 @@
-"""Training: the run and its loop (``loop.py``), one optimizer step and the EMA (``step.py``),
+"""Training: the run, its loop and one training step (``loop.py``), the step's pieces and the EMA (``step.py``),
 logs (``tracking.py``), evaluation while training (``validation.py``), representation
 alignment (``repa.py``), softmax → NaLa conversion (``convert.py``), atomic checkpoints
 (``checkpoint.py``) and one writer per run folder (``runlock.py``)."""
@@ -6,6 +6,6 @@ alignment (``repa.py``), softmax → NaLa conversion (``convert.py``), atomic ch
 from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "train": "loop", "TrainStep": "step", "update_ema": "step",
+    "train": "loop", "TrainStep": "loop", "update_ema": "step",
     "save_checkpoint": "checkpoint", "open_checkpoint": "checkpoint", "load_model": "checkpoint",
 })

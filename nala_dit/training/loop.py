@@ -6,9 +6,13 @@ RNG re-seeded from ``(seed, rank, step)``, and the data order is a fixed permuta
 epoch, so a run resumed from a checkpoint continues bit for bit (on CPU, same process
 count) where an uninterrupted run would be.
 
-Where each part lives: set-up, resume, checkpoints and the loop (``_train``) here; one
-optimizer step, the data position and the EMA in ``train_step.py``; what is logged in
-``tracking.py``; what is evaluated while training (sample grids) in ``validation.py``.
+The shape (EDM2's ``training_loop.py``, DiT's ``train.py``): ``build_run`` builds the run
+(data, model, EMA, optimizer, objective, the optional features, resume) into a ``Run``;
+``train_loop`` runs it one ``TrainStep`` at a time, each step on one screen: batch → model
+space → loss → backward → clip → skip if not finite → optimizer step → EMA → log,
+evaluate, checkpoint. The step's pieces (data position, micro-batch loss, skip decision,
+EMA) are in ``step.py``; what is logged in ``tracking.py``; what is evaluated while
+training (held-out loss, FID, sample grids) in ``validation.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import functools
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -32,14 +37,14 @@ from ..cli.config import dump_yaml, to_dict
 from ..models.grid import latent_size, vae_factor
 from ..data.latent_stats import agreed_norm, checkpoint_norm, run_norm, source_norm
 from ..models.dit import create_model
-from ..cli.options import MODEL_OVERRIDES, TrainConfig, default_num_workers  # noqa: F401  (TrainConfig: the CLI's options, torch-free)
+from ..cli.options import MODEL_OVERRIDES, TrainConfig, default_num_workers
 from ..cli.options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
 from . import repa as repa_lib
 from .runlock import LOCK_NAME, check_process_count, hold_lock
-from .tracking import Logger, LossWindow, NanStreak, exponent_log, progress_values, truncate_log  # noqa: F401  (exponent_log, truncate_log: moved)
-from .step import EpochBatches, TrainStep, step_seed, to_model_space, update_ema
-from .validation import HeldOutLoss, TrainingFID, heldout_dataset, write_sample_grid
-
+from .tracking import Logger, LossWindow, NanStreak, progress_values
+from .step import (EpochBatches, MicroBatchLoss, StepResult, clip_gradients, lr_at, skip_step, step_seed,
+                   to_model_space, update_ema)
+from .validation import HeldOutLoss, Periodic, SampleGrid, TrainingFID, heldout_dataset
 
 def build_dataset(cfg: TrainConfig, state=None):
     """The dataset named by ``--data`` (embedded digits, latent folder or image folder);
@@ -90,7 +95,7 @@ def _open_resume(path: str, ckpt_dir: Path):
 
 
 def build_model(cfg: TrainConfig, num_classes: int, in_channels: int, input_size: int):
-    overrides = {k: getattr(cfg, k) for k in MODEL_OVERRIDES if getattr(cfg, k) is not None}
+    overrides = {key: getattr(cfg, k) for k, key in MODEL_OVERRIDES.items() if getattr(cfg, k) is not None}
     return create_model(cfg.model, input_size=input_size, in_channels=in_channels, num_classes=num_classes,
                         class_dropout_prob=cfg.class_dropout_prob, **overrides)
 
@@ -116,26 +121,22 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 def attention_path(model_config: dict, device_type: str, precision: str) -> str:
     """The attention and the code path it runs on ``device_type``: NaLa's ``impl="auto"``
     choice (``select_nala_impl``), SDPA for softmax; a hybrid's softmax blocks after it."""
-    blocks = model_config.get("softmax_blocks")
-    path = _attention_path(model_config, device_type, precision)
-    if not blocks:
-        return path
-    return f"{path} with softmax in blocks {', '.join(map(str, blocks))} (--softmax-blocks {','.join(map(str, blocks))})"
-
-
-def _attention_path(model_config: dict, device_type: str, precision: str) -> str:
     from ..attention import select_nala_impl, triton_available
 
     attention = model_config["attention"]
     regions = model_config.get("nala_regions") or 1
     if attention == "nala" and regions > 1:
-        return f"nala ({regions}x{regions} region states, fused)"
-    if attention == "nala":
+        path = f"nala ({regions}x{regions} region states, fused)"
+    elif attention == "nala":
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
         tokens = (model_config["input_size"] // model_config["patch_size"]) ** 2
         head_dim = model_config["hidden_size"] // model_config["num_heads"]
-        return f"nala ({select_nala_impl(device_type, head_dim, dtype, triton_available(), tokens)})"
-    return f"{attention} (SDPA)" if attention.startswith("softmax") else attention
+        path = f"nala ({select_nala_impl(device_type, head_dim, dtype, triton_available(), tokens)})"
+    else:
+        path = f"{attention} (SDPA)" if attention.startswith("softmax") else attention
+    if not (blocks := model_config.get("softmax_blocks")):
+        return path
+    return f"{path} with softmax in blocks {', '.join(map(str, blocks))} (--softmax-blocks {','.join(map(str, blocks))})"
 
 
 def start_line(world: int, backend: str | None, devices: str, global_batch: int, micro_batch: int, grad_accum: int,
@@ -235,12 +236,13 @@ def train(cfg: TrainConfig) -> Path:
     try:
         with hold_lock(run_dir / LOCK_NAME, f"run folder {run_dir}", "choose another --exp-name / --results-dir",
                        accelerator):
-            return _train(cfg, accelerator)
+            run = build_run(cfg, accelerator)
+            train_loop(run)
+            return run.run_dir
     finally:
         if accelerator.is_main_process:
             with contextlib.suppress(OSError):  # only when empty: a run that failed at once leaves no folder
                 run_dir.rmdir()
-
 
 
 def find_resume(cfg: TrainConfig, run_dir: Path, ckpt_dir: Path, accelerator) -> Path | None:
@@ -322,23 +324,9 @@ def checkpoint(accelerator, cfg: TrainConfig, ckpt_dir: Path, step: int, batches
     accelerator.wait_for_everyone()
 
 
-def _train(cfg: TrainConfig, accelerator) -> Path:
-    from accelerate.utils import set_seed
-
-    from ..cli.progress import progress_bar
-
-    from ..models.context_parallel import ContextParallel, enable, resumable_gradient_sync, row_split
-
-    # --- set-up: processes, data, model, objective, optimizer ---
-    # Context parallel: the P processes of a group hold the same samples (one data rank), so
-    # data order, RNG streams and the batch split follow the data rank; each process runs
-    # its rows of the token grid (nala_dit/models/context_parallel.py).
-    context = ContextParallel.from_world(cfg.context_parallel)
-    processes = accelerator.num_processes
-    rank, world = context.data_rank, context.data_size
-    device = accelerator.device
-    set_seed(cfg.seed + rank)
-
+def micro_batch_size(cfg: TrainConfig, processes: int, world: int) -> int:
+    """One process's micro-batch: the global batch over (data-parallel ranks × grad-accum),
+    refused unless it divides."""
     per_step = world * cfg.grad_accum
     if cfg.global_batch_size % per_step:
         groups = f"data-parallel groups ({processes} processes / context-parallel {cfg.context_parallel}) " \
@@ -346,27 +334,117 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
         raise ValueError(
             f"global-batch-size {cfg.global_batch_size} must be divisible by {groups}× grad-accum = {per_step}"
         )
-    micro_batch = cfg.global_batch_size // per_step
+    return cfg.global_batch_size // per_step
 
-    run_dir = cfg.run_dir()
-    ckpt_dir = run_dir / "checkpoints"
-    resume_from = find_resume(cfg, run_dir, ckpt_dir, accelerator)
 
-    dataset = build_dataset(cfg, accelerator)
-    # Evaluation while training (validation.py): its data and reference are checked now, before the model.
-    heldout_data = heldout_dataset(cfg, dataset) if cfg.val_every else None
-    fid = TrainingFID(cfg, dataset.num_classes, micro_batch) if cfg.fid_every else None
+def load_vae_and_norm(cfg: TrainConfig, dataset, device):
+    """(the VAE or None, the run's latent norm: latents → model space, None in pixel space)."""
     vae, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
     if cfg.vae is not None:
         vae, scaling = data_lib.load_vae(cfg.vae, device)
         if isinstance(dataset, data_lib.LatentDataset):
             scaling = dataset.scaling_factor
-    norm = run_norm(cfg.latent_norm, dataset, vae, scaling, cfg.vae)  # latents → model space (None: pixels)
+    return vae, run_norm(cfg.latent_norm, dataset, vae, scaling, cfg.vae)
+
+
+def build_optimizer(cfg: TrainConfig, model, projector=None) -> torch.optim.AdamW:
+    """AdamW over ``param_groups``; REPA's projector trains in the decay group."""
+    groups = param_groups(model, cfg.weight_decay)
+    if projector is not None:
+        groups[0]["params"] += list(projector.parameters())
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.adam_beta2))
+
+
+def print_start(accelerator, cfg: TrainConfig, model, side: int, micro_batch: int, world: int) -> None:
+    """The ``start:`` line (rank 0), and with context parallel how the token rows split."""
+    device, processes = accelerator.device, accelerator.num_processes
+    devices = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    accelerator.print(start_line(processes, accelerator.state.backend, f"{processes}× {devices}",
+                                 cfg.global_batch_size, micro_batch, cfg.grad_accum, cfg.mixed_precision,
+                                 attention_path(dict(model.config), device.type, cfg.mixed_precision)))
+    if cfg.context_parallel > 1:
+        from ..models.context_parallel import row_split
+
+        rows = side // model.patch_size
+        accelerator.print(f"context parallel: {cfg.context_parallel} processes per image ({rows} "
+                          f"token rows split as {row_split(rows, cfg.context_parallel)}), "
+                          f"{world} data-parallel group{'s' if world > 1 else ''} of {micro_batch} images")
+
+
+def write_run_files(accelerator, cfg: TrainConfig, run_dir: Path, init_report) -> None:
+    """The run folder's ``config.yaml``, and what ``--init-from`` did (sizes included) beside it."""
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+        if init_report is not None:
+            (run_dir / "init_from.json").write_text(json.dumps(init_report.to_dict(), indent=2) + "\n")
+
+
+@dataclasses.dataclass
+class Run:
+    """A run as ``build_run`` leaves it for ``train_loop``."""
+    cfg: TrainConfig
+    accelerator: object
+    run_dir: Path
+    rank: int                      # the data-parallel rank and size (context parallel: the group's)
+    world: int
+    model: torch.nn.Module         # the weights: what the EMA follows and checkpoints hold
+    train_model: torch.nn.Module   # what a step calls: context-parallel, compiled, REPA-wrapped, prepared (DDP)
+    ema: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    batches: EpochBatches          # this process's micro-batches from the data position
+    to_model: Callable             # a data batch → (the model's input, its clean images for REPA or None)
+    loss: MicroBatchLoss           # one micro-batch: L_simple (+ distillation, + alignment)
+    start_step: int                # 0, or the resumed checkpoint's step
+    ema_updates: int               # the EMA's updates so far (--ema-warmup: a skipped step is none)
+    evaluations: list[Periodic]    # the held-out loss (--val-every), FID (--fid-every)
+    sample_grid: SampleGrid        # --sample-every
+    logger: Logger
+    window: LossWindow             # the steps since the last log step
+    nan_streak: NanStreak          # skipped steps in a row: stops a diverged run
+    stat_layers: list              # NaLa layers: exponent statistics recorded on log steps
+    progress: object               # the progress bar (rank 0) or line
+    norm: object = None            # latents → model space (None: pixels), saved with each checkpoint
+    projector: torch.nn.Module | None = None  # REPA's, saved with each checkpoint
+
+    def save(self, step: int) -> None:
+        checkpoint(self.accelerator, self.cfg, self.run_dir / "checkpoints", step, self.batches, self.world,
+                   self.model, self.ema, self.optimizer, self.norm, self.projector, self.ema_updates)
+
+
+def build_run(cfg: TrainConfig, accelerator) -> Run:
+    """Everything before the first step: data, model, objective, EMA, optimizer, the optional
+    features (teacher, REPA, evaluation while training, context parallel, compile), resume.
+    Bad input is refused before anything slow is built, in this order."""
+    from accelerate.utils import set_seed
+
+    from ..cli.progress import progress_bar
+    from ..models.context_parallel import ContextParallel, enable, resumable_gradient_sync, row_split
+
+    # Context parallel: the P processes of a group hold the same samples (one data rank), so
+    # data order, RNG streams and the batch split follow the data rank; each process runs
+    # its rows of the token grid (nala_dit/models/context_parallel.py).
+    context = ContextParallel.from_world(cfg.context_parallel)
+    rank, world, device = context.data_rank, context.data_size, accelerator.device
+    set_seed(cfg.seed + rank)
+    micro_batch = micro_batch_size(cfg, accelerator.num_processes, world)
+    run_dir = cfg.run_dir()
+    ckpt_dir = run_dir / "checkpoints"
+    resume_from = find_resume(cfg, run_dir, ckpt_dir, accelerator)
+
+    # --- data; evaluation's data and reference (validation.py) are checked now, before the model ---
+    dataset = build_dataset(cfg, accelerator)
+    heldout_data = heldout_dataset(cfg, dataset) if cfg.val_every else None
+    fid = TrainingFID(cfg, dataset.num_classes, micro_batch) if cfg.fid_every else None
+    vae, norm = load_vae_and_norm(cfg, dataset, device)
     keep_norm = "latent-norm" in allowed_changes(cfg)
-    channels, side = model_space(dataset, vae, int(cfg.model.rsplit("/", 1)[1]))
-    grid = side // int(cfg.model.rsplit("/", 1)[1])
+    patch = int(cfg.model.rsplit("/", 1)[1])
+    channels, side = model_space(dataset, vae, patch)
+    grid = side // patch
     if cfg.nala_regions:  # R against the token grid before the model (and its R⁴ region weights) is built
         check_regions(cfg.nala_regions, (grid, grid), grid * grid)
+
+    # --- model, objective, teacher, EMA, REPA, optimizer ---
     model, init_report = build_run_model(cfg, dataset, channels, side, resume_from, accelerator.print)
     if resume_from is None and cfg.init_from and norm is not None:  # a latent run: the source's latents must be this run's
         norm = agreed_norm(norm, source_norm(cfg.init_from), f"--init-from {cfg.init_from}", cfg.data, keep_norm,
@@ -379,21 +457,11 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
                                            cfg.distill_sigma_weight, device)
     ema = copy.deepcopy(model).float().requires_grad_(False)
     encoder = projector = None
-    if cfg.repa_encoder:  # REPA (repa.py): the projector trains in the decay group, outside the model and EMA
+    if cfg.repa_encoder:  # REPA (repa.py): the projector trains beside the model, outside it and its EMA
         encoder = repa_lib.load_encoder(cfg.repa_encoder).to(device)
         projector = repa_lib.build_projector(model.config.hidden_size, cfg.repa_projector_dim, encoder.dim)
-    groups = param_groups(model, cfg.weight_decay)
-    if projector is not None:
-        groups[0]["params"] += list(projector.parameters())
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.adam_beta2))
-    devices = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    accelerator.print(start_line(processes, accelerator.state.backend, f"{processes}× {devices}",
-                                 cfg.global_batch_size, micro_batch, cfg.grad_accum, cfg.mixed_precision,
-                                 attention_path(dict(model.config), device.type, cfg.mixed_precision)))
-    if cfg.context_parallel > 1:
-        accelerator.print(f"context parallel: {cfg.context_parallel} processes per image ({side // model.patch_size} "
-                          f"token rows split as {row_split(side // model.patch_size, cfg.context_parallel)}), "
-                          f"{world} data-parallel group{'s' if world > 1 else ''} of {micro_batch} images")
+    optimizer = build_optimizer(cfg, model, projector)
+    print_start(accelerator, cfg, model, side, micro_batch, world)
 
     # --- resume ---
     step, epoch, position, ema_updates = 0, 0, 0, 0
@@ -403,85 +471,129 @@ def _train(cfg: TrainConfig, accelerator) -> Path:
                            keep_norm, accelerator.print)
         step, epoch, position, ema_updates = resume_run(resume_from, cfg, accelerator, model, ema, optimizer, world,
                                                         micro_batch, ckpt_dir, projector)
-
     if cfg.grad_checkpointing:
         model.gradient_checkpointing = True
-    if accelerator.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
-        if init_report is not None:  # what --init-from did, sizes included, beside the config
-            (run_dir / "init_from.json").write_text(json.dumps(init_report.to_dict(), indent=2) + "\n")
+    write_run_files(accelerator, cfg, run_dir, init_report)
+
+    # --- the model as a step calls it ---
     enable(model, context)   # after the EMA copy: the EMA (sample grids on one process) runs whole
     train_model = torch.compile(model) if cfg.compile else model
-    aligned = None
+    aligned = alignment = None
     if projector is not None:  # one module for DDP: the projector's gradients are all-reduced with the model's
         depth = cfg.repa_depth or repa_lib.default_depth(cfg.model)
         train_model = aligned = repa_lib.Aligned(model, train_model, projector, depth)
+        alignment = repa_lib.Alignment(aligned, encoder, cfg.repa_weight, model.patch_size)
     train_model, optimizer = accelerator.prepare(train_model, optimizer)
     resumable_gradient_sync(train_model)   # CPU processes: the same gradient sums resumed or not
     ema.to(device)
     logger = Logger(run_dir, accelerator, step, cfg.report_to, to_dict(cfg))
 
+    # --- the step's data and loss; evaluation; logs ---
     workers = cfg.num_workers if cfg.num_workers is not None else \
-        default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
+        default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes)))
     batches = EpochBatches(dataset, rank, world, cfg.seed, micro_batch, workers, device, epoch, position)
-    alignment = repa_lib.Alignment(aligned, encoder, cfg.repa_weight, model.patch_size) if aligned else None
-    train_step = TrainStep(cfg, accelerator, model, train_model, optimizer, objective, distiller, batches,
-                           functools.partial(to_model_space, dataset=dataset, vae=vae, norm=norm, flip=cfg.flip,
-                                             **({"images": True} if alignment else {})), alignment)
-
-    # The held-out loss's fixed draws (validation.py), made once: the same at every evaluation.
-    heldout = HeldOutLoss(heldout_data, objective,
-                          functools.partial(to_model_space, dataset=dataset, vae=vae, norm=norm, flip=False),
-                          rank, world, cfg.val_samples, 4 * micro_batch, device, cfg.context_parallel) \
-        if heldout_data is not None else None
-
-    grid_noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
-    grid_labels = (torch.arange(16) % dataset.num_classes).to(device)
+    to_space = functools.partial(to_model_space, dataset=dataset, vae=vae, norm=norm)
+    if alignment is not None:  # REPA: the clean images too, flipped as the model's input
+        to_model = functools.partial(to_space, flip=cfg.flip, images=True)
+    else:
+        def to_model(x):
+            return to_space(x, flip=cfg.flip), None
+    loss = MicroBatchLoss(objective, train_model, model.config.objective == "diffusion", distiller, alignment)
+    evaluations = []
+    if heldout_data is not None:  # the held-out loss's fixed draws (validation.py), made once: the same every time
+        heldout = HeldOutLoss(heldout_data, objective, functools.partial(to_space, flip=False), rank, world,
+                              cfg.val_samples, 4 * micro_batch, device, cfg.context_parallel)
+        evaluations.append(Periodic(cfg.val_every, lambda: {**heldout(model, accelerator, "val/loss"),
+                                                            **heldout(ema, accelerator, "val/ema_loss")}))
+    if fid is not None:
+        evaluations.append(Periodic(cfg.fid_every, lambda: fid(ema, objective, vae, norm, accelerator)))
+    sample_grid = SampleGrid(ema, objective, cfg, vae, norm, channels, side, dataset.num_classes, run_dir / "samples",
+                             device)
     if step == 0:
         update_ema(ema, model, 0.0)  # EMA starts as a copy of the model (DiT)
-
-    # NaLa layers record their exponent statistics on log steps only (a norm per layer).
     stat_layers = [b.attn for b in model.blocks if hasattr(b.attn, "record_stats")]
     progress = progress_bar(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
                             desc=f"train {cfg.model}", unit="step")
-    window = LossWindow(accelerator, 1 + (2 if distiller else 0) + (2 if alignment else 0))
+    window = LossWindow(accelerator, cfg.global_batch_size, stat_layers, distiller is not None, alignment is not None)
     nan_streak = NanStreak(cfg.max_nan_steps, step, ckpt_dir, accelerator.print)
+    return Run(cfg, accelerator, run_dir, rank, world, model, train_model, ema, optimizer, batches, to_model, loss,
+               step, ema_updates, evaluations, sample_grid, logger, window, nan_streak, stat_layers, progress, norm,
+               projector)
 
-    # --- the loop: step, EMA, log, sample grid, checkpoint ---
-    train_model.train()
-    while step < cfg.max_steps:
-        torch.manual_seed(step_seed(cfg.seed, rank, step))
-        val_now = heldout is not None and (step + 1) % cfg.val_every == 0
-        fid_now = fid is not None and (step + 1) % cfg.fid_every == 0
-        log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps or val_now or fid_now
-        for layer in stat_layers:
+
+def train_loop(run: Run) -> None:
+    """Steps ``run.start_step + 1`` … ``--max-steps``."""
+    train_step = TrainStep(run)
+    run.train_model.train()
+    for step in range(run.start_step, run.cfg.max_steps):
+        train_step(step)
+    run.progress.close()
+    run.logger.close()
+    run.accelerator.end_training()
+
+
+class TrainStep:
+    """One training step of a built ``Run``, top to bottom: batch → model space → loss →
+    backward → clip → skip if not finite → optimizer step → EMA → log, evaluate,
+    checkpoint, sample grid. It re-seeds the global RNG from (seed, rank, step) first:
+    every draw of a step (times, noise, label dropout, flips, VAE samples) is the same
+    resumed or not, so a resumed run continues bit for bit."""
+
+    def __init__(self, run: Run):
+        self.run = run
+
+    def __call__(self, step: int) -> StepResult:
+        """From step ``step`` to ``step + 1``."""
+        run, cfg, accelerator, optimizer = self.run, self.run.cfg, self.run.accelerator, self.run.optimizer
+        torch.manual_seed(step_seed(cfg.seed, run.rank, step))
+        due = [evaluation for evaluation in run.evaluations if evaluation.due(step + 1)]
+        log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps or bool(due)
+        for layer in run.stat_layers:  # NaLa exponent statistics: on log steps only
             layer.record_stats = log_now
-        result = train_step(step)
-        if not result.skipped:  # the warm-up counts the EMA's updates: a skipped step is none
-            update_ema(ema, model, cfg.ema_decay, ema_updates if cfg.ema_warmup else None)
-            ema_updates += 1
+
+        # forward and backward of grad-accum micro-batches; the gradients are all-reduced on the last
+        loss_sum, parts = torch.zeros((), device=accelerator.device), []
+        for micro in range(cfg.grad_accum):
+            x, y = run.batches.next()
+            x, images = run.to_model(x)  # latents or pixels as the model sees them (+ clean images for REPA)
+            sync = micro == cfg.grad_accum - 1
+            with accelerator.no_sync(run.train_model) if not sync else contextlib.nullcontext():
+                with accelerator.autocast():
+                    loss, terms = run.loss(x, y, images)  # L_simple (+ distillation) (+ alignment)
+                accelerator.backward(loss / cfg.grad_accum)
+            loss_sum += loss.detach().float() / cfg.grad_accum
+            parts.append(terms.float() / cfg.grad_accum)
+        grad_norm = clip_gradients(accelerator, run.train_model.parameters(), cfg.max_grad_norm)
+
+        # the update, skipped on every process when the step is not finite on one
+        skipped = skip_step(accelerator, loss_sum, grad_norm)
+        lr = lr_at(step, cfg.lr, cfg.warmup_steps)
+        if not skipped:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.step()
+        elif (scaler := getattr(accelerator, "scaler", None)) is not None:
+            scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if not skipped:  # --ema-warmup counts the EMA's updates: a skipped step is none
+            update_ema(run.ema, run.model, cfg.ema_decay, run.ema_updates if cfg.ema_warmup else None)
+            run.ema_updates += 1
+        result = StepResult(loss_sum, parts, grad_norm.detach().float(), lr, skipped)
         step += 1
-        window.add(result)
-        nan_streak.update(step, result, progress)  # every process: the skip decision is shared
+        run.window.add(result)
+        run.nan_streak.update(step, result, run.progress)  # every process: the skip decision is shared
+
+        # log (with the evaluations due), checkpoint, sample grid
         if log_now:
-            values = window.values(cfg.global_batch_size, stat_layers, distiller is not None, alignment is not None)
-            if val_now:
-                values.update(heldout(model, accelerator, "val/loss"))
-                values.update(heldout(ema, accelerator, "val/ema_loss"))
-            if fid_now:
-                values.update(fid(ema, objective, vae, norm, accelerator))
-            logger.log(step, values)
-            progress.set_postfix(**progress_values(values))
-            window.reset()
-        progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
+            values = run.window.values()
+            for evaluation in due:
+                values.update(evaluation.evaluate())
+            run.logger.log(step, values)
+            run.progress.set_postfix(**progress_values(values))
+            run.window.reset()
+        run.progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
         if step % cfg.ckpt_every == 0 or step == cfg.max_steps:  # before the grid: a failed grid loses no steps
-            checkpoint(accelerator, cfg, ckpt_dir, step, batches, world, model, ema, optimizer, norm, projector,
-                       ema_updates)
+            run.save(step)
         if cfg.sample_every > 0 and step % cfg.sample_every == 0 and accelerator.is_main_process:
-            write_sample_grid(ema, objective, grid_noise, grid_labels, run_dir / "samples" / f"{step:07d}.png",
-                              cfg, vae, norm, nrow=min(dataset.num_classes, 8))
-    progress.close()
-    logger.close()
-    accelerator.end_training()
-    return run_dir
+            run.sample_grid(step)
+        return result

@@ -1,15 +1,16 @@
-"""One optimizer step of ``train.py``: the data position, the batch into model space, the
-loss over ``grad_accum`` micro-batches, the optimizer update, and the EMA.
+"""The pieces of one optimizer step of ``train.py``, which reads top to bottom in
+``loop.TrainStep``: the data position (``EpochBatches``), a data batch into model space,
+the loss of a micro-batch (``MicroBatchLoss``), the learning rate, clipping, the shared
+decision to skip a non-finite step, and the EMA.
 
 Every random draw of a step (timesteps, noise, label dropout, flips, VAE samples) comes
-from the global RNG, which the loop (``training.py``) re-seeds from ``step_seed(seed,
-rank, step)`` before calling ``TrainStep``; the data order is a fixed permutation per epoch
-(``EpochBatches``), so a resumed run continues bit for bit.
+from the global RNG, which the loop re-seeds from ``step_seed(seed, rank, step)`` at the
+start of each step; the data order is a fixed permutation per epoch (``EpochBatches``), so
+a resumed run continues bit for bit.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 
@@ -103,28 +104,19 @@ def clip_gradients(accelerator, parameters, max_norm: float) -> torch.Tensor:
     return accelerator.clip_grad_norm_(parameters, max_norm if max_norm > 0 else float("inf"))
 
 
-class TrainStep:
-    """Forward and backward of ``grad_accum`` micro-batches, the gradient norm (and
-    clipping), and the optimizer update at the step's learning rate (the EMA follows in
-    the loop). A step whose loss is not finite on any process (or, without an fp16 loss
-    scaler, whose gradient norm is not) is skipped: no optimizer update, the gradients
-    dropped. ``to_model`` brings a data batch to model space (``to_model_space`` with the
-    run's data, VAE and scale; with ``alignment``, a ``repa.Alignment``, it also returns
-    the clean images)."""
+class MicroBatchLoss:
+    """The loss of one micro-batch, and its terms for the log (detached): L_simple; then,
+    with a teacher (``convert.Distiller``), the distillation terms [prediction, variance];
+    then, with ``--repa-encoder`` (``repa.Alignment``), the alignment terms [−cos, cos].
+    ``train_model`` is what the step calls (the DDP-prepared, compiled, REPA-wrapped model)."""
 
-    def __init__(self, cfg, accelerator, model, train_model, optimizer, objective, distiller, batches: EpochBatches,
-                 to_model, alignment=None):
-        self.cfg, self.accelerator = cfg, accelerator
-        self.model, self.train_model, self.optimizer = model, train_model, optimizer
-        self.objective, self.distiller, self.batches = objective, distiller, batches
-        self.to_model, self.alignment = to_model, alignment
+    def __init__(self, objective, train_model, diffusion: bool, distiller=None, alignment=None):
+        self.objective, self.train_model, self.diffusion = objective, train_model, diffusion
+        self.distiller, self.alignment = distiller, alignment
 
-    def loss(self, x, y, images=None):
-        """(loss, its terms [L_simple, distillation, variance distillation, −cos, cos]) of
-        one micro-batch (the distillation terms with a teacher, the alignment terms with
-        ``--repa-encoder``)."""
+    def __call__(self, x, y, images=None) -> tuple[torch.Tensor, torch.Tensor]:
         fn = self.distiller.watch(self.train_model) if self.distiller else self.train_model
-        if self.model.config.objective == "diffusion":
+        if self.diffusion:
             t = self.objective.sample_timesteps(x.shape[0], x.device)
             loss = self.objective.training_losses(fn, x, t, y)["loss"].mean()
         else:
@@ -138,38 +130,16 @@ class TrainStep:
             loss, terms = loss + extra, terms + [align_terms]
         return loss, torch.cat(terms)
 
-    def __call__(self, step: int) -> StepResult:
-        """The update from step ``step`` to ``step + 1``."""
-        cfg, accelerator = self.cfg, self.accelerator
-        local = torch.zeros((), device=accelerator.device)
-        parts = []
-        for micro in range(cfg.grad_accum):
-            x, y = self.batches.next()
-            x, images = self.to_model(x) if self.alignment is not None else (self.to_model(x), None)
-            # Gradients are all-reduced only on the last micro-batch.
-            sync = micro == cfg.grad_accum - 1
-            with accelerator.no_sync(self.train_model) if not sync else contextlib.nullcontext():
-                with accelerator.autocast():
-                    loss, terms = self.loss(x, y, images)
-                accelerator.backward(loss / cfg.grad_accum)
-            local += loss.detach().float() / cfg.grad_accum
-            parts.append(terms.float() / cfg.grad_accum)
-        grad_norm = clip_gradients(accelerator, self.train_model.parameters(), cfg.max_grad_norm)
-        scaler = getattr(accelerator, "scaler", None)
-        bad = ~torch.isfinite(local)
-        if scaler is None:  # an fp16 loss scaler skips non-finite gradients itself (and lowers its scale)
-            bad = bad | ~torch.isfinite(grad_norm.detach().float())
-        skipped = bool(accelerator.gather(bad.reshape(1).int()).any())  # one decision for every process
-        lr = lr_at(step, cfg.lr, cfg.warmup_steps)
-        if skipped:
-            if scaler is not None:
-                scaler.update()
-        else:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(local, parts, grad_norm.detach().float(), lr, skipped)
+
+def skip_step(accelerator, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+    """Whether this step is skipped (no optimizer update, no EMA update): its loss is not
+    finite on some process or, without an fp16 loss scaler (which skips non-finite
+    gradients itself and lowers its scale), its gradient norm is not. One decision for
+    every process: each process's verdict is gathered, since the loss is per process."""
+    bad = ~torch.isfinite(loss)
+    if getattr(accelerator, "scaler", None) is None:
+        bad = bad | ~torch.isfinite(grad_norm.detach().float())
+    return bool(accelerator.gather(bad.reshape(1).int()).any())
 
 
 @dataclasses.dataclass

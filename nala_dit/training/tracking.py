@@ -128,19 +128,21 @@ def truncate_log(path: Path, step: int) -> None:
 class LossWindow:
     """The steps since the last log step: loss, terms and gradient norm of the updates
     (on the device: no host sync for them), the learning rate of the last one, and the
-    count of skipped (non-finite) steps."""
+    count of skipped (non-finite) steps. ``stat_layers``: the NaLa layers whose exponent
+    statistics are logged; ``distilled`` / ``aligned``: the terms a teacher / REPA add."""
 
-    def __init__(self, accelerator, num_terms: int):
+    def __init__(self, accelerator, global_batch_size: int, stat_layers, distilled: bool, aligned: bool = False):
         device = accelerator.device
-        self.accelerator = accelerator
+        self.accelerator, self.global_batch_size, self.stat_layers = accelerator, global_batch_size, stat_layers
+        self.distilled, self.aligned = distilled, aligned
         self.loss = torch.zeros((), device=device)
-        self.terms = torch.zeros(num_terms, device=device)
+        self.terms = torch.zeros(1 + (2 if distilled else 0) + (2 if aligned else 0), device=device)
         self.grad_norm = torch.zeros((), device=device)
         self.lr = None
         self.steps, self.skipped, self.start = 0, 0, time.perf_counter()
 
     def add(self, result) -> None:
-        """One ``train_step.StepResult``."""
+        """One ``step.StepResult``."""
         self.lr = result.lr
         if result.skipped:
             self.skipped += 1
@@ -151,7 +153,7 @@ class LossWindow:
         self.grad_norm += result.grad_norm
         self.steps += 1
 
-    def values(self, global_batch_size: int, stat_layers, distilled: bool, aligned: bool = False) -> dict:
+    def values(self) -> dict:
         """The log record of the window (gathered over ranks) and the NaLa exponent
         statistics of ``stat_layers``' last forward; with ``aligned`` (REPA) the diffusion
         loss alone, the alignment loss −cos (unweighted, REPA's ``proj_loss``) and cos."""
@@ -160,17 +162,17 @@ class LossWindow:
         done = self.steps + self.skipped
         values = dict(loss=per_rank.mean().item() if self.steps else None,
                       loss_per_rank=per_rank.tolist() if self.steps else None,
-                      steps_per_sec=done / elapsed, images_per_sec=done * global_batch_size / elapsed,
+                      steps_per_sec=done / elapsed, images_per_sec=done * self.global_batch_size / elapsed,
                       lr=self.lr, grad_norm=(self.grad_norm / self.steps).item() if self.steps else None)
         if self.skipped:
             values["skipped_steps"] = self.skipped
-        values.update(exponent_log(stat_layers))
-        if (distilled or aligned) and self.steps:
+        values.update(exponent_log(self.stat_layers))
+        if (self.distilled or self.aligned) and self.steps:
             terms = self.accelerator.gather((self.terms / self.steps).unsqueeze(0)).mean(0).tolist()
             values.update(loss_simple=terms[0])
-            if distilled:
+            if self.distilled:
                 values.update(loss_distill=terms[1], loss_distill_sigma=terms[2])
-            if aligned:
+            if self.aligned:
                 values.update(loss_align=terms[-2], align_cos=terms[-1])
         return values
 
@@ -182,7 +184,7 @@ class LossWindow:
 
 
 class NanStreak:
-    """Skipped steps in a row (``TrainStep`` skips a non-finite loss). The run stops, on
+    """Skipped steps in a row (``step.skip_step`` skips a non-finite loss). The run stops, on
     every process at the same step, once ``max_steps`` are skipped in a row, or at once
     when no update has run since the run started (then the weights it started from, or
     the data, are to blame: skipping cannot help)."""

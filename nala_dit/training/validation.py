@@ -10,7 +10,9 @@ put back afterwards), so a run with validation trains bit for bit as one without
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -50,6 +52,33 @@ def write_sample_grid(model, objective, noise, labels, path: Path, cfg: TrainCon
                    cfg_scale=cfg.sample_cfg_scale, generator=gen)
     save_grid(data_lib.to_uint8(decode(out.samples, vae, scaling)), path, nrow=nrow)
     model.train(was_training)
+
+
+class SampleGrid:
+    """The EMA's sample grid of a step (``--sample-every``), ``<folder>/<step>.png``: 16
+    fixed noises (seeded by ``--seed``) and labels 0, 1, ..., so a run's grids compare."""
+
+    def __init__(self, ema, objective, cfg: TrainConfig, vae, norm, channels: int, side: int, num_classes: int,
+                 folder: Path, device):
+        self.ema, self.objective, self.cfg, self.vae, self.norm, self.folder = ema, objective, cfg, vae, norm, folder
+        self.noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
+        self.labels = (torch.arange(16) % num_classes).to(device)
+        self.nrow = min(num_classes, 8)
+
+    def __call__(self, step: int) -> None:
+        write_sample_grid(self.ema, self.objective, self.noise, self.labels, self.folder / f"{step:07d}.png",
+                          self.cfg, self.vae, self.norm, nrow=self.nrow)
+
+
+@dataclasses.dataclass
+class Periodic:
+    """An evaluation logged every ``every`` steps (a log step then): ``evaluate()`` → its
+    log values, on every process."""
+    every: int
+    evaluate: Callable[[], dict]
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
 
 
 def band_losses(noise_fraction: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:

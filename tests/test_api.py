@@ -1,0 +1,61 @@
+"""The public API: what ``nala_dit`` and each sub-package export is pinned here, and every
+name resolves to the object defined where the package says. Modules behind these names may
+move; these names may not (change this list only on purpose)."""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+API = {
+    "nala_dit": [
+        "DiT", "DiTPipelineTransformer", "GatedLinearAttention", "GaussianDiffusion", "MODELS",
+        "NaLaDiTPipeline", "NaLaSiTPipeline", "SampleSettings", "SoftmaxAttention", "Transport",
+        "cfg_model_fn", "count_flops", "count_params", "create_model", "ddim_sample", "ddpm_sample",
+        "evaluate_samples", "frechet_distance", "generate", "inception_score", "load_source",
+        "nala_attention", "nala_attention_reference", "nala_features", "ode_sample", "precision_recall",
+        "sample_batch", "sde_sample",
+    ],
+    "nala_dit.models": ["DiT", "DiTBlock", "MODELS", "TokenGrid", "count_flops", "count_params", "create_model"],
+    "nala_dit.diffusion": ["GaussianDiffusion", "SampleSettings", "Transport", "cfg_model_fn", "ddim_sample",
+                           "ddpm_sample", "decode", "likelihood", "ode_sample", "sample_batch", "sde_sample"],
+    "nala_dit.data": ["DigitsDataset", "ImageFolderDataset", "LatentDataset", "LatentNorm", "extract_latents",
+                      "load_vae"],
+    "nala_dit.training": ["TrainStep", "load_model", "open_checkpoint", "save_checkpoint", "train", "update_ema"],
+    "nala_dit.evaluation": ["build_extractor", "evaluate_samples", "frechet_distance", "inception_score", "kid",
+                            "make_reference", "precision_recall"],
+    "nala_dit.pipelines": ["DiTPipelineTransformer", "NaLaDiTPipeline", "NaLaSiTPipeline", "load_pipeline",
+                           "load_source", "mass_sample"],
+}
+
+
+@pytest.mark.parametrize("package", sorted(API))
+def test_public_names_are_pinned_and_resolve(package):
+    module = importlib.import_module(package)
+    assert sorted(module.__all__) == sorted(API[package])
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if callable(obj):   # classes and functions (MODELS is a dict of constructors)
+            assert obj.__name__ == name, f"{package}.{name} is {obj!r}"
+            assert obj.__module__.startswith("nala_dit."), f"{package}.{name} comes from {obj.__module__}"
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        module.not_a_name
+
+
+def test_top_level_names_are_the_sub_packages_objects():
+    import nala_dit
+    from nala_dit import diffusion, models, pipelines
+
+    assert nala_dit.create_model is models.create_model
+    assert nala_dit.GaussianDiffusion is diffusion.GaussianDiffusion
+    assert nala_dit.NaLaDiTPipeline is pipelines.NaLaDiTPipeline
+    from nala_dit.diffusion.generate import generate
+
+    assert nala_dit.generate is generate
+
+
+def test_importing_the_package_loads_no_torch():
+    code = "import sys, nala_dit, nala_dit.cli.options; print(sorted(m for m in ('torch', 'diffusers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
