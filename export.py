@@ -15,6 +15,12 @@ Then:
 
 Without --copy-vae the pipeline stores only the VAE's path or hub id (``vae_path``) and
 loads it on first use; with it the VAE is saved inside the folder.
+
+Every folder carries a model card, ``README.md`` (metadata for the Hub; the preset, parameter
+count, attention, the training recipe and what the run measured, its last sample grid as
+``sample_grid.png``, and the lines that sample it; nala_dit/pipelines/card.py). The last line
+printed is huggingface_hub's own command that publishes the folder (after ``hf auth login``):
+    hf upload USER/REPO exported/nala-dit-s2
 """
 
 import argparse
@@ -80,24 +86,47 @@ def run(args) -> int:
         from nala_dit.data.datasets import load_vae
         from nala_dit.pipelines.export import write_folder
         from nala_dit.pipelines.pipeline import pipeline_for
-        from nala_dit.pipelines.sources import load_official_state_dict, model_from_official
+        from nala_dit.pipelines.sources import OFFICIAL_VAE, load_official_state_dict, model_from_official
 
         if args.copy_vae and not args.vae:
             raise ValueError("--copy-vae needs --vae PATH (the VAE folder to copy)")
         model = model_from_official(load_official_state_dict(args.pt), args.model, args.image_size, args.num_classes)
         if args.model_only:
-            write_folder(model, args.out_dir)
-            print(f"wrote model folder {args.out_dir} (nala_dit.DiT.from_pretrained)")
+            from nala_dit.pipelines.card import model_card
+
+            source = dict(model=args.model, checkpoint=str(args.pt), weights="official")
+            vae = args.vae or OFFICIAL_VAE   # what its card's lines load it with
+            write_folder(model, args.out_dir, card=model_card(model, args.out_dir, source, vae))
+            print(f"wrote model folder {args.out_dir} (nala_dit.DiT.from_pretrained), model card README.md")
+            print(publish_line(args.out_dir))
             return 0
         vae, scaling = (load_vae(args.vae) if args.vae else (None, None))
-        vae_path = args.vae or "stabilityai/sd-vae-ft-ema"  # what DiT and SiT were trained with
+        vae_path = args.vae or OFFICIAL_VAE  # what DiT and SiT were trained with
         pipe = pipeline_for(model, vae=vae if args.copy_vae else None, id2label=id2label, scaling_factor=scaling,
                             vae_path=None if args.copy_vae else vae_path,
                             source=dict(model=args.model, checkpoint=str(args.pt), weights="official"))
     write_folder(pipe, args.out_dir)
     norm = f", latents normalised {pipe.latent_norm.describe()}" if pipe.config.latent_norm else ""
-    print(f"wrote {type(pipe).__name__} folder {args.out_dir}{norm}")
+    print(f"wrote {type(pipe).__name__} folder {args.out_dir}{norm}, model card README.md")
+    print(publish_line(args.out_dir))
     return 0
+
+
+def publish_line(out_dir: str) -> str:
+    """huggingface_hub's command that publishes ``out_dir`` (the ``hf`` beside this python
+    when there is one, as ``make`` installs it), and how the folder loads back."""
+    import shlex
+    from pathlib import Path
+
+    hf = Path(sys.executable).parent / "hf"
+    shown = "hf"
+    if hf.is_file():
+        try:
+            shown = str(hf.relative_to(Path.cwd()))
+        except ValueError:
+            shown = str(hf)
+    return (f"publish: {shown} upload USER/REPO {shlex.quote(str(out_dir))}    # after `hf auth login`; it loads "
+            f"back with DiffusionPipeline.from_pretrained(\"USER/REPO\") after `import nala_dit`")
 
 
 if __name__ == "__main__":

@@ -120,30 +120,13 @@ def main(argv=None) -> int:
 def run(args) -> int:
     import torch
 
-    from nala_dit.diffusion.generate import SampleSettings
-    from nala_dit.guards import check_writable
-    from nala_dit.pipelines.sample_files import balance_notice, balanced_labels, mass_sample, sample_images, save_grid, save_pngs
-    from nala_dit.pipelines.sources import load_source, resolve_labels
+    from nala_dit.pipelines.sample_files import balance_notice, mass_sample
+    from nala_dit.pipelines.sources import load_source
     from nala_dit.models.vae import check_tiling, decode_settings
 
     set_threads(args.threads)
-    # outputs that cannot be written fail now, not after all the sampling
-    for flag, path, kind in (("--grid", args.grid, dict(image=True)), ("--out-dir", args.out_dir, dict(folder=True)),
-                             ("--out", args.out, {})):
-        if path:
-            check_writable(path, flag, **kind)
-    if args.num_samples is not None and args.num_samples < 1:
-        raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
-    settings = SampleSettings(args.sampler, args.steps, args.cfg_scale, args.guidance_interval,
-                              args.guide_channels, args.precision, args.atol, args.rtol, args.max_nfe)
-    check_size_args(args)
-    check_context_parallel(args.context_parallel)
-    if args.context_parallel > 1 and not args.out:
-        raise ValueError(f"--context-parallel {args.context_parallel} applies to mass sampling (--out "
-                         f"samples.npz --num-samples N) under accelerate launch; drop it for --grid / --out-dir")
+    settings = checked_settings(args)
     if args.out:
-        if args.num_samples is None or args.labels:
-            raise ValueError("--out (mass sampling) takes --num-samples N and no --labels (labels are balanced)")
         from accelerate import PartialState
         from accelerate.utils import parse_flag_from_env
 
@@ -171,12 +154,51 @@ def run(args) -> int:
                         args.shard_size, args.stop_after, args.keep_parts, state=state, context=context)
         return 0
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    write_samples(args, load_source(args.ckpt, args.weights, args.vae, device), settings)
+    return 0
+
+
+def checked_settings(args):
+    """The sampler settings of the flags, after every check that needs no model (outputs
+    writable, counts, sizes, what to write): one-line errors before loading it. ``app.py``
+    runs its requests through this too, so the page refuses what the command refuses."""
+    from nala_dit.diffusion.generate import SampleSettings
+    from nala_dit.guards import check_writable
+
+    # outputs that cannot be written fail now, not after all the sampling
+    for flag, path, kind in (("--grid", args.grid, dict(image=True)), ("--out-dir", args.out_dir, dict(folder=True)),
+                             ("--out", args.out, {})):
+        if path:
+            check_writable(path, flag, **kind)
+    if args.num_samples is not None and args.num_samples < 1:
+        raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+    settings = SampleSettings(args.sampler, args.steps, args.cfg_scale, args.guidance_interval,
+                              args.guide_channels, args.precision, args.atol, args.rtol, args.max_nfe)
+    check_size_args(args)
+    check_context_parallel(args.context_parallel)
+    if args.context_parallel > 1 and not args.out:
+        raise ValueError(f"--context-parallel {args.context_parallel} applies to mass sampling (--out "
+                         f"samples.npz --num-samples N) under accelerate launch; drop it for --grid / --out-dir")
+    if args.out:
+        if args.num_samples is None or args.labels:
+            raise ValueError("--out (mass sampling) takes --num-samples N and no --labels (labels are balanced)")
+        return settings
     if not (args.grid or args.out_dir):
         raise ValueError("nothing to write: pass --grid PATH and/or --out-dir DIR (or --out for an .npz)")
     if (args.labels is None) == (args.num_samples is None):
         raise ValueError("pass exactly one of --labels and --num-samples")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    source = load_source(args.ckpt, args.weights, args.vae, device)
+    return settings
+
+
+def write_samples(args, source, settings) -> tuple[list[int], list]:
+    """``--grid`` / ``--out-dir`` from a loaded ``source``: the size flags, the labels (ids or
+    class names of ``source.id2label``, or balanced), the images and the files; returns the
+    labels and the PNG paths. ``app.py`` calls exactly this, so its images are this command's."""
+    from nala_dit.pipelines.sample_files import balance_notice, balanced_labels, sample_images, save_grid, save_pngs
+    from nala_dit.pipelines.sources import resolve_labels
+    from nala_dit.models.vae import check_tiling, decode_settings
+
     settings = sized_settings(settings, source, args)
     settings.resolved(source.objective)
     check_tiling(args.vae_tiling, args.vae_tile_size, source.vae)
@@ -193,13 +215,14 @@ def run(args) -> int:
         nrow = math.ceil(math.sqrt(len(labels)))
     with decode_settings(args.vae_tiling, args.vae_tile_size):
         images, nfe = sample_images(source, labels, args.seed, settings, args.batch_size, progress=True)
+    pngs = []
     if args.grid:
         save_grid(images, args.grid, nrow)
         print(f"wrote {args.grid} ({len(labels)} images, {nfe} NFE each)")
     if args.out_dir:
-        save_pngs(images, labels, args.out_dir)
+        pngs = save_pngs(images, labels, args.out_dir)
         print(f"wrote {len(labels)} PNGs to {args.out_dir}")
-    return 0
+    return labels, pngs
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 train, sample, evaluate, report, and the printed next steps run as printed (marked slow)."""
 
 import importlib
+import importlib.util
 import json
 import math
 import shlex
@@ -147,12 +148,14 @@ def test_next_steps_run_in_the_demos_python_with_its_threads(demo, tmp_path, mon
     monkeypatch.setattr(sys, "executable", str(tmp_path / ".venv" / "bin" / "python"))
     plain = demo.next_steps(tmp_path / "runs" / "demo").splitlines()
     commands = [line.strip() for line in plain if line.startswith("  ")]
-    assert len(commands) == 5 and all(c.startswith(".venv/bin/python ") for c in commands)
+    assert len(commands) == 6 and all(c.startswith(".venv/bin/python ") for c in commands)
     assert "--threads" not in "\n".join(plain)
     assert "--ckpt runs/demo/NaLaDiT-16 " in commands[2] and "naladit16_grid.png" in commands[2]
     threaded = [line.split("#")[0].split() for line in demo.next_steps(tmp_path / "runs" / "demo", ["--threads", 2]).splitlines()
                 if line.startswith("  ")]
-    assert [c[-2:] == ["--threads", "2"] for c in threaded] == [True, True, True, False, True]  # not export.py's
+    assert [c[-2:] == ["--threads", "2"] for c in threaded] == [True, True, True, False, True, True]  # not export.py's
+    assert commands[5].endswith("app.py --ckpt runs/demo/NaLaDiT    # a web page that samples it by class name, on "
+                                "http://127.0.0.1:7860 (docs/app.md)")
     monkeypatch.setattr(sys, "executable", "")
     assert demo.next_steps(tmp_path / "x").splitlines()[2].startswith("  python ")
 
@@ -197,16 +200,23 @@ def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo
     # demo's interpreter and carry its --threads. The first through a shell, the rest
     # through each CLI's main (the same argv, without four more interpreter starts).
     lines = [line for line in printed.splitlines() if line.startswith(f"  {sys.executable} ")]
-    assert len(lines) == 5
+    assert len(lines) == 6
     commands = [shlex.split(line.split("#")[0]) for line in lines]
-    assert [Path(c[1]).name for c in commands] == ["sample.py", "sample.py", "sample.py", "export.py", "sample.py"]
-    assert all(c[-2:] == ["--threads", "1"] for c in commands if Path(c[1]).name == "sample.py")
+    assert [Path(c[1]).name for c in commands] == ["sample.py", "sample.py", "sample.py", "export.py", "sample.py",
+                                                   "app.py"]
+    assert all(c[-2:] == ["--threads", "1"] for c in commands if Path(c[1]).name in ("sample.py", "app.py"))
     assert "--ckpt demo/NaLaDiT " in printed and "--ckpt demo/NaLaSiT " in printed and "--ckpt demo/NaLaDiT-16 " in printed
     assert "--copy-vae" not in printed  # pixel-space models have no VAE to copy
     proc = subprocess.run(lines[0], shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    for _, script, *argv in commands[1:]:
+    for _, script, *argv in commands[1:-1]:
         assert importlib.import_module(Path(script).stem).main(argv) == 0
+    # the web page's line: its model loads and the page builds (serving it is tests/test_app.py's)
+    if importlib.util.find_spec("gradio") is not None:
+        import app
+
+        args = app.build_parser().parse_args(commands[-1][2:])
+        assert app.Demo(args, app.load(args)).page() is not None
     assert {p.name for p in tmp_path.glob("*_grid.png")} == {"naladit_grid.png", "nalasit_grid.png",
                                                             "naladit16_grid.png", "exported_grid.png"}
     assert (tmp_path / "exported" / "demo-naladit" / "model_index.json").is_file()
@@ -234,7 +244,7 @@ def test_readme_next_lines_are_what_the_full_demo_prints(demo, monkeypatch):
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"\*\*Next: use the demo's models\*\*.*?```bash\n(.*?)```", readme, re.S).group(1)
     assert block.splitlines() == printed
-    assert len(printed) == 5 and "these five lines" in readme
+    assert len(printed) == 6 and "these six lines" in readme
 
 
 def test_report_shows_enlarged_samples_beside_the_scores_and_says_quick_models_are_at_chance(demo, tmp_path):

@@ -6,12 +6,18 @@ plain line instead, printed when the count passes each tenth of the total and ot
 at most once every ``interval`` seconds (default 60): a run of any length writes at most
 about 10 lines plus one a minute. A transient bar (``leave=False``: the per-batch sampler
 steps under a bar over images) prints nothing off a terminal.
+
+``watch_progress(callback)``: every bar made inside the block, in this thread, also reports
+``(desc, n, total)`` to ``callback`` at each update, disabled and transient bars too (the
+web demo's progress bar, ``app.py``, follows ``sample.py``'s bars this way).
 """
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import sys
+import threading
 import time
 
 # Seconds between plain lines that fall between two tenths of the total (or without a total).
@@ -28,10 +34,66 @@ def progress_bar(iterable=None, *, total=None, desc: str = "", unit: str = "it",
     if _is_terminal(file):
         from tqdm.auto import tqdm
 
-        return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, disable=disable, leave=leave,
-                    file=file, dynamic_ncols=True)
-    return PlainProgress(iterable, total=total, desc=desc, unit=unit, initial=initial,
-                         disable=disable or not leave, file=file, interval=interval)
+        bar = tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, disable=disable, leave=leave,
+                   file=file, dynamic_ncols=True)
+    else:
+        bar = PlainProgress(iterable, total=total, desc=desc, unit=unit, initial=initial,
+                            disable=disable or not leave, file=file, interval=interval)
+    watchers = getattr(_watching, "callbacks", None)
+    return _Watched(bar, tuple(watchers), desc, initial, total) if watchers else bar
+
+
+_watching = threading.local()
+
+
+@contextlib.contextmanager
+def watch_progress(callback):
+    """Inside the block, every bar of this thread also calls ``callback(desc, n, total)``:
+    once when it starts and at each update (see the module doc)."""
+    callbacks = getattr(_watching, "callbacks", None)
+    if callbacks is None:
+        callbacks = _watching.callbacks = []
+    callbacks.append(callback)
+    try:
+        yield
+    finally:
+        callbacks.remove(callback)
+
+
+class _Watched:
+    """A bar that also reports its count to the ``watch_progress`` callbacks."""
+
+    def __init__(self, bar, callbacks, desc, initial, total):
+        self.bar, self.callbacks = bar, callbacks
+        self.desc, self.n, self.total = desc, initial, total
+        self._report()
+
+    def _report(self) -> None:
+        for callback in self.callbacks:
+            callback(self.desc, self.n, self.total)
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+        self.n += n
+        self._report()
+
+    def set_postfix(self, **values) -> None:
+        self.bar.set_postfix(**values)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __iter__(self):
+        for item in self.bar:   # the bar counts its own items; this counts them for the callbacks
+            yield item
+            self.n += 1
+            self._report()
+
+    def __enter__(self) -> "_Watched":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
 
 
 def _is_terminal(file) -> bool:

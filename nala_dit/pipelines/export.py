@@ -3,7 +3,8 @@
 ``check_out_dir`` refuses an existing export and a folder holding other files before any
 work; ``write_folder`` saves into a temporary sibling (``.tmp-<pid>-<name>``) and renames
 it into place when complete, so an interrupted or failed export (disk full) leaves
-nothing half-written at the destination, and removes its temporary copy.
+nothing half-written at the destination, and removes its temporary copy. Every folder
+gets its model card (``card.py``) before the rename.
 """
 
 from __future__ import annotations
@@ -46,17 +47,28 @@ def _alive(name: str) -> bool:
     return True
 
 
-def write_folder(obj, out_dir: str | os.PathLike) -> Path:
+def write_folder(obj, out_dir: str | os.PathLike, card=None) -> Path:
     """``obj.save_pretrained`` into a temporary sibling of ``out_dir``, then renamed into
     place; any failure (disk full surfaces as OSError or safetensors' SafetensorError)
-    removes the temporary copy and is one line."""
+    removes the temporary copy and is one line. The folder carries a model card
+    (``README.md``): our pipelines write their own (naming ``out_dir`` in its commands);
+    for anything else ``card`` is a ``huggingface_hub.ModelCard`` to write."""
+    import inspect
+
+    from .card import save_card
+
     out = Path(out_dir)
     check_out_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f"{TMP_PREFIX}{os.getpid()}-{out.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        obj.save_pretrained(str(tmp))
+        if "card_folder" in inspect.signature(obj.save_pretrained).parameters:
+            obj.save_pretrained(str(tmp), card_folder=str(out))
+        else:
+            obj.save_pretrained(str(tmp))
+            if card is not None:
+                save_card(tmp, card)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(err, Exception) and not isinstance(err, (ValueError, TypeError)):

@@ -7,7 +7,8 @@ and the samplers: ``pipeline.py`` and ``sampling.py`` import this module, never 
   pipeline folder is read from its files (``model_index.json``, ``transformer/``,
   ``vae/``), exactly what its pipeline class holds, without building the pipeline.
 * labels: class ids from ids or names, the class names of a training set, label files.
-* the published DiT / SiT ``.pt`` weights → our softmax ``DiT``.
+* the published DiT / SiT ``.pt`` weights → our softmax ``DiT`` (``load_official_source``:
+  as a ``Source``, for ``app.py``).
 """
 
 from __future__ import annotations
@@ -230,6 +231,26 @@ def load_official_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]
         raise CheckpointError(f"{path}: {problem}: the file is damaged or the run that wrote it diverged; "
                               f"download it again or use another checkpoint")
     return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+# The VAE the published DiT and SiT models were trained with (export.py official's default).
+OFFICIAL_VAE = "stabilityai/sd-vae-ft-ema"
+
+
+def load_official_source(path: str | os.PathLike, model_name: str, image_size: int = 256, num_classes: int = 1000,
+                         vae: str | None = None, device="cpu") -> Source:
+    """A published DiT / SiT ``.pt`` as a ``Source``: the model ``export.py official``
+    exports (same weights, objective settings and VAE scaling), so sampling it gives the
+    images ``sample.py`` makes from that export. ``vae``: a folder or hub id (default
+    ``OFFICIAL_VAE``, which must be in the local cache or a folder offline)."""
+    from ..data.datasets import load_vae
+
+    model = model_from_official(load_official_state_dict(path), model_name, image_size, num_classes).to(device)
+    vae_path = vae or OFFICIAL_VAE
+    vae_model, scaling = load_vae(vae_path, device)
+    info = dict(model=model_name, checkpoint=str(path), weights="official", vae=vae_path)
+    return Source(model, build_objective(dict(model.config), {}), vae_model, scaling,
+                  {i: str(i) for i in range(num_classes)}, info)
 
 
 def model_from_official(state: dict[str, torch.Tensor], model_name: str, image_size: int = 256,

@@ -1,0 +1,186 @@
+"""Model cards: every export route writes README.md through huggingface_hub's ModelCard. The
+card of a real short run is checked field by field against the run's own files (config.yaml,
+log.jsonl, an evaluate_fid.py JSON, the sample grid), its sample.py line and Python lines run
+as printed, and what a run did not measure is absent from its card."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from huggingface_hub import ModelCard
+from PIL import Image
+
+import export
+import sample
+import train
+
+TAGS_NALA = ["class-conditional", "dit", "linear-attention", "nala", "nala_dit"]
+
+
+def train_run(root: Path, name: str, *flags) -> Path:
+    assert train.main(["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "16", "--num-workers", "0",
+                       "--results-dir", str(root), "--exp-name", name, "--report-to", "none", "--lr", "1e-3",
+                       "--ema-decay", "0.9", *map(str, flags)]) == 0
+    return root / name
+
+
+@pytest.fixture(scope="module")
+def measured_run(tmp_path_factory, digits_classifier_dir):
+    """Four real training steps that measure everything a card can show: held-out losses,
+    FID-type scores, an EMA sample grid, and an evaluate_fid.py JSON saved in the run folder."""
+    import evaluate_fid
+    from nala_dit.evaluation import metrics
+
+    root = tmp_path_factory.mktemp("card-runs")
+    ref = root / "digits_ref.npz"
+    metrics.make_reference(ref, dataset="digits-heldout", features="digits", digits_classifier_dir=digits_classifier_dir)
+    run = train_run(root, "measured", "--max-steps", 4, "--ckpt-every", 4, "--log-every", 2, "--val-every", 2,
+                    "--val-samples", 16, "--fid-every", 4, "--fid-ref", ref, "--fid-samples", 20,
+                    "--sample-every", 4, "--sample-steps", 4, "--digits-classifier", digits_classifier_dir)
+    assert evaluate_fid.main(["gen", "--ckpt", str(run), "--ref", str(ref), "--num-samples", "20", "--sampler", "ddim",
+                              "--steps", "4", "--device", "cpu", "--digits-classifier", str(digits_classifier_dir),
+                              "--json", str(run / "metrics.json")]) == 0
+    return run
+
+
+def code_blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
+
+
+def test_the_card_of_a_real_run_says_what_the_run_recorded(measured_run, tmp_path, monkeypatch, capsys):
+    from nala_dit.training.checkpoint import load_model
+
+    monkeypatch.chdir(tmp_path)   # the card's commands name the folder as it was given
+    assert export.main(["checkpoint", str(measured_run), "exported/measured"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1].startswith("publish: ") and " upload USER/REPO exported/measured " in printed[-1]
+    out = tmp_path / "exported" / "measured"
+    card = ModelCard.load(out / "README.md")
+    assert card.data.to_dict() == {"library_name": "diffusers", "pipeline_tag": "text-to-image", "tags": TAGS_NALA,
+                                   "datasets": ["digits"]}   # no license (the user's), no base_model (from scratch)
+    text = card.text
+
+    # the model: preset and parameter count of the exported weights
+    model, ckpt = load_model(measured_run)
+    assert ckpt.step == 4 and text.startswith("\n# NaLaDiT-T/2\n")
+    assert f"| parameters | {sum(p.numel() for p in model.parameters()):,} |" in text
+    assert "| attention | nala (direction cosine, λ = 3.0, τ = 0.5, s = 1.0, α = 20.0, LePE, output gate, output norm) |" \
+        in text
+    # the recipe, from config.yaml
+    cfg = yaml.safe_load((measured_run / "config.yaml").read_text())
+    assert f"| steps | 4 (of --max-steps {cfg['max-steps']}) |" in text
+    assert f"| global batch | {cfg['global-batch-size']} images per step (grad-accum {cfg['grad-accum']}) |" in text
+    assert f"AdamW, lr {cfg['lr']}, β2 {cfg['adam-beta2']}," in text and f"| EMA | decay {cfg['ema-decay']}, " in text
+    assert f"| t sampling | {cfg['t-sampling']} |" in text and "| data | digits, horizontal flips on" in text
+    # the measurements, from log.jsonl (the last at or before the exported step)
+    log = [json.loads(line) for line in (measured_run / "log.jsonl").read_text().splitlines()]
+    last = log[-1]
+    assert last["step"] == 4
+    assert f"- training loss {last['loss']:.4f} at step 4" in text
+    assert f"val/loss {last['val/loss']:.4f}, " in text and f"val/ema_loss {last['val/ema_loss']:.4f}" in text
+    assert f"(16 items of the embedded data's held-out split" in text
+    assert (f"- FID-type scores at step 4 (20 EMA samples, ddpm 4 steps, guidance 1.0, against `digits_ref.npz`, "
+            f"features as the reference records): fd_digits {last['fid/fd_digits']:.4g}, ") in text
+    assert f"class_consistency {last['fid/class_consistency']:.4g}" in text
+    evaluation = json.loads((measured_run / "metrics.json").read_text())
+    assert (f"- `metrics.json` (20 samples, from step 4, ddim 4 steps, guidance 1.0, against `digits_ref.npz`, "
+            f"digits-classifier features): fd_digits {evaluation['metrics']['fd_digits']:.4g}, ") in text
+    # the run's own grid, copied
+    assert (out / "sample_grid.png").read_bytes() == (measured_run / "samples" / "0000004.png").read_bytes()
+    assert "![EMA samples at step 4](sample_grid.png)" in text
+
+    # the sampling lines run as printed (sample.py through its main, the Python as code)
+    (line,) = code_blocks(text, "bash")
+    argv = shlex.split(line)
+    assert argv[:4] == ["python", "sample.py", "--ckpt", "exported/measured"]
+    assert sample.main(argv[2:]) == 0
+    assert np.asarray(Image.open(tmp_path / "grid.png")).shape == (4 * 10 + 2, 4 * 10 + 2)   # 4 classes × 4
+    (python,) = code_blocks(text, "python")
+    assert len(python.strip().splitlines()) == 3
+    scope = {}
+    exec(python, scope)
+    assert [im.size for im in scope["images"]] == [(8, 8)] * 4
+
+
+def test_a_figure_the_run_did_not_measure_is_absent(tmp_path, monkeypatch):
+    """No --val-every, --fid-every, grid or evaluation JSON: none of them in the card, and a
+    fine-tuned run names its (local) base in the body, not as base_model metadata."""
+    run = train_run(tmp_path, "plain", "--max-steps", 2, "--ckpt-every", 2, "--log-every", 1, "--sample-every", 0)
+    tuned = train_run(tmp_path, "tuned", "--max-steps", 2, "--ckpt-every", 2, "--log-every", 1, "--sample-every", 0,
+                      "--init-from", run)
+    for source, name in ((run, "plain"), (tuned, "tuned")):
+        assert export.main(["checkpoint", str(source), str(tmp_path / "out" / name)]) == 0
+        card = ModelCard.load(tmp_path / "out" / name / "README.md")
+        assert card.data.to_dict() == {"library_name": "diffusers", "pipeline_tag": "text-to-image",
+                                       "tags": TAGS_NALA, "datasets": ["digits"]}
+        for absent in ("held-out", "FID", "## Samples", "## Evaluations", "sample_grid.png"):
+            assert absent not in card.text, (name, absent)
+        assert "- training loss " in card.text and not (tmp_path / "out" / name / "sample_grid.png").exists()
+    assert (f"Started from `{run}` (`--init-from`, inherit all-but-attention): a local path; set `base_model:` to its "
+            f"Hub id if it has one.") in card.text
+
+
+def test_base_model_metadata_names_a_hub_id():
+    from nala_dit.models.dit import create_model
+    from nala_dit.pipelines.card import card_data
+
+    model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10)
+    record = dict(config={"init-from": "facebook/DiT-XL-2-256", "data": "/data/imagenet/train"})
+    data = card_data(model, record, {})
+    assert data.base_model == "facebook/DiT-XL-2-256" and data.datasets == ["imagenet/train"]
+
+
+def test_official_exports_carry_cards(tmp_path, capsys):
+    """export.py official: the pipeline folder and the transformer-only folder."""
+    import torch
+
+    from nala_dit.models.dit import create_model
+
+    torch.save(create_model("DiT-T/4", input_size=8, num_classes=1000).state_dict(), tmp_path / "DiT.pt")
+    common = ["--model", "DiT-T/4", "--image-size", "64"]
+    assert export.main(["official", str(tmp_path / "DiT.pt"), str(tmp_path / "pipe"), *common]) == 0
+    assert export.main(["official", str(tmp_path / "DiT.pt"), str(tmp_path / "model"), *common, "--model-only"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split("    #")[0].split()[-1] for line in out if line.startswith("publish: ")] == [
+        str(tmp_path / "pipe"), str(tmp_path / "model")]
+    for folder, kind in ((tmp_path / "pipe", "NaLaDiTPipeline"), (tmp_path / "model", "model")):
+        card = ModelCard.load(folder / "README.md")
+        assert card.data.to_dict() == {"library_name": "diffusers", "pipeline_tag": "text-to-image",
+                                       "tags": ["class-conditional", "dit", "nala_dit"]}   # softmax: not linear
+        assert "from the published weights `DiT.pt`" in card.text and "## Training" not in card.text
+        assert "| attention | softmax |" in card.text and "latents 8×8 of the VAE" in card.text
+    pipe_card = ModelCard.load(tmp_path / "pipe" / "README.md").text
+    assert f"python sample.py --ckpt {tmp_path / 'pipe'} --labels 0,1,2,3 --per-label 4 --sampler ddpm --steps 250 " \
+           f"--grid grid.png" in pipe_card
+    model_card = ModelCard.load(tmp_path / "model" / "README.md").text
+    assert f"pipe = pipeline_for(DiT.from_pretrained({str(tmp_path / 'model')!r}), " \
+           f"vae_path='stabilityai/sd-vae-ft-ema')" in model_card
+
+
+def test_saving_into_a_folder_with_a_readme_keeps_it(tmp_path):
+    from nala_dit.models.dit import create_model
+    from nala_dit.pipelines.pipeline import pipeline_for
+
+    pipe = pipeline_for(create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "README.md").write_text("my notes\n")
+    pipe.save_pretrained(tmp_path / "mine")
+    assert (tmp_path / "mine" / "README.md").read_text() == "my notes\n"
+    pipe.save_pretrained(tmp_path / "fresh")
+    card = ModelCard.load(tmp_path / "fresh" / "README.md")
+    assert "from a model built in Python" in card.text and "## Training" not in card.text
+
+
+def test_the_printed_publish_command_is_huggingface_hubs_cli():
+    hf = Path(sys.executable).parent / "hf"
+    assert hf.is_file(), f"{hf}: huggingface_hub's CLI (installed with it)"
+    help_text = subprocess.run([str(hf), "upload", "--help"], capture_output=True, text=True, timeout=120)
+    assert help_text.returncode == 0 and "REPO_ID [LOCAL_PATH]" in help_text.stdout
