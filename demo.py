@@ -10,8 +10,9 @@ plot. Then up the ladder: the NaLaDiT sampled directly at 16 px, and fine-tuned 
 upscaled 2x, 4x the tokens) into ``<out>/NaLaDiT-16``, both scored like the rest. Every
 number in the report is measured in this run. The trained runs (``<out>/NaLaDiT``,
 ``<out>/NaLaSiT``, ``<out>/DiT``, ``<out>/NaLaDiT-16``) are ordinary run folders: the last
-lines printed are ``sample.py`` / ``export.py`` commands for them, starting with the python
-that ran the demo (``.venv/bin/python`` under ``make demo``) and carrying its ``--threads``.
+lines printed are ``sample.py`` / ``export.py`` commands for them and the ``app.py`` line that
+opens the NaLaDiT in a web page, starting with the python that ran the demo
+(``.venv/bin/python`` under ``make demo``) and carrying its ``--threads``.
 
     python demo.py                # full demo into runs/demo (8-12 minutes on 2 busy CPU cores, plus the ladder)
     python demo.py --quick        # smoke run into runs/demo-quick (20-30 s quiet): same pipeline, tiny budget
@@ -305,7 +306,7 @@ def next_steps(out: Path, threads: list = ()) -> str:
     venv's ``.venv/bin/python`` under ``make demo``: no activation needed) and carry the
     demo's ``--threads``. Pixel-space models, so export.py takes no --vae / --copy-vae."""
     python = _shown(Path(sys.executable)) if sys.executable else "python"
-    sample, export = _shown(ROOT / "sample.py"), _shown(ROOT / "export.py")
+    sample, export, app = _shown(ROOT / "sample.py"), _shown(ROOT / "export.py"), _shown(ROOT / "app.py")
     t = "".join(f" {a}" for a in threads)
     runs = {name: _shown(out / name) for name, *_ in MODELS}
     source, side, *_ = LADDER
@@ -324,7 +325,9 @@ def next_steps(out: Path, threads: list = ()) -> str:
               f"  {python} {export} checkpoint {runs[name]} {exported}    # a diffusers pipeline folder (pixel "
               f"space: no VAE to copy)",
               f"  {python} {sample} --ckpt {exported} --labels 3,1,4 --per-label 4 --sampler {sampler} --steps {steps} "
-              f"--cfg-scale {CFG_SCALE:g} --grid exported_grid.png{t}"]
+              f"--cfg-scale {CFG_SCALE:g} --grid exported_grid.png{t}",
+              f"  {python} {app} --ckpt {runs[name]}{t}    # a web page that samples it by class name, on "
+              f"http://127.0.0.1:7860 (docs/app.md)"]
     return "\n".join(lines)
 
 
@@ -379,7 +382,7 @@ def render_report(report: dict) -> str:
                 )
         lines += ["", "One seed per model at one short budget: this measures early training speed, not the "
                   "end result, and cannot tell the NaLa kernel from its layer's extras. The seeded ablation "
-                  "(`benchmarks/ablation.py`, docs/ablation.md) separates them."]
+                  "(`experiments/ablation/run.py`; its findings in docs/results.md) separates them."]
     if ladder := report.get("ladder"):
         side, source = ladder["side"], ladder["source"]
         lines += ["", f"## Up the ladder: {source} at {side} px", "",

@@ -109,7 +109,7 @@ def nala_regions(regions):
         n = q.shape[-2]
         h = 2 ** (int(math.log2(n)) // 2)
         logits = initial_region_logits(regions, q.shape[1]).to(q.device)
-        return region_nala_attention(q, k, v, (h, n // h), regions, logits)
+        return region_nala_attention(q, k, v, (h, n // h), logits, regions=regions)
     return attend
 
 

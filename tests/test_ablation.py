@@ -36,7 +36,7 @@ def test_canvas_is_deterministic_and_holds_the_labelled_digit():
 
 
 def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifier_dir):
-    import benchmarks.ablation as ablation
+    from experiments.ablation import study as ablation
 
     # The isolated step times first (one thread, round robin), so the table ranks time to loss.
     assert ablation.main(["timing", "--quick", "--out", str(tmp_path), "--tasks", ",".join(ablation.QUICK_TASKS),
@@ -100,7 +100,7 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     stamps = [p.stat().st_mtime_ns for p in cells]
     assert ablation.main(["run", "--quick", "--out", str(tmp_path), "--classifier-dir", str(digits_classifier_dir)]) == 0
     assert [p.stat().st_mtime_ns for p in cells] == stamps
-    # The page's block (docs/ablation.md) is regenerated in place: text outside the markers is
+    # The page's block (experiments/ablation/README.md) is regenerated in place: text outside the markers is
     # kept, a second fill (by the old flag name --readme) gives the same file, and a file
     # without markers is refused with the fix.
     readme = tmp_path / "ablation.md"
@@ -122,7 +122,7 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
 def test_time_to_loss_ranks_variants_by_compute_time_to_the_common_target(tmp_path):
     """Known answer: softmax reaches 0.30 (the loss every variant reaches) at 200 steps x 2.0 s =
     400 s, NaLa at 400 steps x 0.5 s = 200 s: NaLa first, softmax 2.00x slower."""
-    import benchmarks.ablation as ablation
+    from experiments.ablation import study as ablation
 
     losses = {"softmax": {100: 0.40, 200: 0.30, 400: 0.25}, "nala": {100: 0.50, 200: 0.35, 400: 0.30}}
     for variant, by_budget in losses.items():
@@ -173,7 +173,7 @@ def test_time_to_loss_ranks_variants_by_compute_time_to_the_common_target(tmp_pa
 def test_quick_timing_builds_and_steps_every_remedy_variant(tmp_path):
     """The 4,096-token study's variants (``--variants remedies``): each one's flags build its
     model (the parameter count says which blocks changed) and take timed training steps."""
-    import benchmarks.ablation as ablation
+    from experiments.ablation import study as ablation
     from nala_dit.cli.config import resolve
     from nala_dit.models.dit import count_params
     from nala_dit.cli.options import TrainConfig
@@ -201,7 +201,8 @@ def test_quick_timing_builds_and_steps_every_remedy_variant(tmp_path):
 
 
 def test_summary_counts_the_raw_weight_loss_only_where_cells_have_it():
-    import benchmarks.ablation as ablation
+    from experiments.ablation import study as ablation
+    from experiments.ablation.study.summary import _raw_cell
 
     def cell(seed, raw):
         row = dict(budget=300, class_consistency=0.1, frechet_distance=5.0, train_loss=0.03, heldout_loss=0.04,
@@ -211,8 +212,8 @@ def test_summary_counts_the_raw_weight_loss_only_where_cells_have_it():
     rows = ablation.summarize([cell(0, 0.02), cell(1, None), cell(2, 0.04)])
     assert len(rows) == 1 and rows[0]["n"] == 3 and rows[0]["heldout_loss_raw_n"] == 2
     assert rows[0]["heldout_loss_raw"] == pytest.approx(0.03) and rows[0]["heldout_loss_raw_std"] == pytest.approx(2 ** 0.5 / 100)
-    assert ablation._raw_cell(rows[0]) == "0.0300 ± 0.0141 (n = 2)"
-    assert ablation._raw_cell(ablation.summarize([cell(0, None)])[0]) == "—"
+    assert _raw_cell(rows[0]) == "0.0300 ± 0.0141 (n = 2)"
+    assert _raw_cell(ablation.summarize([cell(0, None)])[0]) == "—"
 
 
 def test_heldout_loss_by_noise_band_is_the_hand_computed_mean():
@@ -222,8 +223,8 @@ def test_heldout_loss_by_noise_band_is_the_hand_computed_mean():
     is (100·1 + 100·2 + 100·4)/300 = 7/3, and a second model sees the very same draws."""
     from types import SimpleNamespace
 
-    import benchmarks.ablation as ablation
-    from benchmarks.study.scoring import band_edges, heldout_losses
+    from experiments.ablation import study as ablation
+    from experiments.ablation.study.scoring import band_edges, heldout_losses
 
     class BandObjective:
         num_timesteps = 1000
@@ -258,8 +259,8 @@ def test_heldout_loss_by_noise_band_is_the_hand_computed_mean():
 def test_study_variants_and_recipe_flags():
     """The 2 x 2 and gated softmax +- Mix-FFN: Mix-FFN adds 40C parameters per block to any
     attention; a study task trains with the EMA warm-up and every Mix-FFN conv at identity."""
-    import benchmarks.ablation as ablation
-    from benchmarks.study.recipes import STUDY_TASKS, TWO_BY_TWO, recipe_flags
+    from experiments.ablation import study as ablation
+    from experiments.ablation.study.recipes import STUDY_TASKS, TWO_BY_TWO, recipe_flags
     from nala_dit.cli.config import resolve
     from nala_dit.models.dit import count_params
     from nala_dit.cli.options import TrainConfig
@@ -290,8 +291,8 @@ def test_training_flops_per_image_match_the_hand_count(tmp_path):
     c1 = patch 2·16·C + per block (qkv 6C² + proj 2C² + fc1, fc2 16C² + 3×3 depthwise conv 2·4C·9)
          + final linear 2·C·(2·2·8) = 1,622,016;  c2 = per block 2·C (scores) + 2·C (weighted sum) = 2,048.
     Training = 3 × forward; the fit from N = 4, 16, 64 equals a direct count at 1,024 tokens."""
-    import benchmarks.ablation as ablation
-    from benchmarks.study.flops import flops_block, flops_polynomial, forward_flops, training_flops
+    from experiments.ablation import study as ablation
+    from experiments.ablation.study.flops import flops_block, flops_polynomial, forward_flops, training_flops
 
     c = 128
     c0 = 2 * 256 * c + 2 * c * c + 4 * (2 * c * 6 * c) + 2 * c * 2 * c
@@ -319,8 +320,8 @@ def test_steps_to_softmax_mix_loss_and_their_training_flops(tmp_path):
     """Known answer: softmax + Mix-FFN ends at 0.025 (300 steps, 4,096 tokens, batch 4); NaLa +
     Mix-FFN is at or below it from 300 steps, plain softmax never: FLOPs = 300 × 4 × T/2's
     training FLOPs per image, 3 × (c0 + c1·4096) for NaLa + Mix-FFN (no N² term)."""
-    import benchmarks.ablation as ablation
-    from benchmarks.study.compute import steps_to_reference
+    from experiments.ablation import study as ablation
+    from experiments.ablation.study.compute import steps_to_reference
 
     losses = {"softmax": (0.50, 0.20, 0.030), "softmax_mix": (0.50, 0.15, 0.025), "nala_mix": (0.50, 0.10, 0.020)}
     for variant, values in losses.items():
@@ -350,8 +351,8 @@ def test_the_2x2_contrasts_are_per_seed_differences_with_the_two_spread_rule(tmp
     −0.004 → −0.0047 ± 0.0050 (not claimed); the interaction (nala_mix − nala − softmax_mix +
     softmax): 0.010, −0.012, 0.000 → −0.0007 ± 0.0110. A fourth, incomplete seed is left out of
     every contrast that needs its missing variant."""
-    import benchmarks.ablation as ablation
-    from benchmarks.study.contrasts import contrast_rows
+    from experiments.ablation import study as ablation
+    from experiments.ablation.study.contrasts import contrast_rows
 
     losses = {"softmax": (0.050, 0.040, 0.045), "softmax_mix": (0.030, 0.030, 0.035),
               "nala": (0.040, 0.042, 0.041), "nala_mix": (0.030, 0.020, 0.031)}
@@ -382,8 +383,8 @@ def test_samples_protocol_climbs_the_ladder_one_rung_at_a_time(tmp_path, digits_
     """The samples protocol's rungs: each starts from the same variant and seed's previous rung
     (8 -> 16 px here, quick), trains with the time shift "auto" (s = sqrt(64 / 16) = 2 at 16 px),
     and is scored on samples with KID beside class-consistency and Fréchet distance."""
-    import benchmarks.ablation as ablation
-    from benchmarks.study.recipes import SAMPLES_TASKS, recipe_flags
+    from experiments.ablation import study as ablation
+    from experiments.ablation.study.recipes import SAMPLES_TASKS, recipe_flags
 
     assert SAMPLES_TASKS == ("samples8", "samples16", "samples32", "samples64")
     assert [ablation.task_recipe(t, False).get("init_task") for t in SAMPLES_TASKS] == \
@@ -421,7 +422,7 @@ def test_a_rung_whose_source_checkpoint_is_lost_retrains_it_and_records_whether_
     rescoring it) and records whether the retrained log matches the committed cell bit for bit."""
     import shutil
 
-    import benchmarks.ablation as ablation
+    from experiments.ablation import study as ablation
 
     import torch
 
@@ -464,7 +465,7 @@ def test_a_rung_trains_its_source_under_the_source_lock_and_waits_for_another_ho
     import sys
     import threading
 
-    from benchmarks.study import runner
+    from experiments.ablation.study import runner
 
     lock = runner._lock_path(tmp_path, ("samples8", "nala", 0, 2e-3))
     assert lock == tmp_path / "locks" / "samples8__nala__seed0_lr2e-3.pid"

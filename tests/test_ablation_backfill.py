@@ -1,4 +1,4 @@
-"""benchmarks/ablation_backfill.py (issue 34 item 14): the raw-weight held-out loss written
+"""experiments/ablation/backfill.py (issue 34 item 14): the raw-weight held-out loss written
 into cells scored before it was recorded is what a fresh cell records, from the same
 checkpoint; a checkpoint that is not the cell's is refused."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import ablation
-from benchmarks import ablation_backfill as backfill
+from experiments.ablation import backfill
+from experiments.ablation import study as ablation
 from nala_dit.training.checkpoint import build_objective, save_checkpoint
 from nala_dit.cli.config import to_dict
 from nala_dit.models.dit import create_model
@@ -52,8 +52,8 @@ def test_backfill_writes_what_a_fresh_cell_records(tmp_path, capsys):
     got = json.loads(cell_file.read_text())
     assert got["budgets"][1][ablation.RAW] == raw_loss and ablation.RAW not in got["budgets"][0]  # step 3: no checkpoint
     assert got["backfilled"] == (f"heldout_loss_raw at budget 5, from the cell's kept final checkpoint: python "
-                                 f"benchmarks/ablation_backfill.py --out OUT --cells {name} (a fresh `ablation.py "
-                                 f"run` of the cell records it itself)")
+                                 f"experiments/ablation/backfill.py --out OUT --cells {name} (a fresh "
+                                 f"`experiments/ablation/run.py run` of the cell records it itself)")
     assert backfill.main(["--out", str(tmp_path), "--cells", name]) == 0   # nothing left to fill
     assert capsys.readouterr().out == "" and json.loads(cell_file.read_text()) == got
 
@@ -67,7 +67,7 @@ def test_backfill_writes_what_a_fresh_cell_records(tmp_path, capsys):
 
 def test_every_backfilled_committed_cell_says_how_to_reproduce_it():
     """The committed cells' notes name this script and the cell, for every budget that has the number."""
-    cells = sorted(Path(ablation.__file__).parent.joinpath("ablation", "cells").rglob("*.json"))
+    cells = sorted(ablation.RESULTS.joinpath("cells").rglob("*.json"))
     noted = 0
     for path in cells:
         cell = json.loads(path.read_text())

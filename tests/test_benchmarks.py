@@ -109,12 +109,12 @@ def test_highres_quality_runs_every_setting(tmp_path, digits_checkpoint, digits_
 
     work = tmp_path / "work"
     shutil.copytree(digits_classifier_dir, work / "digits_classifier")
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "highres_quality.py"), "--runs", str(digits_checkpoint.parent),
+    cmd = [sys.executable, str(ROOT / "experiments" / "highres_quality" / "run.py"), "--runs", str(digits_checkpoint.parent),
            "--models", digits_checkpoint.name, "--per-class", "1", "--seeds", "0,1", "--work", str(work),
            "--out", str(tmp_path / "q.json")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    import benchmarks.highres_quality as hq
+    import experiments.highres_quality.run as hq
 
     rows = json.loads((tmp_path / "q.json").read_text())["rows"]
     assert [(r["setting"], r["seed"]) for r in rows] == [(s[0], seed) for s in hq.SETTINGS for seed in (0, 1)]
@@ -191,8 +191,7 @@ def test_scorer_view_draws_each_sample_above_its_8x8_area_average(tmp_path):
     import numpy as np
     from PIL import Image
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import scorer_view
+    from experiments.ablation import scorer_view
 
     rng = np.random.default_rng(0)
     samples = tmp_path / "samples"

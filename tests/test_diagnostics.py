@@ -87,7 +87,7 @@ class _single_block(torch.nn.Module):
 
 
 def test_cli_writes_plots_and_json(digits_checkpoint, tmp_path):
-    import benchmarks.diagnostics as cli
+    import experiments.ablation.diagnostics as cli
 
     assert cli.main(["--ckpt", str(digits_checkpoint), "--out", str(tmp_path), "--batch", "2"]) == 0
     report = json.loads((tmp_path / "diagnostics.json").read_text())

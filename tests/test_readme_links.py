@@ -1,6 +1,7 @@
 """The README and the docs/ pages: every relative link resolves (the file, and an #anchor to a
 heading of the target by GitHub's slug rule), the README stays short, the outputs of its
-examples are git-ignored, and the ablation page's generated tables match the committed cells."""
+examples are git-ignored, and the ablation record's generated tables match the committed cells.
+The studies' records under experiments/ are checked like the docs/ pages."""
 
 import re
 import shutil
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "experiments").rglob("*.md"))]
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
 # [text](target) and ![alt](target); the text may hold one level of [...] (not used today).
@@ -84,7 +85,7 @@ def test_the_checker_finds_what_is_broken(tmp_path):
     assert broken_links(tmp_path / "docs" / "a.md", tmp_path) == []
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_every_relative_link_resolves(page):
     assert broken_links(page) == []
 
@@ -93,7 +94,7 @@ def test_readme_is_short_and_links_the_long_pages():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) < 300, f"README.md has {len(lines)} lines; move long parts to docs/"
     text = "\n".join(lines)
-    for page in ("demo", "training", "sampling", "evaluation", "converting", "ablation", "performance",
+    for page in ("demo", "training", "sampling", "evaluation", "converting", "results", "performance",
                  "differences", "troubleshooting", "highres"):
         assert f"(docs/{page}.md)" in text, page
     assert "**High resolution**" in text and "[docs/highres.md](docs/highres.md)" in text
@@ -131,14 +132,14 @@ def test_example_outputs_are_git_ignored():
 
 
 def test_ablation_page_holds_the_tables_of_the_committed_cells():
-    """docs/ablation.md's generated block is what `ablation.py table --page` makes from
-    benchmarks/ablation/cells/ now (rerun it after adding cells)."""
-    import benchmarks.ablation as ablation
+    """experiments/ablation/README.md's generated block is what `experiments/ablation/run.py table
+    --page` makes from experiments/ablation/results/cells/ now (rerun it after adding cells)."""
+    from experiments.ablation import study as ablation
 
-    out = ROOT / "benchmarks" / "ablation"
+    out = ROOT / "experiments" / "ablation" / "results"
     cells = ablation.load_cells(out)
     block = ablation.readme_block(ablation.summarize(cells), cells, ablation.load_timing(out))
-    page = (ROOT / "docs" / "ablation.md").read_text()
+    page = (ROOT / "experiments" / "ablation" / "README.md").read_text()
     start, end = page.find(ablation.README_START), page.find(ablation.README_END)
     assert 0 <= start < end
     assert page[start:end + len(ablation.README_END)] == block
@@ -191,7 +192,7 @@ def test_pages_never_cite_files_outside_the_repository():
     development machine's ``../shared`` notes (a reader's clone has no such folder)."""
     pages = [*DOC_PAGES, *sorted((ROOT / "benchmarks").rglob("*.md")), *sorted((ROOT / "configs").glob("*.yaml")),
              *sorted((ROOT / "nala_dit").rglob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.py")),
-             *sorted(ROOT.glob("*.py"))]
+             *sorted((ROOT / "experiments").rglob("*.py")), *sorted(ROOT.glob("*.py"))]
     cited = [f"{p.relative_to(ROOT)}:{i}" for p in pages
              for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\.\./shared|shared/docs", line)]
     assert cited == []

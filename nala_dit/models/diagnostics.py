@@ -7,7 +7,7 @@ quadratic reference (small batches and token counts), or, for thousands of token
 key (exact: the same weights, one row at a time; tested against the reference). NALA_SPEC.md
 §7 explains why this matters: with s = 1 every token of a default DiT saturates.
 
-``benchmarks/diagnostics.py`` is the command line; ``collect`` and the plot functions are
+``experiments/ablation/diagnostics.py`` is the command line; ``collect`` and the plot functions are
 the library.
 """
 
@@ -109,21 +109,20 @@ def collect(model, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, entropy: b
         s = layer.norm_scale()
         s_heads = (s.flatten().tolist() if isinstance(s, torch.Tensor) else [float(s)] * layer.num_heads)
         p = layer.exponent(q)                                          # (B, H, N)
-        fk = layer.feature_kwargs
+        c = layer.config
         stats = LayerStats(i, _per_head(q.norm(dim=-1)), _per_head(p), norm_scale=s_heads,
-                           max_exponent=fk["power"] * (fk["offset"] + 1.0), batch=q.shape[0])
+                           max_exponent=c.power * (c.offset + 1.0), batch=q.shape[0])
         if entropy:
             q_in = q / s if isinstance(s, torch.Tensor) else q        # NaLa(q/s, 1) == NaLa(q, s)
-            kw = dict(fk)
-            if isinstance(s, torch.Tensor):
-                kw["norm_scale"] = 1.0
+            kw = dict(direction=c.direction, power=c.power, offset=c.offset, alpha=c.alpha, norm_eps=c.norm_eps,
+                      norm_scale=1.0 if isinstance(s, torch.Tensor) else s)
             n = q.shape[2]
             if rows is None or rows >= n:
-                _, w = nala_attention_reference(q_in, k, v, eps=layer.eps, return_weights=True, **kw)
+                _, w = nala_attention_reference(q_in, k, v, eps=c.eps, return_weights=True, **kw)
             else:
                 picked = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:rows].sort().values
                 stats.rows = picked.numpy()
-                w = sampled_rows(q_in, k, picked, eps=layer.eps, **kw)
+                w = sampled_rows(q_in, k, picked, eps=c.eps, **kw)
             w = w.clamp_min(1e-30)
             stats.entropy = _per_head(-(w * w.log()).sum(-1))
         out.append(stats)
