@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import nala_dit.attention.nala as fused
-from nala_dit.attention import GatedLinearAttention
+from nala_dit.attention import GatedLinearAttention, SoftmaxGatedAttention
 from tests.utils import assert_close, rel_rms
 
 FP32_TOL = 1e-5
@@ -19,7 +19,8 @@ GRID = (3, 7)            # 21 tokens, non-square, odd
 def pair(seed=0, **options):
     """A reference layer (recompute=False) with perturbed parameters, and its recompute twin."""
     torch.manual_seed(seed)
-    ref = GatedLinearAttention(24, 3, recompute=False, **options)     # head dim 8
+    layer = SoftmaxGatedAttention if options.get("kernel") == "softmax" else GatedLinearAttention
+    ref = layer(24, 3, recompute=False, **options)     # head dim 8
     with torch.no_grad():
         for p in ref.parameters():      # LayerNorm starts at (1, 0), biases at 0: move them
             p.add_(0.1 * torch.randn_like(p))

@@ -13,7 +13,8 @@ import torch
 from nala_dit.cli.config import resolve
 from nala_dit.data.digits import digits_to_input, load_digits_split, upscale_digits
 from nala_dit.models.grid import size_notice
-from nala_dit.training.loop import TrainConfig, build_dataset
+from nala_dit.cli.options import TrainConfig
+from nala_dit.training.loop import build_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,7 +87,7 @@ def test_digits_sizes_and_errors_name_the_allowed_ones(capsys):
 
 
 def test_size_notice_names_the_size_asked_for():
-    config = dict(input_size=8, patch_size=2, pos_embed="extrapolate")
+    config = dict(input_size=8, patch_size=2, positions="extrapolate")
     assert size_notice(config, (8, 8), 1) is None
     square = size_notice(config, (16, 16), 1)
     assert "sampling at 16 px, not the trained 8 px (extrapolate positions)" in square
@@ -119,7 +120,7 @@ def test_fine_tune_a_digits_model_at_16_px_and_score_it(tmp_path, capsys, digits
     record = json.loads((tmp_path / "up" / "init_from.json").read_text())
     assert (record["source_input_size"], record["input_size"], record["base_grid_side"]) == (8, 16, 4)
     config = ckpt_lib.open_checkpoint(tmp_path / "up").model_config
-    assert (config["input_size"], config["base_size"], config["pos_embed"]) == (16, 8, "interpolate")
+    assert (config["input_size"], config["base_size"], config["positions"]) == (16, 8, "interpolate")
 
     samples = tmp_path / "up.npz"
     assert sample.main(["--ckpt", str(tmp_path / "up"), "--num-samples", "20", "--steps", "2", "--batch-size", "20",

@@ -11,8 +11,9 @@ from PIL import Image
 import sample
 from nala_dit.diffusion.gaussian import GaussianDiffusion, shift_timesteps
 from nala_dit.diffusion.generate import SampleSettings, generate, initial_noise, renoise, sample_batch, upsample_latents
-from nala_dit.models.grid import TokenGrid, latent_size, parse_image_size, parse_time_shift
-from nala_dit.models.dit import DiT, sincos_pos_embed_1d, sincos_pos_embed_2d
+from nala_dit.models.grid import (TokenGrid, latent_size, parse_image_size, parse_time_shift, sincos_pos_embed_1d,
+                                  sincos_pos_embed_2d)
+from nala_dit.models.dit import DiT
 from nala_dit.diffusion.samplers import ode_sample
 from nala_dit.diffusion.transport import Transport, shift_time, shifted_grid
 from tests.test_sample_cli import write_checkpoint
@@ -54,9 +55,9 @@ def test_bad_time_shift(value):
         parse_time_shift(value)
 
 
-def test_unknown_pos_embed_mode():
-    with pytest.raises(ValueError, match="pos_embed must be one of extrapolate, interpolate, none"):
-        DiT(**TINY, pos_embed="stretch")
+def test_unknown_positions_mode():
+    with pytest.raises(ValueError, match="positions must be one of extrapolate, interpolate, none"):
+        DiT(**TINY, positions="stretch")
 
 
 # ------------------------------------------------------- position policies
@@ -70,7 +71,7 @@ def test_extrapolate_is_dits_integer_table_on_any_grid():
 
 
 def test_interpolate_scales_positions_into_the_base_range():
-    model = perturbed(pos_embed="interpolate")
+    model = perturbed(positions="interpolate")
     base = model.pos_embed[0]
     assert torch.equal(base, sincos_pos_embed_2d(32, 4, 4))          # the trained grid is unchanged
     big = model.position_embedding(model.grid(16, 24))[0].reshape(8, 12, 32)
@@ -81,7 +82,7 @@ def test_interpolate_scales_positions_into_the_base_range():
 
 
 def test_none_has_no_absolute_positions():
-    model = perturbed(pos_embed="none")
+    model = perturbed(positions="none")
     assert not model.pos_embed.any()
     assert not model.position_embedding(model.grid(12, 12)).any()
     assert model.grid(12, 12).position_scale() is None
@@ -111,7 +112,7 @@ def test_model_at_other_sizes_square_and_non_square():
 
 
 def test_interpolate_at_the_trained_size_is_the_same_model():
-    a, b = perturbed(), perturbed(pos_embed="interpolate")
+    a, b = perturbed(), perturbed(positions="interpolate")
     x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([3.0, 500.0]), torch.tensor([1, 2])
     assert torch.equal(a(x, t, y), b(x, t, y))
 
@@ -386,7 +387,7 @@ def test_rope_follows_the_position_policy():
     assert not rope_angles(TokenGrid(6, 6, 4, 4, "none"), 8).any()       # no rotation
     # a RoPE model runs at another size under each policy, and interpolate at the base size is extrapolate
     x, t, y = torch.randn(1, 4, 8, 8), torch.tensor([5.0]), torch.tensor([1])
-    a, b = perturbed(attention="nala", rope=True), perturbed(attention="nala", rope=True, pos_embed="interpolate")
+    a, b = perturbed(attention="nala", rope=True), perturbed(attention="nala", rope=True, positions="interpolate")
     assert torch.equal(a(x, t, y), b(x, t, y))
     assert b(torch.randn(1, 4, 16, 12), t, y).shape == (1, 8, 16, 12)
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from nala_dit.models.dit import MODELS, DiT, count_flops, count_params, create_model, sincos_pos_embed_2d
+from nala_dit.models.dit import MODELS, DiT, count_flops, count_params, create_model
+from nala_dit.models.grid import sincos_pos_embed_2d
 from tests.utils import TINY, assert_close
 
 # The DiT paper's numbers: learned σ, 1000 classes, 256 px (32×32 latents).

@@ -21,7 +21,7 @@ from nala_dit.attention import (
     rope_linear_attention,
     softmax_attention_reference,
 )
-from nala_dit.cli.options import parse_norm_scale
+from nala_dit.attention.config import parse_norm_scale
 from tests.utils import assert_close
 
 FP32_TOL = 1e-5

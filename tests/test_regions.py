@@ -49,7 +49,7 @@ def test_outputs_and_gradients_equal_the_fp64_reference(grid, regions, impl):
     ref_in = [t.clone().requires_grad_() for t in (q, k, v, rho)]
     ref = region_attention_reference(*ref_in[:3], grid, regions, ref_in[3])
     got_in = [t.float().clone().requires_grad_() for t in (q, k, v, rho)]
-    got = region_nala_attention(*got_in[:3], grid, regions, got_in[3], impl=impl)
+    got = region_nala_attention(*got_in[:3], grid, got_in[3], regions=regions, impl=impl)
     assert got.dtype == torch.float32
     assert_close("output", ref, got, 1e-5)
     grad = torch.randn_like(ref)
@@ -62,7 +62,7 @@ def test_outputs_and_gradients_equal_the_fp64_reference(grid, regions, impl):
 def test_equal_weights_are_plain_nala_and_r1_is_plain_nala_bitwise():
     q, k, v = (t.float() for t in _qkv((6, 6)))
     plain = nala_attention(q, k, v)
-    assert_close("w = 1", plain, region_nala_attention(q, k, v, (6, 6), 3, torch.zeros(2, 9, 9)), 1e-6)
+    assert_close("w = 1", plain, region_nala_attention(q, k, v, (6, 6), torch.zeros(2, 9, 9), regions=3), 1e-6)
     torch.manual_seed(0)
     base = GatedLinearAttention(16, 2)
     torch.manual_seed(0)
@@ -250,6 +250,6 @@ def test_forward_without_gradients_runs_the_fused_passes_and_agrees(grid, region
     calls = []
     monkeypatch.setattr(regions_mod, "fused_output", lambda *a, **kw: calls.append(1) or fused_output(*a, **kw))
     with torch.no_grad():
-        got = region_nala_attention(q, k, v, grid, regions, rho)
+        got = region_nala_attention(q, k, v, grid, rho, regions=regions)
     assert len(calls) == 1             # every region is one "head" of a single query pass
     assert_close("no-grad output", ref, got, 1e-5)

@@ -4,7 +4,8 @@ The contract is ``docs/NALA_SPEC.md`` (Meng et al., "Norm×Direction: Restoring
 the Missing Query Norm in Vision Linear Attention", arXiv 2506.21137). Section numbers
 below (§2, §3, §7) refer to it. Top to bottom:
 
-* the §2 / §3 constants and the argument checks every path shares;
+* the argument checks every path shares (the §2 / §3 constants and ``NaLaConfig``, which
+  carries them to every function here, are in ``config.py``);
 * the feature maps: ``nala_exponent``, ``nala_query_weights``, ``nala_features`` (the
   2D-wide lift) and the ReLU / 1+ELU ``kernel_features``;
 * the §3 normalised attention, linear (``normalized_linear_attention``) and quadratic
@@ -34,17 +35,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from ..cli.options import DIRECTIONS
+from .config import ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, NaLaConfig, check_direction
 
 Direction = Literal["cosine", "relu_split"]
-
-# Spec §2 / §3 defaults.
-POWER = 3.0          # λ
-OFFSET = 0.5         # τ
-NORM_SCALE = 1.0     # s
-ALPHA = 20.0         # α
-NORM_EPS = 1e-6      # ε_n
-EPS = 1e-6           # ε_z
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -60,11 +53,6 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(
             f"v must share (B, H, N) with k, got v {tuple(v.shape)} and k {tuple(k.shape)}"
         )
-
-
-def _check_direction(direction: str) -> None:
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
 
 
 def _fp32(*tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -113,31 +101,24 @@ def nala_query_weights(
 
 
 def nala_features(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    *,
-    direction: Direction = "cosine",
-    power: float = POWER,
-    offset: float = OFFSET,
-    norm_scale: float = NORM_SCALE,
-    alpha: float = ALPHA,
-    norm_eps: float = NORM_EPS,
+    q: torch.Tensor, k: torch.Tensor, config: NaLaConfig | None = None, **overrides
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The two NaLa feature maps ``(φ_q(q), φ_k(k))``, each ``(B, H, N, 2D)`` in fp32.
 
-    ``φ_q(q_i)·φ_k(k_j)`` is the non-negative similarity of §2:
-    ``Σ_m a_im b_jm cos(θ_im − θ_jm)`` in the cosine mode, and the same-sign products
-    in the ``relu_split`` mode (its α → ∞ limit).
+    ``config`` (``NaLaConfig``; keyword ``overrides`` such as ``direction="relu_split"``)
+    gives the direction map and the §2 constants. ``φ_q(q_i)·φ_k(k_j)`` is the non-negative
+    similarity of §2: ``Σ_m a_im b_jm cos(θ_im − θ_jm)`` in the cosine mode, and the
+    same-sign products in the ``relu_split`` mode (its α → ∞ limit).
     """
-    _check_direction(direction)
+    c = NaLaConfig.of(config, **overrides)
     with _no_autocast(q.device):
         q, k = _fp32(q, k)
-        a, q_hat, _ = nala_query_weights(q, power, offset, norm_scale, norm_eps)
-        b = k.abs().pow(power)                                # (B, H, N, D), norm kept
-        if direction == "cosine":
-            k_hat = k / k.norm(dim=-1, keepdim=True).clamp_min(norm_eps)
-            theta_q = (math.pi / 4) * torch.tanh(alpha * q_hat)  # in (−π/4, π/4)
-            theta_k = (math.pi / 4) * torch.tanh(alpha * k_hat)
+        a, q_hat, _ = nala_query_weights(q, c.power, c.offset, c.norm_scale_for(q.shape[-1]), c.norm_eps)
+        b = k.abs().pow(c.power)                              # (B, H, N, D), norm kept
+        if c.direction == "cosine":
+            k_hat = k / k.norm(dim=-1, keepdim=True).clamp_min(c.norm_eps)
+            theta_q = (math.pi / 4) * torch.tanh(c.alpha * q_hat)  # in (−π/4, π/4)
+            theta_k = (math.pi / 4) * torch.tanh(c.alpha * k_hat)
             phi_q = torch.cat([a * torch.cos(theta_q), a * torch.sin(theta_q)], dim=-1)
             phi_k = torch.cat([b * torch.cos(theta_k), b * torch.sin(theta_k)], dim=-1)
         else:
@@ -206,7 +187,7 @@ def nala_similarity_reference(
     over an explicit (N, N, D) tensor instead of using the 2D-wide feature lift.
     fp32, or fp64 for fp64 inputs (the region-state reference runs in fp64).
     """
-    _check_direction(direction)
+    check_direction(direction)
     q, k = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k))
     a, q_hat, _ = nala_query_weights(q, power, offset, norm_scale, norm_eps)
     b = k.abs().pow(power)
@@ -306,7 +287,7 @@ def rope_angles(grid: tuple[int, int], features: int, base: float = ROPE_BASE,
 
     ``features`` (the feature width F) must be a multiple of 4: half of the pairs rotate
     with the row position, half with the column position. Positions follow the grid's
-    ``pos_embed`` policy when ``grid`` is a ``grid.TokenGrid`` (index × base / side for
+    ``positions`` policy when ``grid`` is a ``grid.TokenGrid`` (index × base / side for
     ``interpolate``, no rotation for ``none``), integer indices for a plain (h, w).
     """
     if features % 4:
@@ -314,7 +295,7 @@ def rope_angles(grid: tuple[int, int], features: int, base: float = ROPE_BASE,
     h, w = grid
     scale = grid.position_scale() if hasattr(grid, "position_scale") else (1.0, 1.0)
     if scale is None:
-        scale = (0.0, 0.0)  # pos_embed "none": every angle 0, the identity rotation
+        scale = (0.0, 0.0)  # positions "none": every angle 0, the identity rotation
     k = features // 4
     freqs = base ** (-torch.arange(k, dtype=torch.float32, device=device) / k)          # (F/4,)
     rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32, device=device) * scale[0],

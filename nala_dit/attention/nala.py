@@ -27,11 +27,9 @@ import warnings
 import torch
 from torch.autograd.function import once_differentiable
 
-from .functional import (
-    ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, Direction, _check_direction, _check_qkv,
-    _no_autocast, nala_features, normalized_linear_attention,
-)
 from ..cli.options import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
+from .config import NaLaConfig
+from .functional import _check_qkv, _no_autocast, nala_features, normalized_linear_attention
 
 NALA_IMPLS = ("auto", "fused", "eager", "compile", "triton")
 
@@ -277,13 +275,10 @@ class _FusedNaLa(torch.autograd.Function):
         return cast(dq, q), cast(dk, k), cast(dv, v), None, None
 
 
-def _nala_eager(q, k, v, direction, power, offset, norm_scale, alpha, norm_eps, eps):
+def _nala_eager(q, k, v, config: NaLaConfig):
     """The readable composition: 2D-wide features, then the §3 linear form, autograd."""
-    phi_q, phi_k = nala_features(
-        q, k, direction=direction, power=power, offset=offset,
-        norm_scale=norm_scale, alpha=alpha, norm_eps=norm_eps,
-    )
-    return normalized_linear_attention(phi_q, phi_k, v, eps).to(v.dtype)
+    phi_q, phi_k = nala_features(q, k, config)
+    return normalized_linear_attention(phi_q, phi_k, v, config.eps).to(v.dtype)
 
 
 _compiled_eager = None
@@ -325,22 +320,19 @@ def nala_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    config: NaLaConfig | None = None,
     *,
-    direction: Direction = "cosine",
-    power: float = POWER,
-    offset: float = OFFSET,
-    norm_scale: float = NORM_SCALE,
-    alpha: float = ALPHA,
-    norm_eps: float = NORM_EPS,
-    eps: float = EPS,
     impl: str = "auto",
     shard=None,
+    **overrides,
 ) -> torch.Tensor:
     """Norm-aware linear attention (NaLa), linear in the number of tokens N.
 
     q, k, v: ``(B, H, N, D)``. Returns ``(B, H, N, D)`` in v's dtype; everything inside
-    runs in fp32. No N×N tensor is ever formed. ``impl`` picks the code path, all with
-    the same numbers up to fp32 rounding:
+    runs in fp32. No N×N tensor is ever formed. ``config`` (``NaLaConfig``) holds the
+    direction map and the §2 / §3 constants; keyword ``overrides`` change single ones
+    (``nala_attention(q, k, v, direction="relu_split", power=2.5)``). ``impl`` picks the
+    code path, all with the same numbers up to fp32 rounding:
 
     * ``"auto"``: ``select_nala_impl`` for the tensors' device (fused on CPU, Triton on
       CUDA);
@@ -359,11 +351,11 @@ def nala_attention(
     (``context_parallel.sharded_linear_attention``: the 2D-wide features are materialised).
     """
     _check_qkv(q, k, v)
-    _check_direction(direction)
+    config = NaLaConfig.of(config, **overrides)
     if impl not in NALA_IMPLS:
         raise ValueError(f"impl must be one of {NALA_IMPLS}, got {impl!r}")
-    triton_opts = dict(direction=direction, power=float(power), offset=float(offset), alpha=float(alpha),
-                       norm_eps=float(norm_eps), eps=float(eps))
+    opts = fused_opts(config, q.shape[-1])
+    triton_opts = {k: v for k, v in opts.items() if k != "norm_scale"}   # the kernels take s apart
     if impl == "auto":
         impl = select_nala_impl(q.device.type, q.shape[-1], q.dtype, triton_available(), q.shape[-2])
         if shard is not None and impl != "fused":
@@ -371,28 +363,25 @@ def nala_attention(
         if impl == "triton" and not triton_passes_check(q.device, q.dtype, q.shape[-1], triton_opts):
             impl = "eager"
     if impl == "triton":
-        return _triton_kernel(q, k, v, norm_scale, triton_opts)
+        return _triton_kernel(q, k, v, opts["norm_scale"], triton_opts)
     if shard is not None and impl != "fused":
         from ..models.context_parallel import sharded_linear_attention
 
-        phi_q, phi_k = nala_features(q, k, direction=direction, power=power, offset=offset,
-                                     norm_scale=norm_scale, alpha=alpha, norm_eps=norm_eps)
-        return sharded_linear_attention(phi_q, phi_k, v, shard, eps).to(v.dtype)
+        phi_q, phi_k = nala_features(q, k, config)
+        return sharded_linear_attention(phi_q, phi_k, v, shard, config.eps).to(v.dtype)
     if impl == "eager":
-        return _nala_eager(q, k, v, direction, power, offset, norm_scale, alpha, norm_eps, eps)
+        return _nala_eager(q, k, v, config)
     if impl == "compile":
-        return _nala_compiled(q, k, v, direction, power, offset, norm_scale, alpha, norm_eps, eps)
-    opts = fused_opts(direction, power, offset, norm_scale, alpha, norm_eps, eps)
+        return _nala_compiled(q, k, v, config)
     return _FusedNaLa.apply(q, k, v, opts, shard)
 
 
-def fused_opts(direction: str = "cosine", power: float = POWER, offset: float = OFFSET,
-               norm_scale: float = NORM_SCALE, alpha: float = ALPHA, norm_eps: float = NORM_EPS,
-               eps: float = EPS) -> dict:
-    """The §2 / §3 constants as the fused passes take them (plain floats)."""
-    return dict(direction=direction, power=float(power), offset=float(offset),
-                norm_scale=float(norm_scale), alpha=float(alpha), norm_eps=float(norm_eps),
-                eps=float(eps))
+def fused_opts(config: NaLaConfig, head_dim: int) -> dict:
+    """The §2 / §3 constants of ``config`` as the fused passes and the Triton kernels take
+    them: plain floats, the norm scale resolved for ``head_dim`` (``NaLaConfig.norm_scale_for``)."""
+    return dict(direction=config.direction, power=float(config.power), offset=float(config.offset),
+                norm_scale=config.norm_scale_for(head_dim), alpha=float(config.alpha),
+                norm_eps=float(config.norm_eps), eps=float(config.eps))
 
 
 # ------------------------------------------------------------- first-use check (CUDA)
@@ -460,5 +449,4 @@ def _check_triton(device, dtype, head_dim, opts) -> str | None:
 
 
 def _nala_eager_opts(q, k, v, norm_scale, opts):
-    return _nala_eager(q, k, v, opts["direction"], opts["power"], opts["offset"], norm_scale, opts["alpha"],
-                       opts["norm_eps"], opts["eps"])
+    return _nala_eager(q, k, v, NaLaConfig(**opts, norm_scale=norm_scale))

@@ -43,11 +43,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..models.context_parallel import shard_of
-from ..cli.options import check_nala_regions
-from .functional import (
-    ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, _check_qkv, _no_autocast, nala_features,
-    nala_similarity_reference,
-)
+from .config import EPS, NaLaConfig, check_nala_regions
+from .functional import _check_qkv, _no_autocast, nala_features, nala_similarity_reference
 from .nala import fused_backward, fused_opts, fused_output, fused_state
 
 REGION_DECAY = 1.0    # ρ_ir = −REGION_DECAY · distance of region centres (in image sides) at initialisation
@@ -129,47 +126,41 @@ def region_nala_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     grid: tuple[int, int],
-    regions: int,
     logits: torch.Tensor,
+    config: NaLaConfig | None = None,
     *,
-    direction: str = "cosine",
-    power: float = POWER,
-    offset: float = OFFSET,
-    norm_scale: float = NORM_SCALE,
-    alpha: float = ALPHA,
-    norm_eps: float = NORM_EPS,
-    eps: float = EPS,
     impl: str = "fused",
+    **overrides,
 ) -> torch.Tensor:
     """NaLa with R × R region states mixed by ``exp(logits)`` (see the module doc).
 
-    q, k, v: (B, H, N, D) on the row-major ``grid``; ``logits``: (H, R², R²). Returns (B, H,
-    N, D) in v's dtype; features, states, mixing and division in fp32; no N × N tensor is
-    formed. ``impl``: ``"fused"`` (default) runs the fused passes of ``nala.py`` on the
-    tokens laid out region by region (``_FusedRegionNaLa``: token chunks, features recomputed
-    in backward, never stored); ``"eager"`` is plain autograd over NaLa's features
-    (``nala_features``), the readable form the tests compare it with.
+    q, k, v: (B, H, N, D) on the row-major ``grid``; ``logits``: (H, R², R²); ``config``
+    (``NaLaConfig``, keyword ``overrides`` such as ``regions=2``): R and the §2 / §3
+    constants. Returns (B, H, N, D) in v's dtype; features, states, mixing and division in
+    fp32; no N × N tensor is formed. ``impl``: ``"fused"`` (default) runs the fused passes
+    of ``nala.py`` on the tokens laid out region by region (``_FusedRegionNaLa``: token
+    chunks, features recomputed in backward, never stored); ``"eager"`` is plain autograd
+    over NaLa's features (``nala_features``), the readable form the tests compare it with.
     """
     _check_qkv(q, k, v)
+    config = NaLaConfig.of(config, **overrides)
+    regions, eps = config.regions, config.eps
     b, h, n, d = q.shape
     shard = shard_of(grid)     # context parallel: q, k, v are this rank's rows of the whole grid
     check_regions(regions, grid if shard is None else (shard.h, shard.w), n if shard is None else shard.tokens)
     r2 = regions * regions
     if logits.shape != (h, r2, r2):
         raise ValueError(f"region logits must be (H, R², R²) = ({h}, {r2}, {r2}), got {tuple(logits.shape)}")
-    features = dict(direction=direction, power=power, offset=offset, norm_scale=norm_scale, alpha=alpha,
-                    norm_eps=norm_eps)
     if shard is not None:
-        return _sharded_region_attention(q, k, v, shard, regions, logits, eps, features)
+        return _sharded_region_attention(q, k, v, shard, logits, config)
     order, _, sizes = region_layout(tuple(grid), regions)
     if impl not in ("fused", "eager"):
         raise ValueError(f"impl must be 'fused' or 'eager', got {impl!r}")
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, logits))
     if impl == "fused" or not needs_grad:     # without gradients (sampling) always the fused passes
-        return _FusedRegionNaLa.apply(q, k, v, logits, (tuple(grid), regions), fused_opts(eps=eps, **features))
+        return _FusedRegionNaLa.apply(q, k, v, logits, (tuple(grid), regions), fused_opts(config, d))
     with _no_autocast(q.device):
-        phi_q, phi_k = nala_features(q.float(), k.float(), direction=direction, power=power, offset=offset,
-                                     norm_scale=norm_scale, alpha=alpha, norm_eps=norm_eps)
+        phi_q, phi_k = nala_features(q.float(), k.float(), config)
         v1 = torch.cat([v.float(), v.new_ones(b, h, n, 1, dtype=torch.float32)], -1)   # [v | 1]: S and z at once
         keys, values = _by_region(phi_k, order, sizes), _by_region(v1, order, sizes)
         if len(set(sizes)) == 1:    # equal regions: one batched GEMM
@@ -187,16 +178,17 @@ def region_nala_attention(
         return _grid_order(out, order).to(v.dtype)
 
 
-def _sharded_region_attention(q, k, v, shard, regions, logits, eps, features) -> torch.Tensor:
+def _sharded_region_attention(q, k, v, shard, logits, config: NaLaConfig) -> torch.Tensor:
     """Region states under context parallel (autograd, with or without gradients): the
     rank's keys add to the states of the regions of the whole grid its rows fall in, over
     the whole grid's N; the states are all-reduced (backward: their gradient); each local
     query reads its region's mix. Exchanged: R² states, R² × H × 2D × (D+1) numbers."""
     b, h, n, d = q.shape
+    regions, eps = config.regions, config.eps
     _, region, _ = region_layout((shard.h, shard.w), regions)
     local = region[shard.start * shard.w:shard.stop * shard.w].to(q.device)      # (n,) this rank's regions
     with _no_autocast(q.device):
-        phi_q, phi_k = nala_features(q.float(), k.float(), **features)
+        phi_q, phi_k = nala_features(q.float(), k.float(), config)
         v1 = torch.cat([v.float(), v.new_ones(b, h, n, 1, dtype=torch.float32)], -1)
         index = [(local == r).nonzero().squeeze(1) for r in range(regions * regions)]
         states = torch.stack([phi_k.index_select(2, i).transpose(-2, -1) @ v1.index_select(2, i)

@@ -1,8 +1,9 @@
 """Every name a CLI offers, as plain data: importing this module costs no torch.
 
 ``--help``, ``--dry-run`` and argument errors of the CLIs need only these names, so
-they answer at once; the modules that do the work (``attention/``, ``models.py``,
-``generate.py``, ...) import their choice lists from here, so there is one copy of each.
+they answer at once; the modules that do the work (``models/``, ``diffusion/``, ...)
+import their choice lists from here, so there is one copy of each (the attention's are in
+the torch-free ``attention/config.py``, with ``NaLaConfig``).
 ``TrainConfig`` is the training CLI: each field is a flag and a YAML key (``config.py``).
 """
 
@@ -14,19 +15,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..attention.config import (
+    ATTENTIONS, GATED_ATTENTIONS, LINEAR_KERNELS, MODEL_OPTIONS, NaLaConfig,
+)
 from .parse import THREADS_HELP
 
-# attention/: the attention kinds and NaLa's direction maps. "softmax" is DiT's own
-# layer; the others live in the gated layer of spec §4 (qkvg, LePE, LayerNorm, gate),
-# "softmax_gated" being softmax in that layer (to separate kernel from extras).
-ATTENTIONS = ("softmax", "nala", "relu", "elu", "softmax_gated")
-MLP_KINDS = ("mlp", "mix")   # models.py MLPS: DiT's MLP, Mix-FFN
+# attention/config.py: the attention kinds, NaLa's settings (``NaLaConfig``) and their checks;
+# models/dit.py MLPS: DiT's MLP, Mix-FFN.
+MLP_KINDS = ("mlp", "mix")
 MIX_INITS = ("default", "identity")   # Mix-FFN's conv: PyTorch's random init, or the identity (centre tap 1)
-LINEAR_KERNELS = ("nala", "relu", "elu")
-DIRECTIONS = ("cosine", "relu_split")
-# NaLa's norm scale s in p = λ(τ + tanh(‖q‖/s)): a positive number (1 = the paper), or
-# one of these words: "sqrt_d" (s = √D) or "learned" (one s = exp(ρ) per head).
-NORM_SCALE_MODES = ("sqrt_d", "learned")
 # What the Triton kernels (attention/triton_kernels.py) take, known here so that attention/layers.py's
 # dispatch can check a shape without importing Triton: head dims up to 128, and token
 # blocks of 16 on a grid axis that holds at most 65535 of them.
@@ -34,27 +31,26 @@ TRITON_MAX_HEAD_DIM = 128
 TRITON_MAX_TOKENS = 65535 * 16
 
 
-def parse_norm_scale(value) -> float | str:
-    """``norm_scale`` as the model takes it: a positive finite float, "sqrt_d" or "learned".
+def check_mix_init(mlp: str | None, mix_init: str | None, flag=None) -> None:
+    """The one rule of Mix-FFN's start: ``mix_init`` (``MIX_INITS``) applies to ``mlp='mix'``.
+    ``DiT`` passes its keys (``'default'`` is also the plain MLP's value); the training CLI
+    passes what was given (None: not given) with ``flag`` spelling a name, and there giving
+    it at all without ``--mlp mix`` is refused."""
+    if mix_init is None:
+        return
+    if mix_init not in MIX_INITS:
+        raise ValueError(f"mix_init must be one of {MIX_INITS} ('identity': the conv starts as the identity, "
+                         f"'default': PyTorch's random init), got {mix_init!r}")
+    if mlp == "mix":
+        return
+    if flag is not None:
+        raise ValueError(f"{flag('mix_init')} {mix_init} applies to Mix-FFN ({flag('mlp')} mix), not to DiT's MLP; "
+                         f"add {flag('mlp')} mix or drop {flag('mix_init')}")
+    if mix_init != "default":
+        raise ValueError(f"mix_init={mix_init!r} applies to Mix-FFN (mlp='mix'), not to mlp={mlp!r}")
 
-    Accepts numbers and numeric strings (a CLI flag or YAML value); anything else is a
-    ValueError that names the option and what it allows.
-    """
-    allowed = f"a positive number (1 = the paper's raw norm) or one of {NORM_SCALE_MODES}"
-    if isinstance(value, str) and value in NORM_SCALE_MODES:
-        return value
-    if isinstance(value, bool):
-        raise ValueError(f"norm_scale must be {allowed}, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"norm_scale must be {allowed}, got {value!r}") from None
-    if not (number > 0 and number != float("inf")):
-        raise ValueError(f"norm_scale must be {allowed}, got {value!r}")
-    return number
-
-# grid.py: positions at a grid other than the trained one (the model config key
-# ``pos_embed``) and the named resolution-aware schedule shift s = √(tokens / base tokens).
+# grid.py: positions at a grid other than the trained one (--pos-embed, the model config
+# key ``positions``) and the named resolution-aware schedule shift s = √(tokens / base tokens).
 POS_EMBED_MODES = ("extrapolate", "interpolate", "none")
 TIME_SHIFT_AUTO = "auto"
 
@@ -168,29 +164,6 @@ def parse_softmax_blocks(value, depth: int) -> list[int] | None:
     return blocks or None
 
 
-# NaLa region states (attention/regions.py): R x R regions of the token grid. Their mixing
-# weights are (H, R², R²) per layer, H·R⁴ numbers: 65,536 per head at R = 16 (1.0 M in a
-# NaLaDiT-XL/2 block, 4 % of its 25 M weights), 16.8 M per block at R = 32, 6.4 G per block
-# at R = 100 (which also needs a grid of 100 token rows). The studies used R = 2 and 4.
-MAX_NALA_REGIONS = 16
-NALA_REGIONS_COST = ("the mixing weights grow as R⁴: H·R⁴ numbers per layer, 256 per head at R = 4, 65,536 at "
-                     f"R = {MAX_NALA_REGIONS}")
-
-
-def check_nala_regions(value) -> int:
-    """R of ``--nala-regions``: an integer from 1 (one global state, plain NaLa) to
-    ``MAX_NALA_REGIONS``; anything else a one-line ValueError that says what R costs.
-    Whether R fits the token grid (R <= its shorter side) is ``regions.check_regions``'."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"nala-regions must be an integer >= 1 (1 = one global state, plain NaLa), got {value!r}")
-    if value > MAX_NALA_REGIONS:
-        per_head = f"{value ** 4:,}" if value < 10 ** 4 else f"{float(value) ** 4:.1e}"
-        raise ValueError(f"nala-regions {value} is more than {MAX_NALA_REGIONS} regions per side: {NALA_REGIONS_COST}, "
-                         f"{per_head} at R = {value}; use 2 to {MAX_NALA_REGIONS}, no more than the token "
-                         f"grid's side (1 = plain NaLa)")
-    return value
-
-
 # Data sides when --image-size is not given: the digits canvas ladder (32 / 64 / 128 px =
 # 256 / 1,024 / 4,096 tokens at patch 2; digits.py) and image folders.
 CANVAS_SIZES = (32, 64, 128)
@@ -281,27 +254,17 @@ INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 # convert.py: what --init-from copies from a softmax model.
 INHERIT_MODES = ("all-but-attention", "attention-qkv")
 
-# Which attention kinds each model option applies to. An option given for a model whose
-# attention ignores it is an error that names both (``--model DiT-S/2 --lepe true`` would
-# otherwise train a plain DiT without a word). A new attention option: add a row.
-GATED_ATTENTIONS = tuple(a for a in ATTENTIONS if a != "softmax")  # the gated layer of spec §4
-ATTENTION_OPTIONS = {
-    "lepe": GATED_ATTENTIONS,
-    "gate": GATED_ATTENTIONS,
-    "out_norm": GATED_ATTENTIONS,
-    "rope": LINEAR_KERNELS,
-    "direction": ("nala",),
-    "power": ("nala",),
-    "offset": ("nala",),
-    "norm_scale": ("nala",),
-    "alpha": ("nala",),
-    "softmax_blocks": GATED_ATTENTIONS,
-    "nala_regions": ("nala",),
-}
+# Which attention kinds each model option applies to (NaLaConfig's fields say it for theirs).
+# An option given for a model whose attention ignores it is an error that names both
+# (``--model DiT-S/2 --lepe true`` would otherwise train a plain DiT without a word).
+ATTENTION_OPTIONS = {**{key: f.metadata["applies"] for key, f in MODEL_OPTIONS.items()},
+                     "softmax_blocks": GATED_ATTENTIONS}
 ATTENTION_GROUPS = {GATED_ATTENTIONS: "the gated layer", LINEAR_KERNELS: "the linear kernels", ("nala",): "NaLa"}
-# The TrainConfig fields that override a preset's constructor arguments.
-MODEL_OVERRIDES = ("attention", "direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha",
-                   "rope", "pos_embed", "softmax_blocks", "nala_regions", "mlp", "mix_init")
+# The TrainConfig fields that override a preset's constructor arguments -> the model config
+# key each sets (the flag --pos-embed sets the key ``positions``; configs of older versions
+# wrote ``pos_embed``: ``models.dit.config_keys``).
+MODEL_OVERRIDES = {"attention": "attention", **{key: key for key in MODEL_OPTIONS}, "pos_embed": "positions",
+                   "softmax_blocks": "softmax_blocks", "mlp": "mlp", "mix_init": "mix_init"}
 # Training options that only one objective reads (TrainConfig field -> objective).
 OBJECTIVE_OPTIONS = {
     "diffusion_steps": "diffusion", "noise_schedule": "diffusion",
@@ -359,29 +322,33 @@ def _opt(help, **kw):
 
 
 @dataclass
-class TrainConfig:
+class _Model:
     # model
     model: str = field(default="NaLaDiT-S/2", metadata=dict(help="preset name", choices=list(MODEL_NAMES)))
     attention: str | None = _opt("override the preset's attention", choices=list(ATTENTIONS))
-    direction: str | None = _opt("NaLa direction map", choices=list(DIRECTIONS))
-    lepe: bool | None = _opt("NaLa/linear: depthwise-conv positional term on v")
-    gate: bool | None = _opt("NaLa/linear: SiLU output gate")
-    out_norm: bool | None = _opt("NaLa/linear: LayerNorm before the gate")
-    power: float | None = _opt("NaLa λ")
-    offset: float | None = _opt("NaLa τ")
-    norm_scale: str | None = _opt("NaLa s in p = λ(τ + tanh(‖q‖/s)): a positive number (1 = the paper), "
-                                  "'sqrt_d' (s = √D) or 'learned' (one exp(ρ) per head)")
-    alpha: float | None = _opt("NaLa α (direction sharpness)")
-    rope: bool | None = _opt("linear kernels: 2-D rotary embedding on the numerator features only "
-                             "(as the NaLa authors' code)")
+
+
+def _nala_flags() -> list:
+    """One field per model option of ``NaLaConfig`` (``--direction`` … ``--nala-regions``): its
+    flag, YAML key, help and choices come from the NaLaConfig field; None = the preset's value."""
+    types = {"bool": bool, "int": int, "float": float, "str": str}
+    return [(key, (f.metadata.get("flag_type") or types[f.type]) | None,
+             field(default=None, metadata={k: f.metadata[k] for k in ("help", "choices") if k in f.metadata}))
+            for key, f in MODEL_OPTIONS.items()]
+
+
+_NaLaFlags = dataclasses.make_dataclass("_NaLaFlags", _nala_flags(), bases=(_Model,))
+_NaLaFlags.__module__ = __name__
+
+
+@dataclass
+class TrainConfig(_NaLaFlags):
+    """The training CLI: each field a flag and a YAML key; the model and its attention first
+    (``_Model``, then NaLaConfig's options), then the rest."""
     pos_embed: str | None = _opt("positions on a grid other than the base one: 'extrapolate' (DiT's integer "
                                  "positions, default), 'interpolate' (PixArt: scaled into the base range) or "
                                  "'none' (LePE only)", choices=list(POS_EMBED_MODES))
     softmax_blocks: str | None = _opt(SOFTMAX_BLOCKS_HELP, comma_list=True)
-    nala_regions: int | None = _opt("NaLa region states: cut the token grid into R x R regions, one key-value state "
-                                    "each, mixed per query region by learned weights (1 = one global state, plain "
-                                    f"NaLa); R from 1 to {MAX_NALA_REGIONS} and at most the token grid's side: "
-                                    f"{NALA_REGIONS_COST}; docs/training.md")
     mlp: str | None = _opt("the block's MLP: 'mlp' (DiT's, default) or 'mix' (Mix-FFN: a 3x3 depthwise conv on the "
                            "token grid between the two linears)", choices=list(MLP_KINDS))
     mix_init: str | None = _opt("Mix-FFN's conv at the start: 'default' (PyTorch's random init) or 'identity' (centre "
@@ -530,15 +497,12 @@ class TrainConfig:
         if self.latent_norm == "channel" and self.vae is None:
             raise ValueError("--latent-norm channel normalises VAE latents, but this run is in pixel space (no --vae): "
                              "drop it, or train on a latent folder from extract_latents.py with its --vae")
-        if self.mix_init is not None and self.mlp != "mix":
-            raise ValueError(f"--mix-init {self.mix_init} applies to Mix-FFN (--mlp mix), not to DiT's MLP; add --mlp mix "
-                             f"or drop --mix-init")
+        check_mix_init(self.mlp, self.mix_init, flag)
+        nala = self.nala_config()   # NaLa's settings checked once (NaLaConfig), e.g. --norm-scale 2 -> 2.0
         if self.norm_scale is not None:
-            self.norm_scale = parse_norm_scale(self.norm_scale)
+            self.norm_scale = nala.norm_scale
         if self.time_shift is not None:
             self.time_shift = parse_time_shift(self.time_shift)
-        if self.nala_regions is not None:
-            check_nala_regions(self.nala_regions)
         if self.softmax_blocks is not None:
             parse_softmax_blocks(self.softmax_blocks, SIZES[self.model.split("-")[-1].split("/")[0]]["depth"])
         # A config.yaml saved before the ladder holds the old default (256) for every data kind.
@@ -585,6 +549,12 @@ class TrainConfig:
         if self.repa_encoder is None and self.repa_depth is not None:
             raise ValueError("--repa-depth chooses the block aligned to --repa-encoder's features: pass "
                              "--repa-encoder FOLDER with it")
+
+    def nala_config(self) -> NaLaConfig:
+        """The attention settings this run's model gets: the preset's (or ``--attention``'s)
+        kind with the NaLa flags given over NaLaConfig's defaults; checked."""
+        given = {key: getattr(self, key) for key in MODEL_OPTIONS if getattr(self, key) is not None}
+        return NaLaConfig.from_model(self.attention or preset(self.model)[2], **given)
 
     def _check_grid_options(self, objective: str) -> None:
         """The sample-grid options, checked now: a grid is drawn every ``sample_every`` steps,

@@ -38,9 +38,11 @@ Resume. ``resumable_gradient_sync`` makes DDP's gradient all-reduce over CPU pro
 independent of its buckets, so a resumed run of 3 or more processes (context parallel or
 not) continues bit for bit.
 
-The model hook is ``DiT.context_parallel`` (``enable``): with it set, the model's forward
-embeds the rank's rows and passes the blocks a ``ShardGrid`` instead of the ``(h, w)``
-grid; a layer asks ``shard_of(grid)``.
+The model hook is ``DiT.context_parallel`` (``enable`` sets it): the model's forward asks
+it for its rows (``shard``: the latent's and the position table's, and the grid the blocks
+run on) and for the whole output (``gather``). ``WHOLE_GRID``, the default, keeps the whole
+grid; a ``ContextParallel`` group gives the rank's rows and a ``ShardGrid`` instead of the
+``(h, w)`` grid; a layer asks ``shard_of(grid)``.
 """
 
 from __future__ import annotations
@@ -94,6 +96,17 @@ class ContextParallel:
     def split(self, h: int, w: int) -> "ShardGrid":
         return ShardGrid(self, h, w)
 
+    def shard(self, x: torch.Tensor, pos: torch.Tensor, grid, patch: int):
+        """The model hook: this rank's rows of the latent (B, C, H, W) and of the position
+        table (1, h·w, C), and the ``ShardGrid`` the blocks run on."""
+        shard = self.split(*grid)
+        rows = x[:, :, shard.start * patch:shard.stop * patch]
+        return rows, pos[:, shard.start * shard.w:shard.stop * shard.w], shard
+
+    def gather(self, x: torch.Tensor, shard: "ShardGrid") -> torch.Tensor:
+        """The model hook: every rank's tokens (B, rows·w, F) → the whole image's (B, h·w, F)."""
+        return shard.gather(x)
+
     def __deepcopy__(self, memo):
         return self          # a process group is shared, never copied (an EMA copy of the model)
 
@@ -106,9 +119,26 @@ def shard_of(grid) -> "ShardGrid | None":
     return grid if isinstance(grid, ShardGrid) else None
 
 
+class WholeGrid:
+    """The model hook without context parallel (``DiT.context_parallel``'s default): the
+    whole grid on this process, nothing split or gathered."""
+
+    def shard(self, x: torch.Tensor, pos: torch.Tensor, grid, patch: int):
+        return x, pos, grid
+
+    def gather(self, x: torch.Tensor, grid) -> torch.Tensor:
+        return x
+
+    def __repr__(self) -> str:
+        return "WHOLE_GRID"
+
+
+WHOLE_GRID = WholeGrid()
+
+
 def enable(model, context: ContextParallel | None) -> None:
-    """Run ``model`` (a ``DiT``) split by rows over ``context`` (None or P = 1: as today)."""
-    model.context_parallel = context if context is not None and context.size > 1 else None
+    """Run ``model`` (a ``DiT``) split by rows over ``context`` (None or P = 1: the whole grid)."""
+    model.context_parallel = context if context is not None and context.size > 1 else WHOLE_GRID
 
 
 class ShardGrid(tuple):
@@ -309,13 +339,6 @@ def gathered_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shard: S
     (q, k, v (B, H, rows·w, D); k and v gathered in one exchange)."""
     kv = shard.gather(torch.stack([k, v]), dim=3)                      # (2, B, H, N, D)
     return torch.nn.functional.scaled_dot_product_attention(q, kv[0], kv[1])
-
-
-def shard_input(x: torch.Tensor, pos: torch.Tensor, shard: ShardGrid, patch: int):
-    """This rank's rows of the latent (B, C, H, W) and of the position table (1, h·w, C)."""
-    x = x[:, :, shard.start * patch:shard.stop * patch]
-    pos = pos[:, shard.start * shard.w:shard.stop * shard.w]
-    return x, pos
 
 
 def exchanged_numbers(kind: str, tokens: int, hidden: int, heads: int, rows: int | None = None,

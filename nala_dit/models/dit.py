@@ -16,8 +16,8 @@ order; images/latents are ``(B, C, H, W)``.
 
 from __future__ import annotations
 
+import inspect
 import math
-from functools import partial
 
 import torch
 import torch.nn as nn
@@ -26,11 +26,12 @@ import torch.utils.checkpoint
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
-from ..attention import ATTENTIONS, LINEAR_KERNELS, build_attention
-from .context_parallel import shard_input, shard_of
-from .grid import TokenGrid, check_pos_embed, model_grid
+from ..attention import NaLaConfig, build_attention
+from ..attention.config import MODEL_OPTIONS
+from .context_parallel import WHOLE_GRID, shard_of
+from .grid import GridPositions, check_positions
 # plain data, shared with the CLIs
-from ..cli.options import FAMILIES, MIX_INITS, PATCHES, SIZES, check_attention_options, parse_softmax_blocks, preset
+from ..cli.options import FAMILIES, PATCHES, SIZES, check_attention_options, check_mix_init, parse_softmax_blocks, preset
 
 OBJECTIVES = ("diffusion", "transport")
 
@@ -140,8 +141,7 @@ class MixMlp(Mlp):
 
     def __init__(self, dim: int, hidden: int, init: str = "default"):
         super().__init__(dim, hidden)
-        if init not in MIX_INITS:
-            raise ValueError(f"mix_init must be one of {MIX_INITS}, got {init!r}")
+        check_mix_init("mix", init)
         self.init = init
         if init == "identity":
             self.dwconv = nn.utils.skip_init(nn.Conv2d, hidden, hidden, 3, padding=1, groups=hidden,
@@ -178,13 +178,14 @@ MLPS = {"mlp": Mlp, "mix": MixMlp}
 
 
 class DiTBlock(nn.Module):
-    """adaLN-Zero transformer block; ``attn`` is softmax, NaLa or a linear baseline."""
+    """adaLN-Zero transformer block; ``attn`` is softmax, NaLa or a linear baseline
+    (``attention``, with the gated layer's settings ``nala``)."""
 
-    def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float, attention: str, mlp: str = "mlp",
-                 mix_init: str = "default", **attn_options):
+    def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float, attention: str,
+                 nala: NaLaConfig | None = None, mlp: str = "mlp", mix_init: str = "default"):
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.attn = build_attention(attention, hidden_size, num_heads, **attn_options)
+        self.attn = build_attention(attention, hidden_size, num_heads, nala)
         self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.mlp = MLPS[mlp](hidden_size, int(hidden_size * mlp_ratio), **({"init": mix_init} if mlp == "mix" else {}))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
@@ -212,124 +213,106 @@ class FinalLayer(nn.Module):
         return self.linear(modulate(self.norm_final(x), shift, scale))  # (B, N, p·p·C_out)
 
 
-class DiT(ModelMixin, ConfigMixin):
+# Config keys older versions wrote -> today's (diffusers configs, checkpoints' state.json).
+RENAMED_KEYS = {"pos_embed": "positions"}
+
+
+def config_keys(config) -> dict:
+    """The constructor keys of a stored ``DiT`` config: diffusers' ``_`` keys dropped and the
+    keys of older versions renamed (``RENAMED_KEYS``). Every stored config is read through
+    this one function (checkpoints, pipeline folders, ``DiT.from_config`` / ``from_pretrained``)."""
+    return {RENAMED_KEYS.get(k, k): v for k, v in dict(config).items() if not str(k).startswith("_")}
+
+
+def _attention_keywords(init):
+    """``DiT.__init__`` takes NaLaConfig's model options (``MODEL_OPTIONS``: ``lepe``,
+    ``power``, …, ``nala_regions``) as keyword arguments: its signature lists them from there,
+    so diffusers records them as config keys and ``from_config`` passes them back, and
+    ``models/files.py`` checks their types, without restating them here."""
+    sig = inspect.signature(init)
+    options = [inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+               for key, f in MODEL_OPTIONS.items()]
+    init.__signature__ = sig.replace(parameters=[*list(sig.parameters.values())[:-1], *options])
+    return init
+
+
+def check_model_keys(input_size: int, patch_size: int, hidden_size: int, num_heads: int, num_classes: int,
+                     objective: str, attention: str, positions: str, base_size: int | None, softmax_blocks, mlp: str,
+                     mix_init: str) -> None:
+    """The checks of ``DiT``'s own keys (the attention's are ``NaLaConfig``'s), one-line errors."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    if patch_size < 1 or input_size % patch_size:
+        raise ValueError(f"input_size={input_size} must be divisible by patch_size={patch_size} "
+                         f"(latent size = image size / 8 for the SD VAE: 256 px → 32)")
+    check_positions(positions)
+    if base_size is not None and (base_size < 1 or base_size % patch_size):
+        raise ValueError(f"base_size={base_size} must be a positive multiple of patch_size={patch_size}")
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1 (1 = unconditional), got {num_classes}")
+    if mlp not in MLPS:
+        raise ValueError(f"mlp must be one of {tuple(MLPS)} ('mlp' = DiT's, 'mix' = Mix-FFN), got {mlp!r}")
+    check_mix_init(mlp, mix_init)
+    if hidden_size % num_heads:
+        raise ValueError(f"num_heads={num_heads} must divide hidden_size={hidden_size}")
+    if softmax_blocks is not None and attention == "softmax":
+        raise ValueError(f"softmax_blocks={softmax_blocks!r} needs a linear-attention model; attention='softmax' "
+                         f"is softmax in every block already")
+
+
+class DiT(GridPositions, ModelMixin, ConfigMixin):
     """Diffusion transformer (DiT/SiT), softmax or linear attention.
 
     ``forward(x, t, y)``: x ``(B, C_in, H, W)``, t ``(B,)`` integer DiT timesteps or
-    continuous SiT times, y ``(B,)`` labels in ``[0, num_classes]`` (``num_classes`` is
-    the null label). Returns ``(B, C_out, H, W)`` with ``C_out = 2·C_in`` when
-    ``learn_sigma`` (ε and the variance interpolation, DiT) else ``C_in`` (SiT).
+    continuous SiT times, y ``(B,)`` labels in ``[0, num_classes]`` (``num_classes`` is the
+    null label). Returns ``(B, C_out, H, W)``, ``C_out = 2·C_in`` when ``learn_sigma`` (DiT).
+    ``attention``: every block's layer, with NaLaConfig's settings (keywords ``lepe``, ``power``,
+    …, ``nala_regions``); ``positions``: the policy at other grids (``grid.py``);
+    ``softmax_blocks``: the hybrid schedule (DiT's softmax layer in those blocks).
     """
 
     _supports_gradient_checkpointing = True
+    # The hook ``context_parallel.enable`` sets: which rows of the token grid this process runs.
+    context_parallel = WHOLE_GRID
 
     @register_to_config
-    def __init__(
-        self,
-        input_size: int = 32,
-        patch_size: int = 2,
-        in_channels: int = 4,
-        hidden_size: int = 1152,
-        depth: int = 28,
-        num_heads: int = 16,
-        mlp_ratio: float = 4.0,
-        class_dropout_prob: float = 0.1,
-        num_classes: int = 1000,
-        learn_sigma: bool = True,
-        objective: str = "diffusion",
-        attention: str = "softmax",
-        direction: str = "cosine",
-        power: float = 3.0,
-        offset: float = 0.5,
-        norm_scale: float | str = 1.0,
-        alpha: float = 20.0,
-        lepe: bool = True,
-        gate: bool = True,
-        out_norm: bool = True,
-        rope: bool = False,
-        pos_embed: str = "extrapolate",
-        base_size: int | None = None,
-        softmax_blocks: list[int] | str | None = None,
-        nala_regions: int = 1,
-        mlp: str = "mlp",
-        mix_init: str = "default",
-    ):
+    @_attention_keywords
+    def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4, hidden_size: int = 1152,
+                 depth: int = 28, num_heads: int = 16, mlp_ratio: float = 4.0, class_dropout_prob: float = 0.1,
+                 num_classes: int = 1000, learn_sigma: bool = True, objective: str = "diffusion",
+                 attention: str = "softmax", positions: str = "extrapolate", base_size: int | None = None,
+                 softmax_blocks: list[int] | str | None = None, mlp: str = "mlp", mix_init: str = "default",
+                 **attention_options):
         super().__init__()
-        if attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
-        if objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-        if patch_size < 1 or input_size % patch_size:
-            raise ValueError(
-                f"input_size={input_size} must be divisible by patch_size={patch_size} "
-                f"(latent size = image size / 8 for the SD VAE: 256 px → 32)"
-            )
-        check_pos_embed(pos_embed)
-        if base_size is not None and (base_size < 1 or base_size % patch_size):
-            raise ValueError(f"base_size={base_size} must be a positive multiple of patch_size={patch_size}")
-        if num_classes < 1:
-            raise ValueError(f"num_classes must be >= 1 (1 = unconditional), got {num_classes}")
-        if mlp not in MLPS:
-            raise ValueError(f"mlp must be one of {tuple(MLPS)} ('mlp' = DiT's, 'mix' = Mix-FFN), got {mlp!r}")
-        if mix_init not in MIX_INITS:
-            raise ValueError(f"mix_init must be one of {MIX_INITS} ('identity': the conv starts as the identity, "
-                             f"'default': PyTorch's random init), got {mix_init!r}")
-        if mix_init != "default" and mlp != "mix":
-            raise ValueError(f"mix_init={mix_init!r} applies to Mix-FFN (mlp='mix'), not to mlp={mlp!r}")
-        if nala_regions != 1 and attention != "nala":
-            raise ValueError(f"nala_regions={nala_regions} applies to NaLa attention, not to attention={attention!r}")
-        if hidden_size % num_heads:
-            raise ValueError(f"num_heads={num_heads} must divide hidden_size={hidden_size}")
+        nala = NaLaConfig.from_model(attention, **attention_options)   # the attention's settings, checked
+        check_model_keys(input_size, patch_size, hidden_size, num_heads, num_classes, objective, attention,
+                         positions, base_size, softmax_blocks, mlp, mix_init)
         self.in_channels = in_channels
         self.out_channels = in_channels * 2 if learn_sigma else in_channels
         self.patch_size = patch_size
         self.num_heads = num_heads
         self.gradient_checkpointing = False
-        self._pos_cache: dict = {}   # TokenGrid -> its table, for grids other than the trained one
-
-        attn_options = {}
-        if attention != "softmax":  # the gated layer of spec §4
-            attn_options = dict(lepe=lepe, gate=gate, out_norm=out_norm)
-            if attention in LINEAR_KERNELS:
-                attn_options.update(rope=rope)
-            if attention == "nala":
-                attn_options.update(direction=direction, power=power, offset=offset,
-                                    norm_scale=norm_scale, alpha=alpha, regions=nala_regions)
-        elif rope:
-            raise ValueError(f"rope applies to the linear kernels {LINEAR_KERNELS}, not to attention='softmax'")
+        self._pos_cache: dict = {}   # TokenGrid -> its table, for grids other than the trained one (grid.py)
 
         self.x_embedder = PatchEmbed(patch_size, in_channels, hidden_size)
         self.t_embedder = TimestepEmbedder(hidden_size)
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
-        grid = input_size // patch_size
-        # Fixed sin-cos table; a frozen Parameter as in DiT, so the official key
-        # ``pos_embed`` loads and the parameter counts match the paper's.
-        # (Set through ``_parameters``: the config key ``pos_embed``, the policy, shares the
-        # name, and diffusers' attribute fallback to config keys would refuse the parameter.)
-        self._parameters["pos_embed"] = nn.Parameter(torch.zeros(1, grid * grid, hidden_size), requires_grad=False)
-        # Hybrid schedule: the listed blocks use DiT's softmax layer (official names
-        # attn.qkv / attn.proj), the others the model's attention. Recorded resolved
-        # ("every:4" -> [3]) so a checkpoint's config rebuilds the same stack.
-        if softmax_blocks is not None and attention == "softmax":
-            raise ValueError(f"softmax_blocks={softmax_blocks!r} needs a linear-attention model; attention='softmax' "
-                             f"is softmax in every block already")
+        # Fixed sin-cos table of the trained grid (grid.py); a frozen Parameter as in DiT, so
+        # the official key ``pos_embed`` loads and the parameter counts match the paper's.
+        side = input_size // patch_size
+        self.pos_embed = nn.Parameter(torch.zeros(1, side * side, hidden_size), requires_grad=False)
+        # Recorded resolved ("every:4" -> [3]) so a checkpoint's config rebuilds the same stack.
         softmax_blocks = parse_softmax_blocks(softmax_blocks, depth)
         self.register_to_config(softmax_blocks=softmax_blocks)
         self.blocks = nn.ModuleList(
-            DiTBlock(hidden_size, num_heads, mlp_ratio, "softmax", mlp, mix_init) if i in (softmax_blocks or ())
-            else DiTBlock(hidden_size, num_heads, mlp_ratio, attention, mlp, mix_init, **attn_options)
-            for i in range(depth)
-        )
+            DiTBlock(hidden_size, num_heads, mlp_ratio, "softmax" if i in (softmax_blocks or ()) else attention,
+                     nala, mlp, mix_init) for i in range(depth))
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
         self.initialize_weights()
 
-    def __getattr__(self, name: str):
-        # ``model.pos_embed`` is DiT's parameter (official key); the policy of the same name
-        # is ``model.config.pos_embed``. diffusers would answer the config value first.
-        params = self.__dict__.get("_parameters")
-        if params is not None and name in params:
-            return params[name]
-        return super().__getattr__(name)
+    @classmethod
+    def extract_init_dict(cls, config_dict, **kwargs):   # diffusers' from_config / from_pretrained
+        return super().extract_init_dict(config_keys(config_dict), **kwargs)
 
     @property
     def null_label(self) -> int | None:
@@ -372,116 +355,35 @@ class DiT(ModelMixin, ConfigMixin):
         nn.init.constant_(self.final_layer.linear.weight, 0)
         nn.init.constant_(self.final_layer.linear.bias, 0)
 
-    def grid(self, h: int, w: int) -> TokenGrid:
-        """The token grid of an (h, w) latent under this model's ``pos_embed`` policy."""
-        return model_grid(self.config, (h, w))
-
-    @torch.no_grad()
-    def reset_pos_embed(self) -> None:
-        """Fill the frozen ``pos_embed`` table for the trained grid (policy applied: a
-        model fine-tuned up the ladder with ``interpolate`` keeps its base range)."""
-        side = self.config.input_size
-        self.pos_embed.copy_(self._table(self.grid(side, side)))
-        self._pos_cache.clear()
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # The position table is a function of the grid, not a learned weight: a state dict
-        # saved at another size (a 256-px checkpoint loaded into a 512-px model) keeps this
-        # model's own table instead of failing on its shape. Same shape: loaded as saved.
-        key = prefix + "pos_embed"
-        if key in state_dict and state_dict[key].shape != self.pos_embed.shape:
-            state_dict[key] = self.pos_embed.detach().clone()
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    def rebase(self, base_size: int) -> None:
-        """Set the base grid (latent side) positions are relative to: a model fine-tuned up
-        the ladder keeps its source's, so ``interpolate`` maps every size onto the range the
-        source was trained on (``convert.init_from``)."""
-        if base_size < 1 or base_size % self.patch_size:
-            raise ValueError(f"base_size={base_size} must be a positive multiple of patch_size={self.patch_size}")
-        self.register_to_config(base_size=int(base_size))
-        self.reset_pos_embed()
-
-    def _table(self, grid: TokenGrid) -> torch.Tensor:
-        scale = grid.position_scale()
-        if scale is None:
-            return torch.zeros(1, grid.tokens, self.pos_embed.shape[-1])
-        return sincos_pos_embed_2d(self.pos_embed.shape[-1], grid.h, grid.w, scale).unsqueeze(0)
-
-    def position_embedding(self, grid: TokenGrid) -> torch.Tensor:
-        """The table for the actual token grid, (1, h·w, C): the stored ``pos_embed`` at the
-        trained size, else computed once per grid (never a reason a checkpoint fails to
-        load or run at another size)."""
-        side = self.config.input_size // self.patch_size
-        if (grid.h, grid.w) == (side, side):
-            return self.pos_embed
-        table = self._pos_cache.get(grid)
-        if table is None or table.device != self.pos_embed.device or table.dtype != self.pos_embed.dtype:
-            table = self._table(grid).to(self.pos_embed.device, self.pos_embed.dtype)
-            self._pos_cache[grid] = table
-        return table
-
     def unpatchify(self, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """(B, h·w, p·p·C) → (B, C, h·p, w·p)."""
         p, c = self.patch_size, self.out_channels
         x = x.reshape(x.shape[0], h, w, p, p, c)
         return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
 
-    def _check_input(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> None:
-        if x.ndim != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"x must be (B, {self.in_channels}, H, W) for this model, got shape {tuple(x.shape)}"
-            )
-        p = self.patch_size
-        if x.shape[2] % p or x.shape[3] % p:
-            raise ValueError(
-                f"x spatial size {tuple(x.shape[2:])} must be divisible by patch_size={p}"
-            )
-        if t.shape != (x.shape[0],) or y.shape != (x.shape[0],):
-            raise ValueError(
-                f"t and y must be (B,) = ({x.shape[0]},), got t {tuple(t.shape)} and y {tuple(y.shape)}"
-            )
-
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
                 force_drop_ids: torch.Tensor | None = None) -> torch.Tensor:
         """``force_drop_ids`` (B,) 1 = null label: fixes the label dropout (a distillation
         teacher must see the labels its student saw) instead of drawing it."""
-        self._check_input(x, t, y)
+        check_inputs(self, x, t, y)
         grid = self.grid(x.shape[2], x.shape[3])
-        h, w = grid
-        pos, blocks_grid = self.position_embedding(grid), grid
-        context = self.__dict__.get("context_parallel")   # context_parallel.enable: this rank's rows only
-        if context is not None:
-            blocks_grid = context.split(h, w)
-            x, pos = shard_input(x, pos, blocks_grid, self.patch_size)
+        # this process's rows of the grid (context parallel: a ShardGrid; else the whole grid)
+        x, pos, rows = self.context_parallel.shard(x, self.position_embedding(grid), grid, self.patch_size)
         x = self.x_embedder(x) + pos                                   # (B, N, C)
         c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)  # (B, C)
         for block in self.blocks:
             if self.gradient_checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, c, blocks_grid, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, c, rows, use_reentrant=False)
             else:
-                x = block(x, c, blocks_grid)                           # (B, N, C)
-        x = self.final_layer(x, c)                                     # (B, N, p·p·C_out)
-        if context is not None:
-            x = blocks_grid.gather(x)                                  # every rank's rows: the whole image
-        return self.unpatchify(x, h, w)                                # (B, C_out, H, W)
+                x = block(x, c, rows)                                  # (B, N, C)
+        x = self.context_parallel.gather(self.final_layer(x, c), rows)  # (B, N, p·p·C_out), every row
+        return self.unpatchify(x, *grid)                               # (B, C_out, H, W)
 
-    def forward_with_cfg(
-        self,
-        x: torch.Tensor,
-        t: torch.Tensor,
-        y: torch.Tensor,
-        cfg_scale: float,
-        guide_channels: int | None = None,
-    ) -> torch.Tensor:
-        """DiT's batched classifier-free guidance: the first half of the batch is
-        conditional, the second half carries the null label; both halves get
-        ``uncond + s·(cond − uncond)``.
-
-        ``guide_channels`` defaults to all ``in_channels`` (the original code guides
-        only 3 of the 4 latent channels; pass ``guide_channels=3`` for that). Learned
-        variance channels are never guided.
-        """
+    def forward_with_cfg(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float,
+                         guide_channels: int | None = None) -> torch.Tensor:
+        """DiT's batched classifier-free guidance: the first half of the batch is conditional,
+        the second carries the null label; both get ``uncond + s·(cond − uncond)`` on the first
+        ``guide_channels`` (default all ``in_channels``; DiT's code: 3), never on learned variances."""
         guide_channels = self.in_channels if guide_channels is None else guide_channels
         half = x[: len(x) // 2]
         out = self.forward(torch.cat([half, half]), t, y)
@@ -491,24 +393,15 @@ class DiT(ModelMixin, ConfigMixin):
         return torch.cat([torch.cat([guided, guided]), rest], dim=1)
 
 
-def sincos_pos_embed_1d(dim: int, pos: torch.Tensor) -> torch.Tensor:
-    """(M,) positions → (M, dim): [sin(pos·ω), cos(pos·ω)], ω_i = 10000^(−2i/dim)."""
-    omega = 1.0 / 10000 ** (torch.arange(dim // 2, dtype=torch.float64) / (dim / 2))
-    out = pos.double().reshape(-1, 1) * omega
-    return torch.cat([torch.sin(out), torch.cos(out)], dim=1)
-
-
-def sincos_pos_embed_2d(dim: int, h: int, w: int, scale: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
-    """DiT's 2-D table for an h×w grid, (h·w, dim) in row-major order, fp32.
-
-    As in the original (MAE) code, the first half of the channels encodes the column
-    position and the second half the row position; position = index × ``scale`` (row,
-    column): 1 is DiT's integer grid, base / side PixArt's interpolation (``grid.py``).
-    """
-    rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float64) * scale[0],
-                                torch.arange(w, dtype=torch.float64) * scale[1], indexing="ij")
-    emb = torch.cat([sincos_pos_embed_1d(dim // 2, cols), sincos_pos_embed_1d(dim // 2, rows)], dim=1)
-    return emb.float()
+def check_inputs(model: DiT, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> None:
+    """``DiT.forward``'s inputs: one-line errors naming the shapes it takes."""
+    if x.ndim != 4 or x.shape[1] != model.in_channels:
+        raise ValueError(f"x must be (B, {model.in_channels}, H, W) for this model, got shape {tuple(x.shape)}")
+    p = model.patch_size
+    if x.shape[2] % p or x.shape[3] % p:
+        raise ValueError(f"x spatial size {tuple(x.shape[2:])} must be divisible by patch_size={p}")
+    if t.shape != (x.shape[0],) or y.shape != (x.shape[0],):
+        raise ValueError(f"t and y must be (B,) = ({x.shape[0]},), got t {tuple(t.shape)} and y {tuple(y.shape)}")
 
 
 # ---------------------------------------------------------------------------- presets

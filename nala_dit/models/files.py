@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..guards import assert_no_meta, read_json, refuse_non_finite, state_dict_mismatch
-from .dit import DiT
+from .dit import DiT, config_keys
 
 # Config keys that count things: a model with 0 (or fewer) of them is not a model.
 COUNT_KEYS = ("input_size", "patch_size", "in_channels", "hidden_size", "depth", "num_heads", "num_classes")
@@ -62,13 +62,13 @@ def _fits(value, types: tuple[type, ...]) -> bool:
 
 def check_model_config(config, where: str, fix: str = "restore the file written with the weights, or export "
                                                        "the model again") -> dict:
-    """The constructor keys of a stored ``DiT`` config (diffusers' ``_`` keys dropped),
-    after checking every key is known and of the type ``DiT`` takes; else a ValueError
+    """The constructor keys of a stored ``DiT`` config (``dit.config_keys``: diffusers' ``_``
+    keys dropped, older versions' keys renamed), after checking every key is known and of the type ``DiT`` takes; else a ValueError
     ``"<where>: 'hidden_size' must be an integer, got '128' (str); <fix>"``."""
     if not isinstance(config, dict):
         raise ValueError(f"{where}: the model config must be a JSON object, got {type(config).__name__}; {fix}")
     params = _dit_parameters()
-    keys = {k: v for k, v in config.items() if not str(k).startswith("_")}
+    keys = config_keys(config)
     unknown = sorted(k for k in keys if k not in params)
     if unknown:
         raise ValueError(f"{where}: unknown model config key(s) {unknown} (this version knows "

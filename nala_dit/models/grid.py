@@ -9,8 +9,9 @@ sizes:
 
 ``vae_factor`` is 8 for the SD VAE and 1 for a pixel-space model (the embedded digits).
 
-Positions for a grid that is not the trained one follow the model's ``pos_embed`` policy
-(``POS_EMBED_MODES``; HIGHRES.md collects what PixArt, Sana and DiT do):
+Positions for a grid that is not the trained one follow the model's ``positions`` policy
+(config key ``positions``, flag ``--pos-embed``: ``POS_EMBED_MODES``; docs/highres.md
+collects what PixArt, Sana and DiT do):
 
 - ``extrapolate`` (DiT, the default): integer positions 0…g−1. Exact for published
   weights at their own size; a larger grid reaches positions never seen in training.
@@ -20,6 +21,11 @@ Positions for a grid that is not the trained one follow the model's ``pos_embed`
 - ``none``: no absolute positions at all (neither the sin-cos table nor RoPE); the
   model relies on the LePE depthwise conv for position, as Sana's 1K model relies on
   its conv.
+
+The positions themselves are here too: DiT's fixed 2-D sin-cos table of a grid
+(``TokenGrid.table``, ``sincos_pos_embed_2d``) and the model's side of them
+(``GridPositions``: the stored table of the trained grid, the others computed once per
+grid). Torch is imported only where a table is computed: the CLIs read this module first.
 
 The resolution-aware noise-schedule shift (``time_shift``) is resolved here too: the
 conventional ``"auto"`` is s = √(N_tokens / N_base) (SD3, Sana), N_base the token count
@@ -33,7 +39,7 @@ import re
 import sys
 from dataclasses import dataclass, replace
 
-from ..cli.options import POS_EMBED_MODES, TIME_SHIFT_AUTO, parse_time_shift  # noqa: F401  (re-exported)
+from ..cli.options import POS_EMBED_MODES, TIME_SHIFT_AUTO, parse_time_shift
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(?:[x×]\s*(\d+))?\s*$")
 
@@ -90,9 +96,9 @@ def _nearest_multiples(side: int, step: int) -> list[int]:
     return [v for v in (below, below + step) if v >= step]
 
 
-def check_pos_embed(mode: str) -> str:
+def check_positions(mode: str) -> str:
     if mode not in POS_EMBED_MODES:
-        raise ValueError(f"pos_embed must be one of {', '.join(POS_EMBED_MODES)}, got {mode!r}")
+        raise ValueError(f"positions must be one of {', '.join(POS_EMBED_MODES)} (--pos-embed), got {mode!r}")
     return mode
 
 
@@ -107,10 +113,10 @@ class TokenGrid:
     w: int
     base_h: int
     base_w: int
-    pos_embed: str = "extrapolate"
+    positions: str = "extrapolate"
 
     def __post_init__(self):
-        check_pos_embed(self.pos_embed)
+        check_positions(self.positions)
         if min(self.h, self.w, self.base_h, self.base_w) < 1:
             raise ValueError(f"grid sides must be >= 1, got {self.h}x{self.w} (base {self.base_h}x{self.base_w})")
 
@@ -133,11 +139,21 @@ class TokenGrid:
 
     def position_scale(self) -> tuple[float, float] | None:
         """Multipliers (row, column) turning indices into positions; None: no positions."""
-        if self.pos_embed == "none":
+        if self.positions == "none":
             return None
-        if self.pos_embed == "interpolate":
+        if self.positions == "interpolate":
             return self.base_h / self.h, self.base_w / self.w
         return 1.0, 1.0
+
+    def table(self, dim: int):
+        """DiT's fixed sin-cos table for this grid under its policy: (1, h·w, dim) fp32,
+        zeros for ``none``."""
+        import torch
+
+        scale = self.position_scale()
+        if scale is None:
+            return torch.zeros(1, self.tokens, dim)
+        return sincos_pos_embed_2d(dim, self.h, self.w, scale).unsqueeze(0)
 
     def time_shift(self, value) -> float:
         """A ``time_shift`` setting resolved for this grid: a number as it is, ``"auto"``
@@ -155,14 +171,88 @@ def resolve_time_shift(value, tokens: int, base_tokens: int) -> float:
 
 def model_grid(config, latent_hw: tuple[int, int] | None = None) -> TokenGrid:
     """The token grid of a model (its diffusers config) for a latent (h, w); default the
-    trained size. Older configs without ``base_size`` / ``pos_embed`` mean base = trained
-    size and DiT's integer positions."""
+    trained size. Older configs without ``base_size`` / ``positions`` mean base = trained
+    size and DiT's integer positions (a stored config is read through ``dit.config_keys``)."""
     p = config["patch_size"]
     base = config.get("base_size") or config["input_size"]
     h, w = latent_hw if latent_hw is not None else (config["input_size"],) * 2
     if h % p or w % p:
         raise ValueError(f"latent size {h}x{w} must be divisible by patch_size={p}")
-    return TokenGrid(h // p, w // p, base // p, base // p, config.get("pos_embed") or "extrapolate")
+    return TokenGrid(h // p, w // p, base // p, base // p, config.get("positions") or "extrapolate")
+
+
+# ------------------------------------------------------------------ the position table
+def sincos_pos_embed_1d(dim: int, pos):
+    """(M,) positions → (M, dim): [sin(pos·ω), cos(pos·ω)], ω_i = 10000^(−2i/dim)."""
+    import torch
+
+    omega = 1.0 / 10000 ** (torch.arange(dim // 2, dtype=torch.float64) / (dim / 2))
+    out = pos.double().reshape(-1, 1) * omega
+    return torch.cat([torch.sin(out), torch.cos(out)], dim=1)
+
+
+def sincos_pos_embed_2d(dim: int, h: int, w: int, scale: tuple[float, float] = (1.0, 1.0)):
+    """DiT's 2-D table for an h×w grid, (h·w, dim) in row-major order, fp32.
+
+    As in the original (MAE) code, the first half of the channels encodes the column
+    position and the second half the row position; position = index × ``scale`` (row,
+    column): 1 is DiT's integer grid, base / side PixArt's interpolation (``TokenGrid``).
+    """
+    import torch
+
+    rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float64) * scale[0],
+                                torch.arange(w, dtype=torch.float64) * scale[1], indexing="ij")
+    emb = torch.cat([sincos_pos_embed_1d(dim // 2, cols), sincos_pos_embed_1d(dim // 2, rows)], dim=1)
+    return emb.float()
+
+
+class GridPositions:
+    """The positions of a model (``DiT``'s, which holds the frozen parameter ``pos_embed``,
+    (1, tokens, C), the official DiT key, its ``config`` and a ``_pos_cache`` dict): the
+    stored table at the trained grid, every other grid's computed once under the policy."""
+
+    def grid(self, h: int, w: int) -> TokenGrid:
+        """The token grid of an (h, w) latent under this model's ``positions`` policy."""
+        return model_grid(self.config, (h, w))
+
+    def reset_pos_embed(self) -> None:
+        """Fill ``pos_embed`` for the trained grid (under the policy: ``interpolate`` keeps a base range)."""
+        import torch
+
+        side = self.config.input_size
+        with torch.no_grad():
+            self.pos_embed.copy_(self.grid(side, side).table(self.pos_embed.shape[-1]))
+        self._pos_cache.clear()
+
+    def rebase(self, base_size: int) -> None:
+        """Set the base grid (latent side) positions are relative to: a model fine-tuned up the
+        ladder keeps its source's (``interpolate`` maps every size onto its range; ``convert.init_from``)."""
+        if base_size < 1 or base_size % self.config.patch_size:
+            raise ValueError(f"base_size={base_size} must be a positive multiple of "
+                             f"patch_size={self.config.patch_size}")
+        self.register_to_config(base_size=int(base_size))
+        self.reset_pos_embed()
+
+    def position_embedding(self, grid: TokenGrid):
+        """The table for the token grid, (1, h·w, C): the stored ``pos_embed`` at the trained
+        size, else computed once per grid, on the table's device and dtype (so a checkpoint
+        runs at any size)."""
+        side = self.config.input_size // self.config.patch_size
+        if (grid.h, grid.w) == (side, side):
+            return self.pos_embed
+        table = self._pos_cache.get(grid)
+        if table is None or table.device != self.pos_embed.device or table.dtype != self.pos_embed.dtype:
+            table = self._pos_cache[grid] = grid.table(self.pos_embed.shape[-1]).to(self.pos_embed)
+        return table
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # The position table is a function of the grid, not a learned weight: a state dict
+        # saved at another size (a 256-px checkpoint loaded into a 512-px model) keeps this
+        # model's own table instead of failing on its shape. Same shape: loaded as saved.
+        key = prefix + "pos_embed"
+        if key in state_dict and state_dict[key].shape != self.pos_embed.shape:
+            state_dict[key] = self.pos_embed.detach().clone()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 def vae_factor(vae) -> int:
@@ -177,7 +267,7 @@ def size_notice(config, latent_hw: tuple[int, int], vae_factor_: int) -> str | N
     trained = config["input_size"]
     if tuple(latent_hw) == (trained, trained):
         return None
-    mode = config.get("pos_embed") or "extrapolate"
+    mode = config.get("positions") or "extrapolate"
     hw = (latent_hw[0] * vae_factor_, latent_hw[1] * vae_factor_)
     px = format_size(hw)
     # train.py trains square images: a non-square request fine-tunes at its larger side.

@@ -33,9 +33,9 @@ from safetensors.torch import load_file, save_file
 
 from ..diffusion.gaussian import GaussianDiffusion
 from ..models.grid import model_grid
-from ..guards import non_finite, state_dict_mismatch  # noqa: F401  (re-exported)
+from ..guards import non_finite, state_dict_mismatch
 from ..models.files import check_config_fits, check_model_config, weight_shapes
-from ..models.dit import DiT
+from ..models.dit import DiT, config_keys
 from ..diffusion.transport import Transport
 
 STATE = "state.json"
@@ -183,7 +183,9 @@ class Checkpoint:
 
     @property
     def model_config(self) -> dict:
-        return self.state["model_config"]
+        """The model's constructor keys (``config_keys``: a config an older version wrote reads
+        in today's keys)."""
+        return config_keys(self.state["model_config"])
 
     def previous(self) -> Path | None:
         """The checkpoint of the same run before this one, if any."""
@@ -345,8 +347,7 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 def build_model_from_config(model_config: dict) -> DiT:
     """Rebuild a ``DiT`` from a stored model config (diffusers' ``config.json`` keys)."""
-    keys = {k: v for k, v in model_config.items() if not k.startswith("_")}
-    return DiT(**keys)
+    return DiT(**config_keys(model_config))
 
 
 def load_model(path: str | os.PathLike, weights: str = "ema") -> tuple[DiT, Checkpoint]:
@@ -383,16 +384,18 @@ def config_changes(ckpt: Checkpoint, train_config: dict, model_config: dict) -> 
     import inspect
 
     from ..cli.config import flag_name
+    from ..cli.options import MODEL_OVERRIDES
 
+    flags = {key: field for field, key in MODEL_OVERRIDES.items()}   # model key -> its flag (positions: pos-embed)
     defaults = {k: p.default for k, p in inspect.signature(DiT.__init__).parameters.items()
                 if p.default is not inspect.Parameter.empty}
-    changes = {}
+    changes, stored_config = {}, ckpt.model_config
     for key, now in model_config.items():
         if key.startswith("_"):  # diffusers bookkeeping
             continue
-        stored = ckpt.model_config.get(key, defaults.get(key))  # keys added later keep their defaults
+        stored = stored_config.get(key, defaults.get(key))  # keys added later keep their defaults
         if _jsonable(stored) != _jsonable(now):
-            changes[flag_name(key)] = (stored, now)
+            changes[flag_name(flags.get(key, key))] = (stored, now)
     objective = model_config.get("objective", "diffusion")
     distilled = ckpt.config.get("teacher") or train_config.get("teacher")
     aligned = ckpt.config.get("repa-encoder") or train_config.get("repa-encoder")

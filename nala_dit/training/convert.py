@@ -24,8 +24,8 @@ a training run / checkpoint folder (EMA weights) or an exported pipeline folder.
 Up the resolution ladder (``train.py --init-from RUN --image-size 512``): a source of the
 student's own architecture is copied whole (``inherit(..., "all")``), and a softmax source
 converts as above; either way the source may be at another image size. The position
-table is never copied (it is a fixed function of the grid, ``models.sincos_pos_embed_2d``):
-the student recomputes it under its ``pos_embed`` policy with the source's base grid
+table is never copied (it is a fixed function of the grid, ``grid.sincos_pos_embed_2d``):
+the student recomputes it under its ``positions`` policy with the source's base grid
 (``base_size``), so ``interpolate`` keeps the positions the source learned on.
 """
 
@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from ..attention.config import MODEL_OPTIONS
 from ..attention.regions import remap_region_logits
 from ..cli.parse import did_you_mean
 from ..models.dit import DiT
@@ -172,7 +173,7 @@ class InheritReport:
     rows: list = field(default_factory=list)       # (student key, inherited elements, new elements)
     dropped: list = field(default_factory=list)    # (source key, elements)
     recomputed: list = field(default_factory=list)  # (student key, elements): positions for the student's grid
-    sizes: tuple | None = None                      # (source input size, student's, base size, pos_embed, patch)
+    sizes: tuple | None = None                      # (source input size, student's, base size, positions, patch)
 
     def counts(self) -> dict:
         """Tensor and element counts: inherited (whole), partial, new, dropped, recomputed (positions)."""
@@ -369,7 +370,7 @@ def init_from(path: str | os.PathLike, student: DiT, student_preset: str, mode: 
     # The student's positions continue the source's: its base grid, recomputed table.
     student.rebase(theirs.get("base_size") or theirs.input_size)
     report = inherit(student, ref.model.state_dict(), "all" if same else mode)
-    report.sizes = (theirs.input_size, ours.input_size, student.config.base_size, ours.pos_embed, ours.patch_size)
+    report.sizes = (theirs.input_size, ours.input_size, student.config.base_size, ours.positions, ours.patch_size)
     return report
 
 
@@ -405,7 +406,7 @@ def _check_structure(ref: Reference, student: DiT, same_attention: bool) -> None
     lost = [k for k in source if same_attention and k not in ours_keys and k not in _POSITIONAL]
     if lost:  # any other option whose trained tensors the student has no place for (--lepe, --norm-scale ...)
         groups = sorted({re.sub(r"\.\d+\.", ".*.", k) for k in lost})
-        options = ("lepe", "gate", "out_norm", "norm_scale", "rope", "direction", "power", "offset", "alpha")
+        options = [k for k in MODEL_OPTIONS if k != "nala_regions"]   # the attention's options (regions: above)
         differ = " ".join(_as_flag(k.replace("_", "-"), theirs.get(k)) for k in options if theirs.get(k) != ours.get(k))
         differ = differ or "the source run's model flags (its config.yaml)"
         raise ValueError(f"--init-from {ref.path} has trained tensors the student lacks ({', '.join(groups[:3])}"
