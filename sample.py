@@ -10,6 +10,8 @@ the trained size (SDEdit: sample at 256, upsample, re-noise to --strength, denoi
     python sample.py --ckpt runs/NaLaDiT-S-2 --labels 1,2 --image-size 512 --time-shift auto --grid big_grid.png
     python sample.py --ckpt runs/NaLaDiT-S-2 --labels 1,2 --image-size 512 --upscale-from 256 \\
         --strength 0.6 --grid big_grid.png
+The grid of an 8-px digits model, enlarged 6 times for viewing (nearest neighbour):
+    python sample.py --ckpt runs/demo/NaLaDiT --labels 0,1,2,3 --per-label 4 --grid digits_grid.png --grid-scale 6
 Random, class-balanced labels, individual PNGs, DPM-Solver++ in bf16:
     python sample.py --ckpt runs/NaLaDiT-S-2 --num-samples 64 --sampler dpm-solver --steps 25 \\
         --precision bf16 --out-dir samples/
@@ -56,6 +58,21 @@ def _pair(text: str) -> tuple[float, float]:
     return lo, hi
 
 
+GRID_SCALE_MAX = 64
+GRID_PIXELS_MAX = 2 ** 28   # an enlarged grid beyond this (16k x 16k) is refused before sampling
+
+
+def grid_scale_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= GRID_SCALE_MAX:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {GRID_SCALE_MAX} "
+                                         f"(times the grid's size), got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(description=__doc__)
     p.add_argument("--ckpt", required=True, help="checkpoint folder, run folder (latest checkpoint) or pipeline folder")
@@ -92,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"tile side in image px when tiling (default {VAE_TILE_PIXELS}; a multiple of 32 for f8 VAEs)")
     out = p.add_argument_group("outputs")
     out.add_argument("--grid", help="write a PNG grid here")
+    out.add_argument("--grid-scale", type=grid_scale_arg, default=1, metavar="N",
+                     help="enlarge the saved grid N times (nearest neighbour, for viewing; 8-px digits: 4-8), "
+                     "1 to 64; the --out-dir PNGs keep the model's size")
     out.add_argument("--out-dir", help="write one PNG per sample here")
     out.add_argument("--out", help="mass sampling: ADM .npz path (needs --num-samples; shards in <out>.parts/)")
     out.add_argument("--shard-size", type=int, help="mass sampling: samples per resumable shard (default: about "
@@ -213,12 +233,22 @@ def write_samples(args, source, settings) -> tuple[list[int], list]:
         if note := balance_notice(args.num_samples, source.num_classes):
             print(note, file=sys.stderr)
         nrow = math.ceil(math.sqrt(len(labels)))
+    scale = getattr(args, "grid_scale", 1) or 1
+    if args.grid and scale > 1:   # the enlarged grid's size, refused before any sampling
+        from nala_dit.models.grid import vae_factor
+
+        h, w = (side * vae_factor(source.vae) for side in settings.resolved(source.objective).noise_size(source.model))
+        rows, cols = math.ceil(len(labels) / nrow), min(nrow, len(labels))
+        pixels = (rows * (h + 2) + 2) * (cols * (w + 2) + 2) * scale ** 2
+        if pixels > GRID_PIXELS_MAX:
+            raise ValueError(f"--grid-scale {scale}: the grid would be {pixels / 1e6:,.0f} megapixels (at most "
+                             f"{GRID_PIXELS_MAX / 1e6:.0f}); use a smaller --grid-scale or fewer images")
     with decode_settings(args.vae_tiling, args.vae_tile_size):
         images, nfe = sample_images(source, labels, args.seed, settings, args.batch_size, progress=True)
     pngs = []
     if args.grid:
-        save_grid(images, args.grid, nrow)
-        print(f"wrote {args.grid} ({len(labels)} images, {nfe} NFE each)")
+        save_grid(images, args.grid, nrow, scale)
+        print(f"wrote {args.grid} ({len(labels)} images, {nfe} NFE each{f', shown {scale}x' if scale > 1 else ''})")
     if args.out_dir:
         pngs = save_pngs(images, labels, args.out_dir)
         print(f"wrote {len(labels)} PNGs to {args.out_dir}")

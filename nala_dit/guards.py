@@ -161,3 +161,40 @@ def check_writable(path: str | os.PathLike, flag: str, folder: bool = False, ima
         raise ValueError(f"{flag} {path}: {parent} is a file, not a folder; choose another {flag}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PermissionError(f"{flag} {path}: cannot write in {parent} (permission denied); choose another {flag}")
+
+
+# ------------------------------------------------------------------ durable renames
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush a file's or a folder's entries to the disk (``os.fsync``). A folder that cannot
+    be opened for it (not POSIX) is skipped: the rename stays atomic, only not durable."""
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if Path(path).is_dir() else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        if Path(path).is_dir():
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not Path(path).is_dir():
+            raise
+    finally:
+        os.close(fd)
+
+
+def durable_replace(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
+    """``os.replace(tmp, final)`` that survives a power loss: every file under ``tmp`` (or
+    ``tmp`` itself) and its folders are fsynced before the rename, ``final``'s folder
+    after it. Without this a rename can reach the disk before the data it names, and a
+    crash leaves a complete-looking file or folder of empty or truncated files."""
+    tmp, final = Path(tmp), Path(final)
+    if tmp.is_dir():
+        for folder, _, files in os.walk(tmp):
+            for name in files:
+                fsync_path(Path(folder) / name)
+            fsync_path(folder)
+    else:
+        fsync_path(tmp)
+    os.replace(tmp, final)
+    fsync_path(final.parent)

@@ -81,6 +81,7 @@ def test_import_graph_has_no_cycle():
 # (script, argv, expected exit code, text the output must hold)
 CLI_CASES = [
     ("train.py", ["--help"], 0, "--global-batch-size"),
+    ("train.py", ["--help-all"], 0, "--repa-projector-dim"),   # every flag, in sections (--help: the common ones)
     ("train.py", ["--config", "configs/digits_nala_dit.yaml", "--dry-run"], 0, "model: NaLaDiT-T/2"),
     ("train.py", ["--max-steps", "ten"], 2, "--max-steps"),
     ("sample.py", ["--help"], 0, "--cfg-scale"),

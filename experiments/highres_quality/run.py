@@ -47,7 +47,7 @@ def score(source, setting, per_class: int, seed: int, ref: Path, classifier_dir:
 
     name, side, pos, strength = setting
     model = source.model
-    model.register_to_config(pos_embed=pos)   # the policy is read per grid: no reload needed
+    model.register_to_config(positions=pos)   # the policy is read per grid: no reload needed
     model.reset_pos_embed()
     sampler, steps = SAMPLERS[model.config.objective]
     settings = SampleSettings(sampler, steps, cfg_scale=2.0)

@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 import sys
+import textwrap
 import time
 
 
@@ -79,6 +81,9 @@ def did_you_mean(path: str | os.PathLike) -> str:
     return f" (did you mean {near}?)" if near else ""
 
 
+NEGATIVE_NUMBER = re.compile(r"^-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^-(?:inf|infinity|nan)$", re.IGNORECASE)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse without abbreviations, whose errors are short and suggest the nearest flag."""
 
@@ -86,6 +91,10 @@ class ArgumentParser(argparse.ArgumentParser):
         kwargs["allow_abbrev"] = False
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kwargs)
+        # A value that starts with '-' is a negative number, not a flag, in every spelling
+        # (argparse's own rule knows only -1 and -.5: "--lr -1e-4" was "expected one argument"),
+        # so the option's own check can say what is wrong with it.
+        self._negative_number_matcher = NEGATIVE_NUMBER
 
     def flags(self) -> list[str]:
         """Every visible long flag of this parser (not of its subcommands)."""
@@ -131,8 +140,46 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):
         # argparse would print the full usage (for train.py, every flag and preset);
         # one line and a pointer to --help is easier to read.
-        self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {message}\n"
-                     f"(`{self.prog} --help` lists every option)\n")
+        helps = (f"`{self.prog} --help` lists the common options, `{self.prog} --help-all` every one"
+                 if self.common_actions is not None else f"`{self.prog} --help` lists every option")
+        self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {message}\n({helps})\n")
+
+    # A parser with many flags (train.py's) answers --help with the common ones and --help-all with
+    # all of them in sections, as PyTorch's and diffusers' training scripts do: ``common_actions``
+    # (None: --help lists every flag, argparse's own way) and ``add_help_flags``.
+    common_actions: list | None = None
+
+    def add_help_flags(self) -> None:
+        """``-h/--help`` (the common options) and ``--help-all`` (every one); the parser is made
+        with ``add_help=False``. Flags go into ``common_actions`` as the caller adds them."""
+        quiet = dict(action=_HelpAction, nargs=0, default=argparse.SUPPRESS)
+        self.common_actions = [self.add_argument("-h", "--help", help="show the common options and exit", **quiet),
+                               self.add_argument("--help-all", help="show every option, in sections, and exit",
+                                                 **quiet)]
+
+    def format_common_help(self) -> str:
+        """The usage, the description, the common options and where the others are."""
+        formatter = self._get_formatter()
+        formatter.add_usage(self.usage, self.common_actions, [])
+        formatter.add_text(self.description)
+        formatter.start_section("common options")
+        formatter.add_arguments(self.common_actions)
+        formatter.end_section()
+        sections = [g.title for g in self._action_groups[2:] if g._group_actions]
+        total = len([a for a in self._actions if a.option_strings])
+        formatter.add_text(textwrap.fill(f"`{self.prog} --help-all` lists every option ({total} in all), in "
+                                         f"sections: {'; '.join(sections)}. Every option is also a YAML key of "
+                                         f"--config (the flag without --).", 79))
+        return formatter.format_help()
+
+
+class _HelpAction(argparse.Action):
+    """``--help``: the common options; ``--help-all``: every option."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser._print_message(parser.format_help() if option_string == "--help-all" else parser.format_common_help(),
+                              sys.stdout)
+        parser.exit()
 
 
 class Interrupted(KeyboardInterrupt):
@@ -167,8 +214,12 @@ def run_main(main) -> int:
         if not peer_lost(err):
             raise
         # another rank stopped (its one-line error is out): one line here, not torch's traceback
-        print(f"rank {os.environ.get('RANK', '?')}: stopped because another process of this launch stopped (its "
-              f"error is the line above from rank 0, or the launcher's report)", file=sys.stderr)
+        rank = os.environ.get("RANK", "?")
+        if rank == "0":   # rank 0 prints every error itself: the one that stopped was another, maybe killed
+            where = "it was killed or failed; the launcher's report names it and its exit code"
+        else:
+            where = "its error is the line above from rank 0, or the launcher's report"
+        print(f"rank {rank}: stopped because another process of this launch stopped ({where})", file=sys.stderr)
         return 1
     tqdm = sys.modules.get("tqdm.std")
     if tqdm is not None:  # close live progress bars now, or they redraw after the line

@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Sampler
 
-from ..guards import check_finite_samples
+from ..guards import check_finite_samples, read_json
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".JPEG", ".PNG", ".JPG")
 LATENT_META = "meta.json"
@@ -235,10 +235,7 @@ def read_latent_meta(root: str | os.PathLike) -> dict:
     fix = "rerun extract_latents.py with the same flags (finished shards are kept)"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {root} is not a latent folder written by extract_latents.py")
-    try:
-        meta = json.loads(path.read_text())
-    except ValueError as err:
-        raise ValueError(f"{path}: unreadable ({err}); {fix}") from None
+    meta = read_json(path, fix)   # invalid or nested too deeply: one line naming the file
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: must hold a JSON object, got {type(meta).__name__}; {fix}")
     for key, (types, what) in LATENT_META_TYPES.items():
@@ -295,14 +292,17 @@ class LatentDataset(Dataset):
                 f"latent folder {self.root} is incomplete: missing {missing[:3]}; rerun extract_latents.py to resume"
             )
         self.offsets = [0]
-        labels = []
+        labels, grid = [], None
         for shard in self.shards:
             try:
                 with safe_open(str(shard), "pt") as f:
                     labels.append(f.get_tensor("labels"))
+                    moments = tuple(f.get_slice("moments").get_shape())
+                    pixels = tuple(f.get_slice("images").get_shape()) if "images" in f.keys() else None
             except Exception as err:  # safetensors raises its own error types
                 raise ValueError(f"{shard}: unreadable latent shard ({type(err).__name__}: {err}); delete it and "
                                  f"rerun extract_latents.py with the same flags to rewrite it") from None
+            grid = self._check_shard(shard, len(labels[-1]), moments, pixels, grid)
             self.offsets.append(self.offsets[-1] + len(labels[-1]))
         self.labels = torch.cat(labels).long()
         self.classes = self.meta["classes"]
@@ -315,6 +315,28 @@ class LatentDataset(Dataset):
         self.channels = self.meta["latent_channels"]
         self.image_size = self.meta["image_size"]
         self._handles: dict[int, object] = {}
+
+    def _check_shard(self, shard: Path, n: int, moments: tuple, pixels: tuple | None, grid):
+        """A shard's tensors as ``extract_latents`` writes them, from its header: ``moments``
+        (n, 2 flips, mean/logvar, channels, h, h) with every shard's h the same, and with
+        ``images`` the (n, 3, S, S) pixels; else one line naming the shard (not a shape error
+        from inside a DataLoader worker at the first step)."""
+        fix = "delete it and rerun extract_latents.py with the same flags to rewrite it"
+        channels, size = self.meta["latent_channels"], self.meta["image_size"]
+        expected = f"(N, 2, 2, {channels}, h, h) as extract_latents.py writes for {channels} latent channels"
+        if len(moments) != 6 or moments[:4] != (n, 2, 2, channels) or moments[4] != moments[5] \
+                or (grid is not None and moments[4:] != grid):
+            if grid is not None and len(moments) == 6 and moments[:4] == (n, 2, 2, channels):
+                expected = f"the other shards' (N, 2, 2, {channels}, {grid[0]}, {grid[1]})"
+            raise ValueError(f"{shard}: 'moments' has shape {moments}, expected {expected} ({n} labels); {fix}")
+        if self.images:
+            if pixels is None:
+                raise ValueError(f"{shard}: holds no 'images' though {self.root / LATENT_META} says the cache kept "
+                                 f"them: rerun extract_latents.py with --keep-images (into another --out; "
+                                 f"--repa-encoder needs the clean images)")
+            if pixels != (n, 3, size, size):
+                raise ValueError(f"{shard}: 'images' has shape {pixels}, expected ({n}, 3, {size}, {size}); {fix}")
+        return moments[4:]
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -384,10 +406,48 @@ class EpochSampler(Sampler[int]):
         return self.per_rank - self.start
 
 
+def hub_offline() -> str | None:
+    """Why the Hugging Face hub cannot be reached (``HF_HUB_OFFLINE`` set, or no route to its
+    endpoint: a TCP connection attempt of at most 2 s), or None when it may be. Behind a
+    proxy (``HTTPS_PROXY``) the hub is assumed reachable: only the proxy knows."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    return None if hub_reachable() else f"no network: {constants.ENDPOINT} cannot be reached"
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def download_advice(hub_id: str) -> str:
+    """The offline way out, in words a user can run: ``hf download`` (the pinned
+    huggingface_hub's CLI) on a connected machine, then the local folder."""
+    folder = hub_id.rstrip("/").rsplit("/", 1)[-1]
+    return (f"download it once on a connected machine (`hf download {hub_id} --local-dir {folder}`) and pass the "
+            f"local folder (--vae {folder}; from Python, load_vae({folder!r}))")
+
+
 def load_vae(name_or_path: str, device: torch.device | str = "cpu"):
     """A diffusers ``AutoencoderKL`` from a local folder or a hub id, with a clear
     offline error. Returns (vae, scaling_factor): the factor comes from the VAE's config,
-    0.18215 (SD VAE) when the config predates the field."""
+    0.18215 (SD VAE) when the config predates the field. Offline (``HF_HUB_OFFLINE``, or
+    the hub unreachable) a hub id is looked up in the local cache only: one line at once,
+    naming the local-folder alternative, instead of the hub client's retries."""
     from diffusers import AutoencoderKL
 
     local = Path(name_or_path)
@@ -396,13 +456,18 @@ def load_vae(name_or_path: str, device: torch.device | str = "cpu"):
             local = local / "vae"
         else:
             raise FileNotFoundError(f"{local} has no config.json: not a diffusers AutoencoderKL folder")
+    offline = None if local.exists() else hub_offline()
     try:
-        vae = AutoencoderKL.from_pretrained(str(local) if local.exists() else name_or_path)
+        if local.exists():
+            vae = AutoencoderKL.from_pretrained(str(local))
+        else:
+            vae = AutoencoderKL.from_pretrained(name_or_path, local_files_only=offline is not None)
     except OSError as err:
-        raise OSError(
-            f"cannot load the VAE {name_or_path!r}: {err}\nOffline? Download it once on a connected machine "
-            f"(e.g. `huggingface-cli download stabilityai/sd-vae-ft-ema --local-dir sd-vae-ft-ema`) "
-            f"and pass the local folder with --vae PATH."
-        ) from None
+        if offline is not None:
+            raise OSError(f"cannot load the VAE {name_or_path!r}: offline ({offline}) and not in the local Hugging "
+                          f"Face cache; {download_advice(name_or_path)}") from None
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise OSError(f"cannot load the VAE {name_or_path!r}: {first} Offline? {download_advice(name_or_path)}"
+                      ) from None
     scaling = getattr(vae.config, "scaling_factor", None) or DEFAULT_SCALING_FACTOR
     return vae.to(device).eval().requires_grad_(False), float(scaling)

@@ -331,6 +331,11 @@ def load_digits_classifier(
     model = DigitsClassifier()
     model.load_state_dict(load_file(str(weights)))
     model.eval().requires_grad_(False)
-    info = json.loads((classifier_dir / CLASSIFIER_INFO).read_text())
+    from ..guards import read_json
+
+    info = read_json(classifier_dir / CLASSIFIER_INFO, f"delete {classifier_dir} to train the classifier again")
+    if not isinstance(info, dict):
+        raise ValueError(f"{classifier_dir / CLASSIFIER_INFO}: must hold a JSON object, got {type(info).__name__}; "
+                         f"delete {classifier_dir} to train the classifier again")
     info["weights_file"] = str(weights.resolve())
     return model, info

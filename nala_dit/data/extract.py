@@ -7,7 +7,10 @@ one sample of one flip and so freezes both).
 
 Shard ``k`` holds images ``[k·S, (k+1)·S)`` of the folder's sorted order; process ``r``
 of ``W`` writes the shards with ``k % W == r``. A shard is written under a temporary
-name and renamed, so an interrupted extraction resumes by skipping finished shards.
+name, fsynced and renamed (the folder fsynced after), so an interrupted extraction resumes
+by skipping finished shards, and a power loss leaves no complete-looking empty shard; a
+resumed run first checks the finished shards' headers (a truncated shard is one line,
+``meta.json`` untouched).
 All images are opened up front; the unreadable ones are reported together.
 
 Each shard also keeps its float64 sums of μ and μ² + σ² per channel (``moment_sums``);
@@ -15,7 +18,8 @@ once every shard is there, the first process combines them, in shard order, into
 cache's per-channel mean and std (``meta.json`` ``latent_stats``, with the counts), so
 the statistics are exact over the whole cache however the extraction was split or
 resumed (``nala_dit/data/latent_stats.py``). ``meta.json`` also records the encoder's
-fingerprint (``vae_fingerprint``).
+fingerprint (``vae_fingerprint``) and the image folder's path and file list (``source``,
+``source_files``): a resume from another encoder or folder is refused.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Subset
 
 from .datasets import LATENT_META, ImageFolderDataset, check_images, load_vae
-from .latent_stats import SUMS_KEY, cache_statistics, moment_sums, vae_fingerprint
+from ..guards import durable_replace, read_json
+from .latent_stats import SUMS_KEY, cache_statistics, moment_sums, source_fingerprint, vae_fingerprint
 from ..cli.options import default_num_workers
 from ..training.runlock import check_process_count
 
@@ -82,20 +87,29 @@ def extract_latents(
         source=str(Path(data).resolve()), vae=vae_path, scaling_factor=scaling, image_size=image_size,
         latent_channels=vae.config.latent_channels, classes=dataset.classes, num_images=len(dataset),
         shard_size=shard_size, shards=[shard_name(k) for k in range(num_shards)], dtype=dtype,
-        vae_fingerprint=vae_fingerprint(vae), images=keep_images,
+        vae_fingerprint=vae_fingerprint(vae), images=keep_images, source_files=source_fingerprint(dataset),
     )
     meta_path = out_dir / LATENT_META
     if meta_path.is_file():
-        old = json.loads(meta_path.read_text())
+        old = read_json(meta_path, f"delete {out_dir} (or use another --out) to extract again")
+        if not isinstance(old, dict):
+            raise ValueError(f"{meta_path}: must hold a JSON object, got {type(old).__name__}; use another --out or "
+                             f"delete {out_dir}")
         old["images"] = bool(old.get("images"))   # extractions before --keep-images kept none
         changed = [k for k in ("num_images", "image_size", "shard_size", "classes", "vae", "dtype", "images")
                    if old.get(k) != meta[k]]
-        if old.get("vae_fingerprint", meta["vae_fingerprint"]) != meta["vae_fingerprint"]:
-            changed.append("vae_fingerprint")
+        # the encoder, and the image folder (its path; its file list: names, sizes, labels): another
+        # folder of as many images in the same classes must not mix into this cache
+        changed += [k for k in ("vae_fingerprint", "source", "source_files") if old.get(k, meta[k]) != meta[k]]
         if changed:
+            source = (f" (extracted from {old.get('source')}, --data is {meta['source']})"
+                      if {"source", "source_files"} & set(changed) else "")
             raise ValueError(
-                f"{out_dir} holds an extraction with different {changed}; use another --out or delete it"
+                f"{out_dir} holds an extraction with different {changed}{source}; use another --out or delete it"
             )
+        check_shards(out_dir, meta["shards"])   # before meta.json is touched: a damaged shard is one line
+        if old.get("latent_stats") is not None:   # kept until this run recomputes them over every shard
+            meta["latent_stats"] = old["latent_stats"]
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -132,7 +146,7 @@ def extract_latents(
                 first = str(err).splitlines()[0] if str(err) else type(err).__name__
                 raise OSError(f"cannot write {path}: {first} (disk full?); removed the partial file, the finished "
                               f"shards are kept: free space and rerun the same command to resume") from None
-            os.replace(tmp, path)
+            durable_replace(tmp, path)   # fsynced before and after: a power loss leaves no empty shard
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:  # every shard is there now: the statistics of the whole cache
         meta["latent_stats"] = cache_statistics(out_dir, meta["shards"])
@@ -144,7 +158,26 @@ def extract_latents(
 def write_meta(path: Path, meta: dict) -> None:
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, path)
+    durable_replace(tmp, path)
+
+
+def check_shards(out_dir: Path, names: list[str]) -> None:
+    """The finished shards of a resumed extraction are readable safetensors files (their
+    headers cover the file: a shard cut short by a crash or a copy is found here, before
+    ``meta.json`` is rewritten or the statistics are summed); else one line naming it."""
+    from safetensors import safe_open
+
+    for name in names:
+        path = out_dir / name
+        if not path.is_file():
+            continue
+        try:
+            with safe_open(str(path), "pt") as f:
+                f.keys()
+        except Exception as err:  # safetensors raises its own error types
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ValueError(f"{path}: a truncated or damaged latent shard ({first}); delete it and rerun the same "
+                             f"command to extract it again (the other shards and {LATENT_META} are kept)") from None
 
 
 def shards_done(out: str | os.PathLike) -> tuple[int, int | None]:
@@ -153,5 +186,8 @@ def shards_done(out: str | os.PathLike) -> tuple[int, int | None]:
     meta = out / LATENT_META
     if not meta.is_file():
         return 0, None
-    shards = json.loads(meta.read_text())["shards"]
+    try:
+        shards = json.loads(meta.read_text())["shards"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return 0, None
     return sum((out / name).is_file() for name in shards), len(shards)

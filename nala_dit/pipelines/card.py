@@ -239,7 +239,7 @@ def _body(model, folder, source, kind, id2label, record, grid, vae, sampler, dat
     lines += ["## Model", ""]
     lines += _table([("preset", name), ("parameters", params), ("attention", _attention(cfg)),
                      ("MLP", cfg.get("mlp") if cfg.get("mlp") not in (None, "mlp") else None),
-                     ("positions", cfg.get("pos_embed")),
+                     ("positions", cfg.get("positions", cfg.get("pos_embed"))),
                      ("objective", _objective(cfg, objective_config)), ("input", space),
                      ("patch / depth / width / heads", f"{cfg['patch_size']} / {cfg['depth']} / {cfg['hidden_size']}"
                                                        f" / {cfg['num_heads']}"),

@@ -1,8 +1,8 @@
 """Writing an export folder (``export.py``) without touching anything a user made.
 
 ``check_out_dir`` refuses an existing export and a folder holding other files before any
-work; ``write_folder`` saves into a temporary sibling (``.tmp-<pid>-<name>``) and renames
-it into place when complete, so an interrupted or failed export (disk full) leaves
+work; ``write_folder`` saves into a temporary sibling (``.tmp-<pid>-<name>``), fsyncs its
+files, and renames it into place when complete (the parent folder fsynced after), so an interrupted or failed export (disk full) leaves
 nothing half-written at the destination, and removes its temporary copy. Every folder
 gets its model card (``card.py``) before the rename.
 """
@@ -55,6 +55,7 @@ def write_folder(obj, out_dir: str | os.PathLike, card=None) -> Path:
     for anything else ``card`` is a ``huggingface_hub.ModelCard`` to write."""
     import inspect
 
+    from ..guards import durable_replace
     from .card import save_card
 
     out = Path(out_dir)
@@ -78,5 +79,5 @@ def write_folder(obj, out_dir: str | os.PathLike, card=None) -> Path:
         raise
     if out.is_dir():
         out.rmdir()  # empty (checked above)
-    os.replace(tmp, out)
+    durable_replace(tmp, out)   # its files on disk before the name: a power loss leaves no empty export
     return out

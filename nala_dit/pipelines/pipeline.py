@@ -56,23 +56,30 @@ from ..diffusion.generate import (SampleSettings, _Precision, decode, default_sa
 from ..models.grid import latent_for, parse_time_shift, vae_factor
 from ..guards import check_finite_samples, check_sample_memory, refuse_non_finite
 from ..data.latent_stats import LatentNorm
-from ..models.files import check_transformer_folder
-from ..models.dit import DiT
-from .sources import assert_no_meta, read_pipeline_index, resolve_labels, resolve_scaling_factor
+from ..models.dit import DiT, config_keys
+from .sources import assert_no_meta, check_pipeline_folder, read_pipeline_index, resolve_labels, resolve_scaling_factor
 from ..models.vae import check_tiling
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
-# Every saved folder holds <custom pipeline>.py, which only imports the pipeline class from
-# this installed package: diffusers' documented door for pipelines outside diffusers. One
-# name per class: diffusers caches local custom pipelines by file name, so two classes
-# behind one name would collide in a process that loads both.
+# Every saved folder holds <custom pipeline>.py: a docstring and one import of the pipeline
+# class from this installed package, nothing else (tests/test_trusted_loading.py), for
+# diffusers' documented door for pipelines outside diffusers. No route of this package
+# runs it: `import nala_dit` lets DiffusionPipeline.from_pretrained(folder) find the class
+# by name; only custom_pipeline= with trust_remote_code=True executes the file, whatever
+# it then holds. One name per class: diffusers caches local custom pipelines by file name,
+# so two classes behind one name would collide in a process that loads both.
 CUSTOM_PIPELINES = {"NaLaDiTPipeline": "nala_dit_pipeline", "NaLaSiTPipeline": "nala_sit_pipeline"}
-CUSTOM_PIPELINE_SOURCE = '''"""Names this folder's pipeline class for diffusers' generic loader:
+CUSTOM_PIPELINE_SOURCE = '''"""Names this folder's pipeline class for diffusers. Not needed where nala_dit is installed:
+
+    import nala_dit
+    DiffusionPipeline.from_pretrained(folder)      # or {name}.from_pretrained(folder)
+
+loads this folder without running any file in it. Only
 
     DiffusionPipeline.from_pretrained(folder, custom_pipeline="{module}", trust_remote_code=True)
 
-The code is the installed nala_dit package; this file only imports from it. Without this
-file, `import nala_dit` before DiffusionPipeline.from_pretrained(folder) does the same.
+runs this file: it must hold nothing but this docstring and the import below (of the
+installed nala_dit package); a folder from elsewhere may hold anything here.
 """
 
 from nala_dit import {name}  # noqa: F401
@@ -122,21 +129,30 @@ class _NaLaPipeline(DiffusionPipeline):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """diffusers' ``from_pretrained``, after checking a local folder's transformer
-        config against its weights (types, sizes), so an edited config is refused before
-        diffusers builds the model it describes."""
-        folder = Path(str(pretrained_model_name_or_path)) / "transformer"
-        if folder.is_dir():
-            check_transformer_folder(folder)
+        """diffusers' ``from_pretrained``, after ``sources.check_pipeline_folder`` (run by
+        diffusers' own ``DiffusionPipeline.from_pretrained`` too, ``register.py``): a local
+        folder's JSON files read with the guarded reader and its transformer config checked
+        against its weights (types, sizes), so an edited config is refused in one line
+        before diffusers builds the model it describes."""
+        if not getattr(DiffusionPipeline.from_pretrained.__func__, "_nala_checked", False):
+            check_pipeline_folder(pretrained_model_name_or_path)   # the base runs it once `import nala_dit` guarded it
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
-    def save_pretrained(self, save_directory, **kwargs):
+    def save_pretrained(self, save_directory, *, card_folder: str | None = None, **kwargs):
         """diffusers' save, plus the one-line file that names this class for
-        ``DiffusionPipeline.from_pretrained(folder, custom_pipeline="nala_dit_pipeline")``."""
+        ``DiffusionPipeline.from_pretrained(folder, custom_pipeline="nala_dit_pipeline")`` and
+        the model card ``README.md`` (``card.py``: what the weights' run recorded; a README.md
+        already in the folder is kept). ``card_folder``: the folder the card's commands name
+        (default ``save_directory``; ``export.py`` saves under a temporary name first)."""
+        from .card import pipeline_card, save_card
+
         super().save_pretrained(save_directory, **kwargs)
         module = CUSTOM_PIPELINES[type(self).__name__]
         shim = Path(save_directory) / f"{module}.py"
         shim.write_text(CUSTOM_PIPELINE_SOURCE.format(name=type(self).__name__, module=module))
+        if not (Path(save_directory) / "README.md").exists():
+            card, grid = pipeline_card(self, str(card_folder or save_directory))
+            save_card(save_directory, card, grid)
 
     @property
     def id2label(self) -> dict[int, str]:
@@ -199,8 +215,8 @@ class _NaLaPipeline(DiffusionPipeline):
 
     def precision_for(self, precision: str | None) -> str:
         """``precision`` checked against the transformer's weights: None = its dtype's
-        ("fp32" for float32 weights, "bf16" for bfloat16 ones, as diffusers' ``torch_dtype``
-        / ``dtype`` / ``pipe.to(dtype)`` leave them); fp32 needs fp32 weights."""
+        ("fp32" for float32 weights, "bf16" for bfloat16 ones, as diffusers' ``dtype=``
+        (formerly ``torch_dtype``) / ``pipe.to(dtype)`` leave them); fp32 needs fp32 weights."""
         dtype = self.transformer.dtype
         if dtype == torch.float32:
             return "fp32" if precision is None else precision
@@ -208,10 +224,10 @@ class _NaLaPipeline(DiffusionPipeline):
             return "bf16" if precision is None else precision   # another name: _Precision's error
         if dtype == torch.bfloat16:
             raise ValueError(f"precision={precision!r} needs float32 weights, but the transformer holds bfloat16 "
-                             f"ones (torch_dtype=/dtype= or pipe.to(torch.bfloat16)): pipe.to(torch.float32) first, "
+                             f"ones (dtype= or pipe.to(torch.bfloat16)): pipe.to(torch.float32) first, "
                              f"or precision='bf16'")
         raise ValueError(f"the transformer holds {dtype} weights; these pipelines run float32 or bfloat16 weights "
-                         f"(bf16 autocast; NaLa's state stays fp32): load with torch_dtype=torch.bfloat16 or call "
+                         f"(bf16 autocast; NaLa's state stays fp32): load with dtype=torch.bfloat16 or call "
                          f"pipe.to(torch.bfloat16)")
 
     def _latents(self, labels, indices, seed, settings, progress):
@@ -224,7 +240,7 @@ class _NaLaPipeline(DiffusionPipeline):
         class_labels,
         num_inference_steps: int | None = None,
         guidance_scale: float = 1.0,
-        generator: torch.Generator | int | None = None,
+        generator: torch.Generator | int | list | None = None,
         output_type: str = "pil",
         sampler: str | None = None,
         guidance_interval: tuple[float, float] | None = None,
@@ -241,9 +257,15 @@ class _NaLaPipeline(DiffusionPipeline):
 
         class_labels: an id, a class name, or a list of them (see ``labels``).
         num_inference_steps: sampler steps / NFE budget (default: the pipeline's, else the sampler's).
-        guidance_scale: classifier-free guidance scale; 1 = none.
-        generator: a ``torch.Generator`` or an int seed. Sample b gets the noise of global
-            index b under that seed, as ``sample.py --seed`` does.
+        guidance_scale: classifier-free guidance scale; 1 = none. The default 1.0 is
+            ``sample.py``'s ``--cfg-scale`` default, so the same call and command give the same
+            images; diffusers' ``DiTPipeline`` defaults to 4.0 (DiT's showcase samples; DiT's
+            FID-50K used 1.5): pass ``guidance_scale=4.0`` for that look.
+        generator: a ``torch.Generator`` or an int seed: sample b gets the noise of global
+            index b under the seed drawn from it (the int itself), as ``sample.py --seed``
+            does. Or a list of them, one per image (diffusers' convention): image i is exactly
+            what ``pipe(class_labels[i], generator=generator[i])`` gives, so one image of a
+            batch can be remade alone; the images are then sampled one at a time.
         output_type: "pil", "np" (float NHWC in [0, 1]), "pt" (NCHW in [0, 1]) or "latent".
         sampler: a name of ``nala_dit.diffusion.generate.SAMPLERS`` fitting the model, or (NaLaDiT)
             "scheduler" to run this pipeline's diffusers scheduler.
@@ -252,7 +274,7 @@ class _NaLaPipeline(DiffusionPipeline):
         precision: "fp32" or "bf16" (the transformer under bf16 autocast: matmuls and convolutions
             in bf16, the sampler's arithmetic and NaLa's features, state and division in fp32).
             Default: the transformer's dtype, so a pipeline loaded with diffusers'
-            ``torch_dtype=torch.bfloat16`` / ``dtype=`` or moved by ``pipe.to(torch.bfloat16)``
+            ``dtype=torch.bfloat16`` or moved by ``pipe.to(torch.bfloat16)``
             (bf16 weights, half the memory) runs as "bf16" (docs/sampling.md, "Precision").
         height, width: image size in pixels (diffusers' convention; default: the trained
             size, ``sample_size × vae_scale_factor``); each a multiple of VAE factor × patch.
@@ -268,6 +290,24 @@ class _NaLaPipeline(DiffusionPipeline):
         if output_type != "latent":  # before sampling, not after
             check_tiling(vae_tiling, vae_tile_size, self.resolved_vae(), names=("vae_tiling", "vae_tile_size"))
         ids = self.get_label_ids(class_labels)
+        if isinstance(generator, (list, tuple)):   # one per image: image i is its own call's image
+            if len(generator) != len(ids):
+                raise ValueError(f"generator: {len(generator)} generators for {len(ids)} images (class_labels); pass "
+                                 f"one per image, or one generator (or int seed) for all")
+            kwargs = dict(num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
+                          output_type=output_type, sampler=sampler, guidance_interval=guidance_interval,
+                          guide_channels=guide_channels, precision=precision, height=height, width=width,
+                          time_shift=time_shift, vae_tiling=vae_tiling, vae_tile_size=vae_tile_size)
+            parts = [self(label, generator=g, return_dict=False, **kwargs)[0] for label, g in zip(ids, generator)]
+            if output_type == "pil":
+                images = [image for part in parts for image in part]
+            elif output_type == "np":
+                import numpy as np
+
+                images = np.concatenate(parts)
+            else:
+                images = torch.cat(parts)
+            return ImagePipelineOutput(images=images) if return_dict else (images,)
         seed = seed_from(generator)
         if num_inference_steps is None and sampler is None:
             num_inference_steps = self.config.num_inference_steps
@@ -407,7 +447,7 @@ class DiTPipelineTransformer(ModelMixin, ConfigMixin):
     @register_to_config
     def __init__(self, dit_config: dict, sample_size: int, in_channels: int, out_channels: int):
         super().__init__()
-        self.dit = DiT(**{k: v for k, v in dit_config.items() if not k.startswith("_")})
+        self.dit = DiT(**config_keys(dit_config))
 
     @classmethod
     def from_dit(cls, model: DiT) -> "DiTPipelineTransformer":

@@ -11,10 +11,21 @@ yet, a one-shot import hook teaches it as soon as it is.
 diffusers 0.42's top-level module is a ``_LazyModule`` whose ``__getattr__`` first looks
 in its ``_objects`` dict; a dict that resolves our names on demand is all it takes. Any
 other diffusers gets the classes bound directly.
+
+The same goes for the folder checks: ``DiffusionPipeline.from_pretrained`` reads
+``model_index.json`` and builds every component itself, never calling our class's
+``from_pretrained``. So once ``diffusers.pipelines.pipeline_utils`` is loaded (now, or by
+a one-shot hook when it is), its ``from_pretrained`` first runs
+``sources.check_pipeline_folder`` on a local folder: a deep or non-object
+``model_index.json`` or component config, and a transformer config that does not fit its
+weights (``hidden_size: 65536``), are one line before diffusers reads or builds anything,
+by every route: ``NaLaDiTPipeline.from_pretrained``, ``DiffusionPipeline.from_pretrained``,
+``custom_pipeline=``. Hub ids and folders without ``model_index.json`` pass untouched.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.util
 import sys
@@ -51,30 +62,62 @@ def teach(diffusers_module) -> None:
         setattr(diffusers_module, name, getattr(pipeline, name))
 
 
-class _TeachOnImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the loading of ``diffusers`` once, then steps aside."""
+class _OnImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loading of module ``name`` once (then ``then(module)``)
+    and steps aside."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "diffusers":
+        if fullname != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        exec_module = spec.loader.exec_module
+        exec_module, then = spec.loader.exec_module, self.then
 
-        def exec_and_teach(module):
+        def exec_and_then(module):
             exec_module(module)
             # diffusers' __init__ replaces itself in sys.modules by its lazy module.
-            teach(sys.modules.get(fullname, module))
+            then(sys.modules.get(fullname, module))
 
-        spec.loader.exec_module = exec_and_teach
+        spec.loader.exec_module = exec_and_then
         return spec
 
 
+PIPELINE_UTILS = "diffusers.pipelines.pipeline_utils"
+
+
+def guard_from_pretrained(pipeline_utils) -> None:
+    """``DiffusionPipeline.from_pretrained`` runs ``check_pipeline_folder`` first (once)."""
+    cls = getattr(pipeline_utils, "DiffusionPipeline", None)
+    original = cls.__dict__.get("from_pretrained") if cls is not None else None
+    if not isinstance(original, classmethod) or getattr(original.__func__, "_nala_checked", False):
+        return
+    func = original.__func__
+
+    @functools.wraps(func)
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        from .sources import check_pipeline_folder
+
+        check_pipeline_folder(pretrained_model_name_or_path, kwargs.get("subfolder"))
+        return func(cls, pretrained_model_name_or_path, *args, **kwargs)
+
+    from_pretrained._nala_checked = True
+    cls.from_pretrained = classmethod(from_pretrained)
+
+
+def _when_imported(name: str, then) -> None:
+    if name in sys.modules:
+        then(sys.modules[name])
+    elif not any(isinstance(f, _OnImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _OnImport(name, then))
+
+
 def install() -> None:
-    """Called by ``import nala_dit``: teach diffusers now, or when it gets imported."""
-    if "diffusers" in sys.modules:
-        teach(sys.modules["diffusers"])
-    elif not any(isinstance(finder, _TeachOnImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _TeachOnImport())
+    """Called by ``import nala_dit``: teach diffusers now, or when it gets imported; guard
+    ``DiffusionPipeline.from_pretrained`` now, or when diffusers' pipeline stack loads."""
+    _when_imported("diffusers", teach)
+    _when_imported(PIPELINE_UTILS, guard_from_pretrained)

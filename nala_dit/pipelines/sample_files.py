@@ -15,7 +15,7 @@ Mass sampling (``mass_sample``) for FID-50K: labels are ``i % num_classes`` over
 global index, shuffled by a permutation seeded with ``seed`` (exact class balance
 whenever ``num_classes`` divides the sample count). The index range is cut into fixed
 shards; shard ``k`` belongs to rank ``k % world_size``. Each finished shard is written
-atomically (temporary name, then rename) to ``<out>.parts/``, so a restarted run skips
+atomically (temporary name, fsync, rename, fsync of the folder) to ``<out>.parts/``, so a restarted run skips
 what is done. Rank 0 then streams the shards into ADM's ``.npz`` (``arr_0`` uint8
 NHWC, ``arr_1`` labels) without ever holding the whole array, and writes the JSON
 sidecar ``<out>.json``. ``<out>.lock`` gives the output one run at a time; temporaries
@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from ..diffusion.generate import SampleSettings, sample_batch
+from ..guards import durable_replace
 from ..training.runlock import hold_lock
 from .sources import Source
 
@@ -79,14 +80,18 @@ def sample_images(source: Source, labels: list[int], seed: int, settings: Sample
     return torch.cat(out), nfe
 
 
-def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int) -> None:
-    """uint8 (N, H, W, C) → one PNG grid with ``nrow`` images per row, 2 px padding."""
+def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int, scale: int = 1) -> None:
+    """uint8 (N, H, W, C) → one PNG grid with ``nrow`` images per row, 2 px padding,
+    enlarged ``scale`` times by nearest neighbour (every pixel a ``scale``² block: for
+    viewing tiny images, ``sample.py --grid-scale``)."""
     from PIL import Image
     from torchvision.utils import make_grid
 
     grid = make_grid(images.permute(0, 3, 1, 2), nrow=nrow, padding=2, pad_value=0)  # (3, H', W')
     grid = grid[: images.shape[-1]]  # make_grid repeats a grey channel three times
     arr = grid.permute(1, 2, 0).numpy()
+    if scale > 1:
+        arr = arr.repeat(scale, axis=0).repeat(scale, axis=1)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr).save(path)
 
@@ -126,6 +131,8 @@ def shards_done(out: str | os.PathLike) -> tuple[int, int]:
 
 
 def _atomic_write(path: Path, write) -> None:
+    """``write(f)`` into a temporary sibling, fsynced, renamed into place, the folder fsynced:
+    a kill leaves the old file or none, a power loss never a complete-looking empty one."""
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
         with open(tmp, "wb") as f:
@@ -133,7 +140,7 @@ def _atomic_write(path: Path, write) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, path)
+    durable_replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -155,6 +162,8 @@ def _read_json(path: Path, fix: str) -> dict:
         value = json.loads(path.read_text())
     except ValueError as err:
         raise ValueError(f"{path}: unreadable ({err}); {fix}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: unreadable (nested too deeply to read); {fix}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path}: expected a JSON object; {fix}")
     return value
@@ -188,6 +197,41 @@ def write_npz_streaming(out: Path, shards: list[Path], num_samples: int, image_s
                             member.write(np.ascontiguousarray(part[key], dtype=dtype).tobytes())
 
     _atomic_write(out, write)
+
+
+def npz_problem(out: Path, done: dict) -> str | None:
+    """Why a finished ``.npz`` is not what its sidecar ``done`` records, or None: a zip
+    whose members' CRCs hold (the file is read once), with ``arr_0`` uint8 of shape
+    ``(num_samples, *image_shape)`` and ``arr_1`` int64 of ``(num_samples,)``, each member
+    exactly as long as its header says. A truncated or altered file is never "complete"."""
+    n, image_shape = done.get("num_samples"), done.get("image_shape")
+    if not isinstance(n, int) or not isinstance(image_shape, list):
+        return "its sidecar records no num_samples / image_shape"
+    try:
+        with zipfile.ZipFile(out) as zf:
+            for name, dtype, shape in (("arr_0.npy", np.uint8, (n, *image_shape)), ("arr_1.npy", np.int64, (n,))):
+                try:
+                    info = zf.getinfo(name)
+                except KeyError:
+                    return f"no {name} in it"
+                with zf.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                        np.lib.format.read_array_header_2_0
+                    got_shape, _, got_dtype = read(member)
+                    header = member.tell()
+                if tuple(got_shape) != tuple(shape) or np.dtype(got_dtype) != np.dtype(dtype):
+                    return (f"{name} is {np.dtype(got_dtype)} {tuple(got_shape)}, the sidecar records "
+                            f"{np.dtype(dtype)} {tuple(shape)}")
+                if info.file_size != header + math.prod(shape) * np.dtype(dtype).itemsize:
+                    return f"{name} holds {info.file_size - header:,} bytes of data, not {math.prod(shape):,} values"
+            bad = zf.testzip()   # every member read to its end: CRC-32 and size
+            if bad is not None:
+                return f"{bad} fails its CRC check"
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return f"not a readable .npz: {first}"
+    return None
 
 
 # Recipe keys that only some runs record (dopri5's tolerances): compared when either side has them.
@@ -233,8 +277,12 @@ def mass_sample(source: Source, out: str | os.PathLike, num_samples: int, seed: 
     if shard_size is None:
         stored = Path(f"{out}.parts") / "settings.json"
         resumed = stored.is_file() and any(stored.parent.glob("shard-*.npz"))
-        shard_size = (json.loads(stored.read_text())["shard_size"] if resumed
-                      else auto_shard_size(num_samples, batch_size))
+        shard_size = auto_shard_size(num_samples, batch_size)
+        if resumed:   # the resumed run's own shard size (read with its file named on failure)
+            shard_size = _read_json(stored, f"delete {out}.parts to start over").get("shard_size")
+            if not isinstance(shard_size, int) or isinstance(shard_size, bool):
+                raise ValueError(f"{stored}: 'shard_size' must be an integer, got {shard_size!r}; delete "
+                                 f"{out}.parts to start over")
     if num_samples < 1 or batch_size < 1 or shard_size < 1:
         raise ValueError("--num-samples, --batch-size and --shard-size must be >= 1")
     with hold_lock(Path(f"{out}.lock"), f"output {out}", "choose another --out", state):
@@ -277,16 +325,24 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     sidecar = Path(f"{out}.json")
     keep = (f"not overwriting it: choose another --out, or move {out}{f' and {sidecar}' if sidecar.exists() else ''} "
             f"away to redo it")
+    settings_file = parts / "settings.json"
     if out.is_file() and sidecar.is_file():
         done = _read_json(sidecar, f"delete it and {out} and rerun")
         diff = recipe_differences(done, recipe, model, source.objective)
-        if not diff:
+        if diff:
+            raise FileExistsError(f"{out} holds a finished run made with other settings {diff} (its {sidecar.name}, "
+                                  f"now); {keep}")
+        problem = npz_problem(out, done)
+        if problem is None:
             if is_main:
                 print(f"{out} is already complete with these settings; nothing to do")
             return out
-        raise FileExistsError(f"{out} holds a finished run made with other settings {diff} (its {sidecar.name}, "
-                              f"now); {keep}")
-    settings_file = parts / "settings.json"
+        if not (settings_file.is_file() and any(parts.glob("shard-*.npz"))):
+            raise ValueError(f"{out} is damaged ({problem}) though {sidecar.name} records it finished; nothing was "
+                             f"changed: move {out} and {sidecar} away (or delete them) and rerun the same command to "
+                             f"sample it again")
+        if is_main:   # ours (the sidecar says so) and its shards are kept: made again from them
+            print(f"{out} is damaged ({problem}); reassembling it from the shards kept in {parts}")
     stored = _read_json(settings_file, f"delete {parts} to start over") if settings_file.is_file() else None
     if stored is not None and not any(parts.glob("shard-*.npz")):
         stored = None  # a run refused before its first shard: nothing to keep, this run starts afresh

@@ -14,7 +14,6 @@ and the samplers: ``pipeline.py`` and ``sampling.py`` import this module, never 
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from ..training.checkpoint import CheckpointError, build_objective, load_model, 
 from ..cli.parse import did_you_mean
 from ..guards import assert_no_meta, non_finite, read_json, refuse_non_finite  # noqa: F401  (assert_no_meta re-exported)
 from ..data.latent_stats import LatentNorm, checkpoint_norm
-from ..models.files import load_transformer
+from ..models.files import check_transformer_folder, load_transformer
 from ..models.dit import DiT
 
 # A pipeline folder's class (model_index.json "_class_name") → the objective it runs.
@@ -95,6 +94,39 @@ def read_pipeline_index(path: str | os.PathLike) -> dict:
     return config
 
 
+def check_pipeline_folder(path, subfolder: str | None = None) -> None:
+    """The checks every way into a local pipeline folder runs before diffusers reads it
+    (``NaLaDiTPipeline.from_pretrained``, and diffusers' ``DiffusionPipeline.from_pretrained``
+    once ``nala_dit`` is imported, ``custom_pipeline=`` included: ``register.py``):
+    ``model_index.json`` and every component's config read with the guarded reader (invalid
+    or deeply nested JSON, a list instead of an object: one line naming the file), and for
+    our pipelines the transformer's ``config.json`` checked against its weights' header
+    (types, sizes: an edited ``hidden_size`` is refused before anything is built). Hub ids
+    and folders without ``model_index.json`` are left to diffusers."""
+    if not isinstance(path, (str, os.PathLike)):
+        return
+    root = Path(path) / subfolder if subfolder else Path(path)
+    index = root / "model_index.json"
+    if not index.is_file():
+        return
+    fix = "export the pipeline again"
+    config = read_json(index, fix)
+    if not isinstance(config, dict):
+        raise ValueError(f"{index}: must hold a JSON object (a pipeline's components), got {type(config).__name__}; "
+                         f"{fix}")
+    for name, value in config.items():
+        if name.startswith("_") or not isinstance(value, list) or not (root / name).is_dir():
+            continue
+        for file in ("config.json", "scheduler_config.json"):
+            if (root / name / file).is_file():
+                component = read_json(root / name / file, fix)
+                if not isinstance(component, dict):
+                    raise ValueError(f"{root / name / file}: must hold a JSON object, got "
+                                     f"{type(component).__name__}; {fix}")
+    if config.get("_class_name") in PIPELINE_OBJECTIVES and (root / "transformer").is_dir():
+        check_transformer_folder(root / "transformer")
+
+
 def load_pipeline_folder(path: str | os.PathLike, vae: str | None = None, device="cpu") -> Source:
     """The ``Source`` a saved ``NaLaDiTPipeline`` / ``NaLaSiTPipeline`` folder holds: its
     transformer, its VAE (stored inside, else ``vae_path``; ``vae`` overrides both), its
@@ -103,6 +135,7 @@ def load_pipeline_folder(path: str | os.PathLike, vae: str | None = None, device
 
     path = Path(path)
     config = read_pipeline_index(path)
+    check_pipeline_folder(path)   # every component's JSON, as the pipelines' own loaders check it
     model = load_transformer(path / "transformer").to(device).eval()
     if vae is not None:
         vae_model, _ = load_vae(vae, device)
@@ -197,13 +230,26 @@ def default_id2label(train_config: dict, num_classes: int) -> dict[int, str]:
 
 
 def read_labels_file(path: str | os.PathLike) -> dict[int, str]:
-    """``id2label`` from a JSON object/list or a text file with one class name per line."""
-    text = Path(path).read_text()
-    if Path(path).suffix == ".json":
-        data = json.loads(text)
+    """``id2label`` from a JSON object/list or a text file with one class name per line;
+    a file that is neither is one line naming it."""
+    fix = "--labels-file takes a .json list of names or object {id: name}, or one name per line"
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--labels-file {path}: no such file{did_you_mean(path)}")
+    if path.suffix == ".json":
+        data = read_json(path, fix)
         if isinstance(data, list):
             return dict(enumerate(map(str, data)))
-        return {int(k): str(v) for k, v in data.items()}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: holds a JSON {type(data).__name__}; {fix}")
+        try:
+            return {int(k): str(v) for k, v in data.items()}
+        except ValueError:
+            raise ValueError(f"{path}: its keys must be class ids (0, 1, ...); {fix}") from None
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file; {fix}") from None
     return dict(enumerate(line.strip() for line in text.splitlines() if line.strip()))
 
 

@@ -10,9 +10,10 @@ A checkpoint is a folder ``<run>/checkpoints/<step:07d>/`` holding
 * ``state.json`` — step, data position, world size, the resolved training config and
   the model config, so the checkpoint alone rebuilds the model (SiT's do not).
 
-It is written under a temporary name (unique per process) and renamed into place, so a
-run killed mid-save leaves the previous checkpoint intact (and the half-written folder is
-ignored, and removed by the next run). A save that fails (disk full) removes its
+It is written under a temporary name (unique per process), its files and folder fsynced,
+and renamed into place (the checkpoints folder fsynced after), so a run killed mid-save,
+or a power loss, leaves the previous checkpoint intact and never a renamed folder of empty
+files (the half-written folder is ignored, and removed by the next run). A save that fails (disk full) removes its
 temporary folder. Every file read is checked: a truncated or edited file is an error
 naming the file, the cause and the fix. Loaders prefer the EMA weights (DiT's ``find_model``).
 """
@@ -33,7 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from ..diffusion.gaussian import GaussianDiffusion
 from ..models.grid import model_grid
-from ..guards import non_finite, state_dict_mismatch
+from ..guards import durable_replace, non_finite, state_dict_mismatch
 from ..models.files import check_config_fits, check_model_config, weight_shapes
 from ..models.dit import DiT, config_keys
 from ..diffusion.transport import Transport
@@ -105,7 +106,7 @@ def save_checkpoint(
         raise
     if final.exists():
         shutil.rmtree(final)
-    os.replace(tmp, final)  # the commit point: atomic on POSIX
+    durable_replace(tmp, final)  # the commit point: atomic on POSIX, its files on disk before the name
     if keep_last > 0:
         for old in list_checkpoints(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
@@ -367,24 +368,21 @@ def load_model(path: str | os.PathLike, weights: str = "ema") -> tuple[DiT, Chec
     return model.eval(), ckpt
 
 
-# The training-config keys each objective is built from (``build_objective``), plus the
-# VAE that defines the latent space: a resume must not change them silently.
+# The training-config keys each objective is built from (``build_objective``): what
+# ``--init-from`` compares (convert.py). What a resume compares is ``options.RESUME_RULES``.
 OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps", "time-shift"),
                   "transport": ("path-type", "prediction", "loss-weight", "train-eps", "sample-eps", "time-shift")}
-# With a distillation teacher (convert.py) these are part of the loss too.
-DISTILL_KEYS = ("teacher", "distill-weight", "distill-sigma-weight")
-# With representation alignment (repa.py): what the projector was trained to match.
-REPA_KEYS = ("repa-encoder", "repa-depth", "repa-projector-dim")
 
 
 def config_changes(ckpt: Checkpoint, train_config: dict, model_config: dict) -> dict[str, tuple]:
     """``{flag name: (checkpoint value, new value)}`` for every model-config key (the whole
     architecture: preset sizes, attention and its options, classes, objective type) and
-    every objective key that differs between ``ckpt`` and a run about to resume from it."""
+    every training key ``options.RESUME_RULES`` refuses (objective, VAE, a teacher's, REPA's, when
+    it applies) that differs between ``ckpt`` and a run about to resume from it."""
     import inspect
 
     from ..cli.config import flag_name
-    from ..cli.options import MODEL_OVERRIDES
+    from ..cli.options import MODEL_OVERRIDES, OBJECTIVE_OPTIONS, RESUME_RULES, RESUME_WHEN
 
     flags = {key: field for field, key in MODEL_OVERRIDES.items()}   # model key -> its flag (positions: pos-embed)
     defaults = {k: p.default for k, p in inspect.signature(DiT.__init__).parameters.items()
@@ -397,10 +395,13 @@ def config_changes(ckpt: Checkpoint, train_config: dict, model_config: dict) -> 
         if _jsonable(stored) != _jsonable(now):
             changes[flag_name(flags.get(key, key))] = (stored, now)
     objective = model_config.get("objective", "diffusion")
-    distilled = ckpt.config.get("teacher") or train_config.get("teacher")
-    aligned = ckpt.config.get("repa-encoder") or train_config.get("repa-encoder")
-    for key in (*OBJECTIVE_KEYS.get(objective, ()), "vae", *(DISTILL_KEYS if distilled else ()),
-                *(REPA_KEYS if aligned else ())):
+    for name in RESUME_RULES["refused"]:
+        if OBJECTIVE_OPTIONS.get(name, objective) != objective:   # the other objective's option
+            continue
+        if (feature := RESUME_WHEN.get(name)) and not (ckpt.config.get(flag_name(feature))
+                                                       or train_config.get(flag_name(feature))):
+            continue   # a teacher's / REPA's setting, and neither run uses it
+        key = flag_name(name)
         stored, now = ckpt.config.get(key, train_config.get(key)), train_config.get(key)
         if _jsonable(stored) != _jsonable(now):
             changes[key] = (stored, now)

@@ -162,7 +162,14 @@ class FrozenEncoder:
 
 def load_encoder(source: str | Path) -> FrozenEncoder:
     """The frozen encoder in folder ``source`` (DINOv2 through transformers, or the digits
-    encoder). Nothing is downloaded; a missing file is one line naming it."""
+    encoder). Nothing is downloaded; a missing file is one line naming it. Before
+    transformers sees a DINOv2 folder, its config is read with the guarded reader, every
+    weights file it would read must be a safetensors file inside the folder (a
+    ``model.safetensors.index.json`` naming a pickle ``.bin`` is refused: nothing is
+    unpickled), and the config's sizes must fit the weights' headers (no model of another
+    size is built)."""
+    from ..guards import read_json
+
     root = Path(source)
     if not root.is_dir():
         raise FileNotFoundError(f"--repa-encoder {source}: no such folder; {ENCODER_HELP}")
@@ -172,24 +179,119 @@ def load_encoder(source: str | Path) -> FrozenEncoder:
     if not config_file.is_file():
         raise FileNotFoundError(f"--repa-encoder {source}: {config_file} is missing (not a saved transformers "
                                 f"model); {ENCODER_HELP}")
+    fix = f"save the encoder again ({ENCODER_HELP})"
     try:
-        kind = json.loads(config_file.read_text()).get("model_type")
-    except (ValueError, AttributeError) as err:
-        raise ValueError(f"--repa-encoder {source}: {config_file} is not a JSON object ({err})") from None
+        config = read_json(config_file, fix)
+    except ValueError as err:
+        raise ValueError(f"--repa-encoder {source}: {err}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--repa-encoder {source}: {config_file} is not a JSON object (got "
+                         f"{type(config).__name__}); {fix}")
+    kind = config.get("model_type")
     if kind not in ("dinov2", "dinov2_with_registers"):
         raise ValueError(f"--repa-encoder {source}: {config_file} holds a {kind!r} model; the encoders taken are "
                          f"DINOv2 ('dinov2', 'dinov2_with_registers') and the digits encoder")
-    if not any((root / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
-        raise FileNotFoundError(f"--repa-encoder {source}: {root / 'model.safetensors'} is missing (weights are read "
-                                f"from safetensors only); {ENCODER_HELP}")
+    files = dino_weight_files(source, root, fix)
+    check_dino_sizes(source, config_file, config, files, fix)
     from transformers import Dinov2Model, Dinov2WithRegistersModel
 
     cls = Dinov2Model if kind == "dinov2" else Dinov2WithRegistersModel
     try:
         model = cls.from_pretrained(str(root), local_files_only=True, use_safetensors=True)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RuntimeError) as err:
         raise ValueError(f"--repa-encoder {source}: cannot load it ({str(err).splitlines()[0]})") from None
     return FrozenEncoder(DinoEncoder(model.float()), str(source))
+
+
+def dino_weight_files(source, root: Path, fix: str) -> list[Path]:
+    """The safetensors files transformers would read from ``root``: ``model.safetensors``
+    and every file ``model.safetensors.index.json`` names, each a ``.safetensors`` file
+    inside the folder; anything else (``pytorch_model.bin``, ``.pt``, ``.pth``, ``.ckpt``, a
+    path out of the folder) is refused in one line, before transformers sees the folder."""
+    from ..guards import read_json
+
+    single, index = root / "model.safetensors", root / "model.safetensors.index.json"
+    if not single.is_file() and not index.is_file():
+        raise FileNotFoundError(f"--repa-encoder {source}: {single} is missing (weights are read "
+                                f"from safetensors only); {ENCODER_HELP}")
+    files = [single] if single.is_file() else []
+    if index.is_file():
+        try:
+            data = read_json(index, fix)
+        except ValueError as err:
+            raise ValueError(f"--repa-encoder {source}: {err}") from None
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map \
+                or not all(isinstance(v, str) and v for v in weight_map.values()):
+            raise ValueError(f"--repa-encoder {source}: {index} must hold a 'weight_map' object of tensor names to "
+                             f"file names; {fix}")
+        inside = root.resolve()
+        for name in sorted(set(weight_map.values())):
+            if not name.endswith(".safetensors") or Path(name).is_absolute() \
+                    or (root / name).resolve().parent != inside:
+                raise ValueError(f"--repa-encoder {source}: {index} names {name!r}, which is not a .safetensors file "
+                                 f"of this folder: encoder weights are read from safetensors only (a pickle such as "
+                                 f"pytorch_model.bin could run code when loaded); nothing was loaded. Save the "
+                                 f"encoder with save_pretrained(FOLDER) (safetensors by default)")
+            if not (root / name).is_file():
+                raise FileNotFoundError(f"--repa-encoder {source}: {root / name} is missing ({index.name} names it); "
+                                        f"{fix}")
+            files.append(root / name)
+    return files
+
+
+def _header_shapes(source, files: list[Path], fix: str) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape from safetensors headers (nothing loaded); a file that is not
+    one (truncated, a renamed pickle) is one line naming it."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for file in files:
+        try:
+            with safe_open(str(file), "pt") as f:
+                for name in f.keys():
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+        except Exception as err:  # safetensors raises its own error types
+            first = str(err).splitlines()[0] if str(err) else ""
+            raise ValueError(f"--repa-encoder {source}: {file} is not a readable safetensors file (truncated, "
+                             f"damaged or another format renamed; {type(err).__name__}: {first}); {fix}") from None
+    return shapes
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_dino_sizes(source, config_file: Path, config: dict, files: list[Path], fix: str) -> None:
+    """The DINOv2 config's sizes (width, channels, patch, depth, position table) against
+    the weights' headers: an edited ``hidden_size`` is one line, not a model of that size."""
+    shapes = _header_shapes(source, files, fix)
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "patch_size", "num_channels", "image_size")
+    for key in keys:
+        if key in config and not _positive_int(config[key]):
+            raise ValueError(f"--repa-encoder {source}: {config_file} {key!r} must be a positive integer, got "
+                             f"{config[key]!r}; {fix}")
+    from transformers import Dinov2Config
+
+    defaults = Dinov2Config()
+    c = {key: config.get(key, getattr(defaults, key)) for key in keys}
+    if c["hidden_size"] % c["num_attention_heads"]:
+        raise ValueError(f"--repa-encoder {source}: {config_file} 'hidden_size' {c['hidden_size']} is not a multiple "
+                         f"of 'num_attention_heads' {c['num_attention_heads']}; {fix}")
+    proj = next((v for k, v in shapes.items() if k.endswith("embeddings.patch_embeddings.projection.weight")), None)
+    pos = next((v for k, v in shapes.items() if k.endswith("embeddings.position_embeddings")), None)
+    layers = {k.split("encoder.layer.", 1)[1].split(".", 1)[0] for k in shapes if "encoder.layer." in k}
+    if proj is None or len(proj) != 4:
+        raise ValueError(f"--repa-encoder {source}: {', '.join(map(str, files))} hold no DINOv2 patch embedding "
+                         f"(embeddings.patch_embeddings.projection.weight); {fix}")
+    expected = [("hidden_size", c["hidden_size"], proj[0]), ("num_channels", c["num_channels"], proj[1]),
+                ("patch_size", c["patch_size"], proj[2]), ("num_hidden_layers", c["num_hidden_layers"], len(layers))]
+    if pos is not None and len(pos) == 3:
+        expected.append(("image_size", (c["image_size"] // c["patch_size"]) ** 2 + 1, pos[1]))
+    wrong = [f"{key} {want:,} where the weights have {got:,}" for key, want, got in expected if want != got]
+    if wrong:
+        raise ValueError(f"--repa-encoder {source}: {config_file} does not describe its weights ("
+                         f"{'; '.join(wrong)}): the config was edited or comes from another model; {fix}")
 
 
 def save_digits_encoder(encoder: DigitsEncoder, folder: str | Path) -> Path:
@@ -202,15 +304,60 @@ def save_digits_encoder(encoder: DigitsEncoder, folder: str | Path) -> Path:
     return root
 
 
+DIGITS_ENCODER_KEYS = ("channels", "width", "dim", "patch_size")
+
+
 def load_digits_encoder(root: Path) -> DigitsEncoder:
+    """The digits encoder of ``root``, after checking ``encoder.json`` (an object of exactly
+    the keys ``save_digits_encoder`` writes, positive integers, a power-of-two patch) and
+    that its sizes are the weights file's (read from the header: a width of 1e7 is refused,
+    not allocated); a truncated or renamed weights file is one line."""
     from safetensors.torch import load_file
 
-    config = json.loads((root / DIGITS_ENCODER_JSON).read_text())
+    from ..guards import read_json
+
+    fix = "rerun train_digits_encoder (python -m nala_dit.training.repa FOLDER) into a new folder"
+    config_file = root / DIGITS_ENCODER_JSON
+    try:
+        config = read_json(config_file, fix)
+    except ValueError as err:
+        raise ValueError(f"--repa-encoder {root}: {err}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--repa-encoder {root}: {config_file} must hold a JSON object, got "
+                         f"{type(config).__name__}; {fix}")
+    unknown = sorted(set(config) - {"kind", *DIGITS_ENCODER_KEYS})
+    if unknown:
+        raise ValueError(f"--repa-encoder {root}: {config_file} has unknown key(s) {unknown} (it holds kind, "
+                         f"{', '.join(DIGITS_ENCODER_KEYS)}); {fix}")
+    if config.get("kind") != "digits-autoencoder":
+        raise ValueError(f"--repa-encoder {root}: {config_file} 'kind' must be 'digits-autoencoder', got "
+                         f"{config.get('kind')!r}; {fix}")
+    for key in DIGITS_ENCODER_KEYS:
+        if key in config and not _positive_int(config[key]):
+            raise ValueError(f"--repa-encoder {root}: {config_file} {key!r} must be a positive integer, got "
+                             f"{config[key]!r}; {fix}")
+    kwargs = {k: config[k] for k in DIGITS_ENCODER_KEYS if k in config}
+    patch = kwargs.get("patch_size", 2)
+    if patch & (patch - 1):
+        raise ValueError(f"--repa-encoder {root}: {config_file} 'patch_size' must be a power of two, got {patch}; "
+                         f"{fix}")
     weights = root / DIGITS_ENCODER_WEIGHTS
     if not weights.is_file():
         raise FileNotFoundError(f"--repa-encoder {root}: {weights} is missing; rerun train_digits_encoder")
-    encoder = DigitsEncoder(**{k: v for k, v in config.items() if k != "kind"})
-    encoder.load_state_dict(load_file(str(weights)), strict=True)
+    shapes = _header_shapes(root, [weights], fix)
+    with torch.device("meta"):   # sizes only: no memory, whatever the config says
+        expected = {k: tuple(v.shape) for k, v in DigitsEncoder(**kwargs).state_dict().items()}
+    if shapes != expected:
+        differ = [f"{k}: {shapes.get(k)} in the file, {v} for the config" for k, v in expected.items()
+                  if shapes.get(k) != v] or [f"unexpected {sorted(set(shapes) - set(expected))[:3]}"]
+        raise ValueError(f"--repa-encoder {root}: {config_file} does not describe {weights} ({'; '.join(differ[:2])}): "
+                         f"one of them was edited or damaged; {fix}")
+    try:
+        state = load_file(str(weights))
+    except Exception as err:  # safetensors raises its own error types
+        raise ValueError(f"--repa-encoder {root}: {weights} is unreadable ({type(err).__name__}); {fix}") from None
+    encoder = DigitsEncoder(**kwargs)
+    encoder.load_state_dict(state, strict=True)
     return encoder
 
 

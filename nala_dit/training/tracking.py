@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -86,8 +87,27 @@ def make_trackers(report_to: str, run_dir: Path, step: int) -> list:
 
             id_file.write_text(uuid.uuid4().hex[:16] + "\n")
         trackers.append(WandBTracker(os.environ.get("WANDB_PROJECT", "nala_dit"), name=run_dir.name,
-                                     dir=str(run_dir), id=id_file.read_text().strip(), resume="allow"))
+                                     dir=str(run_dir), id=read_wandb_id(id_file), resume="allow"))
     return trackers
+
+
+WANDB_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def read_wandb_id(id_file: Path) -> str:
+    """The wandb run id a run (and its resumes) logs to, as this package wrote it (16 hex
+    digits; any id of letters, digits, ``-``, ``_`` and ``.``, at most 64, is taken); an
+    edited file is one line naming it, not wandb's traceback at the tracker's start."""
+    try:
+        text = id_file.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        text = f"<unreadable: {type(err).__name__}>"
+    run_id = text.strip()
+    if not WANDB_ID.fullmatch(run_id) or text.rstrip("\n") != run_id:
+        raise ValueError(f"{id_file}: holds {text[:40]!r}{'…' if len(text) > 40 else ''}, not a wandb run id (letters, "
+                         f"digits, '-', '_', '.', at most 64, on one line): put back the id of this run's wandb run "
+                         f"(the end of its URL), or delete the file to log to a new wandb run")
+    return run_id
 
 
 def tracker_config(config: dict) -> dict:
@@ -98,9 +118,14 @@ def tracker_config(config: dict) -> dict:
 
 def progress_values(values: dict) -> dict:
     """The progress line's part of a log record: loss, images/s, and the held-out loss
-    and first FID-type score when they were computed at this step."""
-    shown = dict(loss="-" if values["loss"] is None else f"{values['loss']:.4f}",
-                 img_s=f"{values['images_per_sec']:.1f}")
+    and first FID-type score when they were computed at this step. Under REPA the line's
+    ``loss`` is the diffusion loss alone (``loss_simple``) and ``cos`` the alignment's
+    cosine (``align_cos``): the combined loss (diffusion − λ·cos, negative once aligned)
+    hides both, and stays in ``log.jsonl`` as ``loss``."""
+    loss = values["loss_simple"] if "align_cos" in values else values["loss"]
+    shown = dict(loss="-" if loss is None else f"{loss:.4f}", img_s=f"{values['images_per_sec']:.1f}")
+    if "align_cos" in values:
+        shown["cos"] = f"{values['align_cos']:.3f}"
     if "val/loss" in values:
         shown["val"] = f"{values['val/loss']:.4f}"
     fid = next((k for k in values if k.startswith("fid/")), None)
