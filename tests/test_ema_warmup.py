@@ -7,7 +7,7 @@ import torch
 
 import train as train_cli
 from nala_dit.training import checkpoint as ckpt_lib
-from nala_dit.training.step import update_ema
+from nala_dit.training.step import ema_initial_share, update_ema
 
 TINY_RUN = ["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "8", "--num-workers", "0",
             "--sample-every", "0", "--log-every", "1", "--flip", "false", "--ema-decay", "0.9", "--ema-warmup", "true"]
@@ -117,3 +117,59 @@ def test_an_edited_ema_update_count_is_refused_in_one_line(tmp_path):
             assert f"'ema_updates' must be an integer from 0 to the step 2, got {bad!r}" in str(err)
         else:
             raise AssertionError(f"ema_updates {bad!r} was accepted")
+
+
+# --- issue 45, item 17: the warm-up by default where the EMA was not chosen, and a warning when
+# the EMA is still mostly its random start ---------------------------------------------------
+
+def test_initial_share_is_the_product_of_the_decays():
+    for decay in (0.0, 0.05, 0.5, 0.9, 0.99, 0.9999, 1.0):
+        for updates in (0, 1, 2, 9, 30, 171, 1000):
+            for warmup in (False, True):
+                product = 1.0
+                for t in range(updates):
+                    product *= min(decay, (1 + t) / (10 + t)) if warmup else decay
+                assert math.isclose(ema_initial_share(decay, updates, warmup), product, rel_tol=1e-9,
+                                    abs_tol=1e-300), (decay, updates, warmup)
+    assert ema_initial_share(0.9999, 30, False) > 0.99   # issue 45's 30-step run: the random start
+
+
+def test_the_warmup_is_the_default_unless_the_ema_is_chosen(capsys):
+    from nala_dit.cli.config import resolve
+    from nala_dit.cli.options import TrainConfig
+
+    def ema(*argv):
+        cfg, _ = resolve(TrainConfig, list(argv))
+        return cfg.ema_decay, cfg.ema_warmup
+
+    assert ema() == (0.9999, True)                          # nothing chosen: warmed up
+    assert ema("--data", "my-images") == (0.9999, True)     # a user's own image folder
+    assert ema("--ema-decay", "0.9999") == (0.9999, False)  # DiT's EMA, chosen
+    assert ema("--ema-decay", "0.999", "--ema-warmup", "true") == (0.999, True)
+    assert ema("--ema-warmup", "false") == (0.9999, False)
+    # The shipped configs that set the EMA keep it: ImageNet (DiT's) and the digits demo.
+    for config in ("nala_dit_s2_imagenet256", "dit_xl2_imagenet256", "nala_sit_xl2_imagenet256_fast",
+                   "digits_nala_dit"):
+        decay, warmup = ema("--config", f"configs/{config}.yaml")
+        assert warmup is False and decay in (0.9999, 0.99), config
+    assert train_cli.main(["--dry-run"]) == 0
+    assert "ema-warmup: true" in capsys.readouterr().out   # config.yaml records the resolved value
+
+
+def test_a_run_whose_ema_is_still_its_random_start_says_so_at_the_end(tmp_path, capsys):
+    from nala_dit.training.step import checkpoint_ema_warning
+
+    plain = TINY_RUN[:TINY_RUN.index("--ema-decay")]
+    assert train_cli.main(plain + ["--results-dir", str(tmp_path), "--exp-name", "dit-ema", "--max-steps", "3",
+                                   "--ema-decay", "0.9999"]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("warning: the EMA")]
+    assert len(lines) == 1, out
+    for words in ("99.97% their initial random weights", "after 3 updates", "--ema-decay 0.9999 without --ema-warmup",
+                  "10,000 updates", "mostly noise", "--ema-warmup true", "sample.py --weights model"):
+        assert words in lines[0], (words, lines[0])
+    assert checkpoint_ema_warning(ckpt_lib.open_checkpoint(tmp_path / "dit-ema")) == lines[0][len("warning: "):]
+    # the default (warmed up): nothing to say, here or when sampling
+    assert train_cli.main(plain + ["--results-dir", str(tmp_path), "--exp-name", "default", "--max-steps", "3"]) == 0
+    assert "warning: the EMA" not in capsys.readouterr().out
+    assert checkpoint_ema_warning(ckpt_lib.open_checkpoint(tmp_path / "default")) is None

@@ -256,3 +256,81 @@ def test_damaged_statistics_are_one_line_errors(caches, tmp_path):
     with pytest.raises(ValueError) as err:
         LatentNorm.from_dict({"mode": "channel", "mean": [0.0], "std": "x"}, "state.json 'latent_norm'")
     assert str(err.value).startswith("state.json 'latent_norm': channel latent norm: mean and std must be lists")
+
+
+# --- issue 45, item 7: the cache's statistics, encoder and source are checked, not trusted ------
+
+def copied_cache(caches, tmp_path, edit=None, name="lat"):
+    """Cache A copied, its meta.json passed through ``edit`` (a dict → dict function)."""
+    folder = shutil.copytree(caches["a"], tmp_path / name)
+    meta = json.loads((folder / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps(edit(meta) if edit else meta))
+    return folder
+
+
+def one_error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: dict(s, mean=[5.0] * len(s["mean"])),
+    lambda s: dict(s, std=[10 * v for v in s["std"]]),
+], ids=["mean 5", "std x10"])
+def test_edited_statistics_are_refused_naming_the_file(caches, tmp_path, capsys, edit):
+    folder = copied_cache(caches, tmp_path, lambda m: dict(m, latent_stats=edit(m["latent_stats"])))
+    assert latent_run(tmp_path, folder, caches["vae"], "--max-steps", "1") == 1
+    line = one_error(capsys)
+    for words in (str(folder / "meta.json"), "latent_stats", "do not match", "float64 sums", "edited or damaged",
+                  "rerun extract_latents.py"):
+        assert words in line, (words, line)
+    assert not (tmp_path / "run").exists()
+    # the statistics as the shards give them (what extract_latents.py writes): trains
+    folder = copied_cache(caches, tmp_path, name="intact")
+    assert latent_run(tmp_path, folder, caches["vae"], "--max-steps", "1") == 0
+
+
+def test_a_cache_without_its_encoder_fingerprint_is_not_trained_with_another_vae(caches, tmp_path, capsys):
+    folder = copied_cache(caches, tmp_path, lambda m: {k: v for k, v in m.items() if k != "vae_fingerprint"})
+    assert latent_run(tmp_path, folder, caches["other_vae"], "--max-steps", "1", "--latent-norm", "scalar") == 1
+    line = one_error(capsys)
+    for words in (str(folder / "meta.json"), "no encoder fingerprint", str(caches["vae"]), str(caches["other_vae"]),
+                  "--allow-changes vae", "rerun extract_latents.py"):
+        assert words in line, (words, line)
+    # the VAE it records: trains; another one, deliberately: trains, and says so
+    assert latent_run(tmp_path, folder, caches["vae"], "--max-steps", "1", "--latent-norm", "scalar",
+                      name="same") == 0
+    capsys.readouterr()
+    assert latent_run(tmp_path, folder, caches["other_vae"], "--max-steps", "1", "--latent-norm", "scalar",
+                      "--allow-changes", "vae", name="forced") == 0
+    assert "--allow-changes vae" in capsys.readouterr().out
+
+
+def test_an_extraction_resumed_from_another_image_folder_is_refused(caches, tmp_path, capsys):
+    from extract_latents import main as extract_main
+
+    folder = copied_cache(caches, tmp_path)
+    (folder / "latents-00001.safetensors").unlink()      # interrupted
+    argv = ["--out", str(folder), "--vae", str(caches["vae"]), "--image-size", "64", "--shard-size", "4",
+            "--num-workers", "0", "--dtype", "float32"]
+    before = (folder / "meta.json").read_bytes()
+    capsys.readouterr()
+    # images B: the same count, classes and file names as A, other pictures
+    assert extract_main(["--data", str(caches["root"] / "images-b"), *argv]) == 1
+    line = one_error(capsys)
+    assert "source" in line and str(caches["root"] / "images-a") in line and str(caches["root"] / "images-b") in line
+    assert not (folder / "latents-00001.safetensors").exists() and (folder / "meta.json").read_bytes() == before
+    # the same folder with one picture replaced: its file list differs (a size)
+    images = shutil.copytree(caches["root"] / "images-a", tmp_path / "images-a")
+    folder2 = copied_cache(caches, tmp_path, lambda m: dict(m, source=str(images.resolve())), name="lat2")
+    (folder2 / "latents-00001.safetensors").unlink()
+    victim = sorted((images / "dog").iterdir())[-1]
+    from PIL import Image
+
+    Image.new("RGB", (72, 64), (1, 2, 3)).save(victim)
+    assert extract_main(["--data", str(images), *argv[:1], str(folder2), *argv[2:]]) == 1
+    assert "source_files" in one_error(capsys)
+    # the folder it was extracted from: resumes
+    assert extract_main(["--data", str(caches["root"] / "images-a"), *argv]) == 0

@@ -97,7 +97,7 @@ def digits_encoder(tmp_path):
     return repa.save_digits_encoder(repa.DigitsEncoder(width=8, dim=4), tmp_path / "digits")
 
 
-class Payload:
+class ShellPayload:
     def __reduce__(self):
         return (os.system, ("echo ran",))
 
@@ -128,7 +128,7 @@ def test_a_damaged_digits_encoder_is_one_line(digits_encoder, case, words):
     elif case == "truncated weights":
         weights.write_bytes(weights.read_bytes()[:200])
     else:
-        weights.write_bytes(pickle.dumps({"net.0.weight": Payload()}))
+        weights.write_bytes(pickle.dumps({"net.0.weight": ShellPayload()}))
     with pytest.raises((ValueError, FileNotFoundError)) as err:
         repa.load_encoder(digits_encoder)
     text = one_line(err)

@@ -88,13 +88,26 @@ CHOICE_HINTS = {"mlp": " (every block has an MLP: 'mlp' is DiT's, the default; '
 
 
 def build_parser(cls, description: str | None = None, epilog: str | None = None) -> argparse.ArgumentParser:
-    """An argparse parser with one flag per dataclass field (help from field metadata)."""
-    parser = ArgumentParser(description=description, epilog=epilog)
-    parser.add_argument("--config", type=Path, default=None,
-                        help="YAML file whose keys are these flags (without the leading --)")
-    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    """An argparse parser with one flag per dataclass field (help from field metadata).
+
+    A config class with ``help_common`` (field names) and ``help_sections`` ((title, first
+    field) pairs, in field order) gets a short ``--help`` of the common flags and ``--help-all``
+    with every flag under its section's title (``TrainConfig``: train.py)."""
+    common = getattr(cls, "help_common", None)
+    parser = ArgumentParser(description=description, epilog=epilog, add_help=common is None,
+                            usage="%(prog)s [--config FILE.yaml] [options]" if common is not None else None)
+    if common is not None:
+        parser.add_help_flags()
+    picked = parser.common_actions if common is not None else []
+    picked.append(parser.add_argument("--config", type=Path, default=None, metavar="FILE.yaml",
+                                      help="YAML file whose keys are these flags (without the leading --)"))
+    picked.append(parser.add_argument("--dry-run", action="store_true", help="print the resolved config and exit"))
+    sections = dict((first, title) for title, first in getattr(cls, "help_sections", ()))
+    group = parser
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
+        if field.name in sections:
+            group = parser.add_argument_group(sections[field.name])
         typ, optional = _base_type(hints[field.name])
         name = flag_name(field.name)
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
@@ -113,8 +126,24 @@ def build_parser(cls, description: str | None = None, epilog: str | None = None)
             kwargs["metavar"] = "BOOL"
         else:
             kwargs["type"] = lambda s, t=typ, o=optional, n=name: _parse_value(s, t, o, n)
-        parser.add_argument(f"--{name}", **kwargs)
+        if "metavar" in field.metadata:
+            kwargs["metavar"] = field.metadata["metavar"]
+        action = group.add_argument(f"--{name}", **kwargs)
+        if common is not None and field.name in common:   # --help: the field's brief help, where it has one
+            picked.append(_briefly(action, field.metadata.get("brief")))
     return parser
+
+
+def _briefly(action: argparse.Action, brief: str | None) -> argparse.Action:
+    """``action`` as the short ``--help`` shows it: a copy with the brief help (the parser keeps
+    the original, which ``--help-all`` shows)."""
+    if brief is None:
+        return action
+    import copy
+
+    shown = copy.copy(action)
+    shown.help = brief
+    return shown
 
 
 def yaml_problem(err: "yaml.YAMLError") -> str:

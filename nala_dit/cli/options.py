@@ -251,6 +251,13 @@ DATASETS = ("digits-train", "digits-heldout")
 INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 
 
+# The EMA's default decay (DiT's); given without --ema-warmup it means DiT's EMA, no warm-up.
+EMA_DECAY = 0.9999
+# The end of training warns when the EMA still holds more than this share of its initial
+# (random) weights, whose samples are mostly noise (training/step.py ema_warning; for a
+# checkpoint, checkpoint_ema_warning, what sampling calls).
+EMA_INITIAL_SHARE_WARNING = 0.5
+
 # convert.py: what --init-from copies from a softmax model.
 INHERIT_MODES = ("all-but-attention", "attention-qkv")
 
@@ -271,6 +278,69 @@ OBJECTIVE_OPTIONS = {
     "path_type": "transport", "prediction": "transport", "loss_weight": "transport",
     "train_eps": "transport", "sample_eps": "transport",
 }
+
+
+# What a resumed run does with each setting that differs from its checkpoint's: one rule per
+# TrainConfig field (tests/test_resume_rules.py checks every field is here, once).
+RESUME_RULE_MEANING = {
+    "refused": "compared with the checkpoint's training config (when it applies: the objective's keys, a "
+               "teacher's, REPA's): a change is refused naming it, unless --allow-changes names it",
+    "refused-model": "compared through the model config these settings build (sizes, attention and its options, "
+                     "classes, input size): refused naming the model key, unless --allow-changes names it",
+    "refused-norm": "compared as the latent normalisation it gives: refused unless --allow-changes latent-norm",
+    "applied": "this run's value is used; a change is printed (resume: --KEY NEW replaces the checkpoint's OLD)",
+    "own-line": "a change is said by its own line (--context-parallel: fp32-close, not bitwise; --init-from: "
+                "ignored, the run continues its checkpoint)",
+    "not-compared": "how this command starts or resumes, not what the run trains (--inherit is read by "
+                    "--init-from only, which a resume ignores)",
+}
+RESUME_RULES = {
+    # in this order in config_changes' list of refused changes
+    "refused": ("noise_schedule", "diffusion_steps", "path_type", "prediction", "loss_weight", "train_eps",
+                "sample_eps", "time_shift", "vae", "teacher", "distill_weight", "distill_sigma_weight",
+                "repa_encoder", "repa_depth", "repa_projector_dim"),
+    "refused-model": ("model", "attention", *MODEL_OPTIONS, "pos_embed", "softmax_blocks", "mlp", "mix_init",
+                      "class_dropout_prob", "image_size", "num_classes"),
+    "refused-norm": ("latent_norm",),
+    "applied": ("data", "flip", "skip_corrupt", "check_data", "num_workers", "t_sampling", "t_mean", "t_std",
+                "global_batch_size", "grad_accum", "lr", "warmup_steps", "weight_decay", "adam_beta2",
+                "max_grad_norm", "max_nan_steps", "ema_decay", "ema_warmup", "max_steps", "mixed_precision",
+                "grad_checkpointing", "compile", "threads", "seed", "results_dir", "exp_name", "log_every",
+                "ckpt_every", "keep_last", "sample_every", "sample_sampler", "sample_steps", "sample_cfg_scale",
+                "report_to", "val_every", "val_data", "val_samples", "fid_every", "fid_ref", "fid_samples",
+                "fid_features", "inception_weights", "digits_classifier", "repa_weight"),
+    "own-line": ("context_parallel", "init_from"),
+    "not-compared": ("resume", "allow_changes", "inherit"),
+}
+RESUME_RULE = {name: rule for rule, names in RESUME_RULES.items() for name in names}
+# A "refused" key that belongs to a feature is compared only when the checkpoint or the run uses it.
+RESUME_WHEN = {**dict.fromkeys(("teacher", "distill_weight", "distill_sigma_weight"), "teacher"),
+               **dict.fromkeys(("repa_encoder", "repa_depth", "repa_projector_dim"), "repa_encoder")}
+# What an "applied" change means beyond its new value, said with it.
+RESUME_NOTES = {
+    "seed": "the data order and every draw from here on differ from an uninterrupted run",
+    "flip": "the data the model sees from here on differs",
+    "ema_decay": "the EMA continues from its saved weights with this decay",
+    "ema_warmup": "the EMA continues from its saved weights with this rule",
+    "global_batch_size": "the learning rate is not rescaled",
+    "mixed_precision": "the numbers from here on differ from an uninterrupted run",
+}
+# What a checkpoint that lacks a key trained with, where the field's default is resolved by
+# ``validate`` (None = "auto"): before the automatic warm-up, DiT's EMA without one.
+RECORDED_DEFAULTS = {"ema_decay": EMA_DECAY, "ema_warmup": False}
+
+
+# train.py --help: these flags (the rest: --help-all, under the section titles below; each
+# section starts at its first field, in TrainConfig's order).
+HELP_COMMON = ("model", "data", "image_size", "vae", "global_batch_size", "lr", "ema_decay", "ema_warmup", "max_steps",
+               "mixed_precision", "threads", "results_dir", "exp_name", "ckpt_every", "sample_every", "val_every",
+               "resume", "init_from")
+HELP_SECTIONS = (("model", "model"), ("attention options (NaLa; the gated and linear layers)", "direction"),
+                 ("architecture and conditioning", "pos_embed"), ("data", "data"), ("objective", "diffusion_steps"),
+                 ("optimisation and EMA", "global_batch_size"), ("steps and compute", "max_steps"),
+                 ("run folder, logs, checkpoints and sample grids", "results_dir"),
+                 ("evaluation while training", "val_every"), ("resume", "resume"),
+                 ("conversion and distillation", "init_from"), ("representation alignment (REPA)", "repa_encoder"))
 
 
 def preset(name: str) -> tuple[str, bool, str]:
@@ -311,6 +381,18 @@ CONTEXT_PARALLEL_HELP = ("context parallel: split each image's token grid by row
                          "launched are data-parallel groups × this; docs/highres.md")
 
 
+def check_number(flag: str, value, lo: float = 0.0, hi: float | None = None, why: str = "") -> float:
+    """The one check of a numeric recipe knob: finite, ``lo <= value`` (and ``<= hi``), else a
+    one-line ValueError naming the flag, the allowed range, ``why`` (what the values mean) and
+    the value. NaN fails every comparison, so a plain ``value < 0`` test lets it through (a NaN
+    ``--max-grad-norm`` read as "no clipping", a NaN ``--ema-decay`` trained to the end)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not (lo <= value and (hi is None or value <= hi)):
+        allowed = f"a number from {lo:g} to {hi:g}" if hi is not None else f"a finite number >= {lo:g}"
+        raise ValueError(f"{flag} must be {allowed}{f' ({why})' if why else ''}, got {value!r}")
+    return value
+
+
 def check_context_parallel(value: int) -> int:
     if value < 1:
         raise ValueError(f"context-parallel must be >= 1 (1 = off), got {value}")
@@ -324,7 +406,9 @@ def _opt(help, **kw):
 @dataclass
 class _Model:
     # model
-    model: str = field(default="NaLaDiT-S/2", metadata=dict(help="preset name", choices=list(MODEL_NAMES)))
+    model: str = field(default="NaLaDiT-S/2", metadata=dict(
+        help="preset: DiT, NaLaDiT, SiT or NaLaSiT, then -S, -B, -L or -XL with /2, /4 or /8, or -T with /1, /2 or "
+             "/4 (docs/models.md)", choices=list(MODEL_NAMES), metavar="PRESET"))
     attention: str | None = _opt("override the preset's attention", choices=list(ATTENTIONS))
 
 
@@ -345,6 +429,8 @@ _NaLaFlags.__module__ = __name__
 class TrainConfig(_NaLaFlags):
     """The training CLI: each field a flag and a YAML key; the model and its attention first
     (``_Model``, then NaLaConfig's options), then the rest."""
+    help_common = HELP_COMMON       # train.py --help (not fields: no annotation)
+    help_sections = HELP_SECTIONS   # train.py --help-all
     pos_embed: str | None = _opt("positions on a grid other than the base one: 'extrapolate' (DiT's integer "
                                  "positions, default), 'interpolate' (PixArt: scaled into the base range) or "
                                  "'none' (LePE only)", choices=list(POS_EMBED_MODES))
@@ -399,17 +485,20 @@ class TrainConfig(_NaLaFlags):
                                                                  "(the norm is logged either way)"))
     max_nan_steps: int = field(default=20, metadata=dict(help="a step with a non-finite loss is skipped (no update); "
                                                               "this many in a row stop the run (0 = stop at the first)"))
-    ema_decay: float = field(default=0.9999, metadata=dict(help="EMA decay per step"))
-    ema_warmup: bool = field(default=False, metadata=dict(help="EMA decay warm-up: min(ema-decay, (1 + t) / (10 + t)) at "
-                                                             "the EMA's update t (0 = the first; a step skipped for a "
-                                                             "NaN loss is none), so the EMA forgets the initial weights "
-                                                             "at once and averages about the last tenth of the steps "
-                                                             "until the cap is reached"))
+    ema_decay: float | None = _opt(f"EMA decay per step (default {EMA_DECAY}, with --ema-warmup on)")
+    ema_warmup: bool | None = _opt("EMA decay warm-up: min(ema-decay, (1 + t) / (10 + t)) at the EMA's update t (0 = "
+                                   "the first; a step skipped for a NaN loss is none), so the EMA forgets the initial "
+                                   "weights at once and averages about the last tenth of the steps until the cap is "
+                                   "reached (diffusers' EMAModel, EDM2). Default: on, unless --ema-decay is given "
+                                   "(then off, DiT's EMA: the shipped configs that set it train as before)",
+                                   brief="EMA decay warm-up, min(ema-decay, (1 + t) / (10 + t)) (diffusers' EMAModel, "
+                                         "EDM2); default: on, unless --ema-decay is given")
     max_steps: int = field(default=400_000, metadata=dict(help="optimizer steps"))
     mixed_precision: str = field(default="no", metadata=dict(help="autocast dtype (attention reductions stay fp32)", choices=["no", "bf16", "fp16"]))
     grad_checkpointing: bool = field(default=False, metadata=dict(help="recompute blocks in backward"))
     compile: bool = field(default=False, metadata=dict(help="torch.compile the model"))
-    threads: int | None = _opt(THREADS_HELP)
+    threads: int | None = _opt(THREADS_HELP, brief="torch CPU threads per process (default: one per core; 1 per "
+                                                   "process where cores are scarce)")
     context_parallel: int = field(default=1, metadata=dict(help=CONTEXT_PARALLEL_HELP))
     seed: int = field(default=0, metadata=dict(help="global seed (per-rank streams derive from it)"))
     # bookkeeping
@@ -447,14 +536,18 @@ class TrainConfig(_NaLaFlags):
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
     allow_changes: str | None = _opt("resume: comma-separated model/objective settings allowed to differ from the "
                                      "checkpoint; 'latent-norm' (also for --init-from): train this data with the "
-                                     "model's own latent statistics", comma_list=True)
+                                     "model's own latent statistics; 'vae' (also for a new run): train a latent "
+                                     "folder that records no encoder fingerprint with another --vae",
+                                     comma_list=True)
     # conversion from a softmax model (nala_dit/training/convert.py, LiT's recipe)
     init_from: str | None = _opt("start from another model's (EMA) weights, at any image size: a softmax DiT/SiT "
                                  "(official .pt, run, checkpoint or pipeline folder) to convert to this model's "
                                  "attention (--inherit says what is copied), or one of this repo's own runs, "
                                  "checkpoints or pipeline folders of the same attention, copied whole, to fine-tune "
                                  "up the ladder (e.g. --init-from runs/demo/NaLaDiT --image-size 16 --pos-embed "
-                                 "interpolate; docs/highres.md)")
+                                 "interpolate; docs/highres.md)",
+                                 brief="start from another model's (EMA) weights: a softmax DiT/SiT to convert, or a "
+                                       "run, checkpoint or pipeline folder of this attention to fine-tune")
     inherit: str = field(default="all-but-attention", metadata=dict(help="what --init-from copies",
                                                                     choices=list(INHERIT_MODES)))
     teacher: str | None = _opt("distil from this model (same forms as --init-from; frozen, EMA weights)")
@@ -515,13 +608,20 @@ class TrainConfig(_NaLaFlags):
                 raise ValueError(f"{err}{old}") from None
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:
             raise ValueError("global-batch-size and grad-accum must be >= 1, max-steps >= 0")
-        if self.distill_weight < 0 or (self.distill_sigma_weight or 0) < 0:
-            raise ValueError("distill-weight and distill-sigma-weight must be >= 0")
+        check_number("--distill-weight", self.distill_weight, why="the weight of the teacher term")
+        if self.distill_sigma_weight is not None:
+            check_number("--distill-sigma-weight", self.distill_sigma_weight, why="the weight on the learned variance")
         for name in ("log_every", "ckpt_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1")
-        if self.warmup_steps < 0 or self.max_nan_steps < 0 or self.max_grad_norm < 0:
-            raise ValueError("warmup-steps, max-nan-steps and max-grad-norm must be >= 0")
+        if self.warmup_steps < 0 or self.max_nan_steps < 0:
+            raise ValueError("warmup-steps and max-nan-steps must be >= 0")
+        check_number("--lr", self.lr, why="AdamW's step size; DiT 1e-4, 0 = frozen weights")
+        check_number("--max-grad-norm", self.max_grad_norm, why="the global gradient norm's bound; 0 = no clipping")
+        check_number("--weight-decay", self.weight_decay, why="AdamW's decoupled decay; 0 = none, DiT's")
+        self.resolve_ema()
+        check_number("--ema-decay", self.ema_decay, 0.0, 1.0,
+                     why="the EMA keeps this share each step: 0 = the raw weights, DiT 0.9999, 1 = never moves")
         if not 0 <= self.adam_beta2 < 1:
             raise ValueError(f"adam-beta2 must be in [0, 1) (DiT 0.999, LightningDiT 0.95), got {self.adam_beta2}")
         for name in ("val_every", "fid_every"):
@@ -549,6 +649,15 @@ class TrainConfig(_NaLaFlags):
         if self.repa_encoder is None and self.repa_depth is not None:
             raise ValueError("--repa-depth chooses the block aligned to --repa-encoder's features: pass "
                              "--repa-encoder FOLDER with it")
+
+    def resolve_ema(self) -> None:
+        """``--ema-warmup`` not given: on, unless ``--ema-decay`` is (then DiT's EMA without one, as
+        the shipped ImageNet and digits configs set it); ``--ema-decay`` not given: ``EMA_DECAY``.
+        A user's own short run then samples a warmed-up EMA, not its random start."""
+        if self.ema_warmup is None:
+            self.ema_warmup = self.ema_decay is None
+        if self.ema_decay is None:
+            self.ema_decay = EMA_DECAY
 
     def nala_config(self) -> NaLaConfig:
         """The attention settings this run's model gets: the preset's (or ``--attention``'s)

@@ -197,6 +197,62 @@ def cache_statistics(root: str | os.PathLike, shards: list[str]) -> dict:
     return statistics(total, images, hw)
 
 
+def stored_sums(root: str | os.PathLike, shards: list[str]) -> tuple[torch.Tensor, int, int] | None:
+    """(Σ of every shard's stored sums in shard order, images, h·w), read from the shards'
+    ``SUMS_KEY`` tensors only (a few bytes each, no moments); None when a shard has none (a cache
+    written before the sums were kept: only reading all its moments could check it)."""
+    from safetensors import safe_open
+
+    total, images, hw = None, 0, None
+    for name in shards:
+        with safe_open(str(Path(root) / name), "pt") as f:
+            if SUMS_KEY not in f.keys():
+                return None
+            shape = f.get_slice("moments").get_shape()
+            sums = f.get_tensor(SUMS_KEY).to(torch.float64)
+        total = sums if total is None else total + sums
+        images, hw = images + shape[0], shape[-2] * shape[-1]
+    return (total, images, hw) if total is not None else None
+
+
+def check_statistics(root: str | os.PathLike, meta: dict) -> None:
+    """Refuse a cache whose ``meta.json`` ``latent_stats`` are not what its shards' stored
+    float64 sums give (an edited or damaged file: ``--latent-norm channel`` would train every
+    channel off by it), in one line naming the file, the first channel that differs and the fix.
+    Cheap: the sums only, never the moments; a cache without stored sums is not checked."""
+    from .datasets import LATENT_META
+
+    recorded = meta.get("latent_stats")
+    found = stored_sums(root, meta["shards"]) if recorded is not None else None
+    if found is None:
+        return
+    expected = statistics(*found)
+    for what in ("mean", "std"):
+        for c, (a, b) in enumerate(zip(recorded[what], expected[what])):
+            if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12):
+                raise ValueError(
+                    f"{Path(root) / LATENT_META}: 'latent_stats' do not match the float64 sums its shards store "
+                    f"(channel {c} {what} {a:.6g} in the file, {b:.6g} from the shards): the file was edited or "
+                    f"damaged; rerun extract_latents.py with the same flags to rewrite it (finished shards are kept)")
+    if recorded.get("images", expected["images"]) != expected["images"]:
+        raise ValueError(f"{Path(root) / LATENT_META}: 'latent_stats' count {recorded.get('images')!r} images, the "
+                         f"shards {expected['images']}: the file was edited or damaged; rerun extract_latents.py with "
+                         f"the same flags to rewrite it (finished shards are kept)")
+
+
+# ------------------------------------------------------------------ the source's identity
+def source_fingerprint(dataset) -> str:
+    """sha256 of an image folder's file list as extraction reads it (``ImageFolderDataset``
+    samples, after unreadable files are left out): each file's path inside the folder, its
+    size and its label. Another folder of as many images in the same classes, or this one with a
+    picture replaced, gives another fingerprint; the pictures themselves are not read."""
+    h = hashlib.sha256()
+    root = Path(dataset.root)
+    for path, label in dataset.samples:
+        h.update(f"{Path(path).relative_to(root).as_posix()}\0{Path(path).stat().st_size}\0{label}\n".encode())
+    return h.hexdigest()[:16]
+
+
 # ------------------------------------------------------------------ the encoder's identity
 def vae_fingerprint(vae) -> str:
     """sha256 of the encoder's weights (``encoder.*``, ``quant_conv.*``): what defines the
@@ -259,10 +315,13 @@ def source_norm(path: str | os.PathLike) -> LatentNorm | None:
 
 
 # ------------------------------------------------------------------ a training run's normalisation
-def run_norm(mode: str, dataset, vae, scaling: float, vae_name: str | None) -> LatentNorm | None:
+def run_norm(mode: str, dataset, vae, scaling: float, vae_name: str | None, allow_vae: bool = False,
+             print=print) -> LatentNorm | None:
     """The normalisation a run trains with (None in pixel space). A latent cache whose
-    encoder fingerprint is not ``vae``'s, and ``channel`` without a cache's statistics, are
-    one-line errors naming the fix."""
+    encoder fingerprint is not ``vae``'s, a cache that records no fingerprint and another VAE
+    name than ``vae_name`` (unless ``allow_vae``: ``--allow-changes vae``), ``channel`` without a
+    cache's statistics or with statistics its shards' sums do not give, are one-line errors
+    naming the fix."""
     from .datasets import LATENT_META, LatentDataset
 
     if vae is None:
@@ -272,6 +331,15 @@ def run_norm(mode: str, dataset, vae, scaling: float, vae_name: str | None) -> L
         raise ValueError(f"{dataset.root} holds latents of another VAE ({dataset.meta.get('vae')}, encoder "
                          f"{dataset.vae_fingerprint}) than --vae {vae_name} (encoder {vae_fingerprint(vae)}): pass the "
                          f"VAE the latents were extracted with, or extract them again with this one")
+    if cache and dataset.vae_fingerprint is None and not same_name(dataset.meta.get("vae"), vae_name):
+        recorded = dataset.meta.get("vae")
+        if not allow_vae:
+            raise ValueError(f"{dataset.root / LATENT_META} records no encoder fingerprint ('vae_fingerprint'), so "
+                             f"the latents of {recorded} cannot be told from those of --vae {vae_name}: pass --vae "
+                             f"{recorded}, rerun extract_latents.py with its flags to record the fingerprint (finished "
+                             f"shards are kept), or pass --allow-changes vae if {vae_name} has the same encoder")
+        print(f"latents: {dataset.root} records no encoder fingerprint; training them with --vae {vae_name}, not "
+              f"the {recorded} they were extracted with (--allow-changes vae)")
     if mode == "scalar":
         return LatentNorm.scalar(scaling)
     if not cache:
@@ -282,7 +350,19 @@ def run_norm(mode: str, dataset, vae, scaling: float, vae_name: str | None) -> L
         raise ValueError(f"{dataset.root / LATENT_META} holds no latent statistics (written before extract_latents.py "
                          f"computed them): rerun extract_latents.py with the same flags to add them (finished shards "
                          f"are kept), or use --latent-norm scalar")
+    check_statistics(dataset.root, dataset.meta)   # the stored sums, not the file's word for them
     return LatentNorm.channel(dataset.stats["mean"], dataset.stats["std"])
+
+
+def same_name(recorded, given) -> bool:
+    """Whether two ``--vae`` values name the same VAE: the same hub id, or local folders that
+    resolve to one path."""
+    if recorded == given:
+        return True
+    if not (isinstance(recorded, str) and isinstance(given, str)):
+        return False
+    a, b = Path(recorded), Path(given)
+    return a.exists() and b.exists() and a.resolve() == b.resolve()
 
 
 def agreed_norm(ours: LatentNorm | None, theirs: LatentNorm | None, what: str, data: str,

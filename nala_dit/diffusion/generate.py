@@ -250,7 +250,8 @@ def seed_from(generator) -> int:
         # Drawing from the caller's generator keeps diffusers' convention: the same
         # manual_seed gives the same images, and a used generator gives new ones.
         return int(torch.randint(0, 2**62, (), generator=generator, device=generator.device).item())
-    raise TypeError(f"generator must be None, an int seed or a torch.Generator, got {type(generator).__name__}")
+    raise TypeError(f"generator must be None, an int seed or a torch.Generator (or, for a pipeline, a list of them: "
+                    f"one per image), got {type(generator).__name__}")
 
 
 class _Precision:

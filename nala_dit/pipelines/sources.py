@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..training.step import checkpoint_ema_warning
 from ..training.checkpoint import CheckpointError, build_objective, load_model, torch_load_tensors
 from ..cli.parse import did_you_mean
 from ..guards import assert_no_meta, non_finite, read_json, refuse_non_finite  # noqa: F401  (assert_no_meta re-exported)
@@ -67,6 +69,8 @@ def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None =
                              f"`export.py checkpoint --weights model` instead")
         return load_pipeline_folder(path, vae, device)
     model, ckpt = load_model(path, weights)
+    if weights == "ema" and (warning := checkpoint_ema_warning(ckpt)):
+        print(f"warning: {warning}", file=sys.stderr)
     model = model.to(device)
     vae_path = vae or ckpt.config.get("vae")
     vae_model, scaling, norm = None, data_lib.DEFAULT_SCALING_FACTOR, None

@@ -37,14 +37,15 @@ from ..cli.config import dump_yaml, to_dict
 from ..models.grid import latent_size, vae_factor
 from ..data.latent_stats import agreed_norm, checkpoint_norm, run_norm, source_norm
 from ..models.dit import create_model
-from ..cli.options import MODEL_OVERRIDES, TrainConfig, default_num_workers
+from ..cli.options import (MODEL_OVERRIDES, RECORDED_DEFAULTS, RESUME_NOTES, RESUME_RULES, TrainConfig,
+                           default_num_workers)
 from ..cli.options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
 from . import repa as repa_lib
 from .runlock import LOCK_NAME, check_process_count, hold_lock
 from .tracking import Logger, LossWindow, NanStreak, progress_values
-from .step import (EpochBatches, MicroBatchLoss, StepResult, clip_gradients, lr_at, skip_step, step_seed,
-                   to_model_space, update_ema)
-from .validation import HeldOutLoss, Periodic, SampleGrid, TrainingFID, heldout_dataset
+from .step import (EpochBatches, MicroBatchLoss, StepResult, clip_gradients, ema_warning, lr_at, skip_step,
+                   step_seed, to_model_space, update_ema)
+from .validation import HeldOutLoss, Periodic, SampleGrid, TrainingFID, heldout_dataset, val_samples_notice
 
 def build_dataset(cfg: TrainConfig, state=None):
     """The dataset named by ``--data`` (embedded digits, latent folder or image folder);
@@ -147,9 +148,20 @@ def start_line(world: int, backend: str | None, devices: str, global_batch: int,
             f"grad-accum {grad_accum}), precision {precision}, attention {attention}")
 
 
-# Settings a resumed run takes from its own flags (a change is printed, not refused).
-RESUME_APPLIED = ("lr", "warmup_steps", "weight_decay", "adam_beta2", "max_grad_norm", "max_nan_steps", "t_sampling",
-                  "t_mean", "t_std", "repa_weight")
+def resume_announcements(ckpt, cfg: TrainConfig) -> list[str]:
+    """One line per setting a resume applies (``options.RESUME_RULES`` "applied") whose value
+    differs from the checkpoint's: ``resume: --KEY NEW replaces the checkpoint's OLD`` (and
+    what it means, ``RESUME_NOTES``). A key the checkpoint predates: its default then."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    spelled = lambda v: str(v).lower() if isinstance(v, bool) else str(v)  # noqa: E731  (as the CLI takes it)
+    lines = []
+    for key in RESUME_RULES["applied"]:
+        name, wanted = key.replace("_", "-"), getattr(cfg, key)
+        saved = ckpt.config.get(name, RECORDED_DEFAULTS.get(key, defaults[key]))
+        if json.loads(json.dumps(saved)) != json.loads(json.dumps(wanted)):
+            note = f" ({RESUME_NOTES[key]})" if key in RESUME_NOTES else ""
+            lines.append(f"resume: --{name} {spelled(wanted)} replaces the checkpoint's {spelled(saved)}{note}")
+    return lines
 
 
 def allowed_changes(cfg: TrainConfig) -> set[str]:
@@ -161,11 +173,11 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
             projector=None) -> None:
     """Load a checkpoint into this run after checking it is the same model and objective.
 
-    Changed settings are refused with the list of differences unless named in
-    ``--allow-changes``; the recipe's knobs (``RESUME_APPLIED``: learning rate, warm-up,
-    weight decay, β2, clipping, NaN budget, training times) are this run's, each change
-    printed, and applied to the restored optimizer (its saved param groups would
-    otherwise silently win)."""
+    Every setting follows its rule in ``options.RESUME_RULES``: a changed model or objective
+    setting is refused with the list of differences unless named in ``--allow-changes``; the
+    others (learning rate, β2, EMA, seed, flips, ...) are this run's, each change printed
+    (``resume_announcements``), and the optimizer's are applied to the restored optimizer
+    (its saved param groups would otherwise silently win)."""
     changes = config_changes(ckpt, to_dict(cfg), dict(model.config))
     allowed = allowed_changes(cfg)
     refused = {k: v for k, v in changes.items() if k not in allowed}
@@ -193,12 +205,8 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
     if projector is not None:
         ckpt.load_into(projector, "projector")
     ckpt.load_optimizer(optimizer)
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    for key in RESUME_APPLIED:
-        name, wanted = key.replace("_", "-"), getattr(cfg, key)
-        saved = ckpt.config.get(name, defaults[key])  # keys added later: their defaults
-        if saved != wanted:
-            print(f"resume: --{name} {wanted} replaces the checkpoint's {saved}")
+    for line in resume_announcements(ckpt, cfg):
+        print(line)
     for i, group in enumerate(optimizer.param_groups):  # the loop sets each step's lr (--warmup-steps)
         group.update(lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay if i == 0 else 0.0)
     rng = ckpt.rng_state(rank)
@@ -337,14 +345,14 @@ def micro_batch_size(cfg: TrainConfig, processes: int, world: int) -> int:
     return cfg.global_batch_size // per_step
 
 
-def load_vae_and_norm(cfg: TrainConfig, dataset, device):
+def load_vae_and_norm(cfg: TrainConfig, dataset, device, print=print):
     """(the VAE or None, the run's latent norm: latents → model space, None in pixel space)."""
     vae, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
     if cfg.vae is not None:
         vae, scaling = data_lib.load_vae(cfg.vae, device)
         if isinstance(dataset, data_lib.LatentDataset):
             scaling = dataset.scaling_factor
-    return vae, run_norm(cfg.latent_norm, dataset, vae, scaling, cfg.vae)
+    return vae, run_norm(cfg.latent_norm, dataset, vae, scaling, cfg.vae, "vae" in allowed_changes(cfg), print)
 
 
 def build_optimizer(cfg: TrainConfig, model, projector=None) -> torch.optim.AdamW:
@@ -435,8 +443,10 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
     # --- data; evaluation's data and reference (validation.py) are checked now, before the model ---
     dataset = build_dataset(cfg, accelerator)
     heldout_data = heldout_dataset(cfg, dataset) if cfg.val_every else None
+    if heldout_data is not None and (notice := val_samples_notice(cfg, heldout_data)):
+        accelerator.print(notice)
     fid = TrainingFID(cfg, dataset.num_classes, micro_batch) if cfg.fid_every else None
-    vae, norm = load_vae_and_norm(cfg, dataset, device)
+    vae, norm = load_vae_and_norm(cfg, dataset, device, accelerator.print)
     keep_norm = "latent-norm" in allowed_changes(cfg)
     patch = int(cfg.model.rsplit("/", 1)[1])
     channels, side = model_space(dataset, vae, patch)
@@ -528,6 +538,8 @@ def train_loop(run: Run) -> None:
     for step in range(run.start_step, run.cfg.max_steps):
         train_step(step)
     run.progress.close()
+    if warning := ema_warning(run.cfg.ema_decay, run.cfg.ema_warmup, run.ema_updates):
+        run.accelerator.print(f"warning: {warning}")   # a short run without the warm-up: its EMA is still noise
     run.logger.close()
     run.accelerator.end_training()
 

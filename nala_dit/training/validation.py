@@ -121,6 +121,16 @@ def heldout_dataset(cfg: TrainConfig, train_dataset):
                      f"held-out folder of the same kind")
 
 
+def val_samples_notice(cfg: TrainConfig, heldout) -> str | None:
+    """The one line a run prints when ``--val-samples`` asks for more items than the held-out
+    split holds (every item is scored then, ``HeldOutLoss``), naming both numbers; else None."""
+    if cfg.val_samples <= len(heldout):
+        return None
+    split = cfg.val_data if cfg.val_data is not None else f"{cfg.data}'s held-out split"
+    return (f"validation: --val-samples {cfg.val_samples} is more than the {len(heldout)} held-out items of {split}: "
+            f"scoring all {len(heldout)} (pass --val-samples {len(heldout)} or less to say so)")
+
+
 class HeldOutLoss:
     """The training loss on ``--val-samples`` held-out items (spread evenly over the split),
     each with its own (t, noise) drawn from ``index_seed(VAL_SEED, item, VAL_STREAM)``: t uniform (DiT's
