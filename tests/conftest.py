@@ -7,9 +7,18 @@ from nala_dit.cli.parse import passive_wait_policy
 
 passive_wait_policy()
 
+import os
+from pathlib import Path
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+import export
+import nala_dit  # noqa: F401  (teaches diffusers our pipeline names)
+from nala_dit.pipelines.pipeline import pipeline_for
+from tests.pipelines.test_pipeline import NAMES, tiny
+from tests.scripts.test_sample import write_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -64,10 +73,10 @@ def image_sets():
 def digits_checkpoint(tmp_path_factory):
     """A train.py-style run folder: a tiny pixel-space digits DiT (8x8, 1 channel) with
     random weights, for end-to-end sampling tests."""
-    from nala_dit.training.checkpoint import save_checkpoint
     from nala_dit.cli.config import to_dict
-    from nala_dit.models.dit import create_model
     from nala_dit.cli.options import TrainConfig
+    from nala_dit.models.dit import create_model
+    from nala_dit.training.checkpoint import save_checkpoint
 
     run_dir = tmp_path_factory.mktemp("runs") / "digits-dit"
     model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10)
@@ -81,3 +90,37 @@ def digits_checkpoint(tmp_path_factory):
     save_checkpoint(run_dir / "checkpoints", model=model, ema=model, state=state,
                     optimizer=torch.optim.AdamW(model.parameters()), rng_states=[torch.get_rng_state()])
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("runs") / "dit")
+
+
+@pytest.fixture(scope="module")
+def pipe_dir(run_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pipes") / "pipe"
+    assert export.main(["checkpoint", str(run_dir), str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def pipe_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("trusted") / "pipe"
+    pipeline_for(tiny("NaLaDiT-T/2"), id2label=NAMES, sampler="ddim").save_pretrained(folder)
+    return folder
+
+
+# --- item 9: fsync before and after every rename into place -------------------------------
+@pytest.fixture
+def fsynced(monkeypatch):
+    """The paths os.fsync was called on, in order (read back from /proc/self/fd)."""
+    paths = []
+    real = os.fsync
+
+    def recording(fd):
+        paths.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return paths

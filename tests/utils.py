@@ -8,9 +8,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+from safetensors.torch import load_file, save_file
+
+import nala_dit  # noqa: F401  (teaches diffusers our pipeline names)
+import sample
+import train as train_cli
 
 ROOT = Path(__file__).resolve().parents[1]
+# A digits run in a few steps (train.py flags): the base of most training tests.
+TINY_RUN = ["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "8", "--num-workers", "0",
+            "--sample-every", "0", "--log-every", "1", "--flip", "false"]
 
 
 def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
@@ -57,3 +66,69 @@ def launch(tmp_path, script: str, *args, processes: int = 2, cpu_flag: bool = Fa
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *how, "--main_process_port", str(free_port()),
            str(ROOT / script), *map(str, args)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def dry_run_error(capsys, *argv) -> str:
+    """``train.py --dry-run ARGV``: expect the parser's refusal; return its one error line."""
+    with pytest.raises(SystemExit) as exc:
+        train_cli.main([*argv, "--dry-run"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def _train_main(tmp_path, *argv):
+    return train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), *argv])
+
+
+def cli(*args) -> int:
+    return sample.main([str(a) for a in args])
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def poison(file: Path, key: str | None = None) -> str:
+    """Put a NaN into one tensor of a safetensors file; returns the tensor's name."""
+    tensors = load_file(str(file))
+    key = key or next(k for k, v in tensors.items() if v.is_floating_point() and v.numel() > 1)
+    tensors[key] = tensors[key].clone()
+    tensors[key].view(-1)[0] = float("nan")
+    save_file(tensors, str(file))
+    return key
+
+
+def copy_tree(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def train_fails(tmp_path, capsys, *extra, name="run"):
+    """Run train.py's main, expect exit code 1, return the one-line error."""
+    code = train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), "--exp-name", name, *extra])
+    captured = capsys.readouterr()
+    assert code == 1, captured.out + captured.err
+    lines = [line[line.index("error:"):] for line in captured.err.splitlines() if "error:" in line]
+    assert len(lines) == 1, captured.err  # one line (a progress bar may precede it)
+    return lines[0]
+
+
+class Evil:  # a pickled object in a checkpoint: refused, and no message may suggest unpickling it
+    pass
+
+
+def one_line(err) -> str:
+    text = str(err.value) if hasattr(err, "value") else str(err)
+    assert "\n" not in text, text
+    return text
+
+
+DEEP = "[" * 100_000 + "]" * 100_000   # past the JSON parser's recursion limit

@@ -281,7 +281,7 @@ OBJECTIVE_OPTIONS = {
 
 
 # What a resumed run does with each setting that differs from its checkpoint's: one rule per
-# TrainConfig field (tests/test_resume_rules.py checks every field is here, once).
+# TrainConfig field (tests/training/test_resume_rules.py checks every field is here, once).
 RESUME_RULE_MEANING = {
     "refused": "compared with the checkpoint's training config (when it applies: the objective's keys, a "
                "teacher's, REPA's): a change is refused naming it, unless --allow-changes names it",

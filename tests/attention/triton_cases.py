@@ -1,0 +1,203 @@
+"""The Triton NaLa kernels against the quadratic reference (NALA_SPEC.md §5).
+
+Not collected by a plain ``pytest`` run (the name does not start with ``test_``):
+Triton's interpreter must be switched on before the kernels are defined, so
+``tests/attention/test_triton_kernels.py`` runs this file in a subprocess with ``TRITON_INTERPRET=1``
+(CPU tensors; bf16/fp16 inputs are loaded and cast to fp32, so the interpreter takes them
+too), and ``benchmarks/gpu_check.sh`` runs it on CUDA (plus the long-N and layer cases):
+
+    TRITON_INTERPRET=1 python -m pytest -q tests/attention/triton_cases.py     # CPU, interpreter
+    python -m pytest -q tests/attention/triton_cases.py                        # CUDA
+
+Tolerances: fp32 relative RMS ≤ 1e-5 (outputs and gradients of q, k, v, s); bf16 inputs
+against the fp32 reference on the same rounded inputs ≤ 1e-2 (bf16 rounding is 2^-8).
+"""
+
+import os
+
+import pytest
+import torch
+
+from nala_dit.attention import nala_attention, nala_attention_reference
+from tests.utils import assert_close
+
+pytest.importorskip("triton", reason="Triton is not installed")
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if not INTERPRET and not torch.cuda.is_available():
+    pytest.skip("needs CUDA, or TRITON_INTERPRET=1 set before Triton is imported", allow_module_level=True)
+
+from nala_dit.attention import triton_kernels  # noqa: E402  (after the environment check above)
+
+DEVICE = "cpu" if INTERPRET else "cuda"
+FP32_TOL = 1e-5
+BF16_TOL = 1e-2
+cuda_only = pytest.mark.skipif(INTERPRET, reason="CUDA only: N = 8192 is too slow for the interpreter, and impl='auto' picks Triton for CUDA tensors only")
+
+
+def qkv(b=1, h=2, n=63, d=32, scale=1.0, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(b, h, n, d, generator=g) * scale).to(DEVICE, dtype) for _ in range(3)]
+
+
+def compare(q, k, v, tol, splits=None, norm_scale=1.0, **kw):
+    """Triton kernels vs the quadratic reference on the same inputs: outputs and the
+    gradients of q, k, v (and of a tensor norm scale) for a random output gradient."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    if isinstance(norm_scale, torch.Tensor):
+        leaves.append(norm_scale.detach().requires_grad_())
+    opts = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
+    opts.update(kw)
+    scale = leaves[3] if len(leaves) == 4 else norm_scale
+    out = triton_kernels.nala_attention_triton(*leaves[:3], scale, opts, splits=splits)
+    assert out.dtype == v.dtype and out.shape == v.shape
+    g_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    grads = torch.autograd.grad(out.float(), leaves, g_out)
+
+    ref_leaves = [t.detach().float().clone().requires_grad_() for t in leaves]
+    if len(leaves) == 4:  # per-head s broadcast against the (B, H, N, 1) query norms
+        ref_scale = ref_leaves[3].view(1, -1, 1, 1)
+    else:
+        ref_scale = norm_scale
+    ref = nala_attention_reference(*ref_leaves[:3], norm_scale=ref_scale, **kw)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, g_out)
+    assert_close("output", ref, out.float(), tol)
+    for name, g_ref, g in zip(["q", "k", "v", "s"], ref_grads, grads):
+        assert g.dtype == leaves["qkvs".index(name)].dtype
+        assert_close(f"grad {name}", g_ref, g.float(), tol)
+
+
+def test_kernels_are_interpreted_exactly_when_asked():
+    assert triton_kernels.INTERPRETED == INTERPRET
+
+
+@pytest.mark.parametrize("direction", ["cosine", "relu_split"])
+@pytest.mark.parametrize("n,d", [(63, 32), (65, 72), (33, 128)])
+def test_fp32_matches_reference(direction, n, d):
+    compare(*qkv(n=n, d=d), FP32_TOL, direction=direction)
+
+
+@pytest.mark.parametrize("direction", ["cosine", "relu_split"])
+def test_exact_zeros(direction):
+    """Zero coordinates (0^p and its gradient, both finite), whole zero tokens in q and k,
+    and a head dim (24) that is not a power of two."""
+    q, k, v = qkv(b=2, n=47, d=24)
+    q[..., ::3] = 0.0
+    k[..., 1::3] = 0.0
+    q[:, :, 5] = 0.0
+    k[:, :, 7] = 0.0
+    compare(q, k, v, FP32_TOL, direction=direction)
+
+
+@pytest.mark.parametrize("direction", ["cosine", "relu_split"])
+def test_options_splits_and_strides(direction):
+    """Non-default λ, τ, s, α, ε; the state summed over 3 token ranges (a ragged last
+    one); q, k, v as strided views of one (B, N, 3, H, D) projection, as the layer has."""
+    b, n, h, d = 2, 97, 3, 40
+    g = torch.Generator().manual_seed(3)
+    qkv_proj = torch.randn(b, n, 3, h, d, generator=g).to(DEVICE)
+    q, k, v = qkv_proj.permute(2, 0, 3, 1, 4)                      # each (B, H, N, D), strided
+    assert not q.is_contiguous()
+    compare(q, k, v, FP32_TOL, splits=3, direction=direction, power=2.5, offset=0.7,
+            norm_scale=3.0, alpha=5.0, eps=1e-4)
+
+
+@pytest.mark.parametrize("config", [dict(BLOCK_N=16, BV=16, num_warps=4), dict(BLOCK_N=128, BV=32, num_warps=8)])
+def test_other_block_sizes(config):
+    """The block sizes that ``benchmarks/triton_configs.py`` sweeps compute the same thing
+    (four value tiles; token blocks larger than N)."""
+    q, k, v = (t.requires_grad_() for t in qkv(n=45, d=40))
+    opts = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
+    results = []
+    for cfg in (None, config):
+        out = triton_kernels.nala_attention_triton(q, k, v, 1.0, opts, config=cfg)
+        results.append([out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out))])
+    for name, ref, got in zip(["output", "grad q", "grad k", "grad v"], *results):
+        assert_close(name, ref, got, FP32_TOL)
+
+
+def test_tf32_products_are_rounded_not_truncated():
+    """The TF32 path of half inputs, on fp32 inputs so the rounding is the only error:
+    within TF32 precision of the reference (measured 3.6e-4 / 4.4e-4) and unbiased --
+    tensor-core truncation alone would shrink the output by 1.4e-3 (measured)."""
+    q, k, v = (t.requires_grad_() for t in qkv(n=129, d=64))
+    opts = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
+    out = triton_kernels.nala_attention_triton(q, k, v, 1.0, dict(opts, precision="tf32"))
+    ref = nala_attention_reference(q, k, v)
+    g_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    grads = torch.autograd.grad(out, (q, k, v), g_out)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), g_out)
+    assert_close("output", ref, out, 1e-3)
+    for name, g_ref, g in zip("qkv", ref_grads, grads):
+        assert_close(f"grad {name}", g_ref, g, 1e-3)
+    assert abs((out.norm() / ref.norm()).item() - 1) < 1e-4, "TF32 products are biased"
+
+
+def test_learned_per_head_scale_gradient():
+    """A per-head norm scale s (as a learned s = exp(ρ) gives) and its gradient."""
+    s = torch.tensor([0.5, 2.0, 8.0], device=DEVICE)
+    compare(*qkv(h=3, n=31, d=32, scale=0.5), FP32_TOL, norm_scale=s)
+
+
+@pytest.mark.parametrize("direction", ["cosine", "relu_split"])
+def test_huge_inputs_finite(direction):
+    q, k, v = (t.requires_grad_() for t in qkv(n=33, d=32, scale=1e3))
+    out = nala_attention(q, k, v, direction=direction, impl="triton")
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+
+
+def test_impl_triton_matches_fused():
+    """Through ``nala_attention``: the kernels and the CPU-style fused path agree."""
+    q, k, v = qkv(n=50, d=64)
+    a = nala_attention(q, k, v, impl="triton")
+    b = nala_attention(q, k, v, impl="fused")
+    assert_close("triton vs fused", b, a, FP32_TOL)
+
+
+@pytest.mark.parametrize("direction", ["cosine", "relu_split"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs(direction, dtype):
+    """bf16/fp16 loads and stores, and the TF32 product path they take. The kernels do no
+    half-precision arithmetic (loads are cast to fp32 first), so the interpreter runs
+    these too; on CUDA they also check the tensor-core products."""
+    n, d = (31, 40) if INTERPRET else (257, 72)     # the interpreter is slow; the dtype path is the same
+    compare(*qkv(n=n, d=d, dtype=dtype), BF16_TOL, direction=direction)
+
+
+@cuda_only
+@pytest.mark.parametrize("direction", ["cosine", "relu_split"])
+def test_long_sequence_many_splits(direction):
+    """N = 8192 with the default split count (from the SM count) against the fused path
+    (the quadratic reference would need an (N, N, D) tensor)."""
+    q, k, v = (t.requires_grad_() for t in qkv(b=2, h=4, n=8192, d=64))
+    outs, grads = [], []
+    for impl in ("triton", "fused"):
+        out = nala_attention(q, k, v, direction=direction, impl=impl)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+    assert_close("output", outs[1], outs[0], FP32_TOL)
+    for name, g_ref, g in zip("qkv", grads[1], grads[0]):
+        assert_close(f"grad {name}", g_ref, g, FP32_TOL)
+
+
+@cuda_only
+def test_auto_picks_triton_in_a_bf16_autocast_layer():
+    """The gated layer on CUDA under bf16 autocast: impl='auto' runs the kernels, the
+    forward and backward are finite and match the fused path within bf16 tolerance."""
+    from nala_dit.attention import GatedLinearAttention
+
+    torch.manual_seed(0)
+    layer = GatedLinearAttention(144, 2).to(DEVICE)
+    x = torch.randn(2, 64, 144, device=DEVICE)
+    calls = []
+    original = triton_kernels.nala_attention_triton
+    try:
+        triton_kernels.nala_attention_triton = lambda *a, **kw: calls.append(1) or original(*a, **kw)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = layer(x, grid=(8, 8))
+    finally:
+        triton_kernels.nala_attention_triton = original
+    assert calls, "impl='auto' did not run the Triton kernels on CUDA"
+    y.float().sum().backward()
+    assert torch.isfinite(y).all()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)

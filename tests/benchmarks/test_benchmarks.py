@@ -1,0 +1,229 @@
+"""The benchmark scripts run end to end in --tiny mode and write valid JSON."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_script(script, out, *extra):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), "--tiny", "--threads", "1", "--out", str(out), *extra]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def finite(x):
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def test_attention_benchmark_tiny(tmp_path):
+    data, stdout = run_script("attention.py", tmp_path / "attention.json")
+    meta = data["meta"]
+    for key in ("device", "dtype", "threads", "torch", "sdpa_backend", "memory_method", "command"):
+        assert key in meta, key
+    assert meta["threads"] == 1 and meta["dtype"] == "fp32"
+    methods = {r["method"] for r in data["results"]}
+    assert {"nala", "nala_naive", "relu", "sdpa", "math"} <= methods
+    for r in data["results"]:
+        assert r["mode"] in ("fwd", "fwd+bwd") and r["n"] in (64, 256)
+        assert r["skipped"] is None, r
+        assert finite(r["time_ms"]) and r["time_ms"] > 0
+        assert finite(r["peak_mib"]) and r["peak_mib"] > 0
+    assert set(data["slopes"]) == {"fwd", "fwd+bwd"}
+    row = next(r for r in data["ratios"] if r["mode"] == "fwd" and r["n"] == 256)
+    assert finite(row["time_nala/relu"]) and finite(row["time_nala/sdpa"]) and finite(row["mem_nala/sdpa"])
+    assert (tmp_path / "attention.png").stat().st_size > 0
+    assert "nala/relu" in stdout
+
+
+def test_model_benchmark_tiny(tmp_path):
+    data, stdout = run_script("model.py", tmp_path / "model.json")
+    rows = data["results"]
+    assert {r["model"] for r in rows} == {"DiT-S/2", "NaLaDiT-S/2"}
+    assert {r["task"] for r in rows} == {"train", "sample"}
+    for r in rows:
+        assert r["skipped"] is None, r
+        for key in ("images_per_s", "peak_mib", "gflops_fwd_per_image", "time_ms"):
+            assert finite(r[key]) and r[key] >= 0, (key, r)
+        assert r["params"] > 0 and r["latent"] == r["resolution"] // 8
+    assert data["meta"]["tiny"] is True
+    assert "img/s" in stdout
+
+
+def test_highres_benchmark_tiny(tmp_path, capsys):
+    data, stdout = run_script("highres.py", tmp_path / "highres.json")
+    rows = data["results"]
+    assert {r["section"] for r in rows} == {"sample", "train", "vae"}
+    assert {(r["attention"], r["model"]) for r in rows if r["section"] == "sample"} == {
+        ("nala", "NaLaDiT-S/2"), ("sdpa", "DiT-S/2"), ("math", "DiT-S/2")}
+    assert {r["grad_checkpointing"] for r in rows if r["section"] == "train"} == {False, True}
+    assert {r["tiling"] for r in rows if r["section"] == "vae" and r["px"] == 128} == {"off", "on"}
+    for r in rows:
+        assert r["skipped"] is None, r
+        assert finite(r["time_s"]) and r["time_s"] > 0 and r["calls"] >= 1
+        # The shape-only count reproduces the measured peak (same operators, same shapes).
+        assert abs(r["peak_mib_counted"] - r["peak_mib"]) <= 0.02 * r["peak_mib"] + 0.02, r
+        if r["section"] != "vae":
+            assert r["tokens"] == (r["px"] // 16) ** 2 and r["latent"] == r["px"] // 8
+    ratios = {(r["section"], r["px"], r.get("attention"), r["vs"], r.get("grad_checkpointing")): r
+              for r in data["ratios"]}
+    assert finite(ratios[("sample", 128, None, "math", False)]["mem_ratio"])
+    assert ratios[("vae", 128, None, "untiled", None)]["mem_ratio"] < 0.5       # 64-px tiles of a 128-px image
+    for key in ("date", "load_average", "threads", "memory_method", "command"):
+        assert key in data["meta"], key
+    assert (tmp_path / "highres.png").stat().st_size > 0
+    assert "ratios" in stdout and "| NaLa / math memory |" in stdout
+    # The docs tables are rebuilt from the JSON alone (and the plot redrawn).
+    (tmp_path / "highres.png").unlink()
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import highres
+
+    highres.main(["--from-json", str(tmp_path / "highres.json")])
+    tables = capsys.readouterr().out
+    assert "**VAE decode**" in tables and "| 128 | 2.5 MiB |" in tables
+    assert (tmp_path / "highres.png").stat().st_size > 0
+
+
+def test_train_rss_benchmark_tiny(tmp_path):
+    data, stdout = run_script("train_rss.py", tmp_path / "rss.json")
+    rows = data["rows"]
+    assert set(rows) == {"DiT", "NaLaDiT", "NaLaDiT (recompute=False)"} and data["meta"]["tokens"] == 64
+    assert rows["DiT"]["peak_ratio"] == rows["DiT"]["step_ratio"] == 1.0
+    for r in rows.values():
+        (run,) = r["runs"]                                         # one fresh process each
+        assert run["peak_mib"] > run["built_mib"] > 0
+        assert r["median_step_mib"] == run["peak_mib"] - run["built_mib"]
+    assert "step adds MiB" in stdout
+
+
+def test_highres_quality_runs_every_setting(tmp_path, digits_checkpoint, digits_classifier_dir):
+    """Every (model, setting, seed) is scored once; the classifier and reference are built once."""
+    import shutil
+
+    work = tmp_path / "work"
+    shutil.copytree(digits_classifier_dir, work / "digits_classifier")
+    cmd = [sys.executable, str(ROOT / "experiments" / "highres_quality" / "run.py"), "--runs", str(digits_checkpoint.parent),
+           "--models", digits_checkpoint.name, "--per-class", "1", "--seeds", "0,1", "--work", str(work),
+           "--out", str(tmp_path / "q.json")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import experiments.highres_quality.run as hq
+
+    rows = json.loads((tmp_path / "q.json").read_text())["rows"]
+    assert [(r["setting"], r["seed"]) for r in rows] == [(s[0], seed) for s in hq.SETTINGS for seed in (0, 1)]
+    for r in rows:
+        assert 0 <= r["class_consistency"] <= 1 and finite(r["frechet_distance"])
+        # NFE: the sampler's 40 steps, plus the upscaled second stage's round(strength · 40)
+        assert r["nfe"] == 40 + (round(r["strength"] * 40) if r["strength"] else 0)
+
+
+def test_threads_benchmark_tiny(tmp_path):
+    """Each setting ran in its own process with its own environment (--tiny: quiet only;
+    the busy neighbour is started and killed below)."""
+    data, stdout = run_script("threads.py", tmp_path / "threads.json")
+    rows = {r["setting"]: r for r in data["rows"]}
+    assert set(rows) == {"1 thread", "default", "default + PASSIVE"}
+    assert {r["condition"] for r in data["rows"]} == {"quiet"} and data["meta"]["tiny"] is True
+    assert data["meta"]["complete"] is True
+    assert rows["1 thread"]["torch_threads"] == 1 and rows["1 thread"]["omp_num_threads"] == "1"
+    assert rows["default"]["omp_wait_policy"] is None and rows["default"]["omp_num_threads"] is None
+    assert rows["default + PASSIVE"]["omp_wait_policy"] == "PASSIVE"
+    assert rows["default"]["torch_threads"] == rows["default + PASSIVE"]["torch_threads"] == len(os.sched_getaffinity(0))
+    assert rows["1 thread"]["vs_1_thread"] == 1.0
+    for r in rows.values():
+        assert len(r["times_s"]) == 2 and all(finite(t) and t > 0 for t in r["times_s"])
+    assert "| NaLaDiT-T/2 | quiet |" in stdout
+    assert len(data["meta"]["loadavg_start"]) == 3
+
+
+def test_threads_benchmark_busy_neighbour_runs_until_killed():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.threads import start_busy
+
+    busy = start_busy()  # returns once the process is up (or raises if it ended)
+    try:
+        assert busy.poll() is None
+    finally:
+        busy.kill()
+        assert busy.wait(timeout=30) == -9
+
+
+@pytest.mark.slow
+def test_context_parallel_benchmark_tiny(tmp_path):
+    """The exchanges counted at the torch.distributed calls equal the closed forms."""
+    data, stdout = run_script("context_parallel.py", tmp_path / "cp.json", "--sections", "forward")
+    rows = {r["model"]: r for r in data["results"]}
+    assert set(rows) == {"NaLaDiT-T/2", "DiT-T/2"}
+    for r in rows.values():
+        assert r["tokens"] == 256 and r["procs"] == 2 and finite(r["speedup"]) and r["one_peak_mib"] > 0
+        assert r["exchanged_per_layer_counted"] == r["exchanged_per_layer_formula"]
+    # T/2: 4 heads of D = 32 → state 4·64·33 = 8,448, halo to the one neighbour: 2 rows of
+    # 16 tokens · 128 channels = 4,096 numbers
+    assert rows["NaLaDiT-T/2"]["exchanged_per_layer_formula"] == 8448 + 4096
+    assert rows["DiT-T/2"]["exchanged_per_layer_formula"] == 2 * 128 * 128      # K and V of 128 tokens
+    xl = {r["tokens"]: r for r in data["bytes_xl2"]}
+    assert xl[16384]["nala_state_numbers"] == 16 * 144 * 73
+    assert "softmax gather" in stdout
+
+
+def test_context_parallel_benchmark_on_cuda_without_a_gpu_is_a_one_line_error(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "context_parallel.py"), "--device", "cuda"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "--device cuda: no CUDA device found; run without --device for the CPU (gloo) numbers")
+
+
+def test_scorer_view_draws_each_sample_above_its_8x8_area_average(tmp_path):
+    """A hand-made 16-px sample: its view is the 2 x 2 block means, enlarged back with square
+    pixels; the tiles sit where the layout puts them (classes as columns, 2 px padding)."""
+    import numpy as np
+    from PIL import Image
+
+    from experiments.ablation import scorer_view
+
+    rng = np.random.default_rng(0)
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    images = {c: rng.integers(0, 256, (16, 16), dtype=np.uint8) for c in (0, 1)}
+    images[1][:2, :2] = [[0, 255], [255, 255]]  # block mean 191.25 -> 191
+    for i, c in enumerate((0, 1)):
+        Image.fromarray(images[c]).save(samples / f"{i:06d}_class{c}.png")
+    Image.fromarray(images[0]).save(samples / "notes.png")  # not sample.py's: ignored
+    out = tmp_path / "view.png"
+    assert scorer_view.main([str(samples), "--out", str(out)]) == 0
+    fig = np.asarray(Image.open(out))
+    assert fig.shape == (2 + 2 * 18, 2 + 2 * 18)
+    for col, c in enumerate((0, 1)):
+        x = 2 + col * 18
+        np.testing.assert_array_equal(fig[2:18, x:x + 16], images[c])
+        blocks = images[c].astype(np.float64).reshape(8, 2, 8, 2).mean(axis=(1, 3))
+        expected = np.round(blocks).astype(np.uint8).repeat(2, 0).repeat(2, 1)
+        np.testing.assert_array_equal(fig[20:36, x:x + 16], expected)
+    assert fig[20, 20] == fig[21, 21] == 191
+    assert not fig[:2].any() and not fig[18:20].any()  # padding rows stay black
+    assert scorer_view.main([str(tmp_path / "empty"), "--out", str(out)]) == 2
+    # Two folders stack top to bottom, 4 black rows between the two figures.
+    both = tmp_path / "both.png"
+    assert scorer_view.main([str(samples), str(samples), "--out", str(both)]) == 0
+    stacked = np.asarray(Image.open(both))
+    assert stacked.shape == (2 * fig.shape[0] + 4, fig.shape[1])
+    np.testing.assert_array_equal(stacked[:fig.shape[0]], fig)
+    np.testing.assert_array_equal(stacked[fig.shape[0] + 4:], fig)
+    assert not stacked[fig.shape[0]:fig.shape[0] + 4].any()
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    for i, c in enumerate((0, 1, 2)):
+        Image.fromarray(images[c % 2]).save(wide / f"{i:06d}_class{c}.png")
+    assert scorer_view.main([str(samples), str(wide), "--out", str(both)]) == 2  # 2 vs 3 columns

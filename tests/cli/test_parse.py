@@ -1,0 +1,83 @@
+"""Tests of cli/test_parse.py."""
+
+import pytest
+
+from tests.utils import ROOT
+
+
+@pytest.mark.slow
+def test_two_process_error_prints_once(tmp_path):
+    """Every rank meets the same bad --data: one error line (rank 0), no traceback of ours;
+    what follows is the launcher's own report of the exit."""
+    from tests.utils import TINY_RUN, launch
+
+    proc = launch(tmp_path, "train.py", *TINY_RUN, "--data", tmp_path / "nope", "--results-dir", tmp_path,
+                  "--max-steps", "1")
+    assert proc.returncode == 1
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
+    assert errors == [f"error: data folder not found: {tmp_path / 'nope'} (--data takes digits, digits-canvas, a "
+                      f"latent folder written by extract_latents.py or an image folder <root>/<class name>/<images>) "
+                      f"(the launcher's ChildFailedError report that follows only repeats that the processes "
+                      f"stopped)"], proc.stderr
+    assert "train.py\", line" not in proc.stderr  # no traceback through our script
+
+
+PEER_SCRIPT = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from nala_dit.cli.parse import report_error, run_main
+import torch.distributed as dist
+
+def main():
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=int(os.environ["RANK"]),
+                            world_size=2)
+    dist.barrier()                   # both set up (as a CLI is when its work starts)
+    if os.environ["RANK"] == "0":   # rank 0 alone meets an error (a full disk, say): one line, then exits
+        return report_error(OSError("cannot write shard-000000.npz: No space left on device"))
+    dist.barrier()                   # ... while rank 1 waits for it
+    return 0
+
+sys.exit(run_main(main))
+"""
+
+
+def test_other_ranks_do_not_print_a_gloo_traceback_after_one_rank_stops(tmp_path):
+    """Issue 34 item 12: two real gloo processes; rank 0 stops with its one-line error, rank 1,
+    waiting in a barrier, loses its peer: one line, not torch's ~30-line traceback."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.utils import free_port
+
+    script = PEER_SCRIPT.format(root=str(ROOT), port=free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", OMP_NUM_THREADS="1"))
+             for r in (0, 1)]
+    (out0, err0), (out1, err1) = (p.communicate(timeout=120) for p in procs)
+    assert [p.returncode for p in procs] == [1, 1], (err0, err1)
+    assert err0.strip().splitlines() == ["error: cannot write shard-000000.npz: No space left on device (the "
+                                         "launcher's ChildFailedError report that follows only repeats that the "
+                                         "processes stopped)"]
+    assert err1.strip().splitlines() == ["rank 1: stopped because another process of this launch stopped (its "
+                                         "error is the line above from rank 0, or the launcher's report)"], err1
+
+
+# --- rank 0 after a peer is killed ----------------------------------------------------------
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_after_a_peer_is_killed_rank_0_does_not_point_at_itself(monkeypatch, capsys, rank):
+    from nala_dit.cli.parse import run_main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+
+    def main():
+        raise RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234")
+
+    assert run_main(main) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"rank {rank}: stopped because another process")
+    if rank == "0":
+        assert "from rank 0" not in err and "launcher's report" in err
+    else:
+        assert "the line above from rank 0" in err

@@ -1,0 +1,77 @@
+"""Tests of models/test_files.py."""
+import functools
+import json
+import time
+
+import pytest
+
+from nala_dit.training import checkpoint as ckpt_lib
+from tests.scripts.test_sample import FAST
+from tests.utils import cli, copy_tree, one_line_error
+
+
+def test_wrong_type_in_pipeline_transformer_config(pipe_dir, tmp_path, capsys):
+    from nala_dit.pipelines.pipeline import load_pipeline
+
+    bad = copy_tree(pipe_dir, tmp_path / "bad")
+    config_file = bad / "transformer" / "config.json"
+    for key, value, expected in (("hidden_size", "128", "an integer"), ("lepe", "yes", "true or false"),
+                                 ("mlp_ratio", None, "a number")):
+        config = json.loads((pipe_dir / "transformer" / "config.json").read_text())
+        config_file.write_text(json.dumps({**config, key: value}))
+        assert cli("--ckpt", bad, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
+        assert f"{config_file}: {key!r} must be {expected}, got {value!r}" in one_line_error(capsys)
+        with pytest.raises(ValueError, match=f"'{key}' must be {expected}"):
+            load_pipeline(bad)
+
+
+@pytest.mark.parametrize("name", ["transformer/config.json", "model_index.json"])
+def test_deeply_nested_pipeline_json_is_one_line(pipe_dir, tmp_path, capsys, name):
+    bad = copy_tree(pipe_dir, tmp_path / "bad")
+    (bad / name).write_text("[" * 100_000 + "]" * 100_000)  # past the parser's recursion limit
+    assert cli("--ckpt", bad, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
+    assert one_line_error(capsys) == (f"error: {bad / name}: nested too deeply to read (lists or objects inside each "
+                                      f"other thousands of levels deep); export the pipeline again")
+
+
+# 5. huge model configs: refused from the weights file's header, before building
+@pytest.mark.parametrize("hidden", [8192, 65536, 10**9])
+def test_huge_config_is_refused_before_building(run_dir, pipe_dir, tmp_path, capsys, monkeypatch, hidden):
+    from nala_dit.models import dit as models
+
+    built = []
+    real_init = models.DiT.__init__
+
+    @functools.wraps(real_init)
+    def counting_init(self, *args, **kwargs):
+        built.append(kwargs.get("hidden_size"))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(models.DiT, "__init__", counting_init)
+    run = copy_tree(run_dir, tmp_path / "run")
+    state_file = ckpt_lib.find_checkpoint(run) / ckpt_lib.STATE
+    state = json.loads(state_file.read_text())
+    state["model_config"].update(hidden_size=hidden, num_heads=2)
+    state_file.write_text(json.dumps(state))
+    bad = copy_tree(pipe_dir, tmp_path / "bad")
+    config_file = bad / "transformer" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "hidden_size": hidden}))
+    start = time.perf_counter()
+    for where, weights in ((run, state_file.parent / "ema.safetensors"),
+                           (bad, bad / "transformer" / "diffusion_pytorch_model.safetensors")):
+        assert cli("--ckpt", where, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
+        err = one_line_error(capsys)
+        assert f"hidden_size implies {hidden:,} where the weights have 128" in err and str(weights) in err
+        assert " parameters)" in err
+    assert time.perf_counter() - start < 20 and hidden not in built  # nothing of that size was built
+
+
+def test_config_that_fits_in_size_but_not_in_shape_names_both_counts(run_dir, tmp_path, capsys):
+    run = copy_tree(run_dir, tmp_path / "run")
+    state_file = ckpt_lib.find_checkpoint(run) / ckpt_lib.STATE
+    state = json.loads(state_file.read_text())
+    state["model_config"]["gate"] = not state["model_config"]["gate"]  # an edited switch: other tensors
+    state_file.write_text(json.dumps(state))
+    assert cli("--ckpt", run, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
+    err = one_line_error(capsys)
+    assert "implies a model of" in err and "parameters," in err and "holds" in err

@@ -1,0 +1,333 @@
+"""app.py in a real browser: the Gradio page of a tiny model, served on a free loopback port
+and driven in headless Chromium (Debian's package, through Playwright and its system
+executable: no browser download). The grid shown equals sample.py's for the same source,
+classes, sampler, steps, guidance and seed, pixel for pixel; bad input is answered in the
+page with sample.py's own one-line error. Without a browser: a published .pt through the
+page's code equals its export through sample.py, the progress the page shows follows
+sample.py's bars, and app.py's own errors are one line.
+
+The browser tests skip, with the reason, where playwright or /usr/bin/chromium is missing
+(.ci/run installs Chromium; `make` installs the Python packages). ``NALA_DIT_APP_SCREENSHOT=docs/app.png``
+saves the page after the first generation (how docs/app.png is made)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+# Debian's Chromium, headless, with nothing that reaches the network on its own.
+BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+START_TIMEOUT_S = 180
+
+pytest.importorskip("gradio", reason="app.py needs gradio: pip install -e '.[demo]' (make installs it)")
+try:
+    from playwright import sync_api
+except ImportError:
+    sync_api = None
+
+
+def need_a_browser() -> None:
+    """Skip, saying why, where the browser tests cannot run."""
+    if sync_api is None:
+        pytest.skip("the browser tests drive Chromium with playwright: pip install -e '.[test]' (make installs it)")
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y --no-install-recommends chromium (.ci/run does "
+                    f"it), or set CHROMIUM to its path")
+
+
+@pytest.fixture(scope="module")
+def pipeline_dir(tmp_path_factory) -> Path:
+    """A tiny random digits NaLaDiT (8 px, pixel space) exported with class names."""
+    import export
+    from tests.scripts.test_sample import write_checkpoint
+
+    root = tmp_path_factory.mktemp("app")
+    run = write_checkpoint(root / "run")
+    (root / "names.txt").write_text("\n".join(NAMES) + "\n")
+    assert export.main(["checkpoint", str(run), str(root / "pipe"), "--labels-file", str(root / "names.txt")]) == 0
+    return root / "pipe"
+
+
+@pytest.fixture(scope="module")
+def app_url(pipeline_dir, tmp_path_factory):
+    """``python app.py --ckpt <pipeline>`` on a free port of 127.0.0.1, until the tests end."""
+    from tests.utils import free_port
+
+    need_a_browser()
+
+    port = free_port()
+    work = tmp_path_factory.mktemp("app-server")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(work / "hf"),
+           "GRADIO_TEMP_DIR": str(work / "gradio"), "PYTHONPATH": str(ROOT)}
+    log = open(work / "app.log", "w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--ckpt", str(pipeline_dir), "--port", str(port),
+                             "--threads", "1"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"app.py exited with {proc.returncode}:\n{(work / 'app.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"app.py did not answer on {url} within {START_TIMEOUT_S} s:\n"
+                            f"{(work / 'app.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    need_a_browser()
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, app_url):
+    context = browser.new_context(viewport={"width": 1180, "height": 900})
+    page = context.new_page()
+    page.goto(app_url)
+    page.wait_for_selector("#generate")
+    yield page
+    context.close()
+
+
+def pick(page, elem_id: str, typed: str, option: str | None, clear: bool = False) -> None:
+    """Type into a dropdown and choose the one option left (``option``: its label), or,
+    with ``option`` None, enter what was typed as a value of one's own."""
+    expect = sync_api.expect
+    box = page.locator(f"#{elem_id}")
+    field = box.locator("input[role=combobox]")
+    if clear:
+        box.locator("[title=Clear]").click()
+    field.click()
+    field.fill("")
+    field.press_sequentially(typed)
+    if option is None:
+        field.press("Enter")
+    else:
+        options = page.locator(f"#{field.get_attribute('aria-controls')} [role=option]")
+        expect(options).to_have_count(1)
+        expect(options).to_have_attribute("aria-label", option)
+        options.click()
+    field.press("Escape")
+
+
+def set_number(page, elem_id: str, value) -> None:
+    field = page.locator(f"#{elem_id} input").first
+    field.fill(str(value))
+    field.press("Tab")
+
+
+def fetched(page, locator) -> np.ndarray:
+    """The pixels of an <img> as the server sent them."""
+    return np.asarray(Image.open(io.BytesIO(page.request.get(locator.get_attribute("src")).body())))
+
+
+def status(page) -> str:
+    return page.locator("#status-line").inner_text().strip()
+
+
+def sample_cli(tmp_path, *args) -> tuple[int, str]:
+    """sample.py's main on ``args``: (exit status, its last stderr line)."""
+    import contextlib
+
+    import sample
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = sample.main([str(a) for a in args])
+    lines = [line for line in err.getvalue().splitlines() if line.strip()]
+    return code, lines[-1] if lines else ""
+
+
+def test_page_samples_by_class_name_and_shows_sample_pys_images(page, pipeline_dir, tmp_path):
+    expect = sync_api.expect
+    started = time.monotonic()
+    pick(page, "classes", "sev", "seven (7)", clear=True)
+    pick(page, "classes", "thr", "three (3)")
+    assert page.locator("#classes .token").all_inner_texts() == ["seven (7)", "three (3)"]
+    set_number(page, "per-label", 2)
+    pick(page, "sampler", "ddi", "ddim")
+    expect(page.locator("#steps input")).to_have_value("50")   # the sampler's own default
+    set_number(page, "steps", 3)
+    set_number(page, "guidance", 1.5)
+    set_number(page, "seed", 4)
+    page.locator("#generate").click()
+    expect(page.locator("#status-line")).to_have_text("4 images, seed 4: the same as the command below",
+                                                      timeout=120_000)
+    shown = fetched(page, page.locator("#grid img"))
+    images = page.locator("#images img")
+    expect(images).to_have_count(4)
+    assert page.locator("#images").get_by_text("0: seven").count() == 1
+    command = page.locator("#command .cm-content").inner_text().strip()
+    browser_s = time.monotonic() - started
+
+    flags = ["--labels", "7,3", "--per-label", 2, "--sampler", "ddim", "--steps", 3, "--cfg-scale", 1.5, "--seed", 4]
+    assert command == (f"python sample.py --ckpt {pipeline_dir} --labels 7,3 --per-label 2 --sampler ddim --steps 3 "
+                       f"--cfg-scale 1.5 --seed 4 --grid grid.png --out-dir samples/")
+    code, _ = sample_cli(tmp_path, "--ckpt", pipeline_dir, *flags, "--grid", tmp_path / "grid.png",
+                         "--out-dir", tmp_path / "samples")
+    assert code == 0
+    expected = np.asarray(Image.open(tmp_path / "grid.png"))
+    assert shown.shape == expected.shape == (2 * 10 + 2, 2 * 10 + 2)   # a row per class, 8 px + 2 px padding
+    np.testing.assert_array_equal(shown, expected)
+    for img, png in zip(images.all(), sorted((tmp_path / "samples").glob("*.png"))):
+        np.testing.assert_array_equal(fetched(page, img), np.asarray(Image.open(png)))
+    # every file offered for download is a PNG
+    # every image is offered as its PNG, under sample.py's file names; a click downloads it
+    links = page.locator("#files a[download]")
+    pngs = sorted((tmp_path / "samples").glob("*.png"))
+    assert [a.get_attribute("download") for a in links.all()] == ["grid.png"] + [p.name for p in pngs]
+    with page.expect_download() as download:
+        links.nth(4).click()
+    saved = tmp_path / "downloaded.png"
+    download.value.save_as(saved)
+    assert saved.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    np.testing.assert_array_equal(np.asarray(Image.open(saved)), np.asarray(Image.open(pngs[3])))
+    if target := os.environ.get("NALA_DIT_APP_SCREENSHOT"):   # docs/app.png: the page, in 64 colours
+        shot = Image.open(io.BytesIO(page.screenshot(full_page=True)))
+        shot.convert("RGB").quantize(64).save(ROOT / target, optimize=True)
+    print(f"browser: picked, generated and read back in {browser_s:.1f} s")
+
+
+def test_bad_input_is_one_line_in_the_page_with_sample_pys_words(page, pipeline_dir, tmp_path):
+    """An unknown class, a size the token grid cannot take, steps 0: each answered in the page
+    by one line, sample.py's own for the same flags (the page's defaults: 4 per class, ddpm)."""
+    expect = sync_api.expect
+    seen = []
+
+    def answered(flags: list, words: str) -> None:
+        page.locator("#generate").click()
+        expect(page.locator("#status-line")).to_contain_text(words, timeout=60_000)
+        line = status(page)
+        code, cli_line = sample_cli(tmp_path, "--ckpt", pipeline_dir, *flags, "--per-label", 4,
+                                    "--grid", tmp_path / "g.png")
+        assert code == 1 and line == cli_line, (line, cli_line)
+        assert line.startswith("error: ") and "\n" not in line
+        assert page.locator("#status-line.error").count() == 1 and page.locator("#grid img").count() == 0
+        seen.append(line)
+
+    pick(page, "classes", "sevn", None, clear=True)    # typed, not one of the names
+    answered(["--labels", "sevn"], "unknown class name(s): 'sevn' (did you mean seven?)")
+    pick(page, "classes", "sev", "seven (7)", clear=True)
+    pick(page, "size", "9", None)                      # patch 2: even sides only
+    answered(["--labels", "7", "--image-size", 9],
+             "image size 9 is not a multiple of VAE factor 1 × patch 2 = 2 on each side; choose e.g. 6, 8, 10, 12")
+    pick(page, "size", "8", "8 (trained)")
+    set_number(page, "steps", 0)
+    answered(["--labels", "7", "--steps", 0], "num_steps must be >= 1, got 0")
+    assert len(set(seen)) == 3 and not (tmp_path / "g.png").exists()
+
+
+def test_a_progress_bar_follows_the_sampler_steps(page):
+    """32 images in one batch, ddpm's 250 steps: the page shows the step count as it goes."""
+    import re
+
+    expect = sync_api.expect
+    pick(page, "classes", "sev", "seven (7)", clear=True)
+    pick(page, "classes", "thr", "three (3)")
+    set_number(page, "per-label", 16)
+    page.locator("#generate").click()
+    expect(page.locator("#status")).to_contain_text(re.compile(r"images 1-32 of 32: step \d+/250"), timeout=60_000)
+    expect(page.locator("#status-line")).to_have_text("32 images, seed 0: the same as the command below",
+                                                      timeout=300_000)
+
+
+# ----------------------------------------------------------------- without a browser
+def test_progress_follows_sample_pys_bars():
+    """``watch_progress`` sees the bar over images and each batch's step bar, off a terminal too."""
+
+    from nala_dit.cli.progress import watch_progress
+    from nala_dit.diffusion.generate import SampleSettings
+    from nala_dit.models.dit import create_model
+    from nala_dit.pipelines.sample_files import sample_images
+    from nala_dit.pipelines.sources import Source
+    from nala_dit.training.checkpoint import build_objective
+
+    model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10).eval()
+    source = Source(model, build_objective(dict(model.config), {}))
+    seen = []
+    with watch_progress(lambda desc, n, total: seen.append((desc, n, total))):
+        sample_images(source, [1, 2, 3], 0, SampleSettings("ddim", 2), batch_size=2, progress=True)
+    steps = [("steps", 0, 2), ("steps", 1, 2), ("steps", 2, 2)]
+    assert seen == [("sample", 0, 3), *steps, ("sample", 2, 3), *steps, ("sample", 3, 3)]
+
+
+def test_a_published_pt_through_the_page_equals_its_export_through_sample_py(tmp_path):
+    """The page's own request code (no browser) on an "official" .pt equals sample.py on
+    ``export.py official`` of it, and the page shows those two commands."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    import app
+    import export
+    import sample
+    from nala_dit.models.dit import create_model
+
+    torch.manual_seed(0)
+    vae = tmp_path / "vae"
+    AutoencoderKL(block_out_channels=(8, 8, 16, 16), down_block_types=("DownEncoderBlock2D",) * 4,
+                  up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=1, norm_num_groups=8,
+                  latent_channels=4, sample_size=64).save_pretrained(vae)
+    torch.save(create_model("DiT-T/4", input_size=8, num_classes=1000).state_dict(), tmp_path / "DiT.pt")
+    args = app.build_parser().parse_args(["--ckpt", str(tmp_path / "DiT.pt"), "--model", "DiT-T/4", "--image-size",
+                                          "64", "--vae", str(vae)])
+    demo = app.Demo(args, app.load(args))
+    assert demo.size_choices() == [("32", "32"), ("64 (trained)", "64"), ("96", "96"), ("128", "128")]  # × 32 px
+    status, grid, gallery, files, command = demo.generate(["207", "3"], 1, "ddim", 2, 1.5, 7, "64")
+    assert "2 images, seed 7" in status and len(gallery) == 2 and len(files) == 3
+    folder = f"exported/{(tmp_path / 'DiT').name}"
+    assert command.splitlines() == [
+        f"python export.py official {tmp_path / 'DiT.pt'} {folder} --model DiT-T/4 --image-size 64 --num-classes 1000 "
+        f"--vae {vae}",
+        f"python sample.py --ckpt {folder} --vae {vae} --labels 207,3 --per-label 1 --sampler ddim --steps 2 "
+        f"--cfg-scale 1.5 --seed 7 --grid grid.png --out-dir samples/"]
+    out = tmp_path / "exported" / "DiT"
+    assert export.main(["official", str(tmp_path / "DiT.pt"), str(out), "--model", "DiT-T/4", "--image-size", "64",
+                        "--vae", str(vae)]) == 0
+    assert sample.main(["--ckpt", str(out), "--vae", str(vae), "--labels", "207,3", "--sampler", "ddim", "--steps",
+                        "2", "--cfg-scale", "1.5", "--seed", "7", "--grid", str(tmp_path / "grid.png")]) == 0
+    np.testing.assert_array_equal(np.asarray(Image.open(grid)), np.asarray(Image.open(tmp_path / "grid.png")))
+    assert np.asarray(Image.open(grid)).shape == (64 + 4, 2 * 64 + 6, 3)
+
+
+def test_app_errors_are_one_line(tmp_path, capsys):
+    import app
+
+    assert app.main(["--ckpt", str(tmp_path / "nothing")]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: no checkpoint or pipeline folder at "
+                                                            f"{tmp_path / 'nothing'}"]
+    (tmp_path / "DiT.pt").write_bytes(b"")
+    assert app.main(["--ckpt", str(tmp_path / "DiT.pt")]) == 1
+    assert capsys.readouterr().err.strip() == (f"error: --ckpt {tmp_path / 'DiT.pt'} is a file: a published DiT/SiT "
+                                               f".pt needs --model (e.g. DiT-XL/2), as export.py official")
