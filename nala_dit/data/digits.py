@@ -5,7 +5,7 @@
 download. The split is fixed once and for all: stratified, 20 % held out,
 `train_test_split(..., random_state=0)`. It is a pure function of the bundled
 file and sklearn's seeded permutation, so every machine gets the same
-1,437 training and 360 held-out images; `tests/test_metrics.py` pins the sizes
+1,437 training and 360 held-out images; `tests/evaluation/test_metrics.py` pins the sizes
 and class counts.
 
 Pixel values are rescaled to uint8 with round(v * 255 / 16) so the images can go

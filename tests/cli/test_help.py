@@ -1,4 +1,4 @@
-"""Issue 45, item 14: ``train.py --help`` is short (the common flags, a pointer to the rest) and
+"""``train.py --help`` is short (the common flags, a pointer to the rest) and
 ``--help-all`` lists every flag in sections, as PyTorch's and diffusers' scripts do; neither loads
 torch (tests/test_structure.py runs both as subprocesses)."""
 

@@ -1,4 +1,4 @@
-"""Progress off a terminal (issue 21, item 6): whole lines at a bounded rate, never a bar."""
+"""Progress off a terminal: whole lines at a bounded rate, never a bar."""
 
 import io
 

@@ -9,7 +9,7 @@ from tests.utils import ROOT
                                           ("evaluate_fid.py", ["--help"]), ("export.py", ["--help"]),
                                           ("extract_latents.py", ["--help"]), ("demo.py", ["--quick"])])
 def test_a_python_without_torch_gets_one_line_naming_the_venv(script, args):
-    """Issue 34 item 11: ``python -S`` (no site-packages: truly no torch, numpy or PyYAML),
+    """``python -S`` (no site-packages: truly no torch, numpy or PyYAML),
     as the system python is; one line naming ``source .venv/bin/activate``, exit status 1."""
     import subprocess
     import sys

@@ -172,7 +172,7 @@ def test_channel_norm_travels_with_checkpoint_and_mismatches_are_refused(caches,
     assert torch.equal(images, to_uint8(expected.clamp(-1, 1)))
     capsys.readouterr()
     assert export_main(["checkpoint", str(tmp_path / "run"), str(tmp_path / "exported")]) == 0
-    assert capsys.readouterr().out.strip().endswith(f"latents normalised {norm_a.describe()}")
+    assert f"latents normalised {norm_a.describe()}" in capsys.readouterr().out.splitlines()[0]
     assert load_pipeline(tmp_path / "exported").latent_norm == norm_a
     capsys.readouterr()  # diffusers' loading bar
 
@@ -264,7 +264,7 @@ def test_damaged_statistics_are_one_line_errors(caches, tmp_path):
     assert str(err.value).startswith("state.json 'latent_norm': channel latent norm: mean and std must be lists")
 
 
-# --- issue 45, item 7: the cache's statistics, encoder and source are checked, not trusted ------
+# --- the cache's statistics, encoder and source are checked, not trusted ------
 
 def copied_cache(caches, tmp_path, edit=None, name="lat"):
     """Cache A copied, its meta.json passed through ``edit`` (a dict → dict function)."""

@@ -190,7 +190,7 @@ def test_every_printed_command_says_how_to_reach_the_venv(page):
 
 
 def test_pages_never_cite_files_outside_the_repository():
-    """Issue 34 item 13: the repository cites papers and public repositories, never the
+    """The repository cites papers and public repositories, never the
     development machine's ``../shared`` notes (a reader's clone has no such folder)."""
     pages = [*DOC_PAGES, *sorted((ROOT / "benchmarks").rglob("*.md")), *sorted((ROOT / "configs").glob("*.yaml")),
              *sorted((ROOT / "nala_dit").rglob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.py")),
@@ -201,7 +201,7 @@ def test_pages_never_cite_files_outside_the_repository():
 
 
 def test_training_page_lists_every_shipped_config():
-    """Issue 34 item 13: docs/training.md names every config in configs/ (brace forms expanded)."""
+    """Docs/training.md names every config in configs/ (brace forms expanded)."""
     import itertools
 
     text = (ROOT / "docs" / "training.md").read_text()
@@ -215,7 +215,7 @@ def test_training_page_lists_every_shipped_config():
 
 
 def test_readme_says_what_the_set_up_costs_on_disk():
-    """Issue 34 item 13: the venv is about 6 GB (torch's CUDA libraries come on a CPU-only
+    """The venv is about 6 GB (torch's CUDA libraries come on a CPU-only
     machine too); measured with `du -sh .venv` on the development machine: 6.0G."""
     text = (ROOT / "README.md").read_text()
     assert "**about 6 GB**" in text and "CPU-only machine too" in text

@@ -243,7 +243,7 @@ def test_tile_size_without_a_vae_is_an_error():
         vae_lib.check_tiling("auto", 64, None)
     vae_lib.check_tiling("auto", None, None)    # the default: nothing to decode, nothing to say
     with pytest.raises(ValueError, match="--vae-tiling on: this model samples pixels directly"):
-        vae_lib.check_tiling("on", None, None)  # asked for explicitly: say it cannot apply (issue 27)
+        vae_lib.check_tiling("on", None, None)  # asked for explicitly: say it cannot apply
 
 
 def test_pipeline_takes_vae_tiling_and_restores_the_vae():

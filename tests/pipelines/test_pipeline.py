@@ -226,7 +226,7 @@ def test_bad_input_is_named():
 
 @pytest.mark.parametrize("name,sampler", [("NaLaDiT-T/2", "ddim"), ("NaLaSiT-T/2", "ode-euler")])
 def test_diffusers_bf16_idioms_run_as_precision_bf16(tmp_path, name, sampler):
-    """Issue 34 item 8: ``torch_dtype=torch.bfloat16`` / ``dtype=`` / ``pipe.to(torch.bfloat16)``
+    """``torch_dtype=torch.bfloat16`` / ``dtype=`` / ``pipe.to(torch.bfloat16)``
     give bf16 weights, which run under bf16 autocast (NaLa's features and state stay fp32,
     the sampler's arithmetic too) like ``precision="bf16"`` with fp32 weights.
 

@@ -223,7 +223,7 @@ def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo
 
 
 def test_quick_and_full_demo_next_lines_write_to_different_places(demo, tmp_path, monkeypatch):
-    """Issue 34 item 10: pasting the quick demo's block after the full one's (or the
+    """Pasting the quick demo's block after the full one's (or the
     reverse) exports and samples each demo's own model: no output path in common."""
     monkeypatch.chdir(tmp_path)
     full, quick = (demo.next_steps(tmp_path / "runs" / name) for name in ("demo", "demo-quick"))
@@ -234,7 +234,7 @@ def test_quick_and_full_demo_next_lines_write_to_different_places(demo, tmp_path
 
 
 def test_readme_next_lines_are_what_the_full_demo_prints(demo, monkeypatch):
-    """Issue 34 items 10, 13: the README's block is the full demo's printout, line for line
+    """The README's block is the full demo's printout, line for line
     (run from the repository with `make demo`: .venv/bin/python, runs/demo, no --threads)."""
     import re
 
@@ -248,7 +248,7 @@ def test_readme_next_lines_are_what_the_full_demo_prints(demo, monkeypatch):
 
 
 def test_report_shows_enlarged_samples_beside_the_scores_and_says_quick_models_are_at_chance(demo, tmp_path):
-    """Issue 34 item 15: the grids (102 × 102 px for 10 × 10 digits of 8 px) are shown at
+    """The grids (102 × 102 px for 10 × 10 digits of 8 px) are shown at
     32 px per digit, nearest neighbour (every sampled pixel a 4 × 4 block), in a table beside
     the scores; the quick report says its models are at chance."""
     from PIL import Image

@@ -240,7 +240,7 @@ def test_dopri5_tolerances_and_nfe_bound_from_the_cli(tmp_path, capsys):
 
 
 def test_a_finished_npz_made_with_other_size_settings_is_never_complete(run_dir, tmp_path, capsys):
-    """Issue 34 item 1: the size settings (image size, time shift, upscaling) are compared
+    """The size settings (image size, time shift, upscaling) are compared
     resolved, defaults included, both ways; "wrote" only when something was written."""
     base = ["--ckpt", run_dir, "--num-samples", 2, *FAST, "--batch-size", 2]
     cases = [(["--image-size", 16], {"latent_size": ([16, 16], [8, 8])}),
@@ -275,7 +275,7 @@ def test_a_finished_npz_made_with_other_size_settings_is_never_complete(run_dir,
 
 
 def test_a_run_refused_after_recording_its_settings_does_not_block_the_corrected_one(run_dir, tmp_path, capsys):
-    """Issue 34 item 5: --time-shift with dpm-solver is refused by the sampler; the corrected
+    """--time-shift with dpm-solver is refused by the sampler; the corrected
     command starts (no shard was written), and a parts folder with shards still refuses with
     the difference named."""
     out = tmp_path / "t.npz"
@@ -294,7 +294,7 @@ def test_a_run_refused_after_recording_its_settings_does_not_block_the_corrected
 
 
 def test_disk_full_while_writing_shards_or_the_npz_is_one_line(run_dir, tmp_path, capsys, monkeypatch):
-    """Issue 34 item 12: the file, what was kept and the rerun; the rerun finishes the job."""
+    """The file, what was kept and the rerun; the rerun finishes the job."""
     out = tmp_path / "s.npz"
     common = ["--ckpt", run_dir, "--num-samples", 4, *FAST, "--batch-size", 2, "--shard-size", 2, "--out", out]
     real_savez, real_open = np.savez, open
@@ -338,7 +338,7 @@ def test_disk_full_while_writing_shards_or_the_npz_is_one_line(run_dir, tmp_path
         assert done["arr_0"].shape == (4, 8, 8, 1)
 
 
-# ------------------------------------------------------------ the smaller items of issue 27
+# ------------------------------------------------------------ smaller checks
 def test_strength_without_upscale_from_is_an_error(capsys, tmp_path):
     import sample
 

@@ -119,7 +119,7 @@ def test_an_edited_ema_update_count_is_refused_in_one_line(tmp_path):
             raise AssertionError(f"ema_updates {bad!r} was accepted")
 
 
-# --- issue 45, item 17: the warm-up by default where the EMA was not chosen, and a warning when
+# --- the warm-up by default where the EMA was not chosen, and a warning when
 # the EMA is still mostly its random start ---------------------------------------------------
 
 def test_initial_share_is_the_product_of_the_decays():
@@ -131,7 +131,7 @@ def test_initial_share_is_the_product_of_the_decays():
                     product *= min(decay, (1 + t) / (10 + t)) if warmup else decay
                 assert math.isclose(ema_initial_share(decay, updates, warmup), product, rel_tol=1e-9,
                                     abs_tol=1e-300), (decay, updates, warmup)
-    assert ema_initial_share(0.9999, 30, False) > 0.99   # issue 45's 30-step run: the random start
+    assert ema_initial_share(0.9999, 30, False) > 0.99   # a 30-step run: still the random start
 
 
 def test_the_warmup_is_the_default_unless_the_ema_is_chosen(capsys):

@@ -118,8 +118,13 @@ def test_shipped_configs_resolve(config):
     cfg, _ = resolve(TrainConfig, ["--config", str(ROOT / "configs" / config)])
     family, size = cfg.model.split("-")
     assert config.startswith(("nala_" if family.startswith("NaLa") else "") + family.replace("NaLa", "").lower()) \
-        or config.startswith("digits_")
-    if config.startswith("digits_"):
+        or config.startswith(("digits_", "cifar10_"))
+    if config.startswith("cifar10_"):   # CIFAR-10 in pixel space: the name says the model, FID against the test split
+        assert config.removeprefix("cifar10_").startswith(("nala_" if family.startswith("NaLa") else "")
+                                                           + family.replace("NaLa", "").lower() + "_")
+        assert size.replace("/", "").lower() in config and cfg.image_size == 32 and cfg.vae is None
+        assert cfg.flip and cfg.fid_every > 0 and cfg.fid_ref.endswith("cifar10_test.npz")
+    elif config.startswith("digits_"):
         assert cfg.data == "digits" and size == "T/2" and cfg.val_every > 0  # the embedded data: validation on
     elif config.endswith("_fast.yaml"):  # the 2025 recipe (docs/training.md)
         assert (cfg.t_sampling, cfg.adam_beta2, cfg.mixed_precision) == ("logit-normal", 0.95, "bf16")

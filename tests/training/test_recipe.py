@@ -1,4 +1,4 @@
-"""The 2025 training recipe (issue 32): logit-normal times, warm-up, β2, clipping, NaN
+"""The 2025 training recipe: logit-normal times, warm-up, β2, clipping, NaN
 skips, validation during training, trackers. Each knob against a known answer."""
 
 import json

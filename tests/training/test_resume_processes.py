@@ -1,4 +1,4 @@
-"""Resume with 3 or more CPU processes is bitwise (issue 34, item 4).
+"""Resume with 3 or more CPU processes is bitwise.
 
 DDP reduces a model's first iteration in one bucket in registration order, later ones in
 buckets rebuilt in backward's order; a resumed run's first step is a first iteration, and

@@ -1,4 +1,4 @@
-"""Issue 45, item 5: one rule per training setting on resume, in one table
+"""One rule per training setting on resume, in one table
 (``options.RESUME_RULES``): applied and announced, refused (``--allow-changes`` names it), said
 by a line of its own, or not compared (how this command resumes). Every field of
 ``TrainConfig`` is classified; each category is tried on a real resume, and every key of the
@@ -36,7 +36,7 @@ def test_every_setting_has_exactly_one_rule():
     assert sorted(listed) == sorted(FIELDS), (set(FIELDS) ^ set(listed))
     assert len(listed) == len(set(listed)), "a setting under two rules"
     assert set(RESUME_RULE) == set(FIELDS)
-    for name in ("ema_decay", "ema_warmup", "seed", "flip"):   # the ones issue 45 found silent
+    for name in ("ema_decay", "ema_warmup", "seed", "flip"):   # the ones that used to change silently
         assert RESUME_RULE[name] == "applied", name
     assert RESUME_RULE["class_dropout_prob"] == "refused-model"
 

