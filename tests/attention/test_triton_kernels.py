@@ -30,6 +30,7 @@ def run_cases(env_extra, *pytest_args):
     return proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (pip install triton)")
 def test_kernels_under_the_interpreter():
     """fp32 outputs and gradients against the quadratic reference, ≤ 1e-5 relative RMS:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # runs scripts end to end: the full tier (make test)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -41,6 +41,7 @@ sys.exit(run_main(main))
 """
 
 
+@pytest.mark.slow
 def test_other_ranks_do_not_print_a_gloo_traceback_after_one_rank_stops(tmp_path):
     """Two real gloo processes; rank 0 stops with its one-line error, rank 1,
     waiting in a barrier, loses its peer: one line, not torch's ~30-line traceback."""

@@ -164,6 +164,7 @@ def _tiny_inputs(tmp_path, image_sets):
     return ref_images, samples
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", [features.SOURCE_FLAG, features.SOURCE_PACKAGE, features.SOURCE_CACHE])
 def test_result_json_records_the_network(source, tmp_path, monkeypatch, image_sets, inception_weights):
     """ref and calc, the weights from each source in turn: the reference .npz and the result
@@ -204,6 +205,7 @@ def test_packaged_network_is_named(real_extractor):
     assert record["weights_format"] == "torchscript" and record["classifier_head"] is False
 
 
+@pytest.mark.slow
 def test_other_reference_weights_are_noted(tmp_path, image_sets, inception_weights):
     ref_images, samples = _tiny_inputs(tmp_path, image_sets)
     ref = tmp_path / "ref_stats.npz"
@@ -229,6 +231,7 @@ def headless_weights(tmp_path_factory, inception_weights):
     return path
 
 
+@pytest.mark.slow
 def test_inception_score_refused_without_classifier_head(tmp_path, image_sets, inception_weights, headless_weights,
                                                          capsys):
     ref_images, samples = _tiny_inputs(tmp_path, image_sets)

@@ -15,6 +15,8 @@ from nala_dit.data.digits import (
     load_digits_split,
 )
 
+pytestmark = pytest.mark.slow   # runs scripts end to end: the full tier (make test)
+
 
 def test_canvas_is_deterministic_and_holds_the_labelled_digit():
     a, labels, offsets = load_canvas_split("heldout")

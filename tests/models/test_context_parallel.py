@@ -243,6 +243,7 @@ PIECES = ["gather", "halo 7x4 r=2", "halo 3x5 r=2", "halo 8x3 r=1", "halo 4x3 r=
 CASES = PIECES + [c[0] for c in MODEL_CASES] + ["pipeline"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_two_processes_equal_one(two_ranks, case):
     for rank, results in enumerate(two_ranks):
@@ -259,6 +260,7 @@ def three_ranks(tmp_path_factory):
     return torch.load(path, weights_only=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", PIECES)
 def test_three_processes_equal_one(three_ranks, case):
     for rank, results in enumerate(three_ranks):

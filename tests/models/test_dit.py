@@ -27,6 +27,7 @@ def test_softmax_presets_have_the_paper_parameter_counts(size):
         assert abs(n - PAPER_PARAMS[size]) < 0.005e6, n
 
 
+@pytest.mark.slow
 def test_flops_match_the_paper_for_s2_and_b2():
     # DiT paper Gflops are multiply-accumulates: 6.06 (S/2), 23.01 (B/2) at 256 px.
     assert abs(count_flops(create_model("DiT-S/2")) / 2e9 - 6.06) < 0.01

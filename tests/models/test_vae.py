@@ -115,6 +115,7 @@ def exact_mask(n_latent, tile_latent, radius):
     return mask
 
 
+@pytest.mark.slow
 def test_tiled_equals_untiled_away_from_tile_edges():
     """A local decoder (no GroupNorm statistics, no attention) decodes a pixel from its
     receptive field only, so tiled == untiled wherever that field lies inside the pixel's

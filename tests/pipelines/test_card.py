@@ -55,6 +55,7 @@ def code_blocks(text: str, language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
 
 
+@pytest.mark.slow
 def test_the_card_of_a_real_run_says_what_the_run_recorded(measured_run, tmp_path, monkeypatch, capsys):
     from nala_dit.training.checkpoint import load_model
 

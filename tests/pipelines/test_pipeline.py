@@ -158,6 +158,7 @@ for folder in sys.argv[1:]:
 """
 
 
+@pytest.mark.slow
 def test_diffusers_generic_loader_round_trip(tmp_path, monkeypatch):
     """DiffusionPipeline.from_pretrained gives back our pipeline and its exact images: after
     `import nala_dit` (either import order) and through custom_pipeline= (diffusers' door)."""

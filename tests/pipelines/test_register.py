@@ -75,6 +75,7 @@ def test_every_route_refuses_a_huge_hidden_size_before_building(pipe_folder, tmp
     assert 65536 not in built
 
 
+@pytest.mark.slow
 def test_generic_loader_checks_when_diffusers_was_imported_first(pipe_folder, tmp_path):
     bad = copy_of(pipe_folder, tmp_path / "bad")
     (bad / "model_index.json").write_text(DEEP)

@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+pytestmark = pytest.mark.slow   # runs scripts end to end: the full tier (make test)
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 # Debian's Chromium, headless, with nothing that reaches the network on its own.

@@ -23,6 +23,7 @@ def _write_folder(folder: Path, images: np.ndarray) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_ref_and_calc_inception(tmp_path, image_sets, inception_weights, capsys):
     common = ["--device", "cpu", "--batch-size", "8", "--inception-weights", str(inception_weights)]
     stats = tmp_path / "ref_a.npz"

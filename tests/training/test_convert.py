@@ -294,6 +294,7 @@ def test_sit_student_distils_the_velocity(tmp_path):
         assert record["loss"] == pytest.approx(record["loss_simple"] + 0.5 * record["loss_distill"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_distillation_lowers_the_teacher_student_gap(tmp_path):
     """The same student recipe with and without the teacher term: only the former tracks the teacher."""
     teacher = randomised("DiT-T/2", seed=7)
@@ -338,6 +339,7 @@ def test_two_process_distillation_resumes_bitwise(tmp_path):
     assert all(len(r["loss_per_rank"]) == 2 and r["loss_distill"] > 0 for r in la)
 
 
+@pytest.mark.slow
 def test_bf16_distillation_run(tmp_path):
     write_checkpoint(tmp_path / "teacher", randomised("DiT-T/2", seed=9), "DiT-T/2")
     # A fresh process: accelerate fixes the precision of its first Accelerator per process.

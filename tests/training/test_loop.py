@@ -180,6 +180,7 @@ def test_checkpoint_alone_rebuilds_the_model_and_keep_last(tmp_path):
     assert "state" in opt and "param_groups" in opt
 
 
+@pytest.mark.slow
 def test_digits_loss_falls(tmp_path):
     run = run_train(tmp_path, "--model", "SiT-T/2", "--max-steps", "60", "--global-batch-size", "32",
                     "--lr", "1e-3", "--ckpt-every", "60")
@@ -340,6 +341,7 @@ def test_start_line_names_processes_batch_precision_and_attention():
          "precision bf16, attention nala (triton)")
 
 
+@pytest.mark.slow
 def test_bf16_mixed_precision_run(tmp_path):
     """bf16 autocast on CPU: finite losses, fp32 master weights and EMA in the checkpoint."""
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf")}

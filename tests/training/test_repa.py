@@ -231,6 +231,7 @@ def test_block_k_tokens_are_aligned_and_the_forward_is_unchanged(name, overrides
     assert torch.equal(model(x, t, y), plain) and aligned.tokens is None   # outside the wrapper: nothing kept
 
 
+@pytest.mark.slow
 def test_the_hook_keeps_block_k_under_torch_compile():
     """``--compile`` wraps the model in ``torch.compile`` after the hook is registered: dynamo
     traces the hook into the graph and replays its side effect (the kept tokens), so the
