@@ -139,9 +139,9 @@ def _gen(args, common) -> dict:
     import numpy as np
 
     from nala_dit.evaluation import metrics
-    from nala_dit.models.context_parallel import enable
+    from nala_dit.attention.context_parallel import enable
     from nala_dit.diffusion.generate import SampleSettings
-    from nala_dit.pipelines.sample_files import balance_notice, balanced_labels
+    from nala_dit.data.images import balance_notice, balanced_labels
     from nala_dit.pipelines.sources import load_source
     from nala_dit.models.vae import check_tiling, decode_settings
 
@@ -183,8 +183,8 @@ def _context_parallel(size: int):
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
 
-    from nala_dit.models.context_parallel import ContextParallel
-    from nala_dit.training.runlock import check_process_count
+    from nala_dit.attention.context_parallel import ContextParallel
+    from nala_dit.cli.runlock import check_process_count
 
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
     check_process_count(state.num_processes, "evaluate_fid.py")

@@ -140,7 +140,8 @@ def main(argv=None) -> int:
 def run(args) -> int:
     import torch
 
-    from nala_dit.pipelines.sample_files import balance_notice, mass_sample
+    from nala_dit.data.images import balance_notice
+    from nala_dit.pipelines.sample_files import mass_sample
     from nala_dit.pipelines.sources import load_source
     from nala_dit.models.vae import check_tiling, decode_settings
 
@@ -150,7 +151,7 @@ def run(args) -> int:
         from accelerate import PartialState
         from accelerate.utils import parse_flag_from_env
 
-        from nala_dit.training.runlock import check_process_count
+        from nala_dit.cli.runlock import check_process_count
 
         # Without GPUs the processes must form a gloo group (cpu=True), or each would
         # sample everything alone. Ranks that resume with nothing left to do wait at the
@@ -158,7 +159,7 @@ def run(args) -> int:
         cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available()
         state = PartialState(cpu=cpu, timeout=timedelta(hours=12))
         check_process_count(state.num_processes, "sample.py")
-        from nala_dit.models.context_parallel import ContextParallel, enable
+        from nala_dit.attention.context_parallel import ContextParallel, enable
 
         context = ContextParallel.from_world(args.context_parallel)
         source = load_source(args.ckpt, args.weights, args.vae, state.device)
@@ -215,7 +216,8 @@ def write_samples(args, source, settings) -> tuple[list[int], list]:
     """``--grid`` / ``--out-dir`` from a loaded ``source``: the size flags, the labels (ids or
     class names of ``source.id2label``, or balanced), the images and the files; returns the
     labels and the PNG paths. ``app.py`` calls exactly this, so its images are this command's."""
-    from nala_dit.pipelines.sample_files import balance_notice, balanced_labels, sample_images, save_grid, save_pngs
+    from nala_dit.data.images import balance_notice, balanced_labels, save_grid, save_pngs
+    from nala_dit.pipelines.sample_files import sample_images
     from nala_dit.pipelines.sources import resolve_labels
     from nala_dit.models.vae import check_tiling, decode_settings
 

@@ -48,7 +48,7 @@ def _measure(rank: int, procs: int, port: int, cfg: dict, out: str) -> None:
     import torch.distributed as dist
 
     sys.path.insert(0, str(ROOT))
-    import nala_dit.models.context_parallel as cp_lib
+    import nala_dit.attention.context_parallel as cp_lib
     from nala_dit.models.dit import create_model
 
     torch.set_num_threads(cfg["threads"])
@@ -166,7 +166,7 @@ def _child_main(procs: int, cfg: dict, out: str) -> None:
 
 def byte_table(tokens_list=(4096, 16384, 65536)) -> list[dict]:
     """Numbers (and fp32 MB) one rank contributes per layer forward with P = 2, XL/2."""
-    from nala_dit.models.context_parallel import exchanged_numbers
+    from nala_dit.attention.context_parallel import exchanged_numbers
     from nala_dit.cli.options import SIZES
 
     xl = SIZES["XL"]
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     if args.child:
         _child_main(int(args.child[0]), json.loads(args.child[1]), args.child[2])
         return 0
-    from nala_dit.models.context_parallel import exchanged_numbers
+    from nala_dit.attention.context_parallel import exchanged_numbers
     from nala_dit.cli.options import FAMILIES, SIZES, preset
 
     tokens = [256] if args.tiny else [int(v) for v in args.tokens.split(",")]

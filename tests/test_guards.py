@@ -1,4 +1,4 @@
-"""Tests of test_guards.py."""
+"""Tests of `nala_dit/guards.py`."""
 import time
 
 import pytest

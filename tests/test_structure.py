@@ -51,7 +51,7 @@ def test_import_graph_has_no_cycle():
     files = [p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "__init__.py"]
     modules = {_module(p) for p in files}
     graph = {_module(p): _imports(p, modules) for p in files}
-    assert graph["nala_dit.attention.layers"] >= {"nala_dit.attention.nala", "nala_dit.models.context_parallel"}, \
+    assert graph["nala_dit.attention.layers"] >= {"nala_dit.attention.nala", "nala_dit.attention.context_parallel"}, \
         "the walker must resolve relative imports inside the attention package"
     assert graph["nala_dit.pipelines.pipeline"] >= {"nala_dit.pipelines.sources"}, "the walker must see pipeline → sources"
     state, path = {}, []
@@ -196,3 +196,28 @@ def test_help_examples_keep_their_line_continuations(script):
     doc = ast.get_docstring(ast.parse((ROOT / script).read_text()), clean=False) or ""
     joined = [line for line in doc.splitlines() if re.search(r"\S {3,}--\w", line)]
     assert not joined, f"{script}: a continuation was lost: {joined[0]!r}"
+
+
+# The packages bottom-up: a module imports only from its own package, from the packages before
+# it, and from the top-level helpers (guards, _lazy). README's map lists them top-down.
+LAYERS = ("attention", "cli", "models", "data", "diffusion", "evaluation", "training", "pipelines")
+# The one arrow back up, on purpose: --init-from takes any model source (a run, a checkpoint, an
+# exported pipeline, an official .pt), and loading those is the pipelines' job.
+UPWARD = {("nala_dit.training.convert", "nala_dit.pipelines.sources")}
+
+
+def test_packages_import_only_downwards():
+    files = [p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "__init__.py"]
+    modules = {_module(p) for p in files}
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    assert {m.split(".")[1] for m in modules if m.count(".") >= 2} == set(LAYERS), "a package is missing from LAYERS"
+    wrong = []
+    for path in files:
+        here = _module(path)
+        if here.count(".") < 1 or here.split(".")[1] not in rank:
+            continue   # guards, _lazy: below everything
+        for dep in _imports(path, modules):
+            if dep.count(".") >= 1 and dep.split(".")[1] in rank and (here, dep) not in UPWARD \
+                    and rank[dep.split(".")[1]] > rank[here.split(".")[1]]:
+                wrong.append(f"{here} → {dep}")
+    assert wrong == []

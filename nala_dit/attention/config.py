@@ -23,6 +23,11 @@ LINEAR_KERNELS = ("nala", "relu", "elu")
 GATED_ATTENTIONS = tuple(a for a in ATTENTIONS if a != "softmax")
 KERNELS = LINEAR_KERNELS + ("softmax",)      # what the gated layer runs; "softmax" = softmax_gated
 DIRECTIONS = ("cosine", "relu_split")
+# What the Triton kernels (attention/triton_kernels.py) take, known here so that nala.py's
+# dispatch can check a shape without importing Triton: head dims up to 128, and token
+# blocks of 16 on a grid axis that holds at most 65535 of them.
+TRITON_MAX_HEAD_DIM = 128
+TRITON_MAX_TOKENS = 65535 * 16
 # NaLa's norm scale s in p = λ(τ + tanh(‖q‖/s)): a positive number (1 = the paper), or
 # one of these words: "sqrt_d" (s = √D) or "learned" (one s = exp(ρ) per head).
 NORM_SCALE_MODES = ("sqrt_d", "learned")

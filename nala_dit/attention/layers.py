@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..models.context_parallel import gathered_softmax, shard_of, sharded_linear_attention
+from .context_parallel import gathered_softmax, shard_of, sharded_linear_attention
 from .config import ATTENTIONS, LINEAR_KERNELS, NaLaConfig
 from .functional import (
     kernel_features, linear_attention, nala_exponent, nala_features, rope_angles, rope_linear_attention,

@@ -27,7 +27,7 @@ import warnings
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..cli.options import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
+from .config import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
 from .config import NaLaConfig
 from .functional import _check_qkv, _no_autocast, nala_features, normalized_linear_attention
 
@@ -365,7 +365,7 @@ def nala_attention(
     if impl == "triton":
         return _triton_kernel(q, k, v, opts["norm_scale"], triton_opts)
     if shard is not None and impl != "fused":
-        from ..models.context_parallel import sharded_linear_attention
+        from .context_parallel import sharded_linear_attention
 
         phi_q, phi_k = nala_features(q, k, config)
         return sharded_linear_attention(phi_q, phi_k, v, shard, config.eps).to(v.dtype)

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from ..models.context_parallel import shard_of
+from .context_parallel import shard_of
 from .nala import fused_backward, fused_output, fused_state
 
 

@@ -42,7 +42,7 @@ from functools import lru_cache
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..models.context_parallel import shard_of
+from .context_parallel import shard_of
 from .config import EPS, NaLaConfig, check_nala_regions
 from .functional import _check_qkv, _no_autocast, nala_features, nala_similarity_reference
 from .nala import fused_backward, fused_opts, fused_output, fused_state

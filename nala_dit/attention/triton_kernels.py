@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from ..cli.options import TRITON_MAX_HEAD_DIM as MAX_HEAD_DIM, TRITON_MAX_TOKENS
+from .config import TRITON_MAX_HEAD_DIM as MAX_HEAD_DIM, TRITON_MAX_TOKENS
 
 
 def unsupported_reason(q: torch.Tensor) -> str | None:

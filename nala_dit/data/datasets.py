@@ -16,7 +16,6 @@ the step's seeded RNG, so an interrupted and resumed run sees exactly the same d
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import os
 import warnings

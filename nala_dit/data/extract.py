@@ -38,7 +38,7 @@ from .datasets import LATENT_META, ImageFolderDataset, check_images, load_vae
 from ..guards import durable_replace, read_json
 from .latent_stats import SUMS_KEY, cache_statistics, moment_sums, source_fingerprint, vae_fingerprint
 from ..cli.options import default_num_workers
-from ..training.runlock import check_process_count
+from ..cli.runlock import check_process_count
 
 
 def shard_name(index: int) -> str:

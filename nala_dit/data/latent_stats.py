@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -281,37 +280,6 @@ def recorded_norm(state: dict, train_config: dict | None = None) -> LatentNorm |
     if data and (Path(data) / LATENT_META).is_file():
         return LatentNorm.scalar(read_latent_meta(data)["scaling_factor"])
     return None
-
-
-def checkpoint_norm(ckpt) -> LatentNorm | None:
-    """``recorded_norm`` of a ``checkpoint.Checkpoint``; a damaged entry is a one-line error
-    naming its ``state.json``."""
-    from ..training.checkpoint import CheckpointError
-
-    try:
-        return recorded_norm(ckpt.state)
-    except ValueError as err:
-        raise CheckpointError(f"{ckpt.path / 'state.json'}: {err}") from None
-
-
-def source_norm(path: str | os.PathLike) -> LatentNorm | None:
-    """What an ``--init-from`` source was trained with: a checkpoint or run folder's
-    ``state.json``, a pipeline folder's ``model_index.json``, or, for a published ``.pt``,
-    DiT / SiT's SD-VAE factor 0.18215. None when unknown (a pixel-space model)."""
-    from ..training.checkpoint import open_checkpoint
-    from .datasets import DEFAULT_SCALING_FACTOR
-
-    p = Path(path)
-    if p.is_file():
-        return LatentNorm.scalar(DEFAULT_SCALING_FACTOR)
-    if (p / "model_index.json").is_file():
-        config = json.loads((p / "model_index.json").read_text())
-        if config.get("latent_norm") is not None:
-            return LatentNorm.from_dict(config["latent_norm"], f"{p / 'model_index.json'} 'latent_norm'")
-        if config.get("scaling_factor") is not None:
-            return LatentNorm.scalar(config["scaling_factor"])
-        return None
-    return checkpoint_norm(open_checkpoint(p))  # None: pixel space, or an old run whose cache is gone
 
 
 # ------------------------------------------------------------------ a training run's normalisation

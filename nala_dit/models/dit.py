@@ -28,7 +28,7 @@ from diffusers.models.modeling_utils import ModelMixin
 
 from ..attention import NaLaConfig, build_attention
 from ..attention.config import MODEL_OPTIONS
-from .context_parallel import WHOLE_GRID, shard_of
+from ..attention.context_parallel import WHOLE_GRID, shard_of
 from .grid import GridPositions, check_positions
 # plain data, shared with the CLIs
 from ..cli.options import FAMILIES, PATCHES, SIZES, check_attention_options, check_mix_init, parse_softmax_blocks, preset

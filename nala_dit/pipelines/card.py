@@ -50,7 +50,7 @@ def run_record(checkpoint: str | os.PathLike | None) -> dict | None:
 
     if not checkpoint or not Path(checkpoint).is_dir():
         return None
-    from ..data.latent_stats import checkpoint_norm
+    from ..training.checkpoint import checkpoint_norm
 
     try:
         ckpt = open_checkpoint(checkpoint)

@@ -504,7 +504,7 @@ def pipeline_from_checkpoint(path: str | os.PathLike, weights: str = "ema", vae:
     """A pipeline from a training checkpoint: its EMA (default) weights, the β schedule or
     transport settings it was trained with, class names and the VAE (copied or referenced)."""
     from ..training.checkpoint import load_model
-    from ..data.latent_stats import checkpoint_norm
+    from ..training.checkpoint import checkpoint_norm
     from .sources import default_id2label
 
     model, ckpt = load_model(path, weights)

@@ -34,30 +34,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.images import balanced_labels
 from ..diffusion.generate import SampleSettings, sample_batch
 from ..guards import durable_replace
-from ..training.runlock import hold_lock
+from ..cli.runlock import hold_lock
 from .sources import Source
 
 
 # ----------------------------------------------------------------- small runs
-def balanced_labels(num_samples: int, num_classes: int, seed: int) -> torch.Tensor:
-    """``i % num_classes`` over the global index, then a permutation seeded with ``seed``."""
-    base = torch.arange(num_samples) % num_classes
-    perm = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed))
-    return base[perm]
-
-
-def balance_notice(num_samples: int, num_classes: int) -> str | None:
-    """A line for the user when ``num_samples`` cannot be split evenly over the classes."""
-    if num_samples % num_classes == 0:
-        return None
-    low = num_samples // num_classes
-    high_count = num_samples % num_classes
-    return (f"note: {num_samples} samples over {num_classes} classes are not balanced: {high_count} classes get "
-            f"{low + 1}, the other {num_classes - high_count} get {low} (a multiple of {num_classes} balances them)")
-
-
 def sample_images(source: Source, labels: list[int], seed: int, settings: SampleSettings,
                   batch_size: int = 32, progress: bool = False) -> tuple[torch.Tensor, int]:
     """Images for ``labels`` (global indices 0..n-1) as uint8 (N, H, W, C), and the NFE."""
@@ -78,35 +62,6 @@ def sample_images(source: Source, labels: list[int], seed: int, settings: Sample
             out.append(to_uint8(images))
             bar.update(len(idx))
     return torch.cat(out), nfe
-
-
-def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int, scale: int = 1) -> None:
-    """uint8 (N, H, W, C) → one PNG grid with ``nrow`` images per row, 2 px padding,
-    enlarged ``scale`` times by nearest neighbour (every pixel a ``scale``² block: for
-    viewing tiny images, ``sample.py --grid-scale``)."""
-    from PIL import Image
-    from torchvision.utils import make_grid
-
-    grid = make_grid(images.permute(0, 3, 1, 2), nrow=nrow, padding=2, pad_value=0)  # (3, H', W')
-    grid = grid[: images.shape[-1]]  # make_grid repeats a grey channel three times
-    arr = grid.permute(1, 2, 0).numpy()
-    if scale > 1:
-        arr = arr.repeat(scale, axis=0).repeat(scale, axis=1)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr).save(path)
-
-
-def save_pngs(images: torch.Tensor, labels: list[int], out_dir: str | os.PathLike) -> list[Path]:
-    from PIL import Image
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for i, (img, label) in enumerate(zip(images.numpy(), labels)):
-        path = out_dir / f"{i:06d}_class{label}.png"
-        Image.fromarray(img[..., 0] if img.shape[-1] == 1 else img).save(path)
-        paths.append(path)
-    return paths
 
 
 # ----------------------------------------------------------------- mass sampling

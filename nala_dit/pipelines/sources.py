@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from ..training.step import checkpoint_ema_warning
-from ..training.checkpoint import CheckpointError, build_objective, load_model, torch_load_tensors
+from ..training.checkpoint import CheckpointError, build_objective, checkpoint_norm, load_model, torch_load_tensors
 from ..cli.parse import did_you_mean
 from ..guards import assert_no_meta, non_finite, read_json, refuse_non_finite  # noqa: F401  (assert_no_meta re-exported)
-from ..data.latent_stats import LatentNorm, checkpoint_norm
+from ..data.latent_stats import LatentNorm
 from ..models.files import check_transformer_folder, load_transformer
 from ..models.dit import DiT
 

@@ -1,7 +1,7 @@
 """Training: the run, its loop and one training step (``loop.py``), the step's pieces and the EMA (``step.py``),
 logs (``tracking.py``), evaluation while training (``validation.py``), representation
 alignment (``repa.py``), softmax → NaLa conversion (``convert.py``), atomic checkpoints
-(``checkpoint.py``) and one writer per run folder (``runlock.py``)."""
+(``checkpoint.py``)."""
 
 from .._lazy import lazy_exports
 

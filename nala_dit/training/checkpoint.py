@@ -34,7 +34,9 @@ from safetensors.torch import load_file, save_file
 
 from ..diffusion.gaussian import GaussianDiffusion
 from ..models.grid import model_grid
-from ..guards import durable_replace, non_finite, state_dict_mismatch
+from ..data.datasets import DEFAULT_SCALING_FACTOR
+from ..data.latent_stats import LatentNorm, recorded_norm
+from ..guards import durable_replace, non_finite, read_json, state_dict_mismatch
 from ..models.files import check_config_fits, check_model_config, weight_shapes
 from ..models.dit import DiT, config_keys
 from ..diffusion.transport import Transport
@@ -442,3 +444,32 @@ def build_objective(model_config: dict, train_config: dict):
         time_shift=shift,
         **t_sampling,
     )
+
+
+# ------------------------------------------------------------------ the latent normalisation a model was trained with
+def checkpoint_norm(ckpt) -> LatentNorm | None:
+    """``recorded_norm`` of a ``checkpoint.Checkpoint``; a damaged entry is a one-line error
+    naming its ``state.json``."""
+    try:
+        return recorded_norm(ckpt.state)
+    except ValueError as err:
+        raise CheckpointError(f"{ckpt.path / 'state.json'}: {err}") from None
+
+
+def source_norm(path: str | os.PathLike) -> LatentNorm | None:
+    """What an ``--init-from`` source was trained with: a checkpoint or run folder's
+    ``state.json``, a pipeline folder's ``model_index.json``, or, for a published ``.pt``,
+    DiT / SiT's SD-VAE factor 0.18215. None when unknown (a pixel-space model)."""
+    p = Path(path)
+    if p.is_file():
+        return LatentNorm.scalar(DEFAULT_SCALING_FACTOR)
+    if (p / "model_index.json").is_file():
+        config = read_json(p / "model_index.json", "export the pipeline again")
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{p / 'model_index.json'}: not a JSON object; export the pipeline again")
+        if config.get("latent_norm") is not None:
+            return LatentNorm.from_dict(config["latent_norm"], f"{p / 'model_index.json'} 'latent_norm'")
+        if config.get("scaling_factor") is not None:
+            return LatentNorm.scalar(config["scaling_factor"])
+        return None
+    return checkpoint_norm(open_checkpoint(p))  # None: pixel space, or an old run whose cache is gone

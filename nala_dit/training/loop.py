@@ -31,17 +31,17 @@ import torch
 from . import convert
 from ..data import datasets as data_lib
 from ..attention.regions import check_regions
-from .checkpoint import (build_objective, check_finite_weights, config_changes, list_checkpoints, open_checkpoint,
-                         remove_temporaries, save_checkpoint, set_aside_newer)
+from .checkpoint import (build_objective, check_finite_weights, checkpoint_norm, config_changes, list_checkpoints, open_checkpoint,
+                         remove_temporaries, save_checkpoint, set_aside_newer, source_norm)
 from ..cli.config import dump_yaml, to_dict
 from ..models.grid import latent_size, vae_factor
-from ..data.latent_stats import agreed_norm, checkpoint_norm, run_norm, source_norm
+from ..data.latent_stats import agreed_norm, run_norm
 from ..models.dit import create_model
 from ..cli.options import (MODEL_OVERRIDES, RECORDED_DEFAULTS, RESUME_NOTES, RESUME_RULES, TrainConfig,
                            default_num_workers)
 from ..cli.options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
 from . import repa as repa_lib
-from .runlock import LOCK_NAME, check_process_count, hold_lock
+from ..cli.runlock import LOCK_NAME, check_process_count, hold_lock
 from .tracking import Logger, LossWindow, NanStreak, progress_values
 from .step import (EpochBatches, MicroBatchLoss, StepResult, clip_gradients, ema_warning, lr_at, skip_step,
                    step_seed, to_model_space, update_ema)
@@ -371,7 +371,7 @@ def print_start(accelerator, cfg: TrainConfig, model, side: int, micro_batch: in
                                  cfg.global_batch_size, micro_batch, cfg.grad_accum, cfg.mixed_precision,
                                  attention_path(dict(model.config), device.type, cfg.mixed_precision)))
     if cfg.context_parallel > 1:
-        from ..models.context_parallel import row_split
+        from ..attention.context_parallel import row_split
 
         rows = side // model.patch_size
         accelerator.print(f"context parallel: {cfg.context_parallel} processes per image ({rows} "
@@ -427,11 +427,11 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
     from accelerate.utils import set_seed
 
     from ..cli.progress import progress_bar
-    from ..models.context_parallel import ContextParallel, enable, resumable_gradient_sync, row_split
+    from ..attention.context_parallel import ContextParallel, enable, resumable_gradient_sync, row_split
 
     # Context parallel: the P processes of a group hold the same samples (one data rank), so
     # data order, RNG streams and the batch split follow the data rank; each process runs
-    # its rows of the token grid (nala_dit/models/context_parallel.py).
+    # its rows of the token grid (nala_dit/attention/context_parallel.py).
     context = ContextParallel.from_world(cfg.context_parallel)
     rank, world, device = context.data_rank, context.data_size, accelerator.device
     set_seed(cfg.seed + rank)

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.context_parallel import shard_of
+from ..attention.context_parallel import shard_of
 
 # Default --repa-depth per preset size: REPA aligns block 8 of SiT-XL/2's 28 (its README's
 # recipe); the same first-third rule gives 8 for L (24 blocks), 4 for S and B (12 blocks)

@@ -19,7 +19,7 @@ import torch
 from ..data import datasets as data_lib
 from ..diffusion.generate import SampleSettings, decode, generate, index_seed, sample_batch
 from ..cli.options import TrainConfig
-from ..pipelines.sample_files import balanced_labels, save_grid
+from ..data.images import balanced_labels, save_grid
 
 # The held-out draws (t and noise per item) are the same for every run and seed, so the
 # held-out losses of two runs (other seeds, other t-sampling) are scored on one set of draws.

@@ -1,4 +1,4 @@
-"""Tests of cli/test_config.py."""
+"""Tests of `nala_dit/cli/config.py`."""
 import time
 
 import pytest

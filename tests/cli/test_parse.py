@@ -1,4 +1,4 @@
-"""Tests of cli/test_parse.py."""
+"""Tests of `nala_dit/cli/parse.py`."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Tests of cli/test_requirements.py."""
+"""Tests of `nala_dit/cli/requirements.py`."""
 import pytest
 
 from tests.utils import ROOT

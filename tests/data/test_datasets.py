@@ -1,4 +1,4 @@
-"""Tests of data/test_datasets.py."""
+"""Tests of `nala_dit/data/datasets.py`."""
 import json
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""Tests of data/test_extract.py."""
+"""Tests of `nala_dit/data/extract.py`."""
 import json
 
 import pytest

@@ -1,4 +1,4 @@
-"""Tests of docs/test_commands.py."""
+"""Every command the repository prints or documents exists (a python, accelerate, hf, make or tar line runs)."""
 import ast
 import keyword
 import os

@@ -1,4 +1,4 @@
-"""Tests of models/test_files.py."""
+"""Tests of `nala_dit/models/files.py`."""
 import functools
 import json
 import time

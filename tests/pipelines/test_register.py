@@ -1,4 +1,4 @@
-"""Tests of pipelines/test_register.py."""
+"""Tests of `nala_dit/pipelines/register.py`."""
 import functools
 import json
 import os

@@ -1,4 +1,4 @@
-"""Tests of pipelines/test_sample_files.py."""
+"""Tests of `nala_dit/pipelines/sample_files.py`."""
 import json
 import socket
 import subprocess

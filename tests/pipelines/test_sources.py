@@ -1,4 +1,4 @@
-"""Tests of pipelines/test_sources.py."""
+"""Tests of `nala_dit/pipelines/sources.py`."""
 import pytest
 
 from tests.scripts.test_sample import FAST

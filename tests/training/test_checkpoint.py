@@ -1,4 +1,4 @@
-"""Tests of training/test_checkpoint.py."""
+"""Tests of `nala_dit/training/checkpoint.py`."""
 import json
 import os
 import pickle

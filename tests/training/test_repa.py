@@ -317,7 +317,7 @@ def test_aligned_run_with_context_parallel_2_gives_the_one_process_weights(tmp_p
 
     import train as train_cli
     from nala_dit.training import checkpoint as ckpt_lib
-    from tests.models.test_context_parallel import CP_RUN, TOL
+    from tests.attention.test_context_parallel import CP_RUN, TOL
     from tests.training.test_loop import read_log
     from tests.utils import launch
 

@@ -1,4 +1,4 @@
-"""Tests of training/test_resume.py."""
+"""Resume (`nala_dit/training/loop.py` `restore`, `checkpoint.config_changes`): what a resumed run keeps, applies and refuses."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Tests of training/test_tracking.py."""
+"""Tests of `nala_dit/training/tracking.py`."""
 import pytest
 
 from nala_dit.training import loop as training

@@ -1,4 +1,4 @@
-"""Tests of training/test_validation.py."""
+"""Tests of `nala_dit/training/validation.py`."""
 
 import pytest
 

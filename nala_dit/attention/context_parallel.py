@@ -324,7 +324,7 @@ def sharded_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.
     """``functional.normalized_linear_attention`` with the state of all ranks' keys:
     ``S``, ``z`` of the local keys over the global N, all-reduced (autograd). The eager
     path under context parallel (NaLa off the fused CPU path, the ReLU / 1+ELU baselines)."""
-    from ..attention.functional import _no_autocast
+    from .functional import _no_autocast
 
     with _no_autocast(v.device):
         state = shard.all_reduce(phi_k.transpose(-2, -1) @ v.float() / shard.tokens)     # (B, H, F, D)

@@ -1,4 +1,4 @@
-"""Tests of training/test_runlock.py."""
+"""The run lock (`nala_dit/cli/runlock.py`): one writer per run folder, and the launcher's process count."""
 import json
 import os
 import socket
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from nala_dit.training.runlock import LOCK_NAME, LockedError, RunLock
+from nala_dit.cli.runlock import LOCK_NAME, LockedError, RunLock
 from tests.training.test_loop import (
     run_train,
 )
@@ -67,7 +67,7 @@ def test_launcher_process_count_mismatch(tmp_path, capsys, monkeypatch):
 def test_single_process_accelerate_launch_is_recognised(monkeypatch):
     """What accelerate's one-process launcher leaves behind (checked against the real launcher
     in tests/training/test_loop.py): ACCELERATE_USE_CPU, MASTER_ADDR, no WORLD_SIZE, its argv as our parent."""
-    from nala_dit.training.runlock import single_process_launch
+    from nala_dit.cli.runlock import single_process_launch
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "True")

@@ -1,4 +1,4 @@
-"""Context parallel (nala_dit/models/context_parallel.py): one image's rows over P processes.
+"""Context parallel (nala_dit/attention/context_parallel.py): one image's rows over P processes.
 
 Real multi-process runs (torch.multiprocessing spawn, gloo): every case runs in one pair of
 processes (a module fixture), each rank computing the one-process reference itself, and the
@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from nala_dit.models.context_parallel import (
+from nala_dit.attention.context_parallel import (
     ContextParallel,
     ShardGrid,
     exchanged_numbers,
@@ -74,7 +74,7 @@ def _rel(a, b):
 
 
 def _model_case(cp, spec, results):
-    from nala_dit.models.context_parallel import enable
+    from nala_dit.attention.context_parallel import enable
     from nala_dit.models.dit import DiT
 
     name, options, latent = spec
@@ -192,7 +192,7 @@ def _pipeline_case(cp, results, folder):
     every process, each calling the pipeline alike, gives every process the same images."""
     import numpy as np
 
-    from nala_dit.models.context_parallel import enable
+    from nala_dit.attention.context_parallel import enable
     from nala_dit.pipelines.pipeline import pipeline_from_checkpoint
     from tests.scripts.test_sample import write_checkpoint
 
