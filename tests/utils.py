@@ -132,3 +132,22 @@ def one_line(err) -> str:
 
 
 DEEP = "[" * 100_000 + "]" * 100_000   # past the JSON parser's recursion limit
+
+
+def count_dit_builds(monkeypatch) -> list:
+    """The ``hidden_size`` of every DiT built from now on: a test that a bad config is refused
+    before anything is allocated expects none."""
+    import functools
+
+    from nala_dit.models import dit as models
+
+    built = []
+    real_init = models.DiT.__init__
+
+    @functools.wraps(real_init)
+    def counting_init(self, *args, **kwargs):
+        built.append(kwargs.get("hidden_size"))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(models.DiT, "__init__", counting_init)
+    return built

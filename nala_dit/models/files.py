@@ -86,13 +86,20 @@ def check_model_config(config, where: str, fix: str = "restore the file written 
 def weight_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     """Tensor name → shape of a safetensors file (or of every shard a diffusers
     ``*.safetensors.index.json`` names), read from the headers: nothing is loaded."""
-    from safetensors import safe_open
-
     path = Path(path)
     files = [path]
     if path.name.endswith(".index.json"):
         index = read_json(path, "export or download it again")
         files = sorted({path.parent / name for name in index.get("weight_map", {}).values()})
+    return header_shapes(files, lambda file, cause: f"{file}: unreadable safetensors file ({cause}); export or "
+                                                    f"download it again")
+
+
+def header_shapes(files, problem) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape from the headers of safetensors ``files`` (nothing is loaded); a file
+    that is not one (truncated, a renamed pickle) raises ``ValueError(problem(file, cause))``."""
+    from safetensors import safe_open
+
     shapes = {}
     for file in files:
         try:
@@ -100,8 +107,8 @@ def weight_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
                 for name in f.keys():
                     shapes[name] = tuple(f.get_slice(name).get_shape())
         except Exception as err:  # safetensors raises its own error types
-            raise ValueError(f"{file}: unreadable safetensors file ({type(err).__name__}: "
-                             f"{str(err).splitlines()[0] if str(err) else ''}); export or download it again") from None
+            cause = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            raise ValueError(problem(file, cause)) from None
     return shapes
 
 

@@ -168,7 +168,6 @@ def load_encoder(source: str | Path) -> FrozenEncoder:
     ``model.safetensors.index.json`` naming a pickle ``.bin`` is refused: nothing is
     unpickled), and the config's sizes must fit the weights' headers (no model of another
     size is built)."""
-    from ..guards import read_json
 
     root = Path(source)
     if not root.is_dir():
@@ -180,13 +179,7 @@ def load_encoder(source: str | Path) -> FrozenEncoder:
         raise FileNotFoundError(f"--repa-encoder {source}: {config_file} is missing (not a saved transformers "
                                 f"model); {ENCODER_HELP}")
     fix = f"save the encoder again ({ENCODER_HELP})"
-    try:
-        config = read_json(config_file, fix)
-    except ValueError as err:
-        raise ValueError(f"--repa-encoder {source}: {err}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"--repa-encoder {source}: {config_file} is not a JSON object (got "
-                         f"{type(config).__name__}); {fix}")
+    config = _json_object(config_file, source, fix)
     kind = config.get("model_type")
     if kind not in ("dinov2", "dinov2_with_registers"):
         raise ValueError(f"--repa-encoder {source}: {config_file} holds a {kind!r} model; the encoders taken are "
@@ -243,19 +236,23 @@ def dino_weight_files(source, root: Path, fix: str) -> list[Path]:
 def _header_shapes(source, files: list[Path], fix: str) -> dict[str, tuple[int, ...]]:
     """Tensor name → shape from safetensors headers (nothing loaded); a file that is not
     one (truncated, a renamed pickle) is one line naming it."""
-    from safetensors import safe_open
+    from ..models.files import header_shapes
 
-    shapes = {}
-    for file in files:
-        try:
-            with safe_open(str(file), "pt") as f:
-                for name in f.keys():
-                    shapes[name] = tuple(f.get_slice(name).get_shape())
-        except Exception as err:  # safetensors raises its own error types
-            first = str(err).splitlines()[0] if str(err) else ""
-            raise ValueError(f"--repa-encoder {source}: {file} is not a readable safetensors file (truncated, "
-                             f"damaged or another format renamed; {type(err).__name__}: {first}); {fix}") from None
-    return shapes
+    return header_shapes(files, lambda file, cause: f"--repa-encoder {source}: {file} is not a readable safetensors "
+                                                    f"file (truncated, damaged or another format renamed; {cause}); {fix}")
+
+
+def _json_object(path: Path, source, fix: str) -> dict:
+    """``path``'s JSON object; bad JSON, deep nesting or another type is one line naming it."""
+    from ..guards import read_json
+
+    try:
+        config = read_json(path, fix)
+    except ValueError as err:
+        raise ValueError(f"--repa-encoder {source}: {err}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--repa-encoder {source}: {path} must hold a JSON object, got {type(config).__name__}; {fix}")
+    return config
 
 
 def _positive_int(value) -> bool:
@@ -314,17 +311,10 @@ def load_digits_encoder(root: Path) -> DigitsEncoder:
     not allocated); a truncated or renamed weights file is one line."""
     from safetensors.torch import load_file
 
-    from ..guards import read_json
 
     fix = "rerun train_digits_encoder (python -m nala_dit.training.repa FOLDER) into a new folder"
     config_file = root / DIGITS_ENCODER_JSON
-    try:
-        config = read_json(config_file, fix)
-    except ValueError as err:
-        raise ValueError(f"--repa-encoder {root}: {err}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"--repa-encoder {root}: {config_file} must hold a JSON object, got "
-                         f"{type(config).__name__}; {fix}")
+    config = _json_object(config_file, root, fix)
     unknown = sorted(set(config) - {"kind", *DIGITS_ENCODER_KEYS})
     if unknown:
         raise ValueError(f"--repa-encoder {root}: {config_file} has unknown key(s) {unknown} (it holds kind, "

@@ -1,5 +1,4 @@
 """Tests of `nala_dit/models/files.py`."""
-import functools
 import json
 import time
 
@@ -7,7 +6,7 @@ import pytest
 
 from nala_dit.training import checkpoint as ckpt_lib
 from tests.scripts.test_sample import FAST
-from tests.utils import cli, copy_tree, one_line_error
+from tests.utils import cli, copy_tree, count_dit_builds, one_line_error
 
 
 def test_wrong_type_in_pipeline_transformer_config(pipe_dir, tmp_path, capsys):
@@ -37,17 +36,7 @@ def test_deeply_nested_pipeline_json_is_one_line(pipe_dir, tmp_path, capsys, nam
 # 5. huge model configs: refused from the weights file's header, before building
 @pytest.mark.parametrize("hidden", [8192, 65536, 10**9])
 def test_huge_config_is_refused_before_building(run_dir, pipe_dir, tmp_path, capsys, monkeypatch, hidden):
-    from nala_dit.models import dit as models
-
-    built = []
-    real_init = models.DiT.__init__
-
-    @functools.wraps(real_init)
-    def counting_init(self, *args, **kwargs):
-        built.append(kwargs.get("hidden_size"))
-        real_init(self, *args, **kwargs)
-
-    monkeypatch.setattr(models.DiT, "__init__", counting_init)
+    built = count_dit_builds(monkeypatch)
     run = copy_tree(run_dir, tmp_path / "run")
     state_file = ckpt_lib.find_checkpoint(run) / ckpt_lib.STATE
     state = json.loads(state_file.read_text())

@@ -1,5 +1,4 @@
 """Tests of `nala_dit/pipelines/register.py`."""
-import functools
 import json
 import os
 import subprocess
@@ -12,7 +11,7 @@ import pytest
 import nala_dit  # noqa: F401  (teaches diffusers our pipeline names)
 from nala_dit.pipelines.pipeline import CUSTOM_PIPELINES, NaLaDiTPipeline
 from tests.pipelines.test_pipeline import run
-from tests.utils import DEEP, ROOT, one_line
+from tests.utils import DEEP, ROOT, count_dit_builds, one_line
 
 
 def copy_of(folder: Path, dst: Path) -> Path:
@@ -50,18 +49,9 @@ def test_generic_loader_refuses_a_list_model_index_in_one_line(pipe_folder, tmp_
 def test_every_route_refuses_a_huge_hidden_size_before_building(pipe_folder, tmp_path, monkeypatch, route):
     import diffusers.utils.dynamic_modules_utils as dynamic
 
-    from nala_dit.models import dit as models
 
     monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path / "modules"))
-    built = []
-    real_init = models.DiT.__init__
-
-    @functools.wraps(real_init)
-    def counting_init(self, *args, **kwargs):
-        built.append(kwargs.get("hidden_size"))
-        real_init(self, *args, **kwargs)
-
-    monkeypatch.setattr(models.DiT, "__init__", counting_init)
+    built = count_dit_builds(monkeypatch)
     bad = copy_of(pipe_folder, tmp_path / "bad")
     config_file = bad / "transformer" / "config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "hidden_size": 65536}))

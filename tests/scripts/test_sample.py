@@ -36,11 +36,6 @@ def write_checkpoint(run_dir: Path, model_name="NaLaDiT-T/2", vae=None, **overri
     return run_dir
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return write_checkpoint(tmp_path_factory.mktemp("runs") / "dit")
-
-
 def test_grid_and_pngs_match_the_pipeline(run_dir, tmp_path):
     from nala_dit.pipelines.pipeline import pipeline_from_checkpoint
 
