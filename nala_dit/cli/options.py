@@ -61,15 +61,7 @@ def parse_time_shift(value) -> float | str:
                f"trained tokens) or {TIME_SHIFT_AUTO!r} (s = √(tokens / base tokens))")
     if isinstance(value, str) and value.strip() == TIME_SHIFT_AUTO:
         return TIME_SHIFT_AUTO
-    if isinstance(value, bool):
-        raise ValueError(f"time shift must be {allowed}, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"time shift must be {allowed}, got {value!r}") from None
-    if not (lo <= number <= hi):
-        raise ValueError(f"time shift must be {allowed}, got {value!r}")
-    return number
+    return _number_in(value, lo, hi, f"time shift must be {allowed}")
 
 
 # Classifier-free guidance: ε = ε_uncond + s·(ε_cond − ε_uncond). 0 = unconditional,
@@ -83,14 +75,20 @@ def parse_cfg_scale(value) -> float:
     lo, hi = CFG_SCALE_RANGE
     allowed = (f"a number from {lo:g} (unconditional) to {hi:g}; 1 = no guidance, DiT uses 1.5-4, and far larger "
                f"scales saturate the samples or overflow to NaN")
+    return _number_in(value, lo, hi, f"guidance scale must be {allowed}")
+
+
+def _number_in(value, lo: float, hi: float, must: str) -> float:
+    """``value`` (a number or numeric string, not a bool) as a float in [lo, hi] (NaN fails the
+    comparison); anything else ``ValueError(f"{must}, got {value!r}")``."""
     if isinstance(value, bool):
-        raise ValueError(f"guidance scale must be {allowed}, got {value!r}")
+        raise ValueError(f"{must}, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"guidance scale must be {allowed}, got {value!r}") from None
+        raise ValueError(f"{must}, got {value!r}") from None
     if not (lo <= number <= hi):
-        raise ValueError(f"guidance scale must be {allowed}, got {value!r}")
+        raise ValueError(f"{must}, got {value!r}")
     return number
 
 
