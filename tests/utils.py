@@ -125,6 +125,16 @@ class Evil:  # a pickled object in a checkpoint: refused, and no message may sug
     pass
 
 
+def assert_names(message, *words: str) -> str:
+    """Assert that ``message`` (a string, or a ``pytest.raises`` info / exception: its text)
+    names every one of ``words`` (case-sensitive substrings: the problem and the fix, not whole
+    sentences); the failure shows the missing words and the message. Returns the text."""
+    text = str(message.value) if hasattr(message, "value") else str(message)
+    missing = [word for word in words if word not in text]
+    assert not missing, f"message lacks {missing!r}:\n{text}"
+    return text
+
+
 def one_line(err) -> str:
     text = str(err.value) if hasattr(err, "value") else str(err)
     assert "\n" not in text, text

@@ -188,9 +188,15 @@ SIZES = {
     "B": dict(depth=12, hidden_size=768, num_heads=12),
     "L": dict(depth=24, hidden_size=1024, num_heads=16),
     "XL": dict(depth=28, hidden_size=1152, num_heads=16),
+    # Past XL, widths/depths/heads from the literature in DiT's own block (models/dit.py, docs/models.md):
+    # G = Hunyuan-DiT's 1.5B DiT-g/2 size, also DiT-MoE's G (arXiv 2405.08748, 2407.11633), ~1.44B;
+    # H = Sana's width and heads (2240, 20; arXiv 2410.10629) at SANA-1.5's 30 blocks (arXiv 2501.18427), ~2.73B.
+    "G": dict(depth=40, hidden_size=1408, num_heads=16),
+    "H": dict(depth=30, hidden_size=2240, num_heads=20),
     "T": dict(depth=4, hidden_size=128, num_heads=4),
 }
-PATCHES = {"S": (2, 4, 8), "B": (2, 4, 8), "L": (2, 4, 8), "XL": (2, 4, 8), "T": (1, 2, 4)}
+PATCHES = {"S": (2, 4, 8), "B": (2, 4, 8), "L": (2, 4, 8), "XL": (2, 4, 8), "G": (2, 4, 8), "H": (2, 4, 8),
+           "T": (1, 2, 4)}
 FAMILIES = {
     # name prefix: (objective, learn_sigma, attention)
     "DiT": ("diffusion", True, "softmax"),
@@ -302,7 +308,7 @@ RESUME_RULES = {
                 "ckpt_every", "keep_last", "sample_every", "sample_sampler", "sample_steps", "sample_cfg_scale",
                 "report_to", "val_every", "val_data", "val_samples", "fid_every", "fid_ref", "fid_samples",
                 "fid_features", "inception_weights", "digits_classifier", "repa_weight"),
-    "own-line": ("context_parallel", "init_from"),
+    "own-line": ("context_parallel", "fsdp", "init_from"),
     "not-compared": ("resume", "allow_changes", "inherit"),
 }
 RESUME_RULE = {name: rule for rule, names in RESUME_RULES.items() for name in names}
@@ -372,6 +378,9 @@ def default_num_workers(processes: int, cpus: int | None = None) -> int:
 CONTEXT_PARALLEL_HELP = ("context parallel: split each image's token grid by rows over this many processes "
                          "(NaLa's state all-reduced, LePE halo rows, softmax K/V gathered); the processes "
                          "launched are data-parallel groups × this; docs/highres.md")
+FSDP_HELP = ("shard parameters, gradients, AdamW state and EMA over the processes (FSDP2, one unit per block; "
+             "also on with accelerate launch --config_file configs/accelerate/fsdp2.yaml); checkpoints are "
+             "sharded (consolidate.py writes a single-file one); docs/scaling.md")
 
 
 def check_number(flag: str, value, lo: float = 0.0, hi: float | None = None, why: str = "") -> float:
@@ -493,6 +502,7 @@ class TrainConfig(_NaLaFlags):
     threads: int | None = _opt(THREADS_HELP, brief="torch CPU threads per process (default: one per core; 1 per "
                                                    "process where cores are scarce)")
     context_parallel: int = field(default=1, metadata=dict(help=CONTEXT_PARALLEL_HELP))
+    fsdp: bool = field(default=False, metadata=dict(help=FSDP_HELP))
     seed: int = field(default=0, metadata=dict(help="global seed (per-rank streams derive from it)"))
     # bookkeeping
     results_dir: str = field(default="runs", metadata=dict(help="parent folder of run folders"))

@@ -407,6 +407,22 @@ def check_inputs(model: DiT, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) 
 # ---------------------------------------------------------------------------- presets
 # The preset tables (SIZES, PATCHES, FAMILIES) are plain data in options.py, where the
 # CLIs read the names without importing torch.
+#
+# The two sizes past XL take their depth, width and heads from published models, and are this
+# file's DiT block at that size (class-conditional adaLN-Zero, one adaLN per block, MLP ratio 4,
+# 2-D sin-cos positions), not the source's architecture, so their counts are this block's:
+#   G (40 blocks, width 1408, 16 heads of 88): the size of Hunyuan-DiT's 1.5B DiT-g/2 (Li et al.,
+#     arXiv 2405.08748; text-conditioned, MLP ratio 4.3637) and of DiT-MoE's DiT-G/2 (Fei et al.,
+#     arXiv 2407.11633, github.com/feizc/DiT-MoE models.py: DiT's class-conditional block with each
+#     MLP a mixture of experts); both are ViT-g/14's (Zhai et al., arXiv 2106.04560). One dense MLP
+#     here: 1,436,371,232 at G/2.
+#   H (30 blocks, width 2240, 20 heads of 112): Sana's width and heads (Sana-1.6B: 20 blocks; Xie et
+#     al., arXiv 2410.10629) at the 30-block depth of SANA-1.5's 2.4B model (arXiv 2501.18427;
+#     SanaMS_2400M_P1_D30 in github.com/NVlabs/Sana). Sana is text-conditioned, with cross-attention,
+#     a GLU Mix-FFN of ratio 2.5 and one shared adaLN; DiT's block here has none of those and MLP
+#     ratio 4 with a 6·C² adaLN per block, hence 2,729,072,672 at H/2 against Sana's "2.4B".
+# Both head dims are within the Triton NaLa kernels' limit (TRITON_MAX_HEAD_DIM = 128; the
+# kernels pad 88 and 112 to 128 lanes).
 
 
 def _constructor(family: str, size: str, patch: int):

@@ -54,12 +54,17 @@ def _contiguous(state_dict: dict) -> dict:
     return {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
 
 
+def _state_dict(x) -> dict:
+    """A module's or an optimizer's state dict, or ``x`` when it is one already."""
+    return x if isinstance(x, dict) else x.state_dict()
+
+
 def check_finite_weights(ckpt_dir: str | os.PathLike, step: int, **modules: torch.nn.Module) -> None:
     """Raise (naming the tensor and the last good checkpoint) instead of saving the
     checkpoint of ``step`` when a weight is NaN or inf: a finite loss at the last step does
     not prove its update was finite. Call it on every rank (same weights, same verdict)."""
     for which, module in modules.items():
-        if problem := non_finite(module.state_dict(), which):
+        if problem := _non_finite_anywhere(_state_dict(module), which):
             previous = list_checkpoints(ckpt_dir)
             raise FloatingPointError(
                 f"not writing checkpoint {Path(ckpt_dir) / f'{step:07d}'}: {problem} (the run diverged); the last "
@@ -67,19 +72,35 @@ def check_finite_weights(ckpt_dir: str | os.PathLike, step: int, **modules: torc
                 f"or --mixed-precision no")
 
 
+def _non_finite_anywhere(state_dict: dict, which: str) -> str | None:
+    """``non_finite`` of a state dict, also of one sharded over processes (FSDP: each process
+    checks its shards, and all hear the first problem any found)."""
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(v, DTensor) for v in state_dict.values()):
+        return non_finite(state_dict, which)
+    import torch.distributed as dist
+
+    problem = non_finite({k: v.to_local() if isinstance(v, DTensor) else v for k, v in state_dict.items()}, which)
+    found = [None] * dist.get_world_size()
+    dist.all_gather_object(found, problem)
+    return next((p for p in found if p), None)
+
+
 def save_checkpoint(
     ckpt_dir: str | os.PathLike,
     *,
-    model: torch.nn.Module,
-    ema: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module | dict,
+    ema: torch.nn.Module | dict,
+    optimizer: torch.optim.Optimizer | dict,
     state: dict,
     rng_states: list[torch.Tensor],
     keep_last: int = 0,
-    projector: torch.nn.Module | None = None,
+    projector: torch.nn.Module | dict | None = None,
 ) -> Path:
     """Write ``ckpt_dir/<step:07d>`` atomically; keep the last ``keep_last`` (0 = all).
-    Non-finite weights are never written: every checkpoint on disk is a good one."""
+    Non-finite weights are never written: every checkpoint on disk is a good one. Modules
+    and the optimizer may be given as their state dicts (``consolidate``)."""
     root = Path(ckpt_dir)
     final = root / f"{state['step']:07d}"
     check_finite_weights(root, state["step"], model=model, ema=ema, **({} if projector is None else
@@ -89,11 +110,11 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
-        save_file(_contiguous(model.state_dict()), str(tmp / "model.safetensors"))
-        save_file(_contiguous(ema.state_dict()), str(tmp / "ema.safetensors"))
+        save_file(_contiguous(_state_dict(model)), str(tmp / "model.safetensors"))
+        save_file(_contiguous(_state_dict(ema)), str(tmp / "ema.safetensors"))
         if projector is not None:
-            save_file(_contiguous(projector.state_dict()), str(tmp / "projector.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            save_file(_contiguous(_state_dict(projector)), str(tmp / "projector.safetensors"))
+        torch.save(_state_dict(optimizer), tmp / "optimizer.pt")
         save_file({f"rank{i}": s.contiguous() for i, s in enumerate(rng_states)}, str(tmp / "rng.safetensors"))
         (tmp / STATE).write_text(json.dumps(state, indent=2))
     except BaseException as err:
@@ -214,10 +235,29 @@ class Checkpoint:
         except Exception as err:  # safetensors / zip / unpickler raise many types
             raise self.error(name, load_error_cause(err)) from None
 
+    @property
+    def sharded(self) -> bool:
+        """Written by an FSDP run (``sharding.py``): weights and optimizer in ``shards/``."""
+        return "sharded" in self.state
+
+    def _read_shards(self, key: str):
+        from .shards import SHARDS, read_shards
+
+        folder = self.path / SHARDS
+        if not folder.is_dir():
+            raise self.error(SHARDS, "missing (the sharded checkpoint is incomplete)")
+        try:
+            return read_shards(folder, key)
+        except Exception as err:  # the storage reader and unpickler raise many types
+            raise self.error(SHARDS, load_error_cause(err)) from None
+
     def weights(self, which: str = "ema") -> dict[str, torch.Tensor]:
         if which not in ("ema", "model", "projector"):
             raise ValueError(f"weights must be 'ema', 'model' or 'projector', got {which!r}")
-        tensors = self._read(f"{which}.safetensors", lambda f: load_file(str(f)))
+        if self.sharded:
+            tensors = self._read_shards(which)
+        else:
+            tensors = self._read(f"{which}.safetensors", lambda f: load_file(str(f)))
         if problem := non_finite(tensors, "its"):
             raise self.error(f"{which}.safetensors", f"{problem}: written by a run that diverged")
         return tensors
@@ -232,6 +272,11 @@ class Checkpoint:
         module.load_state_dict(tensors, strict=True)
 
     def optimizer_state(self) -> dict:
+        """The optimizer state as ``optimizer.state_dict()`` writes it (parameters numbered)."""
+        if self.sharded:
+            from .shards import by_number
+
+            return by_number(self._read_shards("optimizer"))
         return self._read("optimizer.pt", lambda f: torch.load(f, weights_only=True, map_location="cpu"))
 
     def load_optimizer(self, optimizer: torch.optim.Optimizer) -> None:

@@ -45,6 +45,7 @@ from ..cli.runlock import LOCK_NAME, check_process_count, hold_lock
 from .tracking import Logger, LossWindow, NanStreak, progress_values
 from .step import (EpochBatches, MicroBatchLoss, StepResult, clip_gradients, ema_warning, lr_at, skip_step,
                    step_seed, to_model_space, update_ema)
+from .sharding import Sharding, fsdp_from_launcher, reshard_after_forward
 from .validation import HeldOutLoss, Periodic, SampleGrid, TrainingFID, heldout_dataset, val_samples_notice
 
 def build_dataset(cfg: TrainConfig, state=None):
@@ -170,7 +171,7 @@ def allowed_changes(cfg: TrainConfig) -> set[str]:
 
 
 def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int, print=print,
-            projector=None) -> None:
+            projector=None, sharding=None) -> None:
     """Load a checkpoint into this run after checking it is the same model and objective.
 
     Every setting follows its rule in ``options.RESUME_RULES``: a changed model or objective
@@ -193,8 +194,6 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
         print(f"resume: the checkpoint was trained with --context-parallel {was}, this run uses {cfg.context_parallel}: "
               f"it continues fp32-close to an uninterrupted run, not bit for bit (the split adds in another order; "
               f"2 processes against 1: 1.3e-6 apart after 3 steps, docs/highres.md)")
-    ckpt.load_into(model, "model")
-    ckpt.load_into(ema, "ema")
     saved_projector = (ckpt.path / "projector.safetensors").is_file()
     if saved_projector and projector is None:  # its parameters are in the optimizer state: both or neither
         raise ValueError(f"checkpoint {ckpt.path} was trained with --repa-encoder {ckpt.config.get('repa-encoder')}: "
@@ -202,9 +201,13 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
     if projector is not None and not saved_projector:
         raise ValueError(f"checkpoint {ckpt.path} was trained without --repa-encoder: resume without it, or start "
                          f"a new aligned run from its weights (--init-from {ckpt.path})")
-    if projector is not None:
-        ckpt.load_into(projector, "projector")
-    ckpt.load_optimizer(optimizer)
+    if sharding is not None:   # FSDP: shard by shard (a sharded checkpoint) or from full tensors
+        sharding.restore(ckpt, model, ema, optimizer, projector)
+    else:
+        for which, module in (("model", model), ("ema", ema), ("projector", projector)):
+            if module is not None:
+                ckpt.load_into(module, which)
+        ckpt.load_optimizer(optimizer)
     for line in resume_announcements(ckpt, cfg):
         print(line)
     for i, group in enumerate(optimizer.param_groups):  # the loop sets each step's lr (--warmup-steps)
@@ -297,12 +300,13 @@ def build_run_model(cfg: TrainConfig, dataset, channels: int, side: int, resume_
 
 
 def resume_run(resume_from: Path, cfg: TrainConfig, accelerator, model, ema, optimizer, world: int,
-               micro_batch: int, ckpt_dir: Path, projector=None) -> tuple[int, int, int, int]:
+               micro_batch: int, ckpt_dir: Path, projector=None, sharding=None) -> tuple[int, int, int, int]:
     """Restore the checkpoint into this run; (step, epoch, data position, EMA updates so far) to
     continue at (a checkpoint written before the count was stored: one update per step).
     A rollback sets this run's later checkpoints aside."""
     ckpt = open_checkpoint(resume_from)
-    restore(ckpt, cfg, model, ema, optimizer, world, accelerator.process_index, accelerator.print, projector)
+    restore(ckpt, cfg, model, ema, optimizer, world, accelerator.process_index, accelerator.print, projector,
+            sharding)
     step, epoch, position = ckpt.step, ckpt.state["epoch"], resumed_position(ckpt, micro_batch, accelerator.print)
     ema_updates = ckpt.state.get("ema_updates", step)
     accelerator.print(f"resumed from {ckpt.path} at step {step}")
@@ -316,16 +320,20 @@ def resume_run(resume_from: Path, cfg: TrainConfig, accelerator, model, ema, opt
 
 
 def checkpoint(accelerator, cfg: TrainConfig, ckpt_dir: Path, step: int, batches: EpochBatches, world: int,
-               model, ema, optimizer, norm, projector=None, ema_updates: int | None = None) -> None:
+               model, ema, optimizer, norm, projector=None, ema_updates: int | None = None, sharding=None) -> None:
     """Save step ``step`` (weights, EMA, optimizer, data position, every rank's RNG state, the
-    EMA's update count: the steps not skipped), after checking the weights are finite."""
-    check_finite_weights(ckpt_dir, step, model=model, ema=ema)
+    EMA's update count: the steps not skipped), after checking the weights are finite; with
+    FSDP every process writes its shards (``sharding.py``)."""
+    check_finite_weights(ckpt_dir, step, model=model, ema=ema, **({} if projector is None else dict(projector=projector)))
     rng_states = accelerator.gather(torch.get_rng_state().to(accelerator.device).unsqueeze(0)).cpu()
-    if accelerator.is_main_process:
-        state = dict(step=step, epoch=batches.epoch, position=batches.position, world_size=world,
-                     ema_updates=step if ema_updates is None else ema_updates,
-                     config=to_dict(cfg), model_config=dict(model.config),
-                     latent_norm=norm.to_dict() if norm is not None else None)
+    state = dict(step=step, epoch=batches.epoch, position=batches.position, world_size=world,
+                 ema_updates=step if ema_updates is None else ema_updates,
+                 config=to_dict(cfg), model_config=dict(model.config),
+                 latent_norm=norm.to_dict() if norm is not None else None)
+    if sharding is not None:
+        path = sharding.save(ckpt_dir, state, list(rng_states), model, ema, optimizer, projector, cfg.keep_last)
+        accelerator.print(f"saved checkpoint {path}")
+    elif accelerator.is_main_process:
         path = save_checkpoint(ckpt_dir, model=model, ema=ema, optimizer=optimizer, state=state,
                                rng_states=list(rng_states), keep_last=cfg.keep_last, projector=projector)
         accelerator.print(f"saved checkpoint {path}")
@@ -414,10 +422,23 @@ class Run:
     progress: object               # the progress bar (rank 0) or line
     norm: object = None            # latents → model space (None: pixels), saved with each checkpoint
     projector: torch.nn.Module | None = None  # REPA's, saved with each checkpoint
+    sharding: Sharding | None = None          # --fsdp (sharding.py), else DDP through accelerate
 
     def save(self, step: int) -> None:
         checkpoint(self.accelerator, self.cfg, self.run_dir / "checkpoints", step, self.batches, self.world,
-                   self.model, self.ema, self.optimizer, self.norm, self.projector, self.ema_updates)
+                   self.model, self.ema, self.optimizer, self.norm, self.projector, self.ema_updates, self.sharding)
+
+    def no_sync(self, sync: bool):
+        """A micro-batch's context: gradients reduced over the processes only when ``sync``."""
+        if self.sharding is not None:
+            return self.sharding.no_sync(self.model, sync)
+        return contextlib.nullcontext() if sync else self.accelerator.no_sync(self.train_model)
+
+    def clip(self) -> torch.Tensor:
+        """The gradients' global norm before clipping (``--max-grad-norm``)."""
+        if self.sharding is not None:
+            return self.sharding.clip(self.train_model.parameters(), self.cfg.max_grad_norm)
+        return clip_gradients(self.accelerator, self.train_model.parameters(), self.cfg.max_grad_norm)
 
 
 def build_run(cfg: TrainConfig, accelerator) -> Run:
@@ -432,7 +453,13 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
     # Context parallel: the P processes of a group hold the same samples (one data rank), so
     # data order, RNG streams and the batch split follow the data rank; each process runs
     # its rows of the token grid (nala_dit/attention/context_parallel.py).
-    context = ContextParallel.from_world(cfg.context_parallel)
+    sharding = None
+    if cfg.fsdp or fsdp_from_launcher():   # FSDP2 (sharding.py): its mesh gives the context-parallel groups
+        cfg.fsdp = True
+        sharding = Sharding(accelerator.device, cfg.context_parallel, cfg.mixed_precision, reshard_after_forward())
+        context = sharding.context()
+    else:
+        context = ContextParallel.from_world(cfg.context_parallel)
     rank, world, device = context.data_rank, context.data_size, accelerator.device
     set_seed(cfg.seed + rank)
     micro_batch = micro_batch_size(cfg, accelerator.num_processes, world)
@@ -465,13 +492,22 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
     if cfg.teacher:  # not saved in checkpoints: its path is in the config, reloaded on resume
         distiller = convert.Distiller.load(cfg.teacher, model, cfg.model, to_dict(cfg), cfg.distill_weight,
                                            cfg.distill_sigma_weight, device)
+    if sharding is not None:
+        sharding.broadcast(model)   # rank 0's initial weights (DDP broadcasts them when it wraps the model)
     ema = copy.deepcopy(model).float().requires_grad_(False)
     encoder = projector = None
     if cfg.repa_encoder:  # REPA (repa.py): the projector trains beside the model, outside it and its EMA
         encoder = repa_lib.load_encoder(cfg.repa_encoder).to(device)
         projector = repa_lib.build_projector(model.config.hidden_size, cfg.repa_projector_dim, encoder.dim)
+    if sharding is not None:   # before the optimizer: it holds the sharded parameters
+        for module, train in ((model, True), (ema, False), (projector, True)):
+            if module is not None:
+                sharding.broadcast(module)
+                sharding.shard(module.to(device), train)
     optimizer = build_optimizer(cfg, model, projector)
     print_start(accelerator, cfg, model, side, micro_batch, world)
+    if sharding is not None:
+        accelerator.print(sharding.describe())
 
     # --- resume ---
     step, epoch, position, ema_updates = 0, 0, 0, 0
@@ -480,7 +516,7 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
         norm = agreed_norm(norm, checkpoint_norm(open_checkpoint(resume_from)), f"checkpoint {resume_from}", cfg.data,
                            keep_norm, accelerator.print)
         step, epoch, position, ema_updates = resume_run(resume_from, cfg, accelerator, model, ema, optimizer, world,
-                                                        micro_batch, ckpt_dir, projector)
+                                                        micro_batch, ckpt_dir, projector, sharding)
     if cfg.grad_checkpointing:
         model.gradient_checkpointing = True
     write_run_files(accelerator, cfg, run_dir, init_report)
@@ -493,8 +529,9 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
         depth = cfg.repa_depth or repa_lib.default_depth(cfg.model)
         train_model = aligned = repa_lib.Aligned(model, train_model, projector, depth)
         alignment = repa_lib.Alignment(aligned, encoder, cfg.repa_weight, model.patch_size)
-    train_model, optimizer = accelerator.prepare(train_model, optimizer)
-    resumable_gradient_sync(train_model)   # CPU processes: the same gradient sums resumed or not
+    if sharding is None:   # DDP; FSDP's units already reduce-scatter the gradients
+        train_model, optimizer = accelerator.prepare(train_model, optimizer)
+        resumable_gradient_sync(train_model)   # CPU processes: the same gradient sums resumed or not
     ema.to(device)
     logger = Logger(run_dir, accelerator, step, cfg.report_to, to_dict(cfg))
 
@@ -518,7 +555,7 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
     if fid is not None:
         evaluations.append(Periodic(cfg.fid_every, lambda: fid(ema, objective, vae, norm, accelerator)))
     sample_grid = SampleGrid(ema, objective, cfg, vae, norm, channels, side, dataset.num_classes, run_dir / "samples",
-                             device)
+                             device, write=accelerator.is_main_process)
     if step == 0:
         update_ema(ema, model, 0.0)  # EMA starts as a copy of the model (DiT)
     stat_layers = [b.attn for b in model.blocks if hasattr(b.attn, "record_stats")]
@@ -528,7 +565,7 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
     nan_streak = NanStreak(cfg.max_nan_steps, step, ckpt_dir, accelerator.print)
     return Run(cfg, accelerator, run_dir, rank, world, model, train_model, ema, optimizer, batches, to_model, loss,
                step, ema_updates, evaluations, sample_grid, logger, window, nan_streak, stat_layers, progress, norm,
-               projector)
+               projector, sharding)
 
 
 def train_loop(run: Run) -> None:
@@ -568,14 +605,13 @@ class TrainStep:
         for micro in range(cfg.grad_accum):
             x, y = run.batches.next()
             x, images = run.to_model(x)  # latents or pixels as the model sees them (+ clean images for REPA)
-            sync = micro == cfg.grad_accum - 1
-            with accelerator.no_sync(run.train_model) if not sync else contextlib.nullcontext():
+            with run.no_sync(sync=micro == cfg.grad_accum - 1):
                 with accelerator.autocast():
                     loss, terms = run.loss(x, y, images)  # L_simple (+ distillation) (+ alignment)
                 accelerator.backward(loss / cfg.grad_accum)
             loss_sum += loss.detach().float() / cfg.grad_accum
             parts.append(terms.float() / cfg.grad_accum)
-        grad_norm = clip_gradients(accelerator, run.train_model.parameters(), cfg.max_grad_norm)
+        grad_norm = run.clip()
 
         # the update, skipped on every process when the step is not finite on one
         skipped = skip_step(accelerator, loss_sum, grad_norm)
@@ -606,6 +642,6 @@ class TrainStep:
         run.progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
         if step % cfg.ckpt_every == 0 or step == cfg.max_steps:  # before the grid: a failed grid loses no steps
             run.save(step)
-        if cfg.sample_every > 0 and step % cfg.sample_every == 0 and accelerator.is_main_process:
-            run.sample_grid(step)
+        if cfg.sample_every > 0 and step % cfg.sample_every == 0 and (accelerator.is_main_process or run.sharding):
+            run.sample_grid(step)   # FSDP: every process runs the sharded EMA, the first writes the grid
         return result

@@ -40,7 +40,7 @@ def own_rng(device: torch.device):
 
 
 def write_sample_grid(model, objective, noise, labels, path: Path, cfg: TrainConfig, vae, scaling,
-                      nrow: int = 8) -> None:
+                      nrow: int = 8, write: bool = True) -> None:
     """EMA samples as a PNG grid (fixed noise and labels, so grids are comparable);
     ``scaling``: the run's ``LatentNorm`` (or a factor), undone before decoding."""
     was_training = model.training
@@ -50,7 +50,8 @@ def write_sample_grid(model, objective, noise, labels, path: Path, cfg: TrainCon
     sampler = cfg.sample_sampler or ("ddim" if model.config.objective == "diffusion" else "ode-heun")
     out = generate(model, objective, noise, labels, sampler=sampler, num_steps=cfg.sample_steps,
                    cfg_scale=cfg.sample_cfg_scale, generator=gen)
-    save_grid(data_lib.to_uint8(decode(out.samples, vae, scaling)), path, nrow=nrow)
+    if write:
+        save_grid(data_lib.to_uint8(decode(out.samples, vae, scaling)), path, nrow=nrow)
     model.train(was_training)
 
 
@@ -59,15 +60,16 @@ class SampleGrid:
     fixed noises (seeded by ``--seed``) and labels 0, 1, ..., so a run's grids compare."""
 
     def __init__(self, ema, objective, cfg: TrainConfig, vae, norm, channels: int, side: int, num_classes: int,
-                 folder: Path, device):
+                 folder: Path, device, write: bool = True):
         self.ema, self.objective, self.cfg, self.vae, self.norm, self.folder = ema, objective, cfg, vae, norm, folder
+        self.write = write   # FSDP: every process samples (the EMA is sharded), one writes
         self.noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
         self.labels = (torch.arange(16) % num_classes).to(device)
         self.nrow = min(num_classes, 8)
 
     def __call__(self, step: int) -> None:
         write_sample_grid(self.ema, self.objective, self.noise, self.labels, self.folder / f"{step:07d}.png",
-                          self.cfg, self.vae, self.norm, nrow=self.nrow)
+                          self.cfg, self.vae, self.norm, nrow=self.nrow, write=self.write)
 
 
 @dataclasses.dataclass

@@ -14,6 +14,7 @@ import torch
 from nala_dit.attention.config import MODEL_OPTIONS, NaLaConfig
 from nala_dit.cli.config import resolve, to_dict
 from nala_dit.cli.options import ATTENTION_OPTIONS, MODEL_OVERRIDES, TrainConfig
+from tests.utils import assert_names
 
 
 # ------------------------------------------------------------------ each rule, once
@@ -81,10 +82,12 @@ def test_the_cli_settings_reach_the_layer_and_kernel_unchanged():
 
 
 def test_the_cli_gives_nalaconfigs_errors():
-    with pytest.raises(ValueError, match="nala-regions must be an integer >= 1"):
+    with pytest.raises(ValueError) as err:
         TrainConfig(model="NaLaDiT-T/2", nala_regions=0).validate()
-    with pytest.raises(ValueError, match="region states and rope do not combine"):
+    assert_names(err, "nala-regions", "integer >= 1", "got 0")
+    with pytest.raises(ValueError) as err:
         TrainConfig(model="NaLaDiT-T/2", nala_regions=2, rope=True).validate()
+    assert_names(err, "region states", "rope", "use one of them")
 
 
 # ------------------------------------------------------------------ configs of older versions

@@ -5,7 +5,7 @@ import pytest
 
 from nala_dit.cli.config import resolve, shown
 from nala_dit.cli.options import TrainConfig
-from tests.utils import dry_run_error
+from tests.utils import assert_names, dry_run_error
 
 
 def _resolve_yaml(tmp_path, text):
@@ -60,7 +60,7 @@ def test_yaml_bool_for_an_int_flag_is_refused(tmp_path, capsys):
 def test_yaml_duplicate_key_is_refused_naming_it(tmp_path, capsys):
     err = _yaml_error(tmp_path, "lr: 1e-3\nmodel: DiT-T/2\nlr: 2e-3\n", capsys)
     path = tmp_path / "c.yaml"
-    assert f"error: {path}: line 3: the key 'lr' is given twice (lines 1 and 3); keep one\n" in err
+    assert_names(err, f"error: {path}: line 3", "'lr'", "given twice", "(lines 1 and 3)", "keep one")
 
 
 def test_yaml_alias_bomb_fails_fast_with_a_short_line(tmp_path, capsys):
@@ -69,7 +69,8 @@ def test_yaml_alias_bomb_fails_fast_with_a_short_line(tmp_path, capsys):
     start = time.perf_counter()
     err = _yaml_error(tmp_path, text, capsys)
     assert time.perf_counter() - start < 2  # was 16 s and a 360 MB line at this size
-    assert "line 1: the alias *a of a list or mapping is refused" in err and len(err) < 400
+    assert_names(err, "line 1", "alias *a", "refused")
+    assert len(err) < 400
     # an alias of a plain value is harmless and stays allowed
     assert _resolve_yaml(tmp_path, "lr: &rate 2e-3\nema-decay: 0.999\nweight-decay: *rate\n").weight_decay == 2e-3
 
@@ -87,14 +88,13 @@ def test_a_huge_unknown_key_is_echoed_capped(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--mlp", "none"], "--mlp expects one of 'mlp', 'mix', got 'none' (every block has an MLP: 'mlp' is DiT's, the "
-                        "default; 'mix' is Mix-FFN, a 3x3 depthwise conv between its linears)"),
-    (["--attention", "None"], "--attention expects one of 'softmax', 'nala', 'relu', 'elu', 'softmax_gated', got "
-                              "'None'"),
+    (["--mlp", "none"], ("--mlp", "'mlp', 'mix'", "got 'none'", "every block has an MLP")),
+    (["--attention", "None"], ("--attention", "'softmax', 'nala', 'relu', 'elu', 'softmax_gated'", "got 'None'")),
 ])
 def test_none_for_a_choice_flag_names_the_choices(capsys, argv, message):
     line = dry_run_error(capsys, "--model", "NaLaDiT-T/2", *argv)
-    assert message in line and "invalid choice: None" not in line
+    assert_names(line, *message)
+    assert "invalid choice: None" not in line
 
 
 def test_pos_embed_none_is_the_choice_none():
@@ -108,13 +108,12 @@ def test_yaml_softmax_blocks_in_the_list_form_of_stored_configs(tmp_path, capsys
     cfg, _ = resolve(TrainConfig, ["--config", str(tmp_path / "c.yaml")])
     assert (cfg.softmax_blocks, cfg.allow_changes) == ("1,3", "lr,mlp")
     (tmp_path / "c.yaml").write_text("model: NaLaDiT-T/2\nsoftmax-blocks: [1, 7]\n")
-    assert "softmax-blocks '1,7': block 7 does not exist in a 4-block model; use indices 0..3" in \
-        dry_run_error(capsys, "--config", str(tmp_path / "c.yaml"))
+    assert_names(dry_run_error(capsys, "--config", str(tmp_path / "c.yaml")), "softmax-blocks '1,7'", "block 7",
+                 "4-block model", "use indices 0..3")
 
 
 def test_a_very_deep_yaml_list_is_one_line(tmp_path, capsys):
     path = tmp_path / "deep.yaml"
     path.write_text("lr: " + "[" * 5_000 + "]" * 5_000 + "\n")  # past Python's recursion limit, as 100,000 is
-    assert dry_run_error(capsys, "--config", str(path)).split(": error: ", 1)[1] == (
-        f"{path}: nested too deeply to read (lists or mappings inside each other thousands of levels "
-        f"deep); a config holds plain values and short lists")
+    assert_names(dry_run_error(capsys, "--config", str(path)).split(": error: ", 1)[1], f"{path}: ",
+                 "nested too deeply", "plain values and short lists")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.utils import ROOT
+from tests.utils import ROOT, assert_names
 
 
 @pytest.mark.slow
@@ -15,10 +15,9 @@ def test_two_process_error_prints_once(tmp_path):
                   "--max-steps", "1")
     assert proc.returncode == 1
     errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
-    assert errors == [f"error: data folder not found: {tmp_path / 'nope'} (--data takes digits, digits-canvas, a "
-                      f"latent folder written by extract_latents.py or an image folder <root>/<class name>/<images>) "
-                      f"(the launcher's ChildFailedError report that follows only repeats that the processes "
-                      f"stopped)"], proc.stderr
+    assert len(errors) == 1, proc.stderr
+    assert_names(errors[0], f"data folder not found: {tmp_path / 'nope'}", "--data takes digits",
+                 "ChildFailedError report that follows only repeats")
     assert "train.py\", line" not in proc.stderr  # no traceback through our script
 
 
@@ -57,11 +56,11 @@ def test_other_ranks_do_not_print_a_gloo_traceback_after_one_rank_stops(tmp_path
              for r in (0, 1)]
     (out0, err0), (out1, err1) = (p.communicate(timeout=120) for p in procs)
     assert [p.returncode for p in procs] == [1, 1], (err0, err1)
-    assert err0.strip().splitlines() == ["error: cannot write shard-000000.npz: No space left on device (the "
-                                         "launcher's ChildFailedError report that follows only repeats that the "
-                                         "processes stopped)"]
-    assert err1.strip().splitlines() == ["rank 1: stopped because another process of this launch stopped (its "
-                                         "error is the line above from rank 0, or the launcher's report)"], err1
+    lines0, lines1 = err0.strip().splitlines(), err1.strip().splitlines()
+    assert len(lines0) == 1 and lines0[0].startswith("error: "), err0
+    assert_names(lines0[0], "cannot write shard-000000.npz", "No space left on device", "ChildFailedError")
+    assert len(lines1) == 1, err1
+    assert_names(lines1[0], "rank 1: stopped", "another process of this launch", "the line above from rank 0")
 
 
 # --- rank 0 after a peer is killed ----------------------------------------------------------

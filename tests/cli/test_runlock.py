@@ -12,7 +12,7 @@ from nala_dit.cli.runlock import LOCK_NAME, LockedError, RunLock
 from tests.training.test_loop import (
     run_train,
 )
-from tests.utils import train_fails
+from tests.utils import assert_names, train_fails
 
 
 def test_run_folder_lock(tmp_path, capsys):
@@ -23,8 +23,9 @@ def test_run_folder_lock(tmp_path, capsys):
         lock = dict(pid=holder.pid, host=socket.gethostname(), time=time.time())
         (run / LOCK_NAME).write_text(json.dumps(lock))
         err = train_fails(tmp_path, capsys, "--max-steps", "1", "--ckpt-every", "1")
-        assert f"run folder {run} is in use by pid {holder.pid} on host {socket.gethostname()}" in err
-        assert "choose another --exp-name" in err and not (run / "checkpoints").exists()
+        assert_names(err, f"run folder {run}", f"pid {holder.pid}", f"host {socket.gethostname()}",
+                     "choose another --exp-name")
+        assert not (run / "checkpoints").exists()
     finally:
         holder.kill()
         holder.wait()
@@ -32,7 +33,7 @@ def test_run_folder_lock(tmp_path, capsys):
     # temporary folder is removed.
     (run / "checkpoints" / ".tmp-99999-0000003").mkdir(parents=True)
     run_train(tmp_path, "--max-steps", "1", "--ckpt-every", "1")
-    assert f"taking over the stale lock {run / LOCK_NAME} (pid {holder.pid} is gone)" in capsys.readouterr().out
+    assert_names(capsys.readouterr().out, "stale lock", str(run / LOCK_NAME), f"pid {holder.pid} is gone")
     assert not (run / LOCK_NAME).exists()  # released at the end
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0000001"]
 
@@ -42,8 +43,9 @@ def test_lock_is_exclusive_and_released(tmp_path):
     with RunLock(path, "output x", "use another --out"):
         holder = json.loads(path.read_text())
         assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
-        with pytest.raises(LockedError, match=f"output x is in use by pid {os.getpid()}.*use another --out"):
+        with pytest.raises(LockedError) as err:
             RunLock(path, "output x", "use another --out").acquire()
+        assert_names(err, "output x", f"pid {os.getpid()}", "use another --out")
     assert not path.exists()
     # A running pid that started after the lock was written is a reused pid: stale.
     path.write_text(json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), time=0.0)))
@@ -51,16 +53,16 @@ def test_lock_is_exclusive_and_released(tmp_path):
         assert json.loads(path.read_text())["time"] > 0
     # A lock from another host cannot be checked: never taken over silently.
     path.write_text(json.dumps(dict(pid=1, host="elsewhere", time=0.0)))
-    with pytest.raises(LockedError, match=f"on host elsewhere.*delete {path}"):
+    with pytest.raises(LockedError) as err:
         RunLock(path, "output x").acquire()
+    assert_names(err, "host elsewhere", f"delete {path}")
 
 
 def test_launcher_process_count_mismatch(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     err = train_fails(tmp_path, capsys, "--max-steps", "1")
-    assert "the launcher started 2 processes but Accelerate sees 1" in err
-    assert ("ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 --num_machines 1 "
-            "--mixed_precision no --dynamo_backend no train.py") in err
+    assert_names(err, "started 2 processes", "Accelerate sees 1", "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu",
+                 "--num_processes 2", "train.py")
     assert not (tmp_path / "run").exists()
 
 

@@ -20,7 +20,7 @@ from nala_dit.data.latent_stats import (
     moment_sums,
 )
 from tests.training.test_loop import make_image_folder
-from tests.utils import TINY_RUN
+from tests.utils import TINY_RUN, assert_names, one_line
 
 
 def write_vae(path, seed):
@@ -182,32 +182,32 @@ def test_channel_norm_travels_with_checkpoint_and_mismatches_are_refused(caches,
     _, c, what, a, b = max(gaps)
     ckpt = tmp_path / "run" / "checkpoints" / "0000001"
     assert latent_run(tmp_path, caches["b"], caches["vae"], "--max-steps", "2", "--resume", "auto") == 1
-    assert capsys.readouterr().err.strip() == (
-        f"error: checkpoint {ckpt} was trained on latents normalised otherwise than {caches['b']} gives (channel {c} "
-        f"{what} {a:.6g} vs {b:.6g}; the model's vs this run's): train on the latents it was trained on, or pass "
-        f"--allow-changes latent-norm to keep its normalisation for this data")
+    err = one_line(capsys.readouterr().err.strip())
+    assert err.startswith("error: "), err
+    assert_names(err, f"checkpoint {ckpt}", "latents normalised otherwise", str(caches["b"]),
+                 f"channel {c} {what} {a:.6g} vs {b:.6g}", "--allow-changes latent-norm")
     # deliberately: the new data in the checkpoint's normalisation
     assert latent_run(tmp_path, caches["b"], caches["vae"], "--max-steps", "2", "--resume", "auto",
                       "--allow-changes", "latent-norm") == 0
-    assert f"latent norm: keeping checkpoint {ckpt}'s {norm_a.describe()} for {caches['b']}" in capsys.readouterr().out
+    assert_names(capsys.readouterr().out, "latent norm: keeping", f"{ckpt}'s {norm_a.describe()}", str(caches["b"]))
     state = json.loads((tmp_path / "run" / "checkpoints" / "0000002" / "state.json").read_text())
     assert state["latent_norm"] == norm_a.to_dict()
     # --init-from with another cache, and with the scalar norm: the same refusal
     assert latent_run(tmp_path, caches["b"], caches["vae"], "--max-steps", "1", "--init-from", str(tmp_path / "run"),
                       name="init") == 1
-    assert f"error: --init-from {tmp_path / 'run'} was trained on latents normalised otherwise than " \
-           f"{caches['b']} gives (channel {c} {what}" in capsys.readouterr().err
+    assert_names(capsys.readouterr().err, f"error: --init-from {tmp_path / 'run'}", "latents normalised otherwise",
+                 str(caches["b"]), f"channel {c} {what}")
     assert latent_run(tmp_path, caches["a"], caches["vae"], "--max-steps", "1", "--init-from", str(tmp_path / "run"),
                       "--latent-norm", "scalar", name="init") == 1
-    assert "(channel vs scalar; the model's vs this run's)" in capsys.readouterr().err
+    assert_names(capsys.readouterr().err, "latents normalised otherwise", "channel vs scalar")
 
     # a damaged entry in state.json names the file
     state_file = tmp_path / "run" / "checkpoints" / "0000002" / "state.json"
     state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "latent_norm": {"mode": "chanel"}}))
     with pytest.raises(ValueError) as err:
         load_source(tmp_path / "run")
-    assert str(err.value) == (f"{state_file}: state.json 'latent_norm': must be an object with 'mode' one of scalar, "
-                              f"channel, got {{'mode': 'chanel'}}; the file was edited or damaged")
+    assert_names(one_line(err), f"{state_file}: ", "'latent_norm'", "'mode' one of scalar, channel",
+                 "got {'mode': 'chanel'}", "edited or damaged")
 
     # a cache made by another VAE
     from nala_dit.data.datasets import load_vae
@@ -215,10 +215,11 @@ def test_channel_norm_travels_with_checkpoint_and_mismatches_are_refused(caches,
 
     prints = [vae_fingerprint(load_vae(str(caches[k]))[0]) for k in ("vae", "other_vae")]
     assert latent_run(tmp_path, caches["a"], caches["other_vae"], "--max-steps", "1", name="other") == 1
-    assert capsys.readouterr().err.strip() == (
-        f"error: {caches['a']} holds latents of another VAE ({caches['vae']}, encoder {prints[0]}) than --vae "
-        f"{caches['other_vae']} (encoder {prints[1]}): pass the VAE the latents were extracted with, or extract them "
-        f"again with this one")
+    err = one_line(capsys.readouterr().err.strip())
+    assert err.startswith("error: "), err
+    assert_names(err, str(caches["a"]), "another VAE", f"{caches['vae']}, encoder {prints[0]}",
+                 f"--vae {caches['other_vae']} (encoder {prints[1]})", "pass the VAE the latents were extracted with",
+                 "extract them again")
 
 
 def test_channel_norm_needs_a_cache_with_statistics(caches, tmp_path, capsys):
@@ -229,15 +230,15 @@ def test_channel_norm_needs_a_cache_with_statistics(caches, tmp_path, capsys):
         shutil.copy(caches["a"] / name, old / name)
     (old / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "latent_stats"}))
     assert latent_run(tmp_path, old, caches["vae"], "--max-steps", "1") == 1
-    assert capsys.readouterr().err.strip() == (
-        f"error: {old / 'meta.json'} holds no latent statistics (written before extract_latents.py computed them): "
-        f"rerun extract_latents.py with the same flags to add them (finished shards are kept), or use "
-        f"--latent-norm scalar")
+    err = one_line(capsys.readouterr().err.strip())
+    assert err.startswith("error: "), err
+    assert_names(err, str(old / "meta.json"), "no latent statistics", "rerun extract_latents.py with the same flags",
+                 "--latent-norm scalar")
     with pytest.raises(SystemExit):
         train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), "--latent-norm", "channel", "--max-steps", "1"])
-    assert capsys.readouterr().err.splitlines()[1].endswith(
-        "error: --latent-norm channel normalises VAE latents, but this run is in pixel space (no --vae): drop it, or "
-        "train on a latent folder from extract_latents.py with its --vae")
+    line = capsys.readouterr().err.splitlines()[1]
+    assert_names(line[line.index("error: "):], "--latent-norm channel", "pixel space (no --vae)", "drop it",
+                 "latent folder from extract_latents.py")
 
 
 def test_damaged_statistics_are_one_line_errors(caches, tmp_path):
@@ -251,17 +252,14 @@ def test_damaged_statistics_are_one_line_errors(caches, tmp_path):
     (folder / "meta.json").write_text(json.dumps({**meta, "latent_stats": {"mean": [0.0] * 3, "std": [1.0] * 4}}))
     with pytest.raises(ValueError) as err:
         LatentDataset(folder)
-    assert str(err.value) == (
-        f"{folder / 'meta.json'}: 'latent_stats' must hold 'mean' and 'std', 4 finite numbers each, got "
-        f"{{'mean': [0.0, 0.0, 0.0], 'std': [1.0, 1.0, 1.0, 1.0]}}; rerun extract_latents.py with the same flags "
-        f"(finished shards are kept)")
+    assert_names(one_line(err), f"{folder / 'meta.json'}: ", "'latent_stats'", "'mean' and 'std'",
+                 "4 finite numbers each", "'mean': [0.0, 0.0, 0.0]", "rerun extract_latents.py")
     with pytest.raises(ValueError) as err:
         LatentNorm.channel([0.0, 1.0], [1.0, 0.0])
-    assert str(err.value) == ("channel latent norm: the std of channel 1 is 0.0, not positive: that channel is "
-                              "constant over the cache; use --latent-norm scalar")
+    assert_names(one_line(err), "std of channel 1 is 0.0", "not positive", "use --latent-norm scalar")
     with pytest.raises(ValueError) as err:
         LatentNorm.from_dict({"mode": "channel", "mean": [0.0], "std": "x"}, "state.json 'latent_norm'")
-    assert str(err.value).startswith("state.json 'latent_norm': channel latent norm: mean and std must be lists")
+    assert_names(err, "state.json 'latent_norm'", "mean and std must be lists")
 
 
 # --- the cache's statistics, encoder and source are checked, not trusted ------

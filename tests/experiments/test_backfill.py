@@ -14,6 +14,7 @@ from nala_dit.cli.config import to_dict
 from nala_dit.models.dit import create_model
 from nala_dit.training.checkpoint import build_objective, save_checkpoint
 from nala_dit.training.loop import TrainConfig
+from tests.utils import assert_names
 
 
 def kept_checkpoint(run_dir: Path, step: int):
@@ -48,12 +49,13 @@ def test_backfill_writes_what_a_fresh_cell_records(tmp_path, capsys):
     ablation.write_json(cell_file, cell)
 
     assert backfill.main(["--out", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.strip() == f"{cell_file}: heldout_loss_raw backfilled at budget 5"
+    out = capsys.readouterr().out.strip()
+    assert "\n" not in out, out
+    assert_names(out, f"{cell_file}: ", "heldout_loss_raw", "backfilled", "budget 5")
     got = json.loads(cell_file.read_text())
     assert got["budgets"][1][ablation.RAW] == raw_loss and ablation.RAW not in got["budgets"][0]  # step 3: no checkpoint
-    assert got["backfilled"] == (f"heldout_loss_raw at budget 5, from the cell's kept final checkpoint: python "
-                                 f"experiments/ablation/backfill.py --out OUT --cells {name} (a fresh "
-                                 f"`experiments/ablation/run.py run` of the cell records it itself)")
+    assert_names(got["backfilled"], "heldout_loss_raw at budget 5", "kept final checkpoint",
+                 f"python experiments/ablation/backfill.py --out OUT --cells {name}")
     assert backfill.main(["--out", str(tmp_path), "--cells", name]) == 0   # nothing left to fill
     assert capsys.readouterr().out == "" and json.loads(cell_file.read_text()) == got
 

@@ -5,7 +5,7 @@ import torch
 
 from nala_dit.models.dit import MODELS, DiT, count_flops, count_params, create_model
 from nala_dit.models.grid import sincos_pos_embed_2d
-from tests.utils import TINY, assert_close
+from tests.utils import TINY, assert_close, assert_names
 
 # The DiT paper's numbers: learned σ, 1000 classes, 256 px (32×32 latents).
 PAPER_PARAMS = {
@@ -25,6 +25,84 @@ def test_softmax_presets_have_the_paper_parameter_counts(size):
         assert n == 675_129_632
     else:  # the table gives 2 decimals in millions
         assert abs(n - PAPER_PARAMS[size]) < 0.005e6, n
+
+
+# (depth, width, heads), written out here rather than read from options.SIZES, so the test
+# pins the table too. G: the size of Hunyuan-DiT's DiT-g/2 and DiT-MoE's G (arXiv 2405.08748,
+# 2407.11633); H: Sana's width and heads (arXiv 2410.10629) at SANA-1.5's 30-block depth
+# (arXiv 2501.18427); both in DiT's block, with one dense MLP.
+SIZES_BY_HAND = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16),
+                 "G": (40, 1408, 16), "H": (30, 2240, 20)}
+# The patch-2 counts, once more as numbers (docs/models.md prints them).
+PAST_XL = {
+    "DiT-G/2": 1_436_371_232, "NaLaDiT-G/2": 1_517_303_072, "SiT-G/2": 1_436_348_688, "NaLaSiT-G/2": 1_517_280_528,
+    "DiT-H/2": 2_729_072_672, "NaLaDiT-H/2": 2_881_549_472, "SiT-H/2": 2_729_036_816, "NaLaSiT-H/2": 2_881_513_616,
+}
+
+
+def hand_count(depth: int, hidden: int, heads: int, patch: int, in_channels: int = 4, num_classes: int = 1000,
+               mlp_ratio: float = 4.0, input_size: int = 32, learn_sigma: bool = True, nala: bool = False) -> int:
+    """A preset's parameters summed layer by layer from its sizes, without the model code:
+    DiT's embedders and final layer, and per block the attention, the MLP and adaLN-Zero.
+    The heads split the width and add no parameters (NaLa's defaults: a fixed norm scale, one
+    region), so they enter only as a divisibility check."""
+    c, h = hidden, int(hidden * mlp_ratio)
+    assert c % heads == 0, (hidden, heads)
+    out = 2 * in_channels if learn_sigma else in_channels
+    embed = (in_channels * patch * patch * c + c)                # x_embedder: conv, kernel = stride = patch
+    embed += (input_size // patch) ** 2 * c                      # pos_embed: the frozen sin-cos table
+    embed += (256 * c + c) + (c * c + c)                         # t_embedder: 256 frequencies → C → C
+    embed += (num_classes + 1) * c                               # y_embedder: the classes + the null label
+    if nala:   # qkvg (the gate is the 4th projection), LePE's 5×5 depthwise conv + bias, LayerNorm, proj
+        attn = (4 * c * c + 4 * c) + (25 * c + c) + 2 * c + (c * c + c)
+    else:      # qkv, proj
+        attn = (3 * c * c + 3 * c) + (c * c + c)
+    mlp = (c * h + h) + (h * c + c)                               # fc1, fc2
+    adaln = c * 6 * c + 6 * c                                     # SiLU → Linear(C, 6C)
+    final = (c * patch * patch * out + patch * patch * out) + (c * 2 * c + 2 * c)  # linear, adaLN(C, 2C)
+    return embed + depth * (attn + mlp + adaln) + final
+
+
+def test_hand_count_reproduces_the_published_counts():
+    """The formula is checked where the counts are known: the DiT paper's XL/2 (675,129,632) and
+    docs/models.md's NaLaDiT-XL/2 (713.22M), SiT-XL/2 (675,111,184), SiT-S/2 and NaLaSiT-S/2."""
+    assert hand_count(28, 1152, 16, 2) == 675_129_632
+    assert hand_count(28, 1152, 16, 2, nala=True) == 713_223_968
+    assert hand_count(28, 1152, 16, 2, learn_sigma=False) == 675_111_184
+    assert hand_count(12, 384, 6, 2, learn_sigma=False) == 32_957_200
+    assert hand_count(12, 384, 6, 2, learn_sigma=False, nala=True) == 34_860_304
+    for size, n in PAPER_PARAMS.items():   # S/B/L/XL × 2/4/8 to the paper's two decimals
+        (depth, hidden, heads), patch = SIZES_BY_HAND[size.split("/")[0]], int(size.split("/")[1])
+        assert abs(hand_count(depth, hidden, heads, patch) - n) < 0.005e6, size
+
+
+@pytest.mark.parametrize("size", ["G", "H"])
+@pytest.mark.parametrize("family", ["DiT", "NaLaDiT", "SiT", "NaLaSiT"])
+def test_presets_past_xl_have_the_hand_count(family, size):
+    """Built on the meta device: no memory, a fraction of a second per preset. Patch 2 also at
+    1024 px (128×128 latents), the size of configs/nala_*_imagenet1024_fsdp.yaml, whose headers
+    print that count: the frozen 64×64 position table adds 3,840 · width."""
+    from nala_dit.attention.config import TRITON_MAX_HEAD_DIM
+
+    depth, hidden, heads = SIZES_BY_HAND[size]
+    assert hidden // heads <= TRITON_MAX_HEAD_DIM   # NaLa's fused kernels take the head dim
+    for patch in (2, 4, 8):
+        name = f"{family}-{size}/{patch}"
+        with torch.device("meta"):
+            model = create_model(name)
+        assert (model.config.depth, model.config.hidden_size, model.config.num_heads) == (depth, hidden, heads)
+        n = count_params(model)
+        assert n == hand_count(depth, hidden, heads, patch, learn_sigma=not family.endswith("SiT"),
+                               nala=family.startswith("NaLa")), name
+        if patch == 2:
+            assert n == PAST_XL[name]
+            with torch.device("meta"):
+                big = count_params(create_model(name, input_size=128))
+            assert big == n + 3840 * hidden == hand_count(depth, hidden, heads, patch, input_size=128,
+                                                          learn_sigma=not family.endswith("SiT"),
+                                                          nala=family.startswith("NaLa")), name
+    low, high = {"G": (1.4e9, 1.5e9), "H": (2.7e9, 2.8e9)}[size]   # "about 1.5B" and "about 3B"
+    assert low < PAST_XL[f"DiT-{size}/2"] < high
 
 
 @pytest.mark.slow
@@ -223,10 +301,12 @@ def test_identity_mix_ffn_is_dits_mlp_on_the_same_weights(attention):
 def test_mix_init_is_refused_without_mix_ffn():
     from nala_dit.cli.options import TrainConfig
 
-    with pytest.raises(ValueError, match=r"mix_init='identity' applies to Mix-FFN \(mlp='mix'\), not to mlp='mlp'"):
+    with pytest.raises(ValueError) as err:
         DiT(**TINY, mix_init="identity")
-    with pytest.raises(ValueError, match=r"mix_init must be one of \('default', 'identity'\)"):
+    assert_names(err, "mix_init='identity'", "mlp='mix'", "not to mlp='mlp'")
+    with pytest.raises(ValueError) as err:
         DiT(**TINY, mlp="mix", mix_init="zeros")
-    with pytest.raises(ValueError, match=r"--mix-init identity applies to Mix-FFN \(--mlp mix\), not to DiT's MLP; "
-                                         r"add --mlp mix or drop --mix-init"):
+    assert_names(err, "mix_init", "('default', 'identity')", "got 'zeros'")
+    with pytest.raises(ValueError) as err:
         TrainConfig(model="DiT-T/2", mix_init="identity").validate()
+    assert_names(err, "--mix-init identity", "Mix-FFN", "add --mlp mix", "drop --mix-init")

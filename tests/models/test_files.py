@@ -6,7 +6,7 @@ import pytest
 
 from nala_dit.training import checkpoint as ckpt_lib
 from tests.scripts.test_sample import FAST
-from tests.utils import cli, copy_tree, count_dit_builds, one_line_error
+from tests.utils import assert_names, cli, copy_tree, count_dit_builds, one_line_error
 
 
 def test_wrong_type_in_pipeline_transformer_config(pipe_dir, tmp_path, capsys):
@@ -19,7 +19,7 @@ def test_wrong_type_in_pipeline_transformer_config(pipe_dir, tmp_path, capsys):
         config = json.loads((pipe_dir / "transformer" / "config.json").read_text())
         config_file.write_text(json.dumps({**config, key: value}))
         assert cli("--ckpt", bad, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
-        assert f"{config_file}: {key!r} must be {expected}, got {value!r}" in one_line_error(capsys)
+        assert_names(one_line_error(capsys), f"{config_file}: ", repr(key), expected, f"got {value!r}")
         with pytest.raises(ValueError, match=f"'{key}' must be {expected}"):
             load_pipeline(bad)
 
@@ -29,8 +29,9 @@ def test_deeply_nested_pipeline_json_is_one_line(pipe_dir, tmp_path, capsys, nam
     bad = copy_tree(pipe_dir, tmp_path / "bad")
     (bad / name).write_text("[" * 100_000 + "]" * 100_000)  # past the parser's recursion limit
     assert cli("--ckpt", bad, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
-    assert one_line_error(capsys) == (f"error: {bad / name}: nested too deeply to read (lists or objects inside each "
-                                      f"other thousands of levels deep); export the pipeline again")
+    err = one_line_error(capsys)
+    assert err.startswith(f"error: {bad / name}: "), err
+    assert_names(err, "nested too deeply", "export the pipeline again")
 
 
 # 5. huge model configs: refused from the weights file's header, before building
@@ -50,8 +51,7 @@ def test_huge_config_is_refused_before_building(run_dir, pipe_dir, tmp_path, cap
                            (bad, bad / "transformer" / "diffusion_pytorch_model.safetensors")):
         assert cli("--ckpt", where, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
         err = one_line_error(capsys)
-        assert f"hidden_size implies {hidden:,} where the weights have 128" in err and str(weights) in err
-        assert " parameters)" in err
+        assert_names(err, f"hidden_size implies {hidden:,}", "the weights have 128", str(weights), " parameters)")
     assert time.perf_counter() - start < 20 and hidden not in built  # nothing of that size was built
 
 

@@ -21,6 +21,7 @@ from PIL import Image
 import export
 import sample
 import train
+from tests.utils import assert_names
 
 TAGS_NALA = ["class-conditional", "dit", "linear-attention", "nala", "nala_dit"]
 
@@ -125,8 +126,8 @@ def test_a_figure_the_run_did_not_measure_is_absent(tmp_path, monkeypatch):
         for absent in ("held-out", "FID", "## Samples", "## Evaluations", "sample_grid.png"):
             assert absent not in card.text, (name, absent)
         assert "- training loss " in card.text and not (tmp_path / "out" / name / "sample_grid.png").exists()
-    assert (f"Started from `{run}` (`--init-from`, inherit all-but-attention): a local path; set `base_model:` to its "
-            f"Hub id if it has one.") in card.text
+    assert_names(card.text, f"Started from `{run}`", "`--init-from`", "inherit all-but-attention", "a local path",
+                 "set `base_model:`", "Hub id")
 
 
 def test_base_model_metadata_names_a_hub_id():

@@ -23,7 +23,7 @@ from nala_dit.pipelines.pipeline import (
     load_pipeline,
     pipeline_for,
 )
-from tests.utils import one_line
+from tests.utils import assert_names, one_line
 
 NAMES = {i: name for i, name in enumerate(["tench, Tinca tinca", "golden retriever", "tabby cat"])}
 
@@ -204,17 +204,18 @@ def test_missing_weights_are_an_error_not_meta(tmp_path):
     state.pop("final_layer.linear.weight")
     save_file(state, str(weights))
     # refused from the weights file's header, before diffusers would leave the tensor on meta
-    with pytest.raises(ValueError, match=r"holds 1,\d{3},\d{3} \(1.4 M\) \(1 missing \(e.g. "
-                                         r"final_layer.linear.weight\)\)"):
+    with pytest.raises(ValueError, match=r"holds 1,\d{3},\d{3} \(1.4 M\)") as err:
         load_pipeline(tmp_path)
+    assert_names(err, "1 missing", "final_layer.linear.weight")
 
 
 def test_bad_input_is_named():
     dit = pipeline_for(tiny("NaLaDiT-T/2"), id2label=NAMES)
     with pytest.raises(ValueError, match="for transport"):
         run(dit, sampler="ode-heun")
-    with pytest.raises(ValueError, match="unknown class name.*'golden retrever'.*did you mean golden retriever"):
+    with pytest.raises(ValueError) as err:
         run(dit, class_labels=["golden retrever"])
+    assert_names(err, "unknown class name", "'golden retrever'", "did you mean golden retriever")
     with pytest.raises(ValueError, match="out of range"):
         run(dit, class_labels=[3])
     with pytest.raises(ValueError, match="null class"):
@@ -260,12 +261,13 @@ def test_diffusers_bf16_idioms_run_as_precision_bf16(tmp_path, name, sampler):
         assert (out - ref).abs().max() <= bound * scale, ((out - ref).abs().max(), scale)
         torch.testing.assert_close(run(bf16, precision="bf16", **kw), out, rtol=0, atol=0)  # the default is bf16
         assert run(bf16, sampler=sampler, num_inference_steps=2, output_type="np").shape == (3, 8, 8, 1)
-    with pytest.raises(ValueError, match=r"precision='fp32' needs float32 weights, but the transformer holds "
-                                         r"bfloat16 ones .*: pipe.to\(torch.float32\) first, or precision='bf16'"):
+    with pytest.raises(ValueError) as err:
         run(pipe, precision="fp32", **kw)
+    assert_names(err, "precision='fp32'", "float32 weights", "bfloat16", "pipe.to(torch.float32)", "precision='bf16'")
     assert run(pipe.to(torch.float32), **kw).dtype == torch.float32  # fp32 weights again (bf16-rounded): fp32 runs
-    with pytest.raises(ValueError, match="holds torch.float16 weights; these pipelines run float32 or bfloat16"):
+    with pytest.raises(ValueError) as err:
         run(pipe.to(torch.float16), **kw)
+    assert_names(err, "torch.float16 weights", "float32 or bfloat16", "dtype=torch.bfloat16", "pipe.to(torch.bfloat16)")
 
 
 def test_pipeline_guidance_scale_is_checked(pipe_dir):
@@ -273,8 +275,9 @@ def test_pipeline_guidance_scale_is_checked(pipe_dir):
 
     pipe = load_pipeline(pipe_dir)
     pipe.set_progress_bar_config(disable=True)
-    with pytest.raises(ValueError, match="guidance scale must be a number from 0"):
+    with pytest.raises(ValueError) as err:
         pipe([1], guidance_scale=float("nan"), sampler="ddim", num_inference_steps=2)
+    assert_names(err, "guidance scale", "from 0 (unconditional) to 100", "nan")
 
 
 def test_pipeline_height_width_are_checked(pipe_dir):
@@ -284,8 +287,9 @@ def test_pipeline_height_width_are_checked(pipe_dir):
     for kwargs in (dict(height=0), dict(width=0), dict(height=-8), dict(height=8.0)):
         with pytest.raises(ValueError, match="must be a positive number of pixels"):
             pipe([1], sampler="ddim", num_inference_steps=2, **kwargs)
-    with pytest.raises(MemoryError, match="height=99998, width=99998: sampling 1 image"):
+    with pytest.raises(MemoryError) as err:
         pipe([1], sampler="ddim", num_inference_steps=2, height=99998, width=99998)
+    assert_names(err, "height=99998, width=99998", "sampling 1 image", "use a smaller height/width")
 
 
 def test_the_shipped_custom_pipeline_file_is_only_a_docstring_and_the_import(pipe_folder):

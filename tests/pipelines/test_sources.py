@@ -2,7 +2,7 @@
 import pytest
 
 from tests.scripts.test_sample import FAST
-from tests.utils import cli, copy_tree, one_line_error, poison
+from tests.utils import assert_names, cli, copy_tree, one_line_error, poison
 
 
 # 1. non-finite weights, guidance scales and samples
@@ -13,7 +13,7 @@ def test_pipeline_folder_with_nan_weights_is_refused(pipe_dir, tmp_path, capsys)
     key = poison(bad / "transformer" / "diffusion_pytorch_model.safetensors")
     assert cli("--ckpt", bad, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
     err = one_line_error(capsys)
-    assert f"tensor {key} holds 1 non-finite value(s)" in err and str(bad / "transformer") in err
+    assert_names(err, f"tensor {key}", "1 non-finite value(s)", str(bad / "transformer"))
     assert not (tmp_path / "g.png").exists()
     with pytest.raises(ValueError, match="non-finite"):
         NaLaDiTPipeline.from_pretrained(str(bad))

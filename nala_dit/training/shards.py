@@ -1,0 +1,118 @@
+"""Sharded checkpoints on disk (``<step>/shards/``, written by an FSDP run, ``sharding.py``),
+read without running code.
+
+``torch.distributed.checkpoint`` unpickles its ``.metadata`` file with ``pickle.load`` and its
+non-tensor items with ``torch.load(weights_only=False)``: either runs whatever code a crafted
+file names. The readers here accept only the classes the format itself writes (and plain
+values). ``read_shards`` gives one process the full tensors (what ``checkpoint.Checkpoint``
+serves to ``sample.py``, ``export.py`` and the pipelines); ``load_sharded`` loads every process
+its shards (an FSDP resume). The optimizer state is keyed by parameter name there and numbered
+in ``optimizer.state_dict()``: ``by_name`` / ``by_number`` convert.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import torch
+
+SHARDS = "shards"
+
+
+def by_name(plain: dict, names: list[str]) -> dict:
+    """A plain optimizer state dict (parameters numbered in group order, what
+    ``optimizer.state_dict()`` writes) keyed by parameter name instead (what
+    ``torch.distributed.checkpoint.state_dict`` reads); ``names`` in the optimizer's order."""
+    order = [i for group in plain["param_groups"] for i in group["params"]]
+    if len(order) != len(names):
+        raise ValueError(f"the optimizer state holds {len(order)} parameters, the model {len(names)}")
+    name_of = dict(zip(order, names))
+    return dict(state={name_of[i]: s for i, s in plain["state"].items()},
+                param_groups=[{**g, "params": [name_of[i] for i in g["params"]]} for g in plain["param_groups"]])
+
+
+def by_number(named: dict) -> dict:
+    """``by_name``'s inverse: parameters numbered 0, 1, ... in group order."""
+    number = {n: i for i, n in enumerate(n for group in named["param_groups"] for n in group["params"])}
+    return dict(state={number[n]: s for n, s in named["state"].items()},
+                param_groups=[{**g, "params": [number[n] for n in g["params"]]} for g in named["param_groups"]])
+
+
+# ---------------------------------------------------------------- reading without running code
+_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": None,          # its dataclasses and enums, any name
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch": {"Size"},
+    "torch.serialization": {"_get_layout"},
+    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        allowed = _METADATA_GLOBALS.get(module, set())
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if module in _METADATA_GLOBALS and (allowed is None or name in allowed) or dtype:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name}")
+
+
+def _readers():
+    """(storage reader class, load planner mixin) that never run a file's code."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class PlainBytes:
+        def load_bytes(self, read_item, value) -> None:   # DefaultLoadPlanner's, weights_only
+            from torch.distributed.checkpoint._traverse import set_element
+
+            loaded = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return SafeReader, PlainBytes
+
+
+def load_sharded(state: dict, folder: Path) -> None:
+    """``torch.distributed.checkpoint.load`` of ``folder`` into ``state`` (in place, every
+    process its shards), through the readers above."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    reader, plain = _readers()
+    reader = reader(str(folder))
+    reader.read_metadata()   # a refused file fails here, by name (dcp.load would fall back and hide why)
+    planner = type("SafeLoadPlanner", (plain, DefaultLoadPlanner), {})()
+    dcp.load(state, storage_reader=reader, planner=planner)
+
+
+def read_shards(folder: Path, key: str) -> dict:
+    """The full tensors under ``key`` (``model``, ``ema``, ``projector``, ``optimizer``) of a
+    sharded checkpoint's ``shards/`` folder, read on one process without a process group
+    (as torch's ``dcp_to_torch_save`` reads), through the readers above."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    reader, plain = _readers()
+    reader = reader(str(folder))
+    reader.read_metadata()   # a refused file fails here, by name
+    planner = type("SafeEmptyPlanner", (plain, _EmptyStateDictLoadPlanner), {})(keys={key})
+    out: dict = {}
+    _load_state_dict(out, storage_reader=reader, planner=planner, no_dist=True)
+    if key not in out:
+        raise KeyError(f"no {key!r} in the sharded checkpoint")
+    return out[key]
