@@ -114,6 +114,29 @@ def formulas(shapes: list[dict], procs: int, reshard: bool = True) -> dict:
                   exchanged_per_process=ring * (gather_fwd + gather_bwd + scatter)))
 
 
+def on_paper(model: str = "NaLaDiT-H/2", latent: int = 128, procs: int = 8) -> dict:
+    """``formulas`` for a model too big for this machine, built on the meta device (shapes
+    only): what a process of ``procs`` holds and exchanges per step at ``latent`` (128 = 1024 px),
+    under ``--mixed-precision bf16``: the sharded weights, gradients, AdamW and EMA stay fp32,
+    the all-gathers carry bf16 (half the fp32 bytes), the reduce-scatters fp32. Activations apart."""
+    import torch
+
+    from nala_dit.models.dit import create_model
+
+    with torch.device("meta"):
+        net = create_model(model, input_size=latent)
+    f = formulas(shapes_of(net), procs)
+    ddp, fsdp = f["ddp"], f["fsdp"]
+    ring = (procs - 1) / procs
+    gathers = (fsdp["all_gather_forward"] + fsdp["all_gather_backward"]) / 2   # bf16
+    largest_block = max(sum(4 * math.prod(p.shape) for p in b.parameters()) for b in net.blocks)
+    return dict(model=model, latent=latent, procs=procs, params=sum(p.numel() for p in net.parameters()),
+                ddp_held=sum(ddp[k] for k in KINDS), fsdp_held=sum(fsdp[k] for k in KINDS),
+                ddp_exchanged_per_process=ddp["exchanged_per_process"],
+                fsdp_exchanged_per_process=ring * (gathers + fsdp["reduce_scatter"]),
+                gathered_block_bf16=largest_block // 2)
+
+
 def _measure(rank: int, procs: int, port: int, cfg: dict, out: str) -> None:
     """One process of the measurements at one P, one per mode of ``cfg["modes"]`` (each from
     a fresh model); rank 0 writes every rank's rows."""
@@ -165,7 +188,7 @@ def _measure(rank: int, procs: int, port: int, cfg: dict, out: str) -> None:
             sharding = None
             if fsdp:
                 if procs == 1:   # train.py refuses --fsdp on one process; measured here as the baseline
-                    sharding_lib.check_fsdp = lambda world, precision: None
+                    sharding_lib.check_fsdp = lambda *args: None
                 sharding = sharding_lib.Sharding(torch.device("cpu"), 1, "no", reshard=cfg["reshard"])
                 sharding.broadcast(model)
             ema = copy.deepcopy(model).float().requires_grad_(False)
@@ -353,6 +376,11 @@ def main(argv=None) -> int:
     print(f"\n{model}, {params:,} parameters ({rows[0]['trainable']:,} trainable), fp32, latent {latent} "
           f"(batch {args.batch} per process), gloo, {args.threads} thread(s) per process, {os.cpu_count()} CPUs\n")
     print(text)
+    paper = on_paper()
+    print(f"\non paper, {paper['model']} at latent {paper['latent']} (1024 px) on {paper['procs']} processes, bf16 "
+          f"gathers: {paper['fsdp_held'] / 2**30:.1f} GiB held per process (DDP {paper['ddp_held'] / 2**30:.1f} GiB), "
+          f"{paper['fsdp_exchanged_per_process'] / 2**30:.1f} GiB sent per process per step (DDP "
+          f"{paper['ddp_exchanged_per_process'] / 2**30:.1f} GiB), one gathered block {mb(paper['gathered_block_bf16'])} MiB")
     data = dict(meta=dict(command="python benchmarks/fsdp.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                           date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), model=model, latent=latent,
                           batch=args.batch, steps=steps, threads=args.threads, cpu_count=os.cpu_count(),
@@ -364,7 +392,7 @@ def main(argv=None) -> int:
                           statistic=f"step time: median of {steps} after one warm-up, the slowest rank",
                           exchanged="per process per step: (P-1)/P x (all-gather + reduce-scatter buffers) "
                                     "for FSDP, 2 (P-1)/P x all-reduce buffers for DDP (ring)"),
-                results=rows, table=text)
+                results=rows, table=text, on_paper=paper)
     if args.out:
         args.out.write_text(json.dumps(data, indent=1) + "\n")
     return 0

@@ -59,6 +59,19 @@ def digits_classifier_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_dinov2(tmp_path_factory):
+    """A REPA encoder: a DINOv2 of transformers with tiny random weights, saved as a folder."""
+    from transformers import Dinov2Config, Dinov2Model
+
+    torch.manual_seed(0)
+    config = Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                          patch_size=4, image_size=16)
+    folder = tmp_path_factory.mktemp("dinov2")
+    Dinov2Model(config).eval().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def image_sets():
     """Two visibly different sets of 12 uint8 NHWC 32x32 RGB images: smooth dark
     gradients with noise (a) and bright random blocks (b)."""

@@ -50,16 +50,19 @@ def free_port() -> int:
 
 
 def launch(tmp_path, script: str, *args, processes: int = 2, cpu_flag: bool = False, timeout: int = 300,
-           cwd=ROOT, **env) -> subprocess.CompletedProcess:
+           cwd=ROOT, config_file=None, **env) -> subprocess.CompletedProcess:
     """``accelerate launch`` of the repo's ``script`` with ``processes`` CPU processes (a gloo
     group: ``--multi_gpu`` with ``ACCELERATE_USE_CPU=1``, the command the README gives for CPUs),
     one thread each. ``cpu_flag`` runs the common mistake instead, ``--cpu --num_processes N``
-    (which starts one process). ``env`` adds variables; output is captured as text."""
+    (which starts one process); ``config_file`` launches with an accelerate config file instead
+    of the flags. ``env`` adds variables; output is captured as text."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(ROOT), **env}
     if cpu_flag:
         env.pop("ACCELERATE_USE_CPU")
         how = ["--cpu", "--num_processes", str(processes)]
+    elif config_file is not None:
+        how = ["--config_file", str(config_file), "--num_processes", str(processes)]
     else:
         how = ["--multi_gpu", "--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
                "--dynamo_backend", "no"]

@@ -240,6 +240,13 @@ class Checkpoint:
         """Written by an FSDP run (``sharding.py``): weights and optimizer in ``shards/``."""
         return "sharded" in self.state
 
+    @property
+    def has_projector(self) -> bool:
+        """Saved with REPA's projector (``--repa-encoder``)."""
+        if self.sharded:
+            return "projector" in self.state["sharded"].get("parts", ())
+        return (self.path / "projector.safetensors").is_file()
+
     def _read_shards(self, key: str):
         from .shards import SHARDS, read_shards
 

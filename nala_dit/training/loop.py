@@ -194,11 +194,10 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
         print(f"resume: the checkpoint was trained with --context-parallel {was}, this run uses {cfg.context_parallel}: "
               f"it continues fp32-close to an uninterrupted run, not bit for bit (the split adds in another order; "
               f"2 processes against 1: 1.3e-6 apart after 3 steps, docs/highres.md)")
-    saved_projector = (ckpt.path / "projector.safetensors").is_file()
-    if saved_projector and projector is None:  # its parameters are in the optimizer state: both or neither
+    if ckpt.has_projector and projector is None:  # its parameters are in the optimizer state: both or neither
         raise ValueError(f"checkpoint {ckpt.path} was trained with --repa-encoder {ckpt.config.get('repa-encoder')}: "
                          f"resume with it, or start a new run from its weights (--init-from {ckpt.path})")
-    if projector is not None and not saved_projector:
+    if projector is not None and not ckpt.has_projector:
         raise ValueError(f"checkpoint {ckpt.path} was trained without --repa-encoder: resume without it, or start "
                          f"a new aligned run from its weights (--init-from {ckpt.path})")
     if sharding is not None:   # FSDP: shard by shard (a sharded checkpoint) or from full tensors
@@ -472,7 +471,7 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
     heldout_data = heldout_dataset(cfg, dataset) if cfg.val_every else None
     if heldout_data is not None and (notice := val_samples_notice(cfg, heldout_data)):
         accelerator.print(notice)
-    fid = TrainingFID(cfg, dataset.num_classes, micro_batch) if cfg.fid_every else None
+    fid = TrainingFID(cfg, dataset.num_classes, micro_batch, lockstep=sharding is not None) if cfg.fid_every else None
     vae, norm = load_vae_and_norm(cfg, dataset, device, accelerator.print)
     keep_norm = "latent-norm" in allowed_changes(cfg)
     patch = int(cfg.model.rsplit("/", 1)[1])
@@ -549,7 +548,8 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
     evaluations = []
     if heldout_data is not None:  # the held-out loss's fixed draws (validation.py), made once: the same every time
         heldout = HeldOutLoss(heldout_data, objective, functools.partial(to_space, flip=False), rank, world,
-                              cfg.val_samples, 4 * micro_batch, device, cfg.context_parallel)
+                              cfg.val_samples, 4 * micro_batch, device, cfg.context_parallel,
+                              lockstep=sharding is not None)
         evaluations.append(Periodic(cfg.val_every, lambda: {**heldout(model, accelerator, "val/loss"),
                                                             **heldout(ema, accelerator, "val/ema_loss")}))
     if fid is not None:

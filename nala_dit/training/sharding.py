@@ -20,11 +20,12 @@ reduce_dtype=fp32)``); the sharded weights, AdamW and the EMA stay fp32, and NaL
 normaliser are fp32 whatever the input (``attention/nala.py``).
 
 Why not ``accelerator.prepare``: accelerate 1.15 turns FSDP on only for GPU-like distributed
-types: on CPU processes (gloo) its state stays ``MULTI_CPU`` (``AcceleratorState``) and
-``accelerate launch`` with an FSDP config starts one process when there is no GPU. torch's
-``fully_shard`` runs on both, so the trainer calls it itself, on every device, and the CPU
-tests check the path a GPU run takes. Accelerate still launches the processes, sets up the
-process group, gathers, and reads its config file (the ``FSDP_*`` variables it exports).
+types (``AcceleratorState``: ``MULTI_GPU``, ``MULTI_XPU``, ...): on CPU processes (gloo) its
+state stays ``MULTI_CPU`` and ``prepare`` would wrap the model in DDP. torch's ``fully_shard``
+runs on both, so the trainer calls it itself, on every device, and the CPU tests check the
+path a GPU run takes. Accelerate still launches the processes (on CPUs too, with
+``ACCELERATE_USE_CPU=1`` as for any multi-process CPU run), sets up the process group,
+gathers, and reads its config file (the ``FSDP_*`` variables it exports).
 
 Checkpoints (``save`` / ``restore``): ``<step>/shards/`` holds model, EMA, optimizer (and REPA's
 projector) as one ``torch.distributed.checkpoint`` written by every process, beside the usual
@@ -69,14 +70,17 @@ def reshard_after_forward(environ=os.environ) -> bool:
     return environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower() != "false"
 
 
-def check_fsdp(world: int, mixed_precision: str) -> None:
-    """What FSDP cannot do here, refused before anything is built."""
+def check_fsdp(world: int, mixed_precision: str, context_parallel: int = 1) -> None:
+    """What FSDP cannot do here, and a mesh that does not fit, refused before anything is built."""
     if world < 2:
         raise ValueError("--fsdp shards the model over processes, and this run has one: launch 2 or more "
                          "(accelerate launch --num_processes N train.py --fsdp ...), or drop --fsdp")
     if mixed_precision == "fp16":
         raise ValueError("--fsdp with --mixed-precision fp16 needs a sharded loss scaler, which this trainer does not "
                          "have: use --mixed-precision bf16 (no scaler needed) or no")
+    if world % context_parallel:
+        raise ValueError(f"--context-parallel {context_parallel} must divide the number of processes ({world}): "
+                         f"launch a multiple of {context_parallel} processes or pick a divisor of {world}")
 
 
 class Sharding:
@@ -88,10 +92,7 @@ class Sharding:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        check_fsdp(world, mixed_precision)
-        if world % context_parallel:
-            raise ValueError(f"--context-parallel {context_parallel} must divide the number of processes ({world}): "
-                             f"launch a multiple of {context_parallel} processes or pick a divisor of {world}")
+        check_fsdp(world, mixed_precision, context_parallel)
         self.world, self.context_size, self.reshard = world, context_parallel, reshard
         self.mesh = init_device_mesh(device.type, (world // context_parallel, context_parallel),
                                      mesh_dim_names=("dp", "cp"))
@@ -198,12 +199,12 @@ class Sharding:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        dcp.save(self._state(model, ema, optimizer, projector), checkpoint_id=str(tmp / SHARDS))
+        parts = self._state(model, ema, optimizer, projector)
+        dcp.save(parts, checkpoint_id=str(tmp / SHARDS))
         if main:
             save_file({f"rank{i}": s.contiguous() for i, s in enumerate(rng_states)}, str(tmp / "rng.safetensors"))
-            (tmp / STATE).write_text(json.dumps({**state, "sharded": dict(processes=self.world,
-                                                                          format="torch.distributed.checkpoint")},
-                                                indent=2))
+            sharded = dict(processes=self.world, format="torch.distributed.checkpoint", parts=sorted(parts))
+            (tmp / STATE).write_text(json.dumps({**state, "sharded": sharded}, indent=2))
             if final.exists():
                 shutil.rmtree(final)
             durable_replace(tmp, final)
@@ -258,7 +259,7 @@ def consolidate(path, out=None) -> Path:
     state = {k: v for k, v in ckpt.state.items() if k != "sharded"}
     state["consolidated_from"] = str(ckpt.path)
     rng = load_file(str(ckpt.path / "rng.safetensors"))
-    projector = ckpt.weights("projector") if ckpt.config.get("repa-encoder") else None
+    projector = ckpt.weights("projector") if ckpt.has_projector else None
     return save_checkpoint(root, model=ckpt.weights("model"), ema=ckpt.weights("ema"),
                            optimizer=ckpt.optimizer_state(), state=state,
                            rng_states=[rng[f"rank{i}"] for i in range(len(rng))], projector=projector)

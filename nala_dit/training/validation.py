@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -142,35 +143,48 @@ class HeldOutLoss:
     per-noise-band means (``NOISE_BANDS``) on every process."""
 
     def __init__(self, dataset, objective, to_model, rank: int, world: int, count: int, batch_size: int,
-                 device: torch.device, context_parallel: int = 1):
+                 device: torch.device, context_parallel: int = 1, lockstep: bool = False):
         self.objective, self.batch_size, self.duplicates = objective, batch_size, context_parallel
+        self.dataset, self.to_model, self.device = dataset, to_model, device
         # ``count`` items spread evenly over the split (a folder is sorted by class), each rank its share
         total = min(count, len(dataset))
         self.items = [k * len(dataset) // total for k in range(rank, total, world)]
-        xs, ys, ts, noises = [], [], [], []
-        with own_rng(device):
-            for i in self.items:
-                x, y = dataset[i]
-                torch.manual_seed(index_seed(VAL_SEED, i, VAL_DATA_STREAM))
-                x = to_model(torch.as_tensor(x).unsqueeze(0).to(device))[0]
-                gen = torch.Generator().manual_seed(index_seed(VAL_SEED, i, VAL_STREAM))
-                if hasattr(objective, "num_timesteps"):  # DiT: an index
-                    t = torch.randint(0, objective.num_timesteps, (1,), generator=gen)[0]
-                else:
-                    t0, t1 = objective.interval(train=True)
-                    t = torch.rand((), generator=gen) * (t1 - t0) + t0
-                xs.append(x)
-                ys.append(int(y))
-                ts.append(t)
-                noises.append(torch.randn(x.shape, generator=gen))
-        self.x = torch.stack(xs) if xs else None   # None: fewer items than ranks, none for this one
-        self.y = torch.tensor(ys, dtype=torch.long, device=device)
-        self.t = torch.stack(ts).to(device) if ts else torch.zeros(0, device=device)
-        self.noise = torch.stack(noises).to(device) if noises else None
+        draws = [self._draw(i) for i in self.items]
+        self.x = torch.stack([d[0] for d in draws]) if draws else None   # None: fewer items than ranks
+        self.y = torch.tensor([d[1] for d in draws], dtype=torch.long, device=device)
+        self.t = torch.stack([d[2] for d in draws]).to(device) if draws else torch.zeros(0, device=device)
+        self.noise = torch.stack([d[3] for d in draws]).to(device) if draws else None
         if hasattr(objective, "num_timesteps"):
             self.noise_fraction = self.t.double().cpu() / objective.num_timesteps
         else:
             self.noise_fraction = 1 - self.t.double().cpu()
+        # FSDP (``lockstep``): each model call gathers the sharded weights, so every process makes
+        # as many calls as the busiest one; a process with fewer batches scores item 0 again, unused.
+        busiest = math.ceil(total / world)
+        self.padding = math.ceil(busiest / batch_size) - math.ceil(len(self.items) / batch_size) if lockstep else 0
+        self.pad = [torch.as_tensor(d).unsqueeze(0).to(device) for d in self._draw(0)] if self.padding else None
+
+    def _draw(self, i: int) -> tuple:
+        """Item ``i`` in model space with its own (t, noise): (x, y, t, noise)."""
+        with own_rng(self.device):
+            x, y = self.dataset[i]
+            torch.manual_seed(index_seed(VAL_SEED, i, VAL_DATA_STREAM))
+            x = self.to_model(torch.as_tensor(x).unsqueeze(0).to(self.device))[0]
+            gen = torch.Generator().manual_seed(index_seed(VAL_SEED, i, VAL_STREAM))
+            if hasattr(self.objective, "num_timesteps"):  # DiT: an index
+                t = torch.randint(0, self.objective.num_timesteps, (1,), generator=gen)[0]
+            else:
+                t0, t1 = self.objective.interval(train=True)
+                t = torch.rand((), generator=gen) * (t1 - t0) + t0
+            return x, int(y), t, torch.randn(x.shape, generator=gen)
+
+    def _losses(self, model, accelerator, x, y, t, noise) -> torch.Tensor:
+        with accelerator.autocast():
+            if hasattr(self.objective, "num_timesteps"):
+                out = self.objective.training_losses(model, x, t, y, noise=noise)
+            else:
+                out = self.objective.training_losses(model, x, y, t=t, noise=noise)
+        return out["loss"].float().cpu()
 
     @torch.no_grad()
     def __call__(self, model, accelerator, prefix: str = "val/loss") -> dict:
@@ -179,14 +193,10 @@ class HeldOutLoss:
         losses = []
         with own_rng(accelerator.device):
             for s in range(0, len(self.items), self.batch_size):
-                x, y = self.x[s:s + self.batch_size], self.y[s:s + self.batch_size]
-                t, noise = self.t[s:s + self.batch_size], self.noise[s:s + self.batch_size]
-                with accelerator.autocast():
-                    if hasattr(self.objective, "num_timesteps"):
-                        out = self.objective.training_losses(model, x, t, y, noise=noise)
-                    else:
-                        out = self.objective.training_losses(model, x, y, t=t, noise=noise)
-                losses.append(out["loss"].float().cpu())
+                b = slice(s, s + self.batch_size)
+                losses.append(self._losses(model, accelerator, self.x[b], self.y[b], self.t[b], self.noise[b]))
+            for _ in range(self.padding):   # FSDP: the calls the busiest process makes, results unused
+                self._losses(model, accelerator, *self.pad)
         model.train(was_training)
         local = band_losses(self.noise_fraction, torch.cat(losses) if losses else torch.zeros(0))
         # Processes of one context-parallel group score the same items: count them once.
@@ -199,13 +209,14 @@ class TrainingFID:
     balanced and shuffled with ``--seed`` (as ``sample.py``), noise seeded by sample index
     (``sample_batch``), the grid's sampler settings; process p generates samples p, p + P,
     ...; the first process scores them with ``metrics.evaluate_samples`` (Inception or the
-    digits classifier, as the reference records) and returns the scores (the others {})."""
+    digits classifier, as the reference records) and returns the scores (the others {}).
+    ``lockstep`` (FSDP): every process runs as many sampler batches as the busiest one."""
 
-    def __init__(self, cfg: TrainConfig, num_classes: int, batch_size: int):
+    def __init__(self, cfg: TrainConfig, num_classes: int, batch_size: int, lockstep: bool = False):
         from ..evaluation.metrics import load_reference
 
         load_reference(cfg.fid_ref)  # a missing or unreadable reference: refused before training
-        self.cfg, self.batch_size = cfg, batch_size
+        self.cfg, self.batch_size, self.lockstep = cfg, batch_size, lockstep
         self.labels = balanced_labels(cfg.fid_samples, num_classes, cfg.seed)
         self.settings = SampleSettings(cfg.sample_sampler, cfg.sample_steps, cfg.sample_cfg_scale)
 
@@ -225,6 +236,9 @@ class TrainingFID:
                 out, _ = sample_batch(ema, objective, self.labels[idx], idx, self.cfg.seed, self.settings, vae,
                                       scaling)
                 images.append(data_lib.to_uint8(out))  # (B, H, W, C)
+            if self.lockstep:   # FSDP: as many sampler runs as the busiest process (see HeldOutLoss), unused
+                for _ in range(math.ceil(per_process / self.batch_size) - math.ceil(len(mine) / self.batch_size)):
+                    sample_batch(ema, objective, self.labels[:1], [0], self.cfg.seed, self.settings, vae, scaling)
         ema.train(was_training)
         shape = images[0].shape[1:] if images else self._image_shape(ema, vae)
         local = torch.cat(images) if images else torch.zeros((0, *shape), dtype=torch.uint8)

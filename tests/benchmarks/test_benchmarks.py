@@ -177,6 +177,23 @@ def test_context_parallel_benchmark_tiny(tmp_path):
     assert "softmax gather" in stdout
 
 
+def test_fsdp_benchmark_tiny_counts_match_their_closed_forms(tmp_path):
+    """What each process holds and what a step exchanges, counted at the tensors and the
+    torch.distributed calls, equal the formulas from the parameter shapes; at P = 2 FSDP holds
+    half of DDP's parameters, gradients, AdamW state and EMA (plus the shards' padding rows)."""
+    data, stdout = run_script("fsdp.py", tmp_path / "fsdp.json")
+    rows = {(r["mode"], r["procs"]): r for r in data["results"]}
+    assert set(rows) == {("ddp", 1), ("fsdp", 1), ("ddp", 2), ("fsdp", 2)}
+    for r in rows.values():
+        assert r["held_match_formula"] and r["collectives_match_formula"] and finite(r["step_s"]), r["mode"]
+    assert rows["ddp", 1]["held_total"] == rows["fsdp", 1]["held_total"] == rows["ddp", 2]["held_total"]
+    whole, half = rows["ddp", 2]["held_total"], rows["fsdp", 2]["held_total"]
+    assert whole / 2 <= half < whole / 2 * 1.01   # the padding: each parameter rounded up to an even row count
+    # FSDP sends each all-gathered and reduce-scattered buffer's other half; DDP all-reduces: 2 · 1/2 of it
+    assert rows["fsdp", 2]["exchanged_per_process"] > rows["ddp", 2]["exchanged_per_process"] > 0
+    assert "FSDP" in stdout and "| 2 | FSDP |" in data["table"]
+
+
 def test_context_parallel_benchmark_on_cuda_without_a_gpu_is_a_one_line_error(tmp_path):
     import torch
 

@@ -11,8 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from nala_dit.training import checkpoint as ckpt_lib
 from nala_dit.training import sharding, shards
@@ -33,20 +35,29 @@ def _largest_difference(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-def _train(tmp_path, name, *extra, processes=2):
+def _train(tmp_path, name, *extra, processes=2, config_file=None):
     proc = launch(tmp_path, "train.py", *RUN, "--results-dir", tmp_path, "--exp-name", name, *extra,
-                  processes=processes)
+                  processes=processes, config_file=config_file)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """DDP and FSDP runs of the same 4 steps on 2 processes (grad-accum 2, clipped)."""
+def runs(tmp_path_factory, digits_classifier_dir):
+    """DDP and FSDP runs of the same 4 steps on 2 processes (grad-accum 2, clipped), with a
+    sample grid, the held-out loss and FID while training. The counts leave the processes
+    unequal work: 17 held-out items in batches of 8 (9 and 8: two batches and one), 9 FID
+    samples in batches of 2 (5 and 4: three and two), which FSDP must run in step."""
+    from nala_dit.evaluation import metrics
+
     tmp = tmp_path_factory.mktemp("fsdp")
+    ref = tmp / "digits.npz"
+    metrics.make_reference(ref, dataset="digits-heldout", features="digits", digits_classifier_dir=digits_classifier_dir)
+    evaluate = ["--sample-every", "4", "--sample-steps", "4", "--val-every", "2", "--val-samples", "17",
+                "--fid-every", "4", "--fid-ref", ref, "--fid-samples", "9", "--digits-classifier", digits_classifier_dir]
     out = {"root": tmp}
-    out["ddp"] = _train(tmp, "ddp", "--max-steps", "4", "--ckpt-every", "4")
-    out["fsdp"] = _train(tmp, "fsdp", "--fsdp", "--max-steps", "4", "--ckpt-every", "2")
+    out["ddp"] = _train(tmp, "ddp", "--max-steps", "4", "--ckpt-every", "4", *evaluate)
+    out["fsdp"] = _train(tmp, "fsdp", "--fsdp", "--max-steps", "4", "--ckpt-every", "2", *evaluate)
     return out
 
 
@@ -63,6 +74,14 @@ def test_fsdp_trains_what_ddp_trains(runs):
     logs = [[json.loads(line) for line in (root / name / "log.jsonl").read_text().splitlines()] for name in ("ddp", "fsdp")]
     for a, b in zip(*logs):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+        # evaluation on the sharded model and EMA: the same held-out losses and FID-type scores
+        scores = [k for k in a if k.startswith(("val/", "fid/"))]
+        assert {k: b[k] for k in scores} == pytest.approx({k: a[k] for k in scores}, rel=1e-4, abs=1e-6)
+    assert [r["step"] for r in logs[1] if "val/ema_loss_noise_high" in r] == [2, 4]
+    assert [r["step"] for r in logs[1] if "fid/fd_digits" in r] == [4]
+    # the EMA grid, sampled by every process and written by one: the DDP run's pixels (within a level)
+    grids = [np.asarray(Image.open(root / name / "samples" / "0000004.png"), dtype=np.int16) for name in ("ddp", "fsdp")]
+    assert np.abs(grids[0] - grids[1]).max() <= 1
     # AdamW's moments, read back in the single-file numbering
     opt_ddp, opt_fsdp = (ckpt_lib.open_checkpoint(root / n).optimizer_state() for n in ("ddp", "fsdp"))
     assert opt_ddp["state"].keys() == opt_fsdp["state"].keys()
@@ -89,6 +108,31 @@ def test_a_sharded_checkpoint_holds_shards_and_consolidates_to_the_single_file_o
     model, _ = ckpt_lib.load_model(plain.path)   # what sample.py and export.py load
     assert sum(p.numel() for p in model.parameters()) == sum(v.numel() for v in plain.weights("ema").values())
     assert consolidate.main([str(root / "fsdp")]) == 1   # never replaced
+
+
+@pytest.mark.slow
+def test_repa_under_fsdp_resumes_to_what_ddp_trains(tmp_path, tiny_dinov2):
+    """REPA's projector is sharded beside the model (its own root unit), saved in the shards
+    and restored with the optimizer state keyed by ``model.`` / ``projector.`` names. The
+    second half is launched the way accelerate's FSDP users launch, with the config file and
+    no ``--fsdp``."""
+    repa = ["--repa-encoder", tiny_dinov2, "--repa-projector-dim", "16"]
+    _train(tmp_path, "ddp", *repa, "--max-steps", "4", "--ckpt-every", "4")
+    _train(tmp_path, "fsdp", *repa, "--fsdp", "--max-steps", "2", "--ckpt-every", "2")
+    proc = _train(tmp_path, "fsdp", *repa, "--max-steps", "4", "--ckpt-every", "2", "--resume", "auto",
+                  config_file=ROOT / "configs" / "accelerate" / "fsdp2.yaml")
+    assert_names(proc.stdout, f"resumed from {tmp_path / 'fsdp' / 'checkpoints' / '0000002'}",
+                 "sharded over 2 processes")
+    for which in ("model", "ema", "projector"):
+        diff = _largest_difference(_weights(tmp_path / "ddp", which), _weights(tmp_path / "fsdp", which))
+        assert diff <= TOL, (which, diff)
+    import consolidate   # ... and the single-file checkpoint keeps the projector
+
+    assert consolidate.main([str(tmp_path / "fsdp")]) == 0
+    plain = ckpt_lib.open_checkpoint(tmp_path / "fsdp" / "consolidated" / "0000004")
+    assert plain.has_projector and not plain.sharded
+    sharded = _weights(tmp_path / "fsdp", "projector")
+    assert all(torch.equal(v, plain.weights("projector")[k]) for k, v in sharded.items())
 
 
 @pytest.mark.slow
@@ -176,7 +220,11 @@ def test_what_fsdp_cannot_do_is_one_line_naming_the_fix():
     with pytest.raises(ValueError) as err:
         sharding.check_fsdp(2, "fp16")
     assert_names(str(err.value), "fp16", "--mixed-precision bf16")
+    with pytest.raises(ValueError) as err:   # the mesh: data-parallel groups x context-parallel processes
+        sharding.check_fsdp(2, "no", context_parallel=3)
+    assert_names(err, "--context-parallel 3", "number of processes (2)", "multiple of 3", "divisor of 2")
     sharding.check_fsdp(2, "bf16")
+    sharding.check_fsdp(4, "no", context_parallel=2)
 
 
 def test_fsdp_on_one_process_is_refused_before_anything_is_built(tmp_path, capsys):

@@ -57,18 +57,6 @@ def test_images_are_resized_so_the_encoder_patch_grid_is_a_non_square_token_grid
     assert repa.encoder_input(images, (4, 6), 2, repa.IMAGENET_MEAN, repa.IMAGENET_STD, 3).shape == (1, 3, 8, 12)
 
 
-@pytest.fixture(scope="module")
-def tiny_dinov2(tmp_path_factory):
-    from transformers import Dinov2Config, Dinov2Model
-
-    torch.manual_seed(0)
-    config = Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                          patch_size=4, image_size=16)
-    folder = tmp_path_factory.mktemp("dinov2")
-    Dinov2Model(config).eval().save_pretrained(folder)
-    return folder
-
-
 def test_a_saved_dinov2_loads_offline_and_gives_the_token_grid(tiny_dinov2, monkeypatch):
     from transformers import Dinov2Model
 
