@@ -21,7 +21,7 @@ opens the NaLaDiT in a web page, starting with the python that ran the demo
 Nothing is deleted: a previous demo in --out is moved aside to ``<out>.old-<time>``
 before the run starts (delete those folders yourself when done); a folder that holds
 anything else is refused, naming --out. Measured times, with the load they were measured
-at: README, "Two commands".
+at: docs/demo.md, "How long".
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     out = (args.out or ROOT / "runs" / ("demo-quick" if args.quick else "demo")).resolve()
     # One demo per folder at a time: a second one would move the first one's files away.
-    lock = RunLock(out.with_name(f"{out.name}.lock"), f"demo folder {out}", "or pass another --out")
+    lock = RunLock(out.with_name(f"{out.name}.lock"), f"demo folder {out}", "pass another --out")
     try:
         lock.acquire()
     except LockedError as err:

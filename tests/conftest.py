@@ -21,6 +21,19 @@ from tests.pipelines.test_pipeline import NAMES, tiny
 from tests.scripts.test_sample import write_checkpoint
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``make test``: two workers, one test module at a time each), the
+    modules go out in collection order: the modules with the most slow tests first, so the
+    longest ones do not end the run on one worker while the other idles. Each module's own
+    test order is kept."""
+    if not getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    slow = {}
+    for item in items:
+        slow[item.module.__name__] = slow.get(item.module.__name__, 0) + bool(item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.module.__name__])   # stable: a module's tests stay in order
+
+
 @pytest.fixture(scope="session")
 def inception_weights(tmp_path_factory):
     """A torch-fidelity Inception-v3 weights file with random but well-scaled weights.

@@ -76,7 +76,8 @@ def test_after_a_peer_is_killed_rank_0_does_not_point_at_itself(monkeypatch, cap
 
     assert run_main(main) == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(f"rank {rank}: stopped because another process")
+    assert len(err.splitlines()) == 1 and err.startswith(f"rank {rank}: "), err
+    assert_names(err, "stopped", "another process")
     if rank == "0":
         assert "from rank 0" not in err and "launcher's report" in err
     else:

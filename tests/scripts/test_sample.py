@@ -14,7 +14,7 @@ from nala_dit.cli.config import to_dict
 from nala_dit.cli.options import TrainConfig
 from nala_dit.models.dit import create_model
 from nala_dit.training.checkpoint import save_checkpoint
-from tests.utils import cli, launch, one_line_error
+from tests.utils import assert_names, cli, launch, one_line_error
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--sampler", "ddim", "--steps", "2"]
@@ -201,8 +201,8 @@ def test_silent_cases_are_notices_or_errors(run_dir, tmp_path, capsys):
     assert cli("--ckpt", run_dir, "--num-samples", 0, "--grid", tmp_path / "g.png") == 1
     assert "--num-samples must be >= 1, got 0" in capsys.readouterr().err
     assert cli("--ckpt", run_dir, "--num-samples", 25, *FAST, "--grid", tmp_path / "g.png") == 0
-    assert ("note: 25 samples over 10 classes are not balanced: 5 classes get 3, the other 5 get 2"
-            in capsys.readouterr().err)
+    assert_names(capsys.readouterr().err, "note: ", "25 samples over 10 classes", "not balanced", "5 classes get 3",
+                 "other 5 get 2")
     import export
 
     assert export.main(["checkpoint", str(run_dir), str(tmp_path / "exp"), "--copy-vae"]) == 1
@@ -249,16 +249,17 @@ def test_a_finished_npz_made_with_other_size_settings_is_never_complete(run_dir,
         capsys.readouterr()
         assert cli(*base, "--out", out) == 1  # without the options: other settings, refused
         err = capsys.readouterr().err
-        assert f"{out} holds a finished run made with other settings {diff} (its s{i}.npz.json, now)" in err, err
+        assert_names(err, str(out), "finished run", f"other settings {diff}", f"its s{i}.npz.json")
         flipped = {k: (b, a) for k, (a, b) in diff.items()}
         other = tmp_path / f"n{i}.npz"   # ... and the other way round
         assert cli(*base, "--out", other) == 0
         capsys.readouterr()
         assert cli(*base, *extra, "--out", other) == 1
-        assert f"other settings {flipped} (its n{i}.npz.json, now)" in capsys.readouterr().err
+        assert_names(capsys.readouterr().err, str(other), f"other settings {flipped}", f"its n{i}.npz.json")
         assert cli(*base, *extra, "--out", out) == 0  # the same command: complete, nothing written
         got = capsys.readouterr().out
-        assert f"{out} is already complete with these settings; nothing to do" in got and "wrote" not in got
+        assert_names(got, str(out), "already complete", "nothing to do")
+        assert "wrote" not in got
         assert out.read_bytes() == before
     # a sidecar written before the size settings were recorded still matches the native command
     sidecar = Path(f"{tmp_path / 'n0.npz'}.json")
@@ -284,8 +285,8 @@ def test_a_run_refused_after_recording_its_settings_does_not_block_the_corrected
     assert cli(*common, "--stop-after", 1) == 0
     capsys.readouterr()
     assert cli(*common, "--image-size", 16) == 1
-    assert f"{cut}.parts holds shards made with other settings {{'latent_size': ([8, 8], [16, 16])}}" in \
-        capsys.readouterr().err
+    assert_names(capsys.readouterr().err, f"{cut}.parts", "shards",
+                 "other settings {'latent_size': ([8, 8], [16, 16])}")
 
 
 def test_disk_full_while_writing_shards_or_the_npz_is_one_line(run_dir, tmp_path, capsys, monkeypatch):
@@ -305,9 +306,9 @@ def test_disk_full_while_writing_shards_or_the_npz_is_one_line(run_dir, tmp_path
     monkeypatch.setattr(np, "savez", full_after_one)
     assert cli(*common) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == (f"error: cannot write {out}.parts/shard-000001.npz: [Errno 28] No space left on device (disk "
-                   f"full?); removed the partial file, kept 1 finished shard (2 samples) in {out}.parts: "
-                   f"free space and rerun the same command to resume")
+    assert err.startswith("error: "), err
+    assert_names(err, f"cannot write {out}.parts/shard-000001.npz", "No space left on device",
+                 f"kept 1 finished shard (2 samples) in {out}.parts", "free space", "rerun the same command")
     assert sorted(p.name for p in Path(f"{out}.parts").iterdir()) == ["settings.json", "shard-000000.npz"]
     monkeypatch.setattr(np, "savez", real_savez)
     import nala_dit.pipelines.sample_files as sampling
@@ -323,9 +324,9 @@ def test_disk_full_while_writing_shards_or_the_npz_is_one_line(run_dir, tmp_path
     monkeypatch.setattr(sampling.zipfile, "ZipFile", full_zip)
     assert cli(*common) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == (f"error: cannot write {out}: [Errno 28] No space left on device (disk full?); removed the partial "
-                   f"file, kept 2 finished shards (4 samples) in {out}.parts: free space and rerun the same "
-                   f"command to assemble it")
+    assert err.startswith("error: "), err
+    assert_names(err, f"cannot write {out}: ", "No space left on device",
+                 f"kept 2 finished shards (4 samples) in {out}.parts", "free space", "rerun the same command")
     assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
     monkeypatch.undo()
     assert cli(*common) == 0
@@ -340,8 +341,8 @@ def test_strength_without_upscale_from_is_an_error(capsys, tmp_path):
     assert sample.main(["--ckpt", str(tmp_path / "none"), "--labels", "1", "--strength", "0.5",
                         "--grid", str(tmp_path / "g.png")]) == 1
     err = capsys.readouterr().err
-    assert err == ("error: --strength applies to progressive upscaling only: add --upscale-from SIZE (e.g. the "
-                   "trained size) with --image-size, or drop --strength\n")
+    assert err.startswith("error: ") and err.count("\n") == 1 and err.endswith("\n"), err   # one line
+    assert_names(err, "--strength", "progressive upscaling", "--upscale-from SIZE", "drop --strength")
 
 
 @pytest.mark.parametrize("script", ["sample", "evaluate_fid"])

@@ -7,7 +7,7 @@ from nala_dit.cli.config import resolve
 from nala_dit.cli.options import TrainConfig, parse_softmax_blocks
 from nala_dit.models.dit import DiT, count_params, create_model
 from nala_dit.training.convert import inherit
-from tests.utils import TINY
+from tests.utils import TINY, assert_names
 
 DEEP = dict(TINY, depth=4)
 C = DEEP["hidden_size"]
@@ -22,20 +22,21 @@ def test_schedule_forms_resolve_to_block_indices():
     assert parse_softmax_blocks("none", 4) is parse_softmax_blocks(None, 4) is parse_softmax_blocks([], 4) is None
 
 
-@pytest.mark.parametrize("value,message", [
-    ("every:1", "every:1 is a plain softmax model"),
-    ("every:x", "K in 'every:K' must be an integer"),
-    ("every:5", "K is larger than the depth 4"),
-    ("4", "block 4 does not exist in a 4-block model; use indices 0..3"),
-    ("-1", "block -1 does not exist"),
-    ("0,1,2,3", "makes all 4 blocks softmax"),
-    ("last", "is not a schedule; use 'every:K'"),
-    (True, "is not a schedule"),
+@pytest.mark.parametrize("value,words", [
+    ("every:1", ("every:1", "plain softmax model")),
+    ("every:x", ("'every:K'", "must be an integer")),
+    ("every:5", ("larger than the depth 4",)),
+    ("4", ("block 4 does not exist", "use indices 0..3")),
+    ("-1", ("block -1 does not exist",)),
+    ("0,1,2,3", ("all 4 blocks softmax",)),
+    ("last", ("last", "not a schedule", "use 'every:K'")),
+    (True, ("not a schedule",)),
 ])
-def test_bad_schedules_are_one_line_errors(value, message):
-    with pytest.raises(ValueError, match=message) as err:
+def test_bad_schedules_are_one_line_errors(value, words):
+    with pytest.raises(ValueError) as err:
         parse_softmax_blocks(value, 4)
     assert "\n" not in str(err.value)
+    assert_names(err, *words)
 
 
 def test_hybrid_blocks_have_the_official_softmax_names_and_the_exact_count():

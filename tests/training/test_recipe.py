@@ -9,6 +9,7 @@ import torch
 
 from nala_dit.diffusion.gaussian import GaussianDiffusion
 from nala_dit.diffusion.transport import Transport
+from tests.utils import assert_names
 
 # Kolmogorov-Smirnov: at n draws, sup |F_n − F| exceeds 1.95/√n with probability 0.001.
 KS_N = 20_000
@@ -115,8 +116,10 @@ def test_recipe_logs_lr_and_grad_norm_and_resumes_bitwise(tmp_path, capsys):
     run_train(tmp_path, *RECIPE[:-4], "--adam-beta2", "0.9", "--max-steps", "6", "--ckpt-every", "6",
               "--resume", "auto", name="resumed")
     out = capsys.readouterr().out
-    assert "resume: --adam-beta2 0.9 replaces the checkpoint's 0.95" in out
-    assert "resume: --max-grad-norm 0.0 replaces the checkpoint's 0.5" in out
+    for new, old in (("--adam-beta2 0.9", "0.95"), ("--max-grad-norm 0.0", "0.5")):
+        lines = [line for line in out.splitlines() if line.startswith(f"resume: {new} ")]
+        assert len(lines) == 1, out
+        assert_names(lines[0], f"checkpoint's {old}")
     assert ckpt_lib.open_checkpoint(resumed).optimizer_state()["param_groups"][0]["betas"] == (0.9, 0.9)
 
 
@@ -153,8 +156,8 @@ def test_a_non_finite_step_is_skipped_and_a_streak_stops_the_run(tmp_path, capsy
 
     poison_batches(monkeypatch, {3})
     run = run_train(tmp_path, "--max-steps", "4", "--ckpt-every", "1", "--max-grad-norm", "1")
-    assert "step 3: non-finite loss (lr 0.0001), step skipped: no update of the weights, EMA or optimizer " \
-           "(1 in a row; the run stops at --max-nan-steps 20)" in capsys.readouterr().out
+    assert_names(capsys.readouterr().out, "step 3: non-finite loss", "lr 0.0001", "step skipped", "1 in a row",
+                 "--max-nan-steps 20")
     before, after = (ckpt_lib.open_checkpoint(run / "checkpoints" / f"000000{i}") for i in (2, 3))
     for which in ("model", "ema"):
         assert equal_trees(before.weights(which), after.weights(which)), which
@@ -170,9 +173,8 @@ def test_a_non_finite_step_is_skipped_and_a_streak_stops_the_run(tmp_path, capsy
     err = train_fails(tmp_path, capsys, "--max-steps", "6", "--ckpt-every", "2", "--max-nan-steps", "2",
                       name="streak")
     good = tmp_path / "streak" / "checkpoints" / "0000002"
-    assert err == (f"error: non-finite loss at step 4 (lr 0.0001), 2 step(s) in a row skipped since step 3 "
-                   f"(--max-nan-steps 2); stopping without saving. Last good checkpoint: {good}. Try a lower --lr, "
-                   f"--max-grad-norm 1, or --mixed-precision no.")
+    assert_names(err, "non-finite loss at step 4", "--max-nan-steps 2", f"Last good checkpoint: {good}",
+                 "lower --lr", "--max-grad-norm 1", "--mixed-precision no")
     assert [p.name for p in ckpt_lib.list_checkpoints(tmp_path / "streak" / "checkpoints")] == ["0000002"]
 
 
@@ -272,5 +274,4 @@ def test_recipe_options_are_checked_in_one_line(tmp_path, capsys):
     images = make_image_folder(tmp_path / "images", per_class=2)
     err = train_fails(tmp_path, capsys, "--data", str(images), "--image-size", "16", "--global-batch-size", "2",
                       "--max-steps", "1", "--val-every", "1")
-    assert err == (f"error: --val-every scores a held-out split: {images} is a folder, so pass --val-data with a "
-                   f"held-out folder of the same kind")
+    assert_names(err, "--val-every", f"{images} is a folder", "--val-data", "held-out folder")
