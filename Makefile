@@ -4,6 +4,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 QUICK  ?= 0
 THREADS ?=
+# make test and test-fast run the suite on this many pytest-xdist workers (a test module at a time each; 0: in one process)
+TEST_WORKERS ?= 2
 
 .PHONY: setup test test-fast demo bench clean
 
@@ -16,10 +18,10 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 test: setup
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 test-fast: setup
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadscope
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(PY) demo.py $(if $(filter 1,$(QUICK)),--quick,) $(if $(THREADS),--threads $(THREADS),)
