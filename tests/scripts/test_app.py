@@ -212,7 +212,8 @@ def test_page_samples_by_class_name_and_shows_sample_pys_images(page, pipeline_d
     links = page.locator("#files a[download]")
     pngs = sorted((tmp_path / "samples").glob("*.png"))
     assert [a.get_attribute("download") for a in links.all()] == ["grid.png"] + [p.name for p in pngs]
-    with page.expect_download() as download:
+    page.wait_for_load_state("networkidle")   # the page's last fetches done: the links are the final ones
+    with page.expect_download(timeout=60_000) as download:   # the other waits' scale: CI runs this beside other tests
         links.nth(4).click()
     saved = tmp_path / "downloaded.png"
     download.value.save_as(saved)
