@@ -288,8 +288,8 @@ RESUME_RULE_MEANING = {
                      "classes, input size): refused naming the model key, unless --allow-changes names it",
     "refused-norm": "compared as the latent normalisation it gives: refused unless --allow-changes latent-norm",
     "applied": "this run's value is used; a change is printed (resume: --KEY NEW replaces the checkpoint's OLD)",
-    "own-line": "a change is said by its own line (--context-parallel: fp32-close, not bitwise; --init-from: "
-                "ignored, the run continues its checkpoint)",
+    "own-line": "a change is said by its own line (--context-parallel, --fsdp: fp32-close, not bitwise; "
+                "--init-from: ignored, the run continues its checkpoint)",
     "not-compared": "how this command starts or resumes, not what the run trains (--inherit is read by "
                     "--init-from only, which a resume ignores)",
 }

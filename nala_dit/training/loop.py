@@ -194,6 +194,11 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
         print(f"resume: the checkpoint was trained with --context-parallel {was}, this run uses {cfg.context_parallel}: "
               f"it continues fp32-close to an uninterrupted run, not bit for bit (the split adds in another order; "
               f"2 processes against 1: 1.3e-6 apart after 3 steps, docs/highres.md)")
+    if bool(ckpt.config.get("fsdp")) != cfg.fsdp:
+        now = "shards it over the processes (--fsdp)" if cfg.fsdp else "holds the whole model on every process (DDP)"
+        print(f"resume: the checkpoint was trained {'with' if ckpt.config.get('fsdp') else 'without'} --fsdp, this run "
+              f"{now}: it continues within fp32 rounding of an uninterrupted run (FSDP against DDP: 1e-5 after 4 "
+              f"steps, docs/scaling.md)")
     if ckpt.has_projector and projector is None:  # its parameters are in the optimizer state: both or neither
         raise ValueError(f"checkpoint {ckpt.path} was trained with --repa-encoder {ckpt.config.get('repa-encoder')}: "
                          f"resume with it, or start a new run from its weights (--init-from {ckpt.path})")

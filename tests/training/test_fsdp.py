@@ -112,17 +112,22 @@ def test_a_sharded_checkpoint_holds_shards_and_consolidates_to_the_single_file_o
 
 @pytest.mark.slow
 def test_repa_under_fsdp_resumes_to_what_ddp_trains(tmp_path, tiny_dinov2):
-    """REPA's projector is sharded beside the model (its own root unit), saved in the shards
-    and restored with the optimizer state keyed by ``model.`` / ``projector.`` names. The
-    second half is launched the way accelerate's FSDP users launch, with the config file and
-    no ``--fsdp``."""
+    """REPA's projector is sharded beside the model (its own root unit). A DDP run's
+    single-file checkpoint resumes under FSDP, launched the way accelerate's users launch
+    (the config file, no ``--fsdp``), which says so in its own line; its sharded checkpoint
+    resumes again (``--fsdp``); the optimizer state is keyed by ``model.`` / ``projector.``
+    names throughout. The result is the uninterrupted DDP run's."""
     repa = ["--repa-encoder", tiny_dinov2, "--repa-projector-dim", "16"]
     _train(tmp_path, "ddp", *repa, "--max-steps", "4", "--ckpt-every", "4")
-    _train(tmp_path, "fsdp", *repa, "--fsdp", "--max-steps", "2", "--ckpt-every", "2")
-    proc = _train(tmp_path, "fsdp", *repa, "--max-steps", "4", "--ckpt-every", "2", "--resume", "auto",
+    _train(tmp_path, "fsdp", *repa, "--max-steps", "2", "--ckpt-every", "2")
+    proc = _train(tmp_path, "fsdp", *repa, "--max-steps", "3", "--ckpt-every", "1", "--resume", "auto",
                   config_file=ROOT / "configs" / "accelerate" / "fsdp2.yaml")
     assert_names(proc.stdout, f"resumed from {tmp_path / 'fsdp' / 'checkpoints' / '0000002'}",
-                 "sharded over 2 processes")
+                 "sharded over 2 processes", "trained without --fsdp", "shards it")
+    assert ckpt_lib.open_checkpoint(tmp_path / "fsdp").sharded
+    proc = _train(tmp_path, "fsdp", *repa, "--fsdp", "--max-steps", "4", "--ckpt-every", "1", "--resume", "auto")
+    assert f"resumed from {tmp_path / 'fsdp' / 'checkpoints' / '0000003'}" in proc.stdout
+    assert "--fsdp, this run" not in proc.stdout   # trained with --fsdp, resumed with it: no line
     for which in ("model", "ema", "projector"):
         diff = _largest_difference(_weights(tmp_path / "ddp", which), _weights(tmp_path / "fsdp", which))
         assert diff <= TOL, (which, diff)
