@@ -26,7 +26,8 @@ from PIL import Image
 
 from tests.utils import assert_names
 
-pytestmark = pytest.mark.slow   # runs scripts end to end: the full tier (make test)
+# runs scripts end to end: the full tier (make test), in a pytest of its own after the rest (Makefile)
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
