@@ -504,9 +504,10 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
         encoder = repa_lib.load_encoder(cfg.repa_encoder).to(device)
         projector = repa_lib.build_projector(model.config.hidden_size, cfg.repa_projector_dim, encoder.dim)
     if sharding is not None:   # before the optimizer: it holds the sharded parameters
+        if projector is not None:   # the model was broadcast above, and the EMA copied from it
+            sharding.broadcast(projector)
         for module, train in ((model, True), (ema, False), (projector, True)):
             if module is not None:
-                sharding.broadcast(module)
                 sharding.shard(module.to(device), train)
     optimizer = build_optimizer(cfg, model, projector)
     print_start(accelerator, cfg, model, side, micro_batch, world)
