@@ -149,7 +149,7 @@ def run_child(procs: int, cfg: dict) -> list[dict]:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        env = dict(os.environ, OMP_NUM_THREADS=str(cfg["threads"]), PYTHONPATH=str(ROOT))
+        env = dict(os.environ, OMP_NUM_THREADS=str(cfg["threads"]), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         subprocess.run([sys.executable, __file__, "--child", str(procs), json.dumps(cfg), str(out)],
                        env=env, check=True, cwd=ROOT)
         return json.loads(out.read_text())

@@ -95,7 +95,8 @@ def model_inputs(model, latent, device, dtype, counted):
     shape = (1, model.in_channels, latent, latent)
     out_shape = (1, model.out_channels, latent, latent)
     if counted:
-        return (torch.empty(shape), torch.empty(1), torch.zeros(1, dtype=torch.long), torch.empty(out_shape))
+        return (torch.empty(shape, dtype=dtype), torch.empty(1), torch.zeros(1, dtype=torch.long),
+                torch.empty(out_shape, dtype=dtype))
     g = torch.Generator().manual_seed(latent)
     return (torch.randn(shape, generator=g).to(device, dtype), torch.full((1,), 500.0, device=device),
             torch.ones(1, dtype=torch.long, device=device), torch.randn(out_shape, generator=g).to(device, dtype))
@@ -125,11 +126,16 @@ def transformer_call(model, inputs, task, backend, counted, grad_checkpointing=F
 def build_model(name, latent, device, dtype, tiny, counted):
     """``counted``: a shape-only model, to be built inside the ``fake_mode()`` it runs in
     (a second mode would re-wrap every parameter at every use)."""
+    # Parameters are made in ``dtype`` (torch's default dtype for the build), not cast after:
+    # ``model.to(dtype)`` must swap fake parameters, which a fake mode's weakrefs forbid.
+    default = torch.get_default_dtype()
     with contextlib.nullcontext() if counted else torch.device(device):   # an XL/2 host init takes long
         torch.manual_seed(0)
-        model = create_model(name, input_size=latent, **(TINY_MODEL if tiny else {}))
-        if dtype != torch.float32:
-            model.to(dtype)
+        torch.set_default_dtype(dtype)
+        try:
+            model = create_model(name, input_size=latent, **(TINY_MODEL if tiny else {}))
+        finally:
+            torch.set_default_dtype(default)
     return model
 
 

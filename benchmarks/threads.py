@@ -72,7 +72,7 @@ def step_times(model_name: str, batch: int, steps: int, cap_s: float) -> dict:
 
 
 def child_env(changes: dict) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     for key, value in changes.items():
         if value is None:
             env.pop(key, None)

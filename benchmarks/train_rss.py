@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     latent, repeats = (16, 1) if args.tiny else (args.latent, args.repeats)
     if latent < 2 or latent % 2 or repeats < 1:
         p.error("--latent must be an even number >= 2 and --repeats >= 1")
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     runs = {name: [] for name in VARIANTS}
     load = os.getloadavg()
     for _ in range(repeats):

@@ -469,8 +469,8 @@ def count_flops(model: DiT, image_size: int | None = None, batch_size: int = 1) 
     from torch.utils.flop_counter import FlopCounterMode
 
     size = image_size or model.config.input_size
-    x = torch.zeros(batch_size, model.in_channels, size, size, device=model.device)
-    t = torch.zeros(batch_size, device=model.device)
+    x = torch.zeros(batch_size, model.in_channels, size, size, device=model.device, dtype=model.dtype)
+    t = torch.zeros(batch_size, device=model.device, dtype=model.dtype)
     y = torch.zeros(batch_size, dtype=torch.long, device=model.device)
     counter = FlopCounterMode(display=False)
     # The math backend decomposes SDPA into matmuls the counter sees on every device
