@@ -6,12 +6,15 @@ download. The split is fixed once and for all: stratified, 20 % held out,
 `train_test_split(..., random_state=0)`. It is a pure function of the bundled
 file and sklearn's seeded permutation, so every machine gets the same
 1,437 training and 360 held-out images; `tests/evaluation/test_metrics.py` pins the sizes
-and class counts.
+and class counts. The file is read and the split taken from ``digits_split.py`` without
+importing scikit-learn (about 2 s per process); `tests/data/test_digits.py` checks both
+against scikit-learn's own functions.
 
 Pixel values are rescaled to uint8 with round(v * 255 / 16) so the images can go
 through the same uint8 pipelines (image folders, ADM `.npz`) as real datasets.
 """
 
+import importlib.util
 import json
 import sys
 from functools import lru_cache
@@ -24,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..cli.options import CANVAS_SIZES, DIGITS_SIZES, check_canvas_size, check_digits_size  # noqa: F401
+from .digits_split import HELDOUT_INDICES
 
 DIGIT_LABELS = [str(i) for i in range(10)]
 NUM_CLASSES = len(DIGIT_LABELS)
@@ -34,17 +38,26 @@ SPLITS = ("train", "heldout")
 
 
 @lru_cache(maxsize=1)
-def _split_indices() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+def _scans() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 1,797 scans (float64 (N, 8, 8), 0..16) and labels, as ``load_digits()``
+    gives them, read from its bundled ``digits.csv.gz`` without importing scikit-learn."""
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if path is None or not path.is_file():   # another layout: let scikit-learn read it
+        from sklearn.datasets import load_digits
 
-    labels = load_digits().target
-    index = np.arange(len(labels))
-    train_idx, heldout_idx = train_test_split(
-        index, test_size=HELDOUT_FRACTION, random_state=SPLIT_SEED, stratify=labels
-    )
-    # Sorted so the order of images does not depend on the shuffle, only membership.
-    return np.sort(train_idx), np.sort(heldout_idx)
+        bunch = load_digits()
+        return bunch.images, bunch.target
+    data = np.loadtxt(path, delimiter=",")
+    return data[:, :-1].reshape(-1, IMAGE_SIZE, IMAGE_SIZE), data[:, -1].astype(int)
+
+
+@lru_cache(maxsize=1)
+def _split_indices() -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) indices into the scans, each sorted: the order of images does not
+    depend on the shuffle, only membership."""
+    heldout = np.array(HELDOUT_INDICES)
+    return np.setdiff1d(np.arange(len(_scans()[1])), heldout), heldout
 
 
 def load_digits_split(split: str, size: int = IMAGE_SIZE) -> tuple[np.ndarray, np.ndarray]:
@@ -57,13 +70,11 @@ def load_digits_split(split: str, size: int = IMAGE_SIZE) -> tuple[np.ndarray, n
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     check_digits_size(size)
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
+    scans, targets = _scans()
     train_idx, heldout_idx = _split_indices()
     idx = train_idx if split == "train" else heldout_idx
-    images = np.round(bunch.images[idx] * (255.0 / 16.0)).astype(np.uint8)
-    labels = bunch.target[idx].astype(np.int64)
+    images = np.round(scans[idx] * (255.0 / 16.0)).astype(np.uint8)
+    labels = targets[idx].astype(np.int64)
     return (images if size == IMAGE_SIZE else upscale_digits(images, size // IMAGE_SIZE)), labels
 
 

@@ -1,5 +1,9 @@
-"""The digits canvas ladder (32 / 64 / 128 px): the same picture at every size, scored the same way."""
+"""The embedded digits: the scans and the frozen split against scikit-learn's own functions, then
+the canvas ladder (32 / 64 / 128 px): the same picture at every size, scored the same way."""
 
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,7 +19,32 @@ from nala_dit.data.digits import (
     load_digits_split,
     make_canvas,
 )
-from tests.utils import assert_names, one_line
+from tests.utils import ROOT, assert_names, one_line
+
+
+def test_scans_and_split_are_sklearns_without_importing_it():
+    """The bundled file read directly equals ``load_digits()``, and the frozen held-out indices
+    are ``train_test_split``'s stratified 20 % at random_state 0; a fresh process that loads a
+    split never imports scikit-learn."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from nala_dit.data import digits
+
+    bunch = load_digits()
+    scans, targets = digits._scans()
+    assert np.array_equal(scans, bunch.images) and np.array_equal(targets, bunch.target)
+    train_idx, heldout_idx = train_test_split(np.arange(len(bunch.target)), test_size=digits.HELDOUT_FRACTION,
+                                              random_state=digits.SPLIT_SEED, stratify=bunch.target)
+    assert np.array_equal(digits._split_indices()[0], np.sort(train_idx))
+    assert np.array_equal(digits._split_indices()[1], np.sort(heldout_idx))
+    images, labels = load_digits_split("heldout")
+    assert np.array_equal(images, np.round(bunch.images[np.sort(heldout_idx)] * (255 / 16)).astype(np.uint8))
+    assert np.array_equal(labels, bunch.target[np.sort(heldout_idx)])
+    code = ("import sys; from nala_dit.data.digits import load_digits_split; load_digits_split('train'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'scipy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.fixture(scope="module")

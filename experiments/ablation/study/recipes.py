@@ -122,8 +122,10 @@ for _side, _batch, _budgets in ((16, 32, (150, 300)), (32, 32, (150, 300)), (64,
                                     pos_embed="interpolate", time_shift="auto", batch=_batch, lr=1e-3,
                                     budgets=_budgets, sample_batch=25, heldout_repeats=1)
 SAMPLES_TASKS = ("samples8", "samples16", "samples32", "samples64")
-QUICK = dict(batch=16, budgets=(2, 4), log_every=1, per_class=2, sample_steps=4, sample_batch=20,
-             heldout_items=64, heldout_repeats=1)
+# A smoke run (the tests' end-to-end study): every column filled at the least cost, one sample per
+# class and 16 held-out items.
+QUICK = dict(batch=16, budgets=(2, 4), log_every=1, per_class=1, sample_steps=2, sample_batch=10,
+             heldout_items=16, heldout_repeats=1)
 # A ladder task in quick mode: the smallest batch and scoring that still fill every column.
 QUICK_LADDER = dict(batch=2, per_class=1, sample_steps=2, sample_batch=10, sample_budgets=(4,), heldout_items=8)
 QUICK_VARIANTS = ("softmax", "nala_mix")
