@@ -28,9 +28,12 @@ def main(argv=None) -> int:
     if args.dry_run:
         print(dump_yaml(cfg), end="")
         return 0
-    from nala_dit.training.loop import train  # torch and accelerate: only once there is work to do
+    from nala_dit.cli.runlock import check_launch
 
     try:
+        check_launch("train.py", cfg.context_parallel)  # the launcher's mistakes at once, before torch loads
+        from nala_dit.training.loop import train  # torch and accelerate: only once there is work to do
+
         run_dir = train(cfg)
     except (ValueError, FileNotFoundError, FileExistsError, OSError, FloatingPointError) as err:
         return report_error(err)  # one line, printed by rank 0 only

@@ -49,6 +49,16 @@ NALA_REGIONS_COST = ("the mixing weights grow as R⁴: H·R⁴ numbers per layer
                      f"R = {MAX_NALA_REGIONS}")
 
 
+def check_parallel_world(size: int, world: int) -> None:
+    """``--context-parallel size`` over ``world`` processes: groups of ``size`` consecutive
+    ranks, so it must divide them (checked from the launcher's WORLD_SIZE before torch loads,
+    and again once the process group is up)."""
+    if size < 1 or world % size:
+        raise ValueError(f"--context-parallel {size} must divide the number of processes ({world}): launch "
+                         f"a multiple of {size} processes (accelerate launch --num_processes N) or pick a "
+                         f"divisor of {world}")
+
+
 def parse_norm_scale(value) -> float | str:
     """``norm_scale`` as the model takes it: a positive finite float, "sqrt_d" or "learned".
 

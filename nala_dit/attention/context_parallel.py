@@ -52,6 +52,8 @@ import functools
 import torch
 import torch.distributed as dist
 
+from .config import check_parallel_world
+
 
 def row_split(h: int, parts: int) -> list[int]:
     """Rows per rank of an h-row token grid over ``parts`` ranks: ⌊h/P⌋ each, the first
@@ -78,10 +80,7 @@ class ContextParallel:
         ``accelerate launch`` / torchrun set it up). Every process must call it, in the
         same order (``new_group`` is collective)."""
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        if size < 1 or world % size:
-            raise ValueError(f"--context-parallel {size} must divide the number of processes ({world}): launch "
-                             f"a multiple of {size} processes (accelerate launch --num_processes N) or pick a "
-                             f"divisor of {world}")
+        check_parallel_world(size, world)
         if size == 1:
             rank = dist.get_rank() if world > 1 else 0
             return cls(1, 0, None, rank, world)

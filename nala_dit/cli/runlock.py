@@ -19,6 +19,8 @@ import socket
 import time
 from pathlib import Path
 
+from ..attention.config import check_parallel_world
+
 LOCK_NAME = ".lock"
 
 
@@ -218,21 +220,36 @@ def single_process_launch(parent: list[str] | None = None) -> int | None:
     return 0 if "MASTER_ADDR" in os.environ else None
 
 
+def refuse_single_process_launch(script: str) -> None:
+    """Refuse an ``accelerate launch`` that started one process where more were asked for
+    (``single_process_launch``): a 2-process command would quietly run one."""
+    asked = single_process_launch()
+    if asked is not None:
+        n = asked or 2
+        raise ValueError(
+            f"accelerate launch was asked for {asked or 'more than one'} processes but started one: without "
+            f"--multi_gpu (e.g. with --cpu) it runs a single process. On CPUs use: "
+            f"{CPU_COMMAND.format(n=n, script=script)}; on GPUs: accelerate launch --multi_gpu "
+            f"--num_processes {n} {script} ..."
+        )
+
+
+def check_launch(script: str, context_parallel: int = 1) -> None:
+    """What the launcher's environment alone can refuse, before torch loads (about 5 s in every
+    process): one process started where more were asked for, and a ``--context-parallel``
+    that does not divide the processes. Checked again once the process group is up
+    (``check_process_count``, ``ContextParallel.from_world``)."""
+    refuse_single_process_launch(script)
+    check_parallel_world(context_parallel, int(os.environ.get("WORLD_SIZE", "1") or 1))
+
+
 def check_process_count(num_processes: int, script: str) -> None:
     """Refuse to run when the launcher started more (or fewer) processes than joined
     Accelerate's group, or started one process where more were asked for: each would
     otherwise work alone on the same outputs, or a 2-process command would quietly run one."""
     launched = launched_processes()
     if launched is None and num_processes == 1:
-        asked = single_process_launch()
-        if asked is not None:
-            n = asked or 2
-            raise ValueError(
-                f"accelerate launch was asked for {asked or 'more than one'} processes but started one: without "
-                f"--multi_gpu (e.g. with --cpu) it runs a single process. On CPUs use: "
-                f"{CPU_COMMAND.format(n=n, script=script)}; on GPUs: accelerate launch --multi_gpu "
-                f"--num_processes {n} {script} ..."
-            )
+        refuse_single_process_launch(script)
     if launched is None or launched == num_processes:
         return
     raise ValueError(

@@ -84,3 +84,26 @@ def test_single_process_accelerate_launch_is_recognised(monkeypatch):
     assert single_process_launch(launch + ["train.py"]) is None  # one process asked, one started
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert single_process_launch(launch + ["--num_processes", "2", "train.py"]) is None  # torchrun: counted
+
+
+def test_launch_mistakes_are_refused_before_torch_loads(tmp_path, monkeypatch):
+    """``check_launch`` reads the launcher's environment alone: a --context-parallel that does
+    not divide WORLD_SIZE is refused with the numbers and the fix, a divisor passes; train.py
+    asks it before importing torch, so the error comes without torch's ~5 s of imports."""
+    from nala_dit.cli.runlock import check_launch
+    from tests.utils import ROOT, TINY_RUN
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    check_launch("train.py", 2)
+    with pytest.raises(ValueError) as err:
+        check_launch("train.py", 3)
+    assert_names(str(err.value), "--context-parallel 3", "number of processes (4)", "multiple of 3 processes",
+                 "divisor of 4")
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import train; "
+            f"code = train.main({[*TINY_RUN, '--context-parallel', '3', '--results-dir', str(tmp_path)]!r}); "
+            f"print(code, 'torch' in sys.modules)")
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert proc.stdout.split() == ["1", "False"], proc.stderr
+    assert_names(proc.stderr, "error: --context-parallel 3 must divide the number of processes (2)")
+    assert not any(tmp_path.iterdir())
