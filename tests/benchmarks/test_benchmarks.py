@@ -247,3 +247,23 @@ def test_scorer_view_draws_each_sample_above_its_8x8_area_average(tmp_path):
     for i, c in enumerate((0, 1, 2)):
         Image.fromarray(images[c % 2]).save(wide / f"{i:06d}_class{c}.png")
     assert scorer_view.main([str(samples), str(wide), "--out", str(both)]) == 2  # 2 vs 3 columns
+
+
+def test_highres_builds_bf16_models_in_their_dtype_also_shape_only():
+    """A bf16 cell builds its parameters in bf16 (not cast after: ``model.to`` under a fake
+    mode cannot swap parameters, which stopped the GPU run), counted (fake) or real, with the
+    fp32 build's parameter count; torch's default dtype is restored."""
+    import torch
+
+    from benchmarks.highres import build_model, fake_mode
+    from nala_dit.models.dit import count_params
+
+    cpu = torch.device("cpu")
+    fp32 = count_params(build_model("NaLaDiT-S/2", 8, cpu, torch.float32, True, False))
+    with fake_mode():
+        shape_only = build_model("NaLaDiT-S/2", 8, cpu, torch.bfloat16, True, True)
+        assert {p.dtype for p in shape_only.parameters()} == {torch.bfloat16}
+        assert count_params(shape_only) == fp32
+    real = build_model("NaLaDiT-S/2", 8, cpu, torch.bfloat16, True, False)
+    assert {p.dtype for p in real.parameters()} == {torch.bfloat16} and count_params(real) == fp32
+    assert torch.get_default_dtype() == torch.float32
