@@ -10,8 +10,11 @@
 #
 # Needs python with torch (CUDA), triton and pytest, plus this repo's dependencies
 # (diffusers: nala_dit imports it). On a machine that cannot install packages, put wheels
-# into .gpu_wheels/ beforehand (e.g. `pip download diffusers --no-deps -d .gpu_wheels`)
-# and they are installed into a temporary folder first.
+# into .gpu_wheels/ beforehand (git ignores it: copy it along) and they are installed into a
+# temporary folder first. For the H200 image of 2026-12 (Python 3.12, torch 2.11, no diffusers)
+# these two were enough:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 -d .gpu_wheels diffusers==0.42.1 importlib_metadata
 #
 # Output (8 files; a device run returns at most 8):
 #   gpu_check.log                     everything printed, with the stage summary at the end
