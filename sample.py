@@ -138,6 +138,10 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    if args.out:  # mass sampling may be launched: the launcher's mistakes at once, before torch loads
+        from nala_dit.cli.runlock import check_launch
+
+        check_launch("sample.py", args.context_parallel)
     import torch
 
     from nala_dit.data.images import balance_notice

@@ -89,7 +89,8 @@ def test_single_process_accelerate_launch_is_recognised(monkeypatch):
 def test_launch_mistakes_are_refused_before_torch_loads(tmp_path, monkeypatch):
     """``check_launch`` reads the launcher's environment alone: a --context-parallel that does
     not divide WORLD_SIZE is refused with the numbers and the fix, a divisor passes; train.py
-    asks it before importing torch, so the error comes without torch's ~5 s of imports."""
+    and sample.py (mass sampling) ask it before importing torch, so the error comes without
+    torch's ~5 s of imports."""
     from nala_dit.cli.runlock import check_launch
     from tests.utils import ROOT, TINY_RUN
 
@@ -99,11 +100,13 @@ def test_launch_mistakes_are_refused_before_torch_loads(tmp_path, monkeypatch):
         check_launch("train.py", 3)
     assert_names(str(err.value), "--context-parallel 3", "number of processes (4)", "multiple of 3 processes",
                  "divisor of 4")
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import train; "
-            f"code = train.main({[*TINY_RUN, '--context-parallel', '3', '--results-dir', str(tmp_path)]!r}); "
-            f"print(code, 'torch' in sys.modules)")
     env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
-    assert proc.stdout.split() == ["1", "False"], proc.stderr
-    assert_names(proc.stderr, "error: --context-parallel 3 must divide the number of processes (2)")
-    assert not any(tmp_path.iterdir())
+    for script, argv in (("train", [*TINY_RUN, "--results-dir", str(tmp_path)]),
+                         ("sample", ["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "s.npz"),
+                                     "--num-samples", "4"])):
+        code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import {script}; "
+                f"code = {script}.main({[*argv, '--context-parallel', '3']!r}); print(code, 'torch' in sys.modules)")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+        assert proc.stdout.split() == ["1", "False"], (script, proc.stderr)
+        assert_names(proc.stderr, "error: --context-parallel 3 must divide the number of processes (2)")
+        assert not any(tmp_path.iterdir()), script
