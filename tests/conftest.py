@@ -20,6 +20,12 @@ from nala_dit.pipelines.pipeline import pipeline_for
 from tests.pipelines.test_pipeline import NAMES, tiny
 from tests.scripts.test_sample import write_checkpoint
 
+# Under pytest-xdist each worker's torch gets its share of the cores (make test: two workers on
+# two cores, one thread each) instead of all of them: two workers' threads on the same cores
+# only wait for each other.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+
 
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``make test``: two workers, one test module at a time each), the
