@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import child_env, passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 SECTIONS = ("forward", "train")
@@ -149,7 +149,7 @@ def run_child(procs: int, cfg: dict) -> list[dict]:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        env = dict(os.environ, OMP_NUM_THREADS=str(cfg["threads"]), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        env = child_env(ROOT, OMP_NUM_THREADS=str(cfg["threads"]))
         subprocess.run([sys.executable, __file__, "--child", str(procs), json.dumps(cfg), str(out)],
                        env=env, check=True, cwd=ROOT)
         return json.loads(out.read_text())

@@ -71,25 +71,19 @@ def step_times(model_name: str, batch: int, steps: int, cap_s: float) -> dict:
                 omp_num_threads=env["OMP_NUM_THREADS"])
 
 
-def child_env(changes: dict) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    for key, value in changes.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
-
-
 def run_child(model: str, setting: str, batch: int, steps: int, cap_s: float) -> dict:
+    from nala_dit.cli.parse import child_env
+
     code = CHILD.format(root=str(ROOT), model=model, batch=batch, steps=steps, cap=cap_s)
-    out = subprocess.run([sys.executable, "-c", code], env=child_env(SETTINGS[setting]), capture_output=True,
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(ROOT, **SETTINGS[setting]), capture_output=True,
                          text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def start_busy() -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", BUSY], env=child_env({"OMP_NUM_THREADS": "1"}),
+    from nala_dit.cli.parse import child_env
+
+    proc = subprocess.Popen([sys.executable, "-c", BUSY], env=child_env(ROOT, OMP_NUM_THREADS="1"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(2.0)  # let it import torch and start multiplying
     if proc.poll() is not None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
+from nala_dit.cli.parse import child_env, passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     latent, repeats = (16, 1) if args.tiny else (args.latent, args.repeats)
     if latent < 2 or latent % 2 or repeats < 1:
         p.error("--latent must be an even number >= 2 and --repeats >= 1")
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = child_env(ROOT, OMP_NUM_THREADS=str(args.threads))
     runs = {name: [] for name in VARIANTS}
     load = os.getloadavg()
     for _ in range(repeats):

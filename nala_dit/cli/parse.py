@@ -294,3 +294,17 @@ def set_threads(threads: int | None) -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+def child_env(root, **changes) -> dict:
+    """This process's environment for a Python child that imports the repository at ``root``:
+    ``root`` first on PYTHONPATH, then what was there (packages the caller put on it stay
+    visible, e.g. wheels unpacked beside a GPU image's own); ``changes`` set variables, None
+    removes one."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env

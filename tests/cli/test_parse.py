@@ -82,3 +82,21 @@ def test_after_a_peer_is_killed_rank_0_does_not_point_at_itself(monkeypatch, cap
         assert "from rank 0" not in err and "launcher's report" in err
     else:
         assert "the line above from rank 0" in err
+
+
+def test_child_env_puts_the_repo_first_and_keeps_what_was_on_the_path(monkeypatch):
+    """A benchmark's or study's child imports this checkout first and still sees the packages
+    the caller put on PYTHONPATH (the GPU run's unpacked wheels were lost before); None removes
+    a variable, a string sets one, the caller's environment is left alone."""
+    import os
+
+    from nala_dit.cli.parse import child_env
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/wheels", "/more"]))
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    env = child_env(ROOT, OMP_NUM_THREADS="1", OMP_WAIT_POLICY=None)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/wheels", "/more"]
+    assert env["OMP_NUM_THREADS"] == "1" and "OMP_WAIT_POLICY" not in env
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.delenv("PYTHONPATH")
+    assert child_env(ROOT)["PYTHONPATH"] == str(ROOT)

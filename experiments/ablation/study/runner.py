@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from nala_dit.cli.parse import child_env
+
 from . import ENTRY, ROOT
 from .cells import _previous, cell_done, cell_path, write_json
 from .recipes import TASKS, VARIANTS, cell_name, data_flags, recipe_flags, task_recipe
@@ -209,7 +211,7 @@ def run_main(args) -> int:
     out = args.out.resolve()
     todo = [c for c in grid(args) if not cell_done(out, *c, budgets=args.budgets)]
     print(f"{len(todo)} cells to run", flush=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = child_env(ROOT, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     running: list[tuple[subprocess.Popen, Path]] = []
     (out / "logs").mkdir(parents=True, exist_ok=True)
     (out / "locks").mkdir(parents=True, exist_ok=True)
