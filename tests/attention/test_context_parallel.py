@@ -1,6 +1,6 @@
 """Context parallel (nala_dit/attention/context_parallel.py): one image's rows over P processes.
 
-Real multi-process runs (torch.multiprocessing spawn, gloo): every case runs in one pair of
+Real multi-process runs (gloo; processes forked from a preloaded server, tests/ranks.py): every case runs in one pair of
 processes (a module fixture), each rank computing the one-process reference itself, and the
 test asserts each case's differences. Replicated leaves (parameters, the input) are compared
 as DDP sees them: the mean of the ranks' gradients (see the module doc).
@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from nala_dit.attention.context_parallel import (
@@ -24,6 +23,7 @@ from nala_dit.attention.context_parallel import (
     exchanged_numbers,
     row_split,
 )
+from tests.ranks import run_ranks, spawn
 from tests.utils import TINY, assert_names, free_port, launch, one_line
 
 TOL = 1e-5     # relative to the reference's largest magnitude (fp32, sums in another order)
@@ -235,7 +235,7 @@ def _worker(rank, size, port, path, models=True):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     path = tmp_path_factory.mktemp("cp") / "results.pt"
-    mp.spawn(_worker, args=(2, free_port(), str(path)), nprocs=2, join=True)
+    spawn(_worker, (2, free_port(), str(path)), nprocs=2)
     return torch.load(path, weights_only=True)
 
 
@@ -257,7 +257,7 @@ def test_two_processes_equal_one(two_ranks, case):
 def three_ranks(tmp_path_factory):
     """P = 3: rows 2, 1, 1 of a 4-row grid, so a halo of 2 rows spans two ranks."""
     path = tmp_path_factory.mktemp("cp3") / "results.pt"
-    mp.spawn(_worker, args=(3, free_port(), str(path), False), nprocs=3, join=True)
+    spawn(_worker, (3, free_port(), str(path), False), nprocs=3)
     return torch.load(path, weights_only=True)
 
 
@@ -282,8 +282,8 @@ def test_train_with_context_parallel_2_gives_the_one_process_weights_and_resumes
     import train as train_cli
     from nala_dit.training import checkpoint as ckpt_lib
 
-    proc = launch(tmp_path, "train.py", *CP_RUN, "--context-parallel", "2", "--results-dir", str(tmp_path),
-                   "--exp-name", "cp2")
+    proc = run_ranks(tmp_path, "train.py", *CP_RUN, "--context-parallel", "2", "--results-dir", str(tmp_path),
+                     "--exp-name", "cp2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_names(proc.stdout, "context parallel: 2 processes per image", "4 token rows split as [2, 2]",
                  "1 data-parallel group of 4 images")
@@ -300,8 +300,8 @@ def test_train_with_context_parallel_2_gives_the_one_process_weights_and_resumes
 
     # stopped after step 2 (its last checkpoint), resumed to 3: bit for bit the straight run
     for steps, extra in (("2", []), ("3", ["--resume", "auto"])):
-        proc = launch(tmp_path, "train.py", *CP_RUN, "--context-parallel", "2", "--results-dir", str(tmp_path),
-                       "--exp-name", "resumed", "--max-steps", steps, "--ckpt-every", "2", *extra)
+        proc = run_ranks(tmp_path, "train.py", *CP_RUN, "--context-parallel", "2", "--results-dir", str(tmp_path),
+                         "--exp-name", "resumed", "--max-steps", steps, "--ckpt-every", "2", *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = (ckpt_lib.open_checkpoint(tmp_path / name) for name in ("cp2", "resumed"))
     assert a.step == b.step == 3
@@ -338,7 +338,7 @@ def test_sample_with_context_parallel_2_writes_the_one_process_npz(tmp_path):
     common = ["--ckpt", str(run_dir), "--num-samples", "6", "--seed", "3", "--sampler", "ddim", "--steps", "2",
               "--batch-size", "2", "--shard-size", "2", "--image-size", "10x6"]   # a 5x3 token grid
     assert sample_cli.main(common + ["--out", str(tmp_path / "one.npz")]) == 0
-    proc = launch(tmp_path, "sample.py", *common, "--context-parallel", "2", "--out", str(tmp_path / "cp.npz"))
+    proc = run_ranks(tmp_path, "sample.py", *common, "--context-parallel", "2", "--out", str(tmp_path / "cp.npz"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     with np.load(tmp_path / "one.npz") as one, np.load(tmp_path / "cp.npz") as cp:
         assert one["arr_0"].shape == (6, 10, 6, 1)
@@ -372,7 +372,7 @@ def test_evaluate_gen_with_context_parallel_2_gives_the_one_process_scores(tmp_p
     gen = ["gen", "--ckpt", str(digits_checkpoint), "--ref", str(stats), "--num-samples", "12", "--sampler", "ddim",
            "--steps", "2", "--batch-size", "4", *classifier]
     assert evaluate_fid.main(gen + ["--json", str(tmp_path / "one.json")]) == 0
-    proc = launch(tmp_path, "evaluate_fid.py", *gen, "--context-parallel", "2", "--json", str(tmp_path / "cp.json"))
+    proc = run_ranks(tmp_path, "evaluate_fid.py", *gen, "--context-parallel", "2", "--json", str(tmp_path / "cp.json"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, cp = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("one", "cp"))
     assert cp["metrics"] == one["metrics"] and cp["num_samples"] == 12

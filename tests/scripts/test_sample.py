@@ -14,7 +14,8 @@ from nala_dit.cli.config import to_dict
 from nala_dit.cli.options import TrainConfig
 from nala_dit.models.dit import create_model
 from nala_dit.training.checkpoint import save_checkpoint
-from tests.utils import assert_names, cli, launch, one_line_error
+from tests.ranks import run_ranks
+from tests.utils import assert_names, cli, one_line_error
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--sampler", "ddim", "--steps", "2"]
@@ -135,7 +136,7 @@ def test_mass_sampling_two_processes_balanced_and_resumable(run_dir, tmp_path):
     assert len(done) == 2 and not out.exists()
 
     # Resume with two processes: the finished shards are kept, the rest is split.
-    result = launch(tmp_path, "sample.py", *common, "--out", out, "--keep-parts", cwd=tmp_path, HF_HUB_OFFLINE="1")
+    result = run_ranks(tmp_path, "sample.py", *common, "--out", out, "--keep-parts", cwd=tmp_path, HF_HUB_OFFLINE="1")
     assert result.returncode == 0, result.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in done} == done
     assert len(list(parts.glob("shard-*.npz"))) == 8

@@ -324,7 +324,7 @@ def test_distillation_lowers_the_teacher_student_gap(tmp_path):
 @pytest.mark.slow
 def test_two_process_distillation_resumes_bitwise(tmp_path):
     """accelerate, 2 CPU processes, grad accumulation, a teacher: 4 steps straight = resumed at 2 + 2 more."""
-    from tests.utils import launch
+    from tests.ranks import run_ranks
 
     write_checkpoint(tmp_path / "teacher", randomised("DiT-T/2", seed=8), "DiT-T/2")
     base = TINY_RUN + ["--results-dir", str(tmp_path), "--grad-accum", "2", "--teacher", str(tmp_path / "teacher"),
@@ -332,7 +332,7 @@ def test_two_process_distillation_resumes_bitwise(tmp_path):
     for extra in (["--exp-name", "straight"],
                   ["--exp-name", "resumed", "--resume", str(tmp_path / "straight" / "checkpoints" / "0000002")]):
         # One launch per run: accelerate tears its process group down at the end of a run.
-        proc = launch(tmp_path, "train.py", *base, *extra)
+        proc = run_ranks(tmp_path, "train.py", *base, *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
     a = ckpt_lib.open_checkpoint(tmp_path / "straight")
     b = ckpt_lib.open_checkpoint(tmp_path / "resumed")

@@ -18,6 +18,7 @@ from PIL import Image
 
 from nala_dit.training import checkpoint as ckpt_lib
 from nala_dit.training import sharding, shards
+from tests.ranks import run_ranks
 from tests.utils import ROOT, assert_names, free_port, launch
 
 RUN = ["--model", "NaLaDiT-T/2", "--data", "digits", "--global-batch-size", "8", "--grad-accum", "2",
@@ -36,8 +37,11 @@ def _largest_difference(a: dict, b: dict) -> float:
 
 
 def _train(tmp_path, name, *extra, processes=2, config_file=None):
-    proc = launch(tmp_path, "train.py", *RUN, "--results-dir", tmp_path, "--exp-name", name, *extra,
-                  processes=processes, config_file=config_file)
+    """``train.py`` on ``processes`` ranks: forked from the preloaded server (tests/ranks.py), or
+    with ``config_file`` by the real ``accelerate launch --config_file``."""
+    args = (tmp_path, "train.py", *RUN, "--results-dir", tmp_path, "--exp-name", name, *extra)
+    proc = run_ranks(*args, processes=processes) if config_file is None else \
+        launch(*args, processes=processes, config_file=config_file)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -160,8 +164,7 @@ def test_a_killed_rank_then_the_same_command_resumes_bitwise(tmp_path):
     assert launcher.wait(timeout=120) != 0
     killed_at = ckpt_lib.open_checkpoint(tmp_path / "killed").step
     assert killed_at < 16
-    proc = launch(tmp_path, "train.py", *RUN, "--results-dir", tmp_path, "--exp-name", "killed", "--fsdp", *steps)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _train(tmp_path, "killed", "--fsdp", *steps)
     assert f"resumed from {tmp_path / 'killed' / 'checkpoints' / f'{killed_at:07d}'}" in proc.stdout
     for which in ("model", "ema"):
         a, b = _weights(tmp_path / "straight", which), _weights(tmp_path / "killed", which)

@@ -310,10 +310,10 @@ def test_aligned_run_with_context_parallel_2_gives_the_one_process_weights(tmp_p
     from nala_dit.training import checkpoint as ckpt_lib
     from tests.attention.test_context_parallel import CP_RUN, TOL
     from tests.training.test_loop import read_log
-    from tests.utils import launch
+    from tests.ranks import run_ranks
 
     run = CP_RUN + ["--repa-encoder", str(tiny_dinov2), "--repa-projector-dim", "16", "--results-dir", str(tmp_path)]
-    proc = launch(tmp_path, "train.py", *run, "--context-parallel", "2", "--exp-name", "cp2")
+    proc = run_ranks(tmp_path, "train.py", *run, "--context-parallel", "2", "--exp-name", "cp2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert train_cli.main(run + ["--exp-name", "one"]) == 0
     split, one = (ckpt_lib.open_checkpoint(tmp_path / name) for name in ("cp2", "one"))

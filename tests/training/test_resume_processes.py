@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from tests.utils import free_port, launch
+from tests.ranks import run_ranks, spawn
+from tests.utils import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,7 +105,7 @@ def test_the_hook_gives_ddp_its_gradients_in_one_process(tmp_path):
 @pytest.mark.slow
 def test_four_process_gradients_do_not_depend_on_ddp_buckets(tmp_path):
     path = tmp_path / "out.pt"
-    mp.spawn(_worker, args=(4, free_port(), str(path)), nprocs=4, join=True)
+    spawn(_worker, (4, free_port(), str(path)), nprocs=4)
     results = torch.load(path, weights_only=True)
     assert results[False] > 0, "DDP's own bucketed all-reduce no longer depends on its buckets: re-measure"
     assert results[True] == 0.0
@@ -122,7 +122,7 @@ def test_train_py_with_four_processes_resumes_bitwise(tmp_path):
            "--ckpt-every", "1", "--results-dir", str(tmp_path)]
     for extra in (["--exp-name", "straight"],
                   ["--exp-name", "resumed", "--resume", str(tmp_path / "straight" / "checkpoints" / "0000002")]):
-        proc = launch(tmp_path, "train.py", *run, *extra, processes=4, timeout=600)
+        proc = run_ranks(tmp_path, "train.py", *run, *extra, processes=4, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = (ckpt_lib.open_checkpoint(tmp_path / name) for name in ("straight", "resumed"))
     assert a.step == b.step == 3 and a.state["world_size"] == b.state["world_size"] == 4

@@ -1,0 +1,132 @@
+"""Multi-process runs of the repo's scripts without paying their start-up in every process.
+
+``accelerate launch --multi_gpu --num_processes N script.py ...`` on CPUs (``ACCELERATE_USE_CPU=1``)
+starts a launcher and N fresh Pythons, and each one imports torch, diffusers (which imports
+torch._dynamo and transformers) and accelerate before its first step: about 5 s of CPU per
+process, most of a small test run's cost. ``run_ranks`` starts the same N ranks as forks of one
+server process (``multiprocessing``'s forkserver) that imported those modules once: each rank
+gets the environment accelerate's launcher gives its workers (``LAUNCH_ENV``; that it matches a
+real launch is pinned by tests/test_ranks.py), its own rank variables, a gloo process group of
+its own making, and runs the script as ``python script.py ...`` would (``runpy``). The tests
+whose subject is the launcher itself (its flags, config files, a killed worker) keep
+``tests.utils.launch``, the real ``accelerate launch``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import wait
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# What the server imports once; every rank forked from it finds them loaded.
+PRELOAD = ["torch", "accelerate", "nala_dit.training.loop", "nala_dit.diffusion.generate",
+           "nala_dit.evaluation.metrics", "tests.ranks"]
+# The variables accelerate's launcher (torchrun underneath) gives every worker of
+# `--multi_gpu --mixed_precision no --dynamo_backend no` with ACCELERATE_USE_CPU=1, besides the
+# per-rank ones below. Left out: torchrun's agent store (rank 0 hosts the store here), its
+# error-file and restart bookkeeping.
+LAUNCH_ENV = {"ACCELERATE_USE_CPU": "1", "ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO",
+              "ACCELERATE_DYNAMO_MODE": "default", "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
+              "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False",
+              "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+              "ROLE_NAME": "default", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+GRACE_S = 30   # after one rank fails, how long the others get to stop before they are killed (as torchrun)
+
+_context = None
+
+
+def context():
+    """The forkserver context, started once per process with ``PRELOAD`` imported."""
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(PRELOAD)
+    return _context
+
+
+def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The variables that differ between the ranks of one launch (``LAUNCH_ENV`` holds the rest)."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+            "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "MASTER_PORT": str(port)}
+
+
+def _run_rank(script: str, args: list[str], env: dict, cwd: str, out: str, err: str) -> None:
+    """One rank: the launch's environment, stdout and stderr into files, then the script as
+    ``python script ...`` runs it (its ``sys.exit`` code is this process's exit status)."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(handle, fd)
+        os.close(handle)
+    import torch
+
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))   # as a fresh process reads OMP_NUM_THREADS
+    sys.argv = [script, *args]
+    sys.path.insert(0, str(Path(script).parent))
+    runpy.run_path(script, run_name="__main__")
+
+
+def run_ranks(tmp_path, script: str, *args, processes: int = 2, timeout: int = 300, cwd=ROOT, port: int | None = None,
+              **env) -> subprocess.CompletedProcess:
+    """``script`` (relative to the repo) on ``processes`` ranks, as ``tests.utils.launch`` runs it
+    (same environment, one thread each, output captured as text), with each rank forked from
+    the preloaded server. ``stdout`` / ``stderr`` hold the ranks' outputs in rank order; the
+    return code is the first failing rank's (0 when all succeed)."""
+    from tests.utils import free_port
+
+    ctx = context()
+    port = port or free_port()
+    base = {**os.environ, "HF_HOME": str(Path(tmp_path) / "hf"), "PYTHONPATH": str(ROOT), **LAUNCH_ENV,
+            **{k: str(v) for k, v in env.items()}}
+    script_path = str(ROOT / script)
+    argv = [str(a) for a in args]
+    with tempfile.TemporaryDirectory(prefix="ranks-") as logs:
+        files = [(os.path.join(logs, f"{r}.out"), os.path.join(logs, f"{r}.err")) for r in range(processes)]
+        procs = [ctx.Process(target=_run_rank, args=(script_path, argv, {**base, **rank_env(r, processes, port)},
+                                                     str(cwd), *files[r]), daemon=False)
+                 for r in range(processes)]
+        for proc in procs:
+            proc.start()
+        deadline, failed_at = time.monotonic() + timeout, None
+        while running := [p for p in procs if p.exitcode is None]:
+            wait([p.sentinel for p in running], timeout=1.0)
+            now = time.monotonic()
+            if failed_at is None and any(p.exitcode not in (None, 0) for p in procs):
+                failed_at = now
+            if now > deadline or (failed_at is not None and now > failed_at + GRACE_S):
+                for p in procs:
+                    if p.exitcode is None:
+                        p.kill()
+                if now > deadline:
+                    for p in procs:
+                        p.join()
+                    raise subprocess.TimeoutExpired([script, *argv], timeout)
+        for p in procs:
+            p.join()
+        codes = [p.exitcode for p in procs]
+        outs, errs = ([_read(names[i]) for names in files] for i in (0, 1))
+    # as accelerate's launcher: 1 when any rank failed
+    return subprocess.CompletedProcess([script, *argv], int(any(codes)), "".join(outs), "".join(errs))
+
+
+def _read(path: str) -> str:
+    return Path(path).read_text(errors="replace") if os.path.exists(path) else ""
+
+
+def spawn(fn, args: tuple, nprocs: int) -> None:
+    """``torch.multiprocessing.spawn(fn, args, nprocs)`` with the processes forked from the
+    preloaded server instead of started fresh (``fn(rank, *args)`` in each; an exception in
+    any of them is raised here)."""
+    import torch.multiprocessing as mp
+
+    context()   # the preload is set before the server starts
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")

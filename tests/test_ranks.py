@@ -1,0 +1,57 @@
+"""tests/ranks.py, the forked ranks most multi-process tests run on: each rank sees what a real
+``accelerate launch`` gives its workers, and a failing or hanging rank ends the run as the
+launcher ends it."""
+
+import json
+
+import pytest
+
+from tests import ranks
+from tests.ranks import run_ranks
+from tests.utils import launch
+
+SCRIPT = """import json, os, sys
+import torch
+print(json.dumps(dict(os.environ, THREADS=str(torch.get_num_threads()), ARGV=json.dumps(sys.argv[1:]))))
+"""
+# torchrun's own bookkeeping (its agent's store, error files, restarts): nothing here reads them
+LAUNCHER_ONLY = {"TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT",
+                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_SIGNALS_TO_HANDLE", "TORCHELASTIC_USE_AGENT_STORE", "_"}
+
+
+def _by_rank(stdout: str) -> dict[str, dict]:
+    envs = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return {env["RANK"]: env for env in envs}
+
+
+@pytest.mark.slow
+def test_a_forked_rank_sees_what_accelerate_launch_gives_its_workers(tmp_path):
+    script = tmp_path / "env.py"
+    script.write_text(SCRIPT)
+    launched = launch(tmp_path, script, "--flag", 1, processes=3)
+    forked = run_ranks(tmp_path, script, "--flag", 1, processes=3)
+    assert launched.returncode == forked.returncode == 0, launched.stderr[-2000:] + forked.stderr[-2000:]
+    real, ours = _by_rank(launched.stdout), _by_rank(forked.stdout)
+    assert sorted(real) == sorted(ours) == ["0", "1", "2"]
+    assert list(_by_rank(forked.stdout)) == ["0", "1", "2"]   # the ranks' outputs in rank order
+    for rank in real:
+        a, b = real[rank], ours[rank]
+        assert set(a) - set(b) <= LAUNCHER_ONLY and set(b) <= set(a), (set(a) ^ set(b))
+        differ = {k for k in b if a[k] != b[k]}
+        assert differ == {"MASTER_PORT"}, {k: (a[k], b[k]) for k in differ}   # each launch its own free port
+        assert b["THREADS"] == "1" and json.loads(b["ARGV"]) == ["--flag", "1"]
+
+
+@pytest.mark.slow
+def test_a_failing_rank_fails_the_run_and_a_hanging_one_is_stopped(tmp_path, monkeypatch):
+    script = tmp_path / "fail.py"
+    script.write_text("import os, sys, time\n"
+                      "print('rank', os.environ['RANK'], flush=True)\n"
+                      "if os.environ['RANK'] == '1':\n    sys.exit('rank 1 gives up')\n"
+                      "time.sleep(float(sys.argv[1]))\n")
+    proc = run_ranks(tmp_path, script, 0)
+    assert proc.returncode == 1 and proc.stdout == "rank 0\nrank 1\n" and proc.stderr == "rank 1 gives up\n"
+    monkeypatch.setattr(ranks, "GRACE_S", 0.5)   # rank 0 waits 60 s for a peer that is gone: killed
+    proc = run_ranks(tmp_path, script, 60, timeout=30)
+    assert proc.returncode == 1 and proc.stderr == "rank 1 gives up\n"
+    assert run_ranks(tmp_path, script, 0, processes=1).returncode == 0
