@@ -27,7 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # What the server imports once; every rank forked from it finds them loaded.
 PRELOAD = ["torch", "accelerate", "nala_dit.training.loop", "nala_dit.diffusion.generate",
-           "nala_dit.evaluation.metrics", "tests.ranks"]
+           "nala_dit.evaluation.metrics", "tests.ranks",
+           # what a run imports on its way (the training log's TensorBoard writer, FSDP and its
+           # sharded checkpoints, REPA's DINOv2 encoders): another 2-3 s a process
+           "torch.utils.tensorboard", "torch.distributed.fsdp", "torch.distributed.checkpoint",
+           "transformers.models.dinov2.modeling_dinov2",
+           "transformers.models.dinov2_with_registers.modeling_dinov2_with_registers"]
 # The variables accelerate's launcher (torchrun underneath) gives every worker of
 # `--multi_gpu --mixed_precision no --dynamo_backend no` with ACCELERATE_USE_CPU=1, besides the
 # per-rank ones below. Left out: torchrun's agent store (rank 0 hosts the store here), its
