@@ -240,7 +240,7 @@ def run_main(args) -> int:
             finally:
                 torch.set_num_threads(threads)
                 lock.unlink(missing_ok=True)
-            write_table(out, args.md)
+            write_table(out, args.md, plots=False)
             continue
         # Slots count every live cell, also those of an earlier runner still finishing
         # (a restarted runner picks up where the old one is, without oversubscribing).
@@ -275,7 +275,7 @@ def _reap(running: list, out: Path, md: Path | None) -> int:
             running.remove(item)
             lock.unlink(missing_ok=True)
             failures += proc.returncode != 0
-            write_table(out, md)
+            write_table(out, md, plots=False)
     return failures
 
 

@@ -85,9 +85,10 @@ def readme_block(rows: list[dict], cells: list[dict], step_s: dict | None = None
     return "\n".join(lines + [README_END])
 
 
-def write_table(out: Path, md: Path | None = None, readme: Path | None = None) -> Path:
+def write_table(out: Path, md: Path | None = None, readme: Path | None = None, plots: bool = True) -> Path:
     """table.json and the markdown table (``md`` or <out>/table.md); with ``readme``, also
-    the generated block of that file."""
+    the generated block of that file; with ``plots``, the canvas tasks' loss curves (half a
+    second each: the runner draws them once, at its end, and the table after every cell)."""
     cells = load_cells(out)
     rows = summarize(cells)
     step_s = load_timing(out)
@@ -97,7 +98,7 @@ def write_table(out: Path, md: Path | None = None, readme: Path | None = None) -
     target.write_text(render_table(rows, cells, step_s))
     if readme:
         fill_readme(readme, readme_block(rows, cells, step_s))
-    for task in _tasks(r["task"] for r in rows):
+    for task in _tasks(r["task"] for r in rows) if plots else ():
         if "image_size" in TASKS[task] and is_canvas(task):  # the canvas ladder's sizes: one plot each
             plot_curves(rows, step_s.get(task, {}), task, out / f"curves_{task}.png")
     return target
