@@ -74,7 +74,8 @@ def _run_rank(script: str, args: list[str], env: dict, cwd: str, out: str, err: 
         os.close(handle)
     import torch
 
-    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))   # as a fresh process reads OMP_NUM_THREADS
+    if "OMP_NUM_THREADS" in env:   # as a fresh process reads it (else torch's default, as the server's)
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).parent))
     runpy.run_path(script, run_name="__main__")
@@ -85,20 +86,36 @@ def run_ranks(tmp_path, script: str, *args, processes: int = 2, timeout: int = 3
     """``script`` (relative to the repo) on ``processes`` ranks, as ``tests.utils.launch`` runs it
     (same environment, one thread each, output captured as text), with each rank forked from
     the preloaded server. ``stdout`` / ``stderr`` hold the ranks' outputs in rank order; the
-    return code is the first failing rank's (0 when all succeed)."""
+    return code is 1 when any rank failed (as the launcher's), else 0."""
     from tests.utils import free_port
 
-    ctx = context()
     port = port or free_port()
     base = {**os.environ, "HF_HOME": str(Path(tmp_path) / "hf"), "PYTHONPATH": str(ROOT), **LAUNCH_ENV,
             **{k: str(v) for k, v in env.items()}}
+    return _run(script, args, [{**base, **rank_env(r, processes, port)} for r in range(processes)], timeout, cwd)
+
+
+def run_script(tmp_path, script: str, *args, timeout: int = 300, cwd=ROOT, **env) -> subprocess.CompletedProcess:
+    """``python script ...`` (relative to the repo) in one process forked from the preloaded
+    server: the caller's environment and no launcher's, ``HF_HOME`` in ``tmp_path``, output
+    captured as text. For what needs a process of its own (accelerate fixes the precision of
+    its first ``Accelerator`` in a process) without its start-up."""
+    base = {**os.environ, "HF_HOME": str(Path(tmp_path) / "hf"), **{k: str(v) for k, v in env.items()}}
+    return _run(script, args, [base], timeout, cwd, launcher=False)
+
+
+def _run(script: str, args: tuple, envs: list[dict], timeout: int, cwd, launcher: bool = True) -> subprocess.CompletedProcess:
+    """One forked process per environment in ``envs``, all running ``script``; the others are
+    killed ``GRACE_S`` after one fails, all of them at ``timeout`` (then TimeoutExpired). The
+    return code: the launcher's (1 when any failed) or, with ``launcher=False``, the one
+    process's own (-N for a signal, as ``subprocess``)."""
+    ctx = context()
     script_path = str(ROOT / script)
     argv = [str(a) for a in args]
     with tempfile.TemporaryDirectory(prefix="ranks-") as logs:
-        files = [(os.path.join(logs, f"{r}.out"), os.path.join(logs, f"{r}.err")) for r in range(processes)]
-        procs = [ctx.Process(target=_run_rank, args=(script_path, argv, {**base, **rank_env(r, processes, port)},
-                                                     str(cwd), *files[r]), daemon=False)
-                 for r in range(processes)]
+        files = [(os.path.join(logs, f"{r}.out"), os.path.join(logs, f"{r}.err")) for r in range(len(envs))]
+        procs = [ctx.Process(target=_run_rank, args=(script_path, argv, env, str(cwd), *files[r]), daemon=False)
+                 for r, env in enumerate(envs)]
         for proc in procs:
             proc.start()
         deadline, failed_at = time.monotonic() + timeout, None
@@ -119,8 +136,8 @@ def run_ranks(tmp_path, script: str, *args, processes: int = 2, timeout: int = 3
             p.join()
         codes = [p.exitcode for p in procs]
         outs, errs = ([_read(names[i]) for names in files] for i in (0, 1))
-    # as accelerate's launcher: 1 when any rank failed
-    return subprocess.CompletedProcess([script, *argv], int(any(codes)), "".join(outs), "".join(errs))
+    code = int(any(codes)) if launcher else codes[0]
+    return subprocess.CompletedProcess([script, *argv], code, "".join(outs), "".join(errs))
 
 
 def _read(path: str) -> str:

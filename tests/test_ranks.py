@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests import ranks
-from tests.ranks import run_ranks
+from tests.ranks import run_ranks, run_script
 from tests.utils import launch
 
 SCRIPT = """import json, os, sys
@@ -55,3 +55,16 @@ def test_a_failing_rank_fails_the_run_and_a_hanging_one_is_stopped(tmp_path, mon
     proc = run_ranks(tmp_path, script, 60, timeout=30)
     assert proc.returncode == 1 and proc.stderr == "rank 1 gives up\n"
     assert run_ranks(tmp_path, script, 0, processes=1).returncode == 0
+
+
+@pytest.mark.slow
+def test_run_script_is_a_plain_python_process(tmp_path):
+    """``run_script``: no launcher variables, the caller's environment plus ``env``, and the
+    script's own exit status (a launcher would say 1)."""
+    script = tmp_path / "plain.py"
+    script.write_text(SCRIPT + "sys.exit(int(sys.argv[1]))\n")
+    proc = run_script(tmp_path, script, 3, EXTRA="x")
+    assert proc.returncode == 3
+    (env,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert not {"RANK", "WORLD_SIZE", "MASTER_PORT", "ACCELERATE_USE_CPU"} & set(env) and env["EXTRA"] == "x"
+    assert json.loads(env["ARGV"]) == ["3"] and env["HF_HOME"] == str(tmp_path / "hf")

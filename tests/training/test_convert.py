@@ -1,9 +1,6 @@
 """Linearising a softmax DiT/SiT: weight inheritance, distillation, train.py --init-from / --teacher."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ from nala_dit.diffusion.gaussian import GaussianDiffusion
 from nala_dit.models.dit import count_params, create_model
 from nala_dit.training import checkpoint as ckpt_lib
 from nala_dit.training.convert import Distiller, Reference, check_compatible, inherit
+from tests.ranks import run_ranks, run_script
 from tests.utils import assert_names, copy_tree, poison
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -324,8 +322,6 @@ def test_distillation_lowers_the_teacher_student_gap(tmp_path):
 @pytest.mark.slow
 def test_two_process_distillation_resumes_bitwise(tmp_path):
     """accelerate, 2 CPU processes, grad accumulation, a teacher: 4 steps straight = resumed at 2 + 2 more."""
-    from tests.ranks import run_ranks
-
     write_checkpoint(tmp_path / "teacher", randomised("DiT-T/2", seed=8), "DiT-T/2")
     base = TINY_RUN + ["--results-dir", str(tmp_path), "--grad-accum", "2", "--teacher", str(tmp_path / "teacher"),
                        "--init-from", str(tmp_path / "teacher"), "--max-steps", "4", "--ckpt-every", "2"]
@@ -349,11 +345,9 @@ def test_two_process_distillation_resumes_bitwise(tmp_path):
 @pytest.mark.slow
 def test_bf16_distillation_run(tmp_path):
     write_checkpoint(tmp_path / "teacher", randomised("DiT-T/2", seed=9), "DiT-T/2")
-    # A fresh process: accelerate fixes the precision of its first Accelerator per process.
-    cmd = [sys.executable, str(ROOT / "train.py"), *TINY_RUN, "--results-dir", str(tmp_path), "--exp-name", "bf16",
-           "--max-steps", "2", "--ckpt-every", "2", "--mixed-precision", "bf16", "--teacher", str(tmp_path / "teacher")]
-    proc = subprocess.run(cmd, env={**os.environ, "HF_HOME": str(tmp_path / "hf")}, capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+    # A process of its own: accelerate fixes the precision of its first Accelerator per process.
+    proc = run_script(tmp_path, "train.py", *TINY_RUN, "--results-dir", tmp_path, "--exp-name", "bf16",
+                      "--max-steps", "2", "--ckpt-every", "2", "--mixed-precision", "bf16", "--teacher", tmp_path / "teacher")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for record in read_log(tmp_path / "bf16"):
         assert all(torch.isfinite(torch.tensor(record[k])) for k in ("loss", "loss_distill", "loss_distill_sigma"))

@@ -1,9 +1,6 @@
 """train.py: config resolution, resume equivalence, atomic saves, latents, bad input."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -350,10 +347,10 @@ def test_start_line_names_processes_batch_precision_and_attention():
 @pytest.mark.slow
 def test_bf16_mixed_precision_run(tmp_path):
     """bf16 autocast on CPU: finite losses, fp32 master weights and EMA in the checkpoint."""
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf")}
-    cmd = [sys.executable, str(ROOT / "train.py"), *TINY_RUN, "--results-dir", str(tmp_path), "--exp-name", "bf16",
-           "--max-steps", "2", "--ckpt-every", "2", "--mixed-precision", "bf16"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    from tests.ranks import run_script   # a process of its own: accelerate fixes the precision of its first Accelerator
+
+    proc = run_script(tmp_path, "train.py", *TINY_RUN, "--results-dir", tmp_path, "--exp-name", "bf16",
+                      "--max-steps", "2", "--ckpt-every", "2", "--mixed-precision", "bf16")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert all(np.isfinite(r["loss"]) for r in read_log(tmp_path / "bf16"))
     ckpt = ckpt_lib.open_checkpoint(tmp_path / "bf16")
