@@ -12,28 +12,31 @@ from tests.utils import launch
 
 SCRIPT = """import json, os, sys
 import torch
-print(json.dumps(dict(os.environ, THREADS=str(torch.get_num_threads()), ARGV=json.dumps(sys.argv[1:]))))
+env = dict(os.environ, THREADS=str(torch.get_num_threads()), ARGV=json.dumps(sys.argv[1:]))
+here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "env-" + os.environ.get("RANK", "plain") + ".json"), "w") as f:
+    json.dump(env, f)   # a file per rank: the ranks of a launch share one stdout, lines can interleave
 """
 # torchrun's own bookkeeping (its agent's store, error files, restarts): nothing here reads them
 LAUNCHER_ONLY = {"TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT",
                  "TORCHELASTIC_RUN_ID", "TORCHELASTIC_SIGNALS_TO_HANDLE", "TORCHELASTIC_USE_AGENT_STORE", "_"}
 
 
-def _by_rank(stdout: str) -> dict[str, dict]:
-    envs = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-    return {env["RANK"]: env for env in envs}
+def _envs(folder) -> dict[str, dict]:
+    """{RANK (or "plain"): the environment that process saw}, from the files SCRIPT wrote."""
+    return {p.stem.removeprefix("env-"): json.loads(p.read_text()) for p in folder.glob("env-*.json")}
 
 
 @pytest.mark.slow
 def test_a_forked_rank_sees_what_accelerate_launch_gives_its_workers(tmp_path):
-    script = tmp_path / "env.py"
-    script.write_text(SCRIPT)
-    launched = launch(tmp_path, script, "--flag", 1, processes=3)
-    forked = run_ranks(tmp_path, script, "--flag", 1, processes=3)
+    for name in ("launched", "forked"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "env.py").write_text(SCRIPT)
+    launched = launch(tmp_path, tmp_path / "launched" / "env.py", "--flag", 1, processes=3)
+    forked = run_ranks(tmp_path, tmp_path / "forked" / "env.py", "--flag", 1, processes=3)
     assert launched.returncode == forked.returncode == 0, launched.stderr[-2000:] + forked.stderr[-2000:]
-    real, ours = _by_rank(launched.stdout), _by_rank(forked.stdout)
+    real, ours = _envs(tmp_path / "launched"), _envs(tmp_path / "forked")
     assert sorted(real) == sorted(ours) == ["0", "1", "2"]
-    assert list(_by_rank(forked.stdout)) == ["0", "1", "2"]   # the ranks' outputs in rank order
     for rank in real:
         a, b = real[rank], ours[rank]
         assert set(a) - set(b) <= LAUNCHER_ONLY and set(b) <= set(a), (set(a) ^ set(b))
@@ -65,6 +68,6 @@ def test_run_script_is_a_plain_python_process(tmp_path):
     script.write_text(SCRIPT + "sys.exit(int(sys.argv[1]))\n")
     proc = run_script(tmp_path, script, 3, EXTRA="x")
     assert proc.returncode == 3
-    (env,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    env = _envs(tmp_path)["plain"]
     assert not {"RANK", "WORLD_SIZE", "MASTER_PORT", "ACCELERATE_USE_CPU"} & set(env) and env["EXTRA"] == "x"
     assert json.loads(env["ARGV"]) == ["3"] and env["HF_HOME"] == str(tmp_path / "hf")
