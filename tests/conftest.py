@@ -12,18 +12,18 @@ from pathlib import Path
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-import export
-import nala_dit  # noqa: F401  (teaches diffusers our pipeline names)
-from nala_dit.pipelines.pipeline import pipeline_for
-from tests.pipelines.test_pipeline import NAMES, tiny
-from tests.scripts.test_sample import write_checkpoint
+import nala_dit  # noqa: F401  (teaches diffusers our pipeline names; torch-free)
+
+# torch, diffusers and the helpers below are imported where they are used: the pytest-xdist
+# controller loads this file too and runs no test (about 10 s of imports saved there).
 
 # Under pytest-xdist each worker's torch gets its share of the cores (make test: two workers on
 # two cores, one thread each) instead of all of them: two workers' threads on the same cores
 # only wait for each other.
 if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
@@ -50,6 +50,7 @@ def inception_weights(tmp_path_factory):
     """
     from unittest import mock
 
+    import torch
     import torch_fidelity.feature_extractor_inceptionv3 as tfi
 
     with mock.patch.object(tfi, "load_state_dict_from_url", lambda *a, **k: None), \
@@ -80,6 +81,7 @@ def digits_classifier_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_dinov2(tmp_path_factory):
     """A REPA encoder: a DINOv2 of transformers with tiny random weights, saved as a folder."""
+    import torch
     from transformers import Dinov2Config, Dinov2Model
 
     torch.manual_seed(0)
@@ -105,6 +107,8 @@ def image_sets():
 def digits_checkpoint(tmp_path_factory):
     """A train.py-style run folder: a tiny pixel-space digits DiT (8x8, 1 channel) with
     random weights, for end-to-end sampling tests."""
+    import torch
+
     from nala_dit.cli.config import to_dict
     from nala_dit.cli.options import TrainConfig
     from nala_dit.models.dit import create_model
@@ -126,11 +130,15 @@ def digits_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
+    from tests.scripts.test_sample import write_checkpoint
+
     return write_checkpoint(tmp_path_factory.mktemp("runs") / "dit")
 
 
 @pytest.fixture(scope="module")
 def pipe_dir(run_dir, tmp_path_factory):
+    import export
+
     out = tmp_path_factory.mktemp("pipes") / "pipe"
     assert export.main(["checkpoint", str(run_dir), str(out)]) == 0
     return out
@@ -138,6 +146,9 @@ def pipe_dir(run_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pipe_folder(tmp_path_factory):
+    from nala_dit.pipelines.pipeline import pipeline_for
+    from tests.pipelines.test_pipeline import NAMES, tiny
+
     folder = tmp_path_factory.mktemp("trusted") / "pipe"
     pipeline_for(tiny("NaLaDiT-T/2"), id2label=NAMES, sampler="ddim").save_pretrained(folder)
     return folder
