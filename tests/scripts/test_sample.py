@@ -294,7 +294,7 @@ def test_disk_full_while_writing_shards_or_the_npz_is_one_line(run_dir, tmp_path
     """The file, what was kept and the rerun; the rerun finishes the job."""
     out = tmp_path / "s.npz"
     common = ["--ckpt", run_dir, "--num-samples", 4, *FAST, "--batch-size", 2, "--shard-size", 2, "--out", out]
-    real_savez, real_open = np.savez, open
+    real_savez = np.savez
     calls = []
 
     def full_after_one(f, **arrays):
