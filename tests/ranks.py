@@ -63,8 +63,8 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
 
 
 def _run_rank(script: str, args: list[str], env: dict, cwd: str, out: str, err: str) -> None:
-    """One rank: the launch's environment, stdout and stderr into files, then the script as
-    ``python script ...`` runs it (its ``sys.exit`` code is this process's exit status)."""
+    """One forked process: ``env`` as its whole environment, stdout and stderr into files, then the
+    script as ``python script ...`` runs it (its ``sys.exit`` code is this process's exit status)."""
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)

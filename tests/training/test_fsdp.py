@@ -164,7 +164,9 @@ def test_a_killed_rank_then_the_same_command_resumes_bitwise(tmp_path):
     assert launcher.wait(timeout=120) != 0
     killed_at = ckpt_lib.open_checkpoint(tmp_path / "killed").step
     assert killed_at < 16
-    proc = _train(tmp_path, "killed", "--fsdp", *steps)
+    # the resume through the real launcher too: "the same command" the user runs after the kill
+    proc = launch(tmp_path, "train.py", *RUN, "--results-dir", tmp_path, "--exp-name", "killed", "--fsdp", *steps)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed from {tmp_path / 'killed' / 'checkpoints' / f'{killed_at:07d}'}" in proc.stdout
     for which in ("model", "ema"):
         a, b = _weights(tmp_path / "straight", which), _weights(tmp_path / "killed", which)
