@@ -40,21 +40,28 @@ def by_number(named: dict) -> dict:
 
 
 # ---------------------------------------------------------------- reading without running code
-_METADATA_GLOBALS = {
-    "torch.distributed.checkpoint.metadata": None,          # its dataclasses and enums, any name
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch": {"Size"},
-    "torch.serialization": {"_get_layout"},
-    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"},
-    "collections": {"OrderedDict"},
-}
+# Exact (module, name) pairs: what the format pickles into ``.metadata`` and nothing else. Never
+# a module "with any name": pickle protocol 4 resolves dotted names (``os.system`` reached as an
+# attribute of a module that imports ``os``), so a name is looked up only if it is listed here.
+_METADATA_GLOBALS = frozenset({
+    *(("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "ChunkStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),   # a lookup in torch's table of layouts by name
+    *(("pathlib", name) for name in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path")),
+    ("collections", "OrderedDict"),
+})
+
+
+def _is_dtype(module: str, name: str) -> bool:
+    return module == "torch" and name.isidentifier() and isinstance(vars(torch).get(name), torch.dtype)
 
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
-        allowed = _METADATA_GLOBALS.get(module, set())
-        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
-        if module in _METADATA_GLOBALS and (allowed is None or name in allowed) or dtype:
+        if (module, name) in _METADATA_GLOBALS or _is_dtype(module, name):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name}")
 
