@@ -35,6 +35,7 @@ also depend on --batch-size; keep it fixed to reproduce a run.
 import argparse
 import math
 import sys
+from pathlib import Path
 from datetime import timedelta
 
 from nala_dit.cli.requirements import require_installed
@@ -196,6 +197,7 @@ def checked_settings(args):
                              ("--out", args.out, {})):
         if path:
             check_writable(path, flag, **kind)
+    refuse_overwrite(args)
     if args.num_samples is not None and args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
     settings = SampleSettings(args.sampler, args.steps, args.cfg_scale, args.guidance_interval,
@@ -214,6 +216,23 @@ def checked_settings(args):
     if (args.labels is None) == (args.num_samples is None):
         raise ValueError("pass exactly one of --labels and --num-samples")
     return settings
+
+
+def refuse_overwrite(args) -> None:
+    """A user's files are never replaced: an existing --grid, or an --out-dir already holding
+    sample PNGs (``<index>_class<label>.png``, the names this command writes), is refused in one
+    line (``--out``'s .npz has its own rule: only its own unfinished run is resumed)."""
+    from nala_dit.pipelines.sample_files import refuse_existing
+
+    if args.grid:
+        refuse_existing(args.grid, "--grid")
+    if args.out_dir and Path(args.out_dir).is_dir():
+        if held := sorted(Path(args.out_dir).glob(SAMPLE_PNG_GLOB)):
+            raise FileExistsError(f"--out-dir {args.out_dir} already holds {len(held)} sample PNG(s) (e.g. "
+                                  f"{held[0].name}); not overwriting them: choose another --out-dir, or move them away")
+
+
+SAMPLE_PNG_GLOB = "[0-9][0-9][0-9][0-9][0-9][0-9]_class*.png"   # data.images.save_pngs' names
 
 
 def write_samples(args, source, settings) -> tuple[list[int], list]:

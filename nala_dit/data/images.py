@@ -38,18 +38,34 @@ def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int, scale: i
     arr = grid.permute(1, 2, 0).numpy()
     if scale > 1:
         arr = arr.repeat(scale, axis=0).repeat(scale, axis=1)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr).save(path)
+    save_image(arr, path)
+
+
+def save_image(arr, path: str | os.PathLike) -> None:
+    """uint8 (H, W, C) as an image file, written to a temporary sibling and renamed into place:
+    a full disk or a kill never leaves a truncated or empty file, and the failure names ``path``."""
+    from PIL import Image
+
+    from ..guards import durable_replace
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")   # same suffix: PIL picks the format from it
+    try:
+        Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr).save(tmp)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise OSError(f"cannot write {path}: {err.strerror or err} (disk full?); nothing was left there: free space "
+                      f"and rerun the same command") from None
+    durable_replace(tmp, path)
 
 
 def save_pngs(images: torch.Tensor, labels: list[int], out_dir: str | os.PathLike) -> list[Path]:
-    from PIL import Image
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for i, (img, label) in enumerate(zip(images.numpy(), labels)):
         path = out_dir / f"{i:06d}_class{label}.png"
-        Image.fromarray(img[..., 0] if img.shape[-1] == 1 else img).save(path)
+        save_image(img, path)
         paths.append(path)
     return paths

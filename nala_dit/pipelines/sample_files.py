@@ -98,6 +98,29 @@ def _atomic_write(path: Path, write) -> None:
     durable_replace(tmp, path)
 
 
+def refuse_existing(path: str | os.PathLike, flag: str) -> None:
+    """A user's file is never replaced without a word: an existing output is refused in one
+    line naming it and the fix (as ``--out``'s .npz, which a run only resumes when it is its own)."""
+    path = Path(path)
+    if path.exists():
+        raise FileExistsError(f"{flag} {path} exists; not overwriting it: choose another {flag}, or move {path} away")
+
+
+def write_new_file(path: str | os.PathLike, write, flag: str = "the output", overwrite: bool = False) -> None:
+    """``write(f)`` into ``path`` atomically (``_atomic_write``); an existing ``path`` is refused
+    (``refuse_existing``) unless ``overwrite``; a failed write (disk full) is one line naming
+    ``path``, with nothing left there."""
+    path = Path(path)
+    if not overwrite:
+        refuse_existing(path, flag)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _atomic_write(path, write)
+    except OSError as err:
+        raise OSError(f"cannot write {path}: {err.strerror or err} (disk full?); nothing was left there: free space "
+                      f"and rerun the same command") from None
+
+
 @contextlib.contextmanager
 def _disk_full_line(path: Path, out: Path, then: str):
     """A failed write (disk full) as one line, as training's and export's: the file, what

@@ -405,3 +405,42 @@ def test_an_enlarged_grid_too_large_is_refused_before_sampling(run_dir, tmp_path
                         "--grid-scale", "64"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--grid-scale 64" in err and "megapixels" in err
+
+
+# ------------------------------------------------------------ a user's files are never replaced
+def test_an_existing_grid_or_sample_pngs_are_refused_before_sampling(run_dir, tmp_path, capsys, monkeypatch):
+    """--grid over an existing file, --out-dir over sample PNGs: one line naming the file and the
+    fix, the files untouched, nothing sampled."""
+    import nala_dit.pipelines.sample_files as sampling
+
+    monkeypatch.setattr(sampling, "sample_images", lambda *a, **k: pytest.fail("sampled before refusing"))
+    grid = tmp_path / "grid.png"
+    grid.write_bytes(b"the user's own grid")
+    assert cli("--ckpt", run_dir, "--labels", "1", *FAST, "--grid", grid) == 1
+    assert_names(one_line_error(capsys), f"--grid {grid} exists", "not overwriting", "choose another --grid")
+    assert grid.read_bytes() == b"the user's own grid"
+    pngs = tmp_path / "pngs"
+    pngs.mkdir()
+    (pngs / "000000_class1.png").write_bytes(b"the user's own sample")
+    assert cli("--ckpt", run_dir, "--labels", "1", *FAST, "--out-dir", pngs) == 1
+    assert_names(one_line_error(capsys), f"--out-dir {pngs} already holds 1 sample PNG", "000000_class1.png",
+                 "choose another --out-dir")
+    assert (pngs / "000000_class1.png").read_bytes() == b"the user's own sample"
+
+
+def test_a_full_disk_leaves_no_empty_png_and_names_the_path(run_dir, tmp_path, capsys, monkeypatch):
+    """A write failing with ENOSPC: one line with the path and the fix, no zero-byte or partial
+    file at the path nor a temporary beside it."""
+    from PIL import Image as PILImage
+
+    def full(self, fp, *args, **kwargs):
+        Path(fp).write_bytes(b"")   # what a full disk leaves: an empty file
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PILImage.Image, "save", full)
+    grid = tmp_path / "out" / "grid.png"
+    assert cli("--ckpt", run_dir, "--labels", "1", *FAST, "--grid", grid) == 1
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("error: "), err   # after the progress line
+    assert_names(err.splitlines()[-1], f"cannot write {grid}", "No space left on device", "free space")
+    assert not grid.exists() and list(grid.parent.iterdir()) == []
