@@ -25,6 +25,7 @@ refuses a ``base_model`` that is not a model id).
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -157,9 +158,43 @@ def build_card(model, folder: str, source: dict, kind: str, id2label: dict[int, 
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 
 
+def _text(value) -> str:
+    """A user-supplied string (a path, a name, a value from a config or JSON file) as plain
+    markdown text: HTML's ``<``, ``>`` and ``&`` escaped, backticks, brackets, asterisks and
+    backslashes escaped (no code span, link, image or emphasis can start in it), line breaks
+    turned into spaces (no heading, list or table row can start)."""
+    text = html.escape(" ".join(str(value).splitlines()), quote=False)
+    return re.sub(r"([\\`*\[\]])", r"\\\1", text)
+
+
+def _code(value) -> str:
+    """A user-supplied string as inline code: delimited by one backtick more than its longest
+    run of backticks (so none of them closes the span; CommonMark), line breaks turned into
+    spaces. Inside a code span HTML and markdown are shown as typed."""
+    text = " ".join(str(value).splitlines())
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _fenced(code: str, language: str) -> list[str]:
+    """A code block whose fence is longer than any run of backticks in ``code`` (a line of
+    backticks inside cannot close it)."""
+    fence = "`" * max(3, max((len(run) for run in re.findall("`+", code)), default=0) + 1)
+    return [fence + language, code, fence]
+
+
+def _escaped(config: dict) -> dict:
+    """A run's config (read from its checkpoint: any value may have been edited) with every
+    value that is not a number, a bool or None as ``_text``."""
+    return {k: v if v is None or isinstance(v, (bool, int, float)) else _text(v) for k, v in config.items()}
+
+
 def _fmt(value) -> str:
+    """A table cell: markdown already escaped where it holds user text (``_text``, ``_code``);
+    here only what breaks a row, ``|`` and line breaks."""
     if isinstance(value, str):
-        return value.replace("|", "\\|")
+        return " ".join(value.splitlines()).replace("|", "\\|")
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, float):
@@ -212,32 +247,32 @@ def _body(model, folder, source, kind, id2label, record, grid, vae, sampler, dat
     params = sum(p.numel() for p in model.parameters())
     name = source.get("model") or config.get("model") or "model"
     side = cfg["input_size"]
-    space = f"latents {side}×{side} of the VAE `{vae}`" if vae else f"{side}×{side} px (pixel space)"
+    space = f"latents {side}×{side} of the VAE {_code(vae)}" if vae else f"{side}×{side} px (pixel space)"
     where = source.get("checkpoint")
     step = source.get("step")
     weights = source.get("weights")
     if weights == "official":
-        origin = f"the published weights `{Path(where).name}`" if where else "published weights"
+        origin = f"the published weights {_code(Path(where).name)}" if where else "published weights"
     elif where:
-        origin = f"`{where}`" + (f" (step {_fmt(step)}, {weights} weights)" if step is not None else "")
+        origin = _code(where) + (f" (step {_fmt(step)}, {_text(weights)} weights)" if step is not None else "")
     else:
         origin = "a model built in Python"
     what = {"NaLaDiTPipeline": "a `NaLaDiTPipeline` (diffusers) folder",
             "NaLaSiTPipeline": "a `NaLaSiTPipeline` (diffusers) folder",
             "model": "the transformer alone (`nala_dit.models.dit.DiT.from_pretrained`)"}[kind]
-    lines = [f"# {name}", "",
+    lines = [f"# {_text(name)}", "",
              f"A class-conditional diffusion transformer, {params:,} parameters, saved by `nala_dit` "
              f"(`export.py`, `save_pretrained`) from {origin} as {what}.", "",
              "**License: not set.** Add a `license:` field to the metadata above (the terms of the data and of "
              "any weights this model started from apply) before publishing.", ""]
     if data.base_model:
-        lines += [f"Started from `{data.base_model}` (`--init-from`, {config.get('inherit')}).", ""]
+        lines += [f"Started from {_code(data.base_model)} (`--init-from`, {_text(config.get('inherit'))}).", ""]
     elif config.get("init-from"):
-        lines += [f"Started from `{config['init-from']}` (`--init-from`, inherit {config.get('inherit')}): a local "
+        lines += [f"Started from {_code(config['init-from'])} (`--init-from`, inherit {_text(config.get('inherit'))}): a local "
                   f"path; set `base_model:` to its Hub id if it has one.", ""]
 
     lines += ["## Model", ""]
-    lines += _table([("preset", name), ("parameters", params), ("attention", _attention(cfg)),
+    lines += _table([("preset", _text(name)), ("parameters", params), ("attention", _attention(cfg)),
                      ("MLP", cfg.get("mlp") if cfg.get("mlp") not in (None, "mlp") else None),
                      ("positions", cfg.get("positions", cfg.get("pos_embed"))),
                      ("objective", _objective(cfg, objective_config)), ("input", space),
@@ -258,11 +293,11 @@ def _body(model, folder, source, kind, id2label, record, grid, vae, sampler, dat
 def _samples(record: dict, cfg: dict) -> list[str]:
     """The run's last EMA grid (``write_sample_grid``: 16 samples, class i mod N, DDIM / Heun
     unless --sample-sampler)."""
-    c = record["config"]
+    c = _escaped(record["config"])
     sampler = c.get("sample-sampler") or ("ddim" if cfg["objective"] == "diffusion" else "ode-heun")
     step = int(Path(record["grid"]).stem)
     return ["## Samples", "", f"![EMA samples at step {step:,}]({GRID_FILE})", "",
-            f"The run's own grid (`samples/{Path(record['grid']).name}`, copied here as `{GRID_FILE}`): 16 EMA "
+            f"The run's own grid ({_code('samples/' + Path(record['grid']).name)}, copied here as `{GRID_FILE}`): 16 EMA "
             f"samples at step {step:,}, sample i of class i mod {cfg['num_classes']}, {sampler} "
             f"{c.get('sample-steps')} steps, guidance {c.get('sample-cfg-scale')}.", ""]
 
@@ -271,14 +306,15 @@ def _training(record: dict, cfg: dict, objective_config: dict) -> list[str]:
     from ..diffusion.generate import default_sampler
     from ..training.checkpoint import build_objective
 
-    c = record["config"]
+    raw = record["config"]
+    c = _escaped(raw)
     t = c.get("t-sampling")
     if t == "logit-normal":
         t = f"logit-normal (mean {c.get('t-mean')}, std {c.get('t-std')})"
     norm = record.get("latent_norm")
     lines = ["## Training", "",
-             f"From the run's own record (`{record['checkpoint']}`"
-             + (f", `{Path(record['run_dir']).name}/log.jsonl`" if record.get("log") else "") + "):", ""]
+             f"From the run's own record ({_code(record['checkpoint'])}"
+             + (f", {_code(Path(record['run_dir']).name + '/log.jsonl')}" if record.get("log") else "") + "):", ""]
     lines += _table([
         ("steps", f"{record['step']:,} (of --max-steps {c.get('max-steps'):,})" if isinstance(c.get("max-steps"), int)
          else record["step"]),
@@ -309,20 +345,20 @@ def _training(record: dict, cfg: dict, objective_config: dict) -> list[str]:
             v = log["val"]
             where = c.get("val-data") or "the embedded data's held-out split"
             lines.append(f"- held-out loss at step {v['step']:,} ({c.get('val-samples')} items of {where}, fixed "
-                         f"draws of t and noise): " + ", ".join(f"{k} {x:.4f}" for k, x in v["values"].items()))
+                         f"draws of t and noise): " + ", ".join(f"{_text(k)} {x:.4f}" for k, x in v["values"].items()))
         if "fid" in log:
             f = log["fid"]
             sampler = c.get("sample-sampler") or default_sampler(build_objective(cfg, objective_config))
             lines.append(f"- FID-type scores at step {f['step']:,} ({c.get('fid-samples')} EMA samples, {sampler} "
                          f"{c.get('sample-steps')} steps, guidance {c.get('sample-cfg-scale')}, against "
-                         f"`{Path(str(c.get('fid-ref'))).name}`, features {c.get('fid-features') or 'as the reference records'}): "
-                         + ", ".join(f"{k.removeprefix('fid/')} {x:.4g}" for k, x in f["values"].items()))
+                         f"{_code(Path(str(raw.get('fid-ref'))).name)}, features {c.get('fid-features') or 'as the reference records'}): "
+                         + ", ".join(f"{_text(k.removeprefix('fid/'))} {x:.4g}" for k, x in f["values"].items()))
         lines.append("")
     for ev in record.get("evaluations") or []:
         if not any(line.startswith("## Evaluations") for line in lines):
             lines += ["## Evaluations in the run folder", ""]
-        lines.append(f"- `{ev['file']}` ({_evaluation_settings(ev)}): "
-                     + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+        lines.append(f"- {_code(ev['file'])} ({_evaluation_settings(ev)}): "
+                     + ", ".join(f"{_text(k)} {v:.4g}" if isinstance(v, float) else f"{_text(k)} {_text(v)}"
                                  for k, v in ev["metrics"].items()))
     if record.get("evaluations"):
         lines.append("")
@@ -332,17 +368,17 @@ def _training(record: dict, cfg: dict, objective_config: dict) -> list[str]:
 def _evaluation_settings(ev: dict) -> str:
     """What an ``evaluate_fid.py --json`` result says it scored: samples, their checkpoint
     step and sampler (``gen``, or the samples' sidecar), the reference and the features."""
-    parts = [f"{ev['num_samples']} samples" if ev.get("num_samples") else None]
+    parts = [f"{_text(ev['num_samples'])} samples" if ev.get("num_samples") else None]
     s = ev.get("sampler")
     if isinstance(s, dict):
         parts.append(f"from step {s['step']:,}" if isinstance(s.get("step"), int) else None)
         steps = s.get("num_steps", s.get("steps"))
-        parts.append(" ".join(str(v) for v in (s.get("sampler"), f"{steps} steps" if steps else None) if v) or None)
+        parts.append(" ".join(_text(v) for v in (s.get("sampler"), f"{steps} steps" if steps else None) if v) or None)
         cfg = s.get("cfg_scale")
-        parts.append(f"guidance {cfg}" if cfg is not None else None)
+        parts.append(f"guidance {_text(cfg)}" if cfg is not None else None)
     if ev.get("reference"):
-        parts.append(f"against `{Path(str(ev['reference'])).name}`")
-    parts.append(f"{ev['extractor']} features" if ev.get("extractor") else None)
+        parts.append(f"against {_code(Path(str(ev['reference'])).name)}")
+    parts.append(f"{_text(ev['extractor'])} features" if ev.get("extractor") else None)
     return ", ".join(p for p in parts if p)
 
 
@@ -359,9 +395,10 @@ def _use(folder: str, kind: str, id2label: dict[int, str], sampler, vae) -> list
                   f"images = pipe({ids!r}, generator=0).images", "```", ""]
         return lines
     name, steps = sampler
-    lines += ["From a clone of the code (`pip install -e .` in it), the repository's command line:", "", "```bash",
-              f"python sample.py --ckpt {where} --labels {','.join(map(str, ids))} --per-label {EXAMPLE_PER_CLASS} "
-              f"--sampler {name} --steps {steps} --grid grid.png", "```", "",
+    command = (f"python sample.py --ckpt {where} --labels {','.join(map(str, ids))} --per-label {EXAMPLE_PER_CLASS} "
+               f"--sampler {name} --steps {steps} --grid grid.png")   # the folder quoted: a line break stays in it
+    lines += ["From a clone of the code (`pip install -e .` in it), the repository's command line:", "",
+              *_fenced(command, "bash"), "",
               "or in Python (class ids or names; `generator` seeds the noise as `sample.py --seed` does):", "",
               "```python",
               f"from nala_dit.pipelines.pipeline import {kind}",

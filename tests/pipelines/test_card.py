@@ -186,3 +186,78 @@ def test_the_printed_publish_command_is_huggingface_hubs_cli():
     assert hf.is_file(), f"{hf}: huggingface_hub's CLI (installed with it)"
     help_text = subprocess.run([str(hf), "upload", "--help"], capture_output=True, text=True, timeout=120)
     assert help_text.returncode == 0 and "REPO_ID [LOCAL_PATH]" in help_text.stdout
+
+
+HOSTILE = "x`<script>alert(1)\n# heading | cell ```<b>&amp;"   # no "/": a file name too
+
+
+def test_hostile_names_stay_text_in_the_card(tmp_path):
+    """A run name, data path, reference, evaluation file and export folder holding backticks,
+    HTML, a heading, a line break and ``|``: rendered (CommonMark + tables, markdown-it-py),
+    each is shown as typed inside its code span or as text; no HTML element, heading,
+    list item or table cell comes from them, and the card's bash line gives the folder back."""
+    import html
+    import shlex
+
+    import torch
+    markdown_it = pytest.importorskip("markdown_it", reason="markdown-it-py renders the card (installed with rich)")
+
+    from nala_dit.cli.config import to_dict
+    from nala_dit.cli.options import TrainConfig
+    from nala_dit.models.dit import create_model
+    from nala_dit.training.checkpoint import save_checkpoint
+
+    run = tmp_path / f"run{HOSTILE}"
+    model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10)
+    cfg = TrainConfig(model="NaLaDiT-T/2", data=f"/data/{HOSTILE}", exp_name=run.name, results_dir=str(tmp_path),
+                      fid_ref=f"/refs/{HOSTILE.replace(chr(10), '_')}.npz", fid_every=2, fid_samples=8)
+    state = dict(step=2, epoch=0, position=2, world_size=1, config=to_dict(cfg), model_config=dict(model.config))
+    ckpt = save_checkpoint(run / "checkpoints", model=model, ema=model, state=state,
+                           optimizer=torch.optim.AdamW(model.parameters()), rng_states=[torch.get_rng_state()])
+    (run / "log.jsonl").write_text(json.dumps({"step": 2, "loss": 0.5, "fid/fd_digits": 12.0}) + "\n")
+    evaluation = f"ev{HOSTILE.replace(chr(10), '_')}.json"
+    (run / evaluation).write_text(json.dumps({"metrics": {"<b>fd</b>": 1.5}, "extractor": "<img src=x>",
+                                              "reference": f"/r/{HOSTILE}"}))
+    out = tmp_path / f"out{HOSTILE}"
+    assert export.main(["checkpoint", str(run), str(out)]) == 0
+    card = ModelCard.load(out / "README.md")
+    assert card.data.to_dict()["datasets"] == [HOSTILE]   # the YAML metadata: dumped, safe
+    tokens = markdown_it.MarkdownIt("commonmark").enable("table").parse(card.text)
+    rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(card.text)
+
+    headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
+    assert headings == ["NaLaDiT-T/2", "Model", "Training", "Measured during training",
+                        "Evaluations in the run folder", "Use it"]
+    assert "<script" not in rendered and "<img" not in rendered and "<b>" not in rendered
+    assert "&lt;script&gt;" in rendered and "&lt;img src=x&gt;" in rendered
+    # every table row has its two cells: no '|' or line break of a name opened a new one
+    rows = re.findall(r"<tr>(.*?)</tr>", rendered, re.S)
+    assert rows and all(len(re.findall(r"<t[hd]>", row)) == 2 for row in rows), rows
+    codes = [html.unescape(c) for c in re.findall(r"<code>(.*?)</code>", rendered, re.S)]
+    one_line = str(ckpt).replace("\n", " ")
+    assert one_line in codes and f"{run.name.replace(chr(10), ' ')}/log.jsonl" in codes   # as typed, one line
+    assert evaluation in codes and f"{HOSTILE.replace(chr(10), '_')}.npz" in codes
+    data_row = next(row for row in rows if "<td>data</td>" in row)
+    assert html.unescape(re.findall(r"<td>(.*?)</td>", data_row)[1]).startswith(f"/data/{HOSTILE.replace(chr(10), ' ')},")
+    # the bash block is one command naming the folder exactly (its line break inside the quotes)
+    (bash,) = [t.content for t in tokens if t.type == "fence" and t.info == "bash"]
+    argv = shlex.split(bash)
+    assert argv[:4] == ["python", "sample.py", "--ckpt", str(out)] and argv[-2:] == ["--grid", "grid.png"]
+    (python,) = [t.content for t in tokens if t.type == "fence" and t.info == "python"]
+    assert f"from_pretrained({str(out)!r})" in python
+
+
+@pytest.mark.parametrize("text", ["plain", "`", "a``b", "``", "<b>&</b>", "a\nb", "| x |", "\\`"])
+def test_inline_code_and_text_round_trip(text):
+    """``_code`` shows any string as typed (line breaks as spaces) in one code span;
+    ``_text`` renders as the string itself, no element made."""
+    import html
+
+    markdown_it = pytest.importorskip("markdown_it", reason="markdown-it-py renders the card (installed with rich)")
+    from nala_dit.pipelines.card import _code, _text
+
+    md = markdown_it.MarkdownIt("commonmark")
+    (code,) = re.findall(r"<code>(.*?)</code>", md.render(f"a {_code(text)} b"), re.S)
+    assert html.unescape(code) == text.replace("\n", " ")
+    shown = md.render(f"a {_text(text)} b").strip()
+    assert shown == f"<p>a {html.escape(text.replace(chr(10), ' '), quote=False)} b</p>"
