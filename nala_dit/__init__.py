@@ -15,7 +15,18 @@ Importing the package costs nothing: the names below are imported on first use, 
 ``--help`` never loads torch or diffusers.
 """
 
+import os as _os
+import sys as _sys
+
 from ._lazy import lazy_exports
+
+# OpenMP reads OMP_WAIT_POLICY once, when torch loads: imported before torch, the package sets
+# PASSIVE (unless the variable is set), as every entry point of the repository does, so idle
+# torch threads sleep instead of spinning (spinning threads made the README's pipeline call
+# several times slower on two busy cores; docs/performance.md, "Threads"). Imported after torch, it is too late to set:
+# the pipelines then warn once, naming the fix (pipelines/pipeline.py).
+if "torch" not in _sys.modules:
+    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 

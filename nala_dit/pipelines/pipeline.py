@@ -24,10 +24,11 @@ and where the weights came from with ``register_to_config``, so they survive
 use) instead of copied. Images come from ``nala_dit.diffusion.generate.sample_batch``, exactly as
 ``sample.py`` makes them: the same seed and settings give the same pixels.
 
-Threads: a pipeline uses its process's torch threads. Set ``OMP_WAIT_POLICY=PASSIVE``
-before importing torch (``os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")``, as every
-CLI of this repository does): with OpenMP's default, idle threads spin, and beside other
-busy processes a step can take tens of times longer (docs/performance.md, "Threads").
+Threads: a pipeline uses its process's torch threads. ``import nala_dit`` before torch sets
+``OMP_WAIT_POLICY=PASSIVE`` (unless set), as every CLI of this repository does: with OpenMP's
+default, idle threads spin, and beside other busy processes a step can take tens of times
+longer (docs/performance.md, "Threads"). Imported after torch it is too late, and the first
+call warns once with the fix (``warn_spinning_threads``).
 
 diffusers resolves our components by module path (``nala_dit.models.dit.DiT``), which works
 once ``nala_dit`` is imported, because each such module binds ``ModelMixin``.
@@ -61,6 +62,27 @@ from .sources import assert_no_meta, check_pipeline_folder, read_pipeline_index,
 from ..models.vae import check_tiling
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+_warned_threads = False
+
+
+def warn_spinning_threads(device) -> None:
+    """Once per process: a warning naming the fix when this process's CPU threads spin.
+    ``import nala_dit`` before torch sets ``OMP_WAIT_POLICY=PASSIVE`` (``nala_dit/__init__.py``);
+    unset now means torch loaded first, so OpenMP's default applies: idle threads spin at
+    every op's barrier, and beside other busy processes a call can take many times longer
+    (docs/performance.md, "Threads"). Not with one thread, on a GPU, or a policy the user chose."""
+    global _warned_threads
+    if _warned_threads or torch.device(device).type != "cpu" or "OMP_WAIT_POLICY" in os.environ:
+        return
+    if torch.get_num_threads() <= 1:
+        return
+    _warned_threads = True
+    import warnings
+
+    warnings.warn(f"torch was imported before nala_dit with OMP_WAIT_POLICY unset: its {torch.get_num_threads()} CPU "
+                  f"threads spin while they wait, which can make sampling many times slower on a busy machine. Import "
+                  f"nala_dit before torch, or start Python with OMP_WAIT_POLICY=PASSIVE, or call "
+                  f"torch.set_num_threads(1) (docs/performance.md, Threads)", RuntimeWarning, stacklevel=3)
 # Every saved folder holds <custom pipeline>.py: a docstring and one import of the pipeline
 # class from this installed package, nothing else (tests/pipelines/test_pipeline.py), for
 # diffusers' documented door for pipelines outside diffusers. No route of this package
@@ -285,6 +307,7 @@ class _NaLaPipeline(DiffusionPipeline):
             ``pipe.vae.enable_tiling()``), "on" or "off"; ``vae_tile_size``: tile side in
             image px (a multiple of 32 for f8 VAEs). See ``nala_dit.models.vae``.
         """
+        warn_spinning_threads(self.device)
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
         if output_type != "latent":  # before sampling, not after
