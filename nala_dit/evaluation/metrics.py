@@ -208,6 +208,19 @@ def class_consistency(logits, labels) -> float:
 
 # Pipeline: features -> reference statistics -> metrics.
 
+# What `ref --limit N` keeps: the first N images in the order the readers yield them.
+SUBSET_ORDER = "reading order (a folder's files sorted by path, an .npz's rows, a dataset's items)"
+
+
+def first_images(batches, limit: int):
+    """The first ``limit`` images of uint8 NHWC ``batches`` (the last batch cut short)."""
+    left = limit
+    for batch in batches:
+        if left <= 0:
+            return
+        yield batch[:left]
+        left -= len(batch[:left])
+
 
 def compute_features(extractor, batches, total: int | None = None, desc: str = "features") -> dict[str, np.ndarray]:
     """Run `extractor` over uint8 NHWC batches; concatenated float32 features by name.
@@ -242,28 +255,32 @@ def reference_statistics(features: dict[str, np.ndarray], describe: dict) -> dic
 
 # The extractor's record a reference .npz keeps beside its statistics (strings), and its provenance
 # (`make_reference`: what data, their fingerprint, when, by which version).
-REFERENCE_RECORD = ("extractor", "weights_file", "weights_sha256", "weights_name", "weights_source")
-PROVENANCE = ("data_source", "data_sha256", "created", "nala_dit_version")
+REFERENCE_RECORD = ("extractor", "weights_file", "weights_sha256", "weights_name", "weights_source", "weights_check")
+PROVENANCE = ("data_source", "data_sha256", "data_subset", "created", "nala_dit_version")
 
 
-def data_fingerprint(source: str | Path) -> str:
+def data_fingerprint(source: str | Path, limit: int | None = None) -> str:
     """sha256 of what a reference was computed from: an image folder's files (relative paths and
-    bytes, in the reader's order), an .npz file's bytes, or an embedded dataset's name."""
+    bytes, in the reader's order; the first ``limit`` with ``--limit``), an .npz file's bytes, or an
+    embedded dataset's name."""
     if str(source) in features_lib.DATASETS:
         return hashlib.sha256(str(source).encode()).hexdigest()
     path = Path(source)
     if not path.is_dir():
         return features_lib.file_sha256(path)
     digest = hashlib.sha256()
-    for f in list_image_files(path):
+    for f in list_image_files(path)[:limit]:
         digest.update(str(f.relative_to(path)).encode() + b"\0")
         digest.update(f.read_bytes())
     return digest.hexdigest()
 
 
 def save_reference(path: str | Path, stats: dict[str, np.ndarray]) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **stats)
+    """Written to a temporary sibling and renamed into place: a full disk or a kill leaves no
+    half-written reference."""
+    from ..pipelines.sample_files import write_new_file
+
+    write_new_file(Path(path), lambda f: np.savez(f, **stats), overwrite=True)
 
 
 def load_reference(path: str | Path) -> dict:
@@ -347,14 +364,30 @@ def make_reference(
     num_workers: int = 0,
     inception_weights: str | Path | None = None,
     digits_classifier_dir: str | Path | None = None,
+    limit: int | None = None,
+    allow_unknown_weights: bool = False,
 ) -> dict:
     """Extract features of a folder/.npz (`data`) or an embedded `dataset` and save
-    reference statistics to `out`. Returns a summary dict."""
+    reference statistics to `out`. ``limit``: only the first N images in the reader's order
+    (a folder's files sorted by path, an .npz's rows, the dataset's items), recorded in the
+    file's ``data_subset``. Returns a summary dict."""
     if (data is None) == (dataset is None):
         raise ValueError("give exactly one of data (folder or .npz) and dataset")
-    extractor = build_extractor(features, device, inception_weights, digits_classifier_dir)
-    batches = iter_dataset(dataset, batch_size) if dataset else iter_images(data, batch_size, num_workers)
-    feats = compute_features(extractor, batches, count_images(dataset or data), f"features of {data or dataset}")
+    if limit is not None and limit < 2:
+        raise ValueError(f"--limit must be at least 2 (a covariance needs 2 images), got {limit}")
+    if data is not None and not Path(data).exists():
+        raise FileNotFoundError(f"--data {data}: no such image folder or .npz; pass a folder of PNG/JPG images "
+                                f"(searched recursively) or an .npz with arr_0 (uint8 NHWC)")
+    total = count_images(dataset or data)
+    count = total if limit is None else min(limit, total)
+    if count < 2:
+        raise ValueError(f"{data or dataset}: {count} image(s); reference statistics need at least 2 (a covariance; "
+                         f"thousands for a meaningful FID): add images")
+    extractor = build_extractor(features, device, inception_weights, digits_classifier_dir, allow_unknown_weights)
+    batches = iter_dataset(dataset, batch_size) if dataset else iter_images(data, batch_size, num_workers, limit)
+    if limit is not None:
+        batches = first_images(batches, limit)
+    feats = compute_features(extractor, batches, count, f"features of {data or dataset}")
     describe = extractor.describe()
     stats = reference_statistics(feats, describe)
     try:
@@ -363,7 +396,9 @@ def make_reference(
         ours = "unknown"
     source = str(data or dataset)
     provenance = {"data_source": str(Path(source).resolve()) if data is not None else source,
-                  "data_sha256": data_fingerprint(source),
+                  "data_sha256": data_fingerprint(source, limit),
+                  "data_subset": (f"all {total} images" if count == total else
+                                  f"the first {count} of {total} images in {SUBSET_ORDER} (--limit {limit})"),
                   "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "nala_dit_version": ours}
     stats.update({key: np.array(value) for key, value in provenance.items()})
@@ -385,6 +420,7 @@ def evaluate_samples(
     labels: np.ndarray | None = None,
     sampler: dict | None = None,
     with_is: bool | None = None,
+    allow_unknown_weights: bool = False,
 ) -> dict:
     """Score samples against a reference .npz; the JSON-able result.
 
@@ -405,7 +441,7 @@ def evaluate_samples(
     recorded = reference.get("extractor")
     if features is None:
         features = "digits" if recorded == DIGITS_NAME else "inception"
-    extractor = build_extractor(features, device, inception_weights, digits_classifier_dir)
+    extractor = build_extractor(features, device, inception_weights, digits_classifier_dir, allow_unknown_weights)
     if recorded is not None and recorded != extractor.name:
         raise ValueError(f"{ref} holds {recorded} statistics; cannot score with {extractor.name} features")
     if with_is and extractor.name == INCEPTION_NAME:

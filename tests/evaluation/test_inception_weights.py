@@ -183,7 +183,7 @@ def test_result_json_records_the_network(source, tmp_path, monkeypatch, image_se
         (hub / "checkpoints" / Path(inception_weights).name).symlink_to(inception_weights)
     ref_images, samples = _tiny_inputs(tmp_path, image_sets)
     ref, out = tmp_path / "ref_stats.npz", tmp_path / "result.json"
-    common = ["--device", "cpu", "--batch-size", "4", *flag]
+    common = ["--device", "cpu", "--batch-size", "4", "--allow-unknown-inception-weights", *flag]  # random weights
     assert evaluate_fid.main(["ref", "--data", str(ref_images), "--out", str(ref), *common]) == 0
     assert evaluate_fid.main(["calc", "--samples", str(samples), "--ref", str(ref), "--json", str(out), *common]) == 0
     result = json.loads(out.read_text())
@@ -210,11 +210,13 @@ def test_packaged_network_is_named(real_extractor):
 def test_other_reference_weights_are_noted(tmp_path, image_sets, inception_weights):
     ref_images, samples = _tiny_inputs(tmp_path, image_sets)
     ref = tmp_path / "ref_stats.npz"
-    metrics.make_reference(ref, data=ref_images, inception_weights=inception_weights, batch_size=4)
+    metrics.make_reference(ref, data=ref_images, inception_weights=inception_weights, batch_size=4,
+                            allow_unknown_weights=True)
     stats = dict(np.load(ref))
     stats["weights_sha256"] = np.array("0" * 64)
     np.savez(ref, **stats)
-    result = metrics.evaluate_samples(samples, ref, inception_weights=inception_weights, batch_size=4)
+    result = metrics.evaluate_samples(samples, ref, inception_weights=inception_weights, batch_size=4,
+                            allow_unknown_weights=True)
     assert any("other weights" in note for note in result["notes"])
 
 
@@ -237,8 +239,10 @@ def test_inception_score_refused_without_classifier_head(tmp_path, image_sets, i
                                                          capsys):
     ref_images, samples = _tiny_inputs(tmp_path, image_sets)
     ref = tmp_path / "ref_stats.npz"
-    metrics.make_reference(ref, data=ref_images, inception_weights=inception_weights, batch_size=4)
-    common = ["--device", "cpu", "--batch-size", "4", "--inception-weights", str(headless_weights)]
+    metrics.make_reference(ref, data=ref_images, inception_weights=inception_weights, batch_size=4,
+                            allow_unknown_weights=True)
+    common = ["--device", "cpu", "--batch-size", "4", "--inception-weights", str(headless_weights),
+              "--allow-unknown-inception-weights"]
     capsys.readouterr()
     # asked for: refused in one line that says how to get the head
     code = evaluate_fid.main(["calc", "--samples", str(samples), "--ref", str(ref), "--inception-score", "on", *common])
@@ -255,12 +259,13 @@ def test_inception_score_refused_without_classifier_head(tmp_path, image_sets, i
     assert "inception_score" not in result["metrics"] and "classifier head" in result["not_scored"]["inception_score"]
     assert result["classifier_head"] is False
     with pytest.raises(metrics.NoClassifierError):
-        metrics.evaluate_samples(samples, ref, inception_weights=headless_weights, batch_size=4, with_is=True)
+        metrics.evaluate_samples(samples, ref, inception_weights=headless_weights, batch_size=4, with_is=True,
+                                 allow_unknown_weights=True)
     # --inception-score off: never, even with the head
     out_off = tmp_path / "off.json"
     assert evaluate_fid.main(["calc", "--samples", str(samples), "--ref", str(ref), "--json", str(out_off),
                               "--inception-score", "off", "--device", "cpu", "--batch-size", "4",
-                              "--inception-weights", str(inception_weights)]) == 0
+                              "--inception-weights", str(inception_weights), "--allow-unknown-inception-weights"]) == 0
     assert "inception_score" not in json.loads(out_off.read_text())["metrics"]
 
 

@@ -26,7 +26,9 @@ def _write_folder(folder: Path, images: np.ndarray) -> Path:
 
 @pytest.mark.slow
 def test_ref_and_calc_inception(tmp_path, image_sets, inception_weights, capsys):
-    common = ["--device", "cpu", "--batch-size", "8", "--inception-weights", str(inception_weights)]
+    # the test weights are random, no known copy of the network: scored only with the opt-in
+    common = ["--device", "cpu", "--batch-size", "8", "--inception-weights", str(inception_weights),
+              "--allow-unknown-inception-weights"]
     stats = tmp_path / "ref_a.npz"
     folder_a = _write_folder(tmp_path / "a", image_sets["a"])
     assert evaluate_fid.main(["ref", "--data", str(folder_a), "--out", str(stats), *common]) == 0
@@ -59,6 +61,8 @@ def test_ref_and_calc_inception(tmp_path, image_sets, inception_weights, capsys)
     assert res_b["num_samples"] == 12
     assert res_b["extractor"] == "inception-v3-compat"
     assert res_b["weights_file"] == str(Path(inception_weights).resolve())
+    assert res_b["weights_check"] == "unknown weights allowed by --allow-unknown-inception-weights"
+    assert str(np.load(stats)["weights_check"]) == res_b["weights_check"]
     assert res_b["sampler"] == {"sampler": "ddpm", "steps": 250, "cfg_scale": 1.5}
     table = capsys.readouterr().out
     assert "FID" in table and "sFID" in table and "Precision" in table
@@ -107,8 +111,10 @@ def test_digits_ref_and_calc(tmp_path, digits_classifier_dir, capsys):
     samples_t = tmp_path / "train.npz"
     np.savez(samples_t, train_rgb)
     Path(str(samples_t) + ".json").write_text(json.dumps({"labels": train_labels[:200].tolist()}))
-    assert evaluate_fid.main(["calc", "--samples", str(samples_t), "--ref", str(stats), "--json", str(out), *common]) == 0
-    res_t = json.loads(out.read_text())
+    out_t = tmp_path / "digits_train.json"
+    assert evaluate_fid.main(["calc", "--samples", str(samples_t), "--ref", str(stats), "--json", str(out_t),
+                              *common]) == 0
+    res_t = json.loads(out_t.read_text())
     assert res_t["metrics"]["fd_digits"] > 0 and res_t["metrics"]["class_consistency"] >= 0.95
     assert "not comparable to Inception FID" in capsys.readouterr().out
 
@@ -232,3 +238,231 @@ def test_calc_validates_samples_and_reference(tmp_path, digits_classifier_dir, c
     assert code == 1
     assert_names(err, "do not match", "digits-classifier features", "dimension 128")
     assert calc(good)[0] == 0  # the valid pair still scores
+
+
+# ------------------------------------------------------------ one line for bad input; no file replaced
+def _one_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and "weights_only=False" not in err, err
+    last = err.splitlines()[-1]   # after a progress line, if any
+    assert last.startswith("error: "), err
+    return last
+
+
+def _digits_flags(classifier) -> list[str]:
+    return ["--features", "digits", "--digits-classifier", str(classifier), "--device", "cpu"]
+
+
+def test_device_cuda_without_cuda_is_one_line_and_auto_is_the_default(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "r.npz"
+    assert evaluate_fid.main(["ref", "--dataset", "digits-heldout", "--features", "digits", "--out", str(out),
+                              "--device", "cuda"]) == 1
+    assert_names(_one_error(capsys), "--device cuda", "no usable CUDA device", "--device auto", "cpu")
+    assert evaluate_fid.build_parser().parse_args(["ref", "--dataset", "digits-heldout", "--out", "x"]).device == "auto"
+    assert evaluate_fid.resolve_device("auto") == "cpu" and not out.exists()
+
+
+def test_ref_missing_data_and_a_single_image_are_one_line(tmp_path, capsys, digits_classifier_dir):
+    out = tmp_path / "r.npz"
+    assert evaluate_fid.main(["ref", "--data", str(tmp_path / "nope"), "--out", str(out),
+                              *_digits_flags(digits_classifier_dir)]) == 1
+    assert_names(_one_error(capsys), f"--data {tmp_path / 'nope'}", "no such image folder or .npz")
+    one = _write_folder(tmp_path / "one", load_digits_split("heldout")[0][:1])
+    assert evaluate_fid.main(["ref", "--data", str(one), "--out", str(out), *_digits_flags(digits_classifier_dir)]) == 1
+    assert_names(_one_error(capsys), f"{one}: 1 image(s)", "at least 2")
+    assert not out.exists()
+
+
+def _png_of_size(width: int, height: int) -> bytes:
+    """A 1 x 1 PNG whose header says width x height (what PIL checks for decompression bombs)."""
+    import io
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("L", (1, 1)).save(buffer, format="PNG")
+    data = bytearray(buffer.getvalue())
+    ihdr = data.index(b"IHDR")
+    data[ihdr + 4:ihdr + 12] = struct.pack(">II", width, height)
+    data[ihdr + 17:ihdr + 21] = struct.pack(">I", zlib.crc32(bytes(data[ihdr:ihdr + 17])))
+    return bytes(data)
+
+
+@pytest.mark.parametrize("name, content", [
+    ("bad.jpg", b"\xff\xd8\xff\xe0" + b"\x00" * 100),     # a JPEG cut after its first marker
+    ("empty.png", b""),
+    ("huge.png", None),                                   # 20000 x 20000 in its header
+    ("text.png", b"not an image at all\n"),
+])
+def test_ref_on_an_unreadable_image_is_one_line(tmp_path, capsys, digits_classifier_dir, name, content):
+    folder = _write_folder(tmp_path / "imgs", load_digits_split("heldout")[0][:3])
+    (folder / name).write_bytes(_png_of_size(20000, 20000) if content is None else content)
+    out = tmp_path / "r.npz"
+    assert evaluate_fid.main(["ref", "--data", str(folder), "--out", str(out),
+                              *_digits_flags(digits_classifier_dir)]) == 1
+    assert_names(_one_error(capsys), f"cannot read image {folder / name}", "fix or remove it")
+    assert not out.exists()
+
+
+def test_ref_limit_takes_the_first_n_and_records_it(tmp_path, capsys, digits_classifier_dir):
+    """--limit N: the statistics of the first N images in sorted order, exactly; the subset recorded."""
+    from nala_dit.evaluation import metrics
+    from nala_dit.evaluation.features import DigitsExtractor
+
+    images = load_digits_split("heldout")[0][:10]
+    folder = _write_folder(tmp_path / "imgs", images)
+    out = tmp_path / "r.npz"
+    assert evaluate_fid.main(["ref", "--data", str(folder), "--out", str(out), "--limit", "6", "--batch-size", "4",
+                              *_digits_flags(digits_classifier_dir)]) == 0
+    assert "the first 6 of 10 images" in capsys.readouterr().out
+    extractor = DigitsExtractor(digits_classifier_dir)
+    import torch
+
+    pool = extractor.extract(torch.from_numpy(images[:6, None]))["pool"]
+    mu, sigma = metrics.feature_statistics(pool)
+    with np.load(out) as ref:
+        assert int(ref["num_images"]) == 6
+        np.testing.assert_allclose(ref["mu"], mu, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(ref["sigma"], sigma, rtol=1e-5, atol=1e-6)
+        assert str(ref["data_subset"]).startswith("the first 6 of 10 images in reading order")
+        assert str(ref["data_sha256"]) == metrics.data_fingerprint(folder, 6) != metrics.data_fingerprint(folder)
+
+
+def test_existing_out_and_json_are_never_replaced(tmp_path, capsys, digits_classifier_dir):
+    out = tmp_path / "r.npz"
+    out.write_bytes(b"the user's file")
+    assert evaluate_fid.main(["ref", "--dataset", "digits-heldout", "--out", str(out),
+                              *_digits_flags(digits_classifier_dir)]) == 1
+    assert_names(_one_error(capsys), f"--out {out} exists", "not overwriting", "choose another --out")
+    assert out.read_bytes() == b"the user's file"
+    ref = tmp_path / "ref.npz"
+    assert evaluate_fid.main(["ref", "--dataset", "digits-heldout", "--out", str(ref),
+                              *_digits_flags(digits_classifier_dir)]) == 0
+    images, labels = load_digits_split("heldout")
+    samples = tmp_path / "s.npz"
+    np.savez(samples, images[:20, ..., None], labels[:20])
+    result = tmp_path / "m.json"
+    result.write_text("the user's notes")
+    assert evaluate_fid.main(["calc", "--samples", str(samples), "--ref", str(ref), "--json", str(result),
+                              "--digits-classifier", str(digits_classifier_dir), "--device", "cpu"]) == 1
+    assert_names(_one_error(capsys), f"--json {result} exists", "choose another --json")
+    assert result.read_text() == "the user's notes"
+
+
+def test_calc_on_a_damaged_npz_is_one_line(tmp_path, capsys, digits_classifier_dir):
+    ref = tmp_path / "ref.npz"
+    assert evaluate_fid.main(["ref", "--dataset", "digits-heldout", "--out", str(ref),
+                              *_digits_flags(digits_classifier_dir)]) == 0
+    images, labels = load_digits_split("heldout")
+    samples = tmp_path / "s.npz"
+    np.savez(samples, images[:300, ..., None], labels[:300])
+    data = bytearray(samples.read_bytes())
+    data[15000] ^= 0xFF   # one flipped byte in arr_0's pixels, past the first read: found while streaming
+    samples.write_bytes(bytes(data))
+    assert evaluate_fid.main(["calc", "--samples", str(samples), "--ref", str(ref), "--batch-size", "50",
+                              "--digits-classifier", str(digits_classifier_dir), "--device", "cpu"]) == 1
+    assert_names(_one_error(capsys), f"{samples}: damaged .npz", "Bad CRC-32", "write it again")
+
+
+# ------------------------------------------------------------ the Inception weights: known copies only
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def _bad_weights(kind: str, path: Path, marker: Path) -> Path:
+    import pickle
+
+    import torch
+
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "random bytes":
+        path.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    elif kind == "truncated":
+        torch.save({"fc.weight": torch.zeros(8, 8)}, path)
+        path.write_bytes(path.read_bytes()[:300])
+    elif kind == "missing key":
+        torch.save({"fc.weight": torch.zeros(1008, 2048)}, path)
+    elif kind == "pickle payload":
+        torch.save({"fc.weight": _RunsCode(marker)}, path, pickle_protocol=2)
+    elif kind == "raw pickle":
+        path.write_bytes(pickle.dumps(_RunsCode(marker), protocol=2))
+    return path
+
+
+def test_unknown_inception_weights_are_refused_before_loading(tmp_path, capsys):
+    """A file whose sha256 is no known copy of the network is refused, unread (a pickle payload
+    runs nothing), in one line naming the sha256 and the opt-in."""
+    marker = tmp_path / "ran"
+    weights = _bad_weights("raw pickle", tmp_path / "w.pth", marker)
+    data = tmp_path / "x.npz"
+    np.savez(data, np.zeros((4, 16, 16, 3), np.uint8))
+    assert evaluate_fid.main(["ref", "--data", str(data), "--out", str(tmp_path / "r.npz"), "--device", "cpu",
+                              "--inception-weights", str(weights)]) == 1
+    from nala_dit.evaluation.features import file_sha256
+
+    assert_names(_one_error(capsys), str(weights.resolve()), file_sha256(weights)[:16], "not a known copy",
+                 "--allow-unknown-inception-weights")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", ["empty", "random bytes", "truncated", "missing key", "pickle payload",
+                                  "raw pickle"])
+def test_unreadable_inception_weights_are_one_line(tmp_path, capsys, kind):
+    """With the opt-in the file is read: whatever is wrong with it is one line naming it; pickled
+    code is refused, runs nothing, and torch's advice to load it unsafely is never passed on."""
+    marker = tmp_path / "ran"
+    weights = _bad_weights(kind, tmp_path / "w.pth", marker)
+    data = tmp_path / "x.npz"
+    np.savez(data, np.zeros((4, 16, 16, 3), np.uint8))
+    out = tmp_path / "r.npz"
+    assert evaluate_fid.main(["ref", "--data", str(data), "--out", str(out), "--device", "cpu",
+                              "--inception-weights", str(weights), "--allow-unknown-inception-weights"]) == 1
+    err = assert_names(_one_error(capsys), str(weights.resolve()))
+    if "pickle" in kind:
+        assert_names(err, "refuses; nothing in it was run")
+    if kind == "missing key":
+        assert_names(err, "not torch-fidelity's Inception-v3 weights", "Missing key")
+    assert not marker.exists() and not out.exists()
+
+
+def test_a_known_file_changed_in_one_tensor_is_refused(tmp_path, capsys, monkeypatch, inception_weights):
+    """The probe's case: a loadable copy of the known network with one tensor scaled by 1.5 is
+    refused; with the opt-in it scores and the output records the opt-in."""
+    import torch
+
+    from nala_dit.evaluation import features
+
+    sha = features.file_sha256(Path(inception_weights))
+    monkeypatch.setattr(features, "KNOWN_WEIGHTS", {sha: "the test's stand-in for the known network"})
+    state = torch.load(inception_weights, weights_only=True)
+    state["Conv2d_1a_3x3.conv.weight"] *= 1.5
+    edited = tmp_path / "edited.pth"
+    torch.save(state, edited)
+    data = tmp_path / "x.npz"
+    np.savez(data, np.random.default_rng(0).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8))
+    common = ["ref", "--data", str(data), "--device", "cpu", "--batch-size", "4"]
+    assert evaluate_fid.main([*common, "--out", str(tmp_path / "known.npz"), "--inception-weights",
+                              str(inception_weights)]) == 0   # the known file: no opt-in needed
+    with np.load(tmp_path / "known.npz") as ref:
+        assert "weights_check" not in ref.files
+    capsys.readouterr()
+    out = tmp_path / "r.npz"
+    assert evaluate_fid.main([*common, "--out", str(out), "--inception-weights", str(edited)]) == 1
+    assert_names(_one_error(capsys), str(edited.resolve()), "not a known copy", "--allow-unknown-inception-weights")
+    assert not out.exists()
+    assert evaluate_fid.main([*common, "--out", str(out), "--inception-weights", str(edited),
+                              "--allow-unknown-inception-weights"]) == 0
+    with np.load(out) as ref:
+        assert str(ref["weights_check"]) == "unknown weights allowed by --allow-unknown-inception-weights"
