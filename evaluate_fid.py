@@ -73,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--dataset", choices=options.DATASETS, help="an embedded dataset")
     ref.add_argument("--out", required=True, help="output .npz (an existing file is refused)")
     ref.add_argument("--limit", type=int, metavar="N",
-                     help="only the first N images in reading order (a folder's files sorted by path, an .npz's rows, "
-                          "a dataset's items); recorded in the .npz as data_subset")
+                     help="only N images, evenly spaced in reading order (image k*total//N; a folder's files sorted "
+                          "by path, so each class folder gives its share; an .npz's rows, a dataset's items); "
+                          "recorded in the .npz as data_subset")
     _add_common(ref, "inception")
 
     calc = sub.add_parser("calc", help="score samples against reference statistics")

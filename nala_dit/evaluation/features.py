@@ -499,22 +499,24 @@ def _collate_images(items: list[torch.Tensor]) -> np.ndarray:
 
 
 def iter_image_folder(folder: str | Path, batch_size: int = 250, num_workers: int = 0,
-                      limit: int | None = None) -> Iterator[np.ndarray]:
-    """uint8 NHWC batches of a folder's images sorted by path (the first ``limit`` of them)."""
+                      indices: list[int] | None = None) -> Iterator[np.ndarray]:
+    """uint8 NHWC batches of a folder's images sorted by path (those at ``indices`` only)."""
+    files = list_image_files(folder)
     loader = torch.utils.data.DataLoader(
-        _ImageFiles(list_image_files(folder)[:limit]), batch_size=batch_size, num_workers=num_workers,
+        _ImageFiles(files if indices is None else [files[i] for i in indices]), batch_size=batch_size,
+        num_workers=num_workers,
         collate_fn=_collate_images
     )
     yield from loader
 
 
 def iter_images(path: str | Path, batch_size: int = 250, num_workers: int = 0,
-                limit: int | None = None) -> Iterator[np.ndarray]:
-    """uint8 NHWC batches from an image folder or an ADM .npz (`arr_0`); a folder's first
-    ``limit`` files only (an .npz is cut by the caller, ``metrics.first_images``)."""
+                indices: list[int] | None = None) -> Iterator[np.ndarray]:
+    """uint8 NHWC batches from an image folder or an ADM .npz (`arr_0`); a folder's files at
+    ``indices`` only (an .npz's rows are picked by the caller, ``metrics.pick_images``)."""
     path = Path(path)
     if path.is_dir():
-        yield from iter_image_folder(path, batch_size, num_workers, limit)
+        yield from iter_image_folder(path, batch_size, num_workers, indices)
         return
     if path.suffix != ".npz":
         raise ValueError(f"{path}: expected an image folder or an .npz with arr_0")

@@ -208,18 +208,27 @@ def class_consistency(logits, labels) -> float:
 
 # Pipeline: features -> reference statistics -> metrics.
 
-# What `ref --limit N` keeps: the first N images in the order the readers yield them.
-SUBSET_ORDER = "reading order (a folder's files sorted by path, an .npz's rows, a dataset's items)"
+# What `ref --limit N` keeps: N images evenly spaced in the order the readers yield them, so the
+# class folders of a sorted folder (or an .npz sorted by class) each give their share.
+SUBSET_ORDER = ("evenly spaced in reading order (image k * total // N, k = 0 .. N-1; a folder's files sorted by "
+                "path, an .npz's rows, a dataset's items)")
 
 
-def first_images(batches, limit: int):
-    """The first ``limit`` images of uint8 NHWC ``batches`` (the last batch cut short)."""
-    left = limit
+def subset_indices(total: int, count: int) -> list[int]:
+    """The ``count`` of ``total`` images ``ref --limit`` keeps: k * total // count, k < count."""
+    return [k * total // count for k in range(count)]
+
+
+def pick_images(batches, indices: list[int]):
+    """The images at the global ``indices`` (sorted) of uint8 NHWC ``batches``."""
+    wanted, start = np.asarray(indices), 0
     for batch in batches:
-        if left <= 0:
+        inside = wanted[(wanted >= start) & (wanted < start + len(batch))] - start
+        start += len(batch)
+        if len(inside):
+            yield batch[inside]
+        if start > wanted[-1]:
             return
-        yield batch[:left]
-        left -= len(batch[:left])
 
 
 def compute_features(extractor, batches, total: int | None = None, desc: str = "features") -> dict[str, np.ndarray]:
@@ -259,9 +268,9 @@ REFERENCE_RECORD = ("extractor", "weights_file", "weights_sha256", "weights_name
 PROVENANCE = ("data_source", "data_sha256", "data_subset", "created", "nala_dit_version")
 
 
-def data_fingerprint(source: str | Path, limit: int | None = None) -> str:
+def data_fingerprint(source: str | Path, indices: list[int] | None = None) -> str:
     """sha256 of what a reference was computed from: an image folder's files (relative paths and
-    bytes, in the reader's order; the first ``limit`` with ``--limit``), an .npz file's bytes, or an
+    bytes, in the reader's order; those at ``indices`` with ``--limit``), an .npz file's bytes, or an
     embedded dataset's name."""
     if str(source) in features_lib.DATASETS:
         return hashlib.sha256(str(source).encode()).hexdigest()
@@ -269,7 +278,8 @@ def data_fingerprint(source: str | Path, limit: int | None = None) -> str:
     if not path.is_dir():
         return features_lib.file_sha256(path)
     digest = hashlib.sha256()
-    for f in list_image_files(path)[:limit]:
+    files = list_image_files(path)
+    for f in files if indices is None else [files[i] for i in indices]:
         digest.update(str(f.relative_to(path)).encode() + b"\0")
         digest.update(f.read_bytes())
     return digest.hexdigest()
@@ -368,9 +378,8 @@ def make_reference(
     allow_unknown_weights: bool = False,
 ) -> dict:
     """Extract features of a folder/.npz (`data`) or an embedded `dataset` and save
-    reference statistics to `out`. ``limit``: only the first N images in the reader's order
-    (a folder's files sorted by path, an .npz's rows, the dataset's items), recorded in the
-    file's ``data_subset``. Returns a summary dict."""
+    reference statistics to `out`. ``limit``: only N images, evenly spaced in the reader's order
+    (``subset_indices``), recorded in the file's ``data_subset``. Returns a summary dict."""
     if (data is None) == (dataset is None):
         raise ValueError("give exactly one of data (folder or .npz) and dataset")
     if limit is not None and limit < 2:
@@ -383,10 +392,13 @@ def make_reference(
     if count < 2:
         raise ValueError(f"{data or dataset}: {count} image(s); reference statistics need at least 2 (a covariance; "
                          f"thousands for a meaningful FID): add images")
+    indices = subset_indices(total, count) if limit is not None else None
     extractor = build_extractor(features, device, inception_weights, digits_classifier_dir, allow_unknown_weights)
-    batches = iter_dataset(dataset, batch_size) if dataset else iter_images(data, batch_size, num_workers, limit)
-    if limit is not None:
-        batches = first_images(batches, limit)
+    batches = iter_dataset(dataset, batch_size) if dataset else iter_images(data, batch_size, num_workers, indices)
+    if limit is not None and dataset:   # a folder's reader opens only the chosen files
+        batches = pick_images(batches, indices)
+    elif limit is not None and Path(data).suffix == ".npz":
+        batches = pick_images(batches, indices)
     feats = compute_features(extractor, batches, count, f"features of {data or dataset}")
     describe = extractor.describe()
     stats = reference_statistics(feats, describe)
@@ -396,9 +408,9 @@ def make_reference(
         ours = "unknown"
     source = str(data or dataset)
     provenance = {"data_source": str(Path(source).resolve()) if data is not None else source,
-                  "data_sha256": data_fingerprint(source, limit),
-                  "data_subset": (f"all {total} images" if count == total else
-                                  f"the first {count} of {total} images in {SUBSET_ORDER} (--limit {limit})"),
+                  "data_sha256": data_fingerprint(source, indices),
+                  "data_subset": (f"all {total} images" if indices is None else
+                                  f"{count} of {total} images, {SUBSET_ORDER} (--limit {limit})"),
                   "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "nala_dit_version": ours}
     stats.update({key: np.array(value) for key, value in provenance.items()})

@@ -309,28 +309,37 @@ def test_ref_on_an_unreadable_image_is_one_line(tmp_path, capsys, digits_classif
     assert not out.exists()
 
 
-def test_ref_limit_takes_the_first_n_and_records_it(tmp_path, capsys, digits_classifier_dir):
-    """--limit N: the statistics of the first N images in sorted order, exactly; the subset recorded."""
+@pytest.mark.parametrize("as_npz", [False, True])
+def test_ref_limit_takes_n_evenly_spaced_images_and_records_it(tmp_path, capsys, digits_classifier_dir, as_npz):
+    """--limit 6 of 10 images: the statistics of images 0, 1, 3, 5, 6, 8 (k * 10 // 6), exactly,
+    from a folder (sorted files) or an .npz (rows); the subset recorded."""
+    import torch
+
     from nala_dit.evaluation import metrics
     from nala_dit.evaluation.features import DigitsExtractor
 
     images = load_digits_split("heldout")[0][:10]
-    folder = _write_folder(tmp_path / "imgs", images)
+    if as_npz:
+        data = tmp_path / "imgs.npz"
+        np.savez(data, images)
+    else:
+        data = _write_folder(tmp_path / "imgs", images)
     out = tmp_path / "r.npz"
-    assert evaluate_fid.main(["ref", "--data", str(folder), "--out", str(out), "--limit", "6", "--batch-size", "4",
+    assert evaluate_fid.main(["ref", "--data", str(data), "--out", str(out), "--limit", "6", "--batch-size", "4",
                               *_digits_flags(digits_classifier_dir)]) == 0
-    assert "the first 6 of 10 images" in capsys.readouterr().out
-    extractor = DigitsExtractor(digits_classifier_dir)
-    import torch
-
-    pool = extractor.extract(torch.from_numpy(images[:6, None]))["pool"]
+    assert "6 of 10 images, evenly spaced" in capsys.readouterr().out
+    chosen = [0, 1, 3, 5, 6, 8]
+    assert metrics.subset_indices(10, 6) == chosen
+    pool = DigitsExtractor(digits_classifier_dir).extract(torch.from_numpy(images[chosen, None]))["pool"]
     mu, sigma = metrics.feature_statistics(pool)
     with np.load(out) as ref:
         assert int(ref["num_images"]) == 6
         np.testing.assert_allclose(ref["mu"], mu, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(ref["sigma"], sigma, rtol=1e-5, atol=1e-6)
-        assert str(ref["data_subset"]).startswith("the first 6 of 10 images in reading order")
-        assert str(ref["data_sha256"]) == metrics.data_fingerprint(folder, 6) != metrics.data_fingerprint(folder)
+        assert str(ref["data_subset"]).startswith("6 of 10 images, evenly spaced in reading order")
+        assert str(ref["data_sha256"]) == metrics.data_fingerprint(data, chosen)
+    if not as_npz:
+        assert metrics.data_fingerprint(data, chosen) != metrics.data_fingerprint(data)
 
 
 def test_existing_out_and_json_are_never_replaced(tmp_path, capsys, digits_classifier_dir):
