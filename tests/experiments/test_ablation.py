@@ -117,7 +117,7 @@ def test_quick_ablation_writes_a_complete_finite_table(tmp_path, digits_classifi
     filled = readme.read_text()
     assert filled.startswith("intro\n<!-- ablation:start") and filled.endswith("<!-- ablation:end -->\nclaims\n")
     assert "stale table" not in filled and "| nala_mix | 2e-3 | 2 |" in filled
-    assert "Digits (16 tokens): 4 cells" in filled and f"budgets {', '.join(map(str, budgets))} steps" in filled
+    assert f"| Digits (16 tokens) | 4 | " in filled and f" | {', '.join(map(str, budgets))} |" in filled
     assert ablation.main(["table", "--out", str(tmp_path), "--readme", str(readme)]) == 0
     assert readme.read_text() == filled
     with pytest.raises(SystemExit, match="no such file"):
@@ -166,15 +166,16 @@ def test_time_to_loss_ranks_variants_by_compute_time_to_the_common_target(tmp_pa
         equal = ablation.equal_compute(ablation.summarize(ablation.load_cells(tmp_path)), ablation.load_timing(tmp_path))
         assert [(f["variant"], f["steps"]) for f in equal] == [("nala", 400), ("softmax", steps)]
         assert f"| softmax | {step:.3f} | {steps} | {around} |" in ablation.write_table(tmp_path).read_text()
-    page = ablation.readme_block(ablation.summarize(ablation.load_cells(tmp_path)), [], ablation.load_timing(tmp_path))
-    assert "**Canvas 128 px (4,096 tokens): held-out loss at equal compute (200 s)**" in page
+    # The full table (results/RESULTS.md) has the compute tables; the record's block links to it.
+    page = ablation.render_table(ablation.summarize(ablation.load_cells(tmp_path)), [], ablation.load_timing(tmp_path))
+    assert "## Canvas 128 px (4,096 tokens): held-out loss at equal compute (200 s)" in page
     # At plain softmax's compute (its 400 steps x 2.5 s = 1,000 s) NaLa affords 2,000 steps;
     # its runs stop at 400, the last budget shown.
     at_softmax = ablation.equal_compute(ablation.summarize(ablation.load_cells(tmp_path)),
                                         ablation.load_timing(tmp_path), reference="softmax")
     assert [(f["variant"], f["steps"], f["compute_s"], f["below"]["budget"]) for f in at_softmax] == [
         ("nala", 2000, 1000.0, 400), ("softmax", 400, 1000.0, 400)]
-    assert "**Canvas 128 px (4,096 tokens): held-out loss at plain softmax's compute (1000 s)**" in page
+    assert "## Canvas 128 px (4,096 tokens): held-out loss at plain softmax's compute (1000 s)" in page
     assert "| nala | 0.500 | 2000 | 400 steps: 0.3000 ± 0.0000 (n = 3) |" in page
 
 
@@ -222,6 +223,29 @@ def test_summary_counts_the_raw_weight_loss_only_where_cells_have_it():
     assert rows[0]["heldout_loss_raw"] == pytest.approx(0.03) and rows[0]["heldout_loss_raw_std"] == pytest.approx(2 ** 0.5 / 100)
     assert _raw_cell(rows[0]) == "0.0300 ± 0.0141 (n = 2)"
     assert _raw_cell(ablation.summarize([cell(0, None)])[0]) == "—"
+
+
+def test_the_record_shows_each_task_at_the_last_budget_every_variant_reached():
+    """Known answer: softmax and NaLa reach 200 and 400 steps, only NaLa is continued to 800, so
+    the record's block shows 400 steps (and its contrasts there) and not 200 or 800; the full
+    table has all three."""
+    from experiments.ablation import study as ablation
+    from experiments.ablation.study.tables import comparison_budget
+
+    def cell(variant, budgets, seed=0):
+        rows = [dict(budget=b, class_consistency=0.1, frechet_distance=5.0, train_loss=0.03, heldout_loss=1 / b,
+                     train_time_s=10.0) for b in budgets]
+        return dict(task="canvas", variant=variant, lr=2e-3, seed=seed, budgets=rows, wall_total_s=60.0)
+
+    cells = [cell("softmax", (200, 400)), cell("nala", (200, 400, 800))]
+    rows = ablation.summarize(cells)
+    assert comparison_budget(rows, "canvas") == 400
+    block = ablation.readme_block(rows, cells)
+    assert "**Canvas (256 tokens), 400 steps**" in block
+    assert "200 steps**" not in block and "800 steps**" not in block
+    assert "| Canvas (256 tokens) | 2 | 2 | 200, 400, 800 |" in block     # 2 cells, 120 s = 2 core-minutes
+    table = ablation.render_table(rows, cells)
+    assert all(f"## canvas, {b} steps" in table for b in (200, 400, 800))
 
 
 def test_heldout_loss_by_noise_band_is_the_hand_computed_mean():
