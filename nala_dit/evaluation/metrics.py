@@ -476,8 +476,9 @@ def evaluate_samples(
     batches = iter(iter_images(samples, batch_size, num_workers) if from_path else samples)
     first = next(batches, None)   # the samples' shape, for the note below
     batches = itertools.chain([] if first is None else [first], batches)
-    sample_feats = compute_features(extractor, batches, count_images(samples) if from_path else None,
-                                    f"features of {samples}")
+    total = count_images(samples) if from_path else sum(map(len, samples)) if isinstance(samples, list) else None
+    sample_feats = compute_features(extractor, batches, total,
+                                    f"features of {samples}" if from_path else "features of the samples")
     metrics = calc_metrics(sample_feats, reference, extractor.name, labels, with_kid, split_size, with_is)
     not_scored = {}
     if extractor.name == INCEPTION_NAME and with_is is None and "inception_score" not in metrics:

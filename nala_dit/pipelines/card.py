@@ -90,6 +90,8 @@ def _last_logged(log: Path, step: int) -> dict:
             values = {k: v for k, v in row.items() if k.startswith(prefix + "/") and _number(v)}
             if values:
                 found[prefix] = dict(step=row["step"], values=values)
+                if prefix == "fid" and isinstance(row.get("fid_network"), str):   # the network that scored it
+                    found[prefix]["network"] = (row["fid_network"], str(row.get("fid_network_sha256", "")))
     return found
 
 
@@ -303,9 +305,6 @@ def _samples(record: dict, cfg: dict) -> list[str]:
 
 
 def _training(record: dict, cfg: dict, objective_config: dict) -> list[str]:
-    from ..diffusion.generate import default_sampler
-    from ..training.checkpoint import build_objective
-
     raw = record["config"]
     c = _escaped(raw)
     t = c.get("t-sampling")
@@ -348,10 +347,12 @@ def _training(record: dict, cfg: dict, objective_config: dict) -> list[str]:
                          f"draws of t and noise): " + ", ".join(f"{_text(k)} {x:.4f}" for k, x in v["values"].items()))
         if "fid" in log:
             f = log["fid"]
-            sampler = c.get("sample-sampler") or default_sampler(build_objective(cfg, objective_config))
+            sampler = c.get("sample-sampler") or ("ddim" if cfg["objective"] == "diffusion" else "ode-heun")  # the grid's
+            scorer = (f"scored by {_text(f['network'][0])}, sha256 {_code(f['network'][1])}" if "network" in f
+                      else f"features {c.get('fid-features') or 'as the reference records'}")
             lines.append(f"- FID-type scores at step {f['step']:,} ({c.get('fid-samples')} EMA samples, {sampler} "
                          f"{c.get('sample-steps')} steps, guidance {c.get('sample-cfg-scale')}, against "
-                         f"{_code(Path(str(raw.get('fid-ref'))).name)}, features {c.get('fid-features') or 'as the reference records'}): "
+                         f"{_code(Path(str(raw.get('fid-ref'))).name)}, {scorer}): "
                          + ", ".join(f"{_text(k.removeprefix('fid/'))} {x:.4g}" for k, x in f["values"].items()))
         lines.append("")
     for ev in record.get("evaluations") or []:

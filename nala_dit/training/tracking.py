@@ -118,7 +118,8 @@ def tracker_config(config: dict) -> dict:
 
 def progress_values(values: dict) -> dict:
     """The progress line's part of a log record: loss, images/s, and the held-out loss
-    and first FID-type score when they were computed at this step. Under REPA the line's
+    and first FID-type score (with the first 8 hex digits of its network's sha256) when they
+    were computed at this step. Under REPA the line's
     ``loss`` is the diffusion loss alone (``loss_simple``) and ``cos`` the alignment's
     cosine (``align_cos``): the combined loss (diffusion − λ·cos, negative once aligned)
     hides both, and stays in ``log.jsonl`` as ``loss``."""
@@ -131,6 +132,8 @@ def progress_values(values: dict) -> dict:
     fid = next((k for k in values if k.startswith("fid/")), None)
     if fid is not None:
         shown[fid.split("/", 1)[1]] = f"{values[fid]:.3f}"
+        if "fid_network_sha256" in values:   # the network that scored it, briefly (log.jsonl: name and sha256)
+            shown["net"] = values["fid_network_sha256"][:8]
     return shown
 
 

@@ -32,6 +32,12 @@ VAL_DATA_STREAM = 4   # the item's own draws into model space (a VAE or cached-l
 NOISE_BANDS = (("low", 0.0, 1 / 3), ("mid", 1 / 3, 2 / 3), ("high", 2 / 3, float("inf")))
 
 
+def training_sampler(cfg: TrainConfig, model) -> str:
+    """What the grids and FID during training sample with: ``--sample-sampler``, else DDIM (DiT) /
+    Heun (SiT): a check during training, where 250 DDPM steps would dominate the step time."""
+    return cfg.sample_sampler or ("ddim" if model.config.objective == "diffusion" else "ode-heun")
+
+
 @contextlib.contextmanager
 def own_rng(device: torch.device):
     """Evaluation draws that leave the global RNG (CPU and this CUDA device) as it was."""
@@ -47,9 +53,7 @@ def write_sample_grid(model, objective, noise, labels, path: Path, cfg: TrainCon
     was_training = model.training
     model.eval()
     gen = torch.Generator(noise.device).manual_seed(cfg.seed)
-    # DDIM / Heun by default: a grid is a progress check, 250 DDPM steps would dominate the step time.
-    sampler = cfg.sample_sampler or ("ddim" if model.config.objective == "diffusion" else "ode-heun")
-    out = generate(model, objective, noise, labels, sampler=sampler, num_steps=cfg.sample_steps,
+    out = generate(model, objective, noise, labels, sampler=training_sampler(cfg, model), num_steps=cfg.sample_steps,
                    cfg_scale=cfg.sample_cfg_scale, generator=gen)
     if write:
         save_grid(data_lib.to_uint8(decode(out.samples, vae, scaling)), path, nrow=nrow)
@@ -207,38 +211,54 @@ class HeldOutLoss:
 class TrainingFID:
     """FID-type scores of ``--fid-samples`` EMA samples against ``--fid-ref``: labels
     balanced and shuffled with ``--seed`` (as ``sample.py``), noise seeded by sample index
-    (``sample_batch``), the grid's sampler settings; process p generates samples p, p + P,
-    ...; the first process scores them with ``metrics.evaluate_samples`` (Inception or the
-    digits classifier, as the reference records) and returns the scores (the others {}).
+    (``sample_batch``), the grid's sampler settings (``training_sampler``, ``--sample-steps``,
+    ``--sample-cfg-scale``); process p generates samples p, p + P, ... (the first process
+    shows a progress bar of its share); the first process scores them with
+    ``metrics.evaluate_samples`` (Inception or the digits classifier, as the reference records)
+    and returns the scores with the network that scored them (``fid_network``: name and
+    sha256 of its weights file; the others {}).
     ``lockstep`` (FSDP): every process runs as many sampler batches as the busiest one."""
 
     def __init__(self, cfg: TrainConfig, num_classes: int, batch_size: int, lockstep: bool = False):
-        from ..evaluation.metrics import load_reference
-
-        load_reference(cfg.fid_ref)  # a missing or unreadable reference: refused before training
+        # a missing or unreadable reference, and Inception weights that are absent or no known copy of the
+        # network, are refused before training, not at the first --fid-every step
+        reference = fid_reference(cfg)
         self.cfg, self.batch_size, self.lockstep = cfg, batch_size, lockstep
         self.labels = balanced_labels(cfg.fid_samples, num_classes, cfg.seed)
-        self.settings = SampleSettings(cfg.sample_sampler, cfg.sample_steps, cfg.sample_cfg_scale)
+        if (cfg.fid_features or ("digits" if reference.get("extractor") == "digits-classifier" else "inception")) \
+                == "inception":
+            from ..evaluation.features import check_known_weights, file_sha256, find_inception_weights
+
+            found = find_inception_weights(cfg.inception_weights)
+            check_known_weights(found.path, file_sha256(found.path), cfg.allow_unknown_inception_weights)
+
+    def settings(self, ema) -> SampleSettings:
+        """The grid's sampler settings (``write_sample_grid``): what the docs and the model card say."""
+        return SampleSettings(training_sampler(self.cfg, ema), self.cfg.sample_steps, self.cfg.sample_cfg_scale)
 
     @torch.no_grad()
     def __call__(self, ema, objective, vae, scaling, accelerator) -> dict:
+        from ..cli.progress import progress_bar
         from ..evaluation.metrics import evaluate_samples
 
         p, world, n = accelerator.process_index, accelerator.num_processes, len(self.labels)
         mine = list(range(p, n, world))
         per_process = -(-n // world)
+        settings = self.settings(ema)
         was_training = ema.training
         ema.eval()
         images = []
-        with own_rng(accelerator.device):
+        desc = f"FID: {n} EMA samples" + (f" (this process: {len(mine)})" if world > 1 else "")
+        with own_rng(accelerator.device), progress_bar(total=len(mine), unit="img", desc=desc,
+                                                       disable=not accelerator.is_main_process) as bar:
             for s in range(0, len(mine), self.batch_size):
                 idx = mine[s:s + self.batch_size]
-                out, _ = sample_batch(ema, objective, self.labels[idx], idx, self.cfg.seed, self.settings, vae,
-                                      scaling)
+                out, _ = sample_batch(ema, objective, self.labels[idx], idx, self.cfg.seed, settings, vae, scaling)
                 images.append(data_lib.to_uint8(out))  # (B, H, W, C)
+                bar.update(len(idx))
             if self.lockstep:   # FSDP: as many sampler runs as the busiest process (see HeldOutLoss), unused
                 for _ in range(math.ceil(per_process / self.batch_size) - math.ceil(len(mine) / self.batch_size)):
-                    sample_batch(ema, objective, self.labels[:1], [0], self.cfg.seed, self.settings, vae, scaling)
+                    sample_batch(ema, objective, self.labels[:1], [0], self.cfg.seed, settings, vae, scaling)
         ema.train(was_training)
         shape = images[0].shape[1:] if images else self._image_shape(ema, vae)
         local = torch.cat(images) if images else torch.zeros((0, *shape), dtype=torch.uint8)
@@ -250,8 +270,9 @@ class TrainingFID:
         order = gathered.transpose(0, 1).reshape(-1, *gathered.shape[2:])[:n]  # sample j·P + p at row j·P + p
         result = evaluate_samples([order.numpy()], self.cfg.fid_ref, self.cfg.fid_features,
                                   device=str(accelerator.device), inception_weights=self.cfg.inception_weights,
-                                  digits_classifier_dir=self.cfg.digits_classifier, labels=self.labels.numpy())
-        return {f"fid/{k}": float(v) for k, v in result["metrics"].items()}
+                                  digits_classifier_dir=self.cfg.digits_classifier, labels=self.labels.numpy(),
+                                  allow_unknown_weights=self.cfg.allow_unknown_inception_weights)
+        return {**{f"fid/{k}": float(v) for k, v in result["metrics"].items()}, **fid_network(result)}
 
     @staticmethod
     def _image_shape(ema, vae) -> tuple[int, int, int]:
@@ -259,3 +280,31 @@ class TrainingFID:
 
         side = ema.config.input_size * vae_factor(vae)
         return side, side, (ema.config.in_channels if vae is None else 3)
+
+
+def fid_reference(cfg: TrainConfig) -> dict:
+    """``--fid-ref`` loaded, or one line that says how to make it or to train without FID."""
+    from ..evaluation.metrics import load_reference
+
+    fix = (f"make it with `evaluate_fid.py ref --data <held-out image folder> --out {cfg.fid_ref}` (for the embedded "
+           f"digits: `evaluate_fid.py ref --dataset digits-heldout --features digits --out {cfg.fid_ref}`), or pass "
+           f"--fid-every 0 to train without FID")
+    if not Path(cfg.fid_ref).is_file():
+        raise FileNotFoundError(f"--fid-ref {cfg.fid_ref} not found: {fix}")
+    try:
+        return load_reference(cfg.fid_ref)
+    except ValueError as err:
+        raise ValueError(f"--fid-ref {err}") from None
+
+
+def fid_network(result: dict) -> dict:
+    """The network that scored a result, for ``log.jsonl`` beside the ``fid/`` scores:
+    ``fid_network`` (its name; the digits classifier by its file) and ``fid_network_sha256``
+    (its weights file's sha256, as ``evaluate_fid.py``'s JSON and the reference .npz record it)."""
+    from ..evaluation.features import file_sha256
+
+    sha = result.get("weights_sha256") or file_sha256(Path(result["weights_file"]))
+    name = result.get("weights_name") or f"{result['extractor']} ({Path(result['weights_file']).name})"
+    if result.get("weights_check"):
+        name += f"; {result['weights_check']}"
+    return {"fid_network": name, "fid_network_sha256": sha}

@@ -89,8 +89,10 @@ def test_the_card_of_a_real_run_says_what_the_run_recorded(measured_run, tmp_pat
     assert f"- training loss {last['loss']:.4f} at step 4" in text
     assert f"val/loss {last['val/loss']:.4f}, " in text and f"val/ema_loss {last['val/ema_loss']:.4f}" in text
     assert f"(16 items of the embedded data's held-out split" in text
-    assert (f"- FID-type scores at step 4 (20 EMA samples, ddpm 4 steps, guidance 1.0, against `digits_ref.npz`, "
-            f"features as the reference records): fd_digits {last['fid/fd_digits']:.4g}, ") in text
+    # FID samples as the grid does (DDIM for a DiT without --sample-sampler) and names the network that scored it
+    assert (f"- FID-type scores at step 4 (20 EMA samples, ddim 4 steps, guidance 1.0, against `digits_ref.npz`, "
+            f"scored by digits-classifier (model.safetensors), sha256 `{last['fid_network_sha256']}`): "
+            f"fd_digits {last['fid/fd_digits']:.4g}, ") in text
     assert f"class_consistency {last['fid/class_consistency']:.4g}" in text
     evaluation = json.loads((measured_run / "metrics.json").read_text())
     assert (f"- `metrics.json` (20 samples, from step 4, ddim 4 steps, guidance 1.0, against `digits_ref.npz`, "

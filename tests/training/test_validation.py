@@ -69,3 +69,48 @@ def test_val_samples_above_the_heldout_split_is_said_with_both_numbers(tmp_path,
     assert train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), "--exp-name", "small", "--max-steps", "1",
                                       "--val-every", "1", "--val-samples", str(size)]) == 0
     assert "--val-samples" not in capsys.readouterr().out
+
+
+# --- FID during training: what it samples with, what scored it, progress, a missing reference ---
+
+def test_training_fid_samples_as_the_grid_names_its_network_and_shows_progress(tmp_path, capsys,
+                                                                               digits_classifier_dir):
+    """A DiT run with --sample-sampler unset: FID samples with the grid's DDIM (the same scores as
+    `evaluate_fid.py gen --sampler ddim`, not DDPM's), log.jsonl names the network (fid_network,
+    fid_network_sha256 = the classifier file's sha256), the progress line shows it briefly, and the
+    sampling prints its progress (samples done / total)."""
+    import hashlib
+    import json
+
+    import evaluate_fid
+    from nala_dit.evaluation import metrics
+    from tests.utils import TINY_RUN
+
+    ref = tmp_path / "digits.npz"
+    metrics.make_reference(ref, dataset="digits-heldout", features="digits", digits_classifier_dir=digits_classifier_dir)
+    assert train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), "--exp-name", "run", "--max-steps", "1",
+                                      "--fid-every", "1", "--fid-ref", str(ref), "--fid-samples", "10",
+                                      "--sample-steps", "3", "--digits-classifier", str(digits_classifier_dir)]) == 0
+    captured = capsys.readouterr()
+    assert "FID: 10 EMA samples: 10/10 img (100%)" in captured.err, captured.err
+    row = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[-1])
+    sha = hashlib.sha256((digits_classifier_dir / "model.safetensors").read_bytes()).hexdigest()
+    assert row["fid_network_sha256"] == sha and row["fid_network"] == "digits-classifier (model.safetensors)"
+    assert f"net={sha[:8]}" in captured.err + captured.out
+    out = tmp_path / "gen.json"
+    assert evaluate_fid.main(["gen", "--ckpt", str(tmp_path / "run"), "--ref", str(ref), "--num-samples", "10",
+                              "--sampler", "ddim", "--steps", "3", "--device", "cpu", "--digits-classifier",
+                              str(digits_classifier_dir), "--json", str(out)]) == 0
+    scores = json.loads(out.read_text())["metrics"]
+    assert {k: row[f"fid/{k}"] for k in scores} == pytest.approx(scores, rel=1e-5)
+
+
+def test_a_missing_fid_reference_says_how_to_make_it(tmp_path, capsys):
+    from tests.utils import TINY_RUN
+
+    missing = tmp_path / "ref.npz"
+    assert train_cli.main(TINY_RUN + ["--results-dir", str(tmp_path), "--max-steps", "1", "--fid-every", "1",
+                                      "--fid-ref", str(missing)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    assert_names(err.splitlines()[-1], f"--fid-ref {missing} not found", "evaluate_fid.py ref", "--fid-every 0")
