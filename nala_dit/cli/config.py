@@ -229,14 +229,15 @@ def load_yaml(path: Path, cls) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a config must be a mapping of flag: value, got {type(data).__name__}")
     flags = {flag_name(f.name): f.name for f in dataclasses.fields(cls)}
-    out = {}
-    for key, value in data.items():
+    unknown = []   # every unknown key in the one line, not only the first
+    for key in data:
         if key not in flags:
             close = closest(str(key), list(flags))
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"{path}: unknown key {shown(key)}{hint} (keys are the CLI flags without --)")
-        out[flags[key]] = value
-    return out
+            unknown.append(f"unknown key {shown(key)}{f' (did you mean {close[0]!r}?)' if close else ''}")
+    if unknown:
+        listed = "; ".join(unknown[:10]) + (f"; … ({len(unknown)} unknown keys in all)" if len(unknown) > 10 else "")
+        raise ValueError(f"{path}: {listed} (keys are the CLI flags without --)")
+    return {flags[key]: value for key, value in data.items()}
 
 
 def check_types(cfg) -> None:

@@ -117,3 +117,15 @@ def test_a_very_deep_yaml_list_is_one_line(tmp_path, capsys):
     path.write_text("lr: " + "[" * 5_000 + "]" * 5_000 + "\n")  # past Python's recursion limit, as 100,000 is
     assert_names(dry_run_error(capsys, "--config", str(path)).split(": error: ", 1)[1], f"{path}: ",
                  "nested too deeply", "plain values and short lists")
+
+
+def test_every_unknown_yaml_key_is_reported_in_one_line(tmp_path, capsys):
+    """Two bad keys: both in the one error line (each with its suggestion), not only the first."""
+    err = [line for line in _yaml_error(tmp_path, "learning-rate: 3.0e-4\nmodel: DiT-S/2\nglobal_batch: 32\n",
+                                        capsys).splitlines() if "error:" in line]
+    assert len(err) == 1, err   # argparse's usage line and --help hint around it
+    err = err[0]
+    assert "unknown key 'learning-rate' (did you mean 'lr'?)" in err
+    assert "unknown key 'global_batch' (did you mean 'global-batch-size'?)" in err
+    err = _yaml_error(tmp_path, "".join(f"bad{i}: 1\n" for i in range(12)), capsys)
+    assert "unknown key 'bad9'" in err and "'bad10'" not in err and "(12 unknown keys in all)" in err
