@@ -115,9 +115,16 @@ def write_real_digits(path: Path, per_class: int, seed: int = 0) -> None:
     np.savez(path, arr_0=images[keep][..., None], arr_1=labels[keep])
 
 
-# A digit in the report's grids is drawn this many pixels wide (the grids themselves hold
-# 8-px digits: 102 × 102 px for 10 × 10, too small to judge a digit at screen resolution).
+# A digit in the report's grids, and in the grids the printed next steps write, is drawn
+# this many pixels wide (8-px digits at their own size: 102 × 102 px for 10 × 10, too small
+# to judge a digit at screen resolution).
 REPORT_DIGIT_PX = 32
+
+
+def grid_scale(side: int) -> int:
+    """The enlargement that draws a ``side``-px digit ``REPORT_DIGIT_PX`` wide (nearest
+    neighbour: ``enlarge_grid``, ``sample.py --grid-scale``)."""
+    return max(1, REPORT_DIGIT_PX // side)
 
 
 def enlarge_grid(grid: Path, side: int) -> tuple[Path, tuple[int, int]]:
@@ -126,7 +133,7 @@ def enlarge_grid(grid: Path, side: int) -> tuple[Path, tuple[int, int]]:
     is ``REPORT_DIGIT_PX`` wide. Returns the file and its (width, height)."""
     from PIL import Image
 
-    k = max(1, REPORT_DIGIT_PX // side)
+    k = grid_scale(side)
     with Image.open(grid) as img:
         big = img.resize((img.width * k, img.height * k), Image.NEAREST)
     path = grid.with_name(f"{grid.stem}_x{k}.png")
@@ -304,7 +311,8 @@ def next_steps(out: Path, threads: list = ()) -> str:
     """What to run next on the demo's models: copy-paste commands that run as printed from
     the folder the demo ran in. They start with the interpreter that ran the demo (the
     venv's ``.venv/bin/python`` under ``make demo``: no activation needed) and carry the
-    demo's ``--threads``. Pixel-space models, so export.py takes no --vae / --copy-vae."""
+    demo's ``--threads``; the grids drawn ``--grid-scale`` times larger, a digit
+    ``REPORT_DIGIT_PX`` wide. Pixel-space models, so export.py takes no --vae / --copy-vae."""
     python = _shown(Path(sys.executable)) if sys.executable else "python"
     sample, export, app = _shown(ROOT / "sample.py"), _shown(ROOT / "export.py"), _shown(ROOT / "app.py")
     t = "".join(f" {a}" for a in threads)
@@ -315,17 +323,19 @@ def next_steps(out: Path, threads: list = ()) -> str:
              + ", ".join(runs.values()) + f", and {tuned} (fine-tuned up the ladder at {side} px)"]
     for name, _, sampler, steps in MODELS[:2]:
         lines.append(f"  {python} {sample} --ckpt {runs[name]} --labels 0,1,2,3,4,5,6,7,8,9 --per-label 8 "
-                     f"--sampler {sampler} --steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}_grid.png{t}")
+                     f"--sampler {sampler} --steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}_grid.png "
+                     f"--grid-scale {grid_scale(8)}{t}")
     name, _, sampler, steps = MODELS[0]
     # named after the demo's folder: the quick and the full demo's blocks can be pasted one
     # after the other (runs/demo → exported/demo-naladit, runs/demo-quick → exported/demo-quick-naladit)
     exported = f"exported/{out.name}-{name.lower()}"
     lines += [f"  {python} {sample} --ckpt {tuned} --labels 0,1,2,3,4,5,6,7,8,9 --per-label 8 --sampler {sampler} "
-              f"--steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}{side}_grid.png{t}    # {side} px",
+              f"--steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}{side}_grid.png --grid-scale "
+              f"{grid_scale(side)}{t}    # {side} px",
               f"  {python} {export} checkpoint {runs[name]} {exported}    # a diffusers pipeline folder (pixel "
               f"space: no VAE to copy)",
               f"  {python} {sample} --ckpt {exported} --labels 3,1,4 --per-label 4 --sampler {sampler} --steps {steps} "
-              f"--cfg-scale {CFG_SCALE:g} --grid exported_grid.png{t}",
+              f"--cfg-scale {CFG_SCALE:g} --grid exported_grid.png --grid-scale {grid_scale(8)}{t}",
               f"  {python} {app} --ckpt {runs[name]}{t}    # a web page that samples it by class name, on "
               f"http://127.0.0.1:7860 (docs/app.md)"]
     return "\n".join(lines)

@@ -96,3 +96,13 @@ def test_not_run_lists_only_blocks_that_exist():
         for code in re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M):
             keys.add((page.name if page.parent.name == "docs" else str(page.relative_to(ROOT)), code.splitlines()[0]))
     assert set(NOT_RUN) <= keys
+
+
+def test_the_readmes_pipeline_calls_name_their_step_count():
+    """A pipeline call copied from the README (and its twin in docs/usage.md, the publishing
+    lines in docs/app.md) runs the demo's step count, not the sampler's default of 250 DDPM
+    steps, which took tens of seconds on two cores (docs/performance.md, Threads)."""
+    for page in (ROOT / "README.md", ROOT / "docs" / "usage.md", ROOT / "docs" / "app.md"):
+        calls = [line for block in re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
+                 for line in block.splitlines() if re.search(r"\bpipe\(", line)]
+        assert calls and all("num_inference_steps=" in call for call in calls), (page.name, calls)

@@ -157,6 +157,9 @@ def test_next_steps_run_in_the_demos_python_with_its_threads(demo, tmp_path, mon
     assert len(commands) == 6 and all(c.startswith(".venv/bin/python ") for c in commands)
     assert "--threads" not in "\n".join(plain)
     assert "--ckpt runs/demo/NaLaDiT-16 " in commands[2] and "naladit16_grid.png" in commands[2]
+    # every grid drawn with a digit 32 px wide: 8-px digits ×4, the 16-px ones ×2
+    samples = [argv for argv in (c.split("#")[0].split() for c in commands) if Path(argv[1]).name == "sample.py"]
+    assert [argv[argv.index("--grid-scale") + 1] for argv in samples] == ["4", "4", "2", "4"]
     threaded = [line.split("#")[0].split() for line in demo.next_steps(tmp_path / "runs" / "demo", ["--threads", 2]).splitlines()
                 if line.startswith("  ")]
     assert [c[-2:] == ["--threads", "2"] for c in threaded] == [True, True, True, False, True, True]  # not export.py's
@@ -226,6 +229,9 @@ def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo
         assert app.Demo(args, app.load(args)).page() is not None
     assert {p.name for p in tmp_path.glob("*_grid.png")} == {"naladit_grid.png", "nalasit_grid.png",
                                                             "naladit16_grid.png", "exported_grid.png"}
+    # readable at screen size: 8 per digit, a row per digit, each pixel drawn 4 × 4 (the 16-px model's 2 × 2)
+    assert Image.open(tmp_path / "naladit_grid.png").size == (4 * (8 * 10 + 2), 4 * (10 * 10 + 2))
+    assert Image.open(tmp_path / "naladit16_grid.png").size == (2 * (8 * 18 + 2), 2 * (10 * 18 + 2))
     assert (tmp_path / "exported" / "demo-naladit" / "model_index.json").is_file()
 
 
