@@ -356,7 +356,8 @@ def load_error_cause(err: Exception) -> str:
             detail = ""
         return f"not a file written by torch.save, or corrupt ({type(err).__name__}{': ' + detail if detail else ''})"
     first = str(err).splitlines()[0] if str(err) else ""
-    return f"unreadable, truncated or corrupt ({type(err).__name__}: {first})"
+    first = first.split(". This is an internal miniz error")[0]   # torch's zip reader: its guesses follow
+    return f"unreadable, truncated or corrupt ({type(err).__name__}{': ' + first if first else ''})"
 
 
 def torch_load_tensors(path: str | os.PathLike, safe_globals: tuple = ()):

@@ -223,8 +223,13 @@ class Sharding:
 
         container = self._container(model, projector)
         if ckpt.sharded:
+            from .checkpoint import load_error_cause
+
             state = self._state(model, ema, optimizer, projector)
-            load_sharded(state, ckpt.path / SHARDS)
+            try:
+                load_sharded(state, ckpt.path / SHARDS)
+            except Exception as err:   # a truncated .metadata or .distcp, a refused pickle: one line (each rank)
+                raise ckpt.error(SHARDS, load_error_cause(err)) from None
             for name, module in (("model", model), ("ema", ema), ("projector", projector)):
                 if module is not None:
                     set_model_state_dict(module, state[name])

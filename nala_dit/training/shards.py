@@ -12,6 +12,7 @@ in ``optimizer.state_dict()``: ``by_name`` / ``by_number`` convert.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 from pathlib import Path
 
@@ -94,6 +95,23 @@ def _readers():
     return SafeReader, PlainBytes
 
 
+@contextlib.contextmanager
+def first_failure():
+    """torch.distributed.checkpoint raises a ``CheckpointException`` (a ``BaseException``, so
+    ``except Exception`` misses it) whose text is every rank's traceback: raise the first
+    rank's own exception instead, for the callers' one-line messages."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as err:
+        failure = next(iter(err.failures.values()), None)
+        failure = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(failure, Exception):
+            raise failure from None
+        raise RuntimeError(str(err).splitlines()[0]) from None
+
+
 def load_sharded(state: dict, folder: Path) -> None:
     """``torch.distributed.checkpoint.load`` of ``folder`` into ``state`` (in place, every
     process its shards), through the readers above."""
@@ -104,7 +122,8 @@ def load_sharded(state: dict, folder: Path) -> None:
     reader = reader(str(folder))
     reader.read_metadata()   # a refused file fails here, by name (dcp.load would fall back and hide why)
     planner = type("SafeLoadPlanner", (plain, DefaultLoadPlanner), {})()
-    dcp.load(state, storage_reader=reader, planner=planner)
+    with first_failure():
+        dcp.load(state, storage_reader=reader, planner=planner)
 
 
 def read_shards(folder: Path, key: str) -> dict:
@@ -119,7 +138,8 @@ def read_shards(folder: Path, key: str) -> dict:
     reader.read_metadata()   # a refused file fails here, by name
     planner = type("SafeEmptyPlanner", (plain, _EmptyStateDictLoadPlanner), {})(keys={key})
     out: dict = {}
-    _load_state_dict(out, storage_reader=reader, planner=planner, no_dist=True)
+    with first_failure():
+        _load_state_dict(out, storage_reader=reader, planner=planner, no_dist=True)
     if key not in out:
         raise KeyError(f"no {key!r} in the sharded checkpoint")
     return out[key]

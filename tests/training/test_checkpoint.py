@@ -190,3 +190,64 @@ def test_a_checkpoint_is_fsynced_file_by_file_then_its_folder(tmp_path, fsynced)
     tmp_dirs = {p.parent for p in fsynced if p.name in names}
     assert {p.name for p in fsynced if p.parent in tmp_dirs} == names     # every file, under its temporary name
     assert fsynced.index(run / "checkpoints") > max(i for i, p in enumerate(fsynced) if p.parent in tmp_dirs)
+
+
+# --- a damaged sharded checkpoint (train.py --fsdp): one line on every route that reads it ---
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory):
+    """A real 2-process FSDP run of 2 steps with a sharded checkpoint at step 2."""
+    from tests.ranks import run_ranks
+    from tests.utils import TINY_RUN
+
+    tmp = tmp_path_factory.mktemp("sharded_run")
+    proc = run_ranks(tmp, "train.py", *TINY_RUN, "--fsdp", "--max-steps", "2", "--ckpt-every", "2",
+                     "--results-dir", tmp, "--exp-name", "run", processes=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / "run"
+
+
+def _damage(run: Path, how: str) -> Path:
+    shards = run / "checkpoints" / "0000002" / "shards"
+    if how == "truncated .distcp":
+        (shards / "__1_0.distcp").write_bytes((shards / "__1_0.distcp").read_bytes()[:100_000])
+    elif how == "missing .distcp":
+        (shards / "__0_0.distcp").unlink()
+    elif how == "truncated .metadata":
+        (shards / ".metadata").write_bytes((shards / ".metadata").read_bytes()[:100])
+    return shards
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["truncated .distcp", "missing .distcp", "truncated .metadata"])
+def test_a_damaged_sharded_checkpoint_is_one_line_for_consolidate_and_sample(sharded_run, tmp_path, capsys, how):
+    """torch.distributed.checkpoint's CheckpointException is a BaseException holding every rank's
+    traceback: it is reported as one line naming the shards folder, never as a traceback."""
+    import consolidate
+    import sample
+
+    run = copy_tree(sharded_run, tmp_path / "run")
+    shards = _damage(run, how)
+    for call in (lambda: consolidate.main([str(run)]),
+                 lambda: sample.main(["--ckpt", str(run), "--labels", "1", *FAST, "--grid", str(tmp_path / "g.png")])):
+        assert call() == 1, how
+        err = capsys.readouterr().err.strip()
+        assert "Traceback" not in err and "CheckpointException" not in err, err
+        assert_names(err.splitlines()[-1], f"error: {shards}: ", "use another checkpoint or delete")
+    assert not (run / "consolidated").exists() and not (tmp_path / "g.png").exists()
+
+
+@pytest.mark.slow
+def test_an_fsdp_resume_over_a_truncated_shard_is_one_line(sharded_run, tmp_path):
+    from tests.ranks import run_ranks
+    from tests.utils import TINY_RUN
+
+    run = copy_tree(sharded_run, tmp_path / "run")
+    shards = _damage(run, "truncated .distcp")
+    proc = run_ranks(tmp_path, "train.py", *TINY_RUN, "--fsdp", "--max-steps", "4", "--ckpt-every", "2",
+                     "--results-dir", tmp_path, "--exp-name", "run", "--resume", "auto", processes=2)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr and "CheckpointException" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert_names(errors[0], f"{shards}: unreadable, truncated or corrupt", "use another checkpoint or delete")
