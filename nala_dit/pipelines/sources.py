@@ -118,6 +118,9 @@ def check_pipeline_folder(path, subfolder: str | None = None) -> None:
     if not isinstance(config, dict):
         raise ValueError(f"{index}: must hold a JSON object (a pipeline's components), got {type(config).__name__}; "
                          f"{fix}")
+    if "_class_name" in config and not isinstance(config["_class_name"], str):   # diffusers looks it up by name
+        raise ValueError(f"{index}: _class_name must be a string (the pipeline class), got "
+                         f"{type(config['_class_name']).__name__} {str(config['_class_name'])[:60]}; {fix}")
     for name, value in config.items():
         if name.startswith("_") or not isinstance(value, list) or not (root / name).is_dir():
             continue

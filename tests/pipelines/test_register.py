@@ -45,6 +45,23 @@ def test_generic_loader_refuses_a_list_model_index_in_one_line(pipe_folder, tmp_
     assert f"{bad / 'model_index.json'}" in one_line(err) and "JSON object" in one_line(err)
 
 
+@pytest.mark.parametrize("value", [["NaLaDiTPipeline"], {"a": 1}, 3])
+def test_a_class_name_that_is_no_string_is_one_line_on_every_route(pipe_folder, tmp_path, capsys, value):
+    """A list-valued _class_name was a TypeError (unhashable type) through the generic loader."""
+    import sample
+
+    bad = copy_of(pipe_folder, tmp_path / "bad")
+    index = json.loads((bad / "model_index.json").read_text())
+    (bad / "model_index.json").write_text(json.dumps({**index, "_class_name": value}))
+    for load in (lambda: generic(bad), lambda: NaLaDiTPipeline.from_pretrained(str(bad))):
+        with pytest.raises(ValueError) as err:
+            load()
+        assert_names(one_line(err), f"{bad / 'model_index.json'}: _class_name must be a string", "export")
+    assert sample.main(["--ckpt", str(bad), "--labels", "1", "--steps", "2", "--grid", str(tmp_path / "g.png")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and "_class_name" in err, err
+
+
 @pytest.mark.parametrize("route", ["generic", "custom_pipeline", "class"])
 def test_every_route_refuses_a_huge_hidden_size_before_building(pipe_folder, tmp_path, monkeypatch, route):
     import diffusers.utils.dynamic_modules_utils as dynamic
