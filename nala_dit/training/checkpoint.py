@@ -97,10 +97,13 @@ def save_checkpoint(
     rng_states: list[torch.Tensor],
     keep_last: int = 0,
     projector: torch.nn.Module | dict | None = None,
+    after_failure: str | None = None,
 ) -> Path:
     """Write ``ckpt_dir/<step:07d>`` atomically; keep the last ``keep_last`` (0 = all).
     Non-finite weights are never written: every checkpoint on disk is a good one. Modules
-    and the optimizer may be given as their state dicts (``consolidate``)."""
+    and the optimizer may be given as their state dicts (``consolidate``). A failed write
+    (disk full) is one line ending in ``after_failure`` (default: training's, the previous
+    checkpoint and ``--resume auto``)."""
     root = Path(ckpt_dir)
     final = root / f"{state['step']:07d}"
     check_finite_weights(root, state["step"], model=model, ema=ema, **({} if projector is None else
@@ -121,10 +124,11 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(err, (OSError, RuntimeError, SafetensorError)):  # disk full surfaces as any of these
             previous = list_checkpoints(root)
+            after = after_failure or (f"the previous checkpoint {previous[-1] if previous else '(none)'} is intact: "
+                                      f"free space and rerun with --resume auto")
             raise OSError(
                 f"cannot write checkpoint {final}: {str(err).splitlines()[0] if str(err) else type(err).__name__} "
-                f"(disk full?); removed the partial copy, the previous checkpoint "
-                f"{previous[-1] if previous else '(none)'} is intact: free space and rerun with --resume auto"
+                f"(disk full?); removed the partial copy, {after}"
             ) from err
         raise
     if final.exists():

@@ -267,4 +267,6 @@ def consolidate(path, out=None) -> Path:
     projector = ckpt.weights("projector") if ckpt.has_projector else None
     return save_checkpoint(root, model=ckpt.weights("model"), ema=ckpt.weights("ema"),
                            optimizer=ckpt.optimizer_state(), state=state,
-                           rng_states=[rng[f"rank{i}"] for i in range(len(rng))], projector=projector)
+                           rng_states=[rng[f"rank{i}"] for i in range(len(rng))], projector=projector,
+                           after_failure=f"the sharded checkpoint {ckpt.path} is untouched: free space and rerun the "
+                                         f"same command")

@@ -251,3 +251,25 @@ def test_an_fsdp_resume_over_a_truncated_shard_is_one_line(sharded_run, tmp_path
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, proc.stderr[-3000:]
     assert_names(errors[0], f"{shards}: unreadable, truncated or corrupt", "use another checkpoint or delete")
+
+
+@pytest.mark.slow
+def test_consolidate_on_a_full_disk_says_free_space_and_rerun_it(sharded_run, tmp_path, capsys, monkeypatch):
+    """Not training's `--resume auto`: consolidate.py's own rerun, the sharded checkpoint untouched."""
+    import consolidate
+
+    run = copy_tree(sharded_run, tmp_path / "run")
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ckpt_lib, "save_file", full)
+    assert consolidate.main([str(run)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and "--resume" not in err, err
+    assert_names(err.splitlines()[-1], "cannot write checkpoint", "No space left on device",
+                 f"the sharded checkpoint {run / 'checkpoints' / '0000002'} is untouched", "free space",
+                 "rerun the same command")
+    assert list((run / "consolidated").iterdir()) == []
+    monkeypatch.undo()
+    assert consolidate.main([str(run)]) == 0 and (run / "consolidated" / "0000002" / "ema.safetensors").is_file()
