@@ -465,8 +465,8 @@ def load_vae(name_or_path: str, device: torch.device | str = "cpu"):
         if offline is not None:
             raise OSError(f"cannot load the VAE {name_or_path!r}: offline ({offline}) and not in the local Hugging "
                           f"Face cache; {download_advice(name_or_path)}") from None
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise OSError(f"cannot load the VAE {name_or_path!r}: {first} Offline? {download_advice(name_or_path)}"
-                      ) from None
+        from ..models.vae import vae_load_problem
+
+        raise OSError(vae_load_problem(name_or_path, err, local.exists())) from None
     scaling = getattr(vae.config, "scaling_factor", None) or DEFAULT_SCALING_FACTOR
     return vae.to(device).eval().requires_grad_(False), float(scaling)

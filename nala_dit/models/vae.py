@@ -145,3 +145,27 @@ def decoding(vae, shape, tiling: str | None = None, tile_size: int | None = None
     finally:
         for name, value in saved.items():
             setattr(vae, name, value)
+
+
+def vae_load_problem(name_or_path: str, err: BaseException, local: bool) -> str:
+    """Why ``AutoencoderKL.from_pretrained`` failed, in one line. diffusers wraps everything in
+    "Unable to load weights": a weights file refused because it is a pickle that asks to run code
+    says so (found in the exception chain, worded by ``load_error_cause``); a local folder's
+    failure is the folder's, never "Offline?"; only a hub id gets the download advice."""
+    import pickle
+
+    from ..data.datasets import download_advice
+    from ..training.checkpoint import load_error_cause, refused_pickle
+
+    cause, seen = err, set()
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, pickle.UnpicklingError) and refused_pickle(why := load_error_cause(cause)):
+            return (f"cannot load the VAE {name_or_path!r}: its weights file (a pickle, .bin) {why}; use a VAE "
+                    f"folder with diffusion_pytorch_model.safetensors from a source you trust")
+        cause = cause.__cause__ or cause.__context__
+    first = str(err).splitlines()[0].strip() if str(err) else type(err).__name__
+    if local:
+        return (f"cannot load the VAE {name_or_path!r}: {first} (the folder's files are damaged or not a diffusers "
+                f"AutoencoderKL's: save it again with save_pretrained, or download it again)")
+    return f"cannot load the VAE {name_or_path!r}: {first} Offline? {download_advice(name_or_path)}"

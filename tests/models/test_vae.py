@@ -345,3 +345,37 @@ def test_load_vae_offline_fails_at_once_naming_the_local_folder(monkeypatch, why
     text = str(err.value)
     assert "\n" not in text and "offline" in text and "hf download nala-dit-tests/no-such-vae" in text
     assert "--vae no-such-vae" in text and "load_vae('no-such-vae')" in text
+
+
+# --- a VAE folder that cannot be loaded: the cause, not "Offline?" ---
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_refused_pickle_bin_in_a_vae_folder_is_named_as_such(tmp_path):
+    """A folder whose only weights are a .bin that asks to run code: refused, nothing run, and
+    the one line says a pickle was refused (it used to say "Offline? download it ...")."""
+    from nala_dit.data.datasets import load_vae
+
+    folder = tmp_path / "vae"
+    tiny_vae().save_pretrained(folder, safe_serialization=False)
+    marker = tmp_path / "ran"
+    torch.save({"encoder.conv_in.weight": _RunsCode(marker)}, folder / "diffusion_pytorch_model.bin")
+    with pytest.raises(OSError) as err:
+        load_vae(str(folder))
+    message = str(err.value)
+    assert "\n" not in message and "Offline?" not in message and "weights_only=False" not in message, message
+    assert_names(message, str(folder), "a pickle, .bin", "posix.system", "nothing in it was run",
+                 "diffusion_pytorch_model.safetensors")
+    assert not marker.exists()
+    (folder / "diffusion_pytorch_model.bin").write_bytes(b"damaged")   # not a pickle that runs code
+    with pytest.raises(OSError) as err:
+        load_vae(str(folder))
+    assert "Offline?" not in str(err.value) and "save it again" in str(err.value)
