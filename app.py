@@ -18,19 +18,27 @@ the ``sample.py`` line that makes the same images. Every request is turned into 
 ``checked_settings`` and ``write_samples``), so the pixels are the command's and a bad
 request gets the command's one-line error in the page. One generation runs at a time; the
 others wait in a queue. It listens on 127.0.0.1 (this machine only) unless ``--host`` says
-otherwise. docs/app.md.
+otherwise, answers only requests addressed to the names it listens under (``RequestGuard``:
+no DNS rebinding, no other site's page posting to it) and takes no uploads; what it writes
+lives in one temporary folder, pruned as it runs (``--keep-minutes``) and removed at exit,
+Ctrl-C or SIGTERM. docs/app.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import html
+import ipaddress
 import itertools
 import os
 import shlex
+import shutil
+import signal
+import socket
 import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from nala_dit.cli.requirements import require_installed
 
@@ -43,6 +51,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the
 
 HOST, PORT = "127.0.0.1", 7860
 MAX_IMAGES = 64        # per request: the images of one press of the button
+GUIDANCE = 2.0         # the page's default guidance: the demo's (demo.py CFG_SCALE, docs/demo.md); 1 without a null class
+KEEP_MINUTES = 30      # a request's images stay on disk this long (the page shows and offers them), then are deleted
 SIZE_RATIOS = (0.5, 0.75, 1.5, 2)   # other sizes offered, as fractions of the trained side
 ERRORS = (ValueError, FileNotFoundError, OSError, KeyError)   # sample.py's one-line errors
 
@@ -66,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--host", default=HOST, help="address to listen on (default: this machine only)")
     run.add_argument("--port", type=int, default=PORT, help="port (0: any free one)")
     run.add_argument("--threads", type=int, help=THREADS_HELP)
+    run.add_argument("--keep-minutes", type=float, default=KEEP_MINUTES, help="how long a request's images stay on "
+                     "disk for the page to show and download; older ones are deleted as it runs, all at exit")
     return p
 
 
@@ -101,7 +113,7 @@ def status_line(text: str, error: bool = False) -> str:
 class Demo:
     """One loaded model and the page that samples it."""
 
-    def __init__(self, args, source):
+    def __init__(self, args, source, work: tempfile.TemporaryDirectory | None = None):
         from nala_dit.diffusion.generate import default_sampler
         from nala_dit.cli.options import DIFFUSION_SAMPLERS, TRANSPORT_SAMPLERS
         from nala_dit.models.grid import vae_factor
@@ -113,7 +125,8 @@ class Demo:
         self.default_sampler = default_sampler(source.objective)
         self.factor = vae_factor(source.vae)
         self.trained = source.model.config.input_size * self.factor
-        self.work = tempfile.TemporaryDirectory(prefix="nala_dit_app-")   # this process's outputs, removed at exit
+        # this process's outputs (and, from main, Gradio's copies of them), removed at exit
+        self.work = work or tempfile.TemporaryDirectory(prefix="nala_dit_app-")
         self.requests = itertools.count()
 
     # ------------------------------------------------------------- what the page offers
@@ -137,10 +150,17 @@ class Demo:
         where = info.get("pipeline") or info.get("checkpoint") or self.args.ckpt
         step = f", step {info['step']:,}" if info.get("step") is not None else ""
         space = f"latent {model.config.input_size} px of a VAE" if self.source.vae is not None else "pixel space"
-        guidance = "" if model.null_label is not None else " · no null class: guidance must stay 1"
+        guidance = "" if self.has_null_class() else " · no null class: guidance must stay 1"
         return (f"**{info.get('model') or 'model'}** · {params:,} parameters · {model.config.objective} · "
                 f"{self.source.num_classes} classes · {self.trained} px ({space}){guidance}  \n"
                 f"from `{where}`{step}, {info.get('weights')} weights")
+
+    def has_null_class(self) -> bool:
+        return self.source.model.null_label is not None
+
+    def default_guidance(self) -> float:
+        """The demo's guidance (``GUIDANCE``) where the model was trained with a null class; else 1."""
+        return GUIDANCE if self.has_null_class() else 1.0
 
     # ------------------------------------------------------------- one request
     def argv(self, classes, per_label, sampler, steps, guidance, seed, size, grid, out_dir) -> list[str]:
@@ -157,7 +177,11 @@ class Demo:
         if steps is not None:
             argv += ["--steps", str(_number(steps, None))]
         if guidance is not None:
-            argv += ["--cfg-scale", f"{float(guidance):g}"]
+            try:
+                argv += ["--cfg-scale", f"{float(guidance):g}"]
+            except ValueError:
+                raise ValueError(f"guidance {guidance!r} is not a number: type e.g. 1.5 (1 = none; sample.py "
+                                 f"--cfg-scale)") from None
         argv += ["--seed", str(_number(seed, 0))]
         if size not in (None, "", str(self.trained)):
             argv += ["--image-size", str(size).strip()]
@@ -186,12 +210,17 @@ class Demo:
         import sample
         from nala_dit.cli.progress import watch_progress
 
-        out = Path(self.work.name) / f"{next(self.requests):05d}"
+        request = next(self.requests)
+        self.prune(request)
+        out = Path(self.work.name) / "requests" / f"{request:05d}"
         grid, out_dir = out / "grid.png", out / "images"
-        argv = self.argv(classes, per_label, sampler, steps, guidance, seed, size, grid, out_dir)
-        command = self.command(argv)
+        command = ""
         try:
+            argv = self.argv(classes, per_label, sampler, steps, guidance, seed, size, grid, out_dir)
+            command = self.command(argv)
             args = parse_sample_args(argv)
+            if args.seed < 0:
+                raise ValueError(f"seed {args.seed}: a seed is a whole number >= 0 (sample.py --seed)")
             wanted = len([c for c in args.labels.split(",") if c.strip()]) * args.per_label
             if wanted > self.args.max_images:
                 raise ValueError(f"{wanted} images asked for; this page makes at most {self.args.max_images} per "
@@ -201,18 +230,33 @@ class Demo:
             with watch_progress(_ProgressBar(progress, max(wanted, 1), args.batch_size)):
                 labels, pngs = sample.write_samples(args, self.source, settings)
         except ERRORS as err:
-            return status_line(f"error: {err}", error=True), None, [], None, command
+            return status_line(f"error: {one_line(err)}", error=True), None, [], None, command
+        except RuntimeError as err:   # torch's: memory refused past the check, a failed kernel
+            return status_line(f"error: sampling failed: {one_line(err)}; ask for fewer images, a smaller image size "
+                               f"or a smaller app.py --batch-size", error=True), None, [], None, command
         names = self.source.id2label
         gallery = [(str(p), f"{i}: {names.get(y, y)}") for i, (p, y) in enumerate(zip(pngs, labels))]
         done = f"{len(labels)} images, seed {args.seed}: the same as the command below"
         return status_line(done), str(grid), gallery, [str(grid)] + [str(p) for p in pngs], command
+
+    def prune(self, request: int) -> None:
+        """Remove this process's request folders older than the one before ``request``:
+        Gradio has copied what the page shows into its cache by then (pruned by age,
+        ``delete_cache``)."""
+        for old in (Path(self.work.name) / "requests").glob("[0-9]*"):
+            if old.name.isdigit() and int(old.name) < request - 1:
+                shutil.rmtree(old, ignore_errors=True)
 
     # ------------------------------------------------------------- the page
     def page(self):
         import gradio as gr
 
         classes = self.class_choices()
-        with gr.Blocks(title=f"nala_dit · {self.source.info.get('model') or 'model'}") as page:
+        keep_s = max(1, round(self.args.keep_minutes * 60))
+        # Gradio's copies of the images shown: deleted every min(keep, 5 min) once older than
+        # --keep-minutes, and all at shutdown
+        with gr.Blocks(title=f"nala_dit · {self.source.info.get('model') or 'model'}",
+                       delete_cache=(min(keep_s, 300), keep_s)) as page:
             gr.Markdown(self.describe())
             with gr.Row():
                 with gr.Column(scale=1, min_width=300):
@@ -227,7 +271,7 @@ class Demo:
                         steps = gr.Number(self.default_steps(self.default_sampler), precision=0, label="steps",
                                           elem_id="steps")
                     with gr.Row():
-                        guidance = gr.Number(1.0, label="guidance (1 = none)", elem_id="guidance")
+                        guidance = gr.Number(self.default_guidance(), label="guidance (1 = none)", elem_id="guidance")
                         seed = gr.Number(0, precision=0, label="seed", elem_id="seed")
                     size = gr.Dropdown(self.size_choices(), value=str(self.trained), allow_custom_value=True,
                                        label="image size (px: N or HxW)", elem_id="size")
@@ -272,6 +316,74 @@ class _ProgressBar:
                           desc=f"images {self.images + 1}-{self.images + batch} of {self.total}: step {n}/{total}")
 
 
+def one_line(err: BaseException) -> str:
+    """An exception's message on one line (the page's status line; torch's messages run on)."""
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+class RequestGuard:
+    """ASGI middleware in front of the page (Gradio's FastAPI app, ``app_kwargs``): 403 for
+
+    * a ``Host`` header that is not a name this server listens under (``localhost``,
+      ``127.0.0.1``, ``::1``, ``--host``; for ``--host 0.0.0.0`` / ``::`` also any IP address
+      and this machine's names): a page on another site whose name was made to resolve to
+      this machine (DNS rebinding) is refused;
+    * an ``Origin`` header (sent by browsers with every POST and WebSocket) naming another
+      host: another site's page cannot post requests to it;
+    * Gradio's file-writing routes (``/upload``, ``/process_recording``): the page takes no
+      files, so nothing is stored from outside.
+    """
+
+    REFUSED_ROUTES = ("upload", "process_recording")
+
+    def __init__(self, app, host: str):
+        self.app = app
+        self.host = host.strip("[]").lower()
+        self.any_address = self.host in ("0.0.0.0", "::", "")
+        self.names = {"localhost", "127.0.0.1", "::1", self.host}
+        if self.any_address:
+            self.names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+
+    def allowed(self, host: str | None) -> bool:
+        if not host:
+            return False
+        name = (urlsplit(f"//{host}").hostname or "").lower()
+        if name in self.names:
+            return True
+        if self.any_address:
+            try:
+                ipaddress.ip_address(name)
+                return True
+            except ValueError:
+                return False
+        return False
+
+    def refused(self, scope) -> str | None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if not self.allowed(headers.get("host")):
+            return f"host {headers.get('host')!r} is not a name this server listens under (app.py --host)"
+        origin = headers.get("origin")
+        if origin is not None and not self.allowed(urlsplit(origin).netloc):
+            return f"requests from pages of {origin!r} are refused"
+        if scope["type"] == "http" and scope.get("method") == "POST" and \
+                scope.get("path", "").rstrip("/").rsplit("/", 1)[-1] in self.REFUSED_ROUTES:
+            return "this page takes no uploads"
+        return None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket") and (why := self.refused(scope)):
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            body = f"forbidden: {why}\n".encode()
+            await send({"type": "http.response.start", "status": 403,
+                        "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+
 def _number(value, default):
     """A Gradio number (float, or None when emptied) as the integer text argparse reads."""
     if value is None or value == "":
@@ -295,6 +407,24 @@ def parse_sample_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if not args.keep_minutes > 0:
+        print(f"error: --keep-minutes must be > 0, got {args.keep_minutes:g}", file=sys.stderr)
+        return 1
+    # Everything this process writes, in one folder removed at exit: the requests' images and,
+    # unless GRADIO_TEMP_DIR says where, Gradio's copies of them (Gradio reads it when it builds the page).
+    work = tempfile.TemporaryDirectory(prefix="nala_dit_app-")
+    ours = "GRADIO_TEMP_DIR" not in os.environ
+    if ours:
+        os.environ["GRADIO_TEMP_DIR"] = os.path.join(work.name, "gradio")
+    try:
+        return serve(args, work)
+    finally:
+        if ours:
+            os.environ.pop("GRADIO_TEMP_DIR", None)
+        work.cleanup()
+
+
+def serve(args, work) -> int:
     try:
         import gradio  # noqa: F401
     except ImportError:
@@ -304,26 +434,42 @@ def main(argv=None) -> int:
         set_threads(args.threads)
         if args.max_images < 1 or args.batch_size < 1:
             raise ValueError("--max-images and --batch-size must be >= 1")
-        demo = Demo(args, load(args))
+        demo = Demo(args, load(args), work)
     except ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     page = demo.page()
     page.queue(max_size=32, default_concurrency_limit=1)
-    print(f"app: {demo.source.info.get('model')} from {args.ckpt}; the page is at the local URL below "
-          f"(Ctrl-C stops it)", flush=True)
-    page.launch(**launch_options(args))
+    # SIGTERM as Ctrl-C: Gradio closes its server, its cache and the folder above are removed
+    signal.signal(signal.SIGTERM, _interrupt)
+    page.launch(**launch_options(args), prevent_thread_lock=True)
+    where = "this machine only" if args.host in ("127.0.0.1", "localhost", "::1") else f"--host {args.host}"
+    print(f"app: {demo.source.info.get('model')} from {args.ckpt}; open {page.local_url} ({where}, no share link; "
+          f"Ctrl-C stops it)", flush=True)
+    try:
+        page.block_thread()
+    finally:
+        page.close()
     return 0
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def launch_options(args) -> dict:
-    """``Blocks.launch`` keywords: this machine (unless --host), no share link, no server-side
-    rendering or MCP server, the system's fonts; small images shown enlarged, pixel for pixel."""
+    """``Blocks.launch`` keywords: this machine (unless --host), no share link (and, ``quiet``,
+    not Gradio's lines suggesting one: ``serve`` prints the URL), no server-side rendering or
+    MCP server, no uploads, ``RequestGuard`` in front, the system's fonts; small images shown
+    enlarged, pixel for pixel."""
+    from starlette.middleware import Middleware
+
     css = ("#grid img {width: 100%; height: 100%; object-fit: contain;} "
            "#grid img, #images img {image-rendering: pixelated;} .status {padding: 0.4em 0;} "
            ".status.error {color: #b91c1c; font-weight: 600;}")
     return dict(server_name=args.host, server_port=args.port or None, share=False, inbrowser=False, ssr_mode=False,
-                mcp_server=False, footer_links=[], show_error=False, css=css, theme=_theme())
+                mcp_server=False, footer_links=[], show_error=False, css=css, theme=_theme(), quiet=True,
+                max_file_size=0, app_kwargs={"middleware": [Middleware(RequestGuard, host=args.host)]})
 
 
 def _theme():

@@ -4,7 +4,10 @@ executable: no browser download). The grid shown equals sample.py's for the same
 classes, sampler, steps, guidance and seed, pixel for pixel; bad input is answered in the
 page with sample.py's own one-line error. Without a browser: a published .pt through the
 page's code equals its export through sample.py, the progress the page shows follows
-sample.py's bars, and app.py's own errors are one line.
+sample.py's bars, and app.py's own errors are one line. Over HTTP on loopback (no browser): the
+server refuses foreign Host and Origin headers and uploads, answers a bad seed or guidance in
+one line, prunes its temporary files as it runs and removes them on SIGTERM, and prints no
+share-link hint.
 
 The browser tests skip, with the reason, where playwright or /usr/bin/chromium is missing
 (.ci/run installs Chromium; `make` installs the Python packages). ``NALA_DIT_APP_SCREENSHOT=docs/app.png``
@@ -12,11 +15,14 @@ saves the page after the first generation (how docs/app.png is made)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -251,7 +257,7 @@ def test_bad_input_is_one_line_in_the_page_with_sample_pys_words(page, pipeline_
              "image size 9 is not a multiple of VAE factor 1 × patch 2 = 2")
     pick(page, "size", "8", "8 (trained)")
     set_number(page, "steps", 0)
-    answered(["--labels", "7", "--steps", 0], "num_steps must be >= 1, got 0")
+    answered(["--labels", "7", "--steps", 0], "--steps must be >= 1 for ddpm, got 0")
     assert len(set(seen)) == 3 and not (tmp_path / "g.png").exists()
 
 
@@ -263,6 +269,7 @@ def test_a_progress_bar_follows_the_sampler_steps(page):
     pick(page, "classes", "sev", "seven (7)", clear=True)
     pick(page, "classes", "thr", "three (3)")
     set_number(page, "per-label", 16)
+    set_number(page, "guidance", 1)   # one forward pass per step, not guidance's two
     page.locator("#generate").click()
     expect(page.locator("#status")).to_contain_text(re.compile(r"images 1-32 of 32: step \d+/250"), timeout=60_000)
     expect(page.locator("#status-line")).to_have_text("32 images, seed 0: the same as the command below",
@@ -339,3 +346,163 @@ def test_app_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
     assert_names(err, f"--ckpt {tmp_path / 'DiT.pt'} is a file", "needs --model", "e.g. DiT-XL/2", "export.py official")
+
+
+# ----------------------------------------------------------------- over HTTP, no browser
+@contextlib.contextmanager
+def served(pipeline_dir, work: Path, *flags):
+    """``app.py --ckpt <pipeline>`` on a free loopback port, its temporary files under
+    ``work/tmp`` (TMPDIR; GRADIO_TEMP_DIR unset, as for a user): (url, process, log path)."""
+    from tests.utils import free_port
+
+    port = free_port()
+    (work / "tmp").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "GRADIO_TEMP_DIR"}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_HOME=str(work / "hf"), TMPDIR=str(work / "tmp"),
+               PYTHONPATH=str(ROOT))
+    log_path = work / "app.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--ckpt", str(pipeline_dir), "--port", str(port),
+                                 "--threads", "1", *flags], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while http(f"{url}/", headers={"Host": f"127.0.0.1:{port}"})[0] != 200:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"app.py did not start (exit {proc.poll()}):\n{log_path.read_text()[-3000:]}")
+                time.sleep(0.5)
+            yield url, proc, log_path
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def http(url: str, data: bytes | None = None, headers: dict | None = None) -> tuple[int, str]:
+    """(status, body) of one request; an HTTP error status is returned, not raised."""
+    request = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+    except OSError as err:   # not listening yet
+        return 0, str(err)
+
+
+def ask(url: str, classes, per_label=1, sampler="ddim", steps=2, guidance=1, seed=0, size="8") -> list:
+    """One press of Generate through Gradio's HTTP API (``/gradio_api/call/generate``): the
+    five outputs (status, grid, gallery, files, command)."""
+    import json
+
+    body = json.dumps({"data": [classes, per_label, sampler, steps, guidance, seed, size]}).encode()
+    status, text = http(f"{url}/gradio_api/call/generate", body, {"Content-Type": "application/json"})
+    assert status == 200, text
+    _, events = http(f"{url}/gradio_api/call/generate/{json.loads(text)['event_id']}")
+    (done,) = [line for line in events.splitlines() if line.startswith("data: ") and "status-line" in line]
+    return json.loads(done.removeprefix("data: "))
+
+
+def status_text(outputs: list) -> str:
+    import html
+
+    return html.unescape(re.sub(r"<.*?>", "", outputs[0]))
+
+
+def test_the_server_refuses_foreign_hosts_origins_and_uploads(pipeline_dir, tmp_path):
+    """DNS rebinding (a foreign Host), another site's page posting (a foreign Origin) and
+    uploads (the page has none) get 403; the page's own requests pass. A bad seed, guidance
+    or image size is one line in the page."""
+    with served(pipeline_dir, tmp_path) as (url, proc, log):
+        port = url.rsplit(":", 1)[1]
+        assert http(f"{url}/")[0] == 200 and http(f"http://localhost:{port}/")[0] == 200
+        status, text = http(f"{url}/", headers={"Host": f"attacker.example:{port}"})
+        assert status == 403 and "attacker.example" in text and "--host" in text
+        status, text = http(f"{url}/gradio_api/info", headers={"Host": "127.0.0.1.attacker.example"})
+        assert status == 403
+        files_before = sorted(p for p in (tmp_path / "tmp").rglob("*") if p.is_file())
+        upload = b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"x.bin\"\r\n\r\n" + \
+            b"\0" * 2_000_000 + b"\r\n--b--\r\n"
+        status, text = http(f"{url}/gradio_api/upload", upload, {"Content-Type": "multipart/form-data; boundary=b"})
+        assert status == 403 and "no uploads" in text
+        assert sorted(p for p in (tmp_path / "tmp").rglob("*") if p.is_file()) == files_before   # nothing stored
+        body = b'{"data": [["1"], 1, "ddim", 2, 1, 0, "8"]}'
+        status, text = http(f"{url}/gradio_api/call/generate", body,
+                            {"Content-Type": "application/json", "Origin": "http://attacker.example"})
+        assert status == 403 and "attacker.example" in text
+        status, _ = http(f"{url}/gradio_api/call/generate", body,
+                         {"Content-Type": "application/json", "Origin": f"http://localhost:{port}"})
+        assert status == 200
+
+        assert "1 images, seed 3" in status_text(ask(url, ["1"], seed=3))
+        for kwargs, words in ((dict(seed=-1), "error: seed -1: a seed is a whole number >= 0 (sample.py --seed)"),
+                              (dict(guidance="abc"), "error: guidance 'abc' is not a number: type e.g. 1.5")):
+            line = status_text(ask(url, ["1"], **kwargs))
+            assert line.startswith(words) and "\n" not in line, line
+        assert proc.poll() is None
+
+
+def test_temporary_files_are_pruned_and_removed_on_sigterm(pipeline_dir, tmp_path):
+    """Every request writes images (and Gradio copies them): the server keeps the newest
+    request's folder and Gradio's copies younger than --keep-minutes, deletes the rest as it
+    runs, and removes its whole folder on SIGTERM. Its log names the URL and no share link."""
+    import signal
+
+    def files() -> list[Path]:
+        return [p for p in (tmp_path / "tmp").glob("nala_dit_app-*/**/*") if p.is_file()]
+
+    with served(pipeline_dir, tmp_path, "--keep-minutes", "0.05") as (url, proc, log):   # 3 s
+        for seed in range(6):
+            assert "4 images" in status_text(ask(url, ["1", "2"], per_label=2, seed=seed))
+        written = files()
+        # at most the last two requests' folders (5 files each) and Gradio's copies of the images shown
+        assert len([p for p in written if "requests" in p.parts]) <= 10, written
+        time.sleep(8)   # past --keep-minutes, and Gradio's cleaning every 3 s
+        assert len([p for p in files() if "requests" not in p.parts]) == 0, files()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert list((tmp_path / "tmp").glob("nala_dit_app-*")) == []
+        text = log.read_text()
+        assert f"open {url}/ (this machine only, no share link; Ctrl-C stops it)" in text
+        assert "share=True" not in text and "public link" not in text
+
+
+def test_the_page_defaults_to_the_demos_guidance(pipeline_dir):
+    """The page's guidance starts at the demo's (demo.py CFG_SCALE, 2); 1 for a model
+    without a null class, which cannot be guided."""
+    import app
+    import demo
+    from nala_dit.models.dit import create_model
+    from nala_dit.pipelines.sources import Source
+    from nala_dit.training.checkpoint import build_objective
+
+    def guidance_shown(page) -> float:
+        (field,) = [b for b in page.blocks.values() if getattr(b, "elem_id", None) == "guidance"]
+        return field.value
+
+    args = app.build_parser().parse_args(["--ckpt", str(pipeline_dir)])
+    page = app.Demo(args, app.load(args)).page()
+    assert guidance_shown(page) == app.GUIDANCE == demo.CFG_SCALE == 2.0
+    model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10, class_dropout_prob=0.0).eval()
+    assert model.null_label is None
+    unguided = app.Demo(args, Source(model, build_objective(dict(model.config), {}), id2label=dict(enumerate(NAMES))))
+    assert guidance_shown(unguided.page()) == 1.0
+
+
+def test_a_failure_while_sampling_is_one_line_in_the_page(pipeline_dir, monkeypatch):
+    """torch's RuntimeError (e.g. memory refused past the check, for a 2000 × 2000 request) is
+    the page's one status line naming what to change, not Gradio's bare 'Error'."""
+    import app
+    import sample
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: not enough memory:\n you tried to allocate 64000000000 bytes.")
+
+    monkeypatch.setattr(sample, "write_samples", out_of_memory)
+    args = app.build_parser().parse_args(["--ckpt", str(pipeline_dir)])
+    status, grid, gallery, files, command = app.Demo(args, app.load(args)).generate(["1"], 1, "ddim", 2, 1, 0,
+                                                                                    "2000")
+    line = re.sub(r"<.*?>", "", status)
+    assert line == ("error: sampling failed: DefaultCPUAllocator: not enough memory: you tried to allocate "
+                    "64000000000 bytes.; ask for fewer images, a smaller image size or a smaller app.py --batch-size")
+    assert grid is None and gallery == [] and "--image-size 2000" in command
