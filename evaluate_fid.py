@@ -11,7 +11,7 @@ Subcommands (the shape of EDM2's calculate_metrics.py):
 
   # score samples (folder or .npz; labels from arr_1 or the sidecar <samples>.json)
   python evaluate_fid.py calc --samples runs/samples/samples.npz --ref runs/ref/val_256.npz \\
-      --json runs/samples/metrics.json --device cuda
+      --json runs/samples/metrics.json
   python evaluate_fid.py calc --samples runs/digits/samples.npz --ref runs/ref/digits.npz
 
   # an ADM reference batch works as --ref directly (mu, sigma, mu_s, sigma_s + arr_0)
