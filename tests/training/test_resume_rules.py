@@ -109,6 +109,7 @@ OTHER = {"data": "digits-canvas", "image_size": 16, "flip": False, "skip_corrupt
          "sample_every": 5, "sample_sampler": "ddpm", "sample_steps": 10, "sample_cfg_scale": 2.0,
          "report_to": "none", "val_every": 5, "val_data": "held", "val_samples": 8, "fid_every": 5,
          "fid_ref": "ref.npz", "fid_samples": 8, "fid_features": "digits", "inception_weights": "w.pth",
+         "allow_unknown_inception_weights": True,
          "digits_classifier": "clf", "repa_weight": 1.0,
          # refused, compared in the training config
          "noise_schedule": "cosine", "diffusion_steps": 500, "path_type": "gvp", "prediction": "noise",
