@@ -507,7 +507,13 @@ def iter_image_folder(folder: str | Path, batch_size: int = 250, num_workers: in
         num_workers=num_workers,
         collate_fn=_collate_images
     )
-    yield from loader
+    try:
+        yield from loader
+    except ValueError as err:   # from a worker (--num-workers): torch adds the worker's traceback to the text
+        lines = str(err).strip().splitlines()
+        if len(lines) > 1:
+            raise ValueError(lines[-1].removeprefix("ValueError: ")) from None
+        raise
 
 
 def iter_images(path: str | Path, batch_size: int = 250, num_workers: int = 0,
