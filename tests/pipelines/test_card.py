@@ -199,7 +199,6 @@ def test_hostile_names_stay_text_in_the_card(tmp_path):
     each is shown as typed inside its code span or as text; no HTML element, heading,
     list item or table cell comes from them, and the card's bash line gives the folder back."""
     import html
-    import shlex
 
     import torch
     markdown_it = pytest.importorskip("markdown_it", reason="markdown-it-py renders the card (installed with rich)")
