@@ -15,6 +15,10 @@ The Inception weights (``find_inception_weights``), first found wins, nothing do
    metrics, TorchScript, pool features only (no classifier head: no Inception Score);
 3. torch-fidelity's own cache, ``<torch hub>/checkpoints/weights-inception-2015-12-05-6726825d.pth``.
 
+A file whose sha256 is none of ``KNOWN_WEIGHTS`` is refused before it is read
+(``check_known_weights``) unless the caller opts in (``--allow-unknown-inception-weights``,
+then recorded as ``weights_check``): one changed tensor changes every score.
+
 Either file is loaded into torch-fidelity's ``FeatureExtractorInceptionV3`` (the
 TorchScript's state dict renamed to torch-fidelity's layer names, loaded strictly, the
 classifier left at zero), so there is one Inception implementation.
