@@ -23,6 +23,10 @@ LINEAR_KERNELS = ("nala", "relu", "elu")
 GATED_ATTENTIONS = tuple(a for a in ATTENTIONS if a != "softmax")
 KERNELS = LINEAR_KERNELS + ("softmax",)      # what the gated layer runs; "softmax" = softmax_gated
 DIRECTIONS = ("cosine", "relu_split")
+# rope's angle layouts (functional.rope_angles): "halves" = this repository's [rows | cols]
+# over the 2D-wide feature (the default, so configs saved before the option load unchanged);
+# "released" = the NaLa authors' released code (ZacharyMeng/NaLaFormer), docs/NALA_SPEC.md §7.
+ROPE_LAYOUTS = ("halves", "released")
 # What the Triton kernels (attention/triton_kernels.py) take, known here so that nala.py's
 # dispatch can check a shape without importing Triton: head dims up to 128, and token
 # blocks of 16 on a grid axis that holds at most 65535 of them.
@@ -129,8 +133,12 @@ class NaLaConfig:
                                       "paper), 'sqrt_d' (s = √D) or 'learned' (one exp(ρ) per head)", ("nala",),
                                       flag_type=str)
     alpha: float = _option(ALPHA, "NaLa α (direction sharpness)", ("nala",))
-    rope: bool = _option(False, "linear kernels: 2-D rotary embedding on the numerator features only (as the NaLa "
-                                "authors' code)", LINEAR_KERNELS)
+    rope: bool = _option(False, "linear kernels: 2-D rotary embedding on the numerator features only (angle "
+                                "layout: --rope-layout)", LINEAR_KERNELS)
+    rope_layout: str = _option("halves", "rope's angle layout: 'halves' (this repository's [rows | cols] over the "
+                                         "2D-wide feature) or 'released' (the NaLa authors' released code: D/4 "
+                                         "frequencies, rows and cols per D-wide half); docs/NALA_SPEC.md §7",
+                               LINEAR_KERNELS, choices=list(ROPE_LAYOUTS))
     regions: int = _option(1, "NaLa region states: cut the token grid into R x R regions, one key-value state each, "
                               "mixed per query region by learned weights (1 = one global state, plain NaLa); R from "
                               f"1 to {MAX_NALA_REGIONS} and at most the token grid's side: {NALA_REGIONS_COST}; "
@@ -144,6 +152,8 @@ class NaLaConfig:
         check_direction(self.direction)
         object.__setattr__(self, "norm_scale", parse_norm_scale(self.norm_scale))
         check_nala_regions(self.regions)
+        if self.rope_layout not in ROPE_LAYOUTS:
+            raise ValueError(f"rope_layout must be one of {ROPE_LAYOUTS}, got {self.rope_layout!r}")
         if self.rope and self.kernel not in LINEAR_KERNELS:
             raise ValueError(f"rope applies to the linear kernels {LINEAR_KERNELS} (numerator-only rotary "
                              f"embedding), not to kernel={self.kernel!r}; use rope=False")
@@ -163,6 +173,16 @@ class NaLaConfig:
 
         changed = {k: v for k, v in overrides.items() if not same(k, v)}
         return dataclasses.replace(config, **changed) if changed else config   # unchanged: the same object
+
+    @classmethod
+    def authors(cls, **overrides) -> NaLaConfig:
+        """The NaLa layer as the authors' released code runs it (``NormAwareLinearAttn`` in
+        ZacharyMeng/NaLaFormer): relu_split direction, λ = 3, τ = 0.5, s = 1, LePE, SiLU gate,
+        output LayerNorm and the numerator-only RoPE in the released angle layout. One
+        difference stays: ‖q‖ is clamped at ``norm_eps`` (the released code divides by it,
+        NaN at q = 0). ``overrides`` as in ``of``; docs/NALA_SPEC.md §7, docs/differences.md."""
+        return cls.of(cls(kernel="nala", direction="relu_split", power=3.0, offset=0.5, norm_scale=1.0,
+                          lepe=True, gate=True, out_norm=True, rope=True, rope_layout="released"), **overrides)
 
     @classmethod
     def from_model(cls, attention: str, **options) -> NaLaConfig:

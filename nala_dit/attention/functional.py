@@ -35,7 +35,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .config import ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, NaLaConfig, check_direction
+from .config import ALPHA, EPS, NORM_EPS, NORM_SCALE, OFFSET, POWER, ROPE_LAYOUTS, NaLaConfig, check_direction
 
 Direction = Literal["cosine", "relu_split"]
 
@@ -270,37 +270,54 @@ def softmax_attention_reference(
 
 
 # ------------------------------------------------------------------ rotary (numerator)
-# The NaLa authors' released code adds a 2-D rotary position embedding to the numerator
-# only (spec §7): o_i = [R_i φ_q(q_i)]ᵀ Σ_j [R_j φ_k(k_j)] v_jᵀ / [φ_q(q_i)ᵀ Σ_j φ_k(k_j) + Nε]
+# A 2-D rotary position embedding on the numerator only (spec §7), as the NaLa authors'
+# released code adds it: o_i = [R_i φ_q(q_i)]ᵀ Σ_j [R_j φ_k(k_j)] v_jᵀ / [φ_q(q_i)ᵀ Σ_j φ_k(k_j) + Nε]
 # (both sides on the 1/N mean scale). The denominator keeps the unrotated, non-negative
 # features, so it stays positive; the numerator gains relative position, since
-# (R_i a)·(R_j b) depends on i − j only. The F feature channels form F/2 pairs (2m, 2m+1);
-# the first F/4 pairs turn with the token's row, the last F/4 with its column, at
-# frequencies base^(−m/(F/4)) (their RoPE on a (h, w) grid).
+# (R_i a)·(R_j b) depends on i − j only. The F = 2D feature channels form F/2 pairs
+# (2m, 2m+1), each turned by one angle. Two angle layouts (``ROPE_LAYOUTS``):
+#
+# * ``"halves"`` (this repository's, the default): the first F/4 pairs turn with the
+#   token's row, the last F/4 with its column, at frequencies base^(−m/(F/4)), m < F/4.
+# * ``"released"`` (ZacharyMeng/NaLaFormer's ``RoPE`` + ``theta_shift``): D/4 frequencies
+#   base^(−m/(D/4 − 1)) (``linspace(0, 1, D/4)``), rows then columns give a D-wide
+#   rotation, applied to each D-wide half of the 2D-wide feature separately; per pair:
+#   [rows | cols | rows | cols], D/4 pairs each.
 
 ROPE_BASE = 10000.0
 
 
 def rope_angles(grid: tuple[int, int], features: int, base: float = ROPE_BASE,
-                device=None) -> torch.Tensor:
+                device=None, layout: str = "halves") -> torch.Tensor:
     """Rotation angle of every (token, channel pair): ``(h·w, features/2)`` in fp32.
 
     ``features`` (the feature width F) must be a multiple of 4: half of the pairs rotate
-    with the row position, half with the column position. Positions follow the grid's
+    with the row position, half with the column position, in the ``layout`` of
+    ``ROPE_LAYOUTS`` (see above). Positions follow the grid's
     ``positions`` policy when ``grid`` is a ``grid.TokenGrid`` (index × base / side for
     ``interpolate``, no rotation for ``none``), integer indices for a plain (h, w).
     """
+    if layout not in ROPE_LAYOUTS:
+        raise ValueError(f"rope_layout must be one of {ROPE_LAYOUTS}, got {layout!r}")
     if features % 4:
         raise ValueError(f"rope needs a feature width divisible by 4 (even head dim), got {features}")
+    if layout == "released" and features % 8:
+        raise ValueError(f"rope_layout 'released' needs a head dim divisible by 4 (D/4 frequencies), got "
+                         f"feature width {features} (head dim {features // 2}); use rope_layout 'halves'")
     h, w = grid
     scale = grid.position_scale() if hasattr(grid, "position_scale") else (1.0, 1.0)
     if scale is None:
         scale = (0.0, 0.0)  # positions "none": every angle 0, the identity rotation
-    k = features // 4
-    freqs = base ** (-torch.arange(k, dtype=torch.float32, device=device) / k)          # (F/4,)
     rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32, device=device) * scale[0],
                                 torch.arange(w, dtype=torch.float32, device=device) * scale[1], indexing="ij")
-    return torch.cat([rows.reshape(-1, 1) * freqs, cols.reshape(-1, 1) * freqs], dim=-1)  # (N, F/2)
+    rows, cols = rows.reshape(-1, 1), cols.reshape(-1, 1)
+    if layout == "released":
+        freqs = 1.0 / base ** torch.linspace(0, 1, features // 8, dtype=torch.float32, device=device)  # (D/4,)
+        half = torch.cat([rows * freqs, cols * freqs], dim=-1)                                      # (N, D/2)
+        return torch.cat([half, half], dim=-1)                                                      # (N, F/2)
+    k = features // 4
+    freqs = base ** (-torch.arange(k, dtype=torch.float32, device=device) / k)          # (F/4,)
+    return torch.cat([rows * freqs, cols * freqs], dim=-1)  # (N, F/2)
 
 
 def apply_rope(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
@@ -324,16 +341,22 @@ def rope_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Ten
 
 
 def rope_attention_reference(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                             grid: tuple[int, int], eps: float = EPS, base: float = ROPE_BASE):
+                             grid: tuple[int, int], eps: float = EPS, base: float = ROPE_BASE,
+                             layout: str = "halves"):
     """Quadratic form of ``rope_linear_attention`` (tests only), written independently:
     rotation as complex multiplication, ``W_ij = Re⟨R_i φ_q(q_i), R_j φ_k(k_j)⟩ /
     (Σ_j' φ_q(q_i)·φ_k(k_j') + Nε)``. Returns (o, W); rows of W need not be non-negative."""
     h, w = grid
     f = phi_q.shape[-1]
-    k = f // 4
-    freqs = 1.0 / base ** (torch.arange(k, dtype=torch.float64) / k)
     pos = [(r, c) for r in range(h) for c in range(w)]
-    theta = torch.tensor([[r * fr for fr in freqs] + [c * fr for fr in freqs] for r, c in pos])   # (N, F/2)
+    if layout == "released":   # per D-wide half: D/4 row pairs, D/4 column pairs, base^(-m/(D/4-1))
+        k = f // 8
+        freqs = [base ** (-(m / (k - 1) if k > 1 else 0.0)) for m in range(k)]
+        theta = torch.tensor([2 * ([r * fr for fr in freqs] + [c * fr for fr in freqs]) for r, c in pos])
+    else:
+        k = f // 4
+        freqs = 1.0 / base ** (torch.arange(k, dtype=torch.float64) / k)
+        theta = torch.tensor([[r * fr for fr in freqs] + [c * fr for fr in freqs] for r, c in pos])   # (N, F/2)
     rot = torch.polar(torch.ones_like(theta), theta).to(torch.complex64)
     cq = torch.view_as_complex(phi_q.float().reshape(*phi_q.shape[:-1], f // 2, 2).contiguous()) * rot
     ck = torch.view_as_complex(phi_k.float().reshape(*phi_k.shape[:-1], f // 2, 2).contiguous()) * rot

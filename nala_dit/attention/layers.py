@@ -157,7 +157,8 @@ class GatedLinearAttention(GatedAttention):
     autograd differentiates through the division.
 
     ``rope``: the numerator-only 2-D rotary embedding of §7 on the token grid
-    (``rope_linear_attention``; needs an even head dim and the grid).
+    (``rope_linear_attention``; needs an even head dim and the grid), its angles in
+    ``config.rope_layout`` (``rope_angles``; "released" = the authors' code).
 
     ``regions`` R (NaLa only; default 1 = one global state): R × R region states mixed per
     query region by the learned non-negative weights ``exp(region_logits)`` (parameter
@@ -229,7 +230,7 @@ class GatedLinearAttention(GatedAttention):
             phi_q, phi_k = nala_features(q, k, config)
         else:
             phi_q, phi_k = kernel_features(q, config.kernel), kernel_features(k, config.kernel)
-        angles = rope_angles(grid, phi_q.shape[-1], device=q.device)
+        angles = rope_angles(grid, phi_q.shape[-1], device=q.device, layout=config.rope_layout)
         return rope_linear_attention(phi_q, phi_k, v, angles, config.eps).to(v.dtype)
 
     def exponent(self, q: torch.Tensor) -> torch.Tensor:

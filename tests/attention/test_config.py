@@ -64,7 +64,7 @@ def test_model_keys_map_to_the_fields():
         NaLaConfig.from_model("nala", powr=2.0)
     # The CLI's tables are made from the same fields.
     assert set(MODEL_OPTIONS) == {"direction", "lepe", "gate", "out_norm", "power", "offset", "norm_scale", "alpha",
-                                  "rope", "nala_regions"}
+                                  "rope", "rope_layout", "nala_regions"}
     assert set(MODEL_OPTIONS) < set(ATTENTION_OPTIONS) and set(MODEL_OPTIONS) < set(MODEL_OVERRIDES)
     assert {f.name for f in dataclasses.fields(TrainConfig)} >= set(MODEL_OPTIONS)
 
