@@ -4,8 +4,9 @@ Methods, all on DiT-S/2 heads (B=1, 6 heads × 64) unless told otherwise:
 
 * ``nala``        -- ``nala_attention`` with ``impl="auto"``: the fused token-chunked path
   on CPU, the Triton kernels (``nala_dit/attention/triton_kernels.py``) on CUDA;
-* ``nala_naive``  -- NaLa written like the authors' released code (concatenated
-  features, a chain of elementwise ops, einsums, autograd saving everything): the
+* ``nala_naive``  -- NaLa written naively, unfused (the default cosine direction,
+  concatenated features, a chain of elementwise ops, einsums, autograd saving
+  everything; the released code's structure, not its relu_split direction): the
   reference point the fast path is measured against;
 * ``relu``        -- ReLU linear attention with the same normalisation (the floor:
   what any kernel linear attention costs);
@@ -79,8 +80,10 @@ MODES = ("fwd", "fwd+bwd")
 
 
 def nala_naive(q, k, v, power=3.0, offset=0.5, alpha=20.0, eps=1e-6):
-    """NaLa in the style of the authors' released code: every feature is a fresh
-    tensor, the halves are concatenated, and autograd keeps all intermediates."""
+    """NaLa written naively, unfused, in the default cosine direction (the released
+    code's structure, not its relu_split direction: ``NaLaConfig.authors()`` is that):
+    every feature is a fresh tensor, the halves are concatenated, and autograd keeps
+    all intermediates."""
     q, k, v = q.float(), k.float(), v.float()
     q_norm = q.norm(dim=-1, keepdim=True)
     q_dir = q / q_norm.clamp_min(1e-6)
