@@ -126,8 +126,11 @@ class GatedAttention(nn.Module):
         g = parts[3] if self.use_gate else None
         lepe = (self.lepe.weight, self.lepe.bias) if self.lepe is not None else (None, None)
         norm = (self.out_norm.weight, self.out_norm.bias) if self.out_norm is not None else (None, None)
-        if not self.recompute:
-            # The plain composition: autograd keeps every intermediate (the reference).
+        if not self.recompute or torch.compiler.is_compiling():
+            # The plain composition: autograd keeps every intermediate (the reference). Under
+            # torch.compile too: GatedMiddle's backward (torch.autograd.grad) would break the
+            # graph; NaLa's fused path runs here as the custom op (op.py), and the compiler
+            # picks what to recompute.
             o = self.attend(q, k, v, grid).transpose(1, 2).reshape(b, n, c)      # (B, N, C)
             norm = None if self.out_norm is None else (*norm, self.out_norm.eps)
             o = gated_tail(o, parts[2], g, grid, None if self.lepe is None else lepe, norm)
