@@ -1,0 +1,119 @@
+"""experiments/cifar10_speedrun/run.py: the smoke run end to end, resume, the data on device, FID."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+TARBALL = ROOT.parent / "shared" / "data" / "cifar10" / "cifar10_jpg.tar.gz"
+needs_data = pytest.mark.skipif(not TARBALL.is_file(), reason=f"{TARBALL} is absent (CIFAR-10 for development)")
+
+
+def _load_run():
+    spec = importlib.util.spec_from_file_location("speedrun_run", ROOT / "experiments" / "cifar10_speedrun" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+run = _load_run()
+
+
+@pytest.fixture(scope="module")
+def cifar_subset(tmp_path_factory):
+    """The first 10 files of each class of both splits (200 images), read from the tarball."""
+    if not TARBALL.is_file():
+        pytest.skip(f"{TARBALL} is absent (CIFAR-10 for development)")
+    out = tmp_path_factory.mktemp("cifar")
+    with tarfile.open(TARBALL) as tar:
+        members = [m for m in tar if m.isfile() and int(Path(m.name).stem) < 10]
+        tar.extractall(out, members=members, filter="data")
+    return out / "cifar10"
+
+
+@pytest.fixture(scope="module")
+def smoke(cifar_subset, inception_weights, tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    argv = ["--smoke", "--cifar", str(cifar_subset), "--out", str(out), "--inception-weights", str(inception_weights),
+            "--allow-unknown-weights"]
+    run.main(argv)
+    return out, argv
+
+
+@needs_data
+def test_smoke_writes_every_stage_and_the_summary_is_recomputed_from_the_cells(smoke):
+    out, _ = smoke
+    assert (out / "data_fid.json").is_file()
+    cells = {p.stem: json.loads(p.read_text()) for p in (out / "cells").glob("*.json")}
+    assert set(cells) == {"softmax_mlp_s0", "nala_mlp_s0"}
+    assert all(c["train"]["steps"] == 20 and c["samples"] == 64 for c in cells.values())
+    assert "fid_between_sets" in cells["softmax_mlp_s0"]
+    summary = json.loads((out / "summary.json").read_text())
+    for v, row in summary["variants"].items():
+        assert row["fid_mean"] == pytest.approx(cells[f"{v}_s0"]["fid"], abs=0)
+    assert summary["variants"]["nala_mlp"]["contrast_vs_softmax_mlp"]["0"] == pytest.approx(
+        cells["nala_mlp_s0"]["fid"] - cells["softmax_mlp_s0"]["fid"], abs=1e-12)
+    assert summary["variants"]["softmax_mlp"]["contrast_vs_softmax_mlp"]["0"] == 0.0
+
+
+@needs_data
+def test_resume_does_not_redo_finished_cells(smoke, monkeypatch):
+    out, argv = smoke
+    before = {p.name: p.read_text() for p in (out / "cells").glob("*.json")}
+    (out / "cells" / "nala_mlp_s0.json").rename(out / "nala_mlp_s0.json.moved")   # an interrupted run
+    trained = []
+    real = run.train_cell
+    monkeypatch.setattr(run, "train_cell", lambda v, s, *a, **k: trained.append((v, s)) or real(v, s, *a, **k))
+    try:
+        run.main(argv)
+    finally:
+        (out / "nala_mlp_s0.json.moved").unlink()
+    assert trained == [("nala_mlp", 0)]
+    assert (out / "cells" / "softmax_mlp_s0.json").read_text() == before["softmax_mlp_s0.json"]
+
+
+@needs_data
+def test_data_on_device_equals_the_image_folder(cifar_subset):
+    from nala_dit.data.datasets import ImageFolderDataset, random_flip
+
+    images, labels = run.load_split(cifar_subset / "train")
+    ds = ImageFolderDataset(cifar_subset / "train", 32)
+    assert ds.classes[:3] == ["airplane", "automobile", "bird"] and len(images) == len(ds) == 100
+    assert images.dtype == torch.uint8
+    for i in (0, 37, 99):
+        x, y = ds[i]
+        assert labels[i] == y
+        assert torch.equal(images[i].float() / 127.5 - 1, x)
+    ref = torch.stack([ds[i][0] for i in range(8)])
+    torch.manual_seed(3)
+    ours = run.batch_to_model(images[:8])
+    torch.manual_seed(3)
+    assert torch.equal(ours, random_flip(ref))
+    assert not torch.equal(ours, ref) and ours.min() >= -1 and ours.max() <= 1
+
+
+def test_fid_of_a_set_against_itself_is_zero_and_matches_evaluate_samples(tmp_path, inception_weights):
+    from nala_dit.evaluation import metrics
+    from nala_dit.evaluation.features import InceptionExtractor
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (40, 32, 32, 3), dtype=np.uint8)
+    b = rng.integers(0, 256, (40, 32, 32, 3), dtype=np.uint8)
+    extractor = InceptionExtractor(inception_weights, allow_unknown=True)
+    fa = metrics.compute_features(extractor, [a])["pool"]
+    fb = metrics.compute_features(extractor, [b])["pool"]
+    assert abs(run.fid_against(fa, fa)) < 1e-6
+    np.savez(tmp_path / "b.npz", arr_0=b)
+    np.savez(tmp_path / "a.npz", arr_0=a)
+    metrics.make_reference(tmp_path / "ref.npz", data=tmp_path / "a.npz", inception_weights=inception_weights,
+                           allow_unknown_weights=True)
+    theirs = metrics.evaluate_samples(tmp_path / "b.npz", tmp_path / "ref.npz", inception_weights=inception_weights,
+                                      allow_unknown_weights=True)["metrics"]["fid"]
+    assert run.fid_against(fb, fa) == pytest.approx(theirs, abs=1e-6)
