@@ -118,7 +118,23 @@ def test_authors_kernel_without_rope_equals_the_released_formula_on_every_path(i
 
 
 def test_default_layout_keeps_older_rope_configs_unchanged():
-    """A config that does not name rope_layout gets "halves", the layout rope had before the
-    option: the same angles (so the same outputs) as rope_angles' layout before."""
+    """A config that does not name rope_layout (saved before the option) gets "halves", the
+    layout rope had before: the same angles, and a rope model rebuilt from its config without
+    the key gives the same outputs; "released" gives others."""
+    from nala_dit.models.dit import create_model
+    from nala_dit.training.checkpoint import build_model_from_config
+
     assert NaLaConfig.from_model("nala", rope=True).rope_layout == "halves"
     assert_close("halves", closed_form_angles(4, 6, 12, "halves").float(), rope_angles((4, 6), 24), 1e-6)
+    torch.manual_seed(0)
+    model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10, rope=True).eval()
+    for p in model.parameters():   # past adaLN-Zero's zero init, so attention reaches the output
+        p.data.normal_(0, 0.05)
+    old = {k: v for k, v in dict(model.config).items() if k != "rope_layout" and not k.startswith("_")}
+    x, t, y = torch.randn(2, 1, 8, 8), torch.tensor([3, 700]), torch.tensor([1, 4])
+    with torch.no_grad():
+        out = model(x, t, y)
+        for layout, same in ((None, True), ("released", False)):
+            rebuilt = build_model_from_config({**old, **({"rope_layout": layout} if layout else {})}).eval()
+            rebuilt.load_state_dict(model.state_dict(), strict=True)
+            assert torch.equal(rebuilt(x, t, y), out) is same, layout

@@ -160,6 +160,7 @@ def test_every_model_setting_reaches_the_model_config(tmp_path):
 
     other = {"model": "NaLaDiT-T/4", "attention": "relu", "direction": "relu_split", "lepe": False, "gate": False,
              "out_norm": False, "power": 2.0, "offset": 0.25, "norm_scale": 2.0, "alpha": 10.0, "rope": True,
+             "rope_layout": "released",
              "nala_regions": 2, "pos_embed": "interpolate", "softmax_blocks": "1", "mlp": "mix",
              "mix_init": "identity", "class_dropout_prob": 0.2, "image_size": 16, "num_classes": 5}
     assert sorted(other) == sorted(RESUME_RULES["refused-model"])
