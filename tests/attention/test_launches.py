@@ -7,8 +7,19 @@ input, 2 heads, LePE + LayerNorm + gate, recompute on): 73 forward, 192 backward
 
 Issue 53's targets, for the Triton path on CUDA (not counted here): at most 5 kernels
 forward and 15 forward + backward per gated layer (softmax attention: 3 / 13); today 12 / 43.
-The Triton path's count under ``TRITON_INTERPRET=1`` is not yet held by a test.
+The NaLa call on the Triton path is counted under ``TRITON_INTERPRET=1`` (a subprocess: Triton
+reads the variable at import), each kernel launch as one and the interpreter's own host copies
+inside a launch not at all; allocations (``empty``) launch nothing and are left out. At
+N = 67 (one state split, so no partial-state ``sum``): 3 forward (``full`` + state + output
+kernels), 3 backward (dq, state, dkv kernels).
 """
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -17,15 +28,65 @@ from nala_dit.attention.layers import build_attention
 FORWARD, BACKWARD = 73, 192
 
 
+TRITON_FORWARD = ["aten.full", "triton._state_kernel", "triton._output_kernel"]
+TRITON_BACKWARD = ["triton._dq_kernel", "triton._state_kernel", "triton._dkv_kernel"]
+ALLOCATIONS = {"aten.empty", "aten.new_empty"}
+
+
 class CountOps(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops: list[str] = []
+        self.paused = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
+        if not func.is_view and not self.paused:
             self.ops.append(str(func.overloadpacket))
         return func(*args, **(kwargs or {}))
+
+
+class CountedKernel:
+    """A Triton kernel whose launches ``kernel[grid](...)`` are recorded in ``mode``."""
+
+    def __init__(self, name, kernel, mode_of):
+        self.name, self.kernel, self.mode_of = name, kernel, mode_of
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            mode = self.mode_of()
+            mode.ops.append(f"triton.{self.name}")
+            mode.paused = True
+            try:
+                return launch(*args, **kwargs)
+            finally:
+                mode.paused = False
+        return run
+
+
+def count_triton_call() -> dict:
+    """Under TRITON_INTERPRET=1: what ``nala_attention(impl="triton")`` launches, forward and
+    backward from a given output gradient."""
+    import nala_dit.attention.triton_kernels as tk
+    from nala_dit.attention import nala_attention
+
+    current = []
+    for name in [n for n in dir(tk) if n.endswith("_kernel")]:
+        setattr(tk, name, CountedKernel(name, getattr(tk, name), lambda: current[-1]))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 67, 32, generator=g).requires_grad_() for _ in range(3))
+    grad = torch.ones(2, 2, 67, 32)
+    counts = {}
+    for phase in ("forward", "backward"):
+        current.append(CountOps())
+        with current[-1]:
+            if phase == "forward":
+                out = nala_attention(q, k, v, impl="triton")
+            else:
+                out.backward(grad)
+        counts[phase] = [op for op in current[-1].ops if op not in ALLOCATIONS]
+    return counts
 
 
 def test_gated_nala_layer_launch_counts_on_the_fused_cpu_path():
@@ -38,3 +99,19 @@ def test_gated_nala_layer_launch_counts_on_the_fused_cpu_path():
         y.sum().backward()
     assert (len(fwd.ops), len(bwd.ops)) == (FORWARD, BACKWARD), (fwd.ops, bwd.ops)
     assert fwd.ops[0] == "aten.addmm" and fwd.ops[-1] == "aten.addmm"   # qkvg in, projection out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_nala_call_launch_counts_on_the_triton_path_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-m", "tests.attention.test_launches"], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counts == {"forward": TRITON_FORWARD, "backward": TRITON_BACKWARD}
+
+
+if __name__ == "__main__":
+    print(json.dumps(count_triton_call()))
