@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help="transformer precision")
     how.add_argument("--batch-size", type=int, default=32, help="samples per forward pass (per process)")
     how.add_argument("--threads", type=int, help=THREADS_HELP)
+    how.add_argument("--compile", action="store_true",
+                     help="torch.compile the model (in place; NaLa traces whole, as a custom op); the first "
+                          "batch pays the compilation (tens of seconds on a CPU)")
     how.add_argument("--context-parallel", type=int, default=1, metavar="P",
                      help="mass sampling (--out) under accelerate launch: " + CONTEXT_PARALLEL_HELP)
     how.add_argument("--vae-tiling", choices=list(VAE_TILING_MODES), default="auto",
@@ -167,7 +170,7 @@ def run(args) -> int:
         from nala_dit.attention.context_parallel import ContextParallel, enable
 
         context = ContextParallel.from_world(args.context_parallel)
-        source = load_source(args.ckpt, args.weights, args.vae, state.device)
+        source = compiled(load_source(args.ckpt, args.weights, args.vae, state.device), args.compile)
         enable(source.model, context)
         settings = sized_settings(settings, source, args, state.is_main_process)
         settings.resolved(source.objective)  # clear errors before any work
@@ -181,8 +184,16 @@ def run(args) -> int:
         return 0
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    write_samples(args, load_source(args.ckpt, args.weights, args.vae, device), settings)
+    write_samples(args, compiled(load_source(args.ckpt, args.weights, args.vae, device), args.compile), settings)
     return 0
+
+
+def compiled(source, compile: bool):
+    """``source`` with its model compiled in place (``nn.Module.compile``: the module keeps
+    its class and attributes) when ``compile``."""
+    if compile:
+        source.model.compile()
+    return source
 
 
 def checked_settings(args):
