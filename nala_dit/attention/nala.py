@@ -373,11 +373,7 @@ def nala_attention(
         return _nala_eager(q, k, v, config)
     if impl == "compile":
         return _nala_compiled(q, k, v, config)
-    if shard is not None:
-        return _FusedNaLa.apply(q, k, v, opts, shard)
-    from .op import nala_fused_attention   # the same passes as a custom op: torch.compile traces it
-
-    return nala_fused_attention(q, k, v, opts)
+    return _FusedNaLa.apply(q, k, v, opts, shard)
 
 
 def fused_opts(config: NaLaConfig, head_dim: int) -> dict:

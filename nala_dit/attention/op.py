@@ -13,11 +13,14 @@ with ``register_autograd``:
 * ``nala_dit::nala_fused_backward(q, k, v, state, den, grad_out, ...) → (dq, dk, dv)``.
 
 ``nala_fused_attention(q, k, v, opts)`` is the call (``opts`` as ``nala.fused_opts``
-builds them). Context parallel (``shard``) stays on ``_FusedNaLa``: its all-reduce is not an op.
+builds them). ``nala_attention`` itself keeps ``_FusedNaLa`` (this module sits above
+``nala.py``: packages import without cycles). Context parallel (``shard``) stays on ``_FusedNaLa``: its all-reduce is not an op.
 """
 from __future__ import annotations
 
 import torch
+
+from .nala import fused_backward, fused_output, fused_state
 
 _OPT_NAMES = ("direction", "power", "offset", "norm_scale", "alpha", "norm_eps", "eps")
 
@@ -31,8 +34,6 @@ def _opts(direction, power, offset, norm_scale, alpha, norm_eps, eps) -> dict:
 def nala_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, direction: str, power: float,
                offset: float, norm_scale: float, alpha: float, norm_eps: float,
                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .nala import fused_output, fused_state
-
     opts = _opts(direction, power, offset, norm_scale, alpha, norm_eps, eps)
     state = fused_state(k, v, opts)
     out, den = fused_output(q, state, opts)
@@ -53,8 +54,6 @@ def nala_fused_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state
                         den: torch.Tensor, grad_out: torch.Tensor, direction: str, power: float,
                         offset: float, norm_scale: float, alpha: float, norm_eps: float,
                         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .nala import fused_backward
-
     opts = _opts(direction, power, offset, norm_scale, alpha, norm_eps, eps)
     dq, dk, dv = fused_backward(q, k, v, state, den, grad_out.contiguous(), opts)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
