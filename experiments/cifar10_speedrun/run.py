@@ -6,8 +6,7 @@ finishes and is skipped when that file exists; ``summary.json`` is recomputed fr
     python experiments/cifar10_speedrun/run.py --cifar ~/.cache/nala_dit/cifar10 --out runs/cifar10_speedrun
     python experiments/cifar10_speedrun/run.py --smoke --cifar ... --out /tmp/smoke   # CPU, toy scale
 
-Status: the training / sampling / scoring path of one cell; seeds run one after another (not yet
-batched with torch.func); see README.md for what is not built yet.
+Seeds run one after another (not yet batched with torch.func); see README.md for what is not built yet.
 """
 
 from __future__ import annotations
@@ -96,7 +95,8 @@ def train_cell(variant, seed, images, labels, steps, batch, lr, tokens, device, 
         if time.time() - t0 > cap_s:
             break
     return model, ema, objective, {"steps": done, "seconds": time.time() - t0,
-                                   "step_s": (time.time() - t0) / max(done, 1), "final_loss": float(loss.detach())}
+                                   "step_s": (time.time() - t0) / max(done, 1),
+                                   "images_per_s": done * batch / max(time.time() - t0, 1e-9), "final_loss": float(loss.detach())}
 
 
 @torch.no_grad()
@@ -139,7 +139,8 @@ def summarize(out: Path) -> dict:
         fids = np.array([c["fid"] for c in mine])
         rows[v] = {"n": len(mine), "fid_mean": float(fids.mean()),
                    "fid_spread": float(fids.std(ddof=1)) if len(mine) > 1 else 0.0,
-                   "step_s": float(np.mean([c["train"]["step_s"] for c in mine]))}
+                   "step_s": float(np.mean([c["train"]["step_s"] for c in mine])),
+                   "images_per_s": float(np.mean([c["train"]["images_per_s"] for c in mine]))}
         base = {c["seed"]: c["fid"] for c in cells if c["variant"] == "softmax_mlp"}
         rows[v]["contrast_vs_softmax_mlp"] = {str(c["seed"]): c["fid"] - base[c["seed"]]
                                                for c in mine if c["seed"] in base}
@@ -175,6 +176,13 @@ def main(argv=None) -> None:
     if args.smoke:
         args.steps, args.samples, args.batch, args.sample_steps = 20, 64, 16, 2
         cells = [("softmax_mlp", 0), ("nala_mlp", 0)]
+    settings = {k: getattr(args, k) for k in ("smoke", "tokens", "steps", "batch", "lr", "samples", "sample_steps",
+                                                "cfg_scale")}
+    settings_path = out / "settings.json"
+    if settings_path.is_file() and json.loads(settings_path.read_text()) != settings:
+        raise SystemExit(f"error: {out} holds cells of other settings ({settings_path}): pass another --out, "
+                         f"or the same settings to resume")
+    write_json(settings_path, settings)
     t_start = time.time()
     images, labels = load_split(cifar / "train", per_class)
     images, labels = images.to(device), labels.to(device)

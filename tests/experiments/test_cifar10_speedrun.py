@@ -48,6 +48,7 @@ def smoke(cifar_subset, inception_weights, tmp_path_factory):
 
 
 @needs_data
+@pytest.mark.slow  # the run end to end, Inception on CPU: ~40 s on 2 cores
 def test_smoke_writes_every_stage_and_the_summary_is_recomputed_from_the_cells(smoke):
     out, _ = smoke
     assert (out / "data_fid.json").is_file()
@@ -64,6 +65,7 @@ def test_smoke_writes_every_stage_and_the_summary_is_recomputed_from_the_cells(s
 
 
 @needs_data
+@pytest.mark.slow
 def test_resume_does_not_redo_finished_cells(smoke, monkeypatch):
     out, argv = smoke
     before = {p.name: p.read_text() for p in (out / "cells").glob("*.json")}
@@ -117,3 +119,23 @@ def test_fid_of_a_set_against_itself_is_zero_and_matches_evaluate_samples(tmp_pa
     theirs = metrics.evaluate_samples(tmp_path / "b.npz", tmp_path / "ref.npz", inception_weights=inception_weights,
                                       allow_unknown_weights=True)["metrics"]["fid"]
     assert run.fid_against(fb, fa) == pytest.approx(theirs, abs=1e-6)
+
+
+def test_every_variant_sees_the_same_batches_for_a_seed(monkeypatch):
+    images = torch.randint(0, 256, (40, 3, 32, 32), dtype=torch.uint8)
+    labels = torch.arange(40) % 10
+    seen = {}
+    real = run.batch_to_model
+    for variant in ("softmax_mlp", "nala_mix"):
+        monkeypatch.setattr(run, "batch_to_model", lambda u8, v=variant: seen.setdefault(v, []).append(u8) or real(u8))
+        run.train_cell(variant, 7, images, labels, 2, 4, 2e-4, 256, "cpu", 60.0)
+    assert len(seen["softmax_mlp"]) == 2
+    assert all(torch.equal(a, b) for a, b in zip(seen["softmax_mlp"], seen["nala_mix"]))
+
+
+@needs_data
+@pytest.mark.slow
+def test_other_settings_in_the_same_out_are_refused(smoke, capsys):
+    out, argv = smoke
+    with pytest.raises(SystemExit, match="error: .* holds cells of other settings"):
+        run.main(argv + ["--cfg-scale", "2.0"])
