@@ -202,6 +202,7 @@ def checked_settings(args):
     runs its requests through this too, so the page refuses what the command refuses."""
     from nala_dit.diffusion.generate import SampleSettings
     from nala_dit.guards import check_writable
+    from nala_dit.cli.options import check_steps
 
     # outputs that cannot be written fail now, not after all the sampling
     for flag, path, kind in (("--grid", args.grid, dict(image=True)), ("--out-dir", args.out_dir, dict(folder=True)),
@@ -211,6 +212,8 @@ def checked_settings(args):
     refuse_overwrite(args)
     if args.num_samples is not None and args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+    if args.sampler and args.steps is not None:   # the sampler's bound (check_steps) before loading; the exact
+        check_steps(args.sampler, args.steps)      # chain of a DiT model is checked once it is loaded
     settings = SampleSettings(args.sampler, args.steps, args.cfg_scale, args.guidance_interval,
                               args.guide_channels, args.precision, args.atol, args.rtol, args.max_nfe)
     check_size_args(args)

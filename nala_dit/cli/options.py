@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,6 +224,79 @@ SAMPLERS = DIFFUSION_SAMPLERS + TRANSPORT_SAMPLERS
 RENOISE_SAMPLERS = ("ddpm", "ddim", "ode-euler", "ode-heun", "dopri5")
 DEFAULT_STEPS = {"ddpm": 250, "ddim": 50, "dpm-solver": 25, "ode-euler": 50, "ode-heun": 50,
                  "dopri5": 50, "sde-euler": 250, "sde-heun": 250}
+# The longest diffusion chain a DiT objective may have (--diffusion-steps; a checkpoint's ``diffusion-steps``, a
+# pipeline's ``objective_config``, a scheduler's ``num_train_timesteps``): DiT trains 1,000 timesteps, iDDPM at
+# most 4,000. Each timestep costs a few float64 table entries, so an edited 10^10 would ask for about 80 GB.
+MAX_DIFFUSION_STEPS = 10_000
+# The most steps a sampler takes. ddpm, ddim and dpm-solver step through distinct timesteps of the trained chain,
+# so at most its length (DiT's 1,000): past it respacing has nothing left to keep and diffusers' DPM-Solver++
+# repeats timesteps (NaN samples) or indexes past its tables. The ODE/SDE samplers integrate continuous time and
+# could take any number: MAX_CONTINUOUS_STEPS is a practical bound, 40x SiT's 250 SDE steps, where the fixed-step
+# solvers' discretisation error (Euler's O(1/n): about 1e-4) is far below the model's own, while every step is a
+# full model call (minutes per image for an XL/2 at 256 px). It also bounds dopri5's --max-nfe; dopri5 reads no
+# step count (adaptive), its --steps is held to the same bound. Checked by ``check_steps``.
+MAX_CONTINUOUS_STEPS = 10_000
+# An SDE sampler's last step (SiT's "Mean" of size 0.04) is one of its steps: it needs two.
+MIN_STEPS = {"sde-euler": 2, "sde-heun": 2}
+
+
+def max_steps(sampler: str, chain: int | None = None) -> int:
+    """The most steps ``sampler`` takes: the trained chain's length ``chain`` for the discrete
+    samplers (``MAX_DIFFUSION_STEPS`` when the chain is not known yet), else ``MAX_CONTINUOUS_STEPS``."""
+    if sampler in DIFFUSION_SAMPLERS:
+        return MAX_DIFFUSION_STEPS if chain is None else chain
+    return MAX_CONTINUOUS_STEPS
+
+
+def check_steps(sampler: str, steps, chain: int | None = None, flag: str = "--steps", label: str | None = None,
+                chain_flag: str | None = None) -> int:
+    """``steps`` for ``sampler`` (a name of ``SAMPLERS``) as an int from ``MIN_STEPS`` (1) to
+    ``max_steps(sampler, chain)``; else one ValueError line naming ``flag``, the value and the
+    sampler's limit. ``chain``: the diffusion's training timesteps (None: not known yet, then the
+    discrete samplers are held to ``MAX_DIFFUSION_STEPS``). The one check of every caller: the
+    CLIs, the web page (through ``sample.py``), the pipelines and ``generate``. ``label``: what
+    the message calls the sampler (default its name); ``chain_flag``: the flag that set ``chain``."""
+    if sampler not in SAMPLERS:
+        raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
+    least, most = MIN_STEPS.get(sampler, 1), max_steps(sampler, chain)
+    label = label or sampler
+    if sampler in DIFFUSION_SAMPLERS:
+        why = (f"the {chain} {chain_flag}" if chain is not None and chain_flag
+               else f"the model's {chain} training timesteps" if chain is not None
+               else f"a model's training timesteps, at most {MAX_DIFFUSION_STEPS}")
+        limit = f"{label} takes at most one step per training timestep ({why})"
+    else:
+        limit = f"{label} takes at most {most} steps (a practical bound: far finer than the model's own error)"
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral):
+        raise ValueError(f"{flag} must be a whole number of steps, got {steps!r}; {limit}")
+    steps = int(steps)
+    if steps < least:
+        last = " (its last step is one of them)" if least > 1 else ""
+        raise ValueError(f"{flag} must be >= {least} for {label}{last}, got {steps}")
+    if steps > most:
+        raise ValueError(f"{flag} {steps}: {limit}; use at most {most}")
+    return steps
+
+
+def check_diffusion_steps(value, where: str = "--diffusion-steps", fix: str = "") -> int:
+    """A diffusion chain's length: an int from 1 to ``MAX_DIFFUSION_STEPS``, checked before any
+    table of that length is allocated; else one ValueError line naming ``where`` and the value
+    (``fix``: how to get a good one, e.g. restore the file)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIFFUSION_STEPS:
+        raise ValueError(f"{where} must be a whole number of timesteps >= 1 and <= {MAX_DIFFUSION_STEPS:,} (DiT "
+                         f"1,000), got {value!r}{f'; {fix}' if fix else ''}")
+    return value
+
+
+def check_class_dropout(value, where: str = "--class-dropout-prob", fix: str = "") -> float:
+    """Label dropout for classifier-free guidance, in [0, 1): each training label is replaced by
+    the null class with this probability (DiT 0.1; 0 = no null class). At 1 no label is ever
+    seen, so the model is unconditional and its classes mean nothing; NaN and values past 1 are
+    not probabilities. Else one ValueError line naming ``where`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{where} must be a probability in [0, 1) (DiT 0.1; 0 = no null class, no guidance; at 1 "
+                         f"no label is ever seen, an unconditional model), got {value!r}{f'; {fix}' if fix else ''}")
+    return value
 PRECISIONS = ("fp32", "bf16")
 # dopri5 tolerances, as SiT's sample.py
 ODE_ATOL, ODE_RTOL = 1e-6, 1e-3
@@ -599,6 +673,7 @@ class TrainConfig(_NaLaFlags):
             raise ValueError("--latent-norm channel normalises VAE latents, but this run is in pixel space (no --vae): "
                              "drop it, or train on a latent folder from extract_latents.py with its --vae")
         check_mix_init(self.mlp, self.mix_init, flag)
+        check_class_dropout(self.class_dropout_prob)
         nala = self.nala_config()   # NaLa's settings checked once (NaLaConfig), e.g. --norm-scale 2 -> 2.0
         if self.norm_scale is not None:
             self.norm_scale = nala.norm_scale
@@ -674,27 +749,23 @@ class TrainConfig(_NaLaFlags):
         return NaLaConfig.from_model(self.attention or preset(self.model)[2], **given)
 
     def _check_grid_options(self, objective: str) -> None:
-        """The sample-grid options, checked now: a grid is drawn every ``sample_every`` steps,
-        and one that cannot be drawn would stop the run there (hours in, for the ImageNet
-        configs). Whatever ``generate`` would refuse at the first grid is refused here."""
-        if self.diffusion_steps < 1:
-            raise ValueError(f"--diffusion-steps must be >= 1, got {self.diffusion_steps}")
+        """The sample-grid options, checked now: a grid is drawn every ``sample_every`` steps
+        (and FID in training samples with the same steps), and one that cannot be drawn would
+        stop the run there (hours in, for the ImageNet configs). Whatever ``generate`` would
+        refuse at the first grid is refused here."""
+        check_diffusion_steps(self.diffusion_steps)
         if self.sample_every < 0:
             raise ValueError(f"--sample-every must be >= 0 (0 = no grids), got {self.sample_every}")
-        if self.sample_every == 0:
+        if self.sample_every == 0 and not self.fid_every:   # FID in training samples with these settings too
             return
         try:
             self.sample_cfg_scale = parse_cfg_scale(self.sample_cfg_scale)
         except ValueError as err:
             raise ValueError(f"--sample-cfg-scale: {err}") from None
-        sampler = self.sample_sampler or ("ddim" if objective == "diffusion" else "ode-heun")  # write_sample_grid's
-        least = 2 if sampler.startswith("sde-") else 1
-        if self.sample_steps < least:
-            why = " (its last step is one of them)" if least == 2 else ""
-            raise ValueError(f"--sample-steps must be >= {least} for {sampler}{why}, got {self.sample_steps}")
-        if objective == "diffusion" and self.sample_steps > self.diffusion_steps:
-            raise ValueError(f"--sample-steps {self.sample_steps} is more than the {self.diffusion_steps} "
-                             f"--diffusion-steps a {sampler} grid can take; use at most {self.diffusion_steps}")
+        # write_sample_grid's sampler (FID's default, ddpm, has ddim's bounds: the chain's length)
+        sampler = self.sample_sampler or ("ddim" if objective == "diffusion" else "ode-heun")
+        check_steps(sampler, self.sample_steps, self.diffusion_steps if objective == "diffusion" else None,
+                    "--sample-steps", chain_flag="--diffusion-steps")
         if self.sample_cfg_scale != 1.0 and self.class_dropout_prob <= 0:
             raise ValueError(f"--sample-cfg-scale {self.sample_cfg_scale} needs an unconditional model, but "
                              f"--class-dropout-prob {self.class_dropout_prob} trains none; use --sample-cfg-scale 1 "

@@ -60,8 +60,16 @@ def to_uint8(x: torch.Tensor) -> torch.Tensor:
     return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
 
 
+def _hidden(path: Path, root: Path) -> bool:
+    """A name starting with '.' below ``root`` (``.ipynb_checkpoints``, ``.git``, macOS' ``._x.png``)."""
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
 class ImageFolderDataset(Dataset):
-    """``root/<class name>/**/<image>``; classes are the sorted sub-folder names."""
+    """``root/<class name>/**/<image>``; classes are the sorted sub-folder names. Hidden
+    folders and files (a name starting with '.', e.g. Jupyter's ``.ipynb_checkpoints``) are
+    skipped at every level: torchvision's ``ImageFolder`` would make ``.ipynb_checkpoints``
+    class 0 and shift every label."""
 
     def __init__(self, root: str | os.PathLike, image_size: int, skip_corrupt: bool = False):
         self.root = Path(root)
@@ -72,7 +80,7 @@ class ImageFolderDataset(Dataset):
                 f"data folder not found: {self.root}{did_you_mean(self.root)} (--data takes digits, digits-canvas, "
                 f"a latent folder written by extract_latents.py or an image folder <root>/<class name>/<images>)"
             )
-        self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir())
+        self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
         if not self.classes:
             raise ValueError(
                 f"data folder {self.root} has no class sub-folders; put images in <root>/<class name>/"
@@ -81,7 +89,7 @@ class ImageFolderDataset(Dataset):
             (path, label)
             for label, name in enumerate(self.classes)
             for path in sorted((self.root / name).rglob("*"))
-            if path.suffix in IMAGE_EXTENSIONS
+            if path.suffix in IMAGE_EXTENSIONS and not _hidden(path, self.root)
         ]
         if not self.samples:
             raise ValueError(f"data folder {self.root} holds no images with extensions {IMAGE_EXTENSIONS}")
@@ -306,6 +314,7 @@ class LatentDataset(Dataset):
         self.labels = torch.cat(labels).long()
         self.classes = self.meta["classes"]
         self.num_classes = len(self.classes)
+        self._check_classes()
         self.scaling_factor = self.meta["scaling_factor"]
         # per-channel mean/std of the whole cache and the encoder's fingerprint (None: a cache written
         # before extract_latents recorded them; rerunning it with the same flags adds them)
@@ -314,6 +323,27 @@ class LatentDataset(Dataset):
         self.channels = self.meta["latent_channels"]
         self.image_size = self.meta["image_size"]
         self._handles: dict[int, object] = {}
+
+    def _check_classes(self) -> None:
+        """``meta.json``'s class list against the labels the shards hold, before a model of that
+        many classes is built: names unique, every label a class of the list, and every class
+        holding at least one latent (as an image folder's classes hold images), which also bounds
+        the count by the images; else one line naming the file."""
+        path, fix = self.root / LATENT_META, "rerun extract_latents.py into a new --out, or restore the file"
+        if len(set(self.classes)) != len(self.classes):
+            twice = next(name for name in self.classes if self.classes.count(name) > 1)
+            raise ValueError(f"{path}: 'classes' names {twice!r} twice; {fix}")
+        if len(self.labels) and (int(self.labels.min()) < 0 or int(self.labels.max()) >= len(self.classes)):
+            raise ValueError(f"{path}: the shards hold labels {int(self.labels.min())}..{int(self.labels.max())}, "
+                             f"but 'classes' lists {len(self.classes):,} name(s); {fix}")
+        if len(self.classes) > len(self.labels):
+            raise ValueError(f"{path}: 'classes' lists {len(self.classes):,} names for {len(self.labels):,} latents: "
+                             f"every class needs at least one; {fix}")
+        empty = (torch.bincount(self.labels, minlength=len(self.classes)) == 0).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(f"{path}: {len(empty):,} of the {len(self.classes):,} classes hold no latent (e.g. "
+                             f"{self.classes[empty[0]]!r}, label {empty[0]}): the class list does not match the "
+                             f"shards; {fix}")
 
     def _check_shard(self, shard: Path, n: int, moments: tuple, pixels: tuple | None, grid):
         """A shard's tensors as ``extract_latents`` writes them, from its header: ``moments``

@@ -46,14 +46,17 @@ import math
 
 import torch
 
-from ..cli.options import BETA_SCHEDULES  # noqa: F401  (plain data, shared with the CLIs)
+from ..cli.options import BETA_SCHEDULES, check_diffusion_steps  # noqa: F401  (plain data, shared with the CLIs)
 from .transport import check_t_sampling, noise_logits
 
 MODEL_VAR_TYPES = ("learned_range", "fixed_small", "fixed_large")
 
 
 def get_named_beta_schedule(name, num_timesteps=1000):
-    """Betas of ADM's named schedules, float64 ``(T,)``."""
+    """Betas of ADM's named schedules, float64 ``(T,)``; T is checked first (``check_diffusion_steps``:
+    every objective is built here, from a flag, a checkpoint or a pipeline, so an edited 10^10 is one
+    line, not 80 GB)."""
+    check_diffusion_steps(num_timesteps, "diffusion-steps")
     if name == "linear":
         # Ho et al. use 1e-4..0.02 for T = 1000; ADM scales the range so other T keep
         # the same total noise (for T = 1000 this is exactly linspace(1e-4, 0.02)).

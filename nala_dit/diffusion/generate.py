@@ -26,7 +26,7 @@ from .gaussian import GaussianDiffusion
 from .guidance import cfg_model_fn
 from ..data.latent_stats import denormalize
 from ..cli.options import DEFAULT_STEPS, DIFFUSION_SAMPLERS, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, TRANSPORT_SAMPLERS  # noqa: F401
-from ..cli.options import RENOISE_SAMPLERS, parse_cfg_scale
+from ..cli.options import MAX_CONTINUOUS_STEPS, RENOISE_SAMPLERS, check_steps, parse_cfg_scale
 from .samplers import SampleOutput, ddim_sample, ddpm_sample, ode_sample, sde_sample
 from .transport import Transport
 from ..models.vae import decoding
@@ -69,11 +69,33 @@ def diffusers_scheduler(name: str, diffusion: GaussianDiffusion):
     raise ValueError(f"no diffusers scheduler for {name!r}; choose 'ddim' or 'dpm-solver'")
 
 
+def chain_length(objective) -> int | None:
+    """The training timesteps of a diffusion objective (what bounds its samplers' steps), else None."""
+    return objective.num_timesteps if isinstance(objective, GaussianDiffusion) else None
+
+
+def set_timesteps(scheduler, num_steps: int, device=None) -> None:
+    """``scheduler.set_timesteps(num_steps)``, and exactly ``num_steps`` of them: diffusers'
+    "trailing" spacing takes ``np.arange(T, 0, -T / n)``, whose float step leaves one value
+    more for some n (61, 103, ... 998 of T = 1000), ending at t = -1 (an extra model call
+    outside the trained range). Those n get the first n timesteps, as every other n has."""
+    import inspect
+
+    scheduler.set_timesteps(num_steps, device=device)
+    if len(scheduler.timesteps) <= num_steps:
+        return
+    kept = scheduler.timesteps[:num_steps]
+    if "timesteps" in inspect.signature(scheduler.set_timesteps).parameters:   # DPM-Solver: its sigmas with them
+        scheduler.set_timesteps(timesteps=kept.tolist(), device=device)
+    else:                                                                        # DDIM: the timesteps alone
+        scheduler.timesteps = kept
+
+
 def scheduler_sample(scheduler, model_fn, noise, labels, num_steps: int, progress: bool = False) -> SampleOutput:
     """Run a diffusers ε-scheduler; the learned-variance half of the output is dropped."""
-    if num_steps < 1:
-        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-    scheduler.set_timesteps(num_steps, device=noise.device)
+    check_steps("ddim", num_steps, scheduler.config.num_train_timesteps, "num_inference_steps",
+                label=f"a diffusers scheduler ({type(scheduler).__name__})")
+    set_timesteps(scheduler, num_steps, noise.device)
     x, nfe = noise, 0
     steps = scheduler.timesteps
     if progress:
@@ -131,7 +153,8 @@ def generate(
     if scheduler is None:
         sampler = sampler or default_sampler(objective)
         check_sampler(sampler, objective)
-        steps = DEFAULT_STEPS[sampler] if num_steps is None else num_steps
+        steps = check_steps(sampler, DEFAULT_STEPS[sampler] if num_steps is None else num_steps,
+                            chain_length(objective), "num_steps")
     else:
         steps = DEFAULT_STEPS["ddim"] if num_steps is None else num_steps
     if null_label is None:
@@ -300,9 +323,11 @@ class SampleSettings:
         if adaptive and sampler != "dopri5":
             raise ValueError(f"--atol/--rtol/--max-nfe apply to the adaptive dopri5 sampler only, not to "
                              f"{sampler}; drop them or use --sampler dopri5")
-        if self.max_nfe is not None and self.max_nfe < 1:
-            raise ValueError(f"--max-nfe must be >= 1, got {self.max_nfe}")
-        steps = DEFAULT_STEPS[sampler] if self.num_steps is None else self.num_steps
+        if self.max_nfe is not None and not 1 <= self.max_nfe <= MAX_CONTINUOUS_STEPS:
+            raise ValueError(f"--max-nfe must be from 1 to {MAX_CONTINUOUS_STEPS:,} (dopri5's bound on model "
+                             f"calls, as the fixed-step samplers' steps), got {self.max_nfe}")
+        steps = check_steps(sampler, DEFAULT_STEPS[sampler] if self.num_steps is None else self.num_steps,
+                            chain_length(objective))
         interval = tuple(self.guidance_interval) if self.guidance_interval is not None else None
         size = tuple(self.latent_size) if self.latent_size is not None else None
         small = tuple(self.upscale_from) if self.upscale_from is not None else None

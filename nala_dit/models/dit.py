@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 
 import torch
 import torch.nn as nn
@@ -448,7 +449,17 @@ def create_model(name: str, **overrides) -> DiT:
     """Build the preset ``name`` (a key of ``MODELS``) with keyword overrides.
 
     An override the model's attention ignores (``lepe`` on a softmax model) is an error.
+    Keywords of older versions (``RENAMED_KEYS``: ``pos_embed`` is now ``positions``) still
+    work, with a ``FutureWarning`` naming the new one.
     """
+    for old, new in RENAMED_KEYS.items():
+        if old in overrides:
+            if new in overrides:
+                raise TypeError(f"create_model got both {old}= and {new}=; {old} is the old name of {new}: pass "
+                                f"{new} only")
+            warnings.warn(f"create_model({old}=...) is deprecated: the keyword is now {new}= ({old} is the name of "
+                          f"the position table parameter)", FutureWarning, stacklevel=2)
+            overrides[new] = overrides.pop(old)
     attention = overrides.get("attention", preset(name)[2])
     check_attention_options(name, attention, overrides)
     return MODELS[name](**overrides)

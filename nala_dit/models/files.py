@@ -2,7 +2,7 @@
 
 * ``check_model_config``: a stored model config (``state.json``'s ``model_config``, a
   pipeline's ``transformer/config.json``) holds only known keys of the types ``DiT``
-  takes.
+  takes, counts >= 1 and a label dropout in [0, 1).
 * ``check_config_fits``: the sizes a config implies agree with the tensors of its
   weights file, read from the safetensors header (``weight_shapes``) without loading
   them, so an edited ``hidden_size: 65536`` is refused instead of built.
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..cli.options import check_class_dropout
 from ..guards import assert_no_meta, read_json, refuse_non_finite, state_dict_mismatch
 from .dit import DiT, config_keys
 
@@ -80,6 +81,8 @@ def check_model_config(config, where: str, fix: str = "restore the file written 
                              f"{fix}")
         if key in COUNT_KEYS and value < 1:
             raise ValueError(f"{where}: {key!r} must be >= 1, got {value!r}; {fix}")
+    if "class_dropout_prob" in keys:   # 1.5 would build a model that never saw a label
+        check_class_dropout(keys["class_dropout_prob"], f"{where}: 'class_dropout_prob'", fix)
     return keys
 
 

@@ -52,8 +52,9 @@ from diffusers.models.modeling_utils import ModelMixin  # noqa: F401  (diffusers
 
 from ..training.checkpoint import build_objective
 from ..data.datasets import load_vae, to_uint8
-from ..diffusion.generate import (SampleSettings, _Precision, decode, default_sampler, generate, index_seed, initial_noise,
-                       sample_batch, seed_from)
+from ..diffusion.generate import (SampleSettings, _Precision, chain_length, decode, default_sampler, generate, index_seed,
+                                  initial_noise, sample_batch, seed_from)
+from ..cli.options import check_steps
 from ..models.grid import latent_for, parse_time_shift, vae_factor
 from ..guards import check_finite_samples, check_sample_memory, refuse_non_finite
 from ..data.latent_stats import LatentNorm
@@ -148,6 +149,8 @@ class _NaLaPipeline(DiffusionPipeline):
         self.objective()  # fail now, not at the first call, on bad objective settings
         if sampler not in (None, "scheduler"):
             SampleSettings(sampler).resolved(self.objective())
+            if num_inference_steps is not None:   # a stored count: bounded as every caller's (check_steps)
+                check_steps(sampler, num_inference_steps, chain_length(self.objective()), "num_inference_steps")
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -338,6 +341,9 @@ class _NaLaPipeline(DiffusionPipeline):
                                   guidance_interval, guide_channels, self.precision_for(precision),
                                   latent_size=self.latent_size(height, width),
                                   time_shift=parse_time_shift(time_shift) if time_shift is not None else None)
+        if settings.num_steps is not None and settings.sampler != "scheduler":   # in this call's words, before any work
+            check_steps(settings.sampler or default_sampler(self.objective()), settings.num_steps,
+                        chain_length(self.objective()), "num_inference_steps")
         check_sample_memory(self.transformer, settings.latent_size, len(ids), self.vae_scale_factor,
                             self.transformer.device, f"height={height}, width={width}",
                             "use a smaller height/width or fewer class_labels per call", guided=guidance_scale != 1)

@@ -23,6 +23,7 @@ import torch
 
 from ..training.step import checkpoint_ema_warning
 from ..training.checkpoint import CheckpointError, build_objective, checkpoint_norm, load_model, torch_load_tensors
+from ..cli.options import check_diffusion_steps
 from ..cli.parse import did_you_mean
 from ..guards import assert_no_meta, non_finite, read_json, refuse_non_finite  # noqa: F401  (assert_no_meta re-exported)
 from ..data.latent_stats import LatentNorm
@@ -130,6 +131,12 @@ def check_pipeline_folder(path, subfolder: str | None = None) -> None:
                 if not isinstance(component, dict):
                     raise ValueError(f"{root / name / file}: must hold a JSON object, got "
                                      f"{type(component).__name__}; {fix}")
+                if file == "scheduler_config.json":   # diffusers allocates tables of num_train_timesteps entries
+                    check_diffusion_steps(component.get("num_train_timesteps", 1000),
+                                          f"{root / name / file}: 'num_train_timesteps'", fix)
+    if isinstance(config.get("objective_config"), dict) and "diffusion-steps" in config["objective_config"]:
+        check_diffusion_steps(config["objective_config"]["diffusion-steps"],
+                              f"{index}: objective_config 'diffusion-steps'", fix)
     if config.get("_class_name") in PIPELINE_OBJECTIVES and (root / "transformer").is_dir():
         check_transformer_folder(root / "transformer")
 

@@ -1,6 +1,7 @@
 """Options that do not apply to the chosen model are errors that name the option and the
 models it applies to: in ``create_model``, in YAML configs and on the command line."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import train as train_cli
 from nala_dit.cli.config import resolve
 from nala_dit.cli.options import ATTENTION_OPTIONS, TrainConfig
 from tests.scripts.test_sample import FAST
-from tests.utils import assert_names, cli, one_line_error
+from tests.utils import assert_names, cli, copy_tree, one_line, one_line_error
 
 
 def test_create_model_rejects_inapplicable_attention_options():
@@ -144,3 +145,174 @@ def test_the_refusal_loads_no_torch():
              "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
+
+
+# --- issue 56, probe 2: every sampler's steps bounded by what it can take (check_steps), in every caller
+def test_check_steps_bounds_each_sampler():
+    from nala_dit.cli.options import (DIFFUSION_SAMPLERS, MAX_CONTINUOUS_STEPS, MAX_DIFFUSION_STEPS, SAMPLERS,
+                                      TRANSPORT_SAMPLERS, check_steps, max_steps)
+
+    assert [max_steps(s, 1000) for s in DIFFUSION_SAMPLERS] == [1000] * 3                  # one per timestep
+    assert [max_steps(s) for s in DIFFUSION_SAMPLERS] == [MAX_DIFFUSION_STEPS] * 3         # chain not known yet
+    assert [max_steps(s, 1000) for s in TRANSPORT_SAMPLERS] == [MAX_CONTINUOUS_STEPS] * 5
+    for sampler in SAMPLERS:
+        most = max_steps(sampler, 250)
+        assert check_steps(sampler, most, 250) == most
+        with pytest.raises(ValueError) as err:
+            check_steps(sampler, most + 1, 250)
+        assert_names(one_line(err), f"--steps {most + 1}:", sampler, f"use at most {most}")
+        with pytest.raises(ValueError, match="must be >= "):
+            check_steps(sampler, 0, 250)
+    with pytest.raises(ValueError, match=r"must be >= 2 for sde-euler \(its last step"):
+        check_steps("sde-euler", 1)
+    for bad in (2.5, "50", True, None):
+        with pytest.raises(ValueError, match="whole number of steps"):
+            check_steps("ddim", bad, 1000)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--sample-steps", "1001"], ["--sample-steps 1001", "ddim", "the 1000 --diffusion-steps", "use at most 1000"]),
+    (["--model", "NaLaSiT-T/2", "--sample-sampler", "ode-euler", "--sample-steps", "100000000"],
+     ["--sample-steps 100000000", "ode-euler", "at most 10000 steps"]),
+    # FID in training samples with --sample-steps too: checked with grids off
+    (["--sample-every", "0", "--fid-every", "5", "--fid-ref", "r.npz", "--model", "NaLaSiT-T/2",
+      "--sample-steps", "20000"], ["--sample-steps 20000", "ode-heun", "at most 10000 steps"]),
+])
+def test_train_refuses_sample_steps_past_the_samplers_bound(capsys, argv, words):
+    assert_names(dry_run_error(capsys, *argv), *words)
+
+
+@pytest.fixture(scope="module")
+def sit_run(tmp_path_factory):
+    from tests.scripts.test_sample import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("runs") / "sit", "NaLaSiT-T/2")
+
+
+@pytest.mark.parametrize("sampler, steps, most", [("dpm-solver", 1001, 1000), ("dpm-solver", 5000, 1000),
+                                                  ("ddpm", 1001, 1000), ("ode-euler", 100_000_000, 10_000),
+                                                  ("sde-heun", 10_001, 10_000), ("dopri5", 10**9, 10_000)])
+def test_sample_refuses_steps_past_the_samplers_bound(run_dir, sit_run, tmp_path, capsys, sampler, steps, most):
+    """dpm-solver at 1001 steps gave NaN samples blamed on the weights, at 5000 an IndexError
+    traceback; ode-euler took 10^8 steps: one line naming the sampler's bound, before sampling."""
+    ckpt = run_dir if sampler in ("dpm-solver", "ddpm") else sit_run
+    assert cli("--ckpt", ckpt, "--labels", "1", "--sampler", sampler, "--steps", steps,
+               "--grid", tmp_path / "g.png") == 1
+    assert_names(one_line_error(capsys), f"--steps {steps}:", sampler, f"use at most {most}")
+    assert not (tmp_path / "g.png").exists()
+
+
+def test_the_chain_bound_is_the_models_own(tmp_path, capsys):
+    """A DiT trained with 100 timesteps takes at most 100 ddim steps (sample.py, after loading)."""
+    from tests.scripts.test_sample import write_checkpoint
+
+    run = write_checkpoint(tmp_path / "short")
+    state_file = next((run / "checkpoints").glob("*/state.json"))
+    state = json.loads(state_file.read_text())
+    state["config"]["diffusion-steps"] = 100
+    state_file.write_text(json.dumps(state))
+    assert cli("--ckpt", run, "--labels", "1", "--sampler", "ddim", "--steps", 101, "--grid", tmp_path / "g.png") == 1
+    assert_names(one_line_error(capsys), "--steps 101:", "ddim", "the model's 100 training timesteps")
+    assert cli("--ckpt", run, "--labels", "1", "--sampler", "ddim", "--steps", 100, "--grid", tmp_path / "g.png") == 0
+
+
+def test_max_nfe_is_bounded(sit_run, tmp_path, capsys):
+    assert cli("--ckpt", sit_run, "--labels", "1", "--sampler", "dopri5", "--max-nfe", 10**9,
+               "--grid", tmp_path / "g.png") == 1
+    assert_names(one_line_error(capsys), "--max-nfe", "from 1 to 10,000", "got 1000000000")
+
+
+def test_the_web_page_refuses_what_sample_refuses(sit_run):
+    """app.py's requests go through sample.py's checks: ode-euler with 10^8 steps is one line."""
+    import app
+
+    args = app.build_parser().parse_args(["--ckpt", str(sit_run)])
+    demo = app.Demo(args, app.load(args))
+    status, grid, *_ = demo.generate(["1"], 1, "ode-euler", 100_000_000, 1, 0, None)
+    assert grid is None
+    assert_names(status, "error: --steps 100000000:", "ode-euler", "at most 10000 steps")
+
+
+def test_pipelines_refuse_num_inference_steps_past_the_bound(pipe_dir, tmp_path):
+    from nala_dit.pipelines.pipeline import load_pipeline
+
+    pipe = load_pipeline(pipe_dir)
+    for sampler in ("dpm-solver", "scheduler", "ddpm"):
+        with pytest.raises(ValueError) as err:
+            pipe([1], sampler=sampler, num_inference_steps=1001, generator=0)
+        assert_names(one_line(err), "num_inference_steps 1001:", "1000", "use at most 1000")
+    # a stored count past the bound: refused on loading
+    index = copy_tree(pipe_dir, tmp_path / "p") / "model_index.json"
+    index.write_text(json.dumps({**json.loads(index.read_text()), "sampler": "ddim", "num_inference_steps": 5000}))
+    with pytest.raises(ValueError) as err:
+        load_pipeline(tmp_path / "p")
+    assert_names(one_line(err), "num_inference_steps 5000:", "ddim", "use at most 1000")
+
+
+# --- issue 56, probe 3: crafted diffusion chains refused before any allocation (check_diffusion_steps)
+@pytest.mark.parametrize("value", ["10000000000", "0", "10001"])
+def test_train_refuses_a_diffusion_chain_past_the_bound(capsys, value):
+    assert_names(dry_run_error(capsys, "--diffusion-steps", value), "--diffusion-steps", ">= 1 and <= 10,000",
+                 f"got {value}")
+
+
+def test_an_edited_checkpoint_chain_is_one_line(run_dir, tmp_path, capsys):
+    run = copy_tree(run_dir, tmp_path / "run")
+    state_file = next((run / "checkpoints").glob("*/state.json"))
+    state = json.loads(state_file.read_text())
+    state["config"]["diffusion-steps"] = 10**10
+    state_file.write_text(json.dumps(state))
+    assert cli("--ckpt", run, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
+    assert_names(one_line_error(capsys), "diffusion-steps", ">= 1 and <= 10,000", "got 10000000000")
+
+
+@pytest.mark.parametrize("edit", ["scheduler", "objective"])
+def test_an_edited_pipeline_chain_is_refused_before_diffusers_builds_it(pipe_dir, tmp_path, edit):
+    """scheduler_config.json's num_train_timesteps 10^12 asked diffusers for 7.28 TiB
+    (DiffusionPipeline.from_pretrained); model_index.json's objective_config the same of ours."""
+    import nala_dit  # noqa: F401  (guards DiffusionPipeline.from_pretrained)
+    from diffusers import DiffusionPipeline
+
+    folder = copy_tree(pipe_dir, tmp_path / "p")
+    if edit == "scheduler":
+        file, where = folder / "scheduler" / "scheduler_config.json", "'num_train_timesteps'"
+        file.write_text(json.dumps({**json.loads(file.read_text()), "num_train_timesteps": 10**12}))
+    else:
+        file, where = folder / "model_index.json", "objective_config 'diffusion-steps'"
+        index = json.loads(file.read_text())
+        file.write_text(json.dumps({**index, "objective_config": {**index["objective_config"],
+                                                                  "diffusion-steps": 10**12}}))
+    with pytest.raises(ValueError) as err:
+        DiffusionPipeline.from_pretrained(folder)
+    assert_names(one_line(err), f"{file}: {where}", ">= 1 and <= 10,000", "got 1000000000000", "export the pipeline")
+
+
+# --- issue 56, probe 4: --class-dropout-prob is a probability in [0, 1)
+@pytest.mark.parametrize("value", ["1.5", "nan", "-0.1", "1", "inf"])
+def test_class_dropout_outside_zero_to_one_is_refused(capsys, value):
+    assert_names(dry_run_error(capsys, "--class-dropout-prob", value), "--class-dropout-prob", "[0, 1)",
+                 f"got {float(value)}")
+
+
+def test_class_dropout_edges_are_accepted():
+    for value in ("0", "0.1", "0.999"):
+        assert train_cli.main(["--class-dropout-prob", value, "--dry-run"]) == 0
+
+
+def test_a_checkpoint_with_class_dropout_past_one_is_refused(run_dir, pipe_dir, tmp_path, capsys):
+    """sample.py and export.py took a model_config with class_dropout_prob 1.5 (never saw a label)."""
+    import export
+
+    run = copy_tree(run_dir, tmp_path / "run")
+    state_file = next((run / "checkpoints").glob("*/state.json"))
+    state = json.loads(state_file.read_text())
+    state["model_config"]["class_dropout_prob"] = 1.5
+    state_file.write_text(json.dumps(state))
+    pipe = copy_tree(pipe_dir, tmp_path / "pipe")
+    config_file = pipe / "transformer" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "class_dropout_prob": 1.5}))
+    for where, file in ((run, state_file), (pipe, config_file)):
+        assert cli("--ckpt", where, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
+        assert_names(one_line_error(capsys), f"{file}: 'class_dropout_prob'", "[0, 1)", "got 1.5")
+    assert export.main(["checkpoint", str(run), str(tmp_path / "out")]) == 1
+    assert_names(capsys.readouterr().err, f"{state_file}: 'class_dropout_prob'", "got 1.5")

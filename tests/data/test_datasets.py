@@ -107,3 +107,48 @@ def test_a_shard_whose_moments_have_the_wrong_shape_is_one_line(tmp_path, shape)
         LatentDataset(tmp_path / "lat")
     assert str(shard) in one_line(err) and "'moments'" in one_line(err) and str(shape) in one_line(err)
     assert "rerun extract_latents.py" in one_line(err)
+
+
+# --- issue 56, probe 10: class lists taken unchecked ------------------------------------------
+def test_hidden_folders_are_not_classes_nor_images(tmp_path):
+    """Jupyter's ``.ipynb_checkpoints`` beside the class folders (and inside one) is skipped:
+    torchvision's ImageFolder would make it class 0 and shift every real class by one."""
+    from nala_dit.data.datasets import ImageFolderDataset
+
+    images = make_image_folder(tmp_path / "images", per_class=2)
+    plain = ImageFolderDataset(images, 16)
+    for hidden in (images / ".ipynb_checkpoints", images / plain.classes[0] / ".ipynb_checkpoints"):
+        hidden.mkdir()
+        (hidden / "0-checkpoint.png").write_bytes((images / plain.classes[0] / "0.png").read_bytes())
+    ((images / plain.classes[1]) / ".ghost.png").write_bytes((images / plain.classes[1] / "0.png").read_bytes())
+    dataset = ImageFolderDataset(images, 16)
+    assert dataset.classes == plain.classes and not any(c.startswith(".") for c in dataset.classes)
+    assert dataset.samples == plain.samples   # the same files, the same labels
+
+
+def test_a_latent_class_list_must_match_the_labels(tmp_path):
+    """An edited ``classes`` list (100,000 names over 2 latents of classes 0 and 1) would build a
+    100,000-class model: refused in one line naming meta.json, as are labels past the list and
+    duplicate names."""
+    from nala_dit.data.datasets import LatentDataset
+
+    meta = write_latent_folder(tmp_path / "lat")
+    meta_file = tmp_path / "lat" / "meta.json"
+    cases = [([f"c{i}" for i in range(100_000)], ("'classes' lists 100,000 names for 2 latents",
+                                                  "every class needs at least one")),
+             (["a"], ("labels 0..1", "'classes' lists 1 name(s)")),
+             (["a", "a"], ("'classes' names 'a' twice",))]
+    for classes, words in cases:
+        meta_file.write_text(json.dumps({**meta, "classes": classes}))
+        with pytest.raises(ValueError) as err:
+            LatentDataset(tmp_path / "lat")
+        assert_names(one_line(err), f"{meta_file}: ", *words, "rerun extract_latents.py")
+    # three names for two latents of classes 0 and 1: the third class is empty
+    save_file({"moments": torch.zeros(3, 2, 2, 4, 2, 2), "labels": torch.tensor([0, 1, 1])},
+              str(tmp_path / "lat" / "latents-000000.safetensors"))
+    meta_file.write_text(json.dumps({**meta, "classes": ["a", "b", "z"]}))
+    with pytest.raises(ValueError) as err:
+        LatentDataset(tmp_path / "lat")
+    assert_names(one_line(err), "1 of the 3 classes hold no latent", "'z', label 2")
+    meta_file.write_text(json.dumps(meta))
+    assert LatentDataset(tmp_path / "lat").num_classes == 2

@@ -287,3 +287,45 @@ def test_guidance_without_null_class_is_an_error():
         cfg_model_fn(_Recorder(), 1.5, None)
     with pytest.raises(ValueError, match="t_lo <= t_hi"):
         cfg_model_fn(_Recorder(), 1.5, NULL, interval=(1.0, 0.0))
+
+
+# --- issue 56: a diffusers scheduler takes exactly the steps asked for
+@pytest.mark.parametrize("name", ["dpm-solver", "ddim"])
+@pytest.mark.parametrize("n", [61, 103, 998, 25, 1000])
+def test_a_scheduler_takes_exactly_n_trailing_steps(name, n):
+    """diffusers' trailing spacing (np.arange with a float step) gave 62 steps for 61, the last
+    at t = -1 (outside the trained range). Each count now calls the model exactly n times, at
+    round((n - i) · T / n) - 1 for i < n (no ties at these n), ending at t = 0 for n = T."""
+    from fractions import Fraction
+
+    from nala_dit.diffusion.generate import diffusers_scheduler, scheduler_sample
+
+    T, seen = 1000, []
+
+    def model_fn(x, t, y):
+        seen.append(int(t[0]))
+        return torch.zeros(x.shape[0], 2 * x.shape[1], *x.shape[2:])
+
+    out = scheduler_sample(diffusers_scheduler(name, GaussianDiffusion.from_schedule("linear", T)), model_fn,
+                           torch.randn(1, 1, 2, 2, generator=torch.Generator().manual_seed(0)), None, n)
+    assert out.nfe == n and seen == [round(Fraction((n - i) * T, n)) - 1 for i in range(n)]
+    assert bool(torch.isfinite(out.samples).all())
+
+
+def test_samplers_refuse_steps_past_their_bound():
+    """``generate`` (every caller's entry point) holds each sampler to ``check_steps``: ddpm/ddim/
+    dpm-solver to the chain's length, the ODE/SDE samplers to MAX_CONTINUOUS_STEPS."""
+    from nala_dit.diffusion.generate import generate
+
+    model = lambda x, t, y: torch.zeros(x.shape[0], 2 * x.shape[1], *x.shape[2:])  # noqa: E731
+    noise, labels = torch.zeros(1, 1, 2, 2), torch.zeros(1, dtype=torch.long)
+    short = GaussianDiffusion.from_schedule("linear", 100)
+    for sampler in ("ddpm", "ddim", "dpm-solver"):
+        with pytest.raises(ValueError, match=f"num_steps 101: {sampler} takes at most one step per training "
+                                             f"timestep .the model's 100 training timesteps"):
+            generate(model, short, noise, labels, sampler=sampler, num_steps=101)
+    for sampler in ("ode-euler", "ode-heun", "dopri5", "sde-euler", "sde-heun"):
+        with pytest.raises(ValueError, match=f"num_steps 10001: {sampler} takes at most 10000 steps"):
+            generate(model, Transport(), noise, labels, sampler=sampler, num_steps=10_001)
+    with pytest.raises(ValueError, match="diffusion-steps must be a whole number of timesteps >= 1 and <= 10,000"):
+        GaussianDiffusion.from_schedule("linear", 10**10)

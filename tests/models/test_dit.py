@@ -319,3 +319,15 @@ def test_mix_init_is_refused_without_mix_ffn():
     with pytest.raises(ValueError) as err:
         TrainConfig(model="DiT-T/2", mix_init="identity").validate()
     assert_names(err, "--mix-init identity", "Mix-FFN", "add --mlp mix", "drop --mix-init")
+
+
+def test_create_model_takes_the_old_pos_embed_keyword_with_a_warning():
+    """``create_model(pos_embed=...)`` (before ``positions=``) still builds the same model and says
+    the new name; both at once is an error."""
+    with pytest.warns(FutureWarning, match=r"create_model\(pos_embed=...\) is deprecated: the keyword is now "
+                                           r"positions="):
+        old = create_model("NaLaDiT-T/2", input_size=8, pos_embed="interpolate")
+    assert old.config.positions == "interpolate"
+    assert dict(old.config) == dict(create_model("NaLaDiT-T/2", input_size=8, positions="interpolate").config)
+    with pytest.raises(TypeError, match="both pos_embed= and positions="):
+        create_model("NaLaDiT-T/2", pos_embed="none", positions="none")
