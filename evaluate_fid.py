@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from nala_dit.evaluation import metrics
 
-    from nala_dit.pipelines.sample_files import refuse_existing, write_new_file
+    from nala_dit.guards import refuse_existing, write_new_file
 
     common = dict(batch_size=args.batch_size, num_workers=args.num_workers,
                   inception_weights=args.inception_weights, digits_classifier_dir=args.digits_classifier,

@@ -83,7 +83,7 @@ def run(args) -> int:
 
         pipe = pipeline_from_checkpoint(args.ckpt, args.weights, args.vae, args.copy_vae, id2label)
     else:
-        from nala_dit.data.datasets import load_vae
+        from nala_dit.models.vae import load_vae
         from nala_dit.pipelines.export import write_folder
         from nala_dit.pipelines.pipeline import pipeline_for
         from nala_dit.pipelines.sources import OFFICIAL_VAE, load_official_state_dict, model_from_official

@@ -236,7 +236,7 @@ def refuse_overwrite(args) -> None:
     """A user's files are never replaced: an existing --grid, or an --out-dir already holding
     sample PNGs (``<index>_class<label>.png``, the names this command writes), is refused in one
     line (``--out``'s .npz has its own rule: only its own unfinished run is resumed)."""
-    from nala_dit.pipelines.sample_files import refuse_existing
+    from nala_dit.guards import refuse_existing
 
     if args.grid:
         refuse_existing(args.grid, "--grid")

@@ -1,6 +1,6 @@
 """Checks on what a user (or an attacker) hands us, made before anything is allocated or
 written; each failure is one line naming the file or flag, the problem and the way out.
-Ground floor: torch only, no model code (``model_files.py`` checks stored model configs).
+Ground floor: torch only, no model code (``models/files.py`` checks stored model configs).
 
 * ``check_finite_samples`` / ``non_finite`` / ``refuse_non_finite``: NaN and inf in
   samples (never turned into images) and in weights (never sampled from).
@@ -8,12 +8,18 @@ Ground floor: torch only, no model code (``model_files.py`` checks stored model 
   memory this machine has, before the first allocation.
 * ``check_writable``: an output path can be written, checked before the work that fills it.
 * ``read_json``: a stored JSON file, invalid or nested too deeply to parse, as one line.
+* ``torch_load_tensors`` / ``load_error_cause``: ``torch.load(weights_only=True)`` whose
+  failures (a refused pickle that asks to run code, a damaged file) are one line.
+* ``atomic_write`` / ``write_new_file`` / ``refuse_existing``: outputs written under a
+  temporary name and renamed into place; a user's existing file is never replaced silently.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -21,6 +27,10 @@ import torch
 
 class NonFiniteError(FloatingPointError, ValueError):
     """Samples or weights holding NaN or inf (a ValueError too: the CLIs print it in one line)."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or weights file that cannot be used; the message names the file, cause and fix."""
 
 
 class TooLargeError(MemoryError, ValueError):
@@ -198,3 +208,81 @@ def durable_replace(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
         fsync_path(tmp)
     os.replace(tmp, final)
     fsync_path(final.parent)
+
+
+def atomic_write(path: Path, write) -> None:
+    """``write(f)`` into a temporary sibling, fsynced, renamed into place, the folder fsynced:
+    a kill leaves the old file or none, a power loss never a complete-looking empty one."""
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    durable_replace(tmp, path)
+
+
+def refuse_existing(path: str | os.PathLike, flag: str) -> None:
+    """A user's file is never replaced without a word: an existing output is refused in one
+    line naming it and the fix (as ``--out``'s .npz, which a run only resumes when it is its own)."""
+    path = Path(path)
+    if path.exists():
+        raise FileExistsError(f"{flag} {path} exists; not overwriting it: choose another {flag}, or move {path} away")
+
+
+def write_new_file(path: str | os.PathLike, write, flag: str = "the output", overwrite: bool = False) -> None:
+    """``write(f)`` into ``path`` atomically (``atomic_write``); an existing ``path`` is refused
+    (``refuse_existing``) unless ``overwrite``; a failed write (disk full) is one line naming
+    ``path``, with nothing left there."""
+    path = Path(path)
+    if not overwrite:
+        refuse_existing(path, flag)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        atomic_write(path, write)
+    except OSError as err:
+        raise OSError(f"cannot write {path}: {err.strerror or err} (disk full?); nothing was left there: free space "
+                      f"and rerun the same command") from None
+
+
+def load_error_cause(err: Exception) -> str:
+    """Why a file could not be read, in one line. A refused pickle names the refused
+    global only: torch's own text advises ``weights_only=False``, which would run the
+    file's code, so it is never passed on."""
+    # torch's wording for a global of a module it never loads (os, posix, subprocess, ...)
+    blocked = re.search(r"unsupported GLOBAL (\S+) whose module \S+ is blocked", str(err))
+    if isinstance(err, pickle.UnpicklingError) and blocked:
+        return (f"blocked: not a plain tensor file (possibly malicious): it asks to run {blocked.group(1)}, which "
+                f"torch.load(weights_only=True) refuses; nothing in it was run")
+    refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+    if isinstance(err, pickle.UnpicklingError) and refused:
+        return (f"holds pickled Python objects ({refused.group(1)}), which are refused because loading them could "
+                f"run code; only tensors and plain containers are read")
+    if isinstance(err, pickle.UnpicklingError):  # random bytes or a damaged pickle: the unpickler's own reason
+        reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err))
+        detail = reason.group(1) if reason else str(err).splitlines()[0] if str(err) else ""
+        if detail.startswith("Weights only load failed"):
+            detail = ""
+        return f"not a file written by torch.save, or corrupt ({type(err).__name__}{': ' + detail if detail else ''})"
+    first = str(err).splitlines()[0] if str(err) else ""
+    first = first.split(". This is an internal miniz error")[0]   # torch's zip reader: its guesses follow
+    return f"unreadable, truncated or corrupt ({type(err).__name__}{': ' + first if first else ''})"
+
+
+def torch_load_tensors(path: str | os.PathLike, safe_globals: tuple = ()):
+    """``torch.load(weights_only=True)`` whose failures are one line naming the file."""
+    try:
+        with torch.serialization.safe_globals(list(safe_globals)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # zip reader / unpickler raise many types
+        cause = load_error_cause(err)
+        fix = ("use weights from a source you trust, saved as a plain state dict of tensors" if refused_pickle(cause)
+               else "re-save it as a plain state dict of tensors (torch.save(model.state_dict(), path)) where it "
+                    "was made, or download it again")
+        raise CheckpointError(f"{path}: {cause}; {fix}") from None
+
+
+def refused_pickle(cause: str) -> bool:
+    """Whether a ``load_error_cause`` says the file asked to run code (not that it is damaged)."""
+    return cause.startswith(("blocked:", "holds pickled Python objects"))

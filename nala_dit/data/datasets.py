@@ -30,7 +30,6 @@ from ..guards import check_finite_samples, read_json
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".JPEG", ".PNG", ".JPG")
 LATENT_META = "meta.json"
-DEFAULT_SCALING_FACTOR = 0.18215
 
 
 def center_crop_arr(pil_image: Image.Image, image_size: int) -> np.ndarray:
@@ -433,70 +432,3 @@ class EpochSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return self.per_rank - self.start
-
-
-def hub_offline() -> str | None:
-    """Why the Hugging Face hub cannot be reached (``HF_HUB_OFFLINE`` set, or no route to its
-    endpoint: a TCP connection attempt of at most 2 s), or None when it may be. Behind a
-    proxy (``HTTPS_PROXY``) the hub is assumed reachable: only the proxy knows."""
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
-        return "HF_HUB_OFFLINE is set"
-    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return None
-    return None if hub_reachable() else f"no network: {constants.ENDPOINT} cannot be reached"
-
-
-def hub_reachable(timeout: float = 2.0) -> bool:
-    import socket
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    url = urlparse(constants.ENDPOINT)
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
-                                 timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def download_advice(hub_id: str) -> str:
-    """The offline way out, in words a user can run: ``hf download`` (the pinned
-    huggingface_hub's CLI) on a connected machine, then the local folder."""
-    folder = hub_id.rstrip("/").rsplit("/", 1)[-1]
-    return (f"download it once on a connected machine (`hf download {hub_id} --local-dir {folder}`) and pass the "
-            f"local folder (--vae {folder}; from Python, load_vae({folder!r}))")
-
-
-def load_vae(name_or_path: str, device: torch.device | str = "cpu"):
-    """A diffusers ``AutoencoderKL`` from a local folder or a hub id, with a clear
-    offline error. Returns (vae, scaling_factor): the factor comes from the VAE's config,
-    0.18215 (SD VAE) when the config predates the field. Offline (``HF_HUB_OFFLINE``, or
-    the hub unreachable) a hub id is looked up in the local cache only: one line at once,
-    naming the local-folder alternative, instead of the hub client's retries."""
-    from diffusers import AutoencoderKL
-
-    local = Path(name_or_path)
-    if local.exists() and not (local / "config.json").is_file():
-        if (local / "vae" / "config.json").is_file():
-            local = local / "vae"
-        else:
-            raise FileNotFoundError(f"{local} has no config.json: not a diffusers AutoencoderKL folder")
-    offline = None if local.exists() else hub_offline()
-    try:
-        if local.exists():
-            vae = AutoencoderKL.from_pretrained(str(local))
-        else:
-            vae = AutoencoderKL.from_pretrained(name_or_path, local_files_only=offline is not None)
-    except OSError as err:
-        if offline is not None:
-            raise OSError(f"cannot load the VAE {name_or_path!r}: offline ({offline}) and not in the local Hugging "
-                          f"Face cache; {download_advice(name_or_path)}") from None
-        from ..models.vae import vae_load_problem
-
-        raise OSError(vae_load_problem(name_or_path, err, local.exists())) from None
-    scaling = getattr(vae.config, "scaling_factor", None) or DEFAULT_SCALING_FACTOR
-    return vae.to(device).eval().requires_grad_(False), float(scaling)

@@ -34,7 +34,8 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Subset
 
-from .datasets import LATENT_META, ImageFolderDataset, check_images, load_vae
+from ..models.vae import load_vae
+from .datasets import LATENT_META, ImageFolderDataset, check_images
 from ..guards import durable_replace, read_json
 from .latent_stats import SUMS_KEY, cache_statistics, moment_sums, source_fingerprint, vae_fingerprint
 from ..cli.options import default_num_workers

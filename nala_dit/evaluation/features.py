@@ -236,7 +236,7 @@ def load_inception_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """torch-fidelity's state dict from either file kind (``.pth`` as is, TorchScript mapped);
     a file that cannot be read is one line naming it (``CheckpointError``), a refused pickle
     says so and never passes on torch's advice to load it unsafely."""
-    from ..training.checkpoint import CheckpointError, load_error_cause, torch_load_tensors
+    from ..guards import CheckpointError, load_error_cause, torch_load_tensors
 
     if is_torchscript(path):
         import warnings
@@ -277,7 +277,7 @@ class InceptionExtractor:
     def __init__(self, weights_path: str | Path | None = None, device: str = "cpu", allow_unknown: bool = False):
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
-        from ..training.checkpoint import CheckpointError
+        from ..guards import CheckpointError
 
         found = find_inception_weights(weights_path)
         self.weights_file, self.weights_source = found.path, found.source

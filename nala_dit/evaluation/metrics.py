@@ -288,7 +288,7 @@ def data_fingerprint(source: str | Path, indices: list[int] | None = None) -> st
 def save_reference(path: str | Path, stats: dict[str, np.ndarray]) -> None:
     """Written to a temporary sibling and renamed into place: a full disk or a kill leaves no
     half-written reference."""
-    from ..pipelines.sample_files import write_new_file
+    from ..guards import write_new_file
 
     write_new_file(Path(path), lambda f: np.savez(f, **stats), overwrite=True)
 

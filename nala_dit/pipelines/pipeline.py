@@ -51,7 +51,8 @@ from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin  # noqa: F401  (diffusers finds our classes through it)
 
 from ..training.checkpoint import build_objective
-from ..data.datasets import load_vae, to_uint8
+from ..data.datasets import to_uint8
+from ..models.vae import load_vae
 from ..diffusion.generate import (SampleSettings, _Precision, chain_length, decode, default_sampler, generate, index_seed,
                                   initial_noise, sample_batch, seed_from)
 from ..cli.options import check_steps

@@ -36,7 +36,7 @@ import torch
 
 from ..data.images import balanced_labels
 from ..diffusion.generate import SampleSettings, sample_batch
-from ..guards import durable_replace
+from ..guards import atomic_write, refuse_existing
 from ..cli.runlock import hold_lock
 from .sources import Source
 
@@ -85,46 +85,13 @@ def shards_done(out: str | os.PathLike) -> tuple[int, int]:
     return samples, len(files)
 
 
-def _atomic_write(path: Path, write) -> None:
-    """``write(f)`` into a temporary sibling, fsynced, renamed into place, the folder fsynced:
-    a kill leaves the old file or none, a power loss never a complete-looking empty one."""
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    durable_replace(tmp, path)
 
-
-def refuse_existing(path: str | os.PathLike, flag: str) -> None:
-    """A user's file is never replaced without a word: an existing output is refused in one
-    line naming it and the fix (as ``--out``'s .npz, which a run only resumes when it is its own)."""
-    path = Path(path)
-    if path.exists():
-        raise FileExistsError(f"{flag} {path} exists; not overwriting it: choose another {flag}, or move {path} away")
-
-
-def write_new_file(path: str | os.PathLike, write, flag: str = "the output", overwrite: bool = False) -> None:
-    """``write(f)`` into ``path`` atomically (``_atomic_write``); an existing ``path`` is refused
-    (``refuse_existing``) unless ``overwrite``; a failed write (disk full) is one line naming
-    ``path``, with nothing left there."""
-    path = Path(path)
-    if not overwrite:
-        refuse_existing(path, flag)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        _atomic_write(path, write)
-    except OSError as err:
-        raise OSError(f"cannot write {path}: {err.strerror or err} (disk full?); nothing was left there: free space "
-                      f"and rerun the same command") from None
 
 
 @contextlib.contextmanager
 def _disk_full_line(path: Path, out: Path, then: str):
     """A failed write (disk full) as one line, as training's and export's: the file, what
-    was kept and the rerun (``_atomic_write`` has removed the partial file)."""
+    was kept and the rerun (``atomic_write`` has removed the partial file)."""
     try:
         yield
     except OSError as err:
@@ -174,7 +141,7 @@ def write_npz_streaming(out: Path, shards: list[Path], num_samples: int, image_s
                         with np.load(shard) as part:
                             member.write(np.ascontiguousarray(part[key], dtype=dtype).tobytes())
 
-    _atomic_write(out, write)
+    atomic_write(out, write)
 
 
 def npz_problem(out: Path, done: dict) -> str | None:
@@ -334,7 +301,7 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
                               f"beside it); {keep}")
     parts.mkdir(parents=True, exist_ok=True)
     if stored is None and is_main:
-        _atomic_write(settings_file, lambda f: f.write(json.dumps(recipe, indent=2).encode()))
+        atomic_write(settings_file, lambda f: f.write(json.dumps(recipe, indent=2).encode()))
 
     labels = balanced_labels(num_samples, num_classes, seed)
     num_shards = math.ceil(num_samples / shard_size)
@@ -361,7 +328,7 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
                 bar.update(len(idx))
             if writes:
                 with _disk_full_line(shard_path(k), out, "resume"):
-                    _atomic_write(shard_path(k), lambda f: np.savez(f, images=np.concatenate(images),
+                    atomic_write(shard_path(k), lambda f: np.savez(f, images=np.concatenate(images),
                                                                       labels=labels[lo:hi].numpy(),
                                                                       nfe=np.array(nfes)))
     if state is not None:
@@ -388,7 +355,7 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
                 npz=str(out))
     if context is not None and context.size > 1:
         meta.update(context_parallel=context.size)   # world_size counts the data-parallel groups
-    _atomic_write(sidecar, lambda f: f.write(json.dumps(meta, indent=2).encode()))
+    atomic_write(sidecar, lambda f: f.write(json.dumps(meta, indent=2).encode()))
     if not keep_parts:
         import shutil
         shutil.rmtree(parts)

@@ -29,6 +29,7 @@ from ..guards import assert_no_meta, non_finite, read_json, refuse_non_finite  #
 from ..data.latent_stats import LatentNorm
 from ..models.files import check_transformer_folder, load_transformer
 from ..models.dit import DiT
+from ..models.vae import DEFAULT_SCALING_FACTOR, load_vae
 
 # A pipeline folder's class (model_index.json "_class_name") → the objective it runs.
 PIPELINE_OBJECTIVES = {"NaLaDiTPipeline": "diffusion", "NaLaSiTPipeline": "transport"}
@@ -74,9 +75,9 @@ def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None =
         print(f"warning: {warning}", file=sys.stderr)
     model = model.to(device)
     vae_path = vae or ckpt.config.get("vae")
-    vae_model, scaling, norm = None, data_lib.DEFAULT_SCALING_FACTOR, None
+    vae_model, scaling, norm = None, DEFAULT_SCALING_FACTOR, None
     if vae_path:
-        vae_model, scaling = data_lib.load_vae(vae_path, device)
+        vae_model, scaling = load_vae(vae_path, device)
         norm = checkpoint_norm(ckpt)
         scaling = norm.scale if norm is not None and norm.mode == "scalar" else scaling
     info = dict(model=ckpt.config.get("model"), checkpoint=str(ckpt.path), step=ckpt.step, weights=weights,
@@ -145,7 +146,6 @@ def load_pipeline_folder(path: str | os.PathLike, vae: str | None = None, device
     """The ``Source`` a saved ``NaLaDiTPipeline`` / ``NaLaSiTPipeline`` folder holds: its
     transformer, its VAE (stored inside, else ``vae_path``; ``vae`` overrides both), its
     objective settings, scaling factor and class names, as the pipeline itself uses them."""
-    from ..data.datasets import load_vae
 
     path = Path(path)
     config = read_pipeline_index(path)
@@ -171,7 +171,6 @@ def load_pipeline_folder(path: str | os.PathLike, vae: str | None = None, device
 
 def resolve_scaling_factor(stored: float | None, vae=None) -> float:
     """The latent scaling factor: the stored one, else the VAE config's, else the SD VAE's."""
-    from ..data.datasets import DEFAULT_SCALING_FACTOR
 
     if stored is not None:
         return float(stored)
@@ -303,7 +302,6 @@ def load_official_source(path: str | os.PathLike, model_name: str, image_size: i
     exports (same weights, objective settings and VAE scaling), so sampling it gives the
     images ``sample.py`` makes from that export. ``vae``: a folder or hub id (default
     ``OFFICIAL_VAE``, which must be in the local cache or a folder offline)."""
-    from ..data.datasets import load_vae
 
     model = model_from_official(load_official_state_dict(path), model_name, image_size, num_classes).to(device)
     vae_path = vae or OFFICIAL_VAE

@@ -34,20 +34,17 @@ from safetensors.torch import load_file, save_file
 
 from ..diffusion.gaussian import GaussianDiffusion
 from ..models.grid import model_grid
-from ..data.datasets import DEFAULT_SCALING_FACTOR
 from ..data.latent_stats import LatentNorm, recorded_norm
-from ..guards import durable_replace, non_finite, read_json, state_dict_mismatch
+from ..guards import (CheckpointError, durable_replace, load_error_cause, non_finite, read_json,  # noqa: F401
+                      refused_pickle, state_dict_mismatch, torch_load_tensors)
 from ..models.files import check_config_fits, check_model_config, weight_shapes
 from ..models.dit import DiT, config_keys
+from ..models.vae import DEFAULT_SCALING_FACTOR
 from ..diffusion.transport import Transport
 
 STATE = "state.json"
 TMP_PREFIX = ".tmp-"
 ABANDONED = "abandoned"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that cannot be used; the message names the file, cause and fix."""
 
 
 def _contiguous(state_dict: dict) -> dict:
@@ -338,48 +335,6 @@ def optimizer_mismatch(optimizer: torch.optim.Optimizer, state) -> str | None:
                 if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
                     return f"{key} of parameter {i} is {tuple(value.shape)} in the file, {tuple(p.shape)} here"
     return None
-
-
-def load_error_cause(err: Exception) -> str:
-    """Why a file could not be read, in one line. A refused pickle names the refused
-    global only: torch's own text advises ``weights_only=False``, which would run the
-    file's code, so it is never passed on."""
-    # torch's wording for a global of a module it never loads (os, posix, subprocess, ...)
-    blocked = re.search(r"unsupported GLOBAL (\S+) whose module \S+ is blocked", str(err))
-    if isinstance(err, pickle.UnpicklingError) and blocked:
-        return (f"blocked: not a plain tensor file (possibly malicious): it asks to run {blocked.group(1)}, which "
-                f"torch.load(weights_only=True) refuses; nothing in it was run")
-    refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-    if isinstance(err, pickle.UnpicklingError) and refused:
-        return (f"holds pickled Python objects ({refused.group(1)}), which are refused because loading them could "
-                f"run code; only tensors and plain containers are read")
-    if isinstance(err, pickle.UnpicklingError):  # random bytes or a damaged pickle: the unpickler's own reason
-        reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err))
-        detail = reason.group(1) if reason else str(err).splitlines()[0] if str(err) else ""
-        if detail.startswith("Weights only load failed"):
-            detail = ""
-        return f"not a file written by torch.save, or corrupt ({type(err).__name__}{': ' + detail if detail else ''})"
-    first = str(err).splitlines()[0] if str(err) else ""
-    first = first.split(". This is an internal miniz error")[0]   # torch's zip reader: its guesses follow
-    return f"unreadable, truncated or corrupt ({type(err).__name__}{': ' + first if first else ''})"
-
-
-def torch_load_tensors(path: str | os.PathLike, safe_globals: tuple = ()):
-    """``torch.load(weights_only=True)`` whose failures are one line naming the file."""
-    try:
-        with torch.serialization.safe_globals(list(safe_globals)):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # zip reader / unpickler raise many types
-        cause = load_error_cause(err)
-        fix = ("use weights from a source you trust, saved as a plain state dict of tensors" if refused_pickle(cause)
-               else "re-save it as a plain state dict of tensors (torch.save(model.state_dict(), path)) where it "
-                    "was made, or download it again")
-        raise CheckpointError(f"{path}: {cause}; {fix}") from None
-
-
-def refused_pickle(cause: str) -> bool:
-    """Whether a ``load_error_cause`` says the file asked to run code (not that it is damaged)."""
-    return cause.startswith(("blocked:", "holds pickled Python objects"))
 
 
 def open_checkpoint(path: str | os.PathLike) -> Checkpoint:

@@ -30,6 +30,7 @@ import torch
 
 from . import convert
 from ..data import datasets as data_lib
+from ..models import vae as vae_lib
 from ..attention.regions import check_regions
 from .checkpoint import (build_objective, check_finite_weights, checkpoint_norm, config_changes, list_checkpoints, open_checkpoint,
                          remove_temporaries, save_checkpoint, set_aside_newer, source_norm)
@@ -359,9 +360,9 @@ def micro_batch_size(cfg: TrainConfig, processes: int, world: int) -> int:
 
 def load_vae_and_norm(cfg: TrainConfig, dataset, device, print=print):
     """(the VAE or None, the run's latent norm: latents → model space, None in pixel space)."""
-    vae, scaling = None, data_lib.DEFAULT_SCALING_FACTOR
+    vae, scaling = None, vae_lib.DEFAULT_SCALING_FACTOR
     if cfg.vae is not None:
-        vae, scaling = data_lib.load_vae(cfg.vae, device)
+        vae, scaling = vae_lib.load_vae(cfg.vae, device)
         if isinstance(dataset, data_lib.LatentDataset):
             scaling = dataset.scaling_factor
     return vae, run_norm(cfg.latent_norm, dataset, vae, scaling, cfg.vae, "vae" in allowed_changes(cfg), print)

@@ -100,7 +100,7 @@ def test_extraction_statistics_are_exact_over_the_cache_and_a_resume(caches):
 def test_round_trip_channel_norm_decodes_as_the_vae_alone(caches, tmp_path):
     """encode → normalise → denormalise → decode equals the VAE's own decode of the encoding,
     through generate.decode and through a saved and reloaded pipeline."""
-    from nala_dit.data.datasets import load_vae
+    from nala_dit.models.vae import load_vae
     from nala_dit.diffusion.generate import decode
     from nala_dit.pipelines.pipeline import load_pipeline
     from nala_dit.pipelines.sources import load_source
@@ -210,7 +210,7 @@ def test_channel_norm_travels_with_checkpoint_and_mismatches_are_refused(caches,
                  "got {'mode': 'chanel'}", "edited or damaged")
 
     # a cache made by another VAE
-    from nala_dit.data.datasets import load_vae
+    from nala_dit.models.vae import load_vae
     from nala_dit.data.latent_stats import vae_fingerprint
 
     prints = [vae_fingerprint(load_vae(str(caches[k]))[0]) for k in ("vae", "other_vae")]

@@ -131,7 +131,7 @@ def test_offline_advice_names_hf_download_not_huggingface_cli():
     for path in [*(ROOT / "docs").glob("*.md"), ROOT / "README.md", *(ROOT / "nala_dit").rglob("*.py"),
                  *ROOT.glob("*.py")]:
         assert "huggingface-cli" not in path.read_text(), path
-    from nala_dit.data.datasets import download_advice
+    from nala_dit.models.vae import download_advice
 
     assert "`hf download stabilityai/sd-vae-ft-ema --local-dir sd-vae-ft-ema`" in download_advice(
         "stabilityai/sd-vae-ft-ema")

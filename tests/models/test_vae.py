@@ -326,7 +326,7 @@ def test_vae_tiling_on_a_pixel_model_is_refused(run_dir, pipe_dir, tmp_path, cap
 def test_load_vae_offline_fails_at_once_naming_the_local_folder(monkeypatch, why):
     import huggingface_hub.constants
 
-    from nala_dit.data import datasets
+    from nala_dit.models import vae as vae_lib
 
     if why == "HF_HUB_OFFLINE":
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -335,12 +335,12 @@ def test_load_vae_offline_fails_at_once_naming_the_local_folder(monkeypatch, why
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
         for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
             monkeypatch.delenv(proxy, raising=False)
-        monkeypatch.setattr(datasets, "hub_reachable", lambda timeout=2.0: False)
+        monkeypatch.setattr(vae_lib, "hub_reachable", lambda timeout=2.0: False)
     from diffusers import AutoencoderKL  # noqa: F401  (imported before the clock starts)
 
     start = time.perf_counter()
     with pytest.raises(OSError) as err:
-        datasets.load_vae("nala-dit-tests/no-such-vae")
+        vae_lib.load_vae("nala-dit-tests/no-such-vae")
     assert time.perf_counter() - start < 5
     text = str(err.value)
     assert "\n" not in text and "offline" in text and "hf download nala-dit-tests/no-such-vae" in text
@@ -362,7 +362,7 @@ class _RunsCode:
 def test_a_refused_pickle_bin_in_a_vae_folder_is_named_as_such(tmp_path):
     """A folder whose only weights are a .bin that asks to run code: refused, nothing run, and
     the one line says a pickle was refused (it used to say "Offline? download it ...")."""
-    from nala_dit.data.datasets import load_vae
+    from nala_dit.models.vae import load_vae
 
     folder = tmp_path / "vae"
     tiny_vae().save_pretrained(folder, safe_serialization=False)

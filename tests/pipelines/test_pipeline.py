@@ -84,7 +84,7 @@ def test_round_trip_pixel_space(tmp_path, name, sampler):
 
 def test_round_trip_latent_with_tiny_vae(tmp_path, tiny_vae):
     """DiT with the VAE copied into the folder, SiT with the VAE stored by reference."""
-    from nala_dit.data.datasets import load_vae
+    from nala_dit.models.vae import load_vae
 
     vae, scaling = load_vae(str(tiny_vae))
     dit = NaLaDiTPipeline.from_model(tiny("NaLaDiT-T/2", in_channels=4), vae=vae, id2label=NAMES,
@@ -113,7 +113,7 @@ def test_scheduler_sampler_runs_the_pipelines_diffusers_scheduler():
 def test_our_dit_inside_diffusers_dit_pipeline(tiny_vae, tmp_path):
     from diffusers import DiTPipeline
 
-    from nala_dit.data.datasets import load_vae
+    from nala_dit.models.vae import load_vae
 
     model = tiny("NaLaDiT-T/4", in_channels=4, num_classes=1000)
     vae, _ = load_vae(str(tiny_vae))

@@ -219,7 +219,8 @@ def tiny_vae(path):
 
 def test_latent_extraction_resume_and_training(tmp_path):
     from extract_latents import main as extract_main
-    from nala_dit.data.datasets import ImageFolderDataset, LatentDataset, load_vae
+    from nala_dit.data.datasets import ImageFolderDataset, LatentDataset
+    from nala_dit.models.vae import load_vae
     from nala_dit.data.extract import encode_moments
 
     images = make_image_folder(tmp_path / "images")
