@@ -180,6 +180,16 @@ class GatedLinearAttention(GatedAttention):
             raise ValueError(f"rope needs an even head dim (the 2·D NaLa features form channel pairs, half per "
                              f"grid axis), got head dim {head_dim} = {dim}/{num_heads}; use rope=False or "
                              f"an even head dim")
+        if config.rope:   # the layout's width rule, checked at build rather than at the first forward
+            zeros = torch.zeros(1, 1, 1, head_dim)
+            width = (nala_features(zeros, zeros, config)[0] if config.kernel == "nala"
+                     else kernel_features(zeros, config.kernel)).shape[-1]
+            need = 8 if config.rope_layout == "released" else 4
+            if width % need:
+                raise ValueError(f"rope_layout {config.rope_layout!r} needs a feature width divisible by {need}, got "
+                                 f"{width} (head dim {head_dim} = {dim}/{num_heads}); use "
+                                 + ("rope_layout='halves' or " if need == 8 else "")
+                                 + "a head dim divisible by 4, or rope=False")
         # NaLa's learned norm scale (the baselines have no norm scale to learn)
         self.learned_scale = config.kernel == "nala" and config.norm_scale == "learned"
         if self.learned_scale:

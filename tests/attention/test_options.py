@@ -191,6 +191,15 @@ def test_norm_scale_accepts_numbers_and_words():
 def test_bad_rope_use_names_the_problem():
     with pytest.raises(ValueError, match="rope needs an even head dim"):
         GatedLinearAttention(30, 2, rope=True)                      # D = 15
+    # The layout's width rule at build, not at the first forward: the released layout's D/4
+    # frequencies need 4 | D (NaLa's width 2D = 12 at D = 6), relu's width D needs 4 | D.
+    with pytest.raises(ValueError) as err:
+        GatedLinearAttention(36, 6, rope=True, rope_layout="released")
+    assert_names(err, "rope_layout 'released'", "got 12", "head dim 6 = 36/6", "rope_layout='halves'")
+    with pytest.raises(ValueError) as err:
+        GatedLinearAttention(24, 4, rope=True, kernel="relu")
+    assert_names(err, "rope_layout 'halves'", "got 6", "head dim divisible by 4")
+    GatedLinearAttention(36, 6, rope=True)                          # halves: NaLa's width 12 is fine
     with pytest.raises(ValueError) as err:
         build_attention("softmax_gated", 32, 4, rope=True)
     assert_names(err, "rope", "linear kernels", "kernel='softmax'", "use rope=False")
