@@ -26,7 +26,7 @@ Every public name is exported here, imported on first use (``NaLaConfig`` costs 
 from .._lazy import lazy_exports
 
 _CONFIG = ("ALPHA", "ATTENTIONS", "DIRECTIONS", "EPS", "KERNELS", "LINEAR_KERNELS", "NORM_EPS", "NORM_SCALE",
-           "NaLaConfig", "OFFSET", "POWER", "parse_norm_scale")
+           "NaLaConfig", "OFFSET", "POWER", "ROPE_LAYOUTS", "parse_norm_scale")
 _FUNCTIONAL = ("ROPE_BASE", "SATURATION", "Direction", "apply_rope", "kernel_features", "linear_attention",
                "linear_attention_reference", "nala_attention_reference", "nala_exponent", "nala_features",
                "nala_query_weights", "nala_similarity_reference", "normalized_attention_reference",

@@ -212,19 +212,25 @@ def _table(rows: list[tuple[str, object]]) -> list[str]:
     return lines
 
 
+def _rope(cfg: dict) -> str:
+    """RoPE with its angle layout (a config saved before ``rope_layout`` existed used 'halves')."""
+    layout = cfg.get("rope_layout") or "halves"
+    return "RoPE in the NaLa authors' released layout" if layout == "released" else f"RoPE in the {layout} layout"
+
+
 def _attention(cfg: dict) -> str:
     kind = cfg.get("attention")
     if kind == "nala":
         opts = [f"direction {cfg.get('direction')}", f"λ = {cfg.get('power')}", f"τ = {cfg.get('offset')}",
                 f"s = {cfg.get('norm_scale')}", f"α = {cfg.get('alpha')}"]
         opts += [name for name, key in (("LePE", "lepe"), ("output gate", "gate"), ("output norm", "out_norm"),
-                                        ("RoPE", "rope")) if cfg.get(key)]
+                                        (_rope(cfg), "rope")) if cfg.get(key)]
         if (cfg.get("nala_regions") or 1) > 1:
             opts.append(f"{cfg['nala_regions']}×{cfg['nala_regions']} region states")
         text = f"nala ({', '.join(opts)})"
     elif kind in ("relu", "elu"):
         opts = [name for name, key in (("LePE", "lepe"), ("output gate", "gate"), ("output norm", "out_norm"),
-                                       ("RoPE", "rope")) if cfg.get(key)]
+                                       (_rope(cfg), "rope")) if cfg.get(key)]
         text = f"{kind} linear attention" + (f" ({', '.join(opts)})" if opts else "")
     else:
         text = str(kind)

@@ -262,3 +262,16 @@ def test_inline_code_and_text_round_trip(text):
     assert html.unescape(code) == text.replace("\n", " ")
     shown = md.render(f"a {_text(text)} b").strip()
     assert shown == f"<p>a {html.escape(text.replace(chr(10), ' '), quote=False)} b</p>"
+
+
+def test_the_attention_row_names_the_rope_layout():
+    """A RoPE model's card says which angle layout it was trained with: the two layouts give
+    different models, and only 'released' is the NaLa authors' code."""
+    from nala_dit.pipelines.card import _attention
+
+    base = {"attention": "nala", "direction": "relu_split", "power": 3.0, "offset": 0.5, "norm_scale": 1.0,
+            "alpha": 20.0, "rope": True}
+    assert _attention({**base, "rope_layout": "released"}).endswith(", RoPE in the NaLa authors' released layout)")
+    assert _attention({**base, "rope_layout": "halves"}).endswith(", RoPE in the halves layout)")
+    assert _attention(base).endswith(", RoPE in the halves layout)")          # saved before rope_layout existed
+    assert _attention({"attention": "relu", "rope": True}) == "relu linear attention (RoPE in the halves layout)"
