@@ -73,6 +73,11 @@ def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None =
     model, ckpt = load_model(path, weights)
     if weights == "ema" and (warning := checkpoint_ema_warning(ckpt)):
         print(f"warning: {warning}", file=sys.stderr)
+    try:   # a stored value out of range (an edited diffusion-steps) is the file's fault: name it
+        objective = build_objective(ckpt.model_config, ckpt.config)
+    except ValueError as err:
+        raise CheckpointError(f"{ckpt.path / 'state.json'}: {err}; the file was edited or damaged: restore it, or "
+                              f"use another checkpoint") from None
     model = model.to(device)
     vae_path = vae or ckpt.config.get("vae")
     vae_model, scaling, norm = None, DEFAULT_SCALING_FACTOR, None
@@ -82,8 +87,8 @@ def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None =
         scaling = norm.scale if norm is not None and norm.mode == "scalar" else scaling
     info = dict(model=ckpt.config.get("model"), checkpoint=str(ckpt.path), step=ckpt.step, weights=weights,
                 vae=vae_path)
-    return Source(model, build_objective(ckpt.model_config, ckpt.config), vae_model, scaling,
-                  default_id2label(ckpt.config, model.config.num_classes), info, norm)
+    return Source(model, objective, vae_model, scaling, default_id2label(ckpt.config, model.config.num_classes),
+                  info, norm)
 
 
 def read_pipeline_index(path: str | os.PathLike) -> dict:

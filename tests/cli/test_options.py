@@ -263,7 +263,8 @@ def test_an_edited_checkpoint_chain_is_one_line(run_dir, tmp_path, capsys):
     state["config"]["diffusion-steps"] = 10**10
     state_file.write_text(json.dumps(state))
     assert cli("--ckpt", run, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
-    assert_names(one_line_error(capsys), "diffusion-steps", ">= 1 and <= 10,000", "got 10000000000")
+    assert_names(one_line_error(capsys), f"{state_file}: diffusion-steps", ">= 1 and <= 10,000", "got 10000000000",
+                 "edited or damaged")
 
 
 @pytest.mark.parametrize("edit", ["scheduler", "objective"])
