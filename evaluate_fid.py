@@ -39,7 +39,8 @@ from nala_dit.cli.requirements import require_installed
 require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
 
 from nala_dit.cli import options
-from nala_dit.cli.parse import THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, run_main, set_threads
+from nala_dit.cli.parse import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, run_main, seed_arg,
+                                set_threads)
 from nala_dit.models.grid import add_size_arguments, check_size_args, sized_settings
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ckpt", required=True, help="checkpoint folder, run folder (latest checkpoint) or pipeline folder")
     gen.add_argument("--ref", required=True, help="reference .npz from `ref`, or an ADM reference batch")
     gen.add_argument("--num-samples", type=int, required=True, help="balanced, seeded-shuffled labels as sample.py")
-    gen.add_argument("--seed", type=int, default=0, help="same seed and index = same image as sample.py")
+    gen.add_argument("--seed", type=seed_arg, default=0, help="same seed and index = same image as sample.py")
     gen.add_argument("--weights", choices=["ema", "model"], default="ema")
     gen.add_argument("--vae", default=None, help="VAE folder (default: the one the checkpoint names)")
     gen.add_argument("--sampler", default=None, help="default: ddpm (DiT) / ode-heun (SiT); see nala_dit.diffusion.generate")

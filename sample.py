@@ -43,7 +43,7 @@ from nala_dit.cli.requirements import require_installed
 require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
 
 from nala_dit.cli.parse import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, report_error, run_main,
-                          set_threads)
+                                seed_arg, set_threads)
 from nala_dit.models.grid import add_size_arguments, check_size_args, sized_settings
 from nala_dit.cli.options import (CONTEXT_PARALLEL_HELP, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS,
                               VAE_TILING_MODES, cfg_scale_arg, check_context_parallel)
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--labels", help="comma-separated class ids or names, e.g. 1,2,3 or golden_retriever,tabby")
     what.add_argument("--per-label", type=int, default=1, help="samples per label in --labels (grid: one row each)")
     what.add_argument("--num-samples", type=int, help="N samples with balanced, seeded-shuffled labels")
-    what.add_argument("--seed", type=int, default=0, help="seeds every sample's noise together with its index")
+    what.add_argument("--seed", type=seed_arg, default=0, help="seeds every sample's noise together with its index")
     add_size_arguments(p)
     how = p.add_argument_group("sampler")
     how.add_argument("--sampler", choices=list(SAMPLERS), help="default: ddpm (DiT) / ode-heun (SiT)")

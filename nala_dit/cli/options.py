@@ -228,6 +228,7 @@ DEFAULT_STEPS = {"ddpm": 250, "ddim": 50, "dpm-solver": 25, "ode-euler": 50, "od
 # pipeline's ``objective_config``, a scheduler's ``num_train_timesteps``): DiT trains 1,000 timesteps, iDDPM at
 # most 4,000. Each timestep costs a few float64 table entries, so an edited 10^10 would ask for about 80 GB.
 MAX_DIFFUSION_STEPS = 10_000
+MAX_TRAIN_SEED = 2**32 - 1   # numpy's RandomState, which orders the data
 # The most steps a sampler takes. ddpm, ddim and dpm-solver step through distinct timesteps of the trained chain,
 # so at most its length (DiT's 1,000): past it respacing has nothing left to keep and diffusers' DPM-Solver++
 # repeats timesteps (NaN samples) or indexes past its tables. The ODE/SDE samplers integrate continuous time and
@@ -668,6 +669,8 @@ class TrainConfig(_NaLaFlags):
             raise ValueError(f"num-workers must be >= 0, got {self.num_workers}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if not 0 <= self.seed <= MAX_TRAIN_SEED:   # numpy seeds the data order
+            raise ValueError(f"--seed must be a whole number from 0 to 2**32 - 1 = {MAX_TRAIN_SEED:,}, got {self.seed}")
         check_context_parallel(self.context_parallel)
         if self.latent_norm == "channel" and self.vae is None:
             raise ValueError("--latent-norm channel normalises VAE latents, but this run is in pixel space (no --vae): "

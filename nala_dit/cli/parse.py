@@ -281,6 +281,18 @@ def passive_wait_policy() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def seed_arg(text: str) -> int:
+    """argparse type of a sampling ``--seed``: a whole number >= 0 (numpy's SeedSequence,
+    which mixes it with the sample index, takes no negative entropy)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {value}")
+    return value
+
+
 THREADS_HELP = ("torch CPU threads per process (default: torch's choice, one per core). On a shared or "
                 "busy machine fewer threads are often much faster: 1 per process when cores are scarce")
 

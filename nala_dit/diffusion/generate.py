@@ -268,6 +268,8 @@ def seed_from(generator) -> int:
     if generator is None:
         return int(torch.randint(0, 2**62, ()).item())
     if isinstance(generator, int):
+        if generator < 0:
+            raise ValueError(f"generator: an int seed must be >= 0, got {generator}")
         return generator
     if isinstance(generator, torch.Generator):
         # Drawing from the caller's generator keeps diffusers' convention: the same

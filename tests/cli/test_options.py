@@ -317,3 +317,26 @@ def test_a_checkpoint_with_class_dropout_past_one_is_refused(run_dir, pipe_dir, 
         assert_names(one_line_error(capsys), f"{file}: 'class_dropout_prob'", "[0, 1)", "got 1.5")
     assert export.main(["checkpoint", str(run), str(tmp_path / "out")]) == 1
     assert_names(capsys.readouterr().err, f"{state_file}: 'class_dropout_prob'", "got 1.5")
+
+
+# --- issue 56: a negative seed is one line naming --seed (was numpy's "expected non-negative integer")
+@pytest.mark.parametrize("value", ["-1", str(2**32)])
+def test_train_seed_outside_numpys_range_is_refused(capsys, value):
+    assert_names(dry_run_error(capsys, "--seed", value), "--seed", "from 0 to 2**32 - 1", f"got {value}")
+
+
+def test_sample_seed_below_zero_names_the_flag(capsys):
+    import sample
+
+    with pytest.raises(SystemExit) as stop:
+        sample.main(["--ckpt", "nowhere", "--seed", "-1"])
+    assert stop.value.code == 2
+    assert "argument --seed: must be a whole number >= 0, got -1" in capsys.readouterr().err
+
+
+def test_pipeline_int_generator_below_zero_is_one_line():
+    from nala_dit.diffusion.generate import seed_from
+
+    with pytest.raises(ValueError, match=r"^generator: an int seed must be >= 0, got -3$"):
+        seed_from(-3)
+    assert seed_from(0) == 0 and seed_from(2**40) == 2**40
