@@ -37,11 +37,11 @@ finalizer, so the peak counts all tensors alive at once during the call (outputs
 saved activations, gradients). Scratch space a C++ kernel allocates internally without
 returning it (e.g. SDPA's per-thread blocks) is not seen; it is small.
 
-    python benchmarks/attention.py --out benchmarks/attention_cpu.json
+    python benchmarks/attention.py --out benchmarks/results/attention_cpu.json
     python benchmarks/attention.py --dtype bf16 --max-tokens 16384 --repeats 3
     python benchmarks/attention.py --device cuda --dtype bf16 --compile --min-tokens 1024 --step 2 \\
-        --out attention_cuda.json
-    python benchmarks/attention.py --tiny --out /tmp/attention.json     # smoke test
+        --out benchmarks/results/attention_cuda.json
+    python benchmarks/attention.py --tiny --out runs/attention.json     # smoke test
 """
 
 from __future__ import annotations

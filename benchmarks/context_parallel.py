@@ -11,8 +11,8 @@ numbers each rank contributes to the exchanges of one forward, counted at the
 Every measurement runs in a fresh process (or process pair, gloo): timings take the
 median over ``--repeats`` calls after one warm-up, each call between two barriers.
 
-    python benchmarks/context_parallel.py --tokens 4096 --out benchmarks/context_parallel_cpu_4k.json
-    python benchmarks/context_parallel.py --tokens 16384 --repeats 1 --out benchmarks/context_parallel_cpu_16k.json
+    python benchmarks/context_parallel.py --tokens 4096 --out benchmarks/results/context_parallel_cpu_4k.json
+    python benchmarks/context_parallel.py --tokens 16384 --repeats 1 --out benchmarks/results/context_parallel_cpu_16k.json
     python benchmarks/context_parallel.py --tiny          # smoke test (seconds)
     python benchmarks/context_parallel.py --device cuda --tokens 4096,16384,65536   # NCCL, a GPU per rank
 

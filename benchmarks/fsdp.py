@@ -36,8 +36,8 @@ Activations are not counted: FSDP does not shard them (each process keeps its ow
 micro-batch's, as with DDP; context parallel is what splits one image's); ``rss_mib`` records
 each process's peak resident memory (``ru_maxrss``) for what the OS saw.
 
-    python benchmarks/fsdp.py --out benchmarks/fsdp_cpu.json                  # NaLaDiT-B/2
-    python benchmarks/fsdp.py --model NaLaDiT-S/2 --out benchmarks/fsdp_cpu_s2.json
+    python benchmarks/fsdp.py --out benchmarks/results/fsdp_cpu.json                  # NaLaDiT-B/2
+    python benchmarks/fsdp.py --model NaLaDiT-S/2 --out benchmarks/results/fsdp_cpu_s2.json
     python benchmarks/fsdp.py --tiny                                           # NaLaDiT-T/2, P = 1, 2 (seconds)
 """
 

@@ -33,6 +33,7 @@
 #                                     one, 4K/16K tokens, fwd and training step, fp32; with one
 #                                     GPU the P = 1 numbers only
 #   plots.tar                         the PNG plot written beside each JSON above
+# One H200 run's files are committed in benchmarks/results/ (tables: benchmarks/results/RESULTS.md).
 
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

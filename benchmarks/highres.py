@@ -33,10 +33,10 @@ predicted above ``--single-call-s`` is timed once, under the tracker, without a
 warm-up. Skips are recorded with their reason. ``--budget-s`` stops starting new real
 cells after that many seconds (counted cells still run: they take seconds).
 
-    python benchmarks/highres.py --threads 1 --out benchmarks/highres_cpu.json
+    python benchmarks/highres.py --threads 1 --out benchmarks/results/highres_cpu.json
     python benchmarks/highres.py --device cuda --dtype bf16 --sizes S/2,XL/2 --math-cap-gib 60 \\
-        --vae-real-max-px 4096 --out highres_cuda.json
-    python benchmarks/highres.py --tiny --out /tmp/highres.json     # smoke test (seconds)
+        --vae-real-max-px 4096 --out benchmarks/results/highres_cuda.json
+    python benchmarks/highres.py --tiny --out runs/highres.json     # smoke test (seconds)
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ skipped at larger resolutions; one that raises (out of memory) is recorded as sk
 with the error; ``--budget-s`` starts no new size/resolution after that many seconds.
 On CUDA, NaLaDiT's attention runs the Triton kernels (``impl="auto"``).
 
-    python benchmarks/model.py --out benchmarks/model_cpu.json
+    python benchmarks/model.py --out benchmarks/results/model_cpu.json
     python benchmarks/model.py --sizes S/2,XL/2 --resolutions 256,512,1024 --device cuda \\
-        --dtype bf16 --batch 8 --out model_cuda.json
-    python benchmarks/model.py --tiny --out /tmp/model.json     # smoke test
+        --dtype bf16 --batch 8 --out benchmarks/results/model_cuda.json
+    python benchmarks/model.py --tiny --out runs/model.json     # smoke test
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ busy process can be very slow); the table reports medians and the ratio to the o
 time of the same model and condition. The JSON keeps every step's time and the load average
 before and after.
 
-    python benchmarks/threads.py --steps 8 --out benchmarks/threads_cpu.json
-    python benchmarks/threads.py --tiny --out /tmp/threads.json      # smoke test (seconds)
+    python benchmarks/threads.py --steps 8 --out benchmarks/results/threads_cpu.json
+    python benchmarks/threads.py --tiny --out runs/threads.json      # smoke test (seconds)
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ fragmentation and the scratch memory of C++ kernels. One step = forward, MSE, ba
 (no optimizer), batch 1, fp32, one thread, random weights. Models alternate, repeat after
 repeat, so a drifting machine hits them alike; the table reports medians.
 
-    python benchmarks/train_rss.py --latent 128 --repeats 3 --out benchmarks/train_rss_cpu.json
+    python benchmarks/train_rss.py --latent 128 --repeats 3 --out benchmarks/results/train_rss_cpu.json
     python benchmarks/train_rss.py --tiny                       # smoke test (seconds)
 """
 

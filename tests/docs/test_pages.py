@@ -87,7 +87,10 @@ def test_the_checker_finds_what_is_broken(tmp_path):
     assert broken_links(tmp_path / "docs" / "a.md", tmp_path) == []
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+LINKED_PAGES = [*PAGES, *sorted((ROOT / "benchmarks").rglob("*.md"))]
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES, ids=[str(p.relative_to(ROOT)) for p in LINKED_PAGES])
 def test_every_relative_link_resolves(page):
     assert broken_links(page) == []
 
@@ -289,3 +292,16 @@ def test_every_record_is_short(page):
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_page_reads_like_a_lab_notebook(page):
     assert notebook_lines(page.read_text()) == []
+
+
+def test_benchmarks_holds_scripts_and_its_outputs_sit_under_results():
+    """benchmarks/ is the scripts and their guide; what they wrote (JSON, plots, the tables'
+    page) is under benchmarks/results/, and every page names the results there."""
+    top = sorted(p.name for p in (ROOT / "benchmarks").iterdir() if p.name != "__pycache__")
+    assert [n for n in top if not (n.endswith((".py", ".sh")) or n in ("README.md", "results"))] == []
+    results = {p.name for p in (ROOT / "benchmarks" / "results").iterdir()}
+    assert {"RESULTS.md", "attention_cpu.json", "attention_cpu.png", "highres_cuda.json"} <= results
+    stale = re.compile(r"benchmarks/(?!results/)[\w{},*-]+\.(?:json|png)|benchmarks/RESULTS\.md")
+    pages = [*LINKED_PAGES, *sorted((ROOT / "benchmarks").glob("*.py")), ROOT / "benchmarks" / "gpu_check.sh"]
+    assert [f"{p.relative_to(ROOT)}:{i}" for p in pages
+            for i, line in enumerate(p.read_text().splitlines(), 1) if stale.search(line)] == []
