@@ -182,7 +182,7 @@ def check_canvas_size(size: int) -> int:
                          f"{', '.join(map(str, CANVAS_SIZES))} (256 / 1,024 / 4,096 tokens at patch 2)")
     return size
 
-# models.py builds one constructor per preset from these tables.
+# models/dit.py builds one constructor per preset from these tables.
 # Sizes from the DiT paper (Table 1) plus a tiny one for tests and the demo.
 SIZES = {
     "S": dict(depth=12, hidden_size=384, num_heads=6),
@@ -207,7 +207,7 @@ FAMILIES = {
 }
 MODEL_NAMES = tuple(f"{family}-{size}/{patch}" for family in FAMILIES for size in SIZES for patch in PATCHES[size])
 
-# diffusion.py / transport.py: objective settings.
+# diffusion/gaussian.py / diffusion/transport.py: objective settings.
 BETA_SCHEDULES = ("linear", "cosine")
 PATHS = ("linear", "gvp", "vp")
 PREDICTIONS = ("velocity", "score", "noise")
@@ -313,13 +313,13 @@ VAE_AUTO_TILING_PIXELS = 1024 * 1024
 # decode peaks at 0.75 GiB, as a 512² image does.
 VAE_TILE_PIXELS = 512
 
-# latent_norm.py: how VAE latents become the model's inputs: × the VAE's scaling factor
+# data/latent_stats.py (LatentNorm): how VAE latents become the model's inputs: × the VAE's scaling factor
 # (DiT / SiT) or per channel by the latent cache's mean and std (LightningDiT).
 LATENT_NORMS = ("scalar", "channel")
 
 # metrics.py / features: evaluation inputs.
 FEATURE_CHOICES = ("inception", "digits")
-# training.py: trackers beside log.jsonl (accelerate's; "all" = both).
+# training/tracking.py: trackers beside log.jsonl (accelerate's; "all" = both).
 REPORT_TO = ("tensorboard", "wandb", "all", "none")
 DATASETS = ("digits-train", "digits-heldout")
 INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"

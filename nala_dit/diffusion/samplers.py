@@ -17,7 +17,7 @@ Step-count conventions:
   (so nfe = 2 (num_steps - 1) + 1 with a last step, 2 num_steps without).
 
 References: DDPM (Ho et al. 2020), iDDPM (Nichol & Dhariwal 2021), DDIM (Song et al.
-2021), SiT (Ma et al. 2024); equations are in ``diffusion.py`` and ``transport.py``.
+2021), SiT (Ma et al. 2024); equations are in ``gaussian.py`` and ``transport.py``.
 """
 
 from dataclasses import dataclass

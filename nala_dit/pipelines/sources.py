@@ -1,5 +1,5 @@
 """Everything that turns files into a model ready to sample, below both the pipelines
-and the samplers: ``pipeline.py`` and ``sampling.py`` import this module, never each other.
+and the samplers: ``pipeline.py`` and ``sample_files.py`` import this module, never each other.
 
 * ``load_source``: a training checkpoint (checkpoint folder, ``checkpoints/`` or run
   folder: latest checkpoint) or an exported pipeline folder → ``Source`` (model,

@@ -1,4 +1,4 @@
-"""Experiments/ablation/backfill.py: the raw-weight held-out loss written
+"""experiments/ablation/backfill.py: the raw-weight held-out loss written
 into cells scored before it was recorded is what a fresh cell records, from the same
 checkpoint; a checkpoint that is not the cell's is refused."""
 
