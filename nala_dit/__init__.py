@@ -3,13 +3,15 @@
 The package, top (what a user runs) to bottom (the math); imports only point down:
 
 * ``pipelines/``: the diffusers pipelines, loading every model source, exported folders, sample files;
-* ``training/``: the loop and one step, EMA, logging, validation, REPA, conversion, checkpoints, run lock;
+* ``training/``: the loop and one step, EMA, logging, validation, REPA, conversion, checkpoints;
 * ``evaluation/``: FID / sFID / IS / precision-recall / KID and their feature extractors;
 * ``data/``: datasets (image folders, latent caches, the embedded digits), latent statistics, extraction;
 * ``diffusion/``: Gaussian diffusion (DiT), transport (SiT), every sampler, guidance, ``generate``;
-* ``models/``: the DiT/SiT network and its presets, the token grid, context parallel, the VAE;
-* ``attention/``: NaLa (``nala_attention``), its baselines and layers, the Triton kernels;
-* ``cli/``: every CLI option as plain data (``TrainConfig``), YAML configs, parsing (torch-free).
+* ``models/``: the DiT/SiT network and its presets, the token grid, the VAE;
+* ``attention/``: NaLa (``nala_attention``), its baselines and layers, region states, context parallel
+  (one image over several processes), the Triton kernels;
+* ``cli/``: every CLI option as plain data (``TrainConfig``), YAML configs, parsing, the run lock
+  (one writer per folder); torch-free.
 
 Importing the package costs nothing: the names below are imported on first use, so a CLI's
 ``--help`` never loads torch or diffusers.

@@ -1,0 +1,170 @@
+"""Names and maps stay current: every Python file a page or a docstring names exists, and the
+two maps of the tree (the README's "Where things are", ``nala_dit/__init__.py``'s docstring)
+name every script and sub-package where it lives now."""
+
+import ast
+import functools
+import io
+import os
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SKIPPED = {".venv", ".git", "__pycache__", "runs", "build", "dist", "node_modules"}
+
+# Files of other repositories the pages cite (by their own names), and files that exist only
+# in folders this code writes. Each entry says whose it is.
+ELSEWHERE = {
+    "calculate_metrics.py": "EDM2's metrics script",
+    "training_loop.py": "EDM2's training loop",
+    "evaluations/evaluator.py": "ADM's (guided-diffusion) evaluation suite",
+    "sample_ddp.py": "DiT's multi-process sampler",
+    "models.py": "DiT's / DiT-MoE's network file",
+    "diffusion/model/nets/sana_multi_scale.py": "Sana's multi-scale linear attention",
+    "NALA.py": "the NaLa authors' reference code",
+    "nala_dit_pipeline.py": "written into an exported NaLaDiT pipeline folder (trust_remote_code)",
+    "nala_sit_pipeline.py": "written into an exported NaLaSiT pipeline folder (trust_remote_code)",
+    "script.py": "a placeholder for the user's script",
+}
+
+# A file name or path ending in .py, not part of a longer word, path or call (``x.py(``).
+PY_NAME = re.compile(r"(?<![\w./-])((?:\.{1,2}/)?[\w-][\w.-]*(?:/[\w.-]+)*\.py)\b(?![\w(/-])")
+
+
+@functools.lru_cache
+def tree_files(root: Path = ROOT) -> list[str]:
+    """Every .py file of the working tree, as a path relative to ``root`` (build outputs,
+    virtual environments and runs/ excluded)."""
+    out = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if not (d in SKIPPED or d.startswith(".") or d.endswith(".egg-info"))]
+        out += [(Path(folder) / n).relative_to(root).as_posix() for n in names if n.endswith(".py")]
+    return sorted(out)
+
+
+def markdown_mentions(text: str) -> set[str]:
+    """The .py names inside the code spans and code blocks of a markdown page."""
+    code = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M)
+    spans = re.findall(r"`([^`\n]+)`", re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.S | re.M))
+    return {name for chunk in [*code, *spans] for name in PY_NAME.findall(chunk)}
+
+
+def python_mentions(source: str) -> set[str]:
+    """The .py names in a module's docstrings (module, classes, functions) and comments."""
+    texts = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            texts.append(ast.get_docstring(node, clean=False) or "")
+    return {name for text in texts for name in PY_NAME.findall(text)}
+
+
+def resolves(name: str, where: Path, files: list[str], root: Path = ROOT) -> bool:
+    """``name`` is a file relative to the repository root or to ``where``'s folder, or, a bare
+    file name, the name of a file anywhere in the tree, or, a path, the tail of one."""
+    if (root / name).is_file() or (where.parent / name).is_file():
+        return True
+    tail = name.lstrip("./")
+    if "/" not in tail:
+        return any(f.rsplit("/", 1)[-1] == tail for f in files)
+    return any(f == tail or f.endswith("/" + tail) for f in files)
+
+
+def stale_names(pages: list[Path], root: Path = ROOT) -> list[str]:
+    """'file: name' for every .py name a page or module mentions that is neither in the tree
+    nor in ELSEWHERE."""
+    files = tree_files(root)
+    bad = []
+    for page in pages:
+        text = page.read_text()
+        names = markdown_mentions(text) if page.suffix == ".md" else python_mentions(text)
+        bad += [f"{page.relative_to(root)}: {n}" for n in sorted(names)
+                if n not in ELSEWHERE and not resolves(n, page, files, root)]
+    return bad
+
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "experiments").rglob("*.md")),
+         *sorted((ROOT / "benchmarks").rglob("*.md"))]
+MODULES = [ROOT / f for f in tree_files() if f.split("/")[0] in ("nala_dit", "benchmarks", "experiments", "tests")
+           or "/" not in f]
+
+
+def test_the_name_checker_finds_what_is_stale(tmp_path):
+    (tmp_path / "pkg" / "training").mkdir(parents=True)
+    (tmp_path / "pkg" / "training" / "step.py").write_text('"""One step; see ``loop.py`` and ``step.py``."""\n')
+    (tmp_path / "pkg" / "training" / "loop.py").write_text(
+        "# the flat layout's train_step.py and sampling.py are gone; EDM2's training_loop.py is not ours\n"
+        "def f():\n    '''Calls ``training/step.py`` and ``pkg/training/step.py``, not ``models/step.py``.'''\n"
+        "x = 'gone.py'  # a string, not a docstring: not read\n")
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "a.md"
+    page.write_text("`train_step.py` and `python ../pkg/training/loop.py --x`; `.py` files; loop.py unquoted\n"
+                    "```bash\npython train.py --config x.yaml\n```\n")
+    assert stale_names([page, *sorted((tmp_path / "pkg").rglob("*.py"))], tmp_path) == [
+        "docs/a.md: train.py",
+        "docs/a.md: train_step.py",
+        "pkg/training/loop.py: models/step.py",
+        "pkg/training/loop.py: sampling.py",
+        "pkg/training/loop.py: train_step.py",
+    ]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_python_file_a_page_names_exists(page):
+    assert stale_names([page]) == []
+
+
+def test_every_python_file_a_docstring_or_comment_names_exists():
+    assert stale_names(MODULES) == []
+
+
+def test_the_allow_list_names_no_file_of_ours():
+    """A name that is ours cannot hide behind ELSEWHERE (the exported pipeline files are only
+    written into exported folders, never kept in the tree)."""
+    ours = {f.rsplit("/", 1)[-1] for f in tree_files()} | set(tree_files())
+    assert sorted(set(ELSEWHERE) & ours) == []
+
+
+# --- the maps -------------------------------------------------------------------------------
+def readme_map() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Where things are")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def subpackages() -> list[str]:
+    return sorted(p.parent.name for p in (ROOT / "nala_dit").glob("*/__init__.py"))
+
+
+def package_map() -> dict[str, str]:
+    """``nala_dit/__init__.py``'s map: sub-package -> its bullet's text."""
+    doc = ast.get_docstring(ast.parse((ROOT / "nala_dit" / "__init__.py").read_text()))
+    bullets = re.findall(r"^\* ``(\w+)/``: (.*?)(?=^\* |^\s*$)", doc, re.S | re.M)
+    return {name: " ".join(text.split()) for name, text in bullets}
+
+
+def test_the_readme_map_names_every_script_and_sub_package():
+    table = readme_map()
+    scripts = sorted(p.name for p in ROOT.glob("*.py"))
+    assert "train.py" in scripts and "consolidate.py" in scripts
+    assert [s for s in scripts if f"`{s}`" not in table] == []
+    assert [p for p in subpackages() if f"`nala_dit/{p}/`" not in table] == []
+
+
+def test_the_package_map_names_every_sub_package_once():
+    assert sorted(package_map()) == subpackages()
+
+
+def test_the_package_map_puts_each_part_in_the_package_that_holds_it():
+    """What the map says a package holds is there: a phrase -> the module that implements it."""
+    holds = {"context parallel": "context_parallel.py", "run lock": "runlock.py", "Triton kernels": "triton_kernels.py",
+             "``generate``": "generate.py", "REPA": "repa.py"}
+    where = {}
+    for phrase, module in holds.items():
+        [path] = [p for p in (ROOT / "nala_dit").glob(f"*/{module}")]
+        where[phrase] = path.parent.name
+    said = {phrase: sorted(pkg for pkg, text in package_map().items() if phrase.lower() in text.lower())
+            for phrase in holds}
+    assert said == {phrase: [pkg] for phrase, pkg in where.items()}
