@@ -41,7 +41,7 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
                 base = node.module or ""
             elif node.module:
                 base = f"{base}.{node.module}"
-            # `from . import data` and `from nala_dit import metrics` name submodules.
+            # `from . import data` and `from nala_dit import evaluation` name submodules.
             names = [f"{base}.{alias.name}" for alias in node.names] + [base]
         else:
             continue

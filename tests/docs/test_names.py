@@ -52,13 +52,18 @@ def markdown_mentions(text: str) -> set[str]:
     return {name for chunk in [*code, *spans] for name in PY_NAME.findall(chunk)}
 
 
-def python_mentions(source: str) -> set[str]:
-    """The .py names in a module's docstrings (module, classes, functions) and comments."""
+def python_texts(source: str) -> list[str]:
+    """A module's docstrings (module, classes, functions) and comments."""
     texts = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             texts.append(ast.get_docstring(node, clean=False) or "")
-    return {name for text in texts for name in PY_NAME.findall(text)}
+    return texts
+
+
+def python_mentions(source: str) -> set[str]:
+    """The .py names in a module's docstrings and comments."""
+    return {name for text in python_texts(source) for name in PY_NAME.findall(text)}
 
 
 def resolves(name: str, where: Path, files: list[str], root: Path = ROOT) -> bool:
@@ -82,6 +87,70 @@ def stale_names(pages: list[Path], root: Path = ROOT) -> list[str]:
         names = markdown_mentions(text) if page.suffix == ".md" else python_mentions(text)
         bad += [f"{page.relative_to(root)}: {n}" for n in sorted(names)
                 if n not in ELSEWHERE and not resolves(n, page, files, root)]
+    return bad
+
+
+# A dotted name in the package: nala_dit.<package>.<module>.<name>... (not torch.ops.nala_dit...),
+# and the names a `from <module> import a, b` takes from it.
+DOTTED = re.compile(r"(?<![\w.])nala_dit(?:\.[A-Za-z_]\w*)+")
+FROM_IMPORT = re.compile(r"\bfrom (nala_dit(?:\.\w+)*) import \(?([\w, ]+)")
+
+
+def module_names(path: Path) -> set[str]:
+    """What ``from <module> import X`` can find in a module file: its top-level definitions,
+    assignments and imports, and, for a package, its sub-modules and the names it exports
+    lazily (the string keys of its ``lazy_exports`` table)."""
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    if path.name == "__init__.py":
+        names |= {p.stem for p in path.parent.glob("*.py")} | {p.parent.name for p in path.parent.glob("*/__init__.py")}
+        if any(isinstance(c, ast.Call) and getattr(c.func, "id", "") == "lazy_exports" for c in ast.walk(tree)):
+            # the table's keys, written out or gathered from tuples of names
+            names |= {c.value for c in ast.walk(tree) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                      and c.value.isidentifier()}
+    return names
+
+
+def dotted_is_stale(dotted: str, root: Path = ROOT) -> bool:
+    """A dotted name's longest prefix that is a package or module exists, and the part after it
+    (if any) is a name that module defines, imports or exports."""
+    parts = dotted.split(".")
+    folder = root
+    for i, part in enumerate(parts):
+        if (folder / part / "__init__.py").is_file():
+            folder = folder / part
+            continue
+        if (folder / f"{part}.py").is_file():
+            if i + 1 < len(parts):
+                return parts[i + 1] not in module_names(folder / f"{part}.py")
+            return False
+        return part not in module_names(folder / "__init__.py")
+    return False
+
+
+def stale_modules(pages: list[Path], root: Path = ROOT) -> list[str]:
+    """'file: name' for every dotted nala_dit name in a page's code or a module's docstrings
+    and comments that names no module, or no name in its module."""
+    bad = []
+    for page in pages:
+        text = page.read_text()
+        if page.suffix == ".md":
+            chunks = [*re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M),
+                      *re.findall(r"`([^`\n]+)`", re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.S | re.M))]
+        else:
+            chunks = python_texts(text)
+        names = {n for chunk in chunks for n in DOTTED.findall(chunk)}
+        names |= {f"{module}.{name.split(' as ')[0].strip()}" for chunk in chunks
+                  for module, imported in FROM_IMPORT.findall(chunk) for name in imported.split(",") if name.strip()}
+        bad += [f"{page.relative_to(root)}: {n}" for n in sorted(names) if dotted_is_stale(n, root)]
     return bad
 
 
@@ -118,6 +187,34 @@ def test_every_python_file_a_page_names_exists(page):
 
 def test_every_python_file_a_docstring_or_comment_names_exists():
     assert stale_names(MODULES) == []
+
+
+def test_the_module_checker_finds_what_moved(tmp_path):
+    pkg = tmp_path / "nala_dit"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('__getattr__, __dir__, __all__ = lazy_exports(__name__, {"DiT": "models.dit"})\n')
+    (pkg / "data" / "__init__.py").write_text("")
+    (pkg / "data" / "datasets.py").write_text("from x import to_uint8 as u8\nSIZES = {}\ndef load(): ...\nclass Set: ...\n")
+    page = tmp_path / "a.md"
+    page.write_text("`nala_dit.data.datasets.load()` `nala_dit.data.datasets.Set.x` `nala_dit.data.datasets.u8` "
+                    "`nala_dit.data` `nala_dit.DiT` `torch.ops.nala_dit.fused.default`\n"
+                    "```python\nfrom nala_dit.data.datasets import load_vae\nimport nala_dit.training.loop\n```\n"
+                    "`nala_dit.data.datasets.to_uint8` `nala_dit.generate`\n")
+    assert stale_modules([page], tmp_path) == [
+        "a.md: nala_dit.data.datasets.load_vae", "a.md: nala_dit.data.datasets.to_uint8", "a.md: nala_dit.generate",
+        "a.md: nala_dit.training.loop"]
+    assert not dotted_is_stale("nala_dit.data.datasets.SIZES", tmp_path)
+    assert dotted_is_stale("nala_dit.data.datasets.load_vae", tmp_path)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_module_a_page_names_exists(page):
+    """Dotted names in the pages' code, imports included, name what lives there now."""
+    assert stale_modules([page]) == []
+
+
+def test_every_module_a_docstring_or_comment_names_exists():
+    assert stale_modules(MODULES) == []
 
 
 def test_the_allow_list_names_no_file_of_ours():
