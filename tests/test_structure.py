@@ -205,7 +205,9 @@ def test_help_examples_keep_their_line_continuations(script):
 LAYERS = ("attention", "cli", "models", "data", "diffusion", "evaluation", "training", "pipelines")
 # The one arrow back up, on purpose: --init-from takes any model source (a run, a checkpoint, an
 # exported pipeline, an official .pt), and loading those is the pipelines' job.
-UPWARD = {("nala_dit.training.convert", "nala_dit.pipelines.sources")}
+UPWARD = {("nala_dit.training.convert", "nala_dit.pipelines.sources"),
+          # the resume rules are training's (torch-free), named by the CLI that sits above training
+          ("nala_dit.cli.options", "nala_dit.training.resume_rules")}
 
 
 def test_packages_import_only_downwards():
