@@ -383,7 +383,7 @@ def load_model(path: str | os.PathLike, weights: str = "ema") -> tuple[DiT, Chec
 
 
 # The training-config keys each objective is built from (``build_objective``): what
-# ``--init-from`` compares (convert.py). What a resume compares is ``options.RESUME_RULES``.
+# ``--init-from`` compares (convert.py). What a resume compares is ``resume_rules.RESUME_RULES``.
 OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps", "time-shift"),
                   "transport": ("path-type", "prediction", "loss-weight", "train-eps", "sample-eps", "time-shift")}
 
@@ -391,7 +391,7 @@ OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps", "time-shift
 def config_changes(ckpt: Checkpoint, train_config: dict, model_config: dict) -> dict[str, tuple]:
     """``{flag name: (checkpoint value, new value)}`` for every model-config key (the whole
     architecture: preset sizes, attention and its options, classes, objective type) and
-    every training key ``options.RESUME_RULES`` refuses (objective, VAE, a teacher's, REPA's, when
+    every training key ``resume_rules.RESUME_RULES`` refuses (objective, VAE, a teacher's, REPA's, when
     it applies) that differs between ``ckpt`` and a run about to resume from it."""
     import inspect
 
