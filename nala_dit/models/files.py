@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli.options import check_class_dropout
+from .presets import check_class_dropout
 from ..guards import assert_no_meta, read_json, refuse_non_finite, state_dict_mismatch
 from .dit import DiT, config_keys
 
@@ -182,8 +182,10 @@ def check_transformer_folder(folder: str | os.PathLike) -> None:
     config = read_json(config_file, "export the pipeline again")
     keys = check_model_config(config, str(config_file))
     weights = next((folder / name for name in TRANSFORMER_WEIGHTS if (folder / name).is_file()), None)
-    if weights is not None:
-        check_config_fits(keys, weight_shapes(weights), str(config_file), str(weights))
+    if weights is None:   # refused before diffusers builds a model of the config's size (and never a pickle .bin)
+        raise FileNotFoundError(f"{folder} has no {TRANSFORMER_WEIGHTS[0]}: {folder.parent} is not a complete "
+                                f"pipeline folder (weights are read from safetensors only); export it again")
+    check_config_fits(keys, weight_shapes(weights), str(config_file), str(weights))
 
 
 def load_transformer(folder: str | os.PathLike):

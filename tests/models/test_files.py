@@ -64,3 +64,17 @@ def test_config_that_fits_in_size_but_not_in_shape_names_both_counts(run_dir, tm
     assert cli("--ckpt", run, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
     err = one_line_error(capsys)
     assert "implies a model of" in err and "parameters," in err and "holds" in err
+
+
+def test_missing_transformer_weights_are_one_line_before_building(pipe_dir, tmp_path, capsys, monkeypatch):
+    """A pipeline folder without its safetensors weights (a config of 10^9 classes beside it) is
+    refused before a model is built: diffusers fell back to a pickle .bin and printed three lines."""
+    built = count_dit_builds(monkeypatch)
+    bad = copy_tree(pipe_dir, tmp_path / "bad")
+    (bad / "transformer" / "diffusion_pytorch_model.safetensors").unlink()
+    config_file = bad / "transformer" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "num_classes": 10**9}))
+    assert cli("--ckpt", bad, "--labels", "1", *FAST, "--grid", tmp_path / "g.png") == 1
+    assert_names(one_line_error(capsys), f"{bad / 'transformer'} has no diffusion_pytorch_model.safetensors",
+                 "safetensors only", "export it again")
+    assert built == []
