@@ -51,6 +51,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the
 
 HOST, PORT = "127.0.0.1", 7860
 MAX_IMAGES = 64        # per request: the images of one press of the button
+MAX_STEPS = 1000       # per request: 4x SiT's 250 SDE steps; sample.py allows 10,000 (an ODE at 10^8 held the worker)
 GUIDANCE = 2.0         # the page's default guidance: the demo's (demo.py CFG_SCALE, docs/demo.md); 1 without a null class
 KEEP_MINUTES = 30      # a request's images stay on disk this long (the page shows and offers them), then are deleted
 SIZE_RATIOS = (0.5, 0.75, 1.5, 2)   # other sizes offered, as fractions of the trained side
@@ -73,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="transformer precision")
     run.add_argument("--batch-size", type=int, default=32, help="samples per forward pass (as sample.py's)")
     run.add_argument("--max-images", type=int, default=MAX_IMAGES, help="most images one request may ask for")
+    run.add_argument("--max-steps", type=int, default=MAX_STEPS, help="most sampler steps one request may ask for "
+                     "(sample.py's own bound is larger: the page's one worker stays free for other requests)")
     run.add_argument("--host", default=HOST, help="address to listen on (default: this machine only)")
     run.add_argument("--port", type=int, default=PORT, help="port (0: any free one)")
     run.add_argument("--threads", type=int, help=THREADS_HELP)
@@ -208,7 +211,7 @@ class Demo:
     def generate(self, classes, per_label, sampler, steps, guidance, seed, size, progress=None):
         """One press of the button: (status, grid, gallery, files, command)."""
         import sample
-        from nala_dit.cli.progress import watch_progress
+        from nala_dit.progress import watch_progress
 
         request = next(self.requests)
         self.prune(request)
@@ -219,8 +222,9 @@ class Demo:
             argv = self.argv(classes, per_label, sampler, steps, guidance, seed, size, grid, out_dir)
             command = self.command(argv)
             args = parse_sample_args(argv)
-            if args.seed < 0:
-                raise ValueError(f"seed {args.seed}: a seed is a whole number >= 0 (sample.py --seed)")
+            if args.steps is not None and args.steps > self.args.max_steps:
+                raise ValueError(f"{args.steps} steps asked for; this page runs at most {self.args.max_steps} per "
+                                 f"request (app.py --max-steps): choose fewer steps, or run the command below")
             wanted = len([c for c in args.labels.split(",") if c.strip()]) * args.per_label
             if wanted > self.args.max_images:
                 raise ValueError(f"{wanted} images asked for; this page makes at most {self.args.max_images} per "

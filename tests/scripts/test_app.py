@@ -280,7 +280,7 @@ def test_a_progress_bar_follows_the_sampler_steps(page):
 def test_progress_follows_sample_pys_bars():
     """``watch_progress`` sees the bar over images and each batch's step bar, off a terminal too."""
 
-    from nala_dit.cli.progress import watch_progress
+    from nala_dit.progress import watch_progress
     from nala_dit.diffusion.generate import SampleSettings
     from nala_dit.models.dit import create_model
     from nala_dit.pipelines.sample_files import sample_images
@@ -435,7 +435,9 @@ def test_the_server_refuses_foreign_hosts_origins_and_uploads(pipeline_dir, tmp_
         assert status == 200
 
         assert "1 images, seed 3" in status_text(ask(url, ["1"], seed=3))
-        for kwargs, words in ((dict(seed=-1), "error: seed -1: a seed is a whole number >= 0 (sample.py --seed)"),
+        for kwargs, words in ((dict(seed=-1), "error: argument --seed: must be a whole number >= 0, got -1"),
+                              (dict(steps=1001), "error: 1001 steps asked for; this page runs at most 1000 per request "
+                                                 "(app.py --max-steps)"),
                               (dict(guidance="abc"), "error: guidance 'abc' is not a number: type e.g. 1.5")):
             line = status_text(ask(url, ["1"], **kwargs))
             assert line.startswith(words) and "\n" not in line, line
