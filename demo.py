@@ -167,7 +167,7 @@ def plot_losses(curves: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     from nala_dit.cli.parse import THREADS_HELP, ArgumentParser
-    from nala_dit.cli.runlock import LockedError, RunLock
+    from nala_dit.runlock import LockedError, RunLock
 
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smoke run: few steps, few samples")

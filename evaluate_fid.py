@@ -130,7 +130,7 @@ def _generated_batches(source, labels, seed, settings, batch_size):
 
     from nala_dit.data.datasets import to_uint8
     from nala_dit.diffusion.generate import sample_batch
-    from nala_dit.cli.progress import progress_bar
+    from nala_dit.progress import progress_bar
 
     with progress_bar(total=len(labels), unit="img", desc="generate + features") as bar:
         for start in range(0, len(labels), batch_size):
@@ -191,7 +191,7 @@ def _context_parallel(size: int):
     from accelerate.utils import parse_flag_from_env
 
     from nala_dit.attention.context_parallel import ContextParallel
-    from nala_dit.cli.runlock import check_process_count
+    from nala_dit.runlock import check_process_count
 
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
     check_process_count(state.num_processes, "evaluate_fid.py")

@@ -143,7 +143,7 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     if args.out:  # mass sampling may be launched: the launcher's mistakes at once, before torch loads
-        from nala_dit.cli.runlock import check_launch
+        from nala_dit.runlock import check_launch
 
         check_launch("sample.py", args.context_parallel)
     import torch
@@ -159,7 +159,7 @@ def run(args) -> int:
         from accelerate import PartialState
         from accelerate.utils import parse_flag_from_env
 
-        from nala_dit.cli.runlock import check_process_count
+        from nala_dit.runlock import check_process_count
 
         # Without GPUs the processes must form a gloo group (cpu=True), or each would
         # sample everything alone. Ranks that resume with nothing left to do wait at the

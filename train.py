@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     if args.dry_run:
         print(dump_yaml(cfg), end="")
         return 0
-    from nala_dit.cli.runlock import check_launch
+    from nala_dit.runlock import check_launch
 
     try:
         check_launch("train.py", cfg.context_parallel)  # the launcher's mistakes at once, before torch loads

@@ -4,7 +4,7 @@ A config is a dataclass. Each field ``global_batch_size`` is the flag
 ``--global-batch-size`` and the YAML key ``global-batch-size`` (exactly the flag without
 its dashes). An unknown YAML key or a mistyped flag is an error with a suggestion, never
 silently ignored (a SiT complaint); prefix abbreviations are off for the same reason,
-in every CLI (``cli.py``). The resolved config is a plain dict that goes into every checkpoint.
+in every CLI (``parse.py``). The resolved config is a plain dict that goes into every checkpoint.
 """
 
 from __future__ import annotations
@@ -20,11 +20,8 @@ from typing import Any
 
 import yaml
 
+from ..training.config import dump_yaml, flag_name, to_dict  # noqa: F401  (a run's config as stored)
 from .parse import ArgumentParser, closest
-
-
-def flag_name(field_name: str) -> str:
-    return field_name.replace("_", "-")
 
 
 def _base_type(annotation: Any) -> tuple[type, bool]:
@@ -292,12 +289,3 @@ def resolve(cls, argv: list[str] | None = None, description: str | None = None, 
     except ValueError as err:
         parser.error(str(err))
     return cfg, args
-
-
-def to_dict(cfg) -> dict:
-    """The resolved config with flag-named keys (what YAML files and checkpoints hold)."""
-    return {flag_name(k): v for k, v in dataclasses.asdict(cfg).items()}
-
-
-def dump_yaml(cfg) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -6,7 +6,8 @@
 * A mistyped flag names the nearest real one (``--max-step`` → ``--max-steps``,
   ``--cfg_scale`` → ``--cfg-scale``), with a one-line usage instead of argparse's listing
   of every flag.
-* ``closest`` is the one suggestion rule, also used for YAML keys and class names.
+* ``closest`` (``nala_dit/checks.py``) is the one suggestion rule, also used for YAML keys, class
+  names and mistyped paths (``did_you_mean``).
 * ``passive_wait_policy``: called first by every entry point (CLIs, ``demo.py``, the
   benchmarks, the test suite), before torch loads.
 * ``set_threads``: the ``--threads`` option of every CLI that computes.
@@ -17,69 +18,14 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import re
 import sys
 import textwrap
 import time
 
-
-# Names other training scripts use (DiT/SiT's train.py, Hugging Face, timm) for our flags;
-# too far from ours in spelling for difflib to find.
-SYNONYMS = {"learning-rate": "lr", "learningrate": "lr", "wd": "weight-decay", "batch-size": "global-batch-size",
-            "steps": "max-steps", "train-steps": "max-steps", "max-train-steps": "max-steps",
-            "gradient-accumulation-steps": "grad-accum", "grad-clip": "max-grad-norm", "clip-grad": "max-grad-norm",
-            "precision": "mixed-precision", "workers": "num-workers", "data-path": "data", "global-seed": "seed",
-            "output-dir": "results-dir", "save-every": "ckpt-every", "checkpoint-every": "ckpt-every",
-            "log-interval": "log-every", "resolution": "image-size", "ema": "ema-decay"}
-
-
-def closest(word: str, candidates, n: int = 1) -> list[str]:
-    """The candidates nearest to ``word`` (``_`` and ``-`` count as the same character; a
-    known synonym such as ``learning-rate`` for ``lr`` first)."""
-    norm = {c.replace("_", "-").lower(): c for c in candidates}
-    key = word.replace("_", "-").lower()
-    bare = key.lstrip("-")
-    synonym = key[: len(key) - len(bare)] + SYNONYMS.get(bare, "\0")  # same leading dashes as the word
-    if synonym in norm:
-        return [norm[synonym]]
-    found = difflib.get_close_matches(key, list(norm), n=n, cutoff=0.6)
-    return [norm[f] for f in found]
-
-
-def nearest_path(path: str | os.PathLike) -> str | None:
-    """An existing path that differs from a missing ``path`` by a typo in one or more of its
-    parts (each part replaced by the closest name in its folder), or None."""
-    from pathlib import Path
-
-    path = Path(path)
-    if path.exists():
-        return None
-    here = Path(path.anchor) if path.is_absolute() else Path(".")
-    for part in path.parts[1:] if path.is_absolute() else path.parts:
-        if part in ("..", "."):
-            here = here / part
-            continue
-        if (here / part).exists():
-            here = here / part
-            continue
-        try:
-            names = [p.name for p in here.iterdir()]
-        except OSError:
-            return None
-        near = closest(part, names)
-        if not near:
-            return None
-        here = here / near[0]
-    return str(here) if here.exists() else None
-
-
-def did_you_mean(path: str | os.PathLike) -> str:
-    """``" (did you mean X?)"`` for a mistyped path, else ''."""
-    near = nearest_path(path)
-    return f" (did you mean {near}?)" if near else ""
-
+from ..checks import SYNONYMS, closest, did_you_mean, nearest_path  # noqa: F401  (the suggestion rule: checks.py)
+from ..training.config import THREADS_HELP  # noqa: F401
 
 NEGATIVE_NUMBER = re.compile(r"^-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^-(?:inf|infinity|nan)$", re.IGNORECASE)
 
@@ -292,9 +238,6 @@ def seed_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {value}")
     return value
 
-
-THREADS_HELP = ("torch CPU threads per process (default: torch's choice, one per core). On a shared or "
-                "busy machine fewer threads are often much faster: 1 per process when cores are scarce")
 
 
 def set_threads(threads: int | None) -> None:

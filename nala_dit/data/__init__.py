@@ -2,8 +2,10 @@
 the latents' per-channel statistics (``latent_stats.py``) and latent extraction (``extract.py``)."""
 
 from .._lazy import lazy_exports
+from ..models.vae import load_vae  # the VAE is the model's (models/vae.py, torch-free to import); named here too
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "ImageFolderDataset": "datasets", "LatentDataset": "datasets", "DigitsDataset": "datasets",
-    "load_vae": "datasets", "LatentNorm": "latent_stats", "extract_latents": "extract",
+    "LatentNorm": "latent_stats", "extract_latents": "extract",
 })
+__all__ = sorted([*__all__, "load_vae"])

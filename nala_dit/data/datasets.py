@@ -73,7 +73,7 @@ class ImageFolderDataset(Dataset):
     def __init__(self, root: str | os.PathLike, image_size: int, skip_corrupt: bool = False):
         self.root = Path(root)
         if not self.root.is_dir():  # what --data takes, not one layout: it may have been a latent folder
-            from ..cli.parse import did_you_mean
+            from ..checks import did_you_mean
 
             raise FileNotFoundError(
                 f"data folder not found: {self.root}{did_you_mean(self.root)} (--data takes digits, digits-canvas, "

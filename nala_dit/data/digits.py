@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..cli.options import CANVAS_SIZES, DIGITS_SIZES, check_canvas_size, check_digits_size  # noqa: F401
+from .choices import CANVAS_SIZES, DIGITS_SIZES, check_canvas_size, check_digits_size  # noqa: F401
 from .digits_split import HELDOUT_INDICES
 
 DIGIT_LABELS = [str(i) for i in range(10)]

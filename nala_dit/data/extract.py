@@ -38,8 +38,8 @@ from ..models.vae import load_vae
 from .datasets import LATENT_META, ImageFolderDataset, check_images
 from ..guards import durable_replace, read_json
 from .latent_stats import SUMS_KEY, cache_statistics, moment_sums, source_fingerprint, vae_fingerprint
-from ..cli.options import default_num_workers
-from ..cli.runlock import check_process_count
+from .choices import default_num_workers
+from ..runlock import check_process_count
 
 
 def shard_name(index: int) -> str:
@@ -70,7 +70,7 @@ def extract_latents(
 ) -> Path:
     from accelerate import Accelerator
 
-    from ..cli.progress import progress_bar
+    from ..progress import progress_bar
 
     accelerator = Accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli.options import LATENT_NORMS
+from .choices import LATENT_NORMS
 
 SUMS_KEY = "moment_sums"       # (2, C) float64 in each shard: Σ μ and Σ (μ² + σ²) per channel
 LOGVAR_CLAMP = (-30.0, 20.0)   # as diffusers' DiagonalGaussianDistribution and data.sample_latents

@@ -46,7 +46,7 @@ import math
 
 import torch
 
-from ..cli.options import BETA_SCHEDULES, check_diffusion_steps  # noqa: F401  (plain data, shared with the CLIs)
+from .choices import BETA_SCHEDULES, check_diffusion_steps  # noqa: F401  (plain data, shared with the CLIs)
 from .transport import check_t_sampling, noise_logits
 
 MODEL_VAR_TYPES = ("learned_range", "fixed_small", "fixed_large")

@@ -25,8 +25,8 @@ import torch
 from .gaussian import GaussianDiffusion
 from .guidance import cfg_model_fn
 from ..data.latent_stats import denormalize
-from ..cli.options import DEFAULT_STEPS, DIFFUSION_SAMPLERS, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, TRANSPORT_SAMPLERS  # noqa: F401
-from ..cli.options import MAX_CONTINUOUS_STEPS, RENOISE_SAMPLERS, check_steps, parse_cfg_scale
+from .choices import DEFAULT_STEPS, DIFFUSION_SAMPLERS, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, TRANSPORT_SAMPLERS  # noqa: F401
+from .choices import MAX_CONTINUOUS_STEPS, RENOISE_SAMPLERS, check_steps, parse_cfg_scale
 from .samplers import SampleOutput, ddim_sample, ddpm_sample, ode_sample, sde_sample
 from .transport import Transport
 from ..models.vae import decoding
@@ -99,7 +99,7 @@ def scheduler_sample(scheduler, model_fn, noise, labels, num_steps: int, progres
     x, nfe = noise, 0
     steps = scheduler.timesteps
     if progress:
-        from ..cli.progress import progress_bar
+        from ..progress import progress_bar
         steps = progress_bar(steps, leave=False, desc="steps")
     for t in steps:
         eps = model_fn(x, t.expand(x.shape[0]).float(), labels)[:, : x.shape[1]]

@@ -56,7 +56,7 @@ def _maybe_tqdm(it, progress):
     """A step bar that disappears when done, under the caller's bar over images (silent off a terminal)."""
     if not progress:
         return it
-    from ..cli.progress import progress_bar
+    from ..progress import progress_bar
 
     return progress_bar(it, leave=False, desc="steps")
 

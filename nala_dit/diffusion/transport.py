@@ -58,7 +58,7 @@ class SolverBudgetExceeded(RuntimeError, ValueError):
     A ValueError too: the CLIs report it as the bad value it is (``--max-nfe`` too small),
     in one line."""
 
-from ..cli.options import LOSS_WEIGHTS, PATHS, PREDICTIONS, T_SAMPLINGS  # noqa: F401  (plain data, shared with the CLIs)
+from .choices import LOSS_WEIGHTS, PATHS, PREDICTIONS, T_SAMPLINGS  # noqa: F401  (plain data, shared with the CLIs)
 
 DIFFUSION_FORMS = ("constant", "SBDM", "sigma", "linear", "decreasing", "increasing-decreasing")
 DIVERGENCE_ESTIMATORS = ("gaussian", "rademacher")
@@ -429,7 +429,7 @@ def integrate_ode(f, state, t0, t1, method="euler", num_steps=50, atol=1e-6, rto
     grid = shifted_grid(t0, t1, n_heun + n_euler, time_shift)
     steps = range(n_heun + n_euler)
     if progress:
-        from ..cli.progress import progress_bar
+        from ..progress import progress_bar
 
         steps = progress_bar(steps, leave=False, desc="steps")
     for i in steps:

@@ -37,7 +37,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ..cli.options import DATASETS, FEATURE_CHOICES, INCEPTION_WEIGHTS_FILE
+from .choices import DATASETS, FEATURE_CHOICES, INCEPTION_WEIGHTS_FILE
 
 INCEPTION_NAME = "inception-v3-compat"
 DIGITS_NAME = "digits-classifier"

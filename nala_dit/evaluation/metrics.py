@@ -234,7 +234,7 @@ def pick_images(batches, indices: list[int]):
 def compute_features(extractor, batches, total: int | None = None, desc: str = "features") -> dict[str, np.ndarray]:
     """Run `extractor` over uint8 NHWC batches; concatenated float32 features by name.
     With `total` (the image count), a progress bar with an ETA."""
-    from ..cli.progress import progress_bar
+    from ..progress import progress_bar
 
     parts: dict[str, list[np.ndarray]] = {}
     with progress_bar(total=total, unit="img", desc=desc, disable=total is None) as bar:

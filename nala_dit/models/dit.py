@@ -31,8 +31,7 @@ from ..attention import NaLaConfig, build_attention
 from ..attention.config import MODEL_OPTIONS
 from ..attention.context_parallel import WHOLE_GRID, shard_of
 from .grid import GridPositions, check_positions
-# plain data, shared with the CLIs
-from ..cli.options import FAMILIES, PATCHES, SIZES, check_attention_options, check_mix_init, parse_softmax_blocks, preset
+from .presets import FAMILIES, PATCHES, SIZES, check_attention_options, check_mix_init, parse_softmax_blocks, preset
 
 OBJECTIVES = ("diffusion", "transport")
 

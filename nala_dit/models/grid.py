@@ -39,7 +39,27 @@ import re
 import sys
 from dataclasses import dataclass, replace
 
-from ..cli.options import POS_EMBED_MODES, TIME_SHIFT_AUTO, parse_time_shift
+from ..checks import number_in
+
+# Positions at a grid other than the trained one (--pos-embed, the model config
+# key ``positions``) and the named resolution-aware schedule shift s = √(tokens / base tokens).
+POS_EMBED_MODES = ("extrapolate", "interpolate", "none")
+TIME_SHIFT_AUTO = "auto"
+
+# Bounds of a numeric time shift: "auto" gives s = 100 only at 10,000× the trained token
+# count; beyond, every step sits at pure noise (or, below 1/100, at the data end).
+TIME_SHIFT_RANGE = (0.01, 100.0)
+
+
+def parse_time_shift(value) -> float | str:
+    """A number in ``TIME_SHIFT_RANGE`` or ``"auto"``; anything else a ValueError naming both."""
+    lo, hi = TIME_SHIFT_RANGE
+    allowed = (f"a number from {lo:g} to {hi:g} (1 = no shift; 'auto' reaches {hi:g} only at {hi * hi:,.0f}× the "
+               f"trained tokens) or {TIME_SHIFT_AUTO!r} (s = √(tokens / base tokens))")
+    if isinstance(value, str) and value.strip() == TIME_SHIFT_AUTO:
+        return TIME_SHIFT_AUTO
+    return number_in(value, lo, hi, f"time shift must be {allowed}")
+
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(?:[x×]\s*(\d+))?\s*$")
 

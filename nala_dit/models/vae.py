@@ -45,7 +45,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-from ..cli.options import VAE_AUTO_TILING_PIXELS, VAE_TILE_PIXELS, VAE_TILING_MODES
+# Decoding big latents. "auto" tiles an image above one megapixel (1024² px): up
+# to there an fp32 SD-VAE decode peaks at 3 GiB (counted, docs/highres.md) and
+# tiles would change the pixels of the sizes models are trained and scored at; above it
+# the untiled peak grows 4x per doubling of the side (12 GiB at 2048², 48 GiB at 4096²).
+# It also slices (one image at a time) a batch whose pixels together exceed it.
+VAE_TILING_MODES = ("auto", "on", "off")
+VAE_AUTO_TILING_PIXELS = 1024 * 1024
+# Default tile side when tiling is switched on here: 512 px (64 latent px), whose fp32
+# decode peaks at 0.75 GiB, as a 512² image does.
+VAE_TILE_PIXELS = 512
 
 # The mode and tile size that ``decode`` uses when its caller passes none: set by the
 # CLIs around the code that samples (``decode_settings``), default ("auto", None).

@@ -47,11 +47,11 @@ def run_record(checkpoint: str | os.PathLike | None) -> dict | None:
     """Everything the card may say about training, from the files of ``checkpoint`` (a
     checkpoint folder) and its run folder; None when the checkpoint is not there (moved,
     or official weights)."""
-    from ..training.checkpoint import open_checkpoint
+    from ..checkpoints.read import open_checkpoint
 
     if not checkpoint or not Path(checkpoint).is_dir():
         return None
-    from ..training.checkpoint import checkpoint_norm
+    from ..checkpoints.read import checkpoint_norm
 
     try:
         ckpt = open_checkpoint(checkpoint)
@@ -117,7 +117,7 @@ def card_data(model, record: dict | None, source: dict):
     """The YAML metadata (``ModelCardData``)."""
     from huggingface_hub import ModelCardData
 
-    from ..cli.options import LINEAR_KERNELS
+    from ..attention.config import LINEAR_KERNELS
 
     cfg = dict(model.config)
     tags = ["class-conditional", "dit" if cfg["objective"] == "diffusion" else "sit"]
@@ -240,7 +240,7 @@ def _attention(cfg: dict) -> str:
 
 
 def _objective(cfg: dict, objective_config: dict) -> str:
-    from ..training.checkpoint import build_objective
+    from ..checkpoints.read import build_objective
 
     obj = build_objective(cfg, objective_config)
     if cfg["objective"] == "diffusion":

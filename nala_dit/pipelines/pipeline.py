@@ -50,12 +50,12 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin  # noqa: F401  (diffusers finds our classes through it)
 
-from ..training.checkpoint import build_objective
+from ..checkpoints.read import build_objective
 from ..data.datasets import to_uint8
 from ..models.vae import load_vae
 from ..diffusion.generate import (SampleSettings, _Precision, chain_length, decode, default_sampler, generate, index_seed,
                                   initial_noise, sample_batch, seed_from)
-from ..cli.options import check_steps
+from ..diffusion.choices import check_steps
 from ..models.grid import latent_for, parse_time_shift, vae_factor
 from ..guards import check_finite_samples, check_sample_memory, refuse_non_finite
 from ..data.latent_stats import LatentNorm
@@ -533,8 +533,7 @@ def pipeline_from_checkpoint(path: str | os.PathLike, weights: str = "ema", vae:
                              copy_vae: bool = False, id2label: dict | None = None):
     """A pipeline from a training checkpoint: its EMA (default) weights, the β schedule or
     transport settings it was trained with, class names and the VAE (copied or referenced)."""
-    from ..training.checkpoint import load_model
-    from ..training.checkpoint import checkpoint_norm
+    from ..checkpoints.read import checkpoint_norm, load_model
     from .sources import default_id2label
 
     model, ckpt = load_model(path, weights)

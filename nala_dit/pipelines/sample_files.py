@@ -37,7 +37,7 @@ import torch
 from ..data.images import balanced_labels
 from ..diffusion.generate import SampleSettings, sample_batch
 from ..guards import atomic_write, refuse_existing
-from ..cli.runlock import hold_lock
+from ..runlock import hold_lock
 from .sources import Source
 
 
@@ -46,7 +46,7 @@ def sample_images(source: Source, labels: list[int], seed: int, settings: Sample
                   batch_size: int = 32, progress: bool = False) -> tuple[torch.Tensor, int]:
     """Images for ``labels`` (global indices 0..n-1) as uint8 (N, H, W, C), and the NFE."""
     from ..data.datasets import to_uint8
-    from ..cli.progress import progress_bar
+    from ..progress import progress_bar
 
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
@@ -243,7 +243,7 @@ def mass_sample(source: Source, out: str | os.PathLike, num_samples: int, seed: 
 def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, shard_size, stop_after, keep_parts,
                  progress, state, context=None) -> Path | None:
     from ..data.datasets import to_uint8
-    from ..cli.progress import progress_bar
+    from ..progress import progress_bar
 
     rank, world = (state.process_index, state.num_processes) if state is not None else (0, 1)
     is_main = rank == 0

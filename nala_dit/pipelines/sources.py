@@ -21,11 +21,12 @@ from pathlib import Path
 
 import torch
 
-from ..training.step import checkpoint_ema_warning
-from ..training.checkpoint import CheckpointError, build_objective, checkpoint_norm, load_model, torch_load_tensors
-from ..cli.options import check_diffusion_steps
-from ..cli.parse import did_you_mean
-from ..guards import assert_no_meta, non_finite, read_json, refuse_non_finite  # noqa: F401  (assert_no_meta re-exported)
+from ..checkpoints.ema import checkpoint_ema_warning
+from ..checkpoints.read import build_objective, checkpoint_norm, load_model
+from ..diffusion.choices import check_diffusion_steps
+from ..checks import did_you_mean
+from ..guards import (CheckpointError, assert_no_meta, non_finite, read_json, refuse_non_finite,  # noqa: F401
+                      torch_load_tensors)  # (assert_no_meta re-exported)
 from ..data.latent_stats import LatentNorm
 from ..models.files import check_transformer_folder, load_transformer
 from ..models.dit import DiT
@@ -106,9 +107,9 @@ def read_pipeline_index(path: str | os.PathLike) -> dict:
 
 
 def check_pipeline_folder(path, subfolder: str | None = None) -> None:
-    """The checks every way into a local pipeline folder runs before diffusers reads it
-    (``NaLaDiTPipeline.from_pretrained``, and diffusers' ``DiffusionPipeline.from_pretrained``
-    once ``nala_dit`` is imported, ``custom_pipeline=`` included: ``register.py``):
+    """The checks our ways into a local pipeline folder run before diffusers reads it
+    (``NaLaDiTPipeline.from_pretrained``, ``load_pipeline``, ``sample.py``; diffusers' own
+    ``DiffusionPipeline.from_pretrained`` is left as diffusers made it: ``register.py``):
     ``model_index.json`` and every component's config read with the guarded reader (invalid
     or deeply nested JSON, a list instead of an object: one line naming the file), and for
     our pipelines the transformer's ``config.json`` checked against its weights' header

@@ -42,9 +42,11 @@ import torch
 
 from ..attention.config import MODEL_OPTIONS
 from ..attention.regions import remap_region_logits
-from ..cli.parse import did_you_mean
+from ..checks import did_you_mean
 from ..models.dit import DiT
-from ..cli.options import INHERIT_MODES
+from ..models.presets import SIZES
+from ..pipelines.sources import load_official_state_dict, model_from_official, read_pipeline_index
+from .config import INHERIT_MODES
 LIT_DISTILL_WEIGHT, LIT_SIGMA_WEIGHT = 0.5, 0.05
 _ATTN = re.compile(r"^blocks\.(\d+)\.attn\.")
 # What must agree between a student and the model it inherits from or distils from.
@@ -95,7 +97,6 @@ def load_reference(path: str | os.PathLike, student: DiT, student_preset: str) -
     (its transformer only: a teacher needs no VAE)."""
     from .checkpoint import OBJECTIVE_KEYS, load_model
     from ..models.files import load_transformer
-    from ..pipelines.sources import load_official_state_dict, model_from_official, read_pipeline_index
 
     p = Path(path)
     if p.is_file() or (not p.exists() and p.suffix in (".pt", ".pth")):
@@ -152,7 +153,6 @@ def check_compatible(ref: Reference, student: DiT, student_objective_config: dic
 def _size_hint(source_config, student_config) -> str:
     """'' or, when the trunk's width or depth differ, the --model size that matches the source
     (train.py's default preset is S/2, a digits source is T/2)."""
-    from ..cli.options import SIZES
 
     if all(source_config[k] == student_config[k] for k in ("hidden_size", "depth")):
         return ""
@@ -438,7 +438,7 @@ def resume_refusal(ckpt, changes: dict, refused: dict, model: DiT, student_prese
     always the checkpoint's own settings, with which the resume works."""
     from ..guards import state_dict_mismatch
     from ..models.files import weight_shapes
-    from ..cli.options import TrainConfig
+    from .config import TrainConfig
 
     shapes = weight_shapes(ckpt.path / "model.safetensors")
     misfit = state_dict_mismatch({k: v.to("meta") for k, v in model.state_dict().items()},

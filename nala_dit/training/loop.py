@@ -34,15 +34,15 @@ from ..models import vae as vae_lib
 from ..attention.regions import check_regions
 from .checkpoint import (build_objective, check_finite_weights, checkpoint_norm, config_changes, list_checkpoints, open_checkpoint,
                          remove_temporaries, save_checkpoint, set_aside_newer, source_norm)
-from ..cli.config import dump_yaml, to_dict
+from .config import dump_yaml, to_dict
 from ..models.grid import latent_size, vae_factor
 from ..data.latent_stats import agreed_norm, run_norm
 from ..models.dit import create_model
-from ..cli.options import (MODEL_OVERRIDES, RECORDED_DEFAULTS, RESUME_NOTES, RESUME_RULES, TrainConfig,
-                           default_num_workers)
-from ..cli.options import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
+from .config import MODEL_OVERRIDES, RECORDED_DEFAULTS, TrainConfig
+from .resume_rules import RESUME_NOTES, RESUME_RULES
+from ..data.choices import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE, default_num_workers
 from . import repa as repa_lib
-from ..cli.runlock import LOCK_NAME, check_process_count, hold_lock
+from ..runlock import LOCK_NAME, check_process_count, hold_lock
 from .tracking import Logger, LossWindow, NanStreak, progress_values
 from .step import (EpochBatches, MicroBatchLoss, StepResult, clip_gradients, ema_warning, lr_at, skip_step,
                    step_seed, to_model_space, update_ema)
@@ -452,7 +452,7 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
     Bad input is refused before anything slow is built, in this order."""
     from accelerate.utils import set_seed
 
-    from ..cli.progress import progress_bar
+    from ..progress import progress_bar
     from ..attention.context_parallel import ContextParallel, enable, resumable_gradient_sync, row_split
 
     # Context parallel: the P processes of a group hold the same samples (one data rank), so

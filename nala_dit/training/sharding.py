@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .shards import SHARDS, by_name, load_sharded
+from ..checkpoints.shards import SHARDS, by_name, load_sharded
 
 LAUNCHER_FLAG = "ACCELERATE_USE_FSDP"
 

@@ -18,6 +18,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..data import datasets as data_lib
+# the EMA's reading (also what sampling warns about): checkpoints/ema.py
+from ..checkpoints.ema import checkpoint_ema_warning, ema_initial_share, ema_warning  # noqa: F401
 
 
 def step_seed(seed: int, rank: int, step: int) -> int:
@@ -36,56 +38,6 @@ def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float, step:
     ema_params = list(ema.parameters())
     torch._foreach_lerp_(ema_params, [p.detach().to(e.dtype) for e, p in zip(ema_params, model.parameters())],
                          1 - decay)
-
-
-def ema_initial_share(decay: float, updates: int, warmup: bool) -> float:
-    """The weight the EMA still gives its initial weights after ``updates`` updates of
-    ``update_ema``: the product of its decays, ``decay ** updates``, or with the warm-up
-    ``∏_t min(decay, (1 + t) / (10 + t))`` = ``1 / C(k + 9, 9) · decay ** (updates − k)``, k the
-    updates before the cap is reached (in logs: exact for any count)."""
-    if updates <= 0:
-        return 1.0
-    if decay <= 0:
-        return 0.0
-    k = 0
-    if warmup:
-        cap = updates if decay >= 1 else math.ceil((10 * decay - 1) / (1 - decay))  # first t with (1+t)/(10+t) >= decay
-        k = max(0, min(updates, cap))
-    log_share = math.lgamma(k + 1) + math.lgamma(10) - math.lgamma(k + 10) + (updates - k) * math.log(decay)
-    return math.exp(log_share)
-
-
-def ema_warning(decay: float | None, warmup: bool | None, updates: int) -> str | None:
-    """The warning for an EMA that is still mostly its initial (random) weights (more than
-    ``EMA_INITIAL_SHARE_WARNING`` of them: e.g. 30 updates at 0.9999 without the warm-up keep
-    99.7%), naming the numbers and the ways out; None otherwise, or when the decay is unknown."""
-    from ..cli.options import EMA_INITIAL_SHARE_WARNING
-
-    if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0 <= decay <= 1:
-        return None
-    share = ema_initial_share(decay, updates, bool(warmup))
-    if share <= EMA_INITIAL_SHARE_WARNING:
-        return None
-    if decay == 1:
-        horizon, fix = "it never moves", "train with a smaller --ema-decay"
-    else:
-        horizon = f"its horizon 1/(1 - decay) is {1 / (1 - decay):,.0f} updates"
-        fix = "train longer, or with --ema-warmup true or a smaller --ema-decay"
-    return (f"the EMA weights (what sample.py and exports use by default) are still {share:.2%} their initial random "
-            f"weights after {updates} update{'' if updates == 1 else 's'} at --ema-decay {decay:g} "
-            f"{'with' if warmup else 'without'} --ema-warmup ({horizon}): its samples are mostly noise; {fix}, or "
-            f"sample the raw weights (sample.py --weights model)")
-
-
-def checkpoint_ema_warning(ckpt) -> str | None:
-    """``ema_warning`` for a training checkpoint (``checkpoint.Checkpoint``): its recorded EMA
-    settings and update count (a checkpoint before the count was stored: one per step)."""
-    from ..cli.options import RECORDED_DEFAULTS
-
-    config = ckpt.config
-    return ema_warning(config.get("ema-decay", RECORDED_DEFAULTS["ema_decay"]),
-                       config.get("ema-warmup", RECORDED_DEFAULTS["ema_warmup"]),
-                       ckpt.state.get("ema_updates", ckpt.step))
 
 
 class EpochBatches:

@@ -19,7 +19,7 @@ import torch
 
 from ..data import datasets as data_lib
 from ..diffusion.generate import SampleSettings, decode, generate, index_seed, sample_batch
-from ..cli.options import TrainConfig
+from .config import TrainConfig
 from ..data.images import balanced_labels, save_grid
 
 # The held-out draws (t and noise per item) are the same for every run and seed, so the
@@ -238,7 +238,7 @@ class TrainingFID:
 
     @torch.no_grad()
     def __call__(self, ema, objective, vae, scaling, accelerator) -> dict:
-        from ..cli.progress import progress_bar
+        from ..progress import progress_bar
         from ..evaluation.metrics import evaluate_samples
 
         p, world, n = accelerator.process_index, accelerator.num_processes, len(self.labels)

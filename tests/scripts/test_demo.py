@@ -110,7 +110,7 @@ def test_prepare_out_rules(demo, tmp_path, capsys):
 
 
 def test_a_second_demo_into_the_same_folder_is_refused(demo, tmp_path, monkeypatch):
-    from nala_dit.cli.runlock import RunLock
+    from nala_dit.runlock import RunLock
 
     monkeypatch.setattr(demo, "run_demo", lambda out, quick, threads: pytest.fail("must not run"))
     out = tmp_path / "demo"

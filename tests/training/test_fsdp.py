@@ -17,7 +17,8 @@ import torch
 from PIL import Image
 
 from nala_dit.training import checkpoint as ckpt_lib
-from nala_dit.training import sharding, shards
+from nala_dit.checkpoints import shards
+from nala_dit.training import sharding
 from tests.ranks import run_ranks
 from tests.utils import ROOT, assert_names, free_port, launch
 

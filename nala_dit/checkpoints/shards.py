@@ -4,7 +4,7 @@ read without running code.
 ``torch.distributed.checkpoint`` unpickles its ``.metadata`` file with ``pickle.load`` and its
 non-tensor items with ``torch.load(weights_only=False)``: either runs whatever code a crafted
 file names. The readers here accept only the classes the format itself writes (and plain
-values). ``read_shards`` gives one process the full tensors (what ``checkpoint.Checkpoint``
+values). ``read_shards`` gives one process the full tensors (what ``read.Checkpoint``
 serves to ``sample.py``, ``export.py`` and the pipelines); ``load_sharded`` loads every process
 its shards (an FSDP resume). The optimizer state is keyed by parameter name there and numbered
 in ``optimizer.state_dict()``: ``by_name`` / ``by_number`` convert.

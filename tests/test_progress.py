@@ -4,7 +4,7 @@ import io
 
 import torch
 
-from nala_dit.cli.progress import PlainProgress, progress_bar
+from nala_dit.progress import PlainProgress, progress_bar
 from nala_dit.diffusion.gaussian import GaussianDiffusion
 from nala_dit.diffusion.samplers import ddpm_sample
 from tests.diffusion.oracle import DiffusionOracle

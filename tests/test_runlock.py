@@ -1,4 +1,4 @@
-"""The run lock (`nala_dit/cli/runlock.py`): one writer per run folder, and the launcher's process count."""
+"""The run lock (`nala_dit/runlock.py`): one writer per run folder, and the launcher's process count."""
 import json
 import os
 import socket
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from nala_dit.cli.runlock import LOCK_NAME, LockedError, RunLock
+from nala_dit.runlock import LOCK_NAME, LockedError, RunLock
 from tests.training.test_loop import (
     run_train,
 )
@@ -69,7 +69,7 @@ def test_launcher_process_count_mismatch(tmp_path, capsys, monkeypatch):
 def test_single_process_accelerate_launch_is_recognised(monkeypatch):
     """What accelerate's one-process launcher leaves behind (checked against the real launcher
     in tests/training/test_loop.py): ACCELERATE_USE_CPU, MASTER_ADDR, no WORLD_SIZE, its argv as our parent."""
-    from nala_dit.cli.runlock import single_process_launch
+    from nala_dit.runlock import single_process_launch
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
@@ -91,7 +91,7 @@ def test_launch_mistakes_are_refused_before_torch_loads(tmp_path, monkeypatch):
     not divide WORLD_SIZE is refused with the numbers and the fix, a divisor passes; train.py
     and sample.py (mass sampling) ask it before importing torch, so the error comes without
     torch's ~5 s of imports."""
-    from nala_dit.cli.runlock import check_launch
+    from nala_dit.runlock import check_launch
     from tests.utils import ROOT, TINY_RUN
 
     monkeypatch.setenv("WORLD_SIZE", "4")

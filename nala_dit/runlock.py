@@ -19,7 +19,7 @@ import socket
 import time
 from pathlib import Path
 
-from ..attention.config import check_parallel_world
+from .attention.config import check_parallel_world
 
 LOCK_NAME = ".lock"
 

@@ -1,5 +1,5 @@
 """A crafted ``shards/.metadata`` (the one file of a sharded checkpoint that is a plain pickle)
-runs no code on any route that reads shards: the two readers of ``nala_dit/training/shards.py``
+runs no code on any route that reads shards: the two readers of ``nala_dit/checkpoints/shards.py``
 and every command that reaches them. Each payload would create a marker file; the tests assert
 the marker is absent and that the refusal is one line naming the file and the refused name.
 
@@ -14,8 +14,8 @@ import struct
 
 import pytest
 
-from nala_dit.training import checkpoint as ckpt_lib
-from nala_dit.training import shards
+from nala_dit.checkpoints import read as ckpt_lib
+from nala_dit.checkpoints import shards
 
 ALLOWED_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem", "torch",
                    "torch.serialization", "pathlib", "collections")
