@@ -2,16 +2,21 @@
 
 The package, top (what a user runs) to bottom (the math); imports only point down:
 
+* ``cli/``: what the command lines share: every option they offer (gathered from the packages
+  that own them), YAML configs, parsing; torch-free;
+* ``training/``: the run's settings (``TrainConfig``), the loop and one step, EMA, logging,
+  validation, REPA, conversion, writing checkpoints;
 * ``pipelines/``: the diffusers pipelines, loading every model source, exported folders, sample files;
-* ``training/``: the loop and one step, EMA, logging, validation, REPA, conversion, checkpoints;
+* ``checkpoints/``: reading a training checkpoint (model, objective, latent normalisation, shards);
 * ``evaluation/``: FID / sFID / IS / precision-recall / KID and their feature extractors;
 * ``data/``: datasets (image folders, latent caches, the embedded digits), latent statistics, extraction;
 * ``diffusion/``: Gaussian diffusion (DiT), transport (SiT), every sampler, guidance, ``generate``;
 * ``models/``: the DiT/SiT network and its presets, the token grid, the VAE;
 * ``attention/``: NaLa (``nala_attention``), its baselines and layers, region states, context parallel
   (one image over several processes), the Triton kernels;
-* ``cli/``: every CLI option as plain data (``TrainConfig``), YAML configs, parsing, the run lock
-  (one writer per folder); torch-free.
+* below them all, the modules every package uses: ``guards.py`` (checks on what a user or a
+  file hands us), ``checks.py`` (torch-free: numbers in range, ``did you mean``), ``progress.py``
+  (the one progress display), ``runlock.py`` (one writer per folder).
 
 Importing the package costs nothing: the names below are imported on first use, so a CLI's
 ``--help`` never loads torch or diffusers.

@@ -228,3 +228,24 @@ def test_packages_import_only_downwards():
             if dep.count(".") >= 1 and dep.split(".")[1] in rank and rank[dep.split(".")[1]] > rank[here.split(".")[1]]:
                 wrong.append(f"{here} → {dep}")
     assert wrong == []
+
+
+# Each package's names (presets, choices, defaults, bounds) in its own torch-free module, which
+# the CLIs import: ``--help`` reads them without loading torch, and the code that does the work
+# imports them from its own package, never from cli/.
+NAME_MODULES = ("nala_dit.attention.config", "nala_dit.models.presets", "nala_dit.models.grid", "nala_dit.models.vae",
+                "nala_dit.data.choices", "nala_dit.diffusion.choices", "nala_dit.evaluation.choices",
+                "nala_dit.checkpoints.ema", "nala_dit.training.config", "nala_dit.training.resume_rules")
+
+
+def test_each_package_keeps_its_names_in_a_torch_free_module():
+    code = (f"import importlib, json, sys\nfor m in {NAME_MODULES!r}: importlib.import_module(m)\n"
+            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    # cli/options.py gathers the names and defines none of its own (no constant, table or dataclass)
+    tree = ast.parse((PACKAGE / "cli" / "options.py").read_text())
+    own = [getattr(t, "id", "?") for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+           for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+    own += [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+    assert own == [], f"cli/options.py defines {own}: put them in the package that owns them"

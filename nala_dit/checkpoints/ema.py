@@ -56,7 +56,7 @@ def ema_warning(decay: float | None, warmup: bool | None, updates: int) -> str |
 
 
 def checkpoint_ema_warning(ckpt) -> str | None:
-    """``ema_warning`` for a training checkpoint (``checkpoint.Checkpoint``): its recorded EMA
+    """``ema_warning`` for a training checkpoint (``read.Checkpoint``): its recorded EMA
     settings and update count (a checkpoint before the count was stored: one per step)."""
     config = ckpt.config
     return ema_warning(config.get("ema-decay", RECORDED_DEFAULTS["ema_decay"]),

@@ -405,7 +405,7 @@ def check_inputs(model: DiT, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) 
 
 
 # ---------------------------------------------------------------------------- presets
-# The preset tables (SIZES, PATCHES, FAMILIES) are plain data in options.py, where the
+# The preset tables (SIZES, PATCHES, FAMILIES) are plain data in presets.py, where the
 # CLIs read the names without importing torch.
 #
 # The two sizes past XL take their depth, width and heads from published models, and are this
