@@ -155,13 +155,11 @@ class _NaLaPipeline(DiffusionPipeline):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """diffusers' ``from_pretrained``, after ``sources.check_pipeline_folder`` (run by
-        diffusers' own ``DiffusionPipeline.from_pretrained`` too, ``register.py``): a local
+        """diffusers' ``from_pretrained``, after ``sources.check_pipeline_folder``: a local
         folder's JSON files read with the guarded reader and its transformer config checked
         against its weights (types, sizes), so an edited config is refused in one line
         before diffusers builds the model it describes."""
-        if not getattr(DiffusionPipeline.from_pretrained.__func__, "_nala_checked", False):
-            check_pipeline_folder(pretrained_model_name_or_path)   # the base runs it once `import nala_dit` guarded it
+        check_pipeline_folder(pretrained_model_name_or_path, kwargs.get("subfolder"))
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *, card_folder: str | None = None, **kwargs):
@@ -440,6 +438,38 @@ class NaLaSiTPipeline(_NaLaPipeline):
 
 
 PIPELINES = {"diffusion": NaLaDiTPipeline, "transport": NaLaSiTPipeline}
+
+
+def add_to_diffusers(*classes) -> bool:
+    """The one place diffusers is touched (why: ``register.py``): ``diffusers.<Name> = cls``,
+    so that a ``model_index.json`` whose ``_class_name`` names the class loads with
+    ``DiffusionPipeline.from_pretrained``. It relies on diffusers resolving ``_class_name``
+    as ``getattr(diffusers, name)`` (``pipeline_loading_utils._get_pipeline_class`` in
+    diffusers 0.42) and checks that through that very function. If a release resolves names
+    otherwise, it warns in one line naming the diffusers version and returns False, rather
+    than failing the import it runs in: ``NaLaDiTPipeline.from_pretrained`` keeps working."""
+    import warnings
+
+    import diffusers
+
+    for cls in classes:
+        setattr(diffusers, cls.__name__, cls)
+    try:
+        from diffusers.pipelines.pipeline_loading_utils import _get_pipeline_class
+
+        lost = [c.__name__ for c in classes
+                if _get_pipeline_class(DiffusionPipeline, config={"_class_name": c.__name__}) is not c]
+    except Exception as err:   # the function moved, or changed what it takes
+        lost = [f"{', '.join(c.__name__ for c in classes)} ({type(err).__name__}: {str(err).partition(chr(10))[0]})"]
+    if lost:
+        warnings.warn(f"diffusers {diffusers.__version__} does not look up a model_index.json's _class_name "
+                      f"({', '.join(lost)}) as diffusers 0.42 does, so DiffusionPipeline.from_pretrained cannot "
+                      f"open nala_dit folders: use NaLaDiTPipeline / NaLaSiTPipeline.from_pretrained(folder), or "
+                      f"the diffusers version pyproject.toml pins", RuntimeWarning, stacklevel=2)
+    return not lost
+
+
+add_to_diffusers(NaLaDiTPipeline, NaLaSiTPipeline)
 OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps"),
                   "transport": ("path-type", "prediction", "loss-weight", "train-eps", "sample-eps")}
 

@@ -1,17 +1,23 @@
-"""Tests of `nala_dit/pipelines/register.py`."""
+"""Tests of `nala_dit/pipelines/register.py` and `pipeline.add_to_diffusers`: diffusers' own
+`DiffusionPipeline.from_pretrained(folder)` opens our folders after `import nala_dit`, and
+nothing of diffusers is wrapped or replaced."""
 import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-import nala_dit  # noqa: F401  (teaches diffusers our pipeline names)
-from nala_dit.pipelines.pipeline import CUSTOM_PIPELINES, NaLaDiTPipeline
-from tests.pipelines.test_pipeline import run
+import nala_dit  # noqa: F401  (adds our pipeline names to diffusers)
+from nala_dit.pipelines.pipeline import NaLaDiTPipeline, NaLaSiTPipeline, add_to_diffusers, pipeline_for
+from tests.pipelines.test_pipeline import NAMES, run, tiny
 from tests.utils import DEEP, ROOT, assert_names, count_dit_builds, one_line
+
+SAMPLERS = {NaLaDiTPipeline: "ddim", NaLaSiTPipeline: "ode-euler"}
 
 
 def copy_of(folder: Path, dst: Path) -> Path:
@@ -21,80 +27,188 @@ def copy_of(folder: Path, dst: Path) -> Path:
     return dst
 
 
-# --- item 3: DiffusionPipeline.from_pretrained runs the folder checks ---------------------
 def generic(folder, **kwargs):
     from diffusers import DiffusionPipeline
 
     return DiffusionPipeline.from_pretrained(str(folder), **kwargs)
 
 
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """One saved folder per pipeline class."""
+    root = tmp_path_factory.mktemp("register")
+    out = {}
+    for name in ("NaLaDiT-T/2", "NaLaSiT-T/2"):
+        pipe = pipeline_for(tiny(name), id2label=NAMES)
+        out[type(pipe)] = root / name.replace("/", "-")
+        pipe.save_pretrained(out[type(pipe)])
+    return out
+
+
+# --- diffusers' public behaviour on our folders --------------------------------------------
+@pytest.mark.parametrize("cls", [NaLaDiTPipeline, NaLaSiTPipeline])
+def test_generic_loader_gives_our_class_and_its_pixels(folders, cls):
+    loaded = generic(folders[cls])
+    assert type(loaded) is cls
+    expected = run(cls.from_pretrained(str(folders[cls])), sampler=SAMPLERS[cls])
+    np.testing.assert_array_equal(run(loaded, sampler=SAMPLERS[cls]), expected)
+
+
+@pytest.mark.parametrize("cls", [NaLaDiTPipeline, NaLaSiTPipeline])
+def test_save_pretrained_round_trip_through_the_generic_loader(folders, cls, tmp_path):
+    """A generically loaded pipeline saves the same model_index.json and weights, and the copy
+    loads generically to the same pixels."""
+    first = generic(folders[cls])
+    first.save_pretrained(tmp_path / "copy")
+    saved = json.loads((tmp_path / "copy" / "model_index.json").read_text())
+    assert saved.pop("_name_or_path") == str(folders[cls])   # diffusers records where it loaded from
+    assert saved == json.loads((folders[cls] / "model_index.json").read_text())
+    weights = "transformer/diffusion_pytorch_model.safetensors"
+    assert (tmp_path / "copy" / weights).read_bytes() == (folders[cls] / weights).read_bytes()
+    again = generic(tmp_path / "copy")
+    assert type(again) is cls
+    np.testing.assert_array_equal(run(again, sampler=SAMPLERS[cls]), run(first, sampler=SAMPLERS[cls]))
+
+
+@pytest.mark.parametrize("cls", [NaLaDiTPipeline, NaLaSiTPipeline])
+def test_torch_dtype_and_to_through_the_generic_loader(folders, cls):
+    """torch_dtype= and dtype= give bf16 weights and exactly the images the class's own
+    from_pretrained gives with them; .to(torch.bfloat16) on an fp32 load rounds the same
+    weights the same way (the same images); .to("cpu") returns the pipeline itself."""
+    kw = dict(sampler=SAMPLERS[cls], output_type="latent")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)   # diffusers' torch_dtype deprecation
+        old_name = generic(folders[cls], torch_dtype=torch.bfloat16)
+    new_name = generic(folders[cls], dtype=torch.bfloat16)
+    expected = run(cls.from_pretrained(str(folders[cls]), dtype=torch.bfloat16), **kw)
+    fp32 = generic(folders[cls])
+    assert fp32.transformer.dtype == torch.float32
+    assert fp32.to("cpu") is fp32
+    moved = fp32.to(torch.bfloat16)
+    for pipe in (old_name, new_name, moved):
+        assert type(pipe) is cls and pipe.transformer.dtype == torch.bfloat16
+        torch.testing.assert_close(run(pipe, **kw), expected, rtol=0, atol=0)
+
+
+def test_a_folder_keeps_loading_generically_in_every_import_order(folders, tmp_path):
+    """Fresh processes: without `import nala_dit` the documented one line (docs/troubleshooting.md);
+    then `import nala_dit` (diffusers already loaded) opens the same folder; `import nala_dit`
+    first loads neither torch nor diffusers and the README's order loads both classes; importing
+    our class first (diffusers loads while pipeline.py is half-defined) works too."""
+    code = """
+import sys
+folders = sys.argv[2:]
+if sys.argv[1] == "without":
+    from diffusers import DiffusionPipeline
+    try:
+        DiffusionPipeline.from_pretrained(folders[0])
+    except AttributeError as err:
+        print("error:", f"{type(err).__name__}: {err}")
+    import nala_dit
+elif sys.argv[1] == "readme":
+    import nala_dit
+    assert "diffusers" not in sys.modules and "torch" not in sys.modules
+    from diffusers import DiffusionPipeline
+else:
+    from nala_dit import NaLaDiTPipeline
+    from diffusers import DiffusionPipeline
+for folder in folders:
+    pipe = DiffusionPipeline.from_pretrained(folder)
+    print(type(pipe).__module__, type(pipe).__name__)
+"""
+    documented = "AttributeError: module diffusers has no attribute NaLaDiTPipeline"
+    assert f"`{documented}`" in (ROOT / "docs" / "troubleshooting.md").read_text()
+    both = [str(folders[NaLaDiTPipeline]), str(folders[NaLaSiTPipeline])]
+    names = ["nala_dit.pipelines.pipeline NaLaDiTPipeline", "nala_dit.pipelines.pipeline NaLaSiTPipeline"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    for order, expected in [("without", [f"error: {documented}", names[0]]), ("readme", names),
+                            ("class-first", names)]:
+        args = both[:1] if order == "without" else both
+        proc = subprocess.run([sys.executable, "-c", code, order, *args], capture_output=True, text=True,
+                              timeout=300, cwd=ROOT, env=env)
+        assert proc.returncode == 0, (order, proc.stderr[-2000:])
+        assert proc.stdout.splitlines() == expected, (order, proc.stdout)
+
+
+def test_nothing_of_diffusers_is_wrapped_or_replaced():
+    """`import nala_dit` leaves DiffusionPipeline.from_pretrained, diffusers' module dict of lazy
+    names and sys.meta_path (once diffusers' pipelines are loaded) as diffusers made them; only
+    the two class names are added."""
+    import diffusers
+    from diffusers import DiffusionPipeline
+    from diffusers.pipelines import pipeline_utils
+
+    from nala_dit.pipelines.register import _AfterImport
+
+    func, chain = DiffusionPipeline.__dict__["from_pretrained"].__func__, []
+    while func is not None:   # diffusers' own decorator (huggingface_hub's validate_hf_hub_args), then its code
+        chain.append(func.__code__.co_filename)
+        func = getattr(func, "__wrapped__", None)
+    assert chain[-1] == pipeline_utils.__file__ and not any("nala_dit" in file for file in chain), chain
+    assert type(diffusers._objects) is dict and "NaLaDiTPipeline" not in diffusers._objects
+    assert not any(isinstance(f, _AfterImport) for f in sys.meta_path)
+    assert diffusers.NaLaDiTPipeline is NaLaDiTPipeline and diffusers.NaLaSiTPipeline is NaLaSiTPipeline
+
+
+@pytest.mark.parametrize("change", ["resolves-otherwise", "moved"])
+def test_add_to_diffusers_warns_in_one_line_when_diffusers_resolves_names_otherwise(monkeypatch, change):
+    import diffusers
+    from diffusers.pipelines import pipeline_loading_utils
+
+    if change == "moved":
+        monkeypatch.delattr(pipeline_loading_utils, "_get_pipeline_class")
+    else:
+        monkeypatch.setattr(pipeline_loading_utils, "_get_pipeline_class", lambda cls, config: cls)
+    with pytest.warns(RuntimeWarning) as caught:
+        assert add_to_diffusers(NaLaDiTPipeline, NaLaSiTPipeline) is False
+    text = one_line(caught[0].message)
+    assert_names(text, f"diffusers {diffusers.__version__}", "NaLaDiTPipeline", "NaLaSiTPipeline", "_class_name",
+                 "DiffusionPipeline.from_pretrained", "NaLaSiTPipeline.from_pretrained(folder)", "pyproject.toml")
+    monkeypatch.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert add_to_diffusers(NaLaDiTPipeline, NaLaSiTPipeline) is True
+
+
+# --- our routes check the folder first; the generic route is diffusers' own ---------------
 @pytest.mark.parametrize("name", ["model_index.json", "transformer/config.json"])
-def test_generic_loader_refuses_deep_json_in_one_line(pipe_folder, tmp_path, name):
+def test_our_loader_refuses_deep_json_in_one_line(pipe_folder, tmp_path, name):
     bad = copy_of(pipe_folder, tmp_path / "bad")
     (bad / name).write_text(DEEP)
     with pytest.raises(ValueError) as err:
-        generic(bad)
+        NaLaDiTPipeline.from_pretrained(str(bad))
     assert f"{bad / name}: nested too deeply" in one_line(err) and "export the pipeline again" in one_line(err)
 
 
-def test_generic_loader_refuses_a_list_model_index_in_one_line(pipe_folder, tmp_path):
+def test_our_loader_refuses_a_list_model_index_in_one_line(pipe_folder, tmp_path):
     bad = copy_of(pipe_folder, tmp_path / "bad")
     (bad / "model_index.json").write_text("[1, 2]")
     with pytest.raises(ValueError) as err:
-        generic(bad)
+        NaLaDiTPipeline.from_pretrained(str(bad))
     assert f"{bad / 'model_index.json'}" in one_line(err) and "JSON object" in one_line(err)
 
 
 @pytest.mark.parametrize("value", [["NaLaDiTPipeline"], {"a": 1}, 3])
-def test_a_class_name_that_is_no_string_is_one_line_on_every_route(pipe_folder, tmp_path, capsys, value):
-    """A list-valued _class_name was a TypeError (unhashable type) through the generic loader."""
+def test_a_class_name_that_is_no_string_is_one_line_on_our_routes(pipe_folder, tmp_path, capsys, value):
     import sample
 
     bad = copy_of(pipe_folder, tmp_path / "bad")
     index = json.loads((bad / "model_index.json").read_text())
     (bad / "model_index.json").write_text(json.dumps({**index, "_class_name": value}))
-    for load in (lambda: generic(bad), lambda: NaLaDiTPipeline.from_pretrained(str(bad))):
-        with pytest.raises(ValueError) as err:
-            load()
-        assert_names(one_line(err), f"{bad / 'model_index.json'}: _class_name must be a string", "export")
+    with pytest.raises(ValueError) as err:
+        NaLaDiTPipeline.from_pretrained(str(bad))
+    assert_names(one_line(err), f"{bad / 'model_index.json'}: _class_name must be a string", "export")
     assert sample.main(["--ckpt", str(bad), "--labels", "1", "--steps", "2", "--grid", str(tmp_path / "g.png")]) == 1
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1 and "_class_name" in err, err
 
 
-@pytest.mark.parametrize("route", ["generic", "custom_pipeline", "class"])
-def test_every_route_refuses_a_huge_hidden_size_before_building(pipe_folder, tmp_path, monkeypatch, route):
-    import diffusers.utils.dynamic_modules_utils as dynamic
-
-
-    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+def test_our_loader_refuses_a_huge_hidden_size_before_building(pipe_folder, tmp_path, monkeypatch):
     built = count_dit_builds(monkeypatch)
     bad = copy_of(pipe_folder, tmp_path / "bad")
     config_file = bad / "transformer" / "config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "hidden_size": 65536}))
-    load = {"generic": lambda: generic(bad),
-            "custom_pipeline": lambda: generic(bad, custom_pipeline=CUSTOM_PIPELINES["NaLaDiTPipeline"],
-                                               trust_remote_code=True),
-            "class": lambda: NaLaDiTPipeline.from_pretrained(str(bad))}[route]
     with pytest.raises(ValueError) as err:
-        load()
+        NaLaDiTPipeline.from_pretrained(str(bad))
     assert_names(one_line(err), "hidden_size implies 65,536", "the weights have 128")
     assert 65536 not in built
-
-
-@pytest.mark.slow
-def test_generic_loader_checks_when_diffusers_was_imported_first(pipe_folder, tmp_path):
-    bad = copy_of(pipe_folder, tmp_path / "bad")
-    (bad / "model_index.json").write_text(DEEP)
-    code = ("import sys\nfrom diffusers import DiffusionPipeline\nimport diffusers.pipelines.pipeline_utils\n"
-            "import nala_dit\ntry:\n    DiffusionPipeline.from_pretrained(sys.argv[1])\n"
-            "except ValueError as err:\n    print('refused:', err)\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"refused: {bad / 'model_index.json'}: nested too deeply" in proc.stdout
-
-
-def test_a_good_folder_still_loads_through_every_route(pipe_folder):
-    expected = run(NaLaDiTPipeline.from_pretrained(str(pipe_folder)), sampler="ddim")
-    np.testing.assert_array_equal(run(generic(pipe_folder), sampler="ddim"), expected)
