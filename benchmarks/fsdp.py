@@ -152,7 +152,7 @@ def _measure(rank: int, procs: int, port: int, cfg: dict, out: str) -> None:
     import nala_dit.training.sharding as sharding_lib
     from nala_dit.attention.context_parallel import resumable_gradient_sync
     from nala_dit.models.dit import create_model
-    from nala_dit.training.loop import build_optimizer
+    from nala_dit.training.build import build_optimizer
     from nala_dit.training.step import update_ema
 
     torch.set_num_threads(cfg["threads"])

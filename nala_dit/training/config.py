@@ -329,6 +329,11 @@ class TrainConfig(_NaLaFlags):
                      why="the EMA keeps this share each step: 0 = the raw weights, DiT 0.9999, 1 = never moves")
         if not 0 <= self.adam_beta2 < 1:
             raise ValueError(f"adam-beta2 must be in [0, 1) (DiT 0.999, LightningDiT 0.95), got {self.adam_beta2}")
+        self._check_evaluation_and_alignment(defaults)
+
+    def _check_evaluation_and_alignment(self, defaults: dict) -> None:
+        """``validate``'s last checks: evaluation while training (held-out loss, FID), the
+        training times' distribution, REPA's options; ``defaults`` the fields' defaults."""
         for name in ("val_every", "fid_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0 (0 = off)")

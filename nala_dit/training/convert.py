@@ -298,6 +298,15 @@ def inherit(student: DiT, source: dict[str, torch.Tensor], mode: str = "all-but-
     if problems:
         raise ValueError(f"cannot inherit: {len(problems)} mismatches between the source and the student: "
                          f"{'; '.join(problems[:6])}{' ...' if len(problems) > 6 else ''}")
+    _apply(plan, target, source, report)
+    report.dropped += [(k, v.numel()) for k, v in source.items() if k not in used]
+    return report
+
+
+def _apply(plan: list, target: dict[str, torch.Tensor], source: dict[str, torch.Tensor],
+           report: InheritReport) -> None:
+    """Carry out ``inherit``'s checked plan on the student's tensors ``target``: copy a tensor,
+    copy rows of it, set a grown one, zero one, or leave one new; each recorded in ``report``."""
     for key, how, arg in plan:
         dst = target[key]
         if how == "copy":
@@ -322,8 +331,6 @@ def inherit(student: DiT, source: dict[str, torch.Tensor], mode: str = "all-but-
             report.rows.append((key, 0, dst.numel()))
         else:
             report.rows.append((key, 0, dst.numel()))
-    report.dropped += [(k, v.numel()) for k, v in source.items() if k not in used]
-    return report
 
 
 def _grown(key: str, dst: torch.Tensor, source: dict[str, torch.Tensor], mode: str) -> torch.Tensor | None:

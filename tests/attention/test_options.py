@@ -161,7 +161,7 @@ def test_exponent_spread_at_init():
 def test_learned_scale_is_not_decayed_and_old_configs_load():
     from nala_dit.models.dit import create_model
     from nala_dit.training.checkpoint import build_model_from_config
-    from nala_dit.training.loop import param_groups
+    from nala_dit.training.build import param_groups
 
     model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10, norm_scale="learned")
     groups = param_groups(model, 0.1)

@@ -446,7 +446,7 @@ def test_train_image_size_not_patching_evenly_is_in_pixels(tmp_path, capsys):
     from types import SimpleNamespace
 
     import train as train_cli
-    from nala_dit.training.loop import model_space
+    from nala_dit.training.build import model_space
     from tests.training.test_loop import make_image_folder
     from tests.utils import TINY_RUN
 

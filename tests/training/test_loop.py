@@ -331,7 +331,7 @@ def test_cpu_launch_of_two_processes_is_refused(tmp_path):
 
 def test_start_line_names_processes_batch_precision_and_attention():
     from nala_dit.models.dit import create_model
-    from nala_dit.training.loop import attention_path, start_line
+    from nala_dit.training.build import attention_path, start_line
 
     nala = dict(create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10).config)
     assert attention_path(nala, "cpu", "no") == "nala (fused)"
@@ -362,7 +362,7 @@ def test_bf16_mixed_precision_run(tmp_path):
 
 def test_start_line_names_the_softmax_blocks(tmp_path, capsys):
     from nala_dit.models.dit import create_model
-    from nala_dit.training.loop import attention_path
+    from nala_dit.training.build import attention_path
 
     hybrid = dict(create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10,
                                softmax_blocks="1,3").config)

@@ -11,7 +11,8 @@ import pytest
 
 import train as train_cli
 from nala_dit.cli.config import to_dict
-from nala_dit.cli.options import RESUME_RULE, RESUME_RULES, TrainConfig
+from nala_dit.cli.options import TrainConfig
+from nala_dit.training.resume_rules import RESUME_RULE, RESUME_RULES
 from nala_dit.training import checkpoint as ckpt_lib
 from tests.utils import TINY_RUN, assert_names
 
@@ -128,7 +129,7 @@ def stored_checkpoint(tmp_path, **stored):
 
 @pytest.mark.parametrize("name", RESUME_RULES["applied"])
 def test_every_applied_setting_is_announced(tmp_path, name):
-    from nala_dit.training.loop import resume_announcements
+    from nala_dit.training.resume import resume_announcements
 
     ckpt, cfg = stored_checkpoint(tmp_path)
     assert resume_announcements(ckpt, cfg) == []

@@ -1,7 +1,7 @@
 """Tests of `nala_dit/training/tracking.py`."""
 import pytest
 
-from nala_dit.training import loop as training
+from nala_dit.training import run as training  # Run.save writes the checkpoints
 from tests.training.test_loop import read_log, run_train
 from tests.utils import one_line
 

@@ -24,7 +24,8 @@ def _timing_setup(task: str, variant: str, recipe: dict, batch: int):
 
     from nala_dit.training.checkpoint import build_objective
     from nala_dit.cli.config import resolve, to_dict
-    from nala_dit.training.loop import TrainConfig, build_model, param_groups, update_ema
+    from nala_dit.training.build import build_model, param_groups
+    from nala_dit.training.loop import TrainConfig, update_ema
 
     flags = [*VARIANTS[variant], *recipe_flags(recipe, variant), *data_flags(recipe)]
     cfg, _ = resolve(TrainConfig, [str(a) for a in [*flags, "--lr", recipe["lr"], "--ema-decay", recipe["ema"]]])
