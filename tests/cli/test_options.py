@@ -269,10 +269,10 @@ def test_an_edited_checkpoint_chain_is_one_line(run_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize("edit", ["scheduler", "objective"])
 def test_an_edited_pipeline_chain_is_refused_before_diffusers_builds_it(pipe_dir, tmp_path, edit):
-    """scheduler_config.json's num_train_timesteps 10^12 asked diffusers for 7.28 TiB
-    (DiffusionPipeline.from_pretrained); model_index.json's objective_config the same of ours."""
-    import nala_dit  # noqa: F401  (guards DiffusionPipeline.from_pretrained)
-    from diffusers import DiffusionPipeline
+    """scheduler_config.json's num_train_timesteps 10^12 asks diffusers for 7.28 TiB; model_index.json's
+    objective_config the same of ours. Our loader checks first (diffusers' own DiffusionPipeline.from_pretrained
+    is left as diffusers made it: docs/sampling.md)."""
+    from nala_dit.pipelines.pipeline import NaLaDiTPipeline
 
     folder = copy_tree(pipe_dir, tmp_path / "p")
     if edit == "scheduler":
@@ -284,7 +284,7 @@ def test_an_edited_pipeline_chain_is_refused_before_diffusers_builds_it(pipe_dir
         file.write_text(json.dumps({**index, "objective_config": {**index["objective_config"],
                                                                   "diffusion-steps": 10**12}}))
     with pytest.raises(ValueError) as err:
-        DiffusionPipeline.from_pretrained(folder)
+        NaLaDiTPipeline.from_pretrained(str(folder))
     assert_names(one_line(err), f"{file}: {where}", ">= 1 and <= 10,000", "got 1000000000000", "export the pipeline")
 
 
