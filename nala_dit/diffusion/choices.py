@@ -1,7 +1,7 @@
 """The objectives' and samplers' names and bounds, as plain data: importing this module costs
 no torch (the CLIs' ``--help``, ``--dry-run`` and argument errors read it): the β schedules
 (``gaussian.py``), SiT's paths, predictions and loss weights (``transport.py``), the sampler
-names and default step counts (``generate.py``, ``samplers.py``), the guidance scale's range
+names and default step counts (from the samplers' registry, ``registry.py``), the guidance scale's range
 (``guidance.py``), and ``check_steps`` / ``check_diffusion_steps``, the one check of every caller."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import numbers
 
 from ..checks import number_in
+from .registry import SAMPLER_SPECS, sampler_names, sampler_spec
 
 # Classifier-free guidance: ε = ε_uncond + s·(ε_cond − ε_uncond). 0 = unconditional,
 # 1 = no guidance, DiT uses 1.5-4; far above, the difference term swamps the prediction
@@ -33,14 +34,15 @@ LOSS_WEIGHTS = ("none", "velocity", "likelihood")
 # SD3's logit-normal (LightningDiT, Sana).
 T_SAMPLINGS = ("uniform", "logit-normal")
 
-# generate.py: sampler names and their default step counts.
-DIFFUSION_SAMPLERS = ("ddpm", "ddim", "dpm-solver")
-TRANSPORT_SAMPLERS = ("ode-euler", "ode-heun", "dopri5", "sde-euler", "sde-heun")
-SAMPLERS = DIFFUSION_SAMPLERS + TRANSPORT_SAMPLERS
+# The sampler names, their families and default step counts, as the registry (``registry.py``)
+# holds them when the package loads: the CLIs' choices. The checks below read the registry itself.
+DIFFUSION_SAMPLERS = sampler_names("diffusion")
+TRANSPORT_SAMPLERS = sampler_names("transport")
+SAMPLERS = tuple(SAMPLER_SPECS)
 # the samplers that can start part-way, from a re-noised image (SDEdit: --upscale-from)
-RENOISE_SAMPLERS = ("ddpm", "ddim", "ode-euler", "ode-heun", "dopri5")
-DEFAULT_STEPS = {"ddpm": 250, "ddim": 50, "dpm-solver": 25, "ode-euler": 50, "ode-heun": 50,
-                 "dopri5": 50, "sde-euler": 250, "sde-heun": 250}
+RENOISE_SAMPLERS = sampler_names(renoise=True)
+DEFAULT_STEPS = {name: spec.steps for name, spec in SAMPLER_SPECS.items()}
+
 # The longest diffusion chain a DiT objective may have (--diffusion-steps; a checkpoint's ``diffusion-steps``, a
 # pipeline's ``objective_config``, a scheduler's ``num_train_timesteps``): DiT trains 1,000 timesteps, iDDPM at
 # most 4,000. Each timestep costs a few float64 table entries, so an edited 10^10 would ask for about 80 GB.
@@ -53,31 +55,31 @@ MAX_DIFFUSION_STEPS = 10_000
 # full model call (minutes per image for an XL/2 at 256 px). It also bounds dopri5's --max-nfe; dopri5 reads no
 # step count (adaptive), its --steps is held to the same bound. Checked by ``check_steps``.
 MAX_CONTINUOUS_STEPS = 10_000
-# An SDE sampler's last step (SiT's "Mean" of size 0.04) is one of its steps: it needs two.
-MIN_STEPS = {"sde-euler": 2, "sde-heun": 2}
+# the samplers that need more than one step (an SDE sampler's last step is one of them)
+MIN_STEPS = {name: spec.min_steps for name, spec in SAMPLER_SPECS.items() if spec.min_steps > 1}
 
 
 def max_steps(sampler: str, chain: int | None = None) -> int:
     """The most steps ``sampler`` takes: the trained chain's length ``chain`` for the discrete
     samplers (``MAX_DIFFUSION_STEPS`` when the chain is not known yet), else ``MAX_CONTINUOUS_STEPS``."""
-    if sampler in DIFFUSION_SAMPLERS:
+    spec = SAMPLER_SPECS.get(sampler)
+    if spec is not None and spec.objective == "diffusion":
         return MAX_DIFFUSION_STEPS if chain is None else chain
     return MAX_CONTINUOUS_STEPS
 
 
 def check_steps(sampler: str, steps, chain: int | None = None, flag: str = "--steps", label: str | None = None,
                 chain_flag: str | None = None) -> int:
-    """``steps`` for ``sampler`` (a name of ``SAMPLERS``) as an int from ``MIN_STEPS`` (1) to
+    """``steps`` for ``sampler`` (a name of ``registry.SAMPLER_SPECS``) as an int from its ``min_steps`` to
     ``max_steps(sampler, chain)``; else one ValueError line naming ``flag``, the value and the
     sampler's limit. ``chain``: the diffusion's training timesteps (None: not known yet, then the
     discrete samplers are held to ``MAX_DIFFUSION_STEPS``). The one check of every caller: the
     CLIs, the web page (through ``sample.py``), the pipelines and ``generate``. ``label``: what
     the message calls the sampler (default its name); ``chain_flag``: the flag that set ``chain``."""
-    if sampler not in SAMPLERS:
-        raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
-    least, most = MIN_STEPS.get(sampler, 1), max_steps(sampler, chain)
+    spec = sampler_spec(sampler)
+    least, most = spec.min_steps, max_steps(sampler, chain)
     label = label or sampler
-    if sampler in DIFFUSION_SAMPLERS:
+    if spec.objective == "diffusion":
         why = (f"the {chain} {chain_flag}" if chain is not None and chain_flag
                else f"the model's {chain} training timesteps" if chain is not None
                else f"a model's training timesteps, at most {MAX_DIFFUSION_STEPS}")

@@ -26,30 +26,33 @@ from .gaussian import GaussianDiffusion
 from .guidance import cfg_model_fn
 from ..data.latent_stats import denormalize
 from .choices import DEFAULT_STEPS, DIFFUSION_SAMPLERS, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, TRANSPORT_SAMPLERS  # noqa: F401
-from .choices import MAX_CONTINUOUS_STEPS, RENOISE_SAMPLERS, check_steps, parse_cfg_scale
-from .samplers import SampleOutput, ddim_sample, ddpm_sample, ode_sample, sde_sample
+from .choices import MAX_CONTINUOUS_STEPS, check_steps, parse_cfg_scale
+from .registry import DEFAULT_SAMPLERS, SAMPLER_SPECS, sampler_names, sampler_spec
+from .samplers import SampleOutput
 from .transport import Transport
 from ..models.vae import decoding
 
 
+OBJECTIVE_NAMES = {"diffusion": "diffusion (DiT)", "transport": "transport (SiT)"}
+
+
+def objective_family(objective) -> str | None:
+    """The family of samplers an objective takes: "diffusion" (``GaussianDiffusion``),
+    "transport" (``Transport``), else None."""
+    return "diffusion" if isinstance(objective, GaussianDiffusion) else \
+        "transport" if isinstance(objective, Transport) else None
+
+
 def default_sampler(objective) -> str:
-    return "ddpm" if isinstance(objective, GaussianDiffusion) else "ode-heun"
+    return DEFAULT_SAMPLERS["diffusion" if isinstance(objective, GaussianDiffusion) else "transport"]
 
 
 def check_sampler(sampler: str, objective) -> None:
     """A clear error for unknown names and for samplers of the other objective."""
-    if sampler not in SAMPLERS:
-        raise ValueError(f"unknown sampler {sampler!r}; choose one of {SAMPLERS}")
-    if isinstance(objective, GaussianDiffusion) and sampler not in DIFFUSION_SAMPLERS:
-        raise ValueError(
-            f"sampler {sampler!r} is for transport (SiT) models; this is a diffusion (DiT) "
-            f"model: use one of {DIFFUSION_SAMPLERS}"
-        )
-    if isinstance(objective, Transport) and sampler not in TRANSPORT_SAMPLERS:
-        raise ValueError(
-            f"sampler {sampler!r} is for diffusion (DiT) models; this is a transport (SiT) "
-            f"model: use one of {TRANSPORT_SAMPLERS}"
-        )
+    needs, family = sampler_spec(sampler).objective, objective_family(objective)
+    if family is not None and needs != family:
+        raise ValueError(f"sampler {sampler!r} is for {OBJECTIVE_NAMES[needs]} models; this is a {OBJECTIVE_NAMES[family]} "
+                         f"model: use one of {sampler_names(family)}")
 
 
 def diffusers_scheduler(name: str, diffusion: GaussianDiffusion):
@@ -67,6 +70,19 @@ def diffusers_scheduler(name: str, diffusion: GaussianDiffusion):
     if name == "dpm-solver":
         return DPMSolverMultistepScheduler(algorithm_type="dpmsolver++", solver_order=2, **common)
     raise ValueError(f"no diffusers scheduler for {name!r}; choose 'ddim' or 'dpm-solver'")
+
+
+def dpm_solver_sample(diffusion: GaussianDiffusion, model_fn, noise, labels, num_steps: int = 25,
+                      progress: bool = False, time_shift: float = 1.0) -> SampleOutput:
+    """DPM-Solver++ (2M): diffusers' scheduler with the diffusion's schedule (``diffusers_scheduler``),
+    over ``scheduler_sample``; it places its own steps, so no time shift."""
+    if time_shift != 1.0:
+        raise ValueError(TIME_SHIFT_REFUSED)
+    return scheduler_sample(diffusers_scheduler("dpm-solver", diffusion), model_fn, noise, labels, num_steps, progress)
+
+
+TIME_SHIFT_REFUSED = ("a time shift applies to ddpm, ddim and the fixed-step ODE/SDE samplers, not to a diffusers "
+                      "scheduler (dpm-solver); use --sampler ddim or ddpm, or drop --time-shift")
 
 
 def chain_length(objective) -> int | None:
@@ -147,16 +163,15 @@ def generate(
     if not time_shift > 0:
         raise ValueError(f"time shift must be > 0 (1 = none), got {time_shift}")
     cfg_scale = parse_cfg_scale(cfg_scale)
-    if time_shift != 1.0 and (scheduler is not None or sampler == "dpm-solver"):
-        raise ValueError("a time shift applies to ddpm, ddim and the fixed-step ODE/SDE samplers, not to a diffusers "
-                         "scheduler (dpm-solver); use --sampler ddim or ddpm, or drop --time-shift")
+    if time_shift != 1.0 and scheduler is not None:
+        raise ValueError(TIME_SHIFT_REFUSED)
     if scheduler is None:
         sampler = sampler or default_sampler(objective)
         check_sampler(sampler, objective)
-        steps = check_steps(sampler, DEFAULT_STEPS[sampler] if num_steps is None else num_steps,
+        steps = check_steps(sampler, SAMPLER_SPECS[sampler].steps if num_steps is None else num_steps,
                             chain_length(objective), "num_steps")
     else:
-        steps = DEFAULT_STEPS["ddim"] if num_steps is None else num_steps
+        steps = SAMPLER_SPECS["ddim"].steps if num_steps is None else num_steps
     if null_label is None:
         null_label = getattr(model, "null_label", None)
     if cfg_scale != 1.0 and null_label is None:
@@ -172,30 +187,19 @@ def generate(
             raise ValueError(f"init {tuple(init.shape)} must have the shape of the noise {tuple(noise.shape)}")
         if not 0.0 <= strength <= 1.0:
             raise ValueError(f"strength must be in [0, 1] (0 = keep the image, 1 = from pure noise), got {strength}")
-        if scheduler is not None or sampler not in RENOISE_SAMPLERS:
-            raise ValueError(f"re-noising (--upscale-from) runs with ddpm, ddim or the ODE samplers, not "
+        if scheduler is not None or not SAMPLER_SPECS[sampler].renoise:
+            raise ValueError(f"re-noising (--upscale-from) runs with {', '.join(sampler_names(renoise=True))}, not "
                              f"{sampler or 'a diffusers scheduler'}")
         if strength == 0.0:
             return SampleOutput(init, 0)
         noise, start, steps = renoise(objective, init, noise, strength, steps, time_shift)
     if scheduler is not None:
         return scheduler_sample(scheduler, model_fn, noise, labels, steps, progress)
-    if sampler == "ddpm":
-        return ddpm_sample(objective, model_fn, noise, labels, num_steps=steps, generator=generator, progress=progress,
-                           time_shift=time_shift, **start)
-    if sampler == "ddim":
-        return ddim_sample(objective, model_fn, noise, labels, num_steps=steps, eta=eta,
-                           generator=generator, progress=progress, time_shift=time_shift, **start)
-    if sampler == "dpm-solver":
-        scheduler = diffusers_scheduler(sampler, objective)
-        return scheduler_sample(scheduler, model_fn, noise, labels, steps, progress)
-    if sampler in ("ode-euler", "ode-heun", "dopri5"):
-        method = {"ode-euler": "euler", "ode-heun": "heun", "dopri5": "dopri5"}[sampler]
-        return ode_sample(objective, model_fn, noise, labels, method=method, num_steps=steps,
-                          atol=atol, rtol=rtol, max_nfe=max_nfe, progress=progress, time_shift=time_shift, **start)
-    method = "euler" if sampler == "sde-euler" else "heun"
-    return sde_sample(objective, model_fn, noise, labels, method=method, num_steps=steps,
-                      generator=generator, progress=progress, time_shift=time_shift)
+    spec = SAMPLER_SPECS[sampler]   # the registry's function, with the settings it takes (registry.py)
+    given = dict(generator=generator, eta=eta, atol=atol, rtol=rtol, max_nfe=max_nfe)
+    options = {**spec.options, **{key: given[key] for key in spec.takes}, **start}
+    return spec.function()(objective, model_fn, noise, labels, num_steps=steps, progress=progress,
+                           time_shift=time_shift, **options)
 
 
 def renoise(objective, init: torch.Tensor, noise: torch.Tensor, strength: float, num_steps: int,
@@ -322,13 +326,14 @@ class SampleSettings:
         sampler = self.sampler or default_sampler(objective)
         check_sampler(sampler, objective)
         adaptive = (self.atol, self.rtol, self.max_nfe) != (ODE_ATOL, ODE_RTOL, None)
-        if adaptive and sampler != "dopri5":
-            raise ValueError(f"--atol/--rtol/--max-nfe apply to the adaptive dopri5 sampler only, not to "
-                             f"{sampler}; drop them or use --sampler dopri5")
+        if adaptive and not SAMPLER_SPECS[sampler].adaptive:
+            which = sampler_names(adaptive=True)
+            raise ValueError(f"--atol/--rtol/--max-nfe apply to the adaptive {' / '.join(which)} sampler only, not to "
+                             f"{sampler}; drop them or use --sampler {which[0]}")
         if self.max_nfe is not None and not 1 <= self.max_nfe <= MAX_CONTINUOUS_STEPS:
             raise ValueError(f"--max-nfe must be from 1 to {MAX_CONTINUOUS_STEPS:,} (dopri5's bound on model "
                              f"calls, as the fixed-step samplers' steps), got {self.max_nfe}")
-        steps = check_steps(sampler, DEFAULT_STEPS[sampler] if self.num_steps is None else self.num_steps,
+        steps = check_steps(sampler, SAMPLER_SPECS[sampler].steps if self.num_steps is None else self.num_steps,
                             chain_length(objective))
         interval = tuple(self.guidance_interval) if self.guidance_interval is not None else None
         size = tuple(self.latent_size) if self.latent_size is not None else None
@@ -340,9 +345,9 @@ class SampleSettings:
             if not 0.0 <= self.strength <= 1.0:
                 raise ValueError(f"--strength must be in [0, 1] (0 = keep the upsampled image, 1 = from pure "
                                  f"noise), got {self.strength}")
-            if sampler not in RENOISE_SAMPLERS:
-                raise ValueError(f"--upscale-from re-noises and denoises with ddpm, ddim or an ODE sampler, not "
-                                 f"{sampler}")
+            if not SAMPLER_SPECS[sampler].renoise:
+                raise ValueError(f"--upscale-from re-noises and denoises with one of "
+                                 f"{', '.join(sampler_names(renoise=True))}, not {sampler}")
         return replace(self, sampler=sampler, num_steps=steps, cfg_scale=parse_cfg_scale(self.cfg_scale),
                        guidance_interval=interval, latent_size=size, upscale_from=small)
 
