@@ -31,6 +31,9 @@ def check_canvas_size(size: int) -> int:
     return size
 
 
+# A latent folder (extract_latents.py) is the folder holding this file (datasets.py, sources.py).
+LATENT_META = "meta.json"
+
 # latent_stats.py (LatentNorm): how VAE latents become the model's inputs: × the VAE's scaling factor
 # (DiT / SiT) or per channel by the latent cache's mean and std (LightningDiT).
 LATENT_NORMS = ("scalar", "channel")

@@ -11,6 +11,9 @@ the step's seeded RNG, so an interrupted and resumed run sees exactly the same d
   log-variance of each image *and of its mirror image*, so training still draws a fresh
   latent and a fresh flip every time (fast-DiT freezes one of each).
 * ``DigitsDataset`` — scikit-learn's 1,797 real 8×8 handwritten digits (no download), or upscaled to 16, 32, 64 px.
+
+``--data`` finds its dataset through the registry of ``sources.py`` (a new kind of data: its
+dataset class and one line there).
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from PIL import Image
 from torch.utils.data import Dataset, Sampler
 
 from ..guards import check_finite_samples, read_json
+from .choices import LATENT_META
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".JPEG", ".PNG", ".JPG")
-LATENT_META = "meta.json"
 
 
 def center_crop_arr(pil_image: Image.Image, image_size: int) -> np.ndarray:
@@ -69,6 +72,8 @@ class ImageFolderDataset(Dataset):
     folders and files (a name starting with '.', e.g. Jupyter's ``.ipynb_checkpoints``) are
     skipped at every level: torchvision's ``ImageFolder`` would make ``.ipynb_checkpoints``
     class 0 and shift every label."""
+
+    is_latent = False   # items are images (sources.py: what every dataset has)
 
     def __init__(self, root: str | os.PathLike, image_size: int, skip_corrupt: bool = False):
         self.root = Path(root)
@@ -191,6 +196,8 @@ class DigitsDataset(Dataset):
     4×, 8×, every f×f block averaging to its scan pixel; ``nala_dit.data.digits.upscale_digits``); pixel space,
     no VAE, no download."""
 
+    is_latent = False
+
     def __init__(self, split: str = "train", size: int = 8):
         from .digits import load_digits_split
 
@@ -281,6 +288,8 @@ class LatentDataset(Dataset):
     With ``images`` (``--repa-encoder``), x is (moments, the uint8 image (3, S, S) the
     extraction kept with ``--keep-images``).
     """
+
+    is_latent = True   # items are latent moments: the training step samples them (sample_latents)
 
     def __init__(self, root: str | os.PathLike, images: bool = False):
         from safetensors import safe_open

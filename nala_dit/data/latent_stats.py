@@ -290,11 +290,11 @@ def run_norm(mode: str, dataset, vae, scaling: float, vae_name: str | None, allo
     name than ``vae_name`` (unless ``allow_vae``: ``--allow-changes vae``), ``channel`` without a
     cache's statistics or with statistics its shards' sums do not give, are one-line errors
     naming the fix."""
-    from .datasets import LATENT_META, LatentDataset
+    from .datasets import LATENT_META
 
     if vae is None:
         return None
-    cache = isinstance(dataset, LatentDataset)
+    cache = dataset.is_latent   # a latent cache (LatentDataset), not images encoded on the fly
     if cache and dataset.vae_fingerprint is not None and dataset.vae_fingerprint != vae_fingerprint(vae):
         raise ValueError(f"{dataset.root} holds latents of another VAE ({dataset.meta.get('vae')}, encoder "
                          f"{dataset.vae_fingerprint}) than --vae {vae_name} (encoder {vae_fingerprint(vae)}): pass the "

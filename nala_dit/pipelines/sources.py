@@ -231,18 +231,11 @@ def resolve_labels(labels, id2label: dict[int, str], num_classes: int) -> list[i
 
 
 def default_id2label(train_config: dict, num_classes: int) -> dict[int, str]:
-    """Class names of the training data when they can be found, else the ids as text."""
-    from ..data import datasets as data_lib
+    """Class names of the training data when they can be found (``data/sources.py``: its source's
+    ``class_names``), else the ids as text."""
+    from ..data.sources import class_names
 
-    names = None
-    source = train_config.get("data")
-    if source == "digits":
-        from ..data.digits import DIGIT_LABELS
-        names = list(DIGIT_LABELS)
-    elif source and (Path(source) / data_lib.LATENT_META).is_file():
-        names = data_lib.read_latent_meta(source)["classes"]
-    elif source and Path(source).is_dir():
-        names = sorted(d.name for d in Path(source).iterdir() if d.is_dir())
+    names = class_names(train_config.get("data"))
     if not names or len(names) != num_classes:
         names = [str(i) for i in range(num_classes)]
     return dict(enumerate(names))

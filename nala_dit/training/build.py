@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 
 from ..attention.regions import check_regions
-from ..data import datasets as data_lib
 from ..data.choices import default_num_workers
 from ..data.latent_stats import run_norm
 from ..models import vae as vae_lib
@@ -79,7 +78,7 @@ def load_vae_and_norm(cfg: TrainConfig, dataset, device, print=print):
     vae, scaling = None, vae_lib.DEFAULT_SCALING_FACTOR
     if cfg.vae is not None:
         vae, scaling = vae_lib.load_vae(cfg.vae, device)
-        if isinstance(dataset, data_lib.LatentDataset):
+        if dataset.is_latent:
             scaling = dataset.scaling_factor
     return vae, run_norm(cfg.latent_norm, dataset, vae, scaling, cfg.vae, "vae" in allowed_changes(cfg), print)
 

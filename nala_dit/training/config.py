@@ -21,8 +21,8 @@ import yaml
 from ..attention.config import ATTENTIONS, MODEL_OPTIONS, NaLaConfig
 from ..checkpoints.ema import EMA_DECAY, RECORDED_DEFAULTS  # noqa: F401  (the EMA's defaults: checkpoints/ema.py)
 from ..checks import check_number
-from ..data.choices import (CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE, LATENT_NORMS, check_canvas_size,
-                            check_digits_size)
+from ..data.choices import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE, LATENT_NORMS
+from ..data.sources import data_help, data_source
 from ..diffusion.choices import (BETA_SCHEDULES, DIFFUSION_SAMPLERS, LOSS_WEIGHTS, PATHS, PREDICTIONS, SAMPLERS,
                                  T_SAMPLINGS, TRANSPORT_SAMPLERS, check_diffusion_steps, check_steps, parse_cfg_scale)
 from ..evaluation.choices import FEATURE_CHOICES, INCEPTION_WEIGHTS_FILE
@@ -138,7 +138,7 @@ class TrainConfig(_NaLaFlags):
                                 "tap 1, the rest 0, bias 0: a fresh Mix-FFN computes DiT's MLP)", choices=list(MIX_INITS))
     class_dropout_prob: float = field(default=0.1, metadata=dict(help="label dropout for classifier-free guidance"))
     # data
-    data: str = field(default="digits", metadata=dict(help="'digits' (embedded 8x8, or upscaled to 16/32/64 px), 'digits-canvas' (embedded, one digit on a 32/64/128-px canvas), an image folder <root>/<class>/*, or a latent folder from extract_latents.py"))
+    data: str = field(default="digits", metadata=dict(help=data_help()))   # the kinds of data/sources.py
     image_size: int | None = _opt(f"the data's image side in pixels: digits-canvas {'/'.join(map(str, CANVAS_SIZES))} "
                                   f"({CANVAS_SIZES[0]} if not given), image folders ({IMAGE_FOLDER_SIZE} if not given); "
                                   f"digits {DIGITS_SIZES[0]} (the scans, if not given) or {'/'.join(map(str, DIGITS_SIZES[1:]))} "
@@ -306,9 +306,10 @@ class TrainConfig(_NaLaFlags):
         # A config.yaml saved before the ladder holds the old default (256) for every data kind.
         old = "; a config saved before the canvas ladder holds the old default 256: set image-size: null" \
             if self.image_size == IMAGE_FOLDER_SIZE else ""
-        if self.data in ("digits", "digits-canvas") and self.image_size is not None:
+        check_size = data_source(self.data).check_size   # the data's own sizes (data/sources.py)
+        if check_size is not None and self.image_size is not None:
             try:
-                (check_digits_size if self.data == "digits" else check_canvas_size)(self.image_size)
+                check_size(self.image_size)
             except ValueError as err:
                 raise ValueError(f"{err}{old}") from None
         if self.global_batch_size < 1 or self.grad_accum < 1 or self.max_steps < 0:

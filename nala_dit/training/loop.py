@@ -24,8 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..data import datasets as data_lib
-from ..data.choices import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE
+from ..data.sources import data_source
 from ..data.latent_stats import agreed_norm
 from ..runlock import LOCK_NAME, check_process_count, hold_lock
 from . import convert
@@ -43,20 +42,9 @@ from .validation import HeldOutLoss, Periodic, SampleGrid, TrainingFID, heldout_
 
 
 def build_dataset(cfg: TrainConfig, state=None):
-    """The dataset named by ``--data`` (embedded digits, latent folder or image folder);
-    ``state`` (Accelerate) splits the ``--check-data`` pass over the processes."""
-    if cfg.data == "digits":
-        ds = data_lib.DigitsDataset("train", cfg.image_size or DIGITS_SIZES[0])
-    elif cfg.data == "digits-canvas":
-        ds = data_lib.DigitsCanvasDataset("train", cfg.image_size or CANVAS_SIZES[0])
-    elif (Path(cfg.data) / data_lib.LATENT_META).is_file():
-        ds = data_lib.LatentDataset(cfg.data, images=bool(cfg.repa_encoder))
-        if cfg.vae is None:
-            raise ValueError(f"{cfg.data} holds latents: pass --vae (the VAE they came from) to decode sample grids")
-    else:
-        ds = data_lib.ImageFolderDataset(cfg.data, cfg.image_size or IMAGE_FOLDER_SIZE, cfg.skip_corrupt)
-        if cfg.check_data:
-            data_lib.check_images(ds, state)
+    """The dataset ``--data`` names (embedded digits, latent folder, image folder: the registry
+    of ``data/sources.py``); ``state`` (Accelerate) splits the ``--check-data`` pass over the processes."""
+    ds = data_source(cfg.data).open(cfg.data, cfg, "train", state=state)
     if cfg.num_classes is not None and cfg.num_classes != ds.num_classes:
         raise ValueError(
             f"--num-classes {cfg.num_classes} does not match the data: {cfg.data} has {ds.num_classes} classes"

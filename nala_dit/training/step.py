@@ -77,7 +77,7 @@ def to_model_space(x, dataset, vae, norm, flip: bool, images: bool = False):
     are. ``norm``: the run's ``latent_norm.LatentNorm`` (scalar factor or per-channel
     statistics; None in pixel space). ``images``: (that, the clean images flipped as it
     was) for ``--repa-encoder``."""
-    if isinstance(dataset, data_lib.LatentDataset):
+    if dataset.is_latent:   # cached latent moments (data/sources.py: what a dataset has)
         if images:  # x = (moments, uint8 images) of a --keep-images cache
             return data_lib.sample_latents(x[0], norm, flip=flip, images=x[1])
         return data_lib.sample_latents(x, norm, flip=flip)

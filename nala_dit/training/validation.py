@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from ..data import datasets as data_lib
+from ..data.sources import data_source
 from ..diffusion.generate import SampleSettings, decode, generate, index_seed, sample_batch
 from .config import TrainConfig
 from ..data.images import balanced_labels, save_grid
@@ -110,20 +111,18 @@ def band_means(sums: torch.Tensor, prefix: str) -> dict:
 
 def heldout_dataset(cfg: TrainConfig, train_dataset):
     """The held-out split ``--val-every`` scores: ``--val-data`` (a folder like ``--data``),
-    else the embedded data's own held-out split."""
+    else the embedded data's own held-out split (``data/sources.py``: ``DataSource.heldout``),
+    at the training set's image size."""
     if cfg.val_data is not None:
-        latents = (Path(cfg.val_data) / data_lib.LATENT_META).is_file()
-        if latents != isinstance(train_dataset, data_lib.LatentDataset):
-            kinds = ("a latent folder", "images") if latents else ("an image folder", "latents")
+        heldout = data_source(cfg.val_data).open(cfg.val_data, cfg, "heldout", size=train_dataset.image_size)
+        if heldout.is_latent != train_dataset.is_latent:
+            kinds = ("a latent folder", "images") if heldout.is_latent else ("an image folder", "latents")
             raise ValueError(f"--val-data {cfg.val_data} is {kinds[0]} but --data {cfg.data} holds {kinds[1]}: "
                              f"pass held-out data of the kind the model trains on")
-        if latents:
-            return data_lib.LatentDataset(cfg.val_data)
-        return data_lib.ImageFolderDataset(cfg.val_data, train_dataset.image_size, cfg.skip_corrupt)
-    if cfg.data == "digits":
-        return data_lib.DigitsDataset("heldout", train_dataset.image_size)
-    if cfg.data == "digits-canvas":
-        return data_lib.DigitsCanvasDataset("heldout", train_dataset.image_size)
+        return heldout
+    source = data_source(cfg.data)
+    if source.heldout:
+        return source.open(cfg.data, cfg, "heldout", size=train_dataset.image_size)
     raise ValueError(f"--val-every scores a held-out split: {cfg.data} is a folder, so pass --val-data with a "
                      f"held-out folder of the same kind")
 
