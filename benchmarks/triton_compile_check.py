@@ -1,5 +1,8 @@
-"""Compile the NaLa Triton kernels for a GPU architecture without a GPU, and print the
-registers and spills ptxas reports.
+"""Compile the NaLa Triton kernels for a GPU architecture without a GPU, and print per
+kernel what ptxas and the SASS say: registers per thread, spill bytes, programs per SM the
+register file allows, the matrix instructions (``HGMMA``: Hopper's wgmma; ``HMMA``: the
+older mma.sync) and the special-function unit's operations (``MUFU.SIN``, ``MUFU.EX2``, ...;
+sin/cos/log missing from that list run as software polynomials on the FMA pipes).
 
 Triton lowers a kernel to PTX without a driver, and its wheel carries ``ptxas``; so the
 CUDA compilation path (which Triton's interpreter skips) can be checked on any machine,
@@ -8,11 +11,16 @@ and block sizes can be chosen so that no kernel spills registers (``_CONFIGS`` i
 
     python benchmarks/triton_compile_check.py                        # every variant, sm_90
     python benchmarks/triton_compile_check.py --head-dims 72 --dtypes bf16 --directions cosine
+    python benchmarks/triton_compile_check.py --variant baseline     # the kernels before issue 53
+
+``tests/attention/test_triton_compile.py`` runs it for head dim 72 (bf16, cosine) and holds
+the main kernels at two programs per SM or more, with no spills.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import subprocess
@@ -33,18 +41,26 @@ from nala_dit.attention import triton_kernels as tn  # noqa: E402
 
 FLOAT_ARGS = {"power", "offset", "alpha", "norm_eps", "eps", "inv_n"}
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+NVDISASM = PTXAS.with_name("nvdisasm")
 
 
-def kernel_variants(head_dim: int, dtype: str, direction: str):
-    """(label, kernel, pointer types, constexprs, num_warps) for every launch of one call."""
+REGISTERS_PER_SM = 65536          # sm_80 / sm_90: 64 K 32-bit registers per SM
+
+
+def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "fused"):
+    """(label, kernel, pointer types, constexprs, num_warps) for every kernel one call of
+    ``variant`` can launch (the fused variant: the single-launch forward, or the atomic
+    state pass + output; the baseline: the partial-sum state pass + output)."""
     cfg = tn.launch_config(head_dim)
     st, out, bwd = cfg["state"], cfg["out"], cfg["bwd"]
     p, f = f"*{dtype}", "*fp32"
     base = dict(COSINE=direction == "cosine", BD=cfg["BD"], PREC="ieee" if dtype == "fp32" else "tf32")
-    st_c = dict(base, BLOCK_N=st["BLOCK_N"], BV=st["BV"])
+    st_c = dict(base, BLOCK_N=st["BLOCK_N"], BV=st["BV"], ATOMIC=variant == "fused")
     out_c = dict(base, BLOCK_N=out["BLOCK_N"], BV=out["BV"])
     bwd_c = dict(base, BLOCK_N=bwd["BLOCK_N"], BV=bwd["BV"], NV=bwd["NV"])
-    return [
+    fused = [("forward", tn._forward_kernel, dict(K=p, V=p, Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f),
+              dict(base, BLOCK_N=st["BLOCK_N"], BV=st["BV"]), st["num_warps"])] if variant == "fused" else []
+    return fused + [
         ("state", tn._state_kernel, dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f),
          dict(st_c, QUERY=False, DEN=None, DDEN=None), st["num_warps"]),
         ("output", tn._output_kernel, dict(Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f), out_c, out["num_warps"]),
@@ -56,24 +72,50 @@ def kernel_variants(head_dim: int, dtype: str, direction: str):
     ]
 
 
-def compile_kernel(kernel, pointers: dict, constexprs: dict, num_warps: int, arch: int) -> str:
-    """Compile to PTX for ``sm_<arch>`` and return ptxas's resource line."""
+def compile_kernel(kernel, pointers: dict, constexprs: dict, num_warps: int, arch: int) -> tuple[str, str]:
+    """Compile for ``sm_<arch>`` (sm_90a for 90); return ptxas's resource report and the SASS."""
     signature = {name: "constexpr" if name in constexprs else pointers.get(name) or
                  ("fp32" if name in FLOAT_ARGS else "i32") for name in kernel.arg_names}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
                               target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
     with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "kernel.ptx")
+        ptx, cubin = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
         Path(ptx).write_text(compiled.asm["ptx"])
         proc = subprocess.run([str(PTXAS), f"-arch=sm_{arch}a" if arch == 90 else f"-arch=sm_{arch}", "-v", ptx,
-                               "-o", os.devnull], capture_output=True, text=True, check=True)
-    return proc.stderr
+                               "-o", cubin], capture_output=True, text=True, check=True)
+        sass = subprocess.run([str(NVDISASM), cubin], capture_output=True, text=True, check=True).stdout
+    return proc.stderr, sass
 
 
-def resources(ptxas_output: str) -> dict:
+def resources(ptxas_output: str, sass: str = "", num_warps: int = 0) -> dict:
+    """Registers, spill bytes, programs per SM by registers, and SASS instruction counts:
+    HGMMA (wgmma), HMMA (mma.sync), each MUFU operation, local loads/stores (LDL/STL)."""
     regs = re.search(r"Used (\d+) registers", ptxas_output)
     spill = re.search(r"(\d+) bytes spill stores", ptxas_output)
-    return dict(registers=int(regs.group(1)) if regs else None, spill_bytes=int(spill.group(1)) if spill else None)
+    ops = collections.Counter(m.group(1) for m in re.finditer(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)",
+                                                           sass, re.M))
+    r = dict(registers=int(regs.group(1)) if regs else None, spill_bytes=int(spill.group(1)) if spill else None)
+    if num_warps and r["registers"]:
+        r["programs_per_sm"] = REGISTERS_PER_SM // (r["registers"] * 32 * num_warps)
+    r["hgmma"] = sum(n for op, n in ops.items() if op.startswith("HGMMA"))
+    r["hmma"] = sum(n for op, n in ops.items() if op.startswith("HMMA"))
+    r["mufu"] = dict(sorted((op.split(".", 1)[1], n) for op, n in ops.items() if op.startswith("MUFU.")))
+    r["local"] = sum(n for op, n in ops.items() if op.split(".")[0] in ("LDL", "STL"))
+    return r
+
+
+def report(head_dim: int, dtype: str, direction: str, variant: str = "fused", arch: int = 90):
+    """One row per kernel: (label, num_warps, resources dict)."""
+    rows = []
+    for label, kernel, pointers, constexprs, warps in kernel_variants(head_dim, dtype, direction, variant):
+        rows.append((label, warps, resources(*compile_kernel(kernel, pointers, constexprs, warps, arch), warps)))
+    return rows
+
+
+def format_row(r: dict) -> str:
+    mufu = " ".join(f"{op}:{n}" for op, n in r["mufu"].items()) or "-"
+    return (f"registers {r['registers']:>3}  spills {r['spill_bytes']} B  programs/SM {r.get('programs_per_sm')}  "
+            f"HGMMA {r['hgmma']:>3}  HMMA {r['hmma']:>3}  LDL/STL {r['local']}  MUFU {mufu}")
 
 
 def main(argv=None):
@@ -82,6 +124,8 @@ def main(argv=None):
     parser.add_argument("--dtypes", default="bf16,fp32", type=lambda s: s.split(","))
     parser.add_argument("--directions", default="cosine,relu_split", type=lambda s: s.split(","))
     parser.add_argument("--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200)")
+    parser.add_argument("--variant", default="fused", choices=tn.VARIANTS,
+                        help="the kernels to compile (baseline: before issue 53; see NALA_TRITON_VARIANT)")
     args = parser.parse_args(argv)
     if tn.INTERPRETED:
         parser.error("unset TRITON_INTERPRET: the interpreter builds no compilable kernels")
@@ -89,11 +133,11 @@ def main(argv=None):
     for d in args.head_dims:
         for dtype in args.dtypes:
             for direction in args.directions:
-                for label, kernel, pointers, constexprs, warps in kernel_variants(d, dtype, direction):
-                    name = f"D={d:<4d}{dtype:5s}{direction:11s}{label:7s}"
+                for label, kernel, pointers, constexprs, warps in kernel_variants(d, dtype, direction, args.variant):
+                    name = f"D={d:<4d}{dtype:5s}{direction:11s}{label:8s}"
                     try:
-                        r = resources(compile_kernel(kernel, pointers, constexprs, warps, args.arch))
-                        print(f"{name} warps {warps}  registers {r['registers']:>3}  spills {r['spill_bytes']} B", flush=True)
+                        r = resources(*compile_kernel(kernel, pointers, constexprs, warps, args.arch), warps)
+                        print(f"{name} warps {warps}  {format_row(r)}", flush=True)
                     except Exception as err:  # noqa: BLE001  (report every failing variant)
                         failures += 1
                         print(f"{name} FAILED {type(err).__name__}: {str(err)[:2000]}", flush=True)

@@ -36,6 +36,8 @@ avoid register spills but are not timed: no GPU was available when this was writ
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -203,37 +205,15 @@ def _head_offset(bh, H, stride_b, stride_h):
 
 
 @triton.jit
-def _state_kernel(
-    X, V, ScaleP, S_part, Z_part,
-    sx_b, sx_h, sx_n, sx_d, sv_b, sv_h, sv_n, sv_d,
-    H, N, D, tokens_per_split, n_splits, inv_n,
-    power, offset, alpha, norm_eps,
-    QUERY: tl.constexpr, COSINE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-    DEN=None, DDEN=None,
-):
-    """Partial sums over one token range of Σ φ(x_j) v_jᵀ and Σ φ(x_j) w_j, per half.
-
-    Forward (QUERY=False): x = k, v = v, w = 1 → [S | z] (times 1/N).
-    Backward (QUERY=True):  x = q, v = g/den, w = ∂L/∂den → ∂L/∂[S | z] (times 1/N).
-    Grid: (B·H, splits, BD/BV); the z part is written by the first value tile only.
-    """
-    bh = tl.program_id(0).to(tl.int64)  # int64 offsets: B·H·N may pass 2^31
-    split = tl.program_id(1)
-    vt = tl.program_id(2)
-    x_base = X + _head_offset(bh, H, sx_b, sx_h)
-    v_base = V + _head_offset(bh, H, sv_b, sv_h)
-    offs_d = tl.arange(0, BD)
-    offs_v = vt * BV + tl.arange(0, BV)
-    d_mask = offs_d < D
-    v_mask = offs_v < D
-    scale = tl.load(ScaleP + bh % H)
+def _state_range(x_base, v_base, sx_n, sx_d, sv_n, sv_d, start, end, offs_d, offs_v, d_mask, v_mask,
+                 scale, power, offset, alpha, norm_eps, bh, N,
+                 QUERY: tl.constexpr, COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr,
+                 BV: tl.constexpr, PREC: tl.constexpr, DEN, DDEN):
+    """Σ φ(x_j) w_jᵀ and Σ φ(x_j) over tokens [start, end), per half, in fp32 (see _state_kernel)."""
     acc1 = tl.zeros((BD, BV), dtype=tl.float32)
     acc2 = tl.zeros((BD, BV), dtype=tl.float32)
     z1 = tl.zeros((BD,), dtype=tl.float32)
     z2 = tl.zeros((BD,), dtype=tl.float32)
-    start = split * tokens_per_split
-    end = tl.minimum(start + tokens_per_split, N)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -252,18 +232,119 @@ def _state_kernel(
             z2 += tl.sum(f2, 0)
         acc1 += _dot(tl.trans(f1), w, PREC)
         acc2 += _dot(tl.trans(f2), w, PREC)
-    # Partial buffers are (B·H, splits, 2, D, D) and (B·H, splits, 2, D): unpadded, since
-    # the state is saved for the backward (at D = 72 padding would store 3× the bytes).
-    part = bh * n_splits + split
+    return acc1, acc2, z1, z2
+
+
+@triton.jit
+def _state_kernel(
+    X, V, ScaleP, S_part, Z_part,
+    sx_b, sx_h, sx_n, sx_d, sv_b, sv_h, sv_n, sv_d,
+    H, N, D, tokens_per_split, n_splits, inv_n,
+    power, offset, alpha, norm_eps,
+    QUERY: tl.constexpr, COSINE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+    DEN=None, DDEN=None, ATOMIC: tl.constexpr = False,
+):
+    """Partial sums over one token range of Σ φ(x_j) v_jᵀ and Σ φ(x_j) w_j, per half.
+
+    Forward (QUERY=False): x = k, v = v, w = 1 → [S | z] (times 1/N).
+    Backward (QUERY=True):  x = q, v = g/den, w = ∂L/∂den → ∂L/∂[S | z] (times 1/N).
+    Grid: (B·H, splits, BD/BV); the z part is written by the first value tile only.
+    ATOMIC: every range adds its sum into one zeroed (B·H, 2, D, D) state with fp32 atomic
+    adds (no partial buffers, no separate sum); else (the baseline variant) each range
+    writes its own partial state, summed afterwards by ``torch.sum``.
+    """
+    bh = tl.program_id(0).to(tl.int64)  # int64 offsets: B·H·N may pass 2^31
+    split = tl.program_id(1)
+    vt = tl.program_id(2)
+    x_base = X + _head_offset(bh, H, sx_b, sx_h)
+    v_base = V + _head_offset(bh, H, sv_b, sv_h)
+    offs_d = tl.arange(0, BD)
+    offs_v = vt * BV + tl.arange(0, BV)
+    d_mask = offs_d < D
+    v_mask = offs_v < D
+    scale = tl.load(ScaleP + bh % H)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, N)
+    acc1, acc2, z1, z2 = _state_range(x_base, v_base, sx_n, sx_d, sv_n, sv_d, start, end, offs_d, offs_v,
+                                      d_mask, v_mask, scale, power, offset, alpha, norm_eps, bh, N,
+                                      QUERY, COSINE, BLOCK_N, BD, BV, PREC, DEN, DDEN)
+    # Buffers are (B·H, [splits,] 2, D, D) and (B·H, [splits,] 2, D): unpadded, since the
+    # state is saved for the backward (at D = 72 padding would store 3× the bytes).
+    part = bh if ATOMIC else bh * n_splits + split
     s_ptr = S_part + part * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
     s_mask = d_mask[:, None] & v_mask[None, :]
-    # Stored already times 1/N (the mean of §3): partial sums then add up to the state.
-    tl.store(s_ptr, acc1 * inv_n, mask=s_mask)
-    tl.store(s_ptr + D * D, acc2 * inv_n, mask=s_mask)
     z_ptr = Z_part + part * 2 * D + offs_d
     first = d_mask & (vt == 0)
-    tl.store(z_ptr, z1 * inv_n, mask=first)
-    tl.store(z_ptr + D, z2 * inv_n, mask=first)
+    # Stored already times 1/N (the mean of §3): partial sums then add up to the state.
+    if ATOMIC:
+        tl.atomic_add(s_ptr, acc1 * inv_n, mask=s_mask, sem="relaxed")
+        tl.atomic_add(s_ptr + D * D, acc2 * inv_n, mask=s_mask, sem="relaxed")
+        tl.atomic_add(z_ptr, z1 * inv_n, mask=first, sem="relaxed")
+        tl.atomic_add(z_ptr + D, z2 * inv_n, mask=first, sem="relaxed")
+    else:
+        tl.store(s_ptr, acc1 * inv_n, mask=s_mask)
+        tl.store(s_ptr + D * D, acc2 * inv_n, mask=s_mask)
+        tl.store(z_ptr, z1 * inv_n, mask=first)
+        tl.store(z_ptr + D, z2 * inv_n, mask=first)
+
+
+@triton.jit
+def _output_block(q_base, sq_n, sq_d, offs_n, n_mask, offs_d, d_mask, offs_v, v_mask, s1, s2, z1, z2,
+                  scale, power, offset, alpha, norm_eps, eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """One token block of o = φ_qᵀ S / (φ_qᵀ z + ε) (a value tile of it) and its denominator."""
+    q = _load_block(q_base, sq_n, sq_d, offs_n, offs_d, n_mask, d_mask)
+    f1, f2, _h, _n, _c, _p, _t = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE)
+    num = _dot(f1, s1, PREC)
+    num += _dot(f2, s2, PREC)
+    den = tl.sum(f1 * z1[None, :] + f2 * z2[None, :], 1) + eps
+    return num / den[:, None], den
+
+
+@triton.jit
+def _forward_kernel(
+    K, V, Q, ScaleP, S, Z, O, DEN,
+    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sq_b, sq_h, sq_n, sq_d,
+    H, N, D, inv_n,
+    power, offset, alpha, norm_eps, eps,
+    COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """The whole forward in one launch (one token range per head: short sequences, or
+    B·H alone filling the GPU): the state of all N tokens for one value tile, kept in
+    registers, stored once (for the backward), then the output of every token block.
+    Grid: (B·H, BD/BV)."""
+    bh = tl.program_id(0).to(tl.int64)  # int64 offsets: B·H·N may pass 2^31
+    vt = tl.program_id(1)
+    offs_d = tl.arange(0, BD)
+    offs_v = vt * BV + tl.arange(0, BV)
+    d_mask = offs_d < D
+    v_mask = offs_v < D
+    scale = tl.load(ScaleP + bh % H)
+    acc1, acc2, z1, z2 = _state_range(K + _head_offset(bh, H, sk_b, sk_h), V + _head_offset(bh, H, sv_b, sv_h),
+                                      sk_n, sk_d, sv_n, sv_d, 0, N, offs_d, offs_v, d_mask, v_mask,
+                                      scale, power, offset, alpha, norm_eps, bh, N,
+                                      False, COSINE, BLOCK_N, BD, BV, PREC, None, None)
+    s1 = acc1 * inv_n
+    s2 = acc2 * inv_n
+    z1 = z1 * inv_n
+    z2 = z2 * inv_n
+    s_ptr = S + bh * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
+    s_mask = d_mask[:, None] & v_mask[None, :]
+    tl.store(s_ptr, s1, mask=s_mask)
+    tl.store(s_ptr + D * D, s2, mask=s_mask)
+    first = d_mask & (vt == 0)
+    tl.store(Z + bh * 2 * D + offs_d, z1, mask=first)
+    tl.store(Z + bh * 2 * D + D + offs_d, z2, mask=first)
+    q_base = Q + _head_offset(bh, H, sq_b, sq_h)
+    for n0 in range(0, N, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        out, den = _output_block(q_base, sq_n, sq_d, offs_n, n_mask, offs_d, d_mask, offs_v, v_mask,
+                                 s1, s2, z1, z2, scale, power, offset, alpha, norm_eps, eps, COSINE, PREC)
+        o_ptr = O + bh * N * D + offs_n[:, None] * D + offs_v[None, :]
+        tl.store(o_ptr, out.to(O.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
+        tl.store(DEN + bh * N + offs_n, den, mask=n_mask & (vt == 0))
 
 
 @triton.jit
@@ -286,17 +367,16 @@ def _output_kernel(
     n_mask = offs_n < N
     v_mask = offs_v < D
     d_mask = offs_d < D
-    q = _load_block(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_d, n_mask, d_mask)
     scale = tl.load(ScaleP + bh % H)
-    f1, f2, _h, _n, _c, _p, _t = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE)
     s_ptr = S + bh * 2 * D * D + offs_d[:, None] * D + offs_v[None, :]
     s_mask = d_mask[:, None] & v_mask[None, :]
-    num = _dot(f1, tl.load(s_ptr, mask=s_mask, other=0.0), PREC)
-    num += _dot(f2, tl.load(s_ptr + D * D, mask=s_mask, other=0.0), PREC)
+    s1 = tl.load(s_ptr, mask=s_mask, other=0.0)
+    s2 = tl.load(s_ptr + D * D, mask=s_mask, other=0.0)
     z1 = tl.load(Z + bh * 2 * D + offs_d, mask=d_mask, other=0.0)
     z2 = tl.load(Z + bh * 2 * D + D + offs_d, mask=d_mask, other=0.0)
-    den = tl.sum(f1 * z1[None, :] + f2 * z2[None, :], 1) + eps
-    out = num / den[:, None]
+    out, den = _output_block(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, n_mask, offs_d, d_mask,
+                             offs_v, v_mask, s1, s2, z1, z2, scale, power, offset, alpha, norm_eps, eps,
+                             COSINE, PREC)
     o_ptr = O + bh * N * D + offs_n[:, None] * D + offs_v[None, :]
     tl.store(o_ptr, out.to(O.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
     tl.store(DEN + bh * N + offs_n, den, mask=n_mask & (vt == 0))
@@ -439,21 +519,42 @@ def launch_config(head_dim: int, override: dict | None = None) -> dict:
     return cfg
 
 
-# Fewest tokens per range of the state passes: each range writes a partial state of
-# 2·D·(D+1) fp32 per head, so at 512 tokens the partials take at most D/128 of the bytes
-# of one bf16 input (D = 64: half of k's size), which keeps them out of the peak memory.
-MIN_SPLIT_TOKENS = 512
+# Which kernels run: "fused" (the default) reduces the partial states inside the state
+# kernel with fp32 atomic adds into one zeroed state, runs the whole forward as one launch
+# where one token range per head suffices, and splits the tokens into ranges of
+# MIN_SPLIT_TOKENS["fused"] so that the state passes give every SM work from batch 1 at
+# N ≥ 1,024; "baseline" is the code before issue 53 (partial states summed by separate
+# ``torch.sum`` launches, ranges ≥ 512 tokens, state and output as two launches), kept for
+# an A/B in one GPU run. Read once, at import: NALA_TRITON_VARIANT=baseline; a call can
+# also name it in ``opts["variant"]``.
+VARIANTS = ("fused", "baseline")
+VARIANT = os.environ.get("NALA_TRITON_VARIANT", "fused")
+if VARIANT not in VARIANTS:
+    raise ValueError(f"NALA_TRITON_VARIANT={VARIANT!r}: expected one of {', '.join(VARIANTS)}")
+
+# Fewest tokens per range of the state passes. Baseline: each range wrote a partial state
+# of 2·D·(D+1) fp32 per head, so ranges of ≥ 512 tokens kept the partials small (at most
+# D/128 of one bf16 input's bytes). Fused: ranges add into one state, so a range can be one
+# token block (64): N = 1,024 gives 16 ranges per head, B·H·16 programs (H = 16: 256).
+MIN_SPLIT_TOKENS = {"fused": 64, "baseline": 512}
+# Below this many tokens the forward is one launch (state + output in one program per
+# head and value tile) whatever the GPU's size: the call is launch-bound there.
+SHORT_TOKENS = 1024
 
 
-def num_splits(n_tokens: int, n_heads_total: int, n_vtiles: int, device: torch.device) -> int:
+def num_splits(n_tokens: int, n_heads_total: int, n_vtiles: int, device: torch.device,
+               variant: str = "fused") -> int:
     """Token ranges per head for the two state passes: enough programs to fill the GPU
-    (about 4 per SM; B·H alone is often a few dozen), no range under MIN_SPLIT_TOKENS."""
+    (about 4 per SM; B·H alone is often a few dozen), no range under MIN_SPLIT_TOKENS;
+    one range (the single-launch forward) below SHORT_TOKENS in the fused variant."""
     if device.type == "cuda":
         target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
     else:
         target = 1  # the interpreter runs programs one after another: fewest is fastest
+    if variant == "fused" and n_tokens < SHORT_TOKENS:
+        return 1
     want = -(-target // (n_heads_total * n_vtiles))
-    return max(1, min(want, n_tokens // MIN_SPLIT_TOKENS))
+    return max(1, min(want, n_tokens // MIN_SPLIT_TOKENS[variant]))
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -461,24 +562,34 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
 
 
 def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
-    """Launch ``_state_kernel`` over ``splits`` token ranges and add the partial sums.
-    Returns ``(S, z)``: (B·H, 2, D, D) and (B·H, 2, D), fp32, means over the N tokens."""
+    """Launch ``_state_kernel`` over ``splits`` token ranges and reduce the ranges: in the
+    kernel (atomic adds, fused variant) or by ``torch.sum`` (baseline). Returns ``(S, z)``:
+    (B·H, 2, D, D) and (B·H, 2, D), fp32, means over the N tokens."""
     b, h, n, d = x.shape
     bd, st = cfg["BD"], cfg["state"]
     bv, block_n = st["BV"], st["BLOCK_N"]
     per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n    # whole blocks
     splits = triton.cdiv(n, per_split)
-    s_part = x.new_empty(b * h, splits, 2, d, d, dtype=torch.float32)
-    z_part = x.new_empty(b * h, splits, 2, d, dtype=torch.float32)
+    atomic = opts["variant"] == "fused" and splits > 1
+    if atomic:
+        # One zeroed buffer (one launch) holds both: S then z, each contiguous.
+        buf = x.new_zeros(b * h * 2 * d * (d + 1), dtype=torch.float32)
+        s_part = buf[:b * h * 2 * d * d].view(b * h, 2, d, d)
+        z_part = buf[b * h * 2 * d * d:].view(b * h, 2, d)
+    else:
+        s_part = x.new_empty(b * h, splits, 2, d, d, dtype=torch.float32)
+        z_part = x.new_empty(b * h, splits, 2, d, dtype=torch.float32)
     _state_kernel[(b * h, splits, st["NV"])](
         x, w, scale, s_part, z_part, *_strides(x), *_strides(w),
         h, n, d, per_split, splits, 1.0 / n,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
         QUERY=query, COSINE=opts["direction"] == "cosine",
         BLOCK_N=block_n, BD=bd, BV=bv, PREC=opts["precision"],
-        DEN=den, DDEN=d_den, num_warps=st["num_warps"],
+        DEN=den, DDEN=d_den, ATOMIC=atomic, num_warps=st["num_warps"],
     )
-    # A deterministic sum over the ranges (no atomics); one range needs no extra kernel.
+    if atomic:
+        return s_part, z_part
+    # Baseline: a deterministic sum over the ranges; one range needs no extra kernel.
     if splits == 1:
         return s_part[:, 0], z_part[:, 0]
     return s_part.sum(1), z_part.sum(1)
@@ -493,20 +604,34 @@ class TritonNaLa(torch.autograd.Function):
     def forward(ctx, q, k, v, scale, opts, splits=None, config=None):
         b, h, n, d = q.shape
         cfg = launch_config(d, config)
+        variant = opts["variant"]
         if splits is None:
-            splits = num_splits(n, b * h, cfg["state"]["NV"], q.device)
+            splits = num_splits(n, b * h, cfg["state"]["NV"], q.device, variant)
         scale32 = scale.detach().to(device=q.device, dtype=torch.float32).contiguous()
-        state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
         out = torch.empty(b, h, n, d, device=q.device, dtype=v.dtype)
         den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
-        oc = cfg["out"]
-        grid = (b * h, triton.cdiv(n, oc["BLOCK_N"]), oc["NV"])
-        _output_kernel[grid](
-            q, scale32, state, z, out, den, *_strides(q), h, n, d,
-            opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
-            COSINE=opts["direction"] == "cosine", BLOCK_N=oc["BLOCK_N"], BD=cfg["BD"],
-            BV=oc["BV"], PREC=opts["precision"], num_warps=oc["num_warps"],
-        )
+        cosine = opts["direction"] == "cosine"
+        if variant == "fused" and splits == 1:
+            # One launch: state and output per (head, value tile); the state kept for the backward.
+            state = torch.empty(b * h, 2, d, d, device=q.device, dtype=torch.float32)
+            z = torch.empty(b * h, 2, d, device=q.device, dtype=torch.float32)
+            st = cfg["state"]
+            _forward_kernel[(b * h, st["NV"])](
+                k, v, q, scale32, state, z, out, den, *_strides(k), *_strides(v), *_strides(q),
+                h, n, d, 1.0 / n, opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
+                COSINE=cosine, BLOCK_N=st["BLOCK_N"], BD=cfg["BD"], BV=st["BV"], PREC=opts["precision"],
+                num_warps=st["num_warps"],
+            )
+        else:
+            state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
+            oc = cfg["out"]
+            grid = (b * h, triton.cdiv(n, oc["BLOCK_N"]), oc["NV"])
+            _output_kernel[grid](
+                q, scale32, state, z, out, den, *_strides(q), h, n, d,
+                opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
+                COSINE=cosine, BLOCK_N=oc["BLOCK_N"], BD=cfg["BD"],
+                BV=oc["BV"], PREC=opts["precision"], num_warps=oc["num_warps"],
+            )
         ctx.opts, ctx.cfg, ctx.splits = opts, cfg, splits
         ctx.scale_shape = scale.shape
         ctx.save_for_backward(q, k, v, scale32, state, z, den)
@@ -577,7 +702,10 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
     # tensor cores for half inputs, whose output rounding (2^-8 for bf16) dominates anyway.
     exact = q.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
     precision = opts.get("precision") or ("ieee" if exact else "tf32")
-    opts = dict(opts, precision=precision)
+    variant = opts.get("variant") or VARIANT
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r}: expected one of {', '.join(VARIANTS)}")
+    opts = dict(opts, precision=precision, variant=variant)
     if q.device.type == "cuda":
         # Triton launches on the current device; make it q's (a model on a second GPU).
         with torch.cuda.device(q.device):

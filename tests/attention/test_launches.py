@@ -10,8 +10,11 @@ forward and 15 forward + backward per gated layer (softmax attention: 3 / 13); t
 The NaLa call on the Triton path is counted under ``TRITON_INTERPRET=1`` (a subprocess: Triton
 reads the variable at import), each kernel launch as one and the interpreter's own host copies
 inside a launch not at all; allocations (``empty``) launch nothing and are left out. At
-N = 67 (one state split, so no partial-state ``sum``): 3 forward (``full`` + state + output
-kernels), 3 backward (dq, state, dkv kernels).
+N = 67 (one token range): 2 forward (``full`` + the single-launch forward kernel; before
+issue 53's kernels: ``full`` + state + output), 3 backward (dq, state, dkv kernels). At
+N ≥ 1,024 on a GPU the state passes split the tokens and add the ranges with atomics into
+one zeroed buffer: one ``zeros`` launch per state pass where the baseline variant
+(``NALA_TRITON_VARIANT=baseline``) launched two ``sum``.
 """
 import importlib.util
 import json
@@ -28,7 +31,7 @@ from nala_dit.attention.layers import build_attention
 FORWARD, BACKWARD = 73, 192
 
 
-TRITON_FORWARD = ["aten.full", "triton._state_kernel", "triton._output_kernel"]
+TRITON_FORWARD = ["aten.full", "triton._forward_kernel"]
 TRITON_BACKWARD = ["triton._dq_kernel", "triton._state_kernel", "triton._dkv_kernel"]
 ALLOCATIONS = {"aten.empty", "aten.new_empty"}
 
