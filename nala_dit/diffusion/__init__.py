@@ -1,5 +1,6 @@
 """Objectives and sampling: Gaussian diffusion as in DiT (``gaussian.py``), SiT's transport
-(``transport.py``), every sampler as a plain function (``samplers.py``), classifier-free
+(``transport.py``), every sampler as a plain function (``samplers.py``) named in the
+samplers' registry (``registry.py``: one line a sampler), classifier-free
 guidance (``guidance.py``), and ``generate`` / ``sample_batch`` (``generate.py``), which the
 training grids, ``sample.py``, ``evaluate_fid.py gen`` and the pipelines all call."""
 

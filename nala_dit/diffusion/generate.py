@@ -1,10 +1,11 @@
 """One entry point from a trained model to images, shared by every caller.
 
-``generate`` picks the sampler by name and wraps the model for guidance; training
-grids, ``sample.py``, ``evaluate_fid.py gen`` and the pipelines all call it, so a given
-seed and setting produce the same images everywhere. The samplers themselves are the
-plain functions of ``samplers.py``; ``scheduler_sample`` runs a diffusers scheduler
-(DDIM, DPM-Solver++) over the same model function.
+``generate`` looks the sampler up by name in the registry (``registry.py``: its function,
+family and default steps) and wraps the model for guidance; training grids, ``sample.py``,
+``evaluate_fid.py gen`` and the pipelines all call it, so a given seed and setting produce
+the same images everywhere. The samplers themselves are the plain functions of
+``samplers.py``; ``scheduler_sample`` runs a diffusers scheduler (DDIM, DPM-Solver++) over
+the same model function.
 
 ``sample_batch`` adds what every caller shares around it: per-index seeded noise
 (``index_seed``, ``initial_noise``), the precision wrapper and ``SampleSettings``. Every
@@ -51,8 +52,8 @@ def check_sampler(sampler: str, objective) -> None:
     """A clear error for unknown names and for samplers of the other objective."""
     needs, family = sampler_spec(sampler).objective, objective_family(objective)
     if family is not None and needs != family:
-        raise ValueError(f"sampler {sampler!r} is for {OBJECTIVE_NAMES[needs]} models; this is a {OBJECTIVE_NAMES[family]} "
-                         f"model: use one of {sampler_names(family)}")
+        raise ValueError(f"sampler {sampler!r} is for {OBJECTIVE_NAMES[needs]} models; this is a "
+                         f"{OBJECTIVE_NAMES[family]} model: use one of {sampler_names(family)}")
 
 
 def diffusers_scheduler(name: str, diffusion: GaussianDiffusion):
