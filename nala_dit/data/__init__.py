@@ -1,5 +1,6 @@
 """Data: image folders, latent caches and the embedded digits (``datasets.py``, ``digits.py``),
-the latents' per-channel statistics (``latent_stats.py``) and latent extraction (``extract.py``)."""
+each a line of the registry of what ``--data`` takes (``sources.py``), the latents' per-channel
+statistics (``latent_stats.py``) and latent extraction (``extract.py``)."""
 
 from .._lazy import lazy_exports
 from ..models.vae import load_vae  # the VAE is the model's (models/vae.py, torch-free to import); named here too
