@@ -88,8 +88,11 @@ SAMPLER_SPECS: dict[str, SamplerSpec] = {
     "sde-heun": SamplerSpec("transport", 250, f"{_FNS}:sde_sample", dict(method="heun"), ("generator",),
                             min_steps=2),
 }
-# What a model samples with when no sampler is named, per objective family (DiT's and SiT's own).
+# What a model samples with when no sampler is named, per objective family (DiT's and SiT's own),
+# and what the grids and FID during training sample with when --sample-sampler is not given (a
+# check during training, where 250 DDPM steps would dominate the step time).
 DEFAULT_SAMPLERS = {"diffusion": "ddpm", "transport": "ode-heun"}
+TRAINING_SAMPLERS = {"diffusion": "ddim", "transport": "ode-heun"}
 
 
 def sampler_spec(name: str) -> SamplerSpec:

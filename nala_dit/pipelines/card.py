@@ -33,6 +33,8 @@ import shlex
 import shutil
 from pathlib import Path
 
+from ..diffusion.registry import TRAINING_SAMPLERS
+
 CARD_FILE = "README.md"
 GRID_FILE = "sample_grid.png"
 PIPELINE_TAG = "text-to-image"
@@ -302,7 +304,7 @@ def _samples(record: dict, cfg: dict) -> list[str]:
     """The run's last EMA grid (``write_sample_grid``: 16 samples, class i mod N, DDIM / Heun
     unless --sample-sampler)."""
     c = _escaped(record["config"])
-    sampler = c.get("sample-sampler") or ("ddim" if cfg["objective"] == "diffusion" else "ode-heun")
+    sampler = c.get("sample-sampler") or TRAINING_SAMPLERS[cfg["objective"]]
     step = int(Path(record["grid"]).stem)
     return ["## Samples", "", f"![EMA samples at step {step:,}]({GRID_FILE})", "",
             f"The run's own grid ({_code('samples/' + Path(record['grid']).name)}, copied here as `{GRID_FILE}`): 16 EMA "
@@ -353,7 +355,7 @@ def _training(record: dict, cfg: dict, objective_config: dict) -> list[str]:
                          f"draws of t and noise): " + ", ".join(f"{_text(k)} {x:.4f}" for k, x in v["values"].items()))
         if "fid" in log:
             f = log["fid"]
-            sampler = c.get("sample-sampler") or ("ddim" if cfg["objective"] == "diffusion" else "ode-heun")  # the grid's
+            sampler = c.get("sample-sampler") or TRAINING_SAMPLERS[cfg["objective"]]  # the grid's
             scorer = (f"scored by {_text(f['network'][0])}, sha256 {_code(f['network'][1])}" if "network" in f
                       else f"features {c.get('fid-features') or 'as the reference records'}")
             lines.append(f"- FID-type scores at step {f['step']:,} ({c.get('fid-samples')} EMA samples, {sampler} "

@@ -36,6 +36,7 @@ import torch
 
 from ..data.images import balanced_labels
 from ..diffusion.generate import SampleSettings, sample_batch
+from ..diffusion.registry import SAMPLER_SPECS
 from ..guards import atomic_write, refuse_existing
 from ..runlock import hold_lock
 from .sources import Source
@@ -264,7 +265,7 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
                   guidance_interval=list(s.guidance_interval) if s.guidance_interval else None,
                   guide_channels=s.guide_channels, precision=s.precision, seed=seed, num_samples=num_samples,
                   num_classes=num_classes, batch_size=batch_size, shard_size=shard_size)
-    if s.sampler == "dopri5":
+    if SAMPLER_SPECS[s.sampler].adaptive:   # dopri5: its tolerances decide the images
         recipe.update(atol=s.atol, rtol=s.rtol, max_nfe=s.max_nfe)
     recipe.update(size_recipe(s, model, source.objective))
     sidecar = Path(f"{out}.json")

@@ -25,6 +25,7 @@ from ..data.choices import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE, LATENT
 from ..data.sources import data_help, data_source
 from ..diffusion.choices import (BETA_SCHEDULES, DIFFUSION_SAMPLERS, LOSS_WEIGHTS, PATHS, PREDICTIONS, SAMPLERS,
                                  T_SAMPLINGS, TRANSPORT_SAMPLERS, check_diffusion_steps, check_steps, parse_cfg_scale)
+from ..diffusion.registry import TRAINING_SAMPLERS
 from ..evaluation.choices import FEATURE_CHOICES, INCEPTION_WEIGHTS_FILE
 from ..models.grid import POS_EMBED_MODES, parse_time_shift
 from ..models.presets import (MIX_INITS, MLP_KINDS, MODEL_NAMES, SIZES, SOFTMAX_BLOCKS_HELP, check_attention_options,
@@ -391,7 +392,7 @@ class TrainConfig(_NaLaFlags):
         except ValueError as err:
             raise ValueError(f"--sample-cfg-scale: {err}") from None
         # write_sample_grid's sampler (FID's default, ddpm, has ddim's bounds: the chain's length)
-        sampler = self.sample_sampler or ("ddim" if objective == "diffusion" else "ode-heun")
+        sampler = self.sample_sampler or TRAINING_SAMPLERS[objective]
         check_steps(sampler, self.sample_steps, self.diffusion_steps if objective == "diffusion" else None,
                     "--sample-steps", chain_flag="--diffusion-steps")
         if self.sample_cfg_scale != 1.0 and self.class_dropout_prob <= 0:

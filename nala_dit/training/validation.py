@@ -19,6 +19,7 @@ import torch
 
 from ..data import datasets as data_lib
 from ..data.sources import data_source
+from ..diffusion.registry import TRAINING_SAMPLERS
 from ..diffusion.generate import SampleSettings, decode, generate, index_seed, sample_batch
 from .config import TrainConfig
 from ..data.images import balanced_labels, save_grid
@@ -36,7 +37,7 @@ NOISE_BANDS = (("low", 0.0, 1 / 3), ("mid", 1 / 3, 2 / 3), ("high", 2 / 3, float
 def training_sampler(cfg: TrainConfig, model) -> str:
     """What the grids and FID during training sample with: ``--sample-sampler``, else DDIM (DiT) /
     Heun (SiT): a check during training, where 250 DDPM steps would dominate the step time."""
-    return cfg.sample_sampler or ("ddim" if model.config.objective == "diffusion" else "ode-heun")
+    return cfg.sample_sampler or TRAINING_SAMPLERS[model.config.objective]
 
 
 @contextlib.contextmanager

@@ -100,7 +100,14 @@ def test_the_built_in_lines_name_functions_that_exist():
     user's first sample), and the CLIs' names are the registry's."""
     from nala_dit.diffusion.choices import DEFAULT_STEPS, DIFFUSION_SAMPLERS, SAMPLERS, TRANSPORT_SAMPLERS
 
+    from nala_dit.diffusion.registry import DEFAULT_SAMPLERS, TRAINING_SAMPLERS
+
     assert all(callable(spec.function()) for spec in SAMPLER_SPECS.values())
+    # each family's default (sample.py, pipelines) and training-grid sampler is one of its own
+    assert DEFAULT_SAMPLERS == {"diffusion": "ddpm", "transport": "ode-heun"}
+    assert TRAINING_SAMPLERS == {"diffusion": "ddim", "transport": "ode-heun"}
+    assert all(SAMPLER_SPECS[name].objective == family for table in (DEFAULT_SAMPLERS, TRAINING_SAMPLERS)
+               for family, name in table.items())
     assert SAMPLERS == tuple(SAMPLER_SPECS) == DIFFUSION_SAMPLERS + TRANSPORT_SAMPLERS
     assert DEFAULT_STEPS == {"ddpm": 250, "ddim": 50, "dpm-solver": 25, "ode-euler": 50, "ode-heun": 50,
                              "dopri5": 50, "sde-euler": 250, "sde-heun": 250}
