@@ -7,6 +7,7 @@ The toy source here lives in this file: two classes of flat 1×S×S images, "dar
 "light" (+0.5), S = 8 or 12."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,7 +109,7 @@ def test_a_detected_source_added_last_is_still_tried_before_the_image_folder(tmp
     (tmp_path / "webdataset").mkdir()
     (tmp_path / "webdataset" / "shard-000.tar").write_bytes(b"")
     tars = DataSource(lambda *a, **k: None, "a folder of .tar shards",
-                      detect=lambda data: any(p.suffix == ".tar" for p in __import__("pathlib").Path(data).glob("*")))
+                      detect=lambda data: any(p.suffix == ".tar" for p in Path(data).glob("*")))
     monkeypatch.setitem(DATA_SOURCES, "tars", tars)
     assert data_source(str(tmp_path / "webdataset")) is tars
     assert data_source(str(tmp_path)) is DATA_SOURCES["images"]
