@@ -13,8 +13,9 @@ and block sizes can be chosen so that no kernel spills registers (``_CONFIGS`` i
     python benchmarks/triton_compile_check.py --head-dims 72 --dtypes bf16 --directions cosine
     python benchmarks/triton_compile_check.py --variant baseline     # the kernels before issue 53
 
-``tests/attention/test_triton_compile.py`` runs it for head dim 72 (bf16, cosine) and holds
-the main kernels at two programs per SM or more, with no spills.
+``tests/attention/test_triton_kernels.py`` (``test_kernels_compile_for_hopper``) runs it for
+head dim 72 (bf16, cosine) and holds what its docstring lists (wgmma, the MUFU operations, no
+local-memory traffic but dq's small spill).
 """
 
 from __future__ import annotations
