@@ -4,9 +4,10 @@ One entry point, bounded and resumable: every cell writes ``cells/<variant>_s<se
 finishes and is skipped when that file exists; ``summary.json`` is recomputed from the cell files.
 
     python experiments/cifar10_speedrun/run.py --cifar ~/.cache/nala_dit/cifar10 --out runs/cifar10_speedrun
-    python experiments/cifar10_speedrun/run.py --smoke --cifar ... --out /tmp/smoke   # CPU, toy scale
+    python experiments/cifar10_speedrun/run.py --smoke --cifar ... --out runs/smoke     # CPU, toy scale, < 1 min
 
-Seeds run one after another (not yet batched with torch.func); see README.md for what is not built yet.
+The seeds of a variant train side by side (``train_variant``: torch.func vmap over their stacked
+weights; ``--sequential``: one after another, the reference it equals). See README.md.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ VARIANTS = {  # name -> (model, overrides): the repository's option names
     "nala_mlp": ("NaLaDiT-T/2", {}),
     "nala_mix": ("NaLaDiT-T/2", {"mlp": "mix", "mix_init": "identity"}),
 }
+# per token count: training steps per model, sampler steps, one variant's training cap (s); the sizing,
+# from the cost model, is in README.md: each run's predicted stages fit --time-limit-s 480 on one H200
+SIZING = {256: dict(steps=3000, sample_steps=50, train_cap_s=75.0),
+          1024: dict(steps=800, sample_steps=25, train_cap_s=90.0)}
+SMOKE_PER_CLASS = 2  # --smoke: 20 + 20 images; Inception at 299 px is most of a CPU smoke run's time
 
 
 def load_split(folder: Path, per_class: int | None = None):
@@ -59,10 +65,10 @@ def batch_to_model(images_u8: torch.Tensor) -> torch.Tensor:
     return random_flip(images_u8.float() / 127.5 - 1.0)
 
 
-def build(variant: str, seed: int, lr: float, tokens: int, device):
+def build(variant: str, seed: int, tokens: int, device):
+    """The model (seeded by ``seed``) and its EMA copy, and the objective: the repository's own."""
     from nala_dit.models.dit import create_model
     from nala_dit.training.checkpoint import build_objective
-    from nala_dit.training.loop import param_groups
 
     name, overrides = VARIANTS[variant]
     if tokens == 1024:
@@ -72,23 +78,33 @@ def build(variant: str, seed: int, lr: float, tokens: int, device):
     ema = create_model(name, input_size=32, in_channels=3, num_classes=10, **overrides).to(device)
     ema.load_state_dict(model.state_dict())
     ema.requires_grad_(False)
-    objective = build_objective(dict(model.config), {})
-    optimizer = torch.optim.AdamW(param_groups(model, 0.0), lr=lr, betas=(0.9, 0.999))
-    return model, ema, objective, optimizer
+    if model.config.objective != "diffusion":
+        raise ValueError(f"{name}: the speedrun trains the diffusion objective")
+    return model, ema, build_objective(dict(model.config), {})
+
+
+def adamw(model_or_groups, lr: float, foreach: bool | None = None) -> torch.optim.AdamW:
+    """The study's AdamW (``param_groups``, no weight decay, betas (0.9, 0.999))."""
+    from nala_dit.training.build import param_groups
+
+    groups = param_groups(model_or_groups, 0.0) if isinstance(model_or_groups, torch.nn.Module) else model_or_groups
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), foreach=foreach)
 
 
 def train_cell(variant, seed, images, labels, steps, batch, lr, tokens, device, cap_s):
-    """The repository's objective (``MicroBatchLoss``), AdamW and warm-up EMA; the data order is a
+    """One seed as a plain single-model run (``--sequential``; the reference the batched run equals):
+    the repository's objective (``MicroBatchLoss``), AdamW and warm-up EMA; the data order is a
     function of the seed only (the same for every variant)."""
-    from nala_dit.training.step import MicroBatchLoss, update_ema
+    from nala_dit.training.step import MicroBatchLoss, step_seed, update_ema
 
-    model, ema, objective, optimizer = build(variant, seed, lr, tokens, device)
-    loss_fn = MicroBatchLoss(objective, model, model.config.objective == "diffusion")
+    model, ema, objective = build(variant, seed, tokens, device)
+    optimizer = adamw(model, lr)
+    loss_fn = MicroBatchLoss(objective, model, True)
     order = torch.Generator().manual_seed(seed)
     t0, done = time.time(), 0
     for step in range(steps):
         idx = torch.randint(len(images), (batch,), generator=order)
-        torch.manual_seed(seed * 1_000_003 + step)
+        torch.manual_seed(step_seed(seed, 0, step))
         x, y = batch_to_model(images[idx.to(images.device)]), labels[idx.to(labels.device)]
         loss, _ = loss_fn(x, y)
         optimizer.zero_grad(set_to_none=True)
@@ -98,9 +114,93 @@ def train_cell(variant, seed, images, labels, steps, batch, lr, tokens, device, 
         done = step + 1
         if time.time() - t0 > cap_s:
             break
-    return model, ema, objective, {"steps": done, "seconds": time.time() - t0,
-                                   "step_s": (time.time() - t0) / max(done, 1),
-                                   "images_per_s": done * batch / max(time.time() - t0, 1e-9), "final_loss": float(loss.detach())}
+    return [(model, ema)], objective, timing(t0, done, batch, [float(loss.detach())], device)
+
+
+def timing(t0, steps, batch, final_losses, device=None):
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.time() - t0
+    return {"steps": steps, "seconds": seconds, "step_s": seconds / max(steps, 1),
+            "images_per_s": steps * batch * len(final_losses) / max(seconds, 1e-9), "final_loss": final_losses}
+
+
+class _Params:
+    """Stacked tensors as ``update_ema`` reads a module: ``.parameters()``."""
+
+    def __init__(self, tensors):
+        self.tensors = list(tensors)
+
+    def parameters(self):
+        return self.tensors
+
+
+def train_variant(variant, seeds, images, labels, steps, batch, lr, tokens, device, cap_s, compile=False):
+    """The seeds of one variant trained side by side: their weights stacked
+    (``torch.func.stack_module_state``), one ``vmap`` of ``functional_call`` over the stacked
+    weights per step (one kernel per op for all seeds, where one model per step is bound by kernel
+    launches), AdamW (``foreach``) and ``update_ema`` on the stacked tensors: elementwise, so each
+    seed's slice is updated as its own optimizer would. Each seed's random draws (flip, timesteps,
+    noise, label dropout) are taken outside the vmap in the order and from the RNG state of its
+    plain run (``train_cell``), so seed s ends with the weights ``train_cell`` gives it, to fp32
+    rounding (tests/experiments/test_cifar10_speedrun.py). ``compile``: ``torch.compile`` of the
+    batched loss and its backward."""
+    import copy
+
+    from torch.func import functional_call, stack_module_state, vmap
+
+    from nala_dit.training.build import param_groups
+    from nala_dit.training.step import step_seed, update_ema
+
+    built = [build(variant, s, tokens, device) for s in seeds]
+    models, objective = [m for m, _, _ in built], built[0][2]
+    params, buffers = stack_module_state(models)
+    ema = {k: v.detach().clone() for k, v in stack_module_state([e for _, e, _ in built])[0].items()}
+    names = {id(p): n for n, p in models[0].named_parameters()}
+    optimizer = adamw([dict(g, params=[params[names[id(p)]] for p in g["params"]])
+                       for g in param_groups(models[0], 0.0)], lr, foreach=True)
+    base = copy.deepcopy(models[0]).to("meta").train()
+    for module in base.modules():  # attention layers: the plain autograd composition (vmap has no rule
+        if hasattr(module, "recompute"):  # for their recompute autograd.Function)
+            module.recompute = False
+    labeler = models[0].y_embedder
+
+    def loss(p, b, x, t, noise, y, drop):
+        fn = lambda x_t, tt, yy: functional_call(base, (p, b), (x_t, tt, yy), {"force_drop_ids": drop})  # noqa: E731
+        return objective.training_losses(fn, x, t, y, noise=noise)["loss"].mean()
+
+    batched = vmap(loss)
+    if compile:
+        batched = torch.compile(batched)
+    orders = [torch.Generator().manual_seed(s) for s in seeds]
+    t0, done = time.time(), 0
+    for step in range(steps):
+        draws = []
+        for seed, order in zip(seeds, orders):  # train_cell's draws, in its order
+            idx = torch.randint(len(images), (batch,), generator=order)
+            torch.manual_seed(step_seed(seed, 0, step))
+            x, y = batch_to_model(images[idx.to(images.device)]), labels[idx.to(labels.device)]
+            t = objective.sample_timesteps(batch, x.device)
+            noise = torch.randn(x.shape, dtype=x.dtype, device=x.device)
+            # the label dropout the model's forward would draw (``LabelEmbedder.token_drop``), as ids
+            drop = ((labeler.token_drop(y) != y) if labeler.dropout_prob > 0 else torch.zeros_like(y)).long()
+            draws.append((x, t, noise, y, drop))
+        losses = batched(params, buffers, *(torch.stack(d) for d in zip(*draws)))
+        optimizer.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        optimizer.step()
+        update_ema(_Params(ema.values()), _Params(params.values()), 0.9999, step=step)
+        done = step + 1
+        if time.time() - t0 > cap_s:
+            break
+    result = timing(t0, done, batch, losses.detach().tolist(), device)
+    with torch.no_grad():
+        for i, (model, ema_model, _) in enumerate(built):
+            for name, p in model.named_parameters():
+                p.copy_(params[name][i])
+            for name, p in ema_model.named_parameters():
+                p.copy_(ema[name][i])
+    return [(m, e) for m, e, _ in built], objective, result
 
 
 @torch.no_grad()
@@ -157,17 +257,23 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cifar", required=True, help="folder with train/<class>/ and test/<class>/")
     p.add_argument("--out", required=True)
-    p.add_argument("--smoke", action="store_true", help="2 cells, 20 steps, 64 samples, 200 images (CPU)")
+    p.add_argument("--smoke", action="store_true", help="the same code path at toy scale (CPU, under a minute): 2 cells, 20 steps of 8, 16 samples a set, "
+                   f"{SMOKE_PER_CLASS} images a class of each split")
     p.add_argument("--tokens", type=int, default=256, choices=(256, 1024))
-    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--steps", type=int, default=None, help="training steps per model (default: 3000 at 256 tokens, "
+                   "800 at 1024: SIZING, from the cost model in README.md)")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--samples", type=int, default=5000)
-    p.add_argument("--sample-steps", type=int, default=50)
+    p.add_argument("--sample-steps", type=int, default=None, help="sampler steps (default: 50 at 256 tokens, 25 at 1024)")
     p.add_argument("--cfg-scale", type=float, default=1.5)
-    p.add_argument("--cell-cap-s", type=float, default=120.0)
-    p.add_argument("--time-limit-s", type=float, default=600.0)
+    p.add_argument("--train-cap-s", type=float, default=None, help="time cap of one variant's training, its seeds "
+                   "together (default: 75 at 256 tokens, 90 at 1024; never past --time-limit-s)")
+    p.add_argument("--time-limit-s", type=float, default=480.0, help="no stage starts after this (resume: run again)")
+    p.add_argument("--sequential", action="store_true", help="train the seeds one after another (the reference "
+                   "the batched run equals; to measure its speed-up)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the batched training step")
     p.add_argument("--inception-weights", default=None)
     p.add_argument("--allow-unknown-weights", action="store_true", help="accept an Inception file of unknown sha256 (tests)")
     args = p.parse_args(argv)
@@ -175,11 +281,17 @@ def main(argv=None) -> None:
     if not (cifar / "train").is_dir() or not (cifar / "test").is_dir():
         raise SystemExit(f"error: {cifar} has no train/ and test/ folders: pass --cifar <folder of train/<class>/, test/<class>/>")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    per_class = 10 if args.smoke else None
-    cells = [(v, s) for s in range(args.seeds) for v in VARIANTS]
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls (the cost model in README.md assumes them)
+    per_class = SMOKE_PER_CLASS if args.smoke else None
+    for name, value in SIZING[args.tokens].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    seeds, variants = list(range(args.seeds)), list(VARIANTS)
     if args.smoke:
-        args.steps, args.samples, args.batch, args.sample_steps = 20, 64, 16, 2
-        cells = [("softmax_mlp", 0), ("nala_mlp", 0)]
+        args.steps, args.samples, args.batch, args.sample_steps = 20, 16, 8, 2
+        seeds, variants = [0], ["softmax_mlp", "nala_mlp"]
+    cells = [(v, s) for v in variants for s in seeds]
     settings = {k: getattr(args, k) for k in ("smoke", "tokens", "steps", "batch", "lr", "samples", "sample_steps",
                                                 "cfg_scale")}
     settings_path = out / "settings.json"
@@ -196,7 +308,7 @@ def main(argv=None) -> None:
     extractor = InceptionExtractor(args.inception_weights, device=str(device), allow_unknown=args.allow_unknown_weights)
     ref_path = out / "test_features.npz"
     if not ref_path.is_file():
-        test_u8, _ = load_split(cifar / "test", 10 if args.smoke else None)
+        test_u8, _ = load_split(cifar / "test", per_class)
         feats = metrics.compute_features(extractor, [test_u8.permute(0, 2, 3, 1).numpy()])
         out.mkdir(parents=True, exist_ok=True)
         np.savez(ref_path, pool=feats["pool"])
@@ -210,28 +322,43 @@ def main(argv=None) -> None:
         first = lambda n: np.concatenate([train_feats[c * per: c * per + n // 10] for c in range(10)])  # noqa: E731
         write_json(data_path, {"n_test": len(ref_pool), "published_10000_50000": 3.1,
                                "fid_test_vs_train": {str(n): fid_against(ref_pool, first(n)) for n in sizes}})
-    for variant, seed in cells:
-        path = out / "cells" / f"{variant}_s{seed}.json"
-        if path.is_file():
+    for variant in variants:
+        todo = [s for s in seeds if not (out / "cells" / f"{variant}_s{s}.json").is_file()]
+        if not todo:
             continue
         if time.time() - t_start > args.time_limit_s:
-            print(f"time limit reached before {variant} seed {seed}", flush=True)
+            print(f"time limit reached before training {variant}: run again to go on", flush=True)
             break
-        _, ema, objective, train = train_cell(variant, seed, images, labels, args.steps, args.batch, args.lr,
-                                              args.tokens, device, args.cell_cap_s)
-        t0 = time.time()
-        samples = sample(ema, objective, args.samples, seed, args.sample_steps, args.cfg_scale, device)
-        feats = metrics.compute_features(extractor, [samples])
-        cell = {"variant": variant, "seed": seed, "train": train, "samples": len(samples),
-                "sample_and_score_s": time.time() - t0, "fid": fid_against(feats["pool"], ref_pool)}
-        cell["precision"], cell["recall"] = metrics.precision_recall(ref_pool, feats["pool"])
-        if (variant, seed) == cells[0]:  # FID's own noise: a second sample set of the same model
-            again = metrics.compute_features(extractor, [sample(ema, objective, args.samples, seed + 10_000,
-                                                                args.sample_steps, args.cfg_scale, device)])
-            cell["fid_second_set"] = fid_against(again["pool"], ref_pool)
-            cell["fid_between_sets"] = fid_against(again["pool"], feats["pool"])
-        write_json(path, cell)
-        print(json.dumps(cell), flush=True)
+        cap = min(args.train_cap_s, args.time_limit_s - (time.time() - t_start))
+        if args.sequential:
+            trained, train_s = [], []
+            for s in todo:
+                models, objective, timing_s = train_cell(variant, s, images, labels, args.steps, args.batch, args.lr,
+                                                         args.tokens, device, cap / len(todo))
+                trained += models
+                train_s.append(timing_s)
+        else:
+            trained, objective, timing_s = train_variant(variant, todo, images, labels, args.steps, args.batch,
+                                                         args.lr, args.tokens, device, cap, args.compile)
+            train_s = [timing_s] * len(todo)
+        for i, (seed, (_, ema)) in enumerate(zip(todo, trained)):
+            if time.time() - t_start > args.time_limit_s:
+                print(f"time limit reached before sampling {variant} seed {seed}: run again to go on", flush=True)
+                break
+            t0 = time.time()
+            samples = sample(ema, objective, args.samples, seed, args.sample_steps, args.cfg_scale, device)
+            feats = metrics.compute_features(extractor, [samples])
+            cell = {"variant": variant, "seed": seed, "batched_seeds": 1 if args.sequential else len(todo),
+                    "train": train_s[i], "samples": len(samples), "sample_and_score_s": time.time() - t0,
+                    "fid": fid_against(feats["pool"], ref_pool)}
+            cell["precision"], cell["recall"] = metrics.precision_recall(ref_pool, feats["pool"])
+            if (variant, seed) == cells[0]:  # FID's own noise: a second sample set of the same model
+                again = metrics.compute_features(extractor, [sample(ema, objective, args.samples, seed + 10_000,
+                                                                    args.sample_steps, args.cfg_scale, device)])
+                cell["fid_second_set"] = fid_against(again["pool"], ref_pool)
+                cell["fid_between_sets"] = fid_against(again["pool"], feats["pool"])
+            write_json(out / "cells" / f"{variant}_s{seed}.json", cell)
+            print(json.dumps(cell), flush=True)
     print(json.dumps(summarize(out), indent=2))
 
 

@@ -335,7 +335,7 @@ def nala_attention(
     code path, all with the same numbers up to fp32 rounding:
 
     * ``"auto"``: ``select_nala_impl`` for the tensors' device (fused on CPU, Triton on
-      CUDA);
+      CUDA; the eager composition under ``torch.func.vmap``);
     * ``"fused"``: token-chunked features kept as their cos/sin halves (no
       concatenation; two GEMMs per product), ``[S | z]`` from the same GEMM, and a
       hand-written backward that saves only q, k, v, the small state and the
@@ -358,6 +358,8 @@ def nala_attention(
     triton_opts = {k: v for k, v in opts.items() if k != "norm_scale"}   # the kernels take s apart
     if impl == "auto":
         impl = select_nala_impl(q.device.type, q.shape[-1], q.dtype, triton_available(), q.shape[-2])
+        if torch._C._functorch.is_batchedtensor(q):  # under torch.func.vmap (compiled too): the fused and
+            impl = "eager"                           # Triton autograd functions have no batching rule
         if shard is not None and impl != "fused":
             impl = "eager"
         if impl == "triton" and not triton_passes_check(q.device, q.dtype, q.shape[-1], triton_opts):

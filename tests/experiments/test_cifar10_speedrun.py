@@ -48,13 +48,14 @@ def smoke(cifar_subset, inception_weights, tmp_path_factory):
 
 
 @needs_data
-@pytest.mark.slow  # the run end to end, Inception on CPU: ~40 s on 2 cores
+@pytest.mark.slow  # the run end to end, Inception on CPU: about 50 s beside other jobs on 2 cores
 def test_smoke_writes_every_stage_and_the_summary_is_recomputed_from_the_cells(smoke):
     out, _ = smoke
     assert (out / "data_fid.json").is_file()
     cells = {p.stem: json.loads(p.read_text()) for p in (out / "cells").glob("*.json")}
     assert set(cells) == {"softmax_mlp_s0", "nala_mlp_s0"}
-    assert all(c["train"]["steps"] == 20 and c["samples"] == 64 for c in cells.values())
+    assert all(c["train"]["steps"] == 20 and c["samples"] == 16 and c["batched_seeds"] == 1 for c in cells.values())
+    assert json.loads((out / "data_fid.json").read_text())["n_test"] == 20   # 2 images a class
     assert "fid_between_sets" in cells["softmax_mlp_s0"]
     summary = json.loads((out / "summary.json").read_text())
     for v, row in summary["variants"].items():
@@ -71,13 +72,13 @@ def test_resume_does_not_redo_finished_cells(smoke, monkeypatch):
     before = {p.name: p.read_text() for p in (out / "cells").glob("*.json")}
     (out / "cells" / "nala_mlp_s0.json").rename(out / "nala_mlp_s0.json.moved")   # an interrupted run
     trained = []
-    real = run.train_cell
-    monkeypatch.setattr(run, "train_cell", lambda v, s, *a, **k: trained.append((v, s)) or real(v, s, *a, **k))
+    real = run.train_variant
+    monkeypatch.setattr(run, "train_variant", lambda v, s, *a, **k: trained.append((v, s)) or real(v, s, *a, **k))
     try:
         run.main(argv)
     finally:
         (out / "nala_mlp_s0.json.moved").unlink()
-    assert trained == [("nala_mlp", 0)]
+    assert trained == [("nala_mlp", [0])]
     assert (out / "cells" / "softmax_mlp_s0.json").read_text() == before["softmax_mlp_s0.json"]
 
 
@@ -139,3 +140,26 @@ def test_other_settings_in_the_same_out_are_refused(smoke, capsys):
     out, argv = smoke
     with pytest.raises(SystemExit, match="error: .* holds cells of other settings"):
         run.main(argv + ["--cfg-scale", "2.0"])
+
+
+@pytest.mark.parametrize("variant", ["softmax_mlp", "nala_mix"])
+def test_batched_seeds_end_with_the_weights_of_their_plain_runs(variant):
+    """Seed 5 trained beside seed 0 (vmap over stacked weights, foreach AdamW and the EMA on the
+    stacked tensors) ends, after 3 steps, with the weights and EMA of its plain single-model run
+    (``train_cell``: its own AdamW, ``MicroBatchLoss``), to fp32 rounding; the steps moved the
+    weights by 1e-4 or more, so the comparison is not of the initial weights."""
+    images = torch.randint(0, 256, (40, 3, 32, 32), dtype=torch.uint8)
+    labels = torch.arange(40) % 10
+    batched, _, timing = run.train_variant(variant, [0, 5], images, labels, 3, 4, 2e-4, 256, "cpu", 60.0)
+    [(plain, plain_ema)], _, _ = run.train_cell(variant, 5, images, labels, 3, 4, 2e-4, 256, "cpu", 60.0)
+    initial = run.build(variant, 5, 256, "cpu")[0]
+    model, ema = batched[1]
+    assert timing["steps"] == 3 and len(timing["final_loss"]) == 2
+
+    def gap(a, b):
+        return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+    assert gap(initial, plain) > 1e-4
+    assert gap(model, plain) < 1e-6
+    assert gap(ema, plain_ema) < 1e-6
+    assert gap(batched[0][0], plain) > 1e-3   # seed 0's slice is another model
