@@ -223,7 +223,7 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if not isinstance(updates, int) or isinstance(updates, bool) or not 0 <= updates <= state["step"]:
         raise ckpt.error(STATE, f"'ema_updates' must be an integer from 0 to the step {state['step']}, got "
                                 f"{updates!r}: the file was edited or damaged")
-    check_model_config(state["model_config"], str(found / STATE), "the file was edited or damaged: "
+    check_model_config(state["model_config"], str(found / STATE), DiT, "the file was edited or damaged: "
                        "restore it, or use another checkpoint")
     ckpt.state = state
     return ckpt
@@ -244,8 +244,8 @@ def load_model(path: str | os.PathLike, weights: str = "ema") -> tuple[DiT, Chec
     except ValueError:  # unreadable: ``ckpt.weights`` names the file and the way out
         shapes = None
     if shapes is not None:
-        check_config_fits(check_model_config(ckpt.model_config, str(ckpt.path / STATE)), shapes,
-                          str(ckpt.path / STATE), str(file))
+        check_config_fits(check_model_config(ckpt.model_config, str(ckpt.path / STATE), DiT), shapes,
+                          str(ckpt.path / STATE), str(file), DiT)
     model = build_model_from_config(ckpt.model_config)
     ckpt.load_into(model, weights)
     return model.eval(), ckpt

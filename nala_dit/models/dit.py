@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -30,6 +31,8 @@ from diffusers.models.modeling_utils import ModelMixin
 from ..attention import NaLaConfig, build_attention
 from ..attention.config import MODEL_OPTIONS
 from ..attention.context_parallel import WHOLE_GRID, shard_of
+from ..guards import assert_no_meta, refuse_non_finite
+from .files import RENAMED_KEYS, check_transformer_folder, config_keys  # noqa: F401  (read here)
 from .grid import GridPositions, check_positions
 from .presets import FAMILIES, PATCHES, SIZES, check_attention_options, check_mix_init, parse_softmax_blocks, preset
 
@@ -213,17 +216,6 @@ class FinalLayer(nn.Module):
         return self.linear(modulate(self.norm_final(x), shift, scale))  # (B, N, p·p·C_out)
 
 
-# Config keys older versions wrote -> today's (diffusers configs, checkpoints' state.json).
-RENAMED_KEYS = {"pos_embed": "positions"}
-
-
-def config_keys(config) -> dict:
-    """The constructor keys of a stored ``DiT`` config: diffusers' ``_`` keys dropped and the
-    keys of older versions renamed (``RENAMED_KEYS``). Every stored config is read through
-    this one function (checkpoints, pipeline folders, ``DiT.from_config`` / ``from_pretrained``)."""
-    return {RENAMED_KEYS.get(k, k): v for k, v in dict(config).items() if not str(k).startswith("_")}
-
-
 def _attention_keywords(init):
     """``DiT.__init__`` takes NaLaConfig's model options (``MODEL_OPTIONS``: ``lepe``,
     ``power``, …, ``nala_regions``) as keyword arguments: its signature lists them from there,
@@ -313,6 +305,20 @@ class DiT(GridPositions, ModelMixin, ConfigMixin):
     @classmethod
     def extract_init_dict(cls, config_dict, **kwargs):   # diffusers' from_config / from_pretrained
         return super().extract_init_dict(config_keys(config_dict), **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """diffusers' loader, with a local folder checked first (``files.check_transformer_folder``:
+        config typed and sized like its safetensors, so an edited ``hidden_size`` is refused, not
+        allocated) and missing or non-finite weights refused after; on every route, diffusers'
+        ``DiffusionPipeline.from_pretrained`` included (it calls this for the transformer)."""
+        folder = Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or "")
+        if folder.is_dir():
+            check_transformer_folder(folder, cls)
+        model = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        assert_no_meta(model, str(folder))
+        refuse_non_finite(model, str(folder))
+        return model
 
     @property
     def null_label(self) -> int | None:

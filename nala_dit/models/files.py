@@ -6,8 +6,8 @@
 * ``check_config_fits``: the sizes a config implies agree with the tensors of its
   weights file, read from the safetensors header (``weight_shapes``) without loading
   them, so an edited ``hidden_size: 65536`` is refused instead of built.
-* ``load_transformer``: a pipeline folder's transformer, checked both ways and for
-  non-finite weights.
+* ``check_transformer_folder``: a pipeline's ``transformer/`` folder, both of the above;
+  ``DiT.from_pretrained`` runs it first (and refuses missing or non-finite weights after).
 """
 
 from __future__ import annotations
@@ -20,16 +20,26 @@ from pathlib import Path
 import torch
 
 from .presets import check_class_dropout
-from ..guards import assert_no_meta, read_json, refuse_non_finite, state_dict_mismatch
-from .dit import DiT, config_keys
+from ..guards import read_json, state_dict_mismatch
 
 # Config keys that count things: a model with 0 (or fewer) of them is not a model.
 COUNT_KEYS = ("input_size", "patch_size", "in_channels", "hidden_size", "depth", "num_heads", "num_classes")
+# Config keys older versions wrote -> today's (diffusers configs, checkpoints' state.json).
+RENAMED_KEYS = {"pos_embed": "positions"}
+
+
+def config_keys(config) -> dict:
+    """The constructor keys of a stored ``DiT`` config: diffusers' ``_`` keys dropped and the
+    keys of older versions renamed (``RENAMED_KEYS``). Every stored config is read through
+    this one function (checkpoints, pipeline folders, ``DiT.from_config`` / ``from_pretrained``)."""
+    return {RENAMED_KEYS.get(k, k): v for k, v in dict(config).items() if not str(k).startswith("_")}
+
+
 _TYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str, "None": type(None), "list": list, "dict": dict}
 
 
-def _dit_parameters() -> dict[str, inspect.Parameter]:
-    return {k: p for k, p in inspect.signature(DiT.__init__).parameters.items() if k != "self"}
+def _dit_parameters(model_class) -> dict[str, inspect.Parameter]:
+    return {k: p for k, p in inspect.signature(model_class.__init__).parameters.items() if k != "self"}
 
 
 def _allowed_types(param: inspect.Parameter) -> tuple[type, ...]:
@@ -61,14 +71,14 @@ def _fits(value, types: tuple[type, ...]) -> bool:
     return isinstance(value, types)
 
 
-def check_model_config(config, where: str, fix: str = "restore the file written with the weights, or export "
-                                                       "the model again") -> dict:
+def check_model_config(config, where: str, model_class, fix: str = "restore the file written with the weights, or "
+                                                                    "export the model again") -> dict:
     """The constructor keys of a stored ``DiT`` config (``dit.config_keys``: diffusers' ``_``
     keys dropped, older versions' keys renamed), after checking every key is known and of the type ``DiT`` takes; else a ValueError
     ``"<where>: 'hidden_size' must be an integer, got '128' (str); <fix>"``."""
     if not isinstance(config, dict):
         raise ValueError(f"{where}: the model config must be a JSON object, got {type(config).__name__}; {fix}")
-    params = _dit_parameters()
+    params = _dit_parameters(model_class)
     keys = config_keys(config)
     unknown = sorted(k for k in keys if k not in params)
     if unknown:
@@ -123,14 +133,15 @@ def _count(n: int) -> str:
     return f"{n:,}"
 
 
-def check_config_fits(keys: dict, shapes: dict[str, tuple[int, ...]], config_where: str, weights_where: str) -> None:
+def check_config_fits(keys: dict, shapes: dict[str, tuple[int, ...]], config_where: str, weights_where: str,
+                      model_class) -> None:
     """Refuse a config whose model is not the one in the weights file, before building it.
 
     The sizes that set every tensor (width, depth, patch, channels, grid, MLP width,
     classes) are compared with the file's tensors first, so the model built next on the
     ``meta`` device (no memory) is never larger than the file; then its parameter count
     and shapes must equal the file's."""
-    defaults = {k: p.default for k, p in _dit_parameters().items() if p.default is not inspect.Parameter.empty}
+    defaults = {k: p.default for k, p in _dit_parameters(model_class).items() if p.default is not inspect.Parameter.empty}
     c = {**defaults, **keys}
     fix = "one of the two was edited or damaged, or they come from different models: restore the files written together"
     expected = []
@@ -157,7 +168,7 @@ def check_config_fits(keys: dict, shapes: dict[str, tuple[int, ...]], config_whe
                          f"{'; '.join(wrong[:3])}; {fix}")
     try:
         with torch.device("meta"):
-            model = DiT(**keys)
+            model = model_class(**keys)
     except (ValueError, TypeError) as err:
         raise ValueError(f"{config_where}: {str(err).splitlines()[0]}; {fix}") from None
     built = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -172,29 +183,18 @@ def check_config_fits(keys: dict, shapes: dict[str, tuple[int, ...]], config_whe
 TRANSFORMER_WEIGHTS = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json")
 
 
-def check_transformer_folder(folder: str | os.PathLike) -> None:
-    """A pipeline's ``transformer/`` folder: its ``config.json`` typed and sized like its weights."""
+def check_transformer_folder(folder: str | os.PathLike, model_class) -> None:
+    """A pipeline's ``transformer/`` folder: its ``config.json`` typed and sized like its weights
+    (``model_class``: ``DiT``, whose ``from_pretrained`` calls this)."""
     folder = Path(folder)
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{config_file} not found: {folder.parent} is not a complete pipeline folder; "
                                 f"export it again")
     config = read_json(config_file, "export the pipeline again")
-    keys = check_model_config(config, str(config_file))
+    keys = check_model_config(config, str(config_file), model_class)
     weights = next((folder / name for name in TRANSFORMER_WEIGHTS if (folder / name).is_file()), None)
     if weights is None:   # refused before diffusers builds a model of the config's size (and never a pickle .bin)
         raise FileNotFoundError(f"{folder} has no {TRANSFORMER_WEIGHTS[0]}: {folder.parent} is not a complete "
                                 f"pipeline folder (weights are read from safetensors only); export it again")
-    check_config_fits(keys, weight_shapes(weights), str(config_file), str(weights))
-
-
-def load_transformer(folder: str | os.PathLike):
-    """``DiT.from_pretrained(folder)`` after ``check_transformer_folder``, refusing weights
-    left on ``meta`` (missing) and non-finite ones."""
-    check_transformer_folder(folder)
-    model = DiT.from_pretrained(str(folder))
-    assert_no_meta(model, str(folder))
-    refuse_non_finite(model, str(folder))
-    return model
-
-
+    check_config_fits(keys, weight_shapes(weights), str(config_file), str(weights), model_class)

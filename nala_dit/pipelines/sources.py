@@ -28,7 +28,7 @@ from ..checks import did_you_mean
 from ..guards import (CheckpointError, assert_no_meta, non_finite, read_json, refuse_non_finite,  # noqa: F401
                       torch_load_tensors)  # (assert_no_meta re-exported)
 from ..data.latent_stats import LatentNorm
-from ..models.files import check_transformer_folder, load_transformer
+from ..models.files import check_transformer_folder
 from ..models.dit import DiT
 from ..models.vae import DEFAULT_SCALING_FACTOR, load_vae
 
@@ -145,7 +145,7 @@ def check_pipeline_folder(path, subfolder: str | None = None) -> None:
         check_diffusion_steps(config["objective_config"]["diffusion-steps"],
                               f"{index}: objective_config 'diffusion-steps'", fix)
     if config.get("_class_name") in PIPELINE_OBJECTIVES and (root / "transformer").is_dir():
-        check_transformer_folder(root / "transformer")
+        check_transformer_folder(root / "transformer", DiT)
 
 
 def load_pipeline_folder(path: str | os.PathLike, vae: str | None = None, device="cpu") -> Source:
@@ -156,7 +156,7 @@ def load_pipeline_folder(path: str | os.PathLike, vae: str | None = None, device
     path = Path(path)
     config = read_pipeline_index(path)
     check_pipeline_folder(path)   # every component's JSON, as the pipelines' own loaders check it
-    model = load_transformer(path / "transformer").to(device).eval()
+    model = DiT.from_pretrained(str(path / "transformer")).to(device).eval()
     if vae is not None:
         vae_model, _ = load_vae(vae, device)
     elif (config.get("vae") or [None])[0] is not None:

@@ -96,7 +96,6 @@ def load_reference(path: str | os.PathLike, student: DiT, student_preset: str) -
     """An official ``.pt``, a checkpoint / run folder (EMA weights) or a pipeline folder
     (its transformer only: a teacher needs no VAE)."""
     from .checkpoint import OBJECTIVE_KEYS, load_model
-    from ..models.files import load_transformer
 
     p = Path(path)
     if p.is_file() or (not p.exists() and p.suffix in (".pt", ".pth")):
@@ -113,7 +112,7 @@ def load_reference(path: str | os.PathLike, student: DiT, student_preset: str) -
         raise FileNotFoundError(f"no official .pt, checkpoint, run folder or pipeline folder at {p}{did_you_mean(p)}")
     if (p / "model_index.json").is_file():
         index = read_pipeline_index(p)
-        model = load_transformer(p / "transformer")
+        model = DiT.from_pretrained(str(p / "transformer"))
         return Reference(model.eval(), dict(index.get("objective_config") or {}), str(p), "pipeline")
     model, ckpt = load_model(p, "ema")
     keys = OBJECTIVE_KEYS[model.config.objective]

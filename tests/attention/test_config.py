@@ -168,7 +168,8 @@ def test_a_checkpoint_with_the_old_key_loads_and_resumes(model, tmp_path):
 
 def test_an_exported_folder_with_the_old_key_loads(model, tmp_path):
     from nala_dit.models.dit import DiT
-    from nala_dit.models.files import check_transformer_folder, load_transformer
+    from nala_dit.models.dit import DiT
+    from nala_dit.models.files import check_transformer_folder
     from nala_dit.pipelines.pipeline import (
         DiTPipelineTransformer,
         NaLaDiTPipeline,
@@ -184,9 +185,9 @@ def test_an_exported_folder_with_the_old_key_loads(model, tmp_path):
     old.update(_class_name="DiT", _diffusers_version=json.loads(config_file.read_text())["_diffusers_version"])
     config_file.write_text(json.dumps(old, indent=2, sort_keys=True) + "\n")
 
-    check_transformer_folder(tmp_path / "pipe" / "transformer")
+    check_transformer_folder(tmp_path / "pipe" / "transformer", DiT)
     _same_model(DiT.from_pretrained(str(tmp_path / "pipe" / "transformer")), model)
-    _same_model(load_transformer(tmp_path / "pipe" / "transformer"), model)
+    _same_model(DiT.from_pretrained(str(tmp_path / "pipe" / "transformer")), model)
     _same_model(load_pipeline(tmp_path / "pipe").transformer, model)
     _same_model(load_source(tmp_path / "pipe").model, model)
     # diffusers' DiTPipeline adapter carries the whole DiT config (with diffusers' bookkeeping) in its own.

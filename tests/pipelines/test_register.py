@@ -212,3 +212,30 @@ def test_our_loader_refuses_a_huge_hidden_size_before_building(pipe_folder, tmp_
         NaLaDiTPipeline.from_pretrained(str(bad))
     assert_names(one_line(err), "hidden_size implies 65,536", "the weights have 128")
     assert 65536 not in built
+
+
+def test_the_generic_loader_refuses_a_huge_hidden_size_before_building(pipe_folder, tmp_path, monkeypatch):
+    """diffusers' own route checks the transformer too: it calls ``DiT.from_pretrained``, which
+    runs ``check_transformer_folder`` before diffusers builds a model (64 GiB at 65,536 wide)."""
+    built = count_dit_builds(monkeypatch)
+    bad = copy_of(pipe_folder, tmp_path / "bad")
+    config_file = bad / "transformer" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "hidden_size": 65536}))
+    with pytest.raises(ValueError) as err:
+        generic(bad)
+    assert_names(one_line(err), f"{config_file} does not describe", "hidden_size implies 65,536",
+                 "the weights have 128")
+    assert 65536 not in built
+
+
+def test_the_generic_loader_refuses_non_finite_weights(pipe_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    bad = copy_of(pipe_folder, tmp_path / "bad")
+    weights = bad / "transformer" / "diffusion_pytorch_model.safetensors"
+    state = load_file(weights)
+    state["final_layer.linear.weight"][0, 0] = float("nan")
+    save_file(state, weights)
+    with pytest.raises(ValueError) as err:
+        generic(bad)
+    assert_names(one_line(err), str(bad / "transformer"), "final_layer.linear.weight")
