@@ -222,14 +222,14 @@ class Demo:
             argv = self.argv(classes, per_label, sampler, steps, guidance, seed, size, grid, out_dir)
             command = self.command(argv)
             args = parse_sample_args(argv)
-            if args.steps is not None and args.steps > self.args.max_steps:
-                raise ValueError(f"{args.steps} steps asked for; this page runs at most {self.args.max_steps} per "
-                                 f"request (app.py --max-steps): choose fewer steps, or run the command below")
             wanted = len([c for c in args.labels.split(",") if c.strip()]) * args.per_label
             if wanted > self.args.max_images:
                 raise ValueError(f"{wanted} images asked for; this page makes at most {self.args.max_images} per "
                                  f"request (app.py --max-images): choose fewer classes or images per class")
             settings = sample.checked_settings(args)
+            if args.steps is not None and args.steps > self.args.max_steps:
+                raise ValueError(f"{args.steps} steps asked for; this page runs at most {self.args.max_steps} per "
+                                 f"request (app.py --max-steps): choose fewer steps, or run the command below")
             out.mkdir(parents=True)
             with watch_progress(_ProgressBar(progress, max(wanted, 1), args.batch_size)):
                 labels, pngs = sample.write_samples(args, self.source, settings)
