@@ -52,10 +52,11 @@ def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "f
     """(label, kernel, pointer types, constexprs, num_warps) for every kernel one call of
     ``variant`` can launch (the fused variant: the single-launch forward, or the atomic
     state pass + output; the baseline: the partial-sum state pass + output)."""
-    cfg = tn.launch_config(head_dim)
+    cfg = tn.launch_config(head_dim, variant=variant)
     st, out, bwd = cfg["state"], cfg["out"], cfg["bwd"]
     p, f = f"*{dtype}", "*fp32"
-    base = dict(COSINE=direction == "cosine", BD=cfg["BD"], PREC="ieee" if dtype == "fp32" else "tf32")
+    half = "bf16" if variant == "fused" else "tf32"
+    base = dict(COSINE=direction == "cosine", BD=cfg["BD"], PREC="ieee" if dtype == "fp32" else half)
     st_c = dict(base, BLOCK_N=st["BLOCK_N"], BV=st["BV"], ATOMIC=variant == "fused")
     out_c = dict(base, BLOCK_N=out["BLOCK_N"], BV=out["BV"])
     bwd_c = dict(base, BLOCK_N=bwd["BLOCK_N"], BV=bwd["BV"], NV=bwd["NV"])

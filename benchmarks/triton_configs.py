@@ -8,6 +8,7 @@ defaults' first, so a configuration that computes something else is reported, no
 CUDA only.
 
     python benchmarks/triton_configs.py --out runs/triton_configs.json --budget-s 60
+    python benchmarks/triton_configs.py --variant baseline     # the kernels before issue 53
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ def candidates(head_dim):
     return out
 
 
-def fwd_bwd(q, k, v, grad, config):
+def fwd_bwd(q, k, v, grad, config, variant=None):
     for t in (q, k, v):
         t.grad = None
-    out = triton_kernels.nala_attention_triton(q, k, v, 1.0, OPTS, config=config)
+    out = triton_kernels.nala_attention_triton(q, k, v, 1.0, dict(OPTS, variant=variant), config=config)
     out.backward(grad)
     return [out.detach().float()] + [t.grad.float() for t in (q, k, v)]
 
@@ -59,6 +60,8 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop after this many seconds (0: no limit)")
     parser.add_argument("--out", default="runs/triton_configs.json")
+    parser.add_argument("--variant", default=triton_kernels.VARIANT, choices=triton_kernels.VARIANTS,
+                        help="the kernels to sweep (default: NALA_TRITON_VARIANT, else fused)")
     args = parser.parse_args(argv)
     from triton.testing import do_bench
 
@@ -71,28 +74,28 @@ def main(argv=None):
         shape = (args.batch, args.heads, args.tokens, d)
         q, k, v, grad = (torch.randn(shape, generator=g).to(device, torch.bfloat16) for _ in range(4))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        ref = fwd_bwd(q, k, v, grad, None)
+        ref = fwd_bwd(q, k, v, grad, None, args.variant)
         # None: the per-kernel defaults of launch_config; the others apply to every kernel.
         for config in [None, *candidates(d)]:
-            label = dict(config or dict(default=triton_kernels.launch_config(d)))
+            label = dict(config or dict(default=triton_kernels.launch_config(d, variant=args.variant)))
             if args.budget_s and time.perf_counter() - start > args.budget_s:
                 rows.append(dict(head_dim=d, **label, skipped="budget spent"))
                 continue
             row = dict(head_dim=d, **label)
             try:
-                got = fwd_bwd(q, k, v, grad, config)
+                got = fwd_bwd(q, k, v, grad, config, args.variant)
                 row["max_rel_rms_vs_default"] = max(rel_rms(a, b) for a, b in zip(ref, got))
                 if row["max_rel_rms_vs_default"] > 1e-2:
                     row["skipped"] = "differs from the default configuration"
                 else:
-                    row["ms"] = do_bench(lambda: fwd_bwd(q, k, v, grad, config), warmup=5, rep=30)
+                    row["ms"] = do_bench(lambda: fwd_bwd(q, k, v, grad, config, args.variant), warmup=5, rep=30)
             except Exception as err:  # noqa: BLE001  (out of resources: shared memory, registers)
                 row["skipped"] = f"{type(err).__name__}: {str(err)[:200]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
             # Written after every row: a stage killed at its time limit keeps what it measured.
             out.write_text(json.dumps(dict(shape=dict(batch=args.batch, heads=args.heads, tokens=args.tokens),
-                                           dtype="bf16", mode="fwd+bwd", rows=rows), indent=1))
+                                           dtype="bf16", mode="fwd+bwd", variant=args.variant, rows=rows), indent=1))
     print(f"wrote {out}")
 
 

@@ -4,15 +4,29 @@ The structure is that of fused bidirectional linear attention: the state is a su
 all tokens, so the forward is two passes and the backward three, each a kernel:
 
 1. ``_state_kernel``   φ_k(k) in registers, ``[S | z]`` halves accumulated in fp32 over a
-                       token range (several ranges per head run in parallel; their partial
-                       sums are added by one small ``torch.sum``);
+                       token range; several ranges per head run in parallel and add their
+                       sums into one zeroed fp32 state with atomic adds (no partial buffers,
+                       no separate reduction launch);
 2. ``_output_kernel``  φ_q(q) in registers, ``o = φ_qᵀS / (φ_qᵀz + ε)``; keeps the
                        per-token denominator (one fp32 per token) for the backward;
+   ``_forward_kernel`` 1 and 2 as one launch where one token range per head suffices (N <
+                       ``SHORT_TOKENS``, or B·H alone filling the GPU): the state of one value
+                       tile stays in registers between the two loops and is stored once;
 3. ``_dq_kernel``      ∂L/∂φ_q = (g/den) Sᵀ + (∂L/∂den) zᵀ, then ∂L/∂q through the
                        feature map; keeps ∂L/∂den (one fp32 per token);
 4. ``_state_kernel``   again with queries (QUERY=True):
                        ∂L/∂[S | z] = Σ_i φ_q(q_i) [g_i/den_i | ∂L/∂den_i];
 5. ``_dkv_kernel``     ∂L/∂v = φ_k ∂L/∂S, ∂L/∂φ_k = v ∂L/∂Sᵀ + ∂L/∂z, then ∂L/∂k.
+
+Launches per call: forward 1 (short N) or 3 (``zeros``, state, output); backward 3 (short
+N) or 4 (with one ``zeros``). The token ranges are 64 tokens at least, so at N ≥ 1,024 the
+state passes run B·H·16 programs or more (XL/2's 16 heads: 256 at batch 1, every SM of an
+H100/H200; S/2's 6 heads: 96 at batch 1, from batch 2 all 132). The atomic sums make the
+state's last bits depend on the order the ranges finish in (fp32, relative ~1e-7).
+
+``VARIANT`` (``NALA_TRITON_VARIANT=baseline``, or ``opts["variant"]``) keeps the kernels
+before issue 53 selectable for an A/B: partial states summed by ``torch.sum``, ranges of
+≥ 512 tokens, state and output as two launches, TF32 products, libdevice sin/cos/log.
 
 What is saved for the backward: q, k, v, the state (2 × D × (D+1) per head) and the
 denominator. The 2D-wide features (norm, exponent, ``|q̂|^p``, angles, cos/sin halves,
@@ -23,15 +37,28 @@ each meet the state in their own ``tl.dot``.
 Precision: every load is cast to fp32, features, state, normaliser and division are fp32,
 and only the stores cast to the tensor's dtype (§3 "Precision"). Products of fp32 blocks
 use exact fp32 (``ieee``) for fp32 inputs, so the kernels match the fp32 reference to
-rounding, and TF32 tensor cores (operands rounded to nearest first, see ``_round_tf32``)
-for bf16/fp16 inputs, whose outputs are rounded to 8 (11) mantissa bits anyway. Head dims up to 128 (padded to a power of two with masks: 72 runs
-as 128 with 56 dead lanes whose features are exactly 0); any N (masked token blocks; a
-zero token has zero features, so padding adds nothing to the state).
+rounding (TF32 where torch allows it: ``set_float32_matmul_precision("high")``). For
+bf16/fp16 inputs the products take bf16 operands with fp32 accumulation ("bf16": the
+features and the fp32 state are cast to bf16 as they enter each ``tl.dot``; bf16 for fp16
+inputs too, since bf16 has fp32's range and |k|^λ passes fp16's 65504 at |k| > 40 for
+λ = 3). Measured against the fp32 reference on fp32 inputs, under the interpreter (the
+same rounding, ``bf16_exact``), N = 129: relative RMS 2.8e-3 to 3.6e-3 for the output and
+the gradients of q, k, v at D = 64 and 72, the output norm within 3e-4 (TF32: 3.5e-4 to
+4.5e-4); inside the 1e-2 budget of half inputs, whose own rounding is 2^-9. In that mode
+(and only there: fp32 inputs and the interpreter keep libdevice) sin, cos and log are the
+MUFU approximations (see ``_sin``); that also removes libdevice's local-memory argument
+reduction of sin/cos (LDL/STL in the SASS).
+
+Head dims up to 128, padded to a power of two with masks (72 runs as 128 with 56 dead
+lanes whose features are exactly 0): issue 53's 64 + 8/16 split tile for D = 72 is not
+done yet (it changes the feature map's row reductions in every kernel). Any N (masked token
+blocks; a zero token has zero features, so padding adds nothing to the state).
 
 The kernels run on CUDA and, for the tests, on CPU tensors under Triton's interpreter
 (``TRITON_INTERPRET=1`` set before this module is imported); without a GPU,
-``benchmarks/triton_compile_check.py`` compiles them for sm_90. The block sizes below
-avoid register spills but are not timed: no GPU was available when this was written.
+``benchmarks/triton_compile_check.py`` compiles them for sm_90a and reports registers,
+spills, wgmma/mma.sync and MUFU use. The block sizes below avoid register spills but are
+not timed: no GPU was available when this was written.
 """
 
 from __future__ import annotations
@@ -60,6 +87,43 @@ def unsupported_reason(q: torch.Tensor) -> str | None:
 # ------------------------------------------------------------------ feature maps (§2)
 
 
+# Hardware approximations (the MUFU unit: one instruction each) for the feature map's
+# sin, cos and log in the half-precision mode (PREC == "bf16") only; everything else (fp32
+# inputs, the interpreter, which runs no PTX) keeps libdevice's exact functions, which
+# compile to software polynomials and, for sin/cos, a local-memory argument reduction.
+# PTX ISA bounds: sin/cos.approx absolute error ≤ 2^-20.5 on [-π, π] (θ here is within
+# ±π/4); lg2.approx absolute error ≤ 2^-22 on [0.5, 2], relative ≤ 2^-22 elsewhere.
+# bf16 keeps 8 mantissa bits (2^-9 relative rounding): the approximations are ~2^-11 of
+# that. tests/attention/test_triton_approx.py measures each one's worst error on a GPU.
+
+
+@triton.jit
+def _sin(x, PREC: tl.constexpr):
+    if PREC == "bf16":
+        return tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.sin(x)
+
+
+@triton.jit
+def _cos(x, PREC: tl.constexpr):
+    if PREC == "bf16":
+        return tl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.cos(x)
+
+
+@triton.jit
+def _log(x, PREC: tl.constexpr):
+    if PREC == "bf16":
+        return 0.6931471805599453 * tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                               is_pure=True, pack=1)
+    else:
+        return tl.log(x)
+
+
 @triton.jit
 def _tanh(x):
     # exp(−2|x|) ∈ (0, 1]: no overflow at any |x| (tl has no tanh on every backend).
@@ -69,10 +133,10 @@ def _tanh(x):
 
 
 @triton.jit
-def _abs_pow(x, p):
+def _abs_pow(x, p, PREC: tl.constexpr):
     """|x|^p for p > 0 as exp(p·log|x|), exactly 0 at x = 0 (never log of a signed base)."""
     ax = tl.abs(x)
-    return tl.where(ax > 0, tl.exp(p * tl.log(tl.where(ax > 0, ax, 1.0))), 0.0)
+    return tl.where(ax > 0, tl.exp(p * _log(tl.where(ax > 0, ax, 1.0), PREC)), 0.0)
 
 
 @triton.jit
@@ -83,13 +147,13 @@ def _unit(x, norm_eps):
 
 
 @triton.jit
-def _lift(mag, x_hat, alpha, COSINE: tl.constexpr):
+def _lift(mag, x_hat, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
     """The two halves of φ: (m cos θ, m sin θ) with θ = (π/4)·tanh(α x̂), or
     (m·1(x̂>0), m·1(x̂<0)) in the relu_split mode."""
     if COSINE:
         theta = 0.7853981633974483 * _tanh(alpha * x_hat)
-        f1 = mag * tl.cos(theta)
-        f2 = mag * tl.sin(theta)
+        f1 = mag * _cos(theta, PREC)
+        f2 = mag * _sin(theta, PREC)
     else:
         f1 = tl.where(x_hat > 0, mag, 0.0)
         f2 = tl.where(x_hat < 0, mag, 0.0)
@@ -97,25 +161,25 @@ def _lift(mag, x_hat, alpha, COSINE: tl.constexpr):
 
 
 @triton.jit
-def _query_features(q, scale, power, offset, alpha, norm_eps, COSINE: tl.constexpr):
+def _query_features(q, scale, power, offset, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
     """φ_q of §2 for a (BN, BD) fp32 block: a = |q̂|^p with p = λ(τ + tanh(‖q‖/s))."""
     q_hat, norm, clamped = _unit(q, norm_eps)
     t_norm = _tanh(norm / scale)
     p = power * (offset + t_norm)                          # (BN,)
-    a = _abs_pow(q_hat, p[:, None])
-    f1, f2 = _lift(a, q_hat, alpha, COSINE)
+    a = _abs_pow(q_hat, p[:, None], PREC)
+    f1, f2 = _lift(a, q_hat, alpha, COSINE, PREC)
     return f1, f2, q_hat, norm, clamped, p, t_norm
 
 
 @triton.jit
-def _key_features(k, power, alpha, norm_eps, COSINE: tl.constexpr):
+def _key_features(k, power, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
     """φ_k of §2: b = |k|^λ (norm kept), direction from k̂ = k/‖k‖."""
-    b = _abs_pow(k, power)
+    b = _abs_pow(k, power, PREC)
     if COSINE:
         k_hat, norm, clamped = _unit(k, norm_eps)
-        f1, f2 = _lift(b, k_hat, alpha, COSINE)
+        f1, f2 = _lift(b, k_hat, alpha, COSINE, PREC)
     else:
-        f1, f2 = _lift(b, k, alpha, COSINE)
+        f1, f2 = _lift(b, k, alpha, COSINE, PREC)
     return f1, f2
 
 
@@ -144,14 +208,14 @@ def _through_unit(x, x_hat, norm, clamped, d_hat, d_norm, norm_eps):
 
 @triton.jit
 def _query_grad(q, f1, f2, g1, g2, q_hat, norm, clamped, p, t_norm, scale, power, alpha,
-                norm_eps, COSINE: tl.constexpr):
+                norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
     """∂L/∂q from ∂L/∂φ_q, and ∂L/∂(‖q‖/s) (for a learned s)."""
     a_da, d_hat = _lift_grad(f1, f2, g1, g2, q_hat, alpha, COSINE)
     nonzero = q_hat != 0
     safe = tl.where(nonzero, q_hat, 1.0)
     # a = |q̂|^p: ∂a/∂q̂ = p·a/q̂ and ∂a/∂p = a·log|q̂|, both 0 where q̂ = 0 (as torch.pow).
     d_hat += a_da * p[:, None] / safe
-    d_p = tl.sum(tl.where(nonzero, a_da * tl.log(tl.abs(safe)), 0.0), 1)
+    d_p = tl.sum(tl.where(nonzero, a_da * _log(tl.abs(safe), PREC), 0.0), 1)
     d_u = d_p * power * (1.0 - t_norm * t_norm)             # ∂L/∂u, u = ‖q‖/s
     dq = _through_unit(q, q_hat, norm, clamped, d_hat, d_u / scale, norm_eps)
     return dq, d_u
@@ -183,12 +247,28 @@ def _round_tf32(x):
 
 
 @triton.jit
+def _round_bf16(x):
+    """fp32 rounded to the nearest bf16 value, kept in fp32 (ties away from zero): the
+    interpreter's stand-in for bf16 operands (its bf16 ``tl.dot`` is wrong, Triton 3.8).
+    A product of two bf16 values is exact in fp32, so an fp32 dot of rounded operands
+    equals the tensor cores' bf16 dot up to the order of the fp32 additions."""
+    bits = x.to(tl.int32, bitcast=True)
+    return ((bits + 0x8000) & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _dot(a, b, PREC: tl.constexpr):
-    """``a @ b`` of fp32 blocks: exact fp32 ("ieee"), or TF32 tensor cores on rounded operands."""
+    """``a @ b`` of fp32 blocks with an fp32 accumulator: exact fp32 ("ieee"), TF32
+    tensor cores on rounded operands ("tf32"), bf16 tensor cores ("bf16"), or bf16-rounded
+    operands in an exact fp32 product ("bf16_exact": the same numbers, interpreter-safe)."""
     if PREC == "tf32":
-        a = _round_tf32(a)
-        b = _round_tf32(b)
-    return tl.dot(a, b, input_precision=PREC)
+        return tl.dot(_round_tf32(a), _round_tf32(b), input_precision="tf32")
+    elif PREC == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    elif PREC == "bf16_exact":
+        return tl.dot(_round_bf16(a), _round_bf16(b), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision="ieee")
 
 
 @triton.jit
@@ -220,14 +300,14 @@ def _state_range(x_base, v_base, sx_n, sx_d, sv_n, sv_d, start, end, offs_d, off
         x = _load_block(x_base, sx_n, sx_d, offs_n, offs_d, n_mask, d_mask)
         w = _load_block(v_base, sv_n, sv_d, offs_n, offs_v, n_mask, v_mask)
         if QUERY:
-            f1, f2, _h, _n, _c, _p, _t = _query_features(x, scale, power, offset, alpha, norm_eps, COSINE)
+            f1, f2, _h, _n, _c, _p, _t = _query_features(x, scale, power, offset, alpha, norm_eps, COSINE, PREC)
             den = tl.load(DEN + bh * N + offs_n, mask=n_mask, other=1.0)
             d_den = tl.load(DDEN + bh * N + offs_n, mask=n_mask, other=0.0)
             w = w / den[:, None]                              # ∂L/∂num = g/den
             z1 += tl.sum(f1 * d_den[:, None], 0)
             z2 += tl.sum(f2 * d_den[:, None], 0)
         else:
-            f1, f2 = _key_features(x, power, alpha, norm_eps, COSINE)
+            f1, f2 = _key_features(x, power, alpha, norm_eps, COSINE, PREC)
             z1 += tl.sum(f1, 0)
             z2 += tl.sum(f2, 0)
         acc1 += _dot(tl.trans(f1), w, PREC)
@@ -294,7 +374,7 @@ def _output_block(q_base, sq_n, sq_d, offs_n, n_mask, offs_d, d_mask, offs_v, v_
                   scale, power, offset, alpha, norm_eps, eps, COSINE: tl.constexpr, PREC: tl.constexpr):
     """One token block of o = φ_qᵀ S / (φ_qᵀ z + ε) (a value tile of it) and its denominator."""
     q = _load_block(q_base, sq_n, sq_d, offs_n, offs_d, n_mask, d_mask)
-    f1, f2, _h, _n, _c, _p, _t = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE)
+    f1, f2, _h, _n, _c, _p, _t = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE, PREC)
     num = _dot(f1, s1, PREC)
     num += _dot(f2, s2, PREC)
     den = tl.sum(f1 * z1[None, :] + f2 * z2[None, :], 1) + eps
@@ -415,7 +495,7 @@ def _dq_kernel(
     # The features only after the products: fewer blocks live at once (registers).
     q = _load_block(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_d, n_mask, d_mask)
     scale = tl.load(ScaleP + bh % H)
-    f1, f2, q_hat, norm, clamped, p, t_norm = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE)
+    f1, f2, q_hat, norm, clamped, p, t_norm = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE, PREC)
     # (g/den)·num/den = φ_q · ((g/den) Sᵀ) / den: num is never formed.
     d_den = -tl.sum(f1 * g1 + f2 * g2, 1) / den
     tl.store(DDEN + bh * N + offs_n, d_den, mask=n_mask)
@@ -424,7 +504,7 @@ def _dq_kernel(
     g1 += d_den[:, None] * z1[None, :]
     g2 += d_den[:, None] * z2[None, :]
     dq, d_u = _query_grad(q, f1, f2, g1, g2, q_hat, norm, clamped, p, t_norm, scale, power, alpha,
-                          norm_eps, COSINE)
+                          norm_eps, COSINE, PREC)
     dq_ptr = DQ + bh * N * D + offs_n[:, None] * D + offs_d[None, :]
     tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
     if NEED_DU:
@@ -465,7 +545,7 @@ def _dkv_kernel(
         g1 += _dot(v, tl.trans(tl.load(ds_ptr, mask=ds_mask, other=0.0)), PREC)
         g2 += _dot(v, tl.trans(tl.load(ds_ptr + D * D, mask=ds_mask, other=0.0)), PREC)
     k = _load_block(K + _head_offset(bh, H, sk_b, sk_h), sk_n, sk_d, offs_n, offs_d, n_mask, d_mask)
-    f1, f2 = _key_features(k, power, alpha, norm_eps, COSINE)
+    f1, f2 = _key_features(k, power, alpha, norm_eps, COSINE, PREC)
     dk = _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE)
     dk_ptr = DK + bh * N * D + offs_n[:, None] * D + offs_d[None, :]
     tl.store(dk_ptr, dk.to(DK.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
@@ -494,24 +574,31 @@ INTERPRETED = "Interpreted" in type(_output_kernel).__name__
 # in the cosine mode and at most 96 bytes in relu_split. fp32 inputs with exact FMA
 # products (the reference-precision default) spill 0.3-18 KB at D ≥ 64; with
 # torch.set_float32_matmul_precision("high") they take the TF32 path. Not yet timed on a
-# GPU: ``benchmarks/triton_configs.py`` sweeps alternatives there.
+# GPU: ``benchmarks/triton_configs.py`` sweeps alternatives there. Issue 53 (bf16 mode,
+# sm_90a): the D = 64 state passes at BLOCK_N 32 take 106 registers (two programs per SM,
+# still wgmma) where 64 took 154; the D = 64 output at BLOCK_N 32 would take 80 (three
+# programs) but fall back from wgmma to mma.sync, so it stays at 64 (155) until timed.
+# At D = 72 (BD 128) no block size tried reaches 128 registers (140-255).
 _GROUPS = ("state", "out", "bwd")
 _CONFIGS = {
     # BD: (BLOCK_N, BV, warps) for each of _GROUPS
     16: ((64, 16, 4), (64, 16, 4), (32, 16, 4)),
     32: ((64, 32, 4), (64, 32, 4), (32, 32, 8)),
-    64: ((64, 64, 8), (64, 64, 8), (32, 64, 8)),
+    64: ((32, 64, 8), (64, 64, 8), (32, 64, 8)),
     128: ((32, 64, 8), (32, 128, 8), (16, 32, 8)),
 }
+# The baseline variant's table (before issue 53), for the A/B.
+_BASELINE_CONFIGS = {**_CONFIGS, 64: ((64, 64, 8), (64, 64, 8), (32, 64, 8))}
 
 
-def launch_config(head_dim: int, override: dict | None = None) -> dict:
+def launch_config(head_dim: int, override: dict | None = None, variant: str = "fused") -> dict:
     """Block sizes for a head dim: BD is D padded to a power of two (≥ 16, what tl.dot
     needs), then ``_CONFIGS``; ``override`` (BLOCK_N, BV, num_warps) replaces every
     group's values (block-size sweeps)."""
     bd = max(16, triton.next_power_of_2(head_dim))
     cfg = dict(BD=bd)
-    for group, (block_n, bv, warps) in zip(_GROUPS, _CONFIGS[bd]):
+    table = _BASELINE_CONFIGS if variant == "baseline" else _CONFIGS
+    for group, (block_n, bv, warps) in zip(_GROUPS, table[bd]):
         sub = dict(BLOCK_N=block_n, BV=bv, num_warps=warps)
         sub.update(override or {})
         sub["NV"] = bd // sub["BV"]
@@ -603,8 +690,8 @@ class TritonNaLa(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, opts, splits=None, config=None):
         b, h, n, d = q.shape
-        cfg = launch_config(d, config)
         variant = opts["variant"]
+        cfg = launch_config(d, config, variant)
         if splits is None:
             splits = num_splits(n, b * h, cfg["state"]["NV"], q.device, variant)
         scale32 = scale.detach().to(device=q.device, dtype=torch.float32).contiguous()
@@ -700,11 +787,16 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
     # Exact fp32 products for fp32 inputs (matches the reference to rounding) unless torch
     # is allowed TF32 for fp32 matmuls (torch.set_float32_matmul_precision("high")); TF32
     # tensor cores for half inputs, whose output rounding (2^-8 for bf16) dominates anyway.
-    exact = q.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
-    precision = opts.get("precision") or ("ieee" if exact else "tf32")
+    # The fused variant gives half inputs bf16 operands (fp16 inputs too: bf16 has fp32's
+    # range, and |k|^λ passes fp16's 65504 at |k| > 40 for λ = 3) and, on a GPU, the MUFU
+    # approximations; under the interpreter the same rounding with exact functions.
     variant = opts.get("variant") or VARIANT
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {', '.join(VARIANTS)}")
+    exact = q.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
+    half = "bf16_exact" if INTERPRETED else "bf16"
+    precision = opts.get("precision") or ("ieee" if exact else
+                                          "tf32" if q.dtype == torch.float32 or variant == "baseline" else half)
     opts = dict(opts, precision=precision, variant=variant)
     if q.device.type == "cuda":
         # Triton launches on the current device; make it q's (a model on a second GPU).
