@@ -106,10 +106,12 @@ def resources(ptxas_output: str, sass: str = "", num_warps: int = 0) -> dict:
     return r
 
 
-def report(head_dim: int, dtype: str, direction: str, variant: str = "fused", arch: int = 90):
-    """One row per kernel: (label, num_warps, resources dict)."""
+def report(head_dim: int, dtype: str, direction: str, variant: str = "fused", arch: int = 90, labels=None):
+    """One row per kernel (those named in ``labels``, default all): (label, num_warps, resources)."""
     rows = []
     for label, kernel, pointers, constexprs, warps in kernel_variants(head_dim, dtype, direction, variant):
+        if labels is not None and label not in labels:
+            continue
         rows.append((label, warps, resources(*compile_kernel(kernel, pointers, constexprs, warps, arch), warps)))
     return rows
 
