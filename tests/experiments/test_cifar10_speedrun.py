@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import tarfile
 from pathlib import Path
 
@@ -24,6 +25,8 @@ def _load_run():
 
 
 run = _load_run()
+sys.path.insert(0, str(ROOT))
+import evaluate_fid  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +63,8 @@ def test_smoke_writes_every_stage_and_the_summary_is_recomputed_from_the_cells(s
     summary = json.loads((out / "summary.json").read_text())
     for v, row in summary["variants"].items():
         assert row["fid_mean"] == pytest.approx(cells[f"{v}_s0"]["fid"], abs=0)
+        assert row["step_s"] == cells[f"{v}_s0"]["train"]["step_s"] and row["n"] == 1 and row["fid_spread"] == 0.0
+        assert row["images_per_s"] == pytest.approx(20 * 8 / cells[f"{v}_s0"]["train"]["seconds"], rel=1e-12)
     assert summary["variants"]["nala_mlp"]["contrast_vs_softmax_mlp"]["0"] == pytest.approx(
         cells["nala_mlp_s0"]["fid"] - cells["softmax_mlp_s0"]["fid"], abs=1e-12)
     assert summary["variants"]["softmax_mlp"]["contrast_vs_softmax_mlp"]["0"] == 0.0
@@ -102,7 +107,7 @@ def test_data_on_device_equals_the_image_folder(cifar_subset):
     assert not torch.equal(ours, ref) and ours.min() >= -1 and ours.max() <= 1
 
 
-def test_fid_of_a_set_against_itself_is_zero_and_matches_evaluate_samples(tmp_path, inception_weights):
+def test_fid_of_a_set_against_itself_is_zero_and_matches_evaluate_fid_calc(tmp_path, inception_weights):
     from nala_dit.evaluation import metrics
     from nala_dit.evaluation.features import InceptionExtractor
 
@@ -115,10 +120,11 @@ def test_fid_of_a_set_against_itself_is_zero_and_matches_evaluate_samples(tmp_pa
     assert abs(run.fid_against(fa, fa)) < 1e-6
     np.savez(tmp_path / "b.npz", arr_0=b)
     np.savez(tmp_path / "a.npz", arr_0=a)
-    metrics.make_reference(tmp_path / "ref.npz", data=tmp_path / "a.npz", inception_weights=inception_weights,
-                           allow_unknown_weights=True)
-    theirs = metrics.evaluate_samples(tmp_path / "b.npz", tmp_path / "ref.npz", inception_weights=inception_weights,
-                                      allow_unknown_weights=True)["metrics"]["fid"]
+    common = ["--device", "cpu", "--inception-weights", str(inception_weights), "--allow-unknown-inception-weights"]
+    assert evaluate_fid.main(["ref", "--data", str(tmp_path / "a.npz"), "--out", str(tmp_path / "ref.npz"), *common]) == 0
+    assert evaluate_fid.main(["calc", "--samples", str(tmp_path / "b.npz"), "--ref", str(tmp_path / "ref.npz"),
+                              "--json", str(tmp_path / "calc.json"), "--inception-score", "off", *common]) == 0
+    theirs = json.loads((tmp_path / "calc.json").read_text())["metrics"]["fid"]
     assert run.fid_against(fb, fa) == pytest.approx(theirs, abs=1e-6)
 
 
