@@ -283,6 +283,10 @@ def main(argv=None) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls (the cost model in README.md assumes them)
+    for flag, value, least in (("--seeds", args.seeds, 1), ("--steps", args.steps, 1), ("--batch", args.batch, 1),
+                               ("--samples", args.samples, 2), ("--sample-steps", args.sample_steps, 1)):
+        if value is not None and value < least:
+            raise SystemExit(f"error: {flag} {value}: pass {least} or more")
     per_class = SMOKE_PER_CLASS if args.smoke else None
     for name, value in SIZING[args.tokens].items():
         if getattr(args, name) is None:

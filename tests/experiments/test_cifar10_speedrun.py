@@ -169,3 +169,12 @@ def test_batched_seeds_end_with_the_weights_of_their_plain_runs(variant):
     assert gap(model, plain) < 1e-6
     assert gap(ema, plain_ema) < 1e-6
     assert gap(batched[0][0], plain) > 1e-3   # seed 0's slice is another model
+
+
+@pytest.mark.parametrize("flag, value", [("--seeds", "0"), ("--samples", "1"), ("--steps", "0")])
+def test_a_count_below_its_least_is_one_error_line(tmp_path, flag, value):
+    for split in ("train", "test"):
+        (tmp_path / "cifar" / split).mkdir(parents=True)
+    with pytest.raises(SystemExit, match=f"^error: {flag} {value}: pass [12] or more$"):
+        run.main(["--cifar", str(tmp_path / "cifar"), "--out", str(tmp_path / "out"), flag, value])
+    assert not (tmp_path / "out").exists()
