@@ -125,6 +125,30 @@ def scheduler_sample(scheduler, model_fn, noise, labels, num_steps: int, progres
     return SampleOutput(x, nfe)
 
 
+def _sampler_steps(objective, sampler: str | None, num_steps: int | None, scheduler) -> tuple[str | None, int]:
+    """``generate``'s sampler (the objective's default when None) and step count, checked;
+    with a diffusers ``scheduler`` the sampler stays as given and the steps default to DDIM's."""
+    if scheduler is not None:
+        return sampler, SAMPLER_SPECS["ddim"].steps if num_steps is None else num_steps
+    sampler = sampler or default_sampler(objective)
+    check_sampler(sampler, objective)
+    steps = check_steps(sampler, SAMPLER_SPECS[sampler].steps if num_steps is None else num_steps,
+                        chain_length(objective), "num_steps")
+    return sampler, steps
+
+
+def _check_init(init: torch.Tensor, noise: torch.Tensor, strength: float, sampler: str | None, scheduler) -> None:
+    """Refuse an SDEdit start ``generate`` cannot run: the wrong shape, a strength outside
+    [0, 1], or a sampler (or diffusers scheduler) that cannot start part-way."""
+    if init.shape != noise.shape:
+        raise ValueError(f"init {tuple(init.shape)} must have the shape of the noise {tuple(noise.shape)}")
+    if not 0.0 <= strength <= 1.0:
+        raise ValueError(f"strength must be in [0, 1] (0 = keep the image, 1 = from pure noise), got {strength}")
+    if scheduler is not None or not SAMPLER_SPECS[sampler].renoise:
+        raise ValueError(f"re-noising (--upscale-from) runs with {', '.join(sampler_names(renoise=True))}, not "
+                         f"{sampler or 'a diffusers scheduler'}")
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -166,13 +190,7 @@ def generate(
     cfg_scale = parse_cfg_scale(cfg_scale)
     if time_shift != 1.0 and scheduler is not None:
         raise ValueError(TIME_SHIFT_REFUSED)
-    if scheduler is None:
-        sampler = sampler or default_sampler(objective)
-        check_sampler(sampler, objective)
-        steps = check_steps(sampler, SAMPLER_SPECS[sampler].steps if num_steps is None else num_steps,
-                            chain_length(objective), "num_steps")
-    else:
-        steps = SAMPLER_SPECS["ddim"].steps if num_steps is None else num_steps
+    sampler, steps = _sampler_steps(objective, sampler, num_steps, scheduler)
     if null_label is None:
         null_label = getattr(model, "null_label", None)
     if cfg_scale != 1.0 and null_label is None:
@@ -184,13 +202,7 @@ def generate(
                             guide_channels=guide_channels, eps_channels=noise.shape[1])
     start = {}
     if init is not None:
-        if init.shape != noise.shape:
-            raise ValueError(f"init {tuple(init.shape)} must have the shape of the noise {tuple(noise.shape)}")
-        if not 0.0 <= strength <= 1.0:
-            raise ValueError(f"strength must be in [0, 1] (0 = keep the image, 1 = from pure noise), got {strength}")
-        if scheduler is not None or not SAMPLER_SPECS[sampler].renoise:
-            raise ValueError(f"re-noising (--upscale-from) runs with {', '.join(sampler_names(renoise=True))}, not "
-                             f"{sampler or 'a diffusers scheduler'}")
+        _check_init(init, noise, strength, sampler, scheduler)
         if strength == 0.0:
             return SampleOutput(init, 0)
         noise, start, steps = renoise(objective, init, noise, strength, steps, time_shift)
