@@ -12,7 +12,8 @@ Top to bottom:
 * ``select_nala_impl`` (what ``impl="auto"`` runs per device) and ``nala_attention``;
 * the first-use check of the Triton kernels on CUDA (``triton_passes_check``): once per
   (device, dtype, head dim, direction) against the eager path, falling back to it with one
-  warning on an error or a mismatch.
+  warning on an error or a mismatch; under ``torch.compile`` it runs while dynamo traces
+  (``_traced_check``), and the kernels run as the custom op of ``triton_op.py``.
 
 The Triton kernels are in ``triton_kernels.py``; the pure math and the N×N references they
 are all tested against in ``functional.py``.
@@ -30,6 +31,7 @@ from torch.autograd.function import once_differentiable
 from .config import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
 from .config import NaLaConfig
 from .functional import _check_qkv, _no_autocast, nala_features, normalized_linear_attention
+from .triton_op import nala_triton_attention
 
 NALA_IMPLS = ("auto", "fused", "eager", "compile", "triton")
 
@@ -341,7 +343,8 @@ def nala_attention(
       hand-written backward that saves only q, k, v, the small state and the
       denominator (features are recomputed);
     * ``"triton"``: the same algorithm as GPU kernels (``nala_dit/attention/triton_kernels.py``), the
-      features computed in registers;
+      features computed in registers; under ``torch.compile`` as the custom op
+      ``nala_dit::nala_triton`` (``triton_op.py``), so the graph does not break there;
     * ``"eager"``: the readable composition ``nala_features`` → §3, plain autograd;
     * ``"compile"``: ``torch.compile`` of the eager composition (opt-in; slow to build).
 
@@ -362,9 +365,11 @@ def nala_attention(
             impl = "eager"                           # Triton autograd functions have no batching rule
         if shard is not None and impl != "fused":
             impl = "eager"
-        if impl == "triton" and not triton_passes_check(q.device, q.dtype, q.shape[-1], triton_opts):
+        if impl == "triton" and not _triton_usable(q, triton_opts):
             impl = "eager"
     if impl == "triton":
+        if torch.compiler.is_compiling():   # the custom op: traced whole, no graph break
+            return nala_triton_attention(q, k, v, opts["norm_scale"], triton_opts)
         return _triton_kernel(q, k, v, opts["norm_scale"], triton_opts)
     if shard is not None and impl != "fused":
         from .context_parallel import sharded_linear_attention
@@ -405,6 +410,26 @@ def _triton_kernel(q, k, v, norm_scale, opts):
     from .triton_kernels import nala_attention_triton
 
     return nala_attention_triton(q, k, v, norm_scale, opts)
+
+
+def _triton_usable(q: torch.Tensor, opts: dict) -> bool:
+    """``triton_passes_check`` for q's key. Under ``torch.compile`` the check runs while
+    dynamo traces (``_traced_check``: a constant of the graph, so the trace has no break),
+    on real tensors, once per key and process as in eager mode; a head dim that the
+    compiler keeps symbolic (``dynamic=True``) has no key to check, and takes the eager
+    composition."""
+    if not torch.compiler.is_compiling():
+        return triton_passes_check(q.device, q.dtype, q.shape[-1], opts)
+    head_dim = q.shape[-1]
+    if not isinstance(head_dim, int) or isinstance(head_dim, torch.SymInt):
+        return False
+    return _traced_check(q.device, q.dtype, head_dim, tuple(opts.items()))
+
+
+@torch._dynamo.assume_constant_result
+def _traced_check(device, dtype, head_dim, opts_items) -> bool:
+    """dynamo runs this at trace time (not traced into) and keeps its result as a constant."""
+    return triton_passes_check(device, dtype, head_dim, dict(opts_items))
 
 
 @torch.compiler.disable
