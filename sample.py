@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--compile", action="store_true",
                      help="torch.compile the model (in place; NaLa traces whole, as a custom op); the first "
                           "batch pays the compilation (tens of seconds on a CPU)")
+    how.add_argument("--cuda-graphs", action="store_true",
+                     help="--compile with CUDA graphs (mode reduce-overhead): each batch shape captured once, "
+                          "replayed at every sampler step; without CUDA one note, then compiled without them")
     how.add_argument("--context-parallel", type=int, default=1, metavar="P",
                      help="mass sampling (--out) under accelerate launch: " + CONTEXT_PARALLEL_HELP)
     how.add_argument("--vae-tiling", choices=list(VAE_TILING_MODES), default="auto",
@@ -170,7 +173,7 @@ def run(args) -> int:
         from nala_dit.attention.context_parallel import ContextParallel, enable
 
         context = ContextParallel.from_world(args.context_parallel)
-        source = compiled(load_source(args.ckpt, args.weights, args.vae, state.device), args.compile)
+        source = compiled(load_source(args.ckpt, args.weights, args.vae, state.device), args)
         enable(source.model, context)
         settings = sized_settings(settings, source, args, state.is_main_process)
         settings.resolved(source.objective)  # clear errors before any work
@@ -184,15 +187,17 @@ def run(args) -> int:
         return 0
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    write_samples(args, compiled(load_source(args.ckpt, args.weights, args.vae, device), args.compile), settings)
+    write_samples(args, compiled(load_source(args.ckpt, args.weights, args.vae, device), args), settings)
     return 0
 
 
-def compiled(source, compile: bool):
-    """``source`` with its model compiled in place (``nn.Module.compile``: the module keeps
-    its class and attributes) when ``compile``."""
-    if compile:
-        source.model.compile()
+def compiled(source, args):
+    """``source`` with its model compiled in place as ``--compile`` / ``--cuda-graphs`` ask
+    (``nala_dit.models.compile``: the module keeps its class and attributes)."""
+    if args.compile or args.cuda_graphs:
+        from nala_dit.models.compile import compile_model
+
+        compile_model(source.model, "reduce-overhead" if args.cuda_graphs else "default")
     return source
 
 

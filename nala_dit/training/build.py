@@ -15,6 +15,7 @@ from ..attention.regions import check_regions
 from ..data.choices import default_num_workers
 from ..data.latent_stats import run_norm
 from ..models import vae as vae_lib
+from ..models.compile import compile_model
 from ..models.dit import create_model
 from ..models.grid import latent_size, vae_factor
 from . import convert
@@ -154,7 +155,7 @@ def step_model(cfg: TrainConfig, accelerator, context, model, ema, encoder, proj
     from ..attention.context_parallel import enable, resumable_gradient_sync
 
     enable(model, context)
-    train_model = torch.compile(model) if cfg.compile else model
+    train_model = compile_model(model, in_place=False) if cfg.compile else model
     alignment = None
     if projector is not None:
         depth = cfg.repa_depth or repa_lib.default_depth(cfg.model)

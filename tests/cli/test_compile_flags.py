@@ -12,7 +12,8 @@ def test_sample_compile_flag_compiles_the_model_in_place():
     assert sample.build_parser().parse_args(["--ckpt", "x", "--compile"]).compile is True
     assert sample.build_parser().parse_args(["--ckpt", "x"]).compile is False
     model = torch.nn.Linear(2, 2)
-    source = sample.compiled(SimpleNamespace(model=model), True)
+    source = sample.compiled(SimpleNamespace(model=model), SimpleNamespace(compile=True, cuda_graphs=False))
     assert source.model is model and model._compiled_call_impl is not None
     plain = torch.nn.Linear(2, 2)
-    assert sample.compiled(SimpleNamespace(model=plain), False).model._compiled_call_impl is None
+    args = SimpleNamespace(compile=False, cuda_graphs=False)
+    assert sample.compiled(SimpleNamespace(model=plain), args).model._compiled_call_impl is None
