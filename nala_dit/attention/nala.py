@@ -423,13 +423,17 @@ def _triton_usable(q: torch.Tensor, opts: dict) -> bool:
     head_dim = q.shape[-1]
     if not isinstance(head_dim, int) or isinstance(head_dim, torch.SymInt):
         return False
-    return _traced_check(q.device, q.dtype, head_dim, tuple(opts.items()))
+    return _traced_check(q.device, q.dtype, head_dim, opts["direction"])
 
 
 @torch._dynamo.assume_constant_result
-def _traced_check(device, dtype, head_dim, opts_items) -> bool:
-    """dynamo runs this at trace time (not traced into) and keeps its result as a constant."""
-    return triton_passes_check(device, dtype, head_dim, dict(opts_items))
+def _traced_check(device, dtype, head_dim, direction) -> bool:
+    """dynamo runs this at trace time (not traced into) and keeps its result as a constant.
+    Its arguments must be constants, so the check runs with the default §2 constants of
+    ``direction`` (the cache key has none of them; ``dynamic=True`` makes the layer's
+    floats symbolic)."""
+    opts = {k: v for k, v in fused_opts(NaLaConfig(direction=direction), head_dim).items() if k != "norm_scale"}
+    return triton_passes_check(device, dtype, head_dim, opts)
 
 
 @torch.compiler.disable

@@ -142,3 +142,16 @@ def test_a_failed_check_compiles_the_eager_composition(triton_path, monkeypatch)
         explain = torch._dynamo.explain(block)(x, c, (4, 4))
     assert explain.graph_break_count == 0, explain.break_reasons
     assert "nala_triton" not in str(explain.graphs[0].graph)
+
+
+def test_dynamic_shapes_compile_whole(triton_path):
+    """``dynamic=True`` (symbolic sizes, and the layer's §2 constants symbolic floats): still
+    one graph with the op, eager's output at two batch sizes."""
+    block, x, c = block_and_inputs()
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for b in (2, 3):
+            xb, cb = x.detach()[:1].expand(b, -1, -1) * torch.arange(1, b + 1).view(-1, 1, 1), c[:1].expand(b, -1)
+            assert_close(f"batch {b}", block(xb, cb, (4, 4)), compiled(xb, cb, (4, 4)), FP32_TOL)
+    assert len(triton_path) == 1 + 2, "the check and the two eager calls only"
