@@ -316,58 +316,71 @@ class _NaLaPipeline(DiffusionPipeline):
             check_tiling(vae_tiling, vae_tile_size, self.resolved_vae(), names=("vae_tiling", "vae_tile_size"))
         ids = self.get_label_ids(class_labels)
         if isinstance(generator, (list, tuple)):   # one per image: image i is its own call's image
-            if len(generator) != len(ids):
-                raise ValueError(f"generator: {len(generator)} generators for {len(ids)} images (class_labels); pass "
-                                 f"one per image, or one generator (or int seed) for all")
             kwargs = dict(num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
                           output_type=output_type, sampler=sampler, guidance_interval=guidance_interval,
                           guide_channels=guide_channels, precision=precision, height=height, width=width,
                           time_shift=time_shift, vae_tiling=vae_tiling, vae_tile_size=vae_tile_size)
-            parts = [self(label, generator=g, return_dict=False, **kwargs)[0] for label, g in zip(ids, generator)]
-            if output_type == "pil":
-                images = [image for part in parts for image in part]
-            elif output_type == "np":
-                import numpy as np
-
-                images = np.concatenate(parts)
-            else:
-                images = torch.cat(parts)
+            images = self._one_call_per_generator(ids, generator, kwargs)
             return ImagePipelineOutput(images=images) if return_dict else (images,)
         seed = seed_from(generator)
+        settings = self._settings(len(ids), num_inference_steps, guidance_scale, sampler, guidance_interval,
+                                  guide_channels, precision, height, width, time_shift)
+        progress = not getattr(self, "_progress_bar_config", {}).get("disable", False)
+        labels = torch.tensor(ids, dtype=torch.long, device=self.transformer.device)
+        latents, nfe = self._latents(labels, list(range(len(ids))), seed, settings, progress)
+        check_finite_samples(latents)
+        images = self._output(latents, output_type, vae_tiling, vae_tile_size)
+        self.maybe_free_model_hooks()
+        if not return_dict:
+            return (images,)
+        return ImagePipelineOutput(images=images)
+
+    def _one_call_per_generator(self, ids: list[int], generators, kwargs: dict):
+        """``__call__`` with a list of generators: image i is ``self(ids[i], generator=generators[i])``."""
+        if len(generators) != len(ids):
+            raise ValueError(f"generator: {len(generators)} generators for {len(ids)} images (class_labels); pass "
+                             f"one per image, or one generator (or int seed) for all")
+        parts = [self(label, generator=g, return_dict=False, **kwargs)[0] for label, g in zip(ids, generators)]
+        if kwargs["output_type"] == "pil":
+            return [image for part in parts for image in part]
+        if kwargs["output_type"] == "np":
+            import numpy as np
+
+            return np.concatenate(parts)
+        return torch.cat(parts)
+
+    def _settings(self, n_images, num_inference_steps, guidance_scale, sampler, guidance_interval, guide_channels,
+                  precision, height, width, time_shift) -> SampleSettings:
+        """``__call__``'s arguments as ``SampleSettings``, checked in the call's own words
+        (steps, memory) before any work."""
         if num_inference_steps is None and sampler is None:
             num_inference_steps = self.config.num_inference_steps
         settings = SampleSettings(sampler or self.config.sampler, num_inference_steps, guidance_scale,
                                   guidance_interval, guide_channels, self.precision_for(precision),
                                   latent_size=self.latent_size(height, width),
                                   time_shift=parse_time_shift(time_shift) if time_shift is not None else None)
-        if settings.num_steps is not None and settings.sampler != "scheduler":   # in this call's words, before any work
+        if settings.num_steps is not None and settings.sampler != "scheduler":
             check_steps(settings.sampler or default_sampler(self.objective()), settings.num_steps,
                         chain_length(self.objective()), "num_inference_steps")
-        check_sample_memory(self.transformer, settings.latent_size, len(ids), self.vae_scale_factor,
+        check_sample_memory(self.transformer, settings.latent_size, n_images, self.vae_scale_factor,
                             self.transformer.device, f"height={height}, width={width}",
                             "use a smaller height/width or fewer class_labels per call", guided=guidance_scale != 1)
-        progress = not getattr(self, "_progress_bar_config", {}).get("disable", False)
-        labels = torch.tensor(ids, dtype=torch.long, device=self.transformer.device)
-        latents, nfe = self._latents(labels, list(range(len(ids))), seed, settings, progress)
-        check_finite_samples(latents)
+        return settings
+
+    def _output(self, latents: torch.Tensor, output_type: str, vae_tiling: str, vae_tile_size: int | None):
+        """Sampled latents as ``output_type``: decoded by the VAE unless "latent"."""
         if output_type == "latent":
-            images = latents
-        else:
-            images = decode(latents, self.resolved_vae(), self.latent_norm,    # (B, C, H, W) in [-1, 1]
-                            tiling=vae_tiling, tile_size=vae_tile_size)
-            check_finite_samples(images)
-            if output_type == "pil":
-                from PIL import Image
-                arr = to_uint8(images).numpy()
-                images = [Image.fromarray(a[..., 0] if a.shape[-1] == 1 else a) for a in arr]
-            elif output_type == "np":
-                images = ((images + 1) / 2).permute(0, 2, 3, 1).cpu().numpy()
-            else:
-                images = (images + 1) / 2
-        self.maybe_free_model_hooks()
-        if not return_dict:
-            return (images,)
-        return ImagePipelineOutput(images=images)
+            return latents
+        images = decode(latents, self.resolved_vae(), self.latent_norm,    # (B, C, H, W) in [-1, 1]
+                        tiling=vae_tiling, tile_size=vae_tile_size)
+        check_finite_samples(images)
+        if output_type == "pil":
+            from PIL import Image
+            arr = to_uint8(images).numpy()
+            return [Image.fromarray(a[..., 0] if a.shape[-1] == 1 else a) for a in arr]
+        if output_type == "np":
+            return ((images + 1) / 2).permute(0, 2, 3, 1).cpu().numpy()
+        return (images + 1) / 2
 
 
 class NaLaDiTPipeline(_NaLaPipeline):
