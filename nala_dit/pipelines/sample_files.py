@@ -243,9 +243,6 @@ def mass_sample(source: Source, out: str | os.PathLike, num_samples: int, seed: 
 
 def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, shard_size, stop_after, keep_parts,
                  progress, state, context=None) -> Path | None:
-    from ..data.datasets import to_uint8
-    from ..progress import progress_bar
-
     rank, world = (state.process_index, state.num_processes) if state is not None else (0, 1)
     is_main = rank == 0
     writes = True          # context parallel: the processes of a group make the same images
@@ -256,25 +253,66 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     shard_size = math.ceil(shard_size / batch_size) * batch_size
     s = settings.resolved(source.objective)
     parts = Path(f"{out}.parts")
-    model = source.model
-    num_classes = model.config.num_classes
+    recipe = _recipe(source, s, seed, num_samples, batch_size, shard_size)
+    if _already_complete(source, out, parts, recipe, is_main):
+        return out
+    num_classes = source.model.config.num_classes
+    labels = balanced_labels(num_samples, num_classes, seed)
+    num_shards = math.ceil(num_samples / shard_size)
+    mine = [k for k in range(rank, num_shards, world) if not _shard_path(parts, k).is_file()]
+    if stop_after is not None:
+        mine = mine[:stop_after]
+    if context is not None and context.size > 1:
+        state.wait_for_everyone()   # a group's processes list the same shards before any is written
+    _sample_shards(source, s, out, parts, mine, labels, seed, num_samples, batch_size, shard_size,
+                   progress and is_main, writes, world)
+    if state is not None:
+        state.wait_for_everyone()
+    if not is_main:
+        return out
+    shards = [_shard_path(parts, k) for k in range(num_shards)]
+    missing = [p.name for p in shards if not p.is_file()]
+    if missing:
+        print(f"{len(shards) - len(missing)} of {num_shards} shards done in {parts}; "
+              f"rerun the same command to resume")
+        return None
+    meta = dict(recipe, world_size=world, **({"context_parallel": context.size}   # world_size: data-parallel groups
+                                             if context is not None and context.size > 1 else {}))
+    _assemble(out, parts, shards, labels, num_samples, num_classes, meta, keep_parts)
+    return out
+
+
+def _shard_path(parts: Path, k: int) -> Path:
+    return parts / f"shard-{k:06d}.npz"
+
+
+def _recipe(source, s: SampleSettings, seed, num_samples, batch_size, shard_size) -> dict:
+    """What decides a mass-sampling run's images (stored beside its shards and in its sidecar)."""
     recipe = dict(model=source.info.get("model"),
                   checkpoint=source.info.get("checkpoint") or source.info.get("pipeline"),
                   step=source.info.get("step"), weights=source.info.get("weights"), vae=source.info.get("vae"),
                   sampler=s.sampler, steps=s.num_steps, cfg_scale=s.cfg_scale,
                   guidance_interval=list(s.guidance_interval) if s.guidance_interval else None,
                   guide_channels=s.guide_channels, precision=s.precision, seed=seed, num_samples=num_samples,
-                  num_classes=num_classes, batch_size=batch_size, shard_size=shard_size)
+                  num_classes=source.model.config.num_classes, batch_size=batch_size, shard_size=shard_size)
     if SAMPLER_SPECS[s.sampler].adaptive:   # dopri5: its tolerances decide the images
         recipe.update(atol=s.atol, rtol=s.rtol, max_nfe=s.max_nfe)
-    recipe.update(size_recipe(s, model, source.objective))
+    recipe.update(size_recipe(s, source.model, source.objective))
+    return recipe
+
+
+def _already_complete(source, out: Path, parts: Path, recipe: dict, is_main: bool) -> bool:
+    """True when ``out`` is finished with this ``recipe``. Otherwise checks that what is at
+    ``out`` and in ``parts`` belongs to this run (else refuses, naming what to move), makes
+    ``parts`` and stores the recipe there on a fresh start."""
+    model, objective = source.model, source.objective
     sidecar = Path(f"{out}.json")
     keep = (f"not overwriting it: choose another --out, or move {out}{f' and {sidecar}' if sidecar.exists() else ''} "
             f"away to redo it")
     settings_file = parts / "settings.json"
     if out.is_file() and sidecar.is_file():
         done = _read_json(sidecar, f"delete it and {out} and rerun")
-        diff = recipe_differences(done, recipe, model, source.objective)
+        diff = recipe_differences(done, recipe, model, objective)
         if diff:
             raise FileExistsError(f"{out} holds a finished run made with other settings {diff} (its {sidecar.name}, "
                                   f"now); {keep}")
@@ -282,7 +320,7 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
         if problem is None:
             if is_main:
                 print(f"{out} is already complete with these settings; nothing to do")
-            return out
+            return True
         if not (settings_file.is_file() and any(parts.glob("shard-*.npz"))):
             raise ValueError(f"{out} is damaged ({problem}) though {sidecar.name} records it finished; nothing was "
                              f"changed: move {out} and {sidecar} away (or delete them) and rerun the same command to "
@@ -292,7 +330,7 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     stored = _read_json(settings_file, f"delete {parts} to start over") if settings_file.is_file() else None
     if stored is not None and not any(parts.glob("shard-*.npz")):
         stored = None  # a run refused before its first shard: nothing to keep, this run starts afresh
-    if stored is not None and (diff := recipe_differences(stored, recipe, model, source.objective)):
+    if stored is not None and (diff := recipe_differences(stored, recipe, model, objective)):
         raise ValueError(f"{parts} holds shards made with other settings {diff} (stored, now); "
                          f"rerun with the same flags or delete {parts}")
     # A file at --out without its sidecar is ours only when this run's shards are there
@@ -303,45 +341,38 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     parts.mkdir(parents=True, exist_ok=True)
     if stored is None and is_main:
         atomic_write(settings_file, lambda f: f.write(json.dumps(recipe, indent=2).encode()))
+    return False
 
-    labels = balanced_labels(num_samples, num_classes, seed)
-    num_shards = math.ceil(num_samples / shard_size)
 
-    def shard_path(k: int) -> Path:
-        return parts / f"shard-{k:06d}.npz"
+def _sample_shards(source, s: SampleSettings, out: Path, parts: Path, mine: list[int], labels, seed, num_samples,
+                   batch_size, shard_size, progress: bool, writes: bool, world: int) -> None:
+    """Sample the shards ``mine`` in micro-batches; each shard written atomically when ``writes``."""
+    from ..data.datasets import to_uint8
+    from ..progress import progress_bar
 
-    mine = [k for k in range(rank, num_shards, world) if not shard_path(k).is_file()]
-    if stop_after is not None:
-        mine = mine[:stop_after]
-    if context is not None and context.size > 1:
-        state.wait_for_everyone()   # a group's processes list the same shards before any is written
     with progress_bar(total=sum(min(shard_size, num_samples - k * shard_size) for k in mine),
-                      disable=not (progress and is_main), desc=f"sample (rank 0 of {world})", unit="img") as bar:
+                      disable=not progress, desc=f"sample (rank 0 of {world})", unit="img") as bar:
         for k in mine:
             lo, hi = k * shard_size, min((k + 1) * shard_size, num_samples)
             images, nfes = [], []
             for start in range(lo, hi, batch_size):
                 idx = list(range(start, min(start + batch_size, hi)))
-                pixels, nfe = sample_batch(model, source.objective, labels[idx], idx, seed, s,
+                pixels, nfe = sample_batch(source.model, source.objective, labels[idx], idx, seed, s,
                                            source.vae, source.latent_norm)
                 images.append(to_uint8(pixels).numpy())
                 nfes.append(nfe)
                 bar.update(len(idx))
             if writes:
-                with _disk_full_line(shard_path(k), out, "resume"):
-                    atomic_write(shard_path(k), lambda f: np.savez(f, images=np.concatenate(images),
-                                                                      labels=labels[lo:hi].numpy(),
-                                                                      nfe=np.array(nfes)))
-    if state is not None:
-        state.wait_for_everyone()
-    if not is_main:
-        return out
-    shards = [shard_path(k) for k in range(num_shards)]
-    missing = [p.name for p in shards if not p.is_file()]
-    if missing:
-        print(f"{len(shards) - len(missing)} of {num_shards} shards done in {parts}; "
-              f"rerun the same command to resume")
-        return None
+                with _disk_full_line(_shard_path(parts, k), out, "resume"):
+                    atomic_write(_shard_path(parts, k), lambda f: np.savez(f, images=np.concatenate(images),
+                                                                              labels=labels[lo:hi].numpy(),
+                                                                              nfe=np.array(nfes)))
+
+
+def _assemble(out: Path, parts: Path, shards: list[Path], labels, num_samples, num_classes, meta: dict,
+              keep_parts: bool) -> None:
+    """Every shard into ``out`` and its sidecar (``meta`` + the NFE and class counts); the
+    shards removed unless ``keep_parts``."""
     with np.load(shards[0]) as first:
         image_shape = first["images"].shape[1:]
     nfe = []
@@ -351,14 +382,11 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
     with _disk_full_line(out, out, "assemble it"):
         write_npz_streaming(out, shards, num_samples, image_shape)
     counts = torch.bincount(labels, minlength=num_classes)
-    meta = dict(recipe, nfe=max(nfe), nfe_mean=float(np.mean(nfe)), image_shape=list(image_shape),
-                world_size=world, per_class_min=int(counts.min()), per_class_max=int(counts.max()),
-                npz=str(out))
-    if context is not None and context.size > 1:
-        meta.update(context_parallel=context.size)   # world_size counts the data-parallel groups
+    sidecar = Path(f"{out}.json")
+    meta = dict(meta, nfe=max(nfe), nfe_mean=float(np.mean(nfe)), image_shape=list(image_shape),
+                per_class_min=int(counts.min()), per_class_max=int(counts.max()), npz=str(out))
     atomic_write(sidecar, lambda f: f.write(json.dumps(meta, indent=2).encode()))
     if not keep_parts:
         import shutil
         shutil.rmtree(parts)
     print(f"wrote {out} and {sidecar}")
-    return out
