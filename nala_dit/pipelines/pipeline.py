@@ -59,6 +59,7 @@ from ..diffusion.choices import check_steps
 from ..models.grid import latent_for, parse_time_shift, vae_factor
 from ..guards import check_finite_samples, check_sample_memory, refuse_non_finite
 from ..data.latent_stats import LatentNorm
+from ..models.compile import compile_model
 from ..models.dit import DiT, config_keys
 from .sources import assert_no_meta, check_pipeline_folder, read_pipeline_index, resolve_labels, resolve_scaling_factor
 from ..models.vae import check_tiling
@@ -253,6 +254,13 @@ class _NaLaPipeline(DiffusionPipeline):
         raise ValueError(f"the transformer holds {dtype} weights; these pipelines run float32 or bfloat16 weights "
                          f"(bf16 autocast; NaLa's state stays fp32): load with dtype=torch.bfloat16 or call "
                          f"pipe.to(torch.bfloat16)")
+
+    def compile(self, mode: str = "default") -> "_NaLaPipeline":
+        """``torch.compile`` the transformer in place (``nala_dit.models.compile``, as
+        ``sample.py --compile``); ``mode="reduce-overhead"``: CUDA graphs (``--cuda-graphs``),
+        one capture per batch shape. Returns the pipeline."""
+        compile_model(self.transformer, mode)
+        return self
 
     def _latents(self, labels, indices, seed, settings, progress):
         return sample_batch(self.transformer, self.objective(), labels, indices, seed, settings,
