@@ -92,25 +92,7 @@ def extract_latents(
     )
     meta_path = out_dir / LATENT_META
     if meta_path.is_file():
-        old = read_json(meta_path, f"delete {out_dir} (or use another --out) to extract again")
-        if not isinstance(old, dict):
-            raise ValueError(f"{meta_path}: must hold a JSON object, got {type(old).__name__}; use another --out or "
-                             f"delete {out_dir}")
-        old["images"] = bool(old.get("images"))   # extractions before --keep-images kept none
-        changed = [k for k in ("num_images", "image_size", "shard_size", "classes", "vae", "dtype", "images")
-                   if old.get(k) != meta[k]]
-        # the encoder, and the image folder (its path; its file list: names, sizes, labels): another
-        # folder of as many images in the same classes must not mix into this cache
-        changed += [k for k in ("vae_fingerprint", "source", "source_files") if old.get(k, meta[k]) != meta[k]]
-        if changed:
-            source = (f" (extracted from {old.get('source')}, --data is {meta['source']})"
-                      if {"source", "source_files"} & set(changed) else "")
-            raise ValueError(
-                f"{out_dir} holds an extraction with different {changed}{source}; use another --out or delete it"
-            )
-        check_shards(out_dir, meta["shards"])   # before meta.json is touched: a damaged shard is one line
-        if old.get("latent_stats") is not None:   # kept until this run recomputes them over every shard
-            meta["latent_stats"] = old["latent_stats"]
+        _check_previous(meta_path, out_dir, meta)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -125,35 +107,70 @@ def extract_latents(
         for k in mine:
             indices = range(k * shard_size, min((k + 1) * shard_size, len(dataset)))
             loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, num_workers=num_workers)
-            moments, labels, images, sums = [], [], [], 0
-            for x, y in loader:
-                m = encode_moments(vae, x.to(accelerator.device)).to(store)
-                # float64 sums of the stored (rounded) values, on the GPU where there is one (MPS has no
-                # float64): the statistics are those of what training reads
-                sums = sums + moment_sums(m if m.device.type == "cuda" else m.cpu()).cpu()
-                moments.append(m.cpu())
-                labels.append(y)
-                if keep_images:  # the resized image the latents encode, as uint8 (REPA's encoder input)
-                    images.append(((x + 1) * 127.5).round().clamp(0, 255).to(torch.uint8))
-                bar.update(len(y))
-            moments = torch.cat(moments).contiguous()
-            path = out_dir / shard_name(k)
-            tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-            try:
-                save_file({"moments": moments, "labels": torch.cat(labels).contiguous(), SUMS_KEY: sums,
-                           **({"images": torch.cat(images).contiguous()} if keep_images else {})}, str(tmp))
-            except (OSError, SafetensorError) as err:  # disk full: safetensors raises its own error
-                tmp.unlink(missing_ok=True)
-                first = str(err).splitlines()[0] if str(err) else type(err).__name__
-                raise OSError(f"cannot write {path}: {first} (disk full?); removed the partial file, the finished "
-                              f"shards are kept: free space and rerun the same command to resume") from None
-            durable_replace(tmp, path)   # fsynced before and after: a power loss leaves no empty shard
+            tensors = _encode_shard(vae, loader, accelerator.device, store, keep_images, bar)
+            _save_shard(out_dir / shard_name(k), tensors)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:  # every shard is there now: the statistics of the whole cache
         meta["latent_stats"] = cache_statistics(out_dir, meta["shards"])
         write_meta(meta_path, meta)
     accelerator.wait_for_everyone()
     return out_dir
+
+
+def _check_previous(meta_path: Path, out_dir: Path, meta: dict) -> None:
+    """An earlier extraction at ``out_dir`` is resumed only when it was made from the same
+    images with the same settings and encoder (else one error naming what changed) and its
+    shards are sound; its latent statistics are kept in ``meta`` until recomputed."""
+    old = read_json(meta_path, f"delete {out_dir} (or use another --out) to extract again")
+    if not isinstance(old, dict):
+        raise ValueError(f"{meta_path}: must hold a JSON object, got {type(old).__name__}; use another --out or "
+                         f"delete {out_dir}")
+    old["images"] = bool(old.get("images"))   # extractions before --keep-images kept none
+    changed = [k for k in ("num_images", "image_size", "shard_size", "classes", "vae", "dtype", "images")
+               if old.get(k) != meta[k]]
+    # the encoder, and the image folder (its path; its file list: names, sizes, labels): another
+    # folder of as many images in the same classes must not mix into this cache
+    changed += [k for k in ("vae_fingerprint", "source", "source_files") if old.get(k, meta[k]) != meta[k]]
+    if changed:
+        source = (f" (extracted from {old.get('source')}, --data is {meta['source']})"
+                  if {"source", "source_files"} & set(changed) else "")
+        raise ValueError(
+            f"{out_dir} holds an extraction with different {changed}{source}; use another --out or delete it"
+        )
+    check_shards(out_dir, meta["shards"])   # before meta.json is touched: a damaged shard is one line
+    if old.get("latent_stats") is not None:   # kept until this run recomputes them over every shard
+        meta["latent_stats"] = old["latent_stats"]
+
+
+def _encode_shard(vae, loader, device, store: torch.dtype, keep_images: bool, bar) -> dict[str, torch.Tensor]:
+    """One shard's tensors: the VAE's moments in ``store``, the labels, the moments' float64
+    sums and (``keep_images``) the resized images as uint8."""
+    moments, labels, images, sums = [], [], [], 0
+    for x, y in loader:
+        m = encode_moments(vae, x.to(device)).to(store)
+        # float64 sums of the stored (rounded) values, on the GPU where there is one (MPS has no
+        # float64): the statistics are those of what training reads
+        sums = sums + moment_sums(m if m.device.type == "cuda" else m.cpu()).cpu()
+        moments.append(m.cpu())
+        labels.append(y)
+        if keep_images:  # the resized image the latents encode, as uint8 (REPA's encoder input)
+            images.append(((x + 1) * 127.5).round().clamp(0, 255).to(torch.uint8))
+        bar.update(len(y))
+    return {"moments": torch.cat(moments).contiguous(), "labels": torch.cat(labels).contiguous(), SUMS_KEY: sums,
+            **({"images": torch.cat(images).contiguous()} if keep_images else {})}
+
+
+def _save_shard(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """``tensors`` to ``path`` through a temporary file; a full disk is one line, the partial file removed."""
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:
+        save_file(tensors, str(tmp))
+    except (OSError, SafetensorError) as err:  # disk full: safetensors raises its own error
+        tmp.unlink(missing_ok=True)
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise OSError(f"cannot write {path}: {first} (disk full?); removed the partial file, the finished "
+                      f"shards are kept: free space and rerun the same command to resume") from None
+    durable_replace(tmp, path)   # fsynced before and after: a power loss leaves no empty shard
 
 
 def write_meta(path: Path, meta: dict) -> None:
