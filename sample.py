@@ -15,6 +15,8 @@ The grid of an 8-px digits model, enlarged 6 times for viewing (nearest neighbou
 Random, class-balanced labels, individual PNGs, DPM-Solver++ in bf16:
     python sample.py --ckpt runs/NaLaDiT-S-2 --num-samples 64 --sampler dpm-solver --steps 25 \\
         --precision bf16 --out-dir samples/
+Compiled, each batch shape captured once as a CUDA graph and replayed at every step:
+    python sample.py --ckpt runs/NaLaDiT-S-2 --num-samples 64 --cuda-graphs --out-dir samples/
 One large image's rows over 2 processes per sample (context parallel; same .npz):
     accelerate launch --multi_gpu --num_processes 8 sample.py --ckpt runs/NaLaDiT-XL-2 --image-size 4096 \\
         --num-samples 64 --context-parallel 2 --out big.npz
