@@ -458,17 +458,7 @@ def evaluate_samples(
         raise ValueError(f"{ref} holds {recorded} statistics; cannot score with {extractor.name} features")
     if with_is and extractor.name == INCEPTION_NAME:
         extractor.require_classifier()   # before any image is read
-    check_reference(reference, ref, extractor)
-    if reference["has_images"] and ("pool" not in reference or "mu" not in reference):
-        shape, dtype = npz_array_shape(ref, "arr_0")
-        check_image_shape(shape, dtype, f"{ref} (arr_0)", extractor)
-        ref_feats = compute_features(extractor, iter_images(ref, batch_size), shape[0], f"features of {ref}")
-        computed = reference_statistics(ref_feats, extractor.describe())
-        for key in ("mu", "sigma", "mu_s", "sigma_s", "pool"):
-            if key in computed:
-                reference.setdefault(key, computed[key])
-    if "mu" not in reference:
-        raise ValueError(f"{ref} has neither statistics (mu, sigma) nor images (arr_0)")
+    _complete_reference(reference, ref, extractor, batch_size)
 
     from_path = isinstance(samples, (str, Path))
     if from_path:
@@ -485,16 +475,7 @@ def evaluate_samples(
         not_scored["inception_score"] = (f"the weights ({extractor.weights_source}) have no classifier head; "
                                          f"{features_lib.is_message()}")
     describe = extractor.describe()
-    notes = []
-    if extractor.name == DIGITS_NAME and first is not None and np.shape(first)[-1] == 3:
-        h, w = np.shape(first)[1:3]
-        notes.append(f"the digits classifier was trained on scikit-learn's grey 8 x 8 digits (the embedded digits "
-                     f"and digits-canvas data); these samples are {h}x{w} RGB images, so its class-consistency and "
-                     f"Frechet distance say nothing about them: score them with --features inception")
-    if reference.get("weights_sha256") and describe.get("weights_sha256") not in (None, reference["weights_sha256"]):
-        notes.append(f"the reference was computed with other weights (sha256 {reference['weights_sha256'][:16]}…, "
-                     f"{reference.get('weights_name', 'unnamed')}) than these samples are scored with: the scores "
-                     f"hold only if both files are the same network")
+    notes = _score_notes(extractor.name, first, reference, describe)
     result = {
         "metrics": metrics,
         "num_samples": len(sample_feats["pool"]),
@@ -512,6 +493,39 @@ def evaluate_samples(
     if notes:
         result["notes"] = notes
     return result
+
+
+def _complete_reference(reference: dict, ref, extractor, batch_size: int) -> None:
+    """Check ``reference`` against ``extractor`` and fill in what it lacks from its images:
+    an ADM reference batch (arr_0 + statistics, no pool features) gets its pool features
+    computed from arr_0, as ADM's evaluator does; a reference with neither is refused."""
+    check_reference(reference, ref, extractor)
+    if reference["has_images"] and ("pool" not in reference or "mu" not in reference):
+        shape, dtype = npz_array_shape(ref, "arr_0")
+        check_image_shape(shape, dtype, f"{ref} (arr_0)", extractor)
+        ref_feats = compute_features(extractor, iter_images(ref, batch_size), shape[0], f"features of {ref}")
+        computed = reference_statistics(ref_feats, extractor.describe())
+        for key in ("mu", "sigma", "mu_s", "sigma_s", "pool"):
+            if key in computed:
+                reference.setdefault(key, computed[key])
+    if "mu" not in reference:
+        raise ValueError(f"{ref} has neither statistics (mu, sigma) nor images (arr_0)")
+
+
+def _score_notes(extractor_name: str, first, reference: dict, describe: dict) -> list[str]:
+    """Warnings that go with the scores: digits features on RGB samples, and a reference
+    made with other network weights than the samples' features."""
+    notes = []
+    if extractor_name == DIGITS_NAME and first is not None and np.shape(first)[-1] == 3:
+        h, w = np.shape(first)[1:3]
+        notes.append(f"the digits classifier was trained on scikit-learn's grey 8 x 8 digits (the embedded digits "
+                     f"and digits-canvas data); these samples are {h}x{w} RGB images, so its class-consistency and "
+                     f"Frechet distance say nothing about them: score them with --features inception")
+    if reference.get("weights_sha256") and describe.get("weights_sha256") not in (None, reference["weights_sha256"]):
+        notes.append(f"the reference was computed with other weights (sha256 {reference['weights_sha256'][:16]}…, "
+                     f"{reference.get('weights_name', 'unnamed')}) than these samples are scored with: the scores "
+                     f"hold only if both files are the same network")
+    return notes
 
 
 METRIC_TITLES = {
