@@ -17,7 +17,7 @@ API = {
         "nala_attention", "nala_attention_reference", "nala_features", "ode_sample", "precision_recall",
         "sample_batch", "sde_sample",
     ],
-    "nala_dit.models": ["DiT", "DiTBlock", "MODELS", "TokenGrid", "count_flops", "count_params", "create_model"],
+    "nala_dit.models": ["DiT", "DiTBlock", "MODELS", "TokenGrid", "compile_model", "count_flops", "count_params", "create_model"],
     "nala_dit.diffusion": ["GaussianDiffusion", "SampleSettings", "Transport", "cfg_model_fn", "ddim_sample",
                            "ddpm_sample", "decode", "likelihood", "ode_sample", "sample_batch", "sde_sample"],
     "nala_dit.data": ["DigitsDataset", "ImageFolderDataset", "LatentDataset", "LatentNorm", "extract_latents",
