@@ -276,9 +276,8 @@ def _mass_sample(source, out: Path, num_samples, seed, settings, batch_size, sha
         print(f"{len(shards) - len(missing)} of {num_shards} shards done in {parts}; "
               f"rerun the same command to resume")
         return None
-    meta = dict(recipe, world_size=world, **({"context_parallel": context.size}   # world_size: data-parallel groups
-                                             if context is not None and context.size > 1 else {}))
-    _assemble(out, parts, shards, labels, num_samples, num_classes, meta, keep_parts)
+    _assemble(out, parts, shards, labels, num_samples, num_classes, recipe, world,
+              context.size if context is not None and context.size > 1 else None, keep_parts)
     return out
 
 
@@ -369,10 +368,10 @@ def _sample_shards(source, s: SampleSettings, out: Path, parts: Path, mine: list
                                                                               nfe=np.array(nfes)))
 
 
-def _assemble(out: Path, parts: Path, shards: list[Path], labels, num_samples, num_classes, meta: dict,
-              keep_parts: bool) -> None:
-    """Every shard into ``out`` and its sidecar (``meta`` + the NFE and class counts); the
-    shards removed unless ``keep_parts``."""
+def _assemble(out: Path, parts: Path, shards: list[Path], labels, num_samples, num_classes, recipe: dict,
+              world: int, context_parallel: int | None, keep_parts: bool) -> None:
+    """Every shard into ``out`` and its sidecar (``recipe`` + the NFE, the processes and the
+    class counts); the shards removed unless ``keep_parts``."""
     with np.load(shards[0]) as first:
         image_shape = first["images"].shape[1:]
     nfe = []
@@ -383,8 +382,11 @@ def _assemble(out: Path, parts: Path, shards: list[Path], labels, num_samples, n
         write_npz_streaming(out, shards, num_samples, image_shape)
     counts = torch.bincount(labels, minlength=num_classes)
     sidecar = Path(f"{out}.json")
-    meta = dict(meta, nfe=max(nfe), nfe_mean=float(np.mean(nfe)), image_shape=list(image_shape),
-                per_class_min=int(counts.min()), per_class_max=int(counts.max()), npz=str(out))
+    meta = dict(recipe, nfe=max(nfe), nfe_mean=float(np.mean(nfe)), image_shape=list(image_shape),
+                world_size=world, per_class_min=int(counts.min()), per_class_max=int(counts.max()),
+                npz=str(out))
+    if context_parallel is not None:
+        meta.update(context_parallel=context_parallel)   # world_size counts the data-parallel groups
     atomic_write(sidecar, lambda f: f.write(json.dumps(meta, indent=2).encode()))
     if not keep_parts:
         import shutil
