@@ -30,6 +30,10 @@ All methods at one N run back to back, repeat after repeat (round robin), so a n
 shared machine disturbs them alike and the ratios stay meaningful. A method whose
 single call took longer than ``--time-cap`` seconds is skipped at larger N.
 
+Time: the median wall time of a call (``time_ms``, host launch overhead included) and, on
+CUDA, beside it the median GPU time between CUDA events around the same call (``gpu_ms``;
+``null`` on the CPU; ``benchmarks/timing.py``).
+
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` minus what was allocated
 before the call. On CPU a ``TorchDispatchMode`` tracks every tensor storage that an
 operator creates (not views of existing ones) and frees it through a weakref
@@ -74,6 +78,8 @@ from nala_dit.attention import (  # noqa: E402
 )
 from nala_dit.attention.regions import initial_region_logits, region_nala_attention  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from benchmarks.timing import median_or_none, sync, timed_call  # noqa: E402  (wall and GPU time)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("fwd", "fwd+bwd")
@@ -187,17 +193,9 @@ def run_once(fn, inputs, grad, mode):
     fn(*inputs).backward(grad)
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def timed(fn, inputs, grad, mode, device):
-    sync(device)
-    start = time.perf_counter()
-    run_once(fn, inputs, grad, mode)
-    sync(device)
-    return time.perf_counter() - start
+    """(wall seconds, GPU ms or None on the CPU) of one call (``benchmarks/timing.py``)."""
+    return timed_call(lambda: run_once(fn, inputs, grad, mode), device)
 
 
 def peak_memory(fn, inputs, grad, mode, device):
@@ -299,10 +297,13 @@ def benchmark(args):
                         if device.type == "cuda":
                             torch.cuda.empty_cache()
                 times = {name: [] for name in active}
+                gpu_times = {name: [] for name in active}
                 # Round robin: every method sees the same stretch of machine noise.
                 for _ in range(repeats):
                     for name, fn in active.items():
-                        times[name].append(timed(fn, inputs, grad, mode, device))
+                        wall, gpu = timed(fn, inputs, grad, mode, device)
+                        times[name].append(wall)
+                        gpu_times[name].append(gpu)
                 for name, fn in active.items():
                     median = statistics.median(times[name])
                     if median > args.time_cap:
@@ -310,7 +311,7 @@ def benchmark(args):
                     peak = peak_memory(fn, inputs, grad, mode, device)
                     results.append(dict(method=name, mode=mode, n=n, time_ms=1e3 * median,
                                         time_min_ms=1e3 * min(times[name]), peak_mib=peak / 2**20,
-                                        skipped=None))
+                                        gpu_ms=median_or_none(gpu_times[name]), skipped=None))
                 print(f"{mode:8s} N={n:6d} " + " ".join(
                     f"{r['method']}={r['time_ms']:.1f}ms" for r in results
                     if r["mode"] == mode and r["n"] == n and not r["skipped"]), flush=True)
@@ -425,6 +426,7 @@ def main(argv=None):
         python=platform.python_version(), sdpa_backend=sdpa_backend(device, DTYPES[args.dtype]),
         shape=dict(batch=args.batch, heads=args.heads, head_dim=args.head_dim),
         repeats=1 if args.tiny else args.repeats, statistic="median",
+        time_method="time_ms: wall clock around a synchronized call; gpu_ms: CUDA events around it (null on CPU)",
         memory_method="torch.cuda.max_memory_allocated" if device.type == "cuda"
         else "TorchDispatchMode storage tracking (tensors created during the call)",
         methods=list(methods), cpu_count=os.cpu_count(),

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# One-shot GPU check for NaLa: correctness of the Triton kernels on CUDA, then attention,
-# whole-model and high-resolution benchmarks. About 9.5 minutes on one H200, bounded:
-# every stage has its own time limit, a failing stage does not stop the others, and the
-# summary at the end says which passed.
+# One-shot GPU check for issue 53: what the GPU spends on NaLa and on DiT at the batches people
+# train at, old and new Triton kernels side by side. At most 8 minutes of stages on one H200:
+# every stage has its own time limit (the limits sum to 480 s, held by
+# tests/benchmarks/test_gpu_stages.py), a failing stage does not stop the others, and the
+# summary at the end says which passed. Then `python benchmarks/tables.py --results DIR` writes
+# the tables of docs/performance.md from the JSON files.
 #
 #   bash benchmarks/gpu_check.sh            # writes into $OUT if set, else runs/gpu_check/
 #   PYTHON=/path/to/python bash benchmarks/gpu_check.sh
-#   ONLY="model highres" bash benchmarks/gpu_check.sh   # only the stages whose names hold a word
+#   ONLY="kernels profile" bash benchmarks/gpu_check.sh   # only the stages whose names hold a word
+#   ONLY=tests bash benchmarks/gpu_check.sh  # the CUDA correctness cases (not in the 8 minutes)
 #
 # Needs python with torch (CUDA), triton and pytest, plus this repo's dependencies
 # (diffusers: nala_dit imports it). On a machine that cannot install packages, put wheels
@@ -16,24 +19,24 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d .gpu_wheels diffusers==0.42.1 importlib_metadata
 #
-# Output (8 files; a device run returns at most 8):
-#   gpu_check.log                     everything printed, with the stage summary at the end
-#   attention_cuda_s.json             NaLa (Triton, unchunked, compile) vs ReLU-LA vs SDPA
-#                                     (default, flash, cuDNN), DiT-S heads (6 x 64), bf16,
-#                                     N = 1K..64K, fwd and fwd+bwd, time and peak memory
-#   attention_cuda_xl.json            the same for DiT-XL heads (16 x 72), without compile
-#   model_cuda.json                   DiT vs NaLaDiT S/2 and XL/2, training step and
-#                                     sampling forward at 256/512/1024 px, bf16, batch 8
-#   highres_cuda.json                 one image at 256..4096 px (256..65K tokens), S/2 and
-#                                     XL/2: sampling forward (NaLa, SDPA, math backend),
-#                                     training peak with/without gradient checkpointing at
-#                                     1K/4K/16K tokens, SD-VAE decode tiled vs untiled, bf16
-#   triton_configs.json               block-size sweep of the kernels (fwd+bwd)
-#   context_parallel_cuda.json        NaLaDiT-S/2, one image over P = 2 GPUs (NCCL) against
-#                                     one, 4K/16K tokens, fwd and training step, fp32; with one
-#                                     GPU the P = 1 numbers only
-#   plots.tar                         the PNG plot written beside each JSON above
-# One H200 run's files are committed in benchmarks/results/ (tables: benchmarks/results/RESULTS.md).
+# Stages, in order (bf16; each writes its JSON as it goes, so a stage stopped at its limit
+# keeps what it measured):
+#   launch cost        launch.json: host µs per launched op (wall vs GPU), ops and GPU kernels
+#                      of one gated layer / block / XL/2 model, forward and forward + backward
+#   kernels fused      kernels_fused.json: one attention call at issue 53's six (B, H, N, D),
+#                      NaLa Triton vs SDPA cuDNN / flash, fwd and fwd+bwd, GPU ms, FLOPs, bytes,
+#                      fraction of the H200 roofline
+#   kernels baseline   kernels_baseline.json: NaLa alone with NALA_TRITON_VARIANT=baseline
+#                      (the kernels before issue 53): the A/B in one run
+#   profile            profile.json: top GPU kernels of one gated layer and one XL/2 block,
+#                      NaLa vs softmax (torch.profiler)
+#   model sweep        model_sweep.json: XL/2 at 256 px batch 8/32/128, 512 px batch 8/32,
+#                      S/2 at 256 px batch 8/128; train + sample; DiT (cuDNN, flash) vs
+#                      NaLaDiT; eager, then torch.compile where time is left
+#   cuda graphs        graphs.json: sampling under torch.compile(mode="reduce-overhead")
+#   block sweep d72    triton_configs_d72.json: block sizes of the kernels at head dim 72
+# and gpu_check.log (everything printed, the summary at the end): 8 files, what a device run
+# returns at most; anything more is packed into results.tar.
 
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -45,7 +48,7 @@ LOG="$DEST/gpu_check.log"
 PY="${PYTHON:-python3}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 unset TRITON_INTERPRET
-TOTAL_LIMIT=560          # seconds for all stages together (a 600 s device call minus set-up and margin)
+TOTAL_LIMIT=540          # seconds from the start: set-up, the 480 s of stages, margin (a 600 s device call)
 declare -a SUMMARY=()
 
 log() { echo "$@" | tee -a "$LOG"; }
@@ -75,6 +78,9 @@ stage() {
   esac
 }
 
+# extra_stage: a stage outside the default plan (asked for by name in ONLY), same rules.
+extra_stage() { stage "$@"; }
+
 log "== gpu_check $(date -u +%FT%TZ) in $ROOT, output in $DEST"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"
 if ! "$PY" -c "import diffusers" 2>/dev/null && ls .gpu_wheels/*.whl >/dev/null 2>&1; then
@@ -94,52 +100,53 @@ print("cuda", torch.cuda.is_available(), torch.version.cuda,
       torch.cuda.get_device_name() if torch.cuda.is_available() else "")
 EOF
 
-# (a) Correctness on CUDA: every interpreter case compiled for the GPU (fp32, ≤ 1e-5
-# against the quadratic reference), bf16/fp16 inputs, N = 8192 with many token ranges,
-# the gated layer under bf16 autocast. Workers in parallel when pytest-xdist is there
-# (each kernel variant compiles once per process).
-XDIST=()
-"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 6)
-stage "tests (CUDA, fp32 + bf16/fp16)" 120 \
-  "$PY" -m pytest -q -p no:cacheprovider -rs "${XDIST[@]}" tests/attention/triton_cases.py
+# The CUDA correctness cases, only when asked (ONLY=tests): outside the 8 minutes.
+if [[ " ${ONLY:-} " == *" tests "* ]]; then
+  XDIST=()
+  "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 6)
+  extra_stage "tests (CUDA, fp32 + bf16/fp16)" 120 \
+    "$PY" -m pytest -q -p no:cacheprovider -rs "${XDIST[@]}" tests/attention/triton_cases.py
+fi
 
-# (b) Attention: DiT-S heads with torch.compile, then DiT-XL heads.
-stage "attention S heads" 100 \
-  "$PY" benchmarks/attention.py --device cuda --dtype bf16 --compile --min-tokens 1024 --step 2 \
-  --max-tokens 65536 --heads 6 --head-dim 64 --repeats 5 --time-cap 2 --math-cap-gib 4 \
-  --budget-s 65 --out "$DEST/attention_cuda_s.json"
-stage "attention XL heads" 70 \
-  "$PY" benchmarks/attention.py --device cuda --dtype bf16 --min-tokens 1024 --step 2 \
-  --max-tokens 65536 --heads 16 --head-dim 72 --repeats 5 --time-cap 2 --math-cap-gib 4 \
-  --budget-s 40 --out "$DEST/attention_cuda_xl.json"
+# 1. The host's cost per launched op, and what a layer, a block and a model launch.
+stage "launch cost" 30 \
+  "$PY" benchmarks/launch.py --device cuda --dtype bf16 --size XL/2 --resolution 256 --batch 8 \
+  --out "$DEST/launch.json"
 
-# (c) Whole models, bf16 weights and inputs.
-stage "model S/2 + XL/2" 100 \
-  "$PY" benchmarks/model.py --device cuda --dtype bf16 --sizes S/2,XL/2 --resolutions 256,512,1024 \
-  --batch 8 --repeats 5 --time-cap 5 --budget-s 65 --out "$DEST/model_cuda.json"
+# 2. Kernel GPU time at issue 53's shapes, new kernels then the old ones (A/B).
+stage "kernels fused" 55 \
+  "$PY" benchmarks/kernels.py --device cuda --dtype bf16 --budget-s 45 --out "$DEST/kernels_fused.json"
+stage "kernels baseline" 45 \
+  env NALA_TRITON_VARIANT=baseline "$PY" benchmarks/kernels.py --device cuda --dtype bf16 --methods nala \
+  --budget-s 35 --out "$DEST/kernels_baseline.json"
 
-# (d) Block sizes of the kernels (results for retuning launch_config).
-stage "triton block-size sweep" 40 \
-  "$PY" benchmarks/triton_configs.py --budget-s 25 --out "$DEST/triton_configs.json"
+# 3. Per-kernel profile of one gated layer and one block (XL/2, 256 px, batch 32).
+stage "profile" 35 \
+  "$PY" benchmarks/kernel_profile.py --device cuda --dtype bf16 --size XL/2 --resolution 256 --batch 32 \
+  --out "$DEST/profile.json"
 
-# (e) One high-resolution image, batch 1, bf16: the transformer and the VAE decode apart.
-# The math backend runs while one N x N score tensor fits 50 GiB: S/2 (6 heads) up to 65K
-# tokens (48 GiB each, scores and softmax: ~96 GiB), XL/2 (16 heads) up to 16K. A cell
-# predicted over 10 s, or out of memory, is skipped with the reason; sections in order
-# of interest, no new cell after 90 s.
-stage "highres S/2 + XL/2" 100 \
-  "$PY" benchmarks/highres.py --device cuda --dtype bf16 --sizes S/2,XL/2 --sections sample,vae,train \
-  --math-cap-gib 50 --vae-real-max-px 4096 --repeats 3 --time-cap 10 --single-call-s 2 --budget-s 75 \
-  --out "$DEST/highres_cuda.json"
+# 4. Whole models at the batches people train at: every eager cell, then compiled ones.
+stage "model sweep" 190 \
+  "$PY" benchmarks/sweep.py --device cuda --dtype bf16 --modes eager,default --repeats 5 \
+  --cell-cap-s 60 --budget-s 170 --out "$DEST/model_sweep.json"
 
-# (f) Context parallel: one image's rows over P = 2 GPUs (NCCL) against one GPU; the NaLa
-# state all-reduce and the LePE halo on a real interconnect (docs/highres.md).
-stage "context parallel P = 1 / 2" 45 \
-  "$PY" benchmarks/context_parallel.py --device cuda --tokens 4096,16384 --repeats 3 \
-  --out "$DEST/context_parallel_cuda.json"
+# 5. Sampling through CUDA graphs (inductor's reduce-overhead), both models.
+stage "cuda graphs" 85 \
+  "$PY" benchmarks/sweep.py --device cuda --dtype bf16 --modes reduce-overhead --tasks sample \
+  --cells S/2:256:8,XL/2:256:8,XL/2:256:32,XL/2:512:8 --repeats 10 --cell-cap-s 45 --budget-s 70 \
+  --out "$DEST/graphs.json"
 
-# A device run returns at most 8 files: the plots travel as one archive.
-(cd "$DEST" && ls ./*.png >/dev/null 2>&1 && tar -cf plots.tar ./*.png && rm -f ./*.png)
+# 6. Block sizes at head dim 72, in the time left.
+left=$((TOTAL_LIMIT - SECONDS - 10))
+stage "block sweep d72" 40 \
+  "$PY" benchmarks/triton_configs.py --head-dims 72 --budget-s $((left < 30 ? (left > 5 ? left : 5) : 30)) \
+  --out "$DEST/triton_configs_d72.json"
+
+# A device run returns at most 8 files: past that, everything but the log goes into one archive.
+if (($(ls -1 "$DEST" | wc -l) > 8)); then
+  (cd "$DEST" && tar -cf results.tar --exclude=gpu_check.log --exclude=results.tar . \
+     && find . -maxdepth 1 -type f ! -name gpu_check.log ! -name results.tar -delete)
+fi
 
 log ""
 log "== summary (${SECONDS}s in all)"

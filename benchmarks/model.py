@@ -6,8 +6,9 @@ For each size (``--sizes S/2,B/2``) and image resolution (256, 512, 1024 px → 
 * a training step (forward, MSE loss against a random target, backward, AdamW step),
 * sampling: one forward pass without gradients (a sampler calls it once per step),
 
-as images per second (median over ``--repeats``, both models back to back at each
-point so machine noise hits both alike), peak memory of one call (see
+as images per second from the wall time (median over ``--repeats``, both models back to
+back at each point so machine noise hits both alike; on CUDA the GPU time between CUDA
+events around the same call is ``gpu_ms`` beside it, ``benchmarks/timing.py``), peak memory of one call (see
 ``benchmarks/attention.py`` for the CPU method), parameters and forward FLOPs
 (``count_flops``: torch's counter, 2 per multiply-accumulate; SDPA counted as the
 math path). A configuration whose call took longer than ``--time-cap`` seconds is
@@ -38,7 +39,8 @@ passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set 
 
 import torch  # noqa: E402
 
-from benchmarks.attention import DTYPES, PeakMemory, sync  # noqa: E402
+from benchmarks.attention import DTYPES, PeakMemory  # noqa: E402
+from benchmarks.timing import median_or_none, sync, timed_call  # noqa: E402
 from nala_dit.models.dit import count_flops, count_params, create_model  # noqa: E402
 
 FAMILIES = ("DiT", "NaLaDiT")
@@ -68,15 +70,6 @@ def sample_step(model, batch):
         model(x, t, y)
 
 
-def measure(fn, device, repeats):
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def peak(fn, device):
@@ -140,9 +133,12 @@ def benchmark(args):
                             del calls[family]
                             torch.cuda.empty_cache()
                     times = {f: [] for f in calls}
+                    gpu_times = {f: [] for f in calls}
                     for _ in range(args.repeats):   # back to back, repeat after repeat
                         for family, fn in calls.items():
-                            times[family] += measure(fn, device, 1)
+                            wall, gpu = timed_call(fn, device)
+                            times[family].append(wall)
+                            gpu_times[family].append(gpu)
                     for family, fn in calls.items():
                         m = models[family]
                         med = statistics.median(times[family])
@@ -151,6 +147,7 @@ def benchmark(args):
                         rows.append(dict(
                             model=m["name"], size=size, resolution=res, latent=latent, task=task,
                             batch=args.batch, time_ms=1e3 * med, images_per_s=args.batch / med,
+                            gpu_ms=median_or_none(gpu_times[family]),
                             peak_mib=peak(fn, device) / 2**20, params=count_params(m["model"]),
                             gflops_fwd_per_image=count_flops(m["model"], latent) / 1e9, skipped=None))
                         print(f"{m['name']:14s} {res:5d}px {task:6s} {rows[-1]['images_per_s']:8.2f} img/s "

@@ -5,16 +5,21 @@ registers (``triton_compile_check.py``), without timing anything. This sweep (fo
 backward, bf16 inputs, one (B, H, N, D) per head dim) says whether another (BLOCK_N, BV,
 num_warps) is faster; each configuration's output and gradients are checked against the
 defaults' first, so a configuration that computes something else is reported, not timed.
-CUDA only.
+On CUDA the time is ``triton.testing.do_bench``'s (CUDA events, median); ``--smoke`` runs the
+same loop on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``, fp32, a toy shape,
+one alternative, wall time) so the path is exercised without a GPU.
 
     python benchmarks/triton_configs.py --out runs/triton_configs.json --budget-s 60
+    python benchmarks/triton_configs.py --head-dims 72 --out runs/triton_configs_d72.json
     python benchmarks/triton_configs.py --variant baseline     # the kernels before issue 53
+    TRITON_INTERPRET=1 python benchmarks/triton_configs.py --smoke --out runs/triton_configs.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,6 +31,7 @@ passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set 
 
 import torch  # noqa: E402
 
+from benchmarks.timing import time_calls  # noqa: E402
 from nala_dit.attention import triton_kernels  # noqa: E402
 from tests.utils import rel_rms  # noqa: E402
 
@@ -42,6 +48,15 @@ def candidates(head_dim):
                     continue
                 out.append(dict(BLOCK_N=block_n, BV=bv, num_warps=warps))
     return out
+
+
+def bench(fn, device):
+    """Milliseconds per call: do_bench (CUDA events) on the GPU, median wall time on the CPU."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=5, rep=30)
+    return time_calls(fn, device, repeats=2)["wall_ms"]
 
 
 def fwd_bwd(q, k, v, grad, config, variant=None):
@@ -62,21 +77,28 @@ def main(argv=None):
     parser.add_argument("--out", default="runs/triton_configs.json")
     parser.add_argument("--variant", default=triton_kernels.VARIANT, choices=triton_kernels.VARIANTS,
                         help="the kernels to sweep (default: NALA_TRITON_VARIANT, else fused)")
+    parser.add_argument("--max-configs", type=int, default=0, help="alternatives tried per head dim (0: all)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="CPU under TRITON_INTERPRET=1: fp32, B=H=1, 40 tokens, one alternative (tests)")
     args = parser.parse_args(argv)
-    from triton.testing import do_bench
-
-    device = torch.device("cuda")
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    if args.smoke:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            parser.exit(2, "error: --smoke runs the kernels in Triton's interpreter: set TRITON_INTERPRET=1\n")
+        device, dtype = torch.device("cpu"), torch.float32
+        args.batch, args.heads, args.tokens, args.max_configs = 1, 1, 40, 1
     start, rows = time.perf_counter(), []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for d in args.head_dims:
         g = torch.Generator().manual_seed(0)
         shape = (args.batch, args.heads, args.tokens, d)
-        q, k, v, grad = (torch.randn(shape, generator=g).to(device, torch.bfloat16) for _ in range(4))
+        q, k, v, grad = (torch.randn(shape, generator=g).to(device, dtype) for _ in range(4))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         ref = fwd_bwd(q, k, v, grad, None, args.variant)
         # None: the per-kernel defaults of launch_config; the others apply to every kernel.
-        for config in [None, *candidates(d)]:
+        alternatives = candidates(d)[:args.max_configs] if args.max_configs else candidates(d)
+        for config in [None, *alternatives]:
             label = dict(config or dict(default=triton_kernels.launch_config(d, variant=args.variant)))
             if args.budget_s and time.perf_counter() - start > args.budget_s:
                 rows.append(dict(head_dim=d, **label, skipped="budget spent"))
@@ -88,14 +110,15 @@ def main(argv=None):
                 if row["max_rel_rms_vs_default"] > 1e-2:
                     row["skipped"] = "differs from the default configuration"
                 else:
-                    row["ms"] = do_bench(lambda: fwd_bwd(q, k, v, grad, config, args.variant), warmup=5, rep=30)
+                    row["ms"] = bench(lambda: fwd_bwd(q, k, v, grad, config, args.variant), device)
             except Exception as err:  # noqa: BLE001  (out of resources: shared memory, registers)
                 row["skipped"] = f"{type(err).__name__}: {str(err)[:200]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
             # Written after every row: a stage killed at its time limit keeps what it measured.
             out.write_text(json.dumps(dict(shape=dict(batch=args.batch, heads=args.heads, tokens=args.tokens),
-                                           dtype="bf16", mode="fwd+bwd", variant=args.variant, rows=rows), indent=1))
+                                           dtype=str(dtype).removeprefix("torch."), device=str(device), mode="fwd+bwd",
+                                           variant=args.variant, rows=rows), indent=1))
     print(f"wrote {out}")
 
 

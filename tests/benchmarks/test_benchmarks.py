@@ -40,6 +40,7 @@ def test_attention_benchmark_tiny(tmp_path):
         assert r["skipped"] is None, r
         assert finite(r["time_ms"]) and r["time_ms"] > 0
         assert finite(r["peak_mib"]) and r["peak_mib"] > 0
+        assert r["gpu_ms"] is None                       # CUDA events only on CUDA (benchmarks/timing.py)
     assert set(data["slopes"]) == {"fwd", "fwd+bwd"}
     row = next(r for r in data["ratios"] if r["mode"] == "fwd" and r["n"] == 256)
     assert finite(row["time_nala/relu"]) and finite(row["time_nala/sdpa"]) and finite(row["mem_nala/sdpa"])
@@ -57,6 +58,7 @@ def test_model_benchmark_tiny(tmp_path):
         for key in ("images_per_s", "peak_mib", "gflops_fwd_per_image", "time_ms"):
             assert finite(r[key]) and r[key] >= 0, (key, r)
         assert r["params"] > 0 and r["latent"] == r["resolution"] // 8
+        assert r["gpu_ms"] is None and r["images_per_s"] == pytest.approx(r["batch"] / r["time_ms"] * 1e3)
     assert data["meta"]["tiny"] is True
     assert "img/s" in stdout
 

@@ -1,0 +1,213 @@
+"""The GPU tables of docs/performance.md, written from the JSON files of one gpu_check.sh run.
+
+Reads what ``benchmarks/gpu_check.sh`` wrote (``launch.json``, ``kernels_fused.json``,
+``kernels_baseline.json``, ``profile.json``, ``model_sweep.json``, ``graphs.json``,
+``triton_configs_d72.json``; a missing file leaves its table out) and replaces the text
+between ``<!-- gpu-tables:begin -->`` and ``<!-- gpu-tables:end -->`` in the page: measured
+rows only (a cell not measured is "–"; a row with nothing measured is left out). Times are
+GPU ms (CUDA events) where the run had a GPU, else wall ms, as each table says. Predicted
+figures live outside the markers, labelled "predicted", and are never written here.
+
+    python benchmarks/tables.py --results benchmarks/results/gpu_check            # rewrite the page
+    python benchmarks/tables.py --results runs/gpu_check --print                  # print only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
+
+passive_wait_policy()  # as every entry point (docs/performance.md, Threads); this one loads no torch
+BEGIN, END = "<!-- gpu-tables:begin -->", "<!-- gpu-tables:end -->"
+NONE_YET = ("No run of the re-planned `benchmarks/gpu_check.sh` is committed yet: this section is empty "
+            "until one is (`python benchmarks/tables.py --results DIR` fills it from the run's JSON files).")
+SDPA_NAMES = {"sdpa_cudnn": "SDPA cuDNN", "sdpa_flash": "SDPA flash", "sdpa": "SDPA"}
+DIT_NAMES = {"cudnn": "DiT cuDNN", "flash": "DiT flash", "default": "DiT"}
+
+
+def fmt(x, digits=3):
+    if x is None:
+        return "–"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return f"{x:.{digits}f}"
+
+
+def row(cells):
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def table(header, rows, right=()):
+    align = ["---:" if i in right else "---" for i in range(len(header))]
+    return [row(header), row(align), *(row(r) for r in rows)]
+
+
+def time_of(r):
+    if r is None or r.get("skipped"):
+        return None
+    return r["gpu_ms"] if r.get("gpu_ms") is not None else r.get("wall_ms")
+
+
+def unit(meta):
+    return "GPU ms (CUDA events)" if meta["device"].startswith("cuda") else "wall ms"
+
+
+def caption(title, meta):
+    return f"**{title}** ({meta.get('device_name', meta['device'])}, {meta['dtype']}, torch {meta['torch']}; `{meta['command']}`):"
+
+
+def launch_tables(data):
+    meta, host = data["meta"], data["host"]
+    gpu = "–" if host["gpu_us_per_op"] is None else f"{host['gpu_us_per_op']:.2f}"
+    lines = [caption("Launch cost", meta), "",
+             f"Host cost per launched op ({host['launches']:,} tiny adds): {host['wall_us_per_op']:.2f} µs wall, "
+             f"{gpu} µs on the GPU.", ""]
+    by = {(r["what"], r["family"], r["mode"]): r for r in data["counts"]}
+    rows = []
+    for what, family in dict.fromkeys((r["what"], r["family"]) for r in data["counts"]):
+        fwd, both = by.get((what, family, "fwd")), by.get((what, family, "fwd+bwd"))
+        rows.append([what, family,
+                     *(f"{fmt(r['aten_ops'])} / {fmt(r['gpu_kernels'])}" if r else "–" for r in (fwd, both)),
+                     *(fmt(r["host_ms_per_call"], 2) if r else "–" for r in (fwd, both))])
+    return lines + table(["what", "model", "fwd: aten ops / GPU kernels", "fwd+bwd: aten ops / GPU kernels",
+                          "host ms fwd", "host ms fwd+bwd"], rows, right=(2, 3, 4, 5))
+
+
+def kernel_tables(fused, baseline):
+    meta = fused["meta"]
+    get = {(r["method"], r["mode"], r["batch"], r["heads"], r["tokens"], r["head_dim"]): r for r in fused["rows"]}
+    old = {(r["mode"], r["batch"], r["heads"], r["tokens"], r["head_dim"]): r for r in (baseline or {}).get("rows", [])
+           if r["method"] == "nala"}
+    sdpas = [m for m in SDPA_NAMES if any(r["method"] == m for r in fused["rows"])]
+    base = sdpas[0] if sdpas else None
+    rows = []
+    for key in dict.fromkeys((r["mode"], r["batch"], r["heads"], r["tokens"], r["head_dim"]) for r in fused["rows"]):
+        mode, *shape = key
+        nala, prev = get.get(("nala", *key)), old.get(key)
+        refs = [get.get((m, *key)) for m in sdpas]
+        times = [time_of(nala), time_of(prev), *(time_of(r) for r in refs)]
+        if all(t is None for t in times):
+            continue
+        ref = get.get((base, *key)) if base else None
+        ratio = time_of(nala) / time_of(ref) if time_of(nala) and time_of(ref) else None
+        fraction = lambda r: None if time_of(r) is None else 100 * r["roofline_fraction"]  # noqa: E731
+        rows.append([", ".join(str(s) for s in shape), mode, *(fmt(t) for t in times), fmt(ratio, 2),
+                     fmt(None if nala is None or nala.get("skipped") else nala["us_per_1k_token_heads"], 2),
+                     f"{fmt(fraction(nala), 1)} / {fmt(fraction(ref), 1)}"])
+    header = ["B, H, N, D", "mode", "NaLa", "NaLa baseline", *(SDPA_NAMES[m] for m in sdpas),
+              f"NaLa / {SDPA_NAMES[base] if base else 'SDPA'}", "NaLa µs per 1K token-heads",
+              f"% of roofline: NaLa / {SDPA_NAMES[base] if base else 'SDPA'}"]
+    return [caption(f"Kernel time, {unit(meta)}", meta), ""] + table(header, rows, right=tuple(range(2, len(header))))
+
+
+def profile_tables(data, top=3):
+    meta = data["meta"]
+    rows = []
+    for r in data["rows"]:
+        names = "; ".join(f"{k['name'][:48].replace('|', '/')} {100 * k['share']:.0f}%" for k in r["top"][:top]
+                          if k["share"] is not None)
+        rows.append([f"{r['what']}, {r['family']}", r["mode"], fmt(r["total_us_per_call"], 1),
+                     fmt(r["kernels_per_call"], 0), names or "–"])
+    return [caption(f"Per-kernel profile ({meta['unit']}, {meta['size']}, {meta['resolution']} px, batch {meta['batch']})",
+                    meta), ""] + table(["subject", "mode", "µs per call", "kernels per call", f"top {top} (share)"],
+                                       rows, right=(2, 3))
+
+
+def sweep_tables(data, title):
+    meta = data["meta"]
+    dits = [s for s in DIT_NAMES if any(r["family"] == "DiT" and r["sdpa"] == s for r in data["rows"])]
+    get = {(r["family"], r["sdpa"], r["size"], r["resolution"], r["batch"], r["task"], r["mode"]): r
+           for r in data["rows"]}
+    rows = []
+    for key in dict.fromkeys((r["size"], r["resolution"], r["batch"], r["task"], r["mode"]) for r in data["rows"]):
+        dit = [time_of(get.get(("DiT", s, *key))) for s in dits]
+        nala = time_of(get.get(("NaLaDiT", None, *key)))
+        if nala is None and all(t is None for t in dit):
+            continue
+        ratio = nala / dit[0] if nala and dits and dit[0] else None
+        size, px, batch, task, mode = key
+        rows.append([size, px, batch, task, mode, *(fmt(t, 2) for t in dit), fmt(nala, 2), fmt(ratio, 2)])
+    header = ["size", "px", "batch", "task", "mode", *(DIT_NAMES[s] for s in dits), "NaLaDiT",
+              f"NaLaDiT / {DIT_NAMES[dits[0]] if dits else 'DiT'}"]
+    return [caption(f"{title}, {unit(meta)} per call", meta), ""] + table(header, rows, right=(1, 2, *range(5, len(header))))
+
+
+def block_tables(data):
+    rows, default = [], None
+    for r in data["rows"]:
+        if "ms" not in r:
+            continue
+        if "default" in r:
+            default = r["ms"]
+            rows.append(["default (launch_config)", "", "", fmt(r["ms"]), "1.00"])
+        else:
+            rows.append([r["BLOCK_N"], r["BV"], r["num_warps"], fmt(r["ms"]), fmt(r["ms"] / default, 2) if default else "–"])
+    shape = data["shape"]
+    head = (f"**Block sizes**, head dim {', '.join(sorted({str(r['head_dim']) for r in data['rows']}))}, "
+            f"B {shape['batch']}, H {shape['heads']}, N {shape['tokens']}, {data['dtype']}, {data['mode']}, "
+            f"kernels {data['variant']} ({data.get('device', 'cuda')}):")
+    return [head, ""] + table(["BLOCK_N", "BV", "warps", "ms", "vs default"], rows, right=(3, 4))
+
+
+def render(results: Path) -> str:
+    """The markdown between the markers, from the JSON files in ``results``."""
+    def load(name):
+        path = results / name
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    parts = []
+    if (data := load("launch.json")):
+        parts.append(launch_tables(data))
+    if (data := load("kernels_fused.json")):
+        parts.append(kernel_tables(data, load("kernels_baseline.json")))
+    if (data := load("profile.json")):
+        parts.append(profile_tables(data))
+    if (data := load("model_sweep.json")):
+        parts.append(sweep_tables(data, "Model sweep"))
+    if (data := load("graphs.json")):
+        parts.append(sweep_tables(data, "Sampling with CUDA graphs"))
+    if (data := load("triton_configs_d72.json")):
+        parts.append(block_tables(data))
+    if not parts:
+        return NONE_YET
+    return "\n\n".join("\n".join(p) for p in parts)
+
+
+def replace_between_markers(page: str, body: str) -> str:
+    if page.count(BEGIN) != 1 or page.count(END) != 1 or page.index(BEGIN) > page.index(END):
+        raise ValueError(f"the page must hold {BEGIN} and then {END}, once each")
+    before, rest = page.split(BEGIN)
+    _, after = rest.split(END)
+    return f"{before}{BEGIN}\n{body}\n{END}{after}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "gpu_check"),
+                        help="folder with one gpu_check.sh run's JSON files")
+    parser.add_argument("--doc", default=str(ROOT / "docs" / "performance.md"))
+    parser.add_argument("--print", action="store_true", help="print the tables, change no file")
+    args = parser.parse_args(argv)
+    body = render(Path(args.results))
+    if args.print:
+        print(body)
+        return 0
+    doc = Path(args.doc)
+    try:
+        page = replace_between_markers(doc.read_text(), body)
+    except (OSError, ValueError) as err:
+        print(f"error: {doc}: {err}", file=sys.stderr)
+        return 2
+    doc.write_text(page)
+    print(f"wrote the tables into {doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
