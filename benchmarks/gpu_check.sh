@@ -9,7 +9,9 @@
 #   bash benchmarks/gpu_check.sh            # writes into $OUT if set, else runs/gpu_check/
 #   PYTHON=/path/to/python bash benchmarks/gpu_check.sh
 #   ONLY="kernels profile" bash benchmarks/gpu_check.sh   # only the stages whose names hold a word
-#   ONLY=tests bash benchmarks/gpu_check.sh  # the CUDA correctness cases (not in the 8 minutes)
+#   ONLY=tests bash benchmarks/gpu_check.sh  # outside the 8 minutes: the CUDA correctness cases;
+#                                            # likewise ONLY=highres, ONLY=context (the earlier
+#                                            # plan's high-resolution and context-parallel stages)
 #
 # Needs python with torch (CUDA), triton and pytest, plus this repo's dependencies
 # (diffusers: nala_dit imports it). On a machine that cannot install packages, put wheels
@@ -32,8 +34,10 @@
 #                      NaLa vs softmax (torch.profiler)
 #   model sweep        model_sweep.json: XL/2 at 256 px batch 8/32/128, 512 px batch 8/32,
 #                      S/2 at 256 px batch 8/128; train + sample; DiT (cuDNN, flash) vs
-#                      NaLaDiT; eager, then torch.compile where time is left
-#   cuda graphs        graphs.json: sampling under torch.compile(mode="reduce-overhead")
+#                      NaLaDiT, eager; then torch.compile (DiT on cuDNN, NaLaDiT) at XL/2,
+#                      256 px, batch 32 (a compile takes tens of seconds)
+#   cuda graphs        graphs.json: sampling under torch.compile(mode="reduce-overhead"), XL/2
+#                      at 256 px batch 32 (inductor's cache warm from the sweep) and 8, S/2 batch 8
 #   block sweep d72    triton_configs_d72.json: block sizes of the kernels at head dim 72
 # and gpu_check.log (everything printed, the summary at the end): 8 files, what a device run
 # returns at most; anything more is packed into results.tar.
@@ -78,8 +82,11 @@ stage() {
   esac
 }
 
-# extra_stage: a stage outside the default plan (asked for by name in ONLY), same rules.
-extra_stage() { stage "$@"; }
+# extra_stage: a stage outside the plan, run only when ONLY names it; else the same rules.
+extra_stage() {
+  [[ -n "${ONLY:-}" ]] || { SUMMARY+=("$1: not run (outside the plan: name it in ONLY)"); return; }
+  stage "$@"
+}
 
 log "== gpu_check $(date -u +%FT%TZ) in $ROOT, output in $DEST"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"
@@ -99,14 +106,6 @@ import torch
 print("cuda", torch.cuda.is_available(), torch.version.cuda,
       torch.cuda.get_device_name() if torch.cuda.is_available() else "")
 EOF
-
-# The CUDA correctness cases, only when asked (ONLY=tests): outside the 8 minutes.
-if [[ " ${ONLY:-} " == *" tests "* ]]; then
-  XDIST=()
-  "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 6)
-  extra_stage "tests (CUDA, fp32 + bf16/fp16)" 120 \
-    "$PY" -m pytest -q -p no:cacheprovider -rs "${XDIST[@]}" tests/attention/triton_cases.py
-fi
 
 # 1. The host's cost per launched op, and what a layer, a block and a model launch.
 stage "launch cost" 30 \
@@ -128,12 +127,12 @@ stage "profile" 35 \
 # 4. Whole models at the batches people train at: every eager cell, then compiled ones.
 stage "model sweep" 190 \
   "$PY" benchmarks/sweep.py --device cuda --dtype bf16 --modes eager,default --repeats 5 \
-  --cell-cap-s 60 --budget-s 170 --out "$DEST/model_sweep.json"
+  --compile-cells XL/2:256:32 --cell-cap-s 90 --budget-s 170 --out "$DEST/model_sweep.json"
 
 # 5. Sampling through CUDA graphs (inductor's reduce-overhead), both models.
 stage "cuda graphs" 85 \
   "$PY" benchmarks/sweep.py --device cuda --dtype bf16 --modes reduce-overhead --tasks sample \
-  --cells S/2:256:8,XL/2:256:8,XL/2:256:32,XL/2:512:8 --repeats 10 --cell-cap-s 45 --budget-s 70 \
+  --compile-cells XL/2:256:32,XL/2:256:8,S/2:256:8 --repeats 10 --cell-cap-s 60 --budget-s 70 \
   --out "$DEST/graphs.json"
 
 # 6. Block sizes at head dim 72, in the time left.
@@ -141,6 +140,19 @@ left=$((TOTAL_LIMIT - SECONDS - 10))
 stage "block sweep d72" 40 \
   "$PY" benchmarks/triton_configs.py --head-dims 72 --budget-s $((left < 30 ? (left > 5 ? left : 5) : 30)) \
   --out "$DEST/triton_configs_d72.json"
+
+# Outside the plan (not in the 8 minutes): stages that run only when ONLY names them.
+XDIST=()
+"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 6)
+extra_stage "tests (CUDA, fp32 + bf16/fp16)" 120 \
+  "$PY" -m pytest -q -p no:cacheprovider -rs "${XDIST[@]}" tests/attention/triton_cases.py
+extra_stage "highres S/2 + XL/2" 100 \
+  "$PY" benchmarks/highres.py --device cuda --dtype bf16 --sizes S/2,XL/2 --sections sample,vae,train \
+  --math-cap-gib 50 --vae-real-max-px 4096 --repeats 3 --time-cap 10 --single-call-s 2 --budget-s 75 \
+  --out "$DEST/highres_cuda.json"
+extra_stage "context parallel P = 1 / 2" 45 \
+  "$PY" benchmarks/context_parallel.py --device cuda --tokens 4096,16384 --repeats 3 \
+  --out "$DEST/context_parallel_cuda.json"
 
 # A device run returns at most 8 files: past that, everything but the log goes into one archive.
 if (($(ls -1 "$DEST" | wc -l) > 8)); then
