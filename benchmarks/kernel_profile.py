@@ -28,22 +28,20 @@ from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
 import torch  # noqa: E402
-from torch.autograd import DeviceType  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from benchmarks.attention import DTYPES  # noqa: E402
 from benchmarks.launch import family_subjects  # noqa: E402
-from benchmarks.timing import sync  # noqa: E402
+from benchmarks.timing import device_events, sync  # noqa: E402
 
 
 def kernel_table(prof, device, steps):
     """{name: [launches, µs]} per call: GPU kernels on CUDA, aten ops by self CPU time on the CPU."""
     table = defaultdict(lambda: [0.0, 0.0])
     if device.type == "cuda":
-        for e in prof.events():
-            if e.device_type == DeviceType.CUDA:
-                table[e.name][0] += 1 / steps
-                table[e.name][1] += e.time_range.elapsed_us() / steps
+        for e in device_events(prof):
+            table[e.name][0] += 1 / steps
+            table[e.name][1] += e.time_range.elapsed_us() / steps
     else:
         for e in prof.key_averages():
             if e.key.startswith("aten::") and e.self_cpu_time_total > 0:

@@ -11,7 +11,10 @@ At each (B, H, N, D) of ``--shapes`` (issue 53: XL/2 heads 16 × 72 and S/2 head
   ``sdpa`` (SDPA's own pick) on the CPU.
 
 Each call is timed alone (``benchmarks/timing.py``: CUDA events around it after warm-up,
-``gpu_ms``, beside the wall time ``wall_ms``), median of ``--repeats``. Beside each time:
+``gpu_ms``, beside the wall time ``wall_ms``), median of ``--repeats``, and its kernels' own
+GPU time is summed from the profiler (``kernel_ms``: the host's gaps between kernels left
+out), which is the time the rates below use (``timing`` names the basis: ``kernel_ms``,
+else ``gpu_ms``, else ``wall_ms`` on the CPU). Beside each time:
 FLOPs per call (torch's ``FlopCounterMode`` as ``count_flops`` uses it, on meta tensors:
 NaLa's matrix products through ``impl="eager"``, SDPA through its math backend, 2 per
 multiply-accumulate; elementwise work not counted), the bytes a call must move at least
@@ -45,7 +48,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from benchmarks.attention import DTYPES, MODES, make_inputs, run_once, sdpa_on  # noqa: E402
-from benchmarks.timing import time_calls  # noqa: E402
+from benchmarks.timing import kernel_ms, time_calls  # noqa: E402
 from nala_dit.attention import nala_attention  # noqa: E402
 
 # NVIDIA H200 (SXM) datasheet: 1,979 TFLOP/s bf16 tensor-core "with sparsity", i.e. 989 dense;
@@ -122,16 +125,18 @@ def measure_shape(shape, device, dtype, methods, args):
             row = dict(method=name, mode=mode, batch=batch, heads=heads, tokens=n, head_dim=d)
             try:
                 timing = time_calls(lambda: run_once(fn, inputs, grad, mode), device, args.repeats, args.warmup)
+                timing["kernel_ms"] = kernel_ms(lambda: run_once(fn, inputs, grad, mode), device)
             except Exception as err:  # noqa: BLE001  (a backend refusing the shape, out of memory)
                 rows.append(dict(row, skipped=f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"))
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 continue
-            ms = timing["gpu_ms"] if timing["gpu_ms"] is not None else timing["wall_ms"]
+            basis = next(k for k in ("kernel_ms", "gpu_ms", "wall_ms") if timing[k] is not None)
+            ms = timing[basis]
             flops = call_flops("nala" if name == "nala" else "sdpa", shape, mode)
             nbytes = TENSORS_MOVED[mode] * batch * heads * n * d * inputs[0].element_size()
             floor_ms, fraction = roofline(flops, nbytes, ms)
-            rows.append(dict(row, **timing, timing="gpu" if timing["gpu_ms"] is not None else "wall",
+            rows.append(dict(row, **timing, timing=basis,
                              flops=flops, bytes=nbytes, tflop_per_s=flops / ms / 1e9,
                              roofline_ms=floor_ms, roofline_fraction=fraction,
                              us_per_1k_token_heads=1e3 * ms / (batch * heads * n / 1e3),
@@ -139,13 +144,13 @@ def measure_shape(shape, device, dtype, methods, args):
         base = "sdpa_cudnn" if "sdpa_cudnn" in methods else "sdpa"
         times = {r["method"]: r for r in rows if r["mode"] == mode and not r["skipped"]}
         if "nala" in times and base in times:
-            key = "gpu_ms" if times["nala"]["gpu_ms"] is not None else "wall_ms"
+            key = times["nala"]["timing"]
             times["nala"][f"nala/{base}"] = times["nala"][key] / times[base][key]
         for r in rows:
             if r["mode"] == mode:
                 print(f"{str(shape):20s} {mode:8s} {r['method']:11s} " + (
                     f"skipped: {r['skipped']}" if r["skipped"] else
-                    f"{r['wall_ms']:.3f} ms wall, GPU {r['gpu_ms']} ms, {100 * r['roofline_fraction']:.1f}% of roofline"),
+                    f"{r['wall_ms']:.3f} ms wall, GPU {r['gpu_ms']} ms, kernels {r['kernel_ms']} ms, {100 * r['roofline_fraction']:.1f}% of roofline"),
                     flush=True)
     return rows
 

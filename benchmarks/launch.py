@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from benchmarks.attention import DTYPES  # noqa: E402
-from benchmarks.timing import timed_call  # noqa: E402
+from benchmarks.timing import device_events, timed_call  # noqa: E402
 from nala_dit.attention.layers import build_attention  # noqa: E402
 from nala_dit.models.dit import create_model  # noqa: E402
 
@@ -85,14 +85,13 @@ def gpu_kernels(fn, device):
     """Kernels the GPU ran during ``fn`` (the profiler's CUDA events), None on the CPU."""
     if device.type != "cuda":
         return None
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize(device)
-    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return len(device_events(prof))
 
 
 def count(fn, device):

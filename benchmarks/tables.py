@@ -48,10 +48,14 @@ def table(header, rows, right=()):
     return [row(header), row(align), *(row(r) for r in rows)]
 
 
-def time_of(r):
+def time_of(r, basis=("gpu_ms", "wall_ms")):
+    """The first of ``basis`` the row measured (GPU time before wall time), None if skipped."""
     if r is None or r.get("skipped"):
         return None
-    return r["gpu_ms"] if r.get("gpu_ms") is not None else r.get("wall_ms")
+    return next((r[k] for k in basis if r.get(k) is not None), None)
+
+
+KERNEL_BASIS = ("kernel_ms", "gpu_ms", "wall_ms")
 
 
 def unit(meta):
@@ -91,19 +95,22 @@ def kernel_tables(fused, baseline):
         mode, *shape = key
         nala, prev = get.get(("nala", *key)), old.get(key)
         refs = [get.get((m, *key)) for m in sdpas]
-        times = [time_of(nala), time_of(prev), *(time_of(r) for r in refs)]
-        if all(t is None for t in times):
+        kt = lambda r: time_of(r, KERNEL_BASIS)  # noqa: E731
+        times = [kt(nala), kt(prev), *(kt(r) for r in refs)]
+        if all(x is None for x in times):
             continue
         ref = get.get((base, *key)) if base else None
-        ratio = time_of(nala) / time_of(ref) if time_of(nala) and time_of(ref) else None
-        fraction = lambda r: None if time_of(r) is None else 100 * r["roofline_fraction"]  # noqa: E731
-        rows.append([", ".join(str(s) for s in shape), mode, *(fmt(t) for t in times), fmt(ratio, 2),
+        ratio = kt(nala) / kt(ref) if kt(nala) and kt(ref) else None
+        fraction = lambda r: None if kt(r) is None else 100 * r["roofline_fraction"]  # noqa: E731
+        rows.append([", ".join(str(s) for s in shape), mode, *(fmt(x) for x in times), fmt(ratio, 2),
                      fmt(None if nala is None or nala.get("skipped") else nala["us_per_1k_token_heads"], 2),
                      f"{fmt(fraction(nala), 1)} / {fmt(fraction(ref), 1)}"])
     header = ["B, H, N, D", "mode", "NaLa", "NaLa baseline", *(SDPA_NAMES[m] for m in sdpas),
               f"NaLa / {SDPA_NAMES[base] if base else 'SDPA'}", "NaLa µs per 1K token-heads",
               f"% of roofline: NaLa / {SDPA_NAMES[base] if base else 'SDPA'}"]
-    return [caption(f"Kernel time, {unit(meta)}", meta), ""] + table(header, rows, right=tuple(range(2, len(header))))
+    what = ("GPU ms: the kernels' own time (profiler), CUDA events where absent" if meta["device"].startswith("cuda")
+            else "wall ms")
+    return [caption(f"Kernel time, {what}", meta), ""] + table(header, rows, right=tuple(range(2, len(header))))
 
 
 def profile_tables(data, top=3):

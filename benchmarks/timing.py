@@ -7,6 +7,11 @@ stream (what the GPU spent from the first kernel's queueing point to the last on
 with the host slower than the kernels, the GPU idles in between and the two agree). On the
 CPU the GPU time is ``None`` (``null`` in the JSON). Warm-up calls are the caller's:
 ``timed_call`` times exactly one call.
+
+Where the host issues kernels more slowly than the GPU runs them (small calls), the event
+time includes the GPU's idle gaps between kernels. ``kernel_ms`` leaves them out: the sum
+of the durations of the GPU-side events (kernels, copies, fills) that ``torch.profiler``
+saw during a call, per call, which is what the kernels themselves cost.
 """
 
 from __future__ import annotations
@@ -61,3 +66,24 @@ def time_calls(fn, device: torch.device, repeats: int, warmup: int = 1) -> dict:
         walls.append(1e3 * wall)
         gpus.append(gpu)
     return dict(wall_ms=statistics.median(walls), wall_min_ms=min(walls), gpu_ms=median_or_none(gpus))
+
+
+def device_events(prof):
+    """The GPU-side events (kernels, copies, fills) of a finished ``torch.profiler`` run."""
+    from torch.autograd import DeviceType
+
+    return [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+
+
+def kernel_ms(fn, device: torch.device, calls: int = 3) -> float | None:
+    """Summed duration of the GPU events of one call of ``fn`` (mean of ``calls``), ms; None on the CPU."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        sync(device)
+    return sum(e.time_range.elapsed_us() for e in device_events(prof)) / calls / 1e3

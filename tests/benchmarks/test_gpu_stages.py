@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import kernel_profile, kernels, launch, sweep, tables  # noqa: E402
-from benchmarks.timing import time_calls, timed_call  # noqa: E402
+from benchmarks.timing import device_events, kernel_ms, time_calls, timed_call  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 STAGES = ["launch cost", "kernels fused", "kernels baseline", "profile", "model sweep", "cuda graphs",
@@ -50,6 +50,23 @@ def test_timed_call_is_one_call_with_wall_time_and_no_gpu_time_on_the_cpu():
     timing = time_calls(lambda: calls.append(1), torch.device("cpu"), repeats=3, warmup=2)
     assert len(calls) == 1 + 2 + 3 and timing["gpu_ms"] is None
     assert 0 < timing["wall_min_ms"] <= timing["wall_ms"]
+
+
+def test_gpu_side_events_are_summed_per_call_by_name():
+    """The CUDA half of the profiler tables on made-up events: only GPU-side events count,
+    summed by name and divided by the profiled calls; kernel_ms is None on the CPU."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    def event(name, device_type, us):
+        return NS(name=name, device_type=device_type, time_range=NS(elapsed_us=lambda: us))
+
+    prof = NS(events=lambda: [event("aten::mm", DeviceType.CPU, 50.0), event("gemm", DeviceType.CUDA, 30.0),
+                              event("gemm", DeviceType.CUDA, 10.0), event("fill", DeviceType.CUDA, 2.0)])
+    assert [e.name for e in device_events(prof)] == ["gemm", "gemm", "fill"]
+    assert dict(kernel_profile.kernel_table(prof, torch.device("cuda"), steps=2)) == {"gemm": [1.0, 20.0], "fill": [0.5, 1.0]}
+    assert kernel_ms(lambda: None, torch.device("cpu")) is None
 
 
 def test_op_counter_counts_non_view_ops_and_leaves_bare_allocations_out():
@@ -86,7 +103,7 @@ def test_kernel_stage_counts_flops_and_bytes_in_closed_form(smoke):
     assert len(rows) == 8 and data["meta"]["roofline"]["flops_per_s"] == 989e12
     for r in rows:
         b, h, n, d = r["batch"], r["heads"], r["tokens"], r["head_dim"]
-        assert r["skipped"] is None and r["gpu_ms"] is None and r["timing"] == "wall"
+        assert r["skipped"] is None and r["gpu_ms"] is None and r["kernel_ms"] is None and r["timing"] == "wall_ms"
         times = 1 if r["mode"] == "fwd" else 3      # backward: twice the forward's products
         # NaLa: state φ(k)ᵀv and output φ(q)S, features 2D wide; SDPA: q kᵀ and P v.
         per = 8 * b * h * n * d * d if r["method"] == "nala" else 4 * b * h * n * n * d
@@ -183,7 +200,7 @@ def test_tables_from_the_smoke_run(smoke):
 HAND_KERNELS = dict(meta=dict(device="cuda", device_name="H200", dtype="bf16", torch="2.11", command="python k.py"), rows=[
     dict(method="nala", mode="fwd", batch=4, heads=16, tokens=4096, head_dim=72, gpu_ms=0.5, wall_ms=0.6,
          roofline_fraction=0.25, us_per_1k_token_heads=1.9073, skipped=None),
-    dict(method="sdpa_cudnn", mode="fwd", batch=4, heads=16, tokens=4096, head_dim=72, gpu_ms=2.0, wall_ms=2.1,
+    dict(method="sdpa_cudnn", mode="fwd", batch=4, heads=16, tokens=4096, head_dim=72, gpu_ms=2.2, kernel_ms=2.0, wall_ms=2.1,
          roofline_fraction=0.35, us_per_1k_token_heads=7.63, skipped=None),
     dict(method="sdpa_flash", mode="fwd", batch=4, heads=16, tokens=4096, head_dim=72, skipped="RuntimeError: no"),
     dict(method="nala", mode="fwd", batch=64, heads=16, tokens=256, head_dim=72, skipped="budget"),
@@ -211,7 +228,8 @@ def test_tables_from_hand_made_json(tmp_path):
     (tmp_path / "kernels_baseline.json").write_text(json.dumps(HAND_BASELINE))
     (tmp_path / "model_sweep.json").write_text(json.dumps(HAND_SWEEP))
     assert tables.render(tmp_path).splitlines() == [
-        "**Kernel time, GPU ms (CUDA events)** (H200, bf16, torch 2.11; `python k.py`):",
+        "**Kernel time, GPU ms: the kernels' own time (profiler), CUDA events where absent** "
+        "(H200, bf16, torch 2.11; `python k.py`):",
         "",
         "| B, H, N, D | mode | NaLa | NaLa baseline | SDPA cuDNN | SDPA flash | NaLa / SDPA cuDNN "
         "| NaLa µs per 1K token-heads | % of roofline: NaLa / SDPA cuDNN |",
