@@ -14,7 +14,6 @@ holds the aten ops by self CPU time, so the path is exercised without a GPU.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -31,7 +30,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from benchmarks.attention import DTYPES  # noqa: E402
-from benchmarks.launch import family_subjects  # noqa: E402
+from benchmarks.launch import family_subjects, subject_parser  # noqa: E402
 from benchmarks.timing import device_events, sync  # noqa: E402
 
 
@@ -76,16 +75,9 @@ def subjects(args, device, dtype):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
-    parser.add_argument("--size", default="XL/2")
-    parser.add_argument("--resolution", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=32)
+    parser = subject_parser(__doc__, batch=32)
     parser.add_argument("--steps", type=int, default=3, help="profiled calls (after two warm-up calls)")
     parser.add_argument("--top", type=int, default=12, help="kernels kept per profile")
-    parser.add_argument("--smoke", action="store_true", help="CPU, toy sizes (tests)")
-    parser.add_argument("--out", default="", help="JSON path")
     args = parser.parse_args(argv)
     if args.smoke:
         args.device, args.dtype, args.size, args.resolution, args.batch, args.steps = "cpu", "fp32", "S/2", 64, 2, 1

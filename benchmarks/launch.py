@@ -155,17 +155,23 @@ def subjects(args, device, dtype):
             yield what, family, attention, sample(call), train(call)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def subject_parser(doc, batch):
+    """The options of the scripts that build a layer, a block and a model (this one, kernel_profile.py)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
     parser.add_argument("--size", default="XL/2")
     parser.add_argument("--resolution", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--launches", type=int, default=2000, help="tiny ops per timed burst")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=batch)
     parser.add_argument("--smoke", action="store_true", help="CPU, toy model and sizes (tests)")
     parser.add_argument("--out", default="", help="JSON path")
+    return parser
+
+
+def main(argv=None):
+    parser = subject_parser(__doc__, batch=8)
+    parser.add_argument("--launches", type=int, default=2000, help="tiny ops per timed burst")
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     if args.smoke:
         args.device, args.dtype, args.size, args.resolution = "cpu", "fp32", "S/2", 64
