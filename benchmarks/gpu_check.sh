@@ -34,8 +34,8 @@
 #                      NaLa vs softmax (torch.profiler)
 #   model sweep        model_sweep.json: XL/2 at 256 px batch 8/32/128, 512 px batch 8/32,
 #                      S/2 at 256 px batch 8/128; train + sample; DiT (cuDNN, flash) vs
-#                      NaLaDiT, eager; then torch.compile (DiT on cuDNN, NaLaDiT) at XL/2,
-#                      256 px, batch 32 (a compile takes tens of seconds)
+#                      NaLaDiT, eager; torch.compile (DiT on cuDNN, NaLaDiT) at XL/2, 256 px,
+#                      batch 32, right after its eager cells (a compile takes tens of seconds)
 #   cuda graphs        graphs.json: sampling under torch.compile(mode="reduce-overhead"), XL/2
 #                      at 256 px batch 32 (inductor's cache warm from the sweep) and 8, S/2 batch 8
 #   block sweep d72    triton_configs_d72.json: block sizes of the kernels at head dim 72
@@ -108,16 +108,16 @@ print("cuda", torch.cuda.is_available(), torch.version.cuda,
 EOF
 
 # 1. The host's cost per launched op, and what a layer, a block and a model launch.
-stage "launch cost" 30 \
+stage "launch cost" 40 \
   "$PY" benchmarks/launch.py --device cuda --dtype bf16 --size XL/2 --resolution 256 --batch 8 \
   --out "$DEST/launch.json"
 
 # 2. Kernel GPU time at issue 53's shapes, new kernels then the old ones (A/B).
 stage "kernels fused" 55 \
   "$PY" benchmarks/kernels.py --device cuda --dtype bf16 --budget-s 45 --out "$DEST/kernels_fused.json"
-stage "kernels baseline" 45 \
+stage "kernels baseline" 40 \
   env NALA_TRITON_VARIANT=baseline "$PY" benchmarks/kernels.py --device cuda --dtype bf16 --methods nala \
-  --budget-s 35 --out "$DEST/kernels_baseline.json"
+  --budget-s 30 --out "$DEST/kernels_baseline.json"
 
 # 3. Per-kernel profile of one gated layer and one block (XL/2, 256 px, batch 32).
 stage "profile" 35 \
@@ -125,14 +125,14 @@ stage "profile" 35 \
   --out "$DEST/profile.json"
 
 # 4. Whole models at the batches people train at: every eager cell, then compiled ones.
-stage "model sweep" 190 \
+stage "model sweep" 185 \
   "$PY" benchmarks/sweep.py --device cuda --dtype bf16 --modes eager,default --repeats 5 \
-  --compile-cells XL/2:256:32 --cell-cap-s 90 --budget-s 170 --out "$DEST/model_sweep.json"
+  --compile-cells XL/2:256:32 --cell-cap-s 120 --budget-s 165 --out "$DEST/model_sweep.json"
 
 # 5. Sampling through CUDA graphs (inductor's reduce-overhead), both models.
 stage "cuda graphs" 85 \
   "$PY" benchmarks/sweep.py --device cuda --dtype bf16 --modes reduce-overhead --tasks sample \
-  --compile-cells XL/2:256:32,XL/2:256:8,S/2:256:8 --repeats 10 --cell-cap-s 60 --budget-s 70 \
+  --cells XL/2:256:32,XL/2:256:8,S/2:256:8 --compile-cells all --repeats 10 --cell-cap-s 60 --budget-s 70 \
   --out "$DEST/graphs.json"
 
 # 6. Block sizes at head dim 72, in the time left.

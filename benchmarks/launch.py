@@ -177,29 +177,40 @@ def main(argv=None):
         args.device, args.dtype, args.size, args.resolution = "cpu", "fp32", "S/2", 64
         args.batch, args.launches, args.repeats = 2, 50, 2
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    host = host_cost(device, args.launches, args.repeats)
-    print(f"host cost per op: {host['wall_us_per_op']:.2f} us wall, GPU {host['gpu_us_per_op']} us", flush=True)
-    rows = []
-    for what, family, attention, sample, train in subjects(args, device, dtype):
-        for mode, fn in (("fwd", sample), ("fwd+bwd", train)):
-            counted = count(fn, device)
-            rows.append(dict(what=what, family=family, attention=attention, mode=mode, **counted,
-                             host_ms_per_call=counted["aten_ops"] * host["wall_us_per_op"] / 1e3))
-            print(f"{what:22s} {family:8s} {mode:8s} aten ops {counted['aten_ops']:6d} "
-                  f"GPU kernels {counted['gpu_kernels']}", flush=True)
     meta = dict(
         command="python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
         device=str(device), dtype=args.dtype, torch=torch.__version__, smoke=args.smoke,
         device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine()),
         size=args.size, resolution=args.resolution, batch=args.batch,
         nala_triton_variant=os.environ.get("NALA_TRITON_VARIANT", "fused"),
-        counting="aten ops: TorchDispatchMode, views and empty/new_empty/empty_strided excluded; "
-                 "gpu_kernels: torch.profiler CUDA events (null on CPU); fwd+bwd = forward + backward from a given output gradient (no loss, no optimizer)",
+        counting="aten ops: TorchDispatchMode, views and empty/new_empty/empty_strided excluded; gpu_kernels: "
+                 "torch.profiler CUDA events (null on CPU); fwd+bwd = forward + backward from a given output "
+                 "gradient (no loss, no optimizer)",
     )
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(dict(meta=meta, host=host, counts=rows), indent=1))
+    out = Path(args.out) if args.out else None
+    host, rows = None, []
+
+    def write():                       # after every subject: a stage stopped at its limit keeps them
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(dict(meta=meta, host=host, counts=rows), indent=1))
+
+    try:
+        host = host_cost(device, args.launches, args.repeats)
+        print(f"host cost per op: {host['wall_us_per_op']:.2f} us wall, GPU {host['gpu_us_per_op']} us", flush=True)
+        write()
+        for what, family, attention, sample, train in subjects(args, device, dtype):
+            for mode, fn in (("fwd", sample), ("fwd+bwd", train)):
+                counted = count(fn, device)
+                rows.append(dict(what=what, family=family, attention=attention, mode=mode, **counted,
+                                 host_ms_per_call=counted["aten_ops"] * host["wall_us_per_op"] / 1e3))
+                write()
+                print(f"{what:22s} {family:8s} {mode:8s} aten ops {counted['aten_ops']:6d} "
+                      f"GPU kernels {counted['gpu_kernels']}", flush=True)
+    except KeyboardInterrupt:  # a time limit (timeout --signal=INT): keep what was measured
+        print("interrupted: reporting the results so far", flush=True)
+    write()
+    if out:
         print(f"wrote {out}")
 
 

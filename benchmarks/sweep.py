@@ -11,10 +11,11 @@ backward, AdamW) and a sampling forward (``no_grad``), bf16 weights and inputs, 
 in each of ``--modes``: ``eager``; ``default`` (``torch.compile`` through
 ``nala_dit.models.compile.compile_model``, as ``train.py --compile`` / ``sample.py --compile``);
 ``reduce-overhead`` (sampling only: inductor's CUDA graphs, as ``sample.py --cuda-graphs``).
-All eager cells run before the compiled ones, so a spent budget cuts compiled cells first.
-A compile of XL/2 takes tens of seconds on a fresh machine, so compiled modes run only the
-cells of ``--compile-cells`` (default XL/2 at 256 px, batch 32) and DiT on one SDPA backend
-(the first of the list: cuDNN); the cells left out are not listed.
+Cells run in ``--cells`` order, each eager first (a model is built once per family, size and
+resolution for its eager cells), then compiled. A compile of XL/2 takes tens of seconds on a
+fresh machine, so compiled modes run only at the cells of ``--compile-cells`` (default XL/2
+at 256 px, batch 32) and for DiT on one SDPA backend (the first: cuDNN); the cells left out
+are not listed.
 
 Per cell: warm-up (1 call eager, 2 compiled: the first is recorded as ``compile_s``, 3
 with CUDA graphs: warm-up, capture, first replay), then ``--repeats`` calls timed alone
@@ -103,15 +104,56 @@ def compiled(model, mode, task, backend):
     return torch.compile(model, backend=backend)
 
 
-def run_cell(cell, family, sdpa, task, mode, args, device, dtype):
-    size, px, batch = cell
-    latent = px // 8
-    torch._dynamo.reset()            # every compiled cell traces afresh: no recompile limits, no stale guards
+def plan(args, device):
+    """(cell, mode, task, family, sdpa) in the order they run: cell by cell (``--cells``
+    order), each eager first, then its compiled modes if it is one of ``--compile-cells``."""
+    compile_cells = None if args.compile_cells == "all" else set(parse_cells(args.compile_cells))
+    for cell in parse_cells(args.cells):
+        for mode in args.modes.split(","):
+            if mode != "eager" and compile_cells is not None and cell not in compile_cells:
+                continue
+            for task in args.tasks.split(","):
+                if mode == "reduce-overhead" and task == "train":
+                    continue      # CUDA graphs are for sampling here (issue 53)
+                pairs = variants(device)
+                if mode != "eager":     # DiT on its first backend only: each compile costs tens of seconds
+                    pairs = [pairs[0], *(p for p in pairs if p[0] != "DiT")]
+                for family, sdpa in pairs:
+                    yield cell, mode, task, family, sdpa
+
+
+def build(family, size, latent, args, device, dtype, cache):
+    """A fresh model, or for eager cells the one ``cache`` holds for (family, size, latent)
+    (models of another size or resolution are dropped from it first)."""
+    key = (family, size, latent)
+    if cache is not None and key in cache:
+        return cache[key]
+    if cache is not None:
+        for old in [k for k in cache if k[1:] != key[1:]]:
+            del cache[old]
     torch.manual_seed(0)
     with device:
         model = create_model(f"{family}-{size}", input_size=latent, **(SMOKE if args.smoke else {}))
     if dtype != torch.float32:
         model.to(dtype)
+    if cache is not None:
+        cache[key] = model
+    return model
+
+
+def run_cell(cell, family, sdpa, task, mode, args, device, dtype, cache=None):
+    size, px, batch = cell
+    latent = px // 8
+    torch._dynamo.reset()            # every compiled cell traces afresh: no recompile limits, no stale guards
+    model = build(family, size, latent, args, device, dtype, cache if mode == "eager" else None)
+    try:
+        return time_cell(model, family, sdpa, task, mode, batch, latent, args, device, dtype)
+    finally:
+        for p in model.parameters():
+            p.grad = None             # a cached model keeps no gradients between cells
+
+
+def time_cell(model, family, sdpa, task, mode, batch, latent, args, device, dtype):
     data = make_batch(model, batch, latent, device, dtype)
     runner = model if mode == "eager" else compiled(model, mode, task, args.compile_backend)
     if task == "train":
@@ -142,7 +184,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
-    parser.add_argument("--cells", default=CELLS, help="SIZE:PX:BATCH,... (default: issue 53's)")
+    parser.add_argument("--cells", default=None, help="SIZE:PX:BATCH,... (default: issue 53's; --smoke: S/2:64:2)")
     parser.add_argument("--compile-cells", default=None,
                         help="the cells compiled modes run, or all (default XL/2:256:32; --smoke: all)")
     parser.add_argument("--tasks", default="train,sample")
@@ -155,15 +197,21 @@ def main(argv=None):
     parser.add_argument("--out", default="", help="JSON path (written after every cell)")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.device, args.dtype, args.cells, args.repeats = "cpu", "fp32", "S/2:64:2", 2
-        args.compile_cells = args.compile_cells or "all"
+        args.device, args.dtype, args.repeats = "cpu", "fp32", 2
+        args.cells, args.compile_cells = args.cells or "S/2:64:2", args.compile_cells or "all"
         args.compile_backend = "eager" if args.compile_backend == "inductor" else args.compile_backend
-    args.compile_cells = args.compile_cells or "XL/2:256:32"
+    args.cells, args.compile_cells = args.cells or CELLS, args.compile_cells or "XL/2:256:32"
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    modes, tasks = args.modes.split(","), args.tasks.split(",")
-    for mode in modes:
+    for mode in args.modes.split(","):
         if mode not in WARMUP:
             parser.error(f"--modes: {mode!r} is not one of {', '.join(WARMUP)}")
+    try:
+        cells = parse_cells(args.cells)
+        missing = [] if args.compile_cells == "all" else [c for c in parse_cells(args.compile_cells) if c not in cells]
+    except ValueError:
+        parser.error("--cells / --compile-cells: expected SIZE:PX:BATCH,... (e.g. XL/2:256:32)")
+    if missing:
+        parser.error(f"--compile-cells {args.compile_cells}: not among --cells; add them there")
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     meta = dict(
         command="python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
@@ -181,36 +229,28 @@ def main(argv=None):
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
 
+    cache = {}
     try:
-        for mode in modes:
-            compiled_only = mode != "eager" and args.compile_cells != "all"
-            for cell in parse_cells(args.compile_cells if compiled_only else args.cells):
-                for task in tasks:
-                    if mode == "reduce-overhead" and task == "train":
-                        continue      # CUDA graphs are for sampling here (issue 53)
-                    pairs = variants(device)
-                    if mode != "eager":     # DiT on its first backend only: each compile costs tens of seconds
-                        pairs = [pairs[0], *(p for p in pairs if p[0] != "DiT")]
-                    for family, sdpa in pairs:
-                        row = dict(model=f"{family}-{cell[0]}", family=family, size=cell[0], resolution=cell[1],
-                                   batch=cell[2], task=task, mode=mode, sdpa=sdpa)
-                        if args.budget_s and time.perf_counter() - start > args.budget_s:
-                            rows.append(dict(row, skipped=f"--budget-s {args.budget_s} s spent"))
-                            continue
-                        try:
-                            with time_cap(args.cell_cap_s):
-                                row.update(run_cell(cell, family, sdpa, task, mode, args, device, dtype), skipped=None)
-                        except (CellTimeout, torch.cuda.OutOfMemoryError, Exception) as err:  # noqa: BLE001
-                            first = str(err).splitlines()[0][:200] if str(err) else ""
-                            row["skipped"] = f"{type(err).__name__}: {first}"
-                        if device.type == "cuda":
-                            torch.cuda.empty_cache()
-                        rows.append(row)
-                        write()
-                        print(f"{mode:15s} {row['model']:12s} {str(sdpa):7s} {cell[1]:4d}px b{cell[2]:<4d} {task:6s} " + (
-                            f"skipped: {row['skipped']}" if row["skipped"] else
-                            f"{row['wall_ms']:9.2f} ms wall, GPU {row['gpu_ms']} ms, first call {row['first_call_s']:.1f} s"),
-                            flush=True)
+        for cell, mode, task, family, sdpa in plan(args, device):
+            row = dict(model=f"{family}-{cell[0]}", family=family, size=cell[0], resolution=cell[1],
+                       batch=cell[2], task=task, mode=mode, sdpa=sdpa)
+            if args.budget_s and time.perf_counter() - start > args.budget_s:
+                rows.append(dict(row, skipped=f"--budget-s {args.budget_s} s spent"))
+                continue
+            try:
+                with time_cap(args.cell_cap_s):
+                    row.update(run_cell(cell, family, sdpa, task, mode, args, device, dtype, cache), skipped=None)
+            except (CellTimeout, torch.cuda.OutOfMemoryError, Exception) as err:  # noqa: BLE001
+                first = str(err).splitlines()[0][:200] if str(err) else ""
+                row["skipped"] = f"{type(err).__name__}: {first}"
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            rows.append(row)
+            write()
+            print(f"{mode:15s} {row['model']:12s} {str(sdpa):7s} {cell[1]:4d}px b{cell[2]:<4d} {task:6s} " + (
+                f"skipped: {row['skipped']}" if row["skipped"] else
+                f"{row['wall_ms']:9.2f} ms wall, GPU {row['gpu_ms']} ms, first call {row['first_call_s']:.1f} s"),
+                flush=True)
     except KeyboardInterrupt:  # a time limit (timeout --signal=INT): keep what was measured
         print("interrupted: reporting the results so far", flush=True)
     write()

@@ -169,7 +169,7 @@ def render(results: Path) -> str:
         return json.loads(path.read_text()) if path.is_file() else None
 
     parts = []
-    if (data := load("launch.json")):
+    if (data := load("launch.json")) and data["host"]:
         parts.append(launch_tables(data))
     if (data := load("kernels_fused.json")):
         parts.append(kernel_tables(data, load("kernels_baseline.json")))

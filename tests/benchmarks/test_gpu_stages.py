@@ -157,20 +157,26 @@ def test_sweep_cell_over_its_time_cap_is_recorded_as_skipped(tmp_path, monkeypat
     assert [r["skipped"] for r in rows] == ["CellTimeout: cell took > --cell-cap-s 0.1 s"] * 2
 
 
-def test_sweep_plan_compiles_only_its_compile_cells_with_dit_on_one_backend(tmp_path, monkeypatch):
-    """The GPU plan without a GPU: every eager cell for DiT on cuDNN and flash and NaLaDiT; the
-    compiled mode only at --compile-cells, DiT on cuDNN alone; CUDA graphs for sampling only."""
+def test_sweep_plan_compiles_only_its_compile_cells_with_dit_on_one_backend(tmp_path, monkeypatch, capsys):
+    """The GPU plan without a GPU: cell by cell, every eager cell for DiT on cuDNN and flash
+    and NaLaDiT, then the compiled modes only at --compile-cells, DiT on cuDNN alone, CUDA
+    graphs for sampling only; eager cells share one model per family and resolution."""
     monkeypatch.setattr(sweep, "variants", lambda device: [("DiT", "cudnn"), ("DiT", "flash"), ("NaLaDiT", None)])
-    monkeypatch.setattr(sweep, "run_cell", lambda *args: dict(wall_ms=1.0, gpu_ms=None, first_call_s=0.0))
-    sweep.main(["--smoke", "--modes", "eager,default,reduce-overhead", "--cells", "S/2:64:2", "--compile-cells", "S/2:64:4",
-                "--out", str(tmp_path / "plan.json")])
+    built = []
+    monkeypatch.setattr(sweep, "time_cell", lambda model, *args: built.append(id(model)) or dict(
+        wall_ms=1.0, gpu_ms=None, first_call_s=0.0))
+    sweep.main(["--smoke", "--modes", "eager,default,reduce-overhead", "--cells", "S/2:64:2,S/2:64:4",
+                "--compile-cells", "S/2:64:4", "--out", str(tmp_path / "plan.json")])
     rows = load(tmp_path, "plan.json")["rows"]
-    assert [(r["mode"], r["batch"], r["task"], r["family"], r["sdpa"]) for r in rows] == [
-        ("eager", 2, "train", "DiT", "cudnn"), ("eager", 2, "train", "DiT", "flash"), ("eager", 2, "train", "NaLaDiT", None),
-        ("eager", 2, "sample", "DiT", "cudnn"), ("eager", 2, "sample", "DiT", "flash"), ("eager", 2, "sample", "NaLaDiT", None),
-        ("default", 4, "train", "DiT", "cudnn"), ("default", 4, "train", "NaLaDiT", None),
-        ("default", 4, "sample", "DiT", "cudnn"), ("default", 4, "sample", "NaLaDiT", None),
-        ("reduce-overhead", 4, "sample", "DiT", "cudnn"), ("reduce-overhead", 4, "sample", "NaLaDiT", None)]
+    eager = [("eager", b, task, family, sdpa) for b in (2, 4) for task in ("train", "sample")
+             for family, sdpa in (("DiT", "cudnn"), ("DiT", "flash"), ("NaLaDiT", None))]
+    compiled = [(mode, 4, task, family, sdpa) for mode, tasks in (("default", ("train", "sample")), ("reduce-overhead", ("sample",)))
+                for task in tasks for family, sdpa in (("DiT", "cudnn"), ("NaLaDiT", None))]
+    assert [(r["mode"], r["batch"], r["task"], r["family"], r["sdpa"]) for r in rows] == eager[:6] + eager[6:] + compiled
+    assert len(set(built[:12])) == 2 and len(set(built[12:])) == 6    # eager: one model per family; compiled: fresh
+    with pytest.raises(SystemExit):
+        sweep.main(["--smoke", "--cells", "S/2:64:2", "--compile-cells", "S/2:64:4"])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("not among --cells; add them there")
 
 
 @pytest.mark.slow   # a process under Triton's interpreter
