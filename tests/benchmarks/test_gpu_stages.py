@@ -251,6 +251,35 @@ def test_tables_from_hand_made_json(tmp_path):
     assert tables.render(tmp_path / "none") == tables.NONE_YET
 
 
+def test_launch_and_profile_tables_from_hand_made_json(tmp_path):
+    meta = dict(device="cuda", device_name="H200", dtype="bf16", torch="2.11", command="python l.py")
+    (tmp_path / "launch.json").write_text(json.dumps(dict(meta=meta, host=dict(launches=2000, wall_us_per_op=5.0,
+                                                                                gpu_us_per_op=1.25), counts=[
+        dict(what="gated layer", family="NaLaDiT", mode="fwd", aten_ops=12, gpu_kernels=10, host_ms_per_call=0.06),
+        dict(what="gated layer", family="NaLaDiT", mode="fwd+bwd", aten_ops=1043, gpu_kernels=40, host_ms_per_call=5.215),
+        dict(what="attention layer", family="DiT", mode="fwd", aten_ops=3, gpu_kernels=None, host_ms_per_call=0.015)])))
+    (tmp_path / "profile.json").write_text(json.dumps(dict(meta=dict(meta, unit="GPU kernels", size="XL/2", resolution=256,
+                                                                      batch=32), rows=[
+        dict(what="block", family="DiT", mode="fwd", total_us_per_call=200.0, kernels_per_call=13.0, top=[
+            dict(name="sm90_gemm|bf16", us_per_call=150.0, share=0.75), dict(name="cudnn_sdpa", us_per_call=50.0, share=0.25)])])))
+    assert tables.render(tmp_path).splitlines() == [
+        "**Launch cost** (H200, bf16, torch 2.11; `python l.py`):",
+        "",
+        "Host cost per launched op (2,000 tiny adds): 5.00 µs wall, 1.25 µs on the GPU.",
+        "",
+        "| what | model | fwd: aten ops / GPU kernels | fwd+bwd: aten ops / GPU kernels | host ms fwd | host ms fwd+bwd |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| gated layer | NaLaDiT | 12 / 10 | 1,043 / 40 | 0.06 | 5.21 |",
+        "| attention layer | DiT | 3 / – | – | 0.01 | – |",
+        "",
+        "**Per-kernel profile (GPU kernels, XL/2, 256 px, batch 32)** (H200, bf16, torch 2.11; `python l.py`):",
+        "",
+        "| subject | mode | µs per call | kernels per call | top 3 (share) |",
+        "| --- | --- | ---: | ---: | --- |",
+        "| block, DiT | fwd | 200.0 | 13 | sm90_gemm/bf16 75%; cudnn_sdpa 25% |",    # a | in a name would split the cell
+    ]
+
+
 def test_tables_rewrite_only_between_the_markers(tmp_path, capsys):
     doc = tmp_path / "page.md"
     doc.write_text(f"# Page\nmine\n{tables.BEGIN}\nold table\n{tables.END}\nafter, mine too\n")
