@@ -167,7 +167,12 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true", help="CPU, fp32, toy shapes, two repeats (tests)")
     parser.add_argument("--out", default="", help="JSON path (written after every shape)")
     args = parser.parse_args(argv)
-    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")] if args.shapes else SHAPES
+    try:
+        shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")] if args.shapes else SHAPES
+    except ValueError:
+        shapes = [()]
+    if any(len(shape) != 4 or min(shape) < 1 for shape in shapes):
+        parser.error(f"--shapes {args.shapes!r}: expected B,H,N,D;B,H,N,D... of positive integers, e.g. 4,16,4096,72")
     if args.smoke:
         args.device, args.dtype, args.repeats, args.warmup, shapes = "cpu", "fp32", 2, 1, SMOKE_SHAPES
     device, dtype = torch.device(args.device), DTYPES[args.dtype]

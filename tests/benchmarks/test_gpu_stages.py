@@ -119,6 +119,14 @@ def test_kernel_stage_counts_flops_and_bytes_in_closed_form(smoke):
     assert {r["method"] for r in load(smoke, "kernels_baseline.json")["rows"]} == {"nala"}
 
 
+def test_kernel_stage_refuses_a_malformed_shape_in_one_line(capsys):
+    for bad in ("4,16,4096", "4,16,x,72", "0,1,2,3"):
+        with pytest.raises(SystemExit):
+            kernels.main(["--shapes", bad])
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+            "expected B,H,N,D;B,H,N,D... of positive integers, e.g. 4,16,4096,72")
+
+
 def test_profile_stage(smoke):
     data = load(smoke, "profile.json")
     rows = data["rows"]
