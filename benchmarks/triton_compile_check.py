@@ -67,10 +67,11 @@ def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "f
          dict(st_c, QUERY=False, DEN=None, DDEN=None), st["num_warps"]),
         ("output", tn._output_kernel, dict(Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f), out_c, out["num_warps"]),
         ("dq", tn._dq_kernel, dict(Q=p, G=p, ScaleP=f, S=f, Z=f, DEN=f, DQ=p, DDEN=f, DU=f),
-         dict(bwd_c, NEED_DU=False), bwd["num_warps"]),
+         dict(bwd_c, NEED_DU=False, DQ_STRIDED=False), bwd["num_warps"]),
         ("dstate", tn._state_kernel, dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f, DEN=f, DDEN=f),
          dict(st_c, QUERY=True), st["num_warps"]),
-        ("dkv", tn._dkv_kernel, dict(K=p, V=p, DS=f, DZ=f, DK=p, DV=p), bwd_c, bwd["num_warps"]),
+        ("dkv", tn._dkv_kernel, dict(K=p, V=p, DS=f, DZ=f, DK=p, DV=p), dict(bwd_c, ADD_DV=False),
+         bwd["num_warps"]),
     ]
 
 

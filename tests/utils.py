@@ -164,3 +164,20 @@ def count_dit_builds(monkeypatch) -> list:
 
     monkeypatch.setattr(models.DiT, "__init__", counting_init)
     return built
+
+
+def run_cases_file(path: str, env: dict, *pytest_args) -> str:
+    """``python -m pytest path`` in a subprocess with ``env`` added (e.g. ``TRITON_INTERPRET=1``,
+    which Triton reads when the kernels are defined and which would leak into every other test
+    in this process); asserts it passed and returns its output."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    full = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    full.update(env, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path, *pytest_args]
+    proc = subprocess.run(cmd, cwd=root, env=full, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
+    return proc.stdout

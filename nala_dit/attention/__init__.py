@@ -14,6 +14,12 @@ One concern per file, top (what a model builds) to bottom (the math):
   eager / compiled composition, what ``impl="auto"`` runs, the Triton first-use check);
 * ``regions.py``: region states (``--nala-regions``): one NaLa state per region of the token
   grid, mixed per query region by learned weights, and their explicit N×N reference;
+* ``context_parallel.py``: one image's tokens over a group of ranks (NaLa's state and the
+  softmax keys all-reduced or gathered, LePE's halo rows);
+* ``op.py``, ``triton_op.py``: NaLa's fused CPU path and its Triton path as ``torch.library``
+  custom ops, so ``torch.compile(fullgraph=True)`` traces a block whole;
+* ``triton_gated.py``: the gated layer between its projections on Triton (NaLa, then one
+  epilogue kernel for LePE, LayerNorm and gate; 4 launches forward with the projections);
 * ``triton_kernels.py``: NaLa as Triton GPU kernels (imported only when they run);
 * ``functional.py``: the math as pure functions over ``(B, H, N, D)`` tensors (feature maps,
   the §3 normalisation, the baselines, SDPA softmax, the §7 rotary embedding) and the

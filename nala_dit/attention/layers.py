@@ -11,6 +11,8 @@ them in this package (``functional.py``, ``nala.py``, ``regions.py``, ``recomput
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 
@@ -20,7 +22,7 @@ from .functional import (
     kernel_features, linear_attention, nala_exponent, nala_features, rope_angles, rope_linear_attention,
     saturated_share, softmax_attention,
 )
-from .nala import fused_opts, nala_attention, select_nala_impl, triton_available
+from .nala import fused_opts, nala_attention, select_nala_impl, triton_available, triton_passes_check
 from .recompute import GatedMiddle, gated_tail
 from .regions import initial_region_logits, region_nala_attention
 
@@ -114,6 +116,11 @@ class GatedAttention(nn.Module):
     def observe(self, q: torch.Tensor) -> None:
         """Called with the queries of every forward (``record_stats``: the subclass's statistics)."""
 
+    def triton_middle(self, qkvg: torch.Tensor, grid) -> torch.Tensor | None:
+        """Steps 2-4 as ``triton_gated.TritonGatedMiddle`` where the subclass runs them
+        there (NaLa on Triton), else None."""
+        return None
+
     def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
         b, n, c = x.shape
         h = self.num_heads
@@ -135,6 +142,9 @@ class GatedAttention(nn.Module):
             norm = None if self.out_norm is None else (*norm, self.out_norm.eps)
             o = gated_tail(o, parts[2], g, grid, None if self.lepe is None else lepe, norm)
             return self.proj(o)                                       # (B, N, C)
+        middle = self.triton_middle(qkvg, grid)
+        if middle is not None:   # NaLa on Triton: the layer between its projections in 2 + 5 launches
+            return self.proj(middle)
         spec = dict(heads=h, grid=grid, parts=len(parts),
                     norm_eps=None if self.out_norm is None else self.out_norm.eps)
         fused = self.fused_core(q)
@@ -197,6 +207,7 @@ class GatedLinearAttention(GatedAttention):
             self.reset_norm_scale()
         if config.regions > 1:
             self.region_logits = nn.Parameter(initial_region_logits(config.regions, num_heads))
+        self._triton_specs: dict = {}   # triton_middle's per-(device, dtype) options and scale
 
     @torch.no_grad()
     def reset_norm_scale(self) -> None:
@@ -258,6 +269,33 @@ class GatedLinearAttention(GatedAttention):
                 p = self.exponent(q)
                 self.last_stats = {"exponent_mean": p.mean().item(), "exponent_std": p.std().item(),
                                    "saturated": saturated_share(p, self.config.power, self.config.offset)}
+
+    def triton_middle(self, qkvg: torch.Tensor, grid) -> torch.Tensor | None:
+        config, c, h = self.config, self.proj.in_features, self.num_heads
+        if not (config.kernel == "nala" and config.lepe and config.gate and config.out_norm and not config.rope
+                and config.regions == 1 and shard_of(grid) is None
+                and select_nala_impl(qkvg.device.type, c // h, qkvg.dtype, triton_available(),
+                                     qkvg.shape[1]) == "triton"):
+            return None
+        opts = {k: v for k, v in fused_opts(config, c // h).items() if k != "norm_scale"}
+        if not triton_passes_check(qkvg.device, qkvg.dtype, c // h, opts):
+            return None
+        from .triton_gated import TritonGatedMiddle, split_heads
+        from .triton_kernels import resolve_opts
+
+        # Built once per layer, device and dtype: the resolved options and the constant norm scale.
+        key = (qkvg.device, qkvg.dtype, torch.get_float32_matmul_precision())
+        if key not in self._triton_specs:
+            scale = None if self.learned_scale else torch.full((h,), float(config.norm_scale_for(c // h)),
+                                                                device=qkvg.device)
+            self._triton_specs[key] = (dict(heads=h, norm_eps=self.out_norm.eps,
+                                            opts=resolve_opts(split_heads(qkvg, 0, h), opts)), scale)
+        spec, scale = self._triton_specs[key]
+        if self.learned_scale:
+            scale = self.log_norm_scale.float().exp()
+        with torch.cuda.device(qkvg.device) if qkvg.device.type == "cuda" else contextlib.nullcontext():
+            return TritonGatedMiddle.apply(qkvg, scale, self.lepe.weight, self.lepe.bias, self.out_norm.weight,
+                                           self.out_norm.bias, dict(spec, grid=tuple(grid)))
 
     def fused_core(self, q: torch.Tensor) -> tuple[dict, torch.Tensor | None] | None:
         config = self.config

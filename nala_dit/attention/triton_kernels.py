@@ -28,6 +28,13 @@ state's last bits depend on the order the ranges finish in (fp32, relative ~1e-7
 before issue 53 selectable for an A/B: partial states summed by ``torch.sum``, ranges of
 ≥ 512 tokens, state and output as two launches, TF32 products, libdevice sin/cos/log.
 
+Inputs and outputs are read and written through their strides (``forward_launch``,
+``backward_launch``): the gated layer (``triton_gated.py``) hands in q, k, v as views of its
+qkvg projection and buffers in token layout for the output and for dq, dk, dv, and the
+dkv kernel adds ∂L/∂v to what its buffer holds (``ADD_DV``: the LePE term's gradient).
+dq's contiguous case keeps its own store (``DQ_STRIDED`` False), which keeps that kernel's
+registers at D = 72 where they were.
+
 What is saved for the backward: q, k, v, the state (2 × D × (D+1) per head) and the
 denominator. The 2D-wide features (norm, exponent, ``|q̂|^p``, angles, cos/sin halves,
 ``|k|^λ``) are recomputed in registers in every pass and never written to memory. As in
@@ -384,7 +391,7 @@ def _output_block(q_base, sq_n, sq_d, offs_n, n_mask, offs_d, d_mask, offs_v, v_
 @triton.jit
 def _forward_kernel(
     K, V, Q, ScaleP, S, Z, O, DEN,
-    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sq_b, sq_h, sq_n, sq_d,
+    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d,
     H, N, D, inv_n,
     power, offset, alpha, norm_eps, eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
@@ -417,12 +424,13 @@ def _forward_kernel(
     tl.store(Z + bh * 2 * D + offs_d, z1, mask=first)
     tl.store(Z + bh * 2 * D + D + offs_d, z2, mask=first)
     q_base = Q + _head_offset(bh, H, sq_b, sq_h)
+    o_base = O + _head_offset(bh, H, so_b, so_h)
     for n0 in range(0, N, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
         out, den = _output_block(q_base, sq_n, sq_d, offs_n, n_mask, offs_d, d_mask, offs_v, v_mask,
                                  s1, s2, z1, z2, scale, power, offset, alpha, norm_eps, eps, COSINE, PREC)
-        o_ptr = O + bh * N * D + offs_n[:, None] * D + offs_v[None, :]
+        o_ptr = o_base + offs_n[:, None] * so_n + offs_v[None, :] * so_d
         tl.store(o_ptr, out.to(O.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
         tl.store(DEN + bh * N + offs_n, den, mask=n_mask & (vt == 0))
 
@@ -430,14 +438,14 @@ def _forward_kernel(
 @triton.jit
 def _output_kernel(
     Q, ScaleP, S, Z, O, DEN,
-    sq_b, sq_h, sq_n, sq_d,
+    sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d,
     H, N, D,
     power, offset, alpha, norm_eps, eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """o = φ_qᵀ S / (φ_qᵀ z + ε) for one token block and one value tile (§3 linear form).
-    Grid: (B·H, token blocks, BD/BV). O is contiguous (B, H, N, D); DEN is (B·H, N) fp32."""
+    Grid: (B·H, token blocks, BD/BV). O is (B, H, N, D) through its strides; DEN is (B·H, N) fp32."""
     bh = tl.program_id(0).to(tl.int64)  # int64 offsets: B·H·N may pass 2^31
     nb = tl.program_id(1)
     vt = tl.program_id(2)
@@ -457,7 +465,7 @@ def _output_kernel(
     out, den = _output_block(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, n_mask, offs_d, d_mask,
                              offs_v, v_mask, s1, s2, z1, z2, scale, power, offset, alpha, norm_eps, eps,
                              COSINE, PREC)
-    o_ptr = O + bh * N * D + offs_n[:, None] * D + offs_v[None, :]
+    o_ptr = O + _head_offset(bh, H, so_b, so_h) + offs_n[:, None] * so_n + offs_v[None, :] * so_d
     tl.store(o_ptr, out.to(O.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
     tl.store(DEN + bh * N + offs_n, den, mask=n_mask & (vt == 0))
 
@@ -465,11 +473,11 @@ def _output_kernel(
 @triton.jit
 def _dq_kernel(
     Q, G, ScaleP, S, Z, DEN, DQ, DDEN, DU,
-    sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d,
+    sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d, sdq_b, sdq_h, sdq_n, sdq_d,
     H, N, D,
     power, offset, alpha, norm_eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
-    NV: tl.constexpr, PREC: tl.constexpr, NEED_DU: tl.constexpr,
+    NV: tl.constexpr, PREC: tl.constexpr, NEED_DU: tl.constexpr, DQ_STRIDED: tl.constexpr = False,
 ):
     """∂L/∂q for one token block, and ∂L/∂den (for the state gradient).
     With num = φ_qᵀS and den = φ_qᵀz + ε: ∂L/∂num = g/den, ∂L/∂den = −(g/den)·num/den,
@@ -505,7 +513,10 @@ def _dq_kernel(
     g2 += d_den[:, None] * z2[None, :]
     dq, d_u = _query_grad(q, f1, f2, g1, g2, q_hat, norm, clamped, p, t_norm, scale, power, alpha,
                           norm_eps, COSINE, PREC)
-    dq_ptr = DQ + bh * N * D + offs_n[:, None] * D + offs_d[None, :]
+    if DQ_STRIDED:   # a gated layer's token-layout gradient buffer
+        dq_ptr = DQ + _head_offset(bh, H, sdq_b, sdq_h) + offs_n[:, None] * sdq_n + offs_d[None, :] * sdq_d
+    else:            # contiguous (B, H, N, D): the strides unused, which keeps dq's registers as they were
+        dq_ptr = DQ + bh * N * D + offs_n[:, None] * D + offs_d[None, :]
     tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
     if NEED_DU:
         # ∂L/∂s per token: u = ‖q‖/s, ∂u/∂s = −‖q‖/s².
@@ -515,15 +526,16 @@ def _dq_kernel(
 @triton.jit
 def _dkv_kernel(
     K, V, DS, DZ, DK, DV,
-    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
+    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d,
     H, N, D,
     power, alpha, norm_eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
-    NV: tl.constexpr, PREC: tl.constexpr,
+    NV: tl.constexpr, PREC: tl.constexpr, ADD_DV: tl.constexpr,
 ):
     """∂L/∂φ_k = v ∂L/∂Sᵀ + ∂L/∂z then ∂L/∂k, and ∂L/∂v = Σ_halves φ_k ∂L/∂S, for one
     token block (the 1/N of §3 is already in ∂L/∂[S | z]). In that order, so that the
     features and their gradient are not live in the same loop (registers).
+    ``ADD_DV``: ∂L/∂v is added to what DV holds (the gated layer's LePE term), not stored.
     Grid: (B·H, token blocks)."""
     bh = tl.program_id(0).to(tl.int64)  # int64 offsets: B·H·N may pass 2^31
     nb = tl.program_id(1)
@@ -547,7 +559,7 @@ def _dkv_kernel(
     k = _load_block(K + _head_offset(bh, H, sk_b, sk_h), sk_n, sk_d, offs_n, offs_d, n_mask, d_mask)
     f1, f2 = _key_features(k, power, alpha, norm_eps, COSINE, PREC)
     dk = _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE)
-    dk_ptr = DK + bh * N * D + offs_n[:, None] * D + offs_d[None, :]
+    dk_ptr = DK + _head_offset(bh, H, sdk_b, sdk_h) + offs_n[:, None] * sdk_n + offs_d[None, :] * sdk_d
     tl.store(dk_ptr, dk.to(DK.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
     for vt in tl.static_range(NV):
         offs_v = vt * BV + tl.arange(0, BV)
@@ -556,8 +568,11 @@ def _dkv_kernel(
         ds_mask = d_mask[:, None] & v_mask[None, :]
         dv = _dot(f1, tl.load(ds_ptr, mask=ds_mask, other=0.0), PREC)
         dv += _dot(f2, tl.load(ds_ptr + D * D, mask=ds_mask, other=0.0), PREC)
-        dv_ptr = DV + bh * N * D + offs_n[:, None] * D + offs_v[None, :]
-        tl.store(dv_ptr, dv.to(DV.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
+        dv_ptr = DV + _head_offset(bh, H, sdv_b, sdv_h) + offs_n[:, None] * sdv_n + offs_v[None, :] * sdv_d
+        dv_mask = n_mask[:, None] & v_mask[None, :]
+        if ADD_DV:
+            dv += tl.load(dv_ptr, mask=dv_mask, other=0.0).to(tl.float32)
+        tl.store(dv_ptr, dv.to(DV.dtype.element_ty), mask=dv_mask)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -682,6 +697,66 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     return s_part.sum(1), z_part.sum(1)
 
 
+def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: torch.Tensor):
+    """The forward's launches: ``out`` (B, H, N, D), any strides (a gated layer passes its
+    token-layout buffer), gets NaLa's output. Returns what the backward needs: the state
+    ``(S, z)`` and the denominator, fp32."""
+    b, h, n, d = q.shape
+    den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
+    cosine = opts["direction"] == "cosine"
+    if opts["variant"] == "fused" and splits == 1:
+        # One launch: state and output per (head, value tile); the state kept for the backward.
+        state = torch.empty(b * h, 2, d, d, device=q.device, dtype=torch.float32)
+        z = torch.empty(b * h, 2, d, device=q.device, dtype=torch.float32)
+        st = cfg["state"]
+        _forward_kernel[(b * h, st["NV"])](
+            k, v, q, scale32, state, z, out, den, *_strides(k), *_strides(v), *_strides(q), *_strides(out),
+            h, n, d, 1.0 / n, opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
+            COSINE=cosine, BLOCK_N=st["BLOCK_N"], BD=cfg["BD"], BV=st["BV"], PREC=opts["precision"],
+            num_warps=st["num_warps"],
+        )
+        return state, z, den
+    state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
+    oc = cfg["out"]
+    grid = (b * h, triton.cdiv(n, oc["BLOCK_N"]), oc["NV"])
+    _output_kernel[grid](
+        q, scale32, state, z, out, den, *_strides(q), *_strides(out), h, n, d,
+        opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
+        COSINE=cosine, BLOCK_N=oc["BLOCK_N"], BD=cfg["BD"],
+        BV=oc["BV"], PREC=opts["precision"], num_warps=oc["num_warps"],
+    )
+    return state, z, den
+
+
+def backward_launch(q, k, v, scale32, state, z, den, grad_out, opts: dict, cfg: dict, splits: int,
+                    dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, need_scale: bool = False,
+                    add_dv: bool = False):
+    """The backward's launches into ``dq``, ``dk``, ``dv`` (B, H, N, D), any strides; with
+    ``add_dv`` ∂L/∂v is added to what ``dv`` holds. Returns ∂L/∂s per token, (B·H, N), when
+    ``need_scale``, else None."""
+    b, h, n, d = q.shape
+    cosine = opts["direction"] == "cosine"
+    d_den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
+    d_u = torch.empty(b * h, n, device=q.device, dtype=torch.float32) if need_scale else d_den
+    bwd = cfg["bwd"]
+    blocks = triton.cdiv(n, bwd["BLOCK_N"])
+    _dq_kernel[(b * h, blocks)](
+        q, grad_out, scale32, state, z, den, dq, d_den, d_u,
+        *_strides(q), *_strides(grad_out), *_strides(dq), h, n, d,
+        opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
+        COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], BD=cfg["BD"], BV=bwd["BV"], NV=bwd["NV"],
+        PREC=opts["precision"], NEED_DU=need_scale, DQ_STRIDED=not dq.is_contiguous(), num_warps=bwd["num_warps"],
+    )
+    d_state, d_z = _state_pass(q, grad_out, scale32, opts, cfg, splits, query=True, den=den, d_den=d_den)
+    _dkv_kernel[(b * h, blocks)](
+        k, v, d_state, d_z, dk, dv, *_strides(k), *_strides(v), *_strides(dk), *_strides(dv), h, n, d,
+        opts["power"], opts["alpha"], opts["norm_eps"],
+        COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], BD=cfg["BD"], BV=bwd["BV"], NV=bwd["NV"],
+        PREC=opts["precision"], ADD_DV=add_dv, num_warps=bwd["num_warps"],
+    )
+    return d_u if need_scale else None
+
+
 class TritonNaLa(torch.autograd.Function):
     """``nala_attention`` on the Triton kernels above (same contract as
     ``nala._FusedNaLa``). ``scale`` is the norm scale s as an fp32 (H,) tensor; its
@@ -696,29 +771,7 @@ class TritonNaLa(torch.autograd.Function):
             splits = num_splits(n, b * h, cfg["state"]["NV"], q.device, variant)
         scale32 = scale.detach().to(device=q.device, dtype=torch.float32).contiguous()
         out = torch.empty(b, h, n, d, device=q.device, dtype=v.dtype)
-        den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
-        cosine = opts["direction"] == "cosine"
-        if variant == "fused" and splits == 1:
-            # One launch: state and output per (head, value tile); the state kept for the backward.
-            state = torch.empty(b * h, 2, d, d, device=q.device, dtype=torch.float32)
-            z = torch.empty(b * h, 2, d, device=q.device, dtype=torch.float32)
-            st = cfg["state"]
-            _forward_kernel[(b * h, st["NV"])](
-                k, v, q, scale32, state, z, out, den, *_strides(k), *_strides(v), *_strides(q),
-                h, n, d, 1.0 / n, opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
-                COSINE=cosine, BLOCK_N=st["BLOCK_N"], BD=cfg["BD"], BV=st["BV"], PREC=opts["precision"],
-                num_warps=st["num_warps"],
-            )
-        else:
-            state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
-            oc = cfg["out"]
-            grid = (b * h, triton.cdiv(n, oc["BLOCK_N"]), oc["NV"])
-            _output_kernel[grid](
-                q, scale32, state, z, out, den, *_strides(q), h, n, d,
-                opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
-                COSINE=cosine, BLOCK_N=oc["BLOCK_N"], BD=cfg["BD"],
-                BV=oc["BV"], PREC=opts["precision"], num_warps=oc["num_warps"],
-            )
+        state, z, den = forward_launch(q, k, v, scale32, opts, cfg, splits, out)
         ctx.opts, ctx.cfg, ctx.splits = opts, cfg, splits
         ctx.scale_shape = scale.shape
         ctx.save_for_backward(q, k, v, scale32, state, z, den)
@@ -728,47 +781,21 @@ class TritonNaLa(torch.autograd.Function):
     @once_differentiable  # the kernels' backward is not itself differentiable
     def backward(ctx, grad_out):
         q, k, v, scale32, state, z, den = ctx.saved_tensors
-        opts, cfg = ctx.opts, ctx.cfg
         b, h, n, d = q.shape
-        cosine = opts["direction"] == "cosine"
         need_scale = ctx.needs_input_grad[3]
-        dq = torch.empty(b, h, n, d, device=q.device, dtype=q.dtype)
-        d_den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
-        d_u = torch.empty(b * h, n, device=q.device, dtype=torch.float32) if need_scale else d_den
-        bwd = cfg["bwd"]
-        blocks = triton.cdiv(n, bwd["BLOCK_N"])
-        _dq_kernel[(b * h, blocks)](
-            q, grad_out, scale32, state, z, den, dq, d_den, d_u,
-            *_strides(q), *_strides(grad_out), h, n, d,
-            opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
-            COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], BD=cfg["BD"], BV=bwd["BV"], NV=bwd["NV"],
-            PREC=opts["precision"], NEED_DU=need_scale, num_warps=bwd["num_warps"],
-        )
-        d_state, d_z = _state_pass(q, grad_out, scale32, opts, cfg, ctx.splits, query=True,
-                                   den=den, d_den=d_den)
-        dk = torch.empty(b, h, n, d, device=q.device, dtype=k.dtype)
-        dv = torch.empty(b, h, n, d, device=q.device, dtype=v.dtype)
-        _dkv_kernel[(b * h, blocks)](
-            k, v, d_state, d_z, dk, dv, *_strides(k), *_strides(v), h, n, d,
-            opts["power"], opts["alpha"], opts["norm_eps"],
-            COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], BD=cfg["BD"], BV=bwd["BV"], NV=bwd["NV"],
-            PREC=opts["precision"], num_warps=bwd["num_warps"],
-        )
+        dq, dk, dv = (torch.empty(b, h, n, d, device=q.device, dtype=t.dtype) for t in (q, k, v))
+        d_u = backward_launch(q, k, v, scale32, state, z, den, grad_out, ctx.opts, ctx.cfg, ctx.splits,
+                              dq, dk, dv, need_scale)
         d_scale = None
         if need_scale:
             d_scale = d_u.view(b, h, n).sum((0, 2)).reshape(ctx.scale_shape)
         return dq, dk, dv, d_scale, None, None, None
 
 
-# torch.compile'd models treat this call as opaque (a graph break): dynamo would otherwise
-# trace the launch code (device queries, Python-side block arithmetic) into the graph.
-@torch.compiler.disable
-def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = None,
-                          config: dict | None = None) -> torch.Tensor:
-    """Run the kernels: ``norm_scale`` a float or a tensor with 1 or H elements (per head);
-    ``opts`` the §2 constants as ``nala._FusedNaLa`` takes them. ``splits`` overrides
-    the number of token ranges of the state passes (tests), ``config`` (BLOCK_N, BV,
-    num_warps) the block sizes of every kernel (block-size sweeps)."""
+def resolve_opts(q: torch.Tensor, opts: dict) -> dict:
+    """``opts`` (the §2 constants) checked against ``q`` and completed with the kernel
+    ``variant`` and the products' ``precision`` (where not given), as every caller of the
+    kernels takes them."""
     if q.device.type != "cuda" and not INTERPRETED:
         raise ValueError(f"impl='triton' needs CUDA tensors, got {q.device.type} (on CPU use impl='fused', "
                          "or set TRITON_INTERPRET=1 before importing nala_dit.attention.triton_kernels to run the "
@@ -776,14 +803,6 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
     reason = unsupported_reason(q)
     if reason:
         raise ValueError(f"impl='triton' does not support {reason}; use impl='fused' or 'eager'")
-    h = q.shape[1]
-    if isinstance(norm_scale, torch.Tensor):
-        if norm_scale.numel() not in (1, h):
-            raise ValueError(f"norm_scale must have 1 or H={h} elements, got shape {tuple(norm_scale.shape)}")
-        scale = norm_scale if norm_scale.numel() == h else norm_scale.expand(h)
-        scale = scale.reshape(h)
-    else:
-        scale = torch.full((h,), float(norm_scale), device=q.device)
     # Exact fp32 products for fp32 inputs (matches the reference to rounding) unless torch
     # is allowed TF32 for fp32 matmuls (torch.set_float32_matmul_precision("high")); TF32
     # tensor cores for half inputs, whose output rounding (2^-8 for bf16) dominates anyway.
@@ -797,7 +816,27 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
     half = "bf16_exact" if INTERPRETED else "bf16"
     precision = opts.get("precision") or ("ieee" if exact else
                                           "tf32" if q.dtype == torch.float32 or variant == "baseline" else half)
-    opts = dict(opts, precision=precision, variant=variant)
+    return dict(opts, precision=precision, variant=variant)
+
+
+# torch.compile'd models treat this call as opaque (a graph break): dynamo would otherwise
+# trace the launch code (device queries, Python-side block arithmetic) into the graph.
+@torch.compiler.disable
+def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = None,
+                          config: dict | None = None) -> torch.Tensor:
+    """Run the kernels: ``norm_scale`` a float or a tensor with 1 or H elements (per head);
+    ``opts`` the §2 constants as ``nala._FusedNaLa`` takes them. ``splits`` overrides
+    the number of token ranges of the state passes (tests), ``config`` (BLOCK_N, BV,
+    num_warps) the block sizes of every kernel (block-size sweeps)."""
+    opts = resolve_opts(q, opts)
+    h = q.shape[1]
+    if isinstance(norm_scale, torch.Tensor):
+        if norm_scale.numel() not in (1, h):
+            raise ValueError(f"norm_scale must have 1 or H={h} elements, got shape {tuple(norm_scale.shape)}")
+        scale = norm_scale if norm_scale.numel() == h else norm_scale.expand(h)
+        scale = scale.reshape(h)
+    else:
+        scale = torch.full((h,), float(norm_scale), device=q.device)
     if q.device.type == "cuda":
         # Triton launches on the current device; make it q's (a model on a second GPU).
         with torch.cuda.device(q.device):

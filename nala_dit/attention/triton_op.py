@@ -40,22 +40,10 @@ class _Ctx:
 
 
 def _resolved(q: torch.Tensor, opts: dict) -> dict:
-    """``opts`` with the variant and the product precision filled in, as
-    ``triton_kernels.nala_attention_triton`` does; the input checks it makes, too."""
-    from . import triton_kernels as tk
+    """``opts`` with the variant and the product precision filled in (``resolve_opts``)."""
+    from .triton_kernels import resolve_opts
 
-    if q.device.type != "cuda" and not tk.INTERPRETED:
-        raise ValueError(f"impl='triton' needs CUDA tensors, got {q.device.type} (on CPU use impl='fused')")
-    if reason := tk.unsupported_reason(q):
-        raise ValueError(f"impl='triton' does not support {reason}; use impl='fused' or 'eager'")
-    variant = opts["variant"] or tk.VARIANT
-    if variant not in tk.VARIANTS:
-        raise ValueError(f"variant {variant!r}: expected one of {', '.join(tk.VARIANTS)}")
-    exact = q.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
-    half = "bf16_exact" if tk.INTERPRETED else "bf16"
-    precision = opts["precision"] or ("ieee" if exact else
-                                      "tf32" if q.dtype == torch.float32 or variant == "baseline" else half)
-    return dict(opts, variant=variant, precision=precision)
+    return resolve_opts(q, opts)
 
 
 def _on_device(q: torch.Tensor):

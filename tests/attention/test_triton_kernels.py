@@ -7,7 +7,6 @@ into every other test): the cases run in a subprocess with the variable set.
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,18 +15,14 @@ import torch
 
 import nala_dit.attention.nala as fused
 from nala_dit.attention import nala_attention, select_nala_impl
+from tests.utils import run_cases_file
 
 ROOT = Path(__file__).resolve().parents[2]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def run_cases(env_extra, *pytest_args):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(env_extra, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/attention/triton_cases.py", *pytest_args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
-    return proc.stdout
+    return run_cases_file("tests/attention/triton_cases.py", env_extra, *pytest_args)
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ if not INTERPRET and not torch.cuda.is_available():
 
 import nala_dit.attention.layers as layers  # noqa: E402
 import nala_dit.attention.nala as nala  # noqa: E402
-from nala_dit.attention import triton_kernels  # noqa: E402
+from nala_dit.attention import triton_gated, triton_kernels  # noqa: E402
 from nala_dit.attention.config import NaLaConfig  # noqa: E402
 from nala_dit.attention.nala import _nala_eager, fused_opts  # noqa: E402
 from nala_dit.attention.triton_op import nala_triton_attention  # noqa: E402
@@ -96,13 +96,16 @@ def block_and_inputs():
 @pytest.fixture
 def triton_path(monkeypatch):
     """The block's NaLa forced onto the Triton path (what ``impl="auto"`` picks on CUDA),
-    eager and compiled, with an empty first-use check cache."""
+    eager and compiled, with an empty first-use check cache; the Triton calls counted."""
     for module in (layers, nala):
         monkeypatch.setattr(module, "select_nala_impl", lambda *a: "triton")
     monkeypatch.setattr(nala, "_TRITON_CHECKS", {})
     calls = []
     kernel = triton_kernels.nala_attention_triton
     monkeypatch.setattr(triton_kernels, "nala_attention_triton", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    # eager mode's gated layer runs NaLa inside triton_gated's fused middle: counted too
+    middle = triton_gated.TritonGatedMiddle.apply
+    monkeypatch.setattr(triton_gated.TritonGatedMiddle, "apply", lambda *a: calls.append(1) or middle(*a))
     return calls
 
 

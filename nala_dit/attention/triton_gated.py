@@ -1,0 +1,270 @@
+"""The gated NaLa layer between its projections (spec §4 steps 2-4) in four launches forward
+and five backward, on the Triton kernels (CUDA; the tests run it under Triton's interpreter).
+
+    qkvg (B, N, 4C) ──NaLa──▶ o (B, N, C) ──epilogue──▶ LayerNorm(o + LePE(v)) ⊙ SiLU(g)
+
+Forward: NaLa's single-launch kernel (or state + output at long N, ``triton_kernels``) reads
+q, k, v as strided views of ``qkvg`` and writes its output in token layout; one epilogue
+kernel adds the LePE term (5×5 depthwise conv of v on the token grid, bias included),
+applies the output LayerNorm (keeping each token's mean and 1/std) and the SiLU gate, and
+zeroes the fp32 buffer that the backward adds the parameter gradients into (so that
+needs no launch of its own). With the two projections: 4 launches (softmax attention: 3).
+
+Backward, into ONE ``(B, N, 4C)`` gradient buffer (no ``cat``):
+
+1. ``_norm_backward``: the LePE term recomputed, the gate's gradient stored into the
+   buffer's g columns, LayerNorm backward to ∂L/∂o (fp32, NaLa's output gradient), the
+   LayerNorm weight and bias and the LePE bias gradients added (fp32 atomics);
+2. ``_lepe_backward``: ∂L/∂v of the LePE term (the transposed conv: the same taps,
+   mirrored) into the buffer's v columns, the LePE weight's gradient added;
+3. NaLa's three kernels: dq and dk into their columns, dv *added* to the LePE term's.
+
+With the projections' six (two GEMMs and a bias sum each): 11 backward, 15 in all at one
+token range (issue 53's target: at most 5 / 15; softmax attention: 3 / 13). At long N the
+state passes split the tokens and add each zeroed buffer (one ``zeros`` launch each pass).
+
+Saved for the backward: ``qkvg``, NaLa's output (C per token), its state and denominator,
+and the LayerNorm statistics (2 floats per token). ``GatedLinearAttention`` runs this when
+NaLa runs on Triton with LePE, output LayerNorm and gate (the defaults), without RoPE,
+region states or context parallel; any other layer keeps ``recompute.GatedMiddle``.
+Under ``torch.compile`` the layer's plain composition runs instead (NaLa as the custom op
+of ``triton_op.py``, the rest fused by inductor).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+from .triton_kernels import backward_launch, forward_launch, launch_config, num_splits
+
+LEPE_SIZE = 5           # the LePE kernel is 5 × 5 (``GatedAttention.lepe``)
+TAPS = LEPE_SIZE * LEPE_SIZE
+# The fp32 accumulator of the parameter gradients, per channel: LePE weight (25 taps, at
+# c·25 + tap), then LePE bias, LayerNorm weight, LayerNorm bias (at 25C, 26C, 27C + c).
+ACC_PER_CHANNEL = TAPS + 3
+
+
+@triton.jit
+def _lepe(V, s_n, LW, offs_t, offs_c, t_mask, c_mask, GH, GW, SIGN: tl.constexpr,
+          BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Σ_taps w[c, tap] · x[token shifted by SIGN·(tap − centre), c] over the (GH, GW) grid,
+    zero outside it: the 5×5 depthwise conv (SIGN = 1) or its transpose (SIGN = −1)."""
+    row = offs_t // GW
+    col = offs_t % GW
+    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+    for tap in tl.static_range(25):
+        r = row + SIGN * (tap // 5 - 2)
+        c = col + SIGN * (tap % 5 - 2)
+        ok = t_mask & (r >= 0) & (r < GH) & (c >= 0) & (c < GW)
+        x = tl.load(V + (r * GW + c)[:, None] * s_n + offs_c[None, :], mask=ok[:, None] & c_mask[None, :],
+                    other=0.0).to(tl.float32)
+        w = tl.load(LW + offs_c * 25 + tap, mask=c_mask, other=0.0).to(tl.float32)
+        acc += x * w[None, :]
+    return acc
+
+
+@triton.jit
+def _pre_norm(QKVG, O, LW, LB, b, offs_t, offs_c, t_mask, c_mask, N, C, GH, GW, s_b, s_n,
+              BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """o + LePE(v) (bias included) for a token block, fp32."""
+    mask = t_mask[:, None] & c_mask[None, :]
+    y = _lepe(QKVG + b * s_b + 2 * C, s_n, LW, offs_t, offs_c, t_mask, c_mask, GH, GW, 1, BLOCK_T, BLOCK_C)
+    y += tl.load(LB + offs_c, mask=c_mask, other=0.0).to(tl.float32)[None, :]
+    return y + tl.load(O + (b * N + offs_t)[:, None] * C + offs_c[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _normalised(QKVG, O, LW, LB, MEAN, RSTD, b, offs_t, offs_c, t_mask, c_mask, N, C, GH, GW, s_b, s_n,
+                BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """x̂ = (o + LePE(v) − mean) / std for a token block, from the stored statistics."""
+    mask = t_mask[:, None] & c_mask[None, :]
+    y = _pre_norm(QKVG, O, LW, LB, b, offs_t, offs_c, t_mask, c_mask, N, C, GH, GW, s_b, s_n, BLOCK_T, BLOCK_C)
+    mean = tl.load(MEAN + b * N + offs_t, mask=t_mask, other=0.0)
+    rstd = tl.load(RSTD + b * N + offs_t, mask=t_mask, other=0.0)
+    return tl.where(mask, (y - mean[:, None]) * rstd[:, None], 0.0), rstd
+
+
+@triton.jit
+def _epilogue_kernel(
+    QKVG, O, LW, LB, NW, NB, OUT, MEAN, RSTD, ACC,
+    N, C, GH, GW, s_b, s_n, n_acc, norm_eps,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, ZERO_ACC: tl.constexpr,
+):
+    """out = LayerNorm(o + LePE(v)) ⊙ SiLU(g) for BLOCK_T tokens × all C channels; the
+    token's mean and 1/std stored; with ZERO_ACC the programs zero ACC between them.
+    Grid: (B, token blocks). O, OUT: contiguous (B, N, C); QKVG: (B, N, 4C) by strides."""
+    b = tl.program_id(0).to(tl.int64)
+    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_c = tl.arange(0, BLOCK_C)
+    t_mask = offs_t < N
+    c_mask = offs_c < C
+    mask = t_mask[:, None] & c_mask[None, :]
+    y = _pre_norm(QKVG, O, LW, LB, b, offs_t, offs_c, t_mask, c_mask, N, C, GH, GW, s_b, s_n, BLOCK_T, BLOCK_C)
+    mean = tl.sum(y, 1) / C
+    diff = tl.where(mask, y - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, 1) / C + norm_eps)
+    nw = tl.load(NW + offs_c, mask=c_mask, other=0.0).to(tl.float32)
+    nb = tl.load(NB + offs_c, mask=c_mask, other=0.0).to(tl.float32)
+    normed = diff * rstd[:, None] * nw[None, :] + nb[None, :]
+    g = tl.load(QKVG + b * s_b + 3 * C + offs_t[:, None] * s_n + offs_c[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    out = normed * g * tl.sigmoid(g)
+    tl.store(OUT + (b * N + offs_t)[:, None] * C + offs_c[None, :], out.to(OUT.dtype.element_ty), mask=mask)
+    tl.store(MEAN + b * N + offs_t, mean, mask=t_mask)
+    tl.store(RSTD + b * N + offs_t, rstd, mask=t_mask)
+    if ZERO_ACC:
+        pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        step = tl.num_programs(0) * tl.num_programs(1) * BLOCK_C
+        for start in range(pid * BLOCK_C, n_acc, step):
+            tl.store(ACC + start + offs_c, tl.zeros((BLOCK_C,), dtype=tl.float32), mask=start + offs_c < n_acc)
+
+
+@triton.jit
+def _norm_backward_kernel(
+    QKVG, O, LW, LB, NW, NB, DOUT, MEAN, RSTD, DO, DQKVG, ACC,
+    N, C, GH, GW, s_b, s_n, sdo_b, sdo_n, sd_b, sd_n,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """The gate's and LayerNorm's backward for a token block: ∂L/∂g into DQKVG's g columns,
+    ∂L/∂o (fp32) into DO, the LayerNorm weight / bias and LePE bias gradients added to ACC."""
+    b = tl.program_id(0).to(tl.int64)
+    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_c = tl.arange(0, BLOCK_C)
+    t_mask = offs_t < N
+    c_mask = offs_c < C
+    mask = t_mask[:, None] & c_mask[None, :]
+    x_hat, rstd = _normalised(QKVG, O, LW, LB, MEAN, RSTD, b, offs_t, offs_c, t_mask, c_mask, N, C, GH, GW,
+                              s_b, s_n, BLOCK_T, BLOCK_C)
+    nw = tl.load(NW + offs_c, mask=c_mask, other=0.0).to(tl.float32)
+    nb = tl.load(NB + offs_c, mask=c_mask, other=0.0).to(tl.float32)
+    g = tl.load(QKVG + b * s_b + 3 * C + offs_t[:, None] * s_n + offs_c[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    d_out = tl.load(DOUT + b * sdo_b + offs_t[:, None] * sdo_n + offs_c[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+    sig = tl.sigmoid(g)
+    normed = x_hat * nw[None, :] + nb[None, :]
+    d_normed = d_out * g * sig
+    d_g = d_out * normed * sig * (1.0 + g * (1.0 - sig))
+    tl.store(DQKVG + b * sd_b + 3 * C + offs_t[:, None] * sd_n + offs_c[None, :],
+             d_g.to(DQKVG.dtype.element_ty), mask=mask)
+    tl.atomic_add(ACC + 26 * C + offs_c, tl.sum(d_normed * x_hat, 0), mask=c_mask)
+    tl.atomic_add(ACC + 27 * C + offs_c, tl.sum(d_normed, 0), mask=c_mask)
+    d_hat = d_normed * nw[None, :]
+    m1 = tl.sum(d_hat, 1) / C
+    m2 = tl.sum(d_hat * x_hat, 1) / C
+    d_o = tl.where(mask, rstd[:, None] * (d_hat - m1[:, None] - x_hat * m2[:, None]), 0.0)
+    tl.store(DO + (b * N + offs_t)[:, None] * C + offs_c[None, :], d_o, mask=mask)
+    tl.atomic_add(ACC + 25 * C + offs_c, tl.sum(d_o, 0), mask=c_mask)
+
+
+@triton.jit
+def _lepe_backward_kernel(
+    QKVG, LW, DO, DQKVG, ACC,
+    N, C, GH, GW, s_b, s_n, sd_b, sd_n,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """The LePE term's backward for a token block: ∂L/∂v = the transposed conv of ∂L/∂o
+    into DQKVG's v columns (stored: NaLa's dv kernel adds its own after), and
+    ∂L/∂w[c, tap] = Σ_t ∂L/∂o[t, c] · v[t + tap, c] added to ACC."""
+    b = tl.program_id(0).to(tl.int64)
+    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_c = tl.arange(0, BLOCK_C)
+    t_mask = offs_t < N
+    c_mask = offs_c < C
+    mask = t_mask[:, None] & c_mask[None, :]
+    d_v = _lepe(DO + b * N * C, C, LW, offs_t, offs_c, t_mask, c_mask, GH, GW, -1, BLOCK_T, BLOCK_C)
+    tl.store(DQKVG + b * sd_b + 2 * C + offs_t[:, None] * sd_n + offs_c[None, :],
+             d_v.to(DQKVG.dtype.element_ty), mask=mask)
+    d_o = tl.load(DO + (b * N + offs_t)[:, None] * C + offs_c[None, :], mask=mask, other=0.0)
+    row = offs_t // GW
+    col = offs_t % GW
+    v_base = QKVG + b * s_b + 2 * C
+    for tap in tl.static_range(25):
+        r = row + (tap // 5 - 2)
+        c = col + (tap % 5 - 2)
+        ok = t_mask & (r >= 0) & (r < GH) & (c >= 0) & (c < GW)
+        x = tl.load(v_base + (r * GW + c)[:, None] * s_n + offs_c[None, :], mask=ok[:, None] & c_mask[None, :],
+                    other=0.0).to(tl.float32)
+        tl.atomic_add(ACC + offs_c * 25 + tap, tl.sum(d_o * x, 0), mask=c_mask)
+
+
+
+def _blocks(c: int) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_C, num_warps): every channel of a token in one program (LayerNorm
+    reduces over C), about 4,096 fp32 values per block."""
+    block_c = triton.next_power_of_2(c)
+    block_t = max(1, min(16, 4096 // block_c))
+    return block_t, block_c, 4 if block_c * block_t <= 4096 else 8
+
+
+class TritonGatedMiddle(torch.autograd.Function):
+    """``qkvg`` (B, N, 4C) → ``LayerNorm(NaLa(q, k, v) + LePE(v)) ⊙ SiLU(g)`` (B, N, C); see
+    the module doc. ``scale``: NaLa's norm scale, an fp32 (H,) tensor (learned: its
+    gradient is returned). ``spec``: heads, grid (h, w), the LayerNorm eps and ``opts``
+    (``triton_kernels.resolve_opts``'s)."""
+
+    @staticmethod
+    def forward(ctx, qkvg, scale, lepe_w, lepe_b, norm_w, norm_b, spec):
+        b, n, c4 = qkvg.shape
+        c, h = c4 // 4, spec["heads"]
+        gh, gw = spec["grid"]
+        q, k, v = (split_heads(qkvg, i, h) for i in range(3))
+        opts = spec["opts"]
+        cfg = launch_config(c // h, None, opts["variant"])
+        splits = num_splits(n, b * h, cfg["state"]["NV"], qkvg.device, opts["variant"])
+        o = qkvg.new_empty(b, n, c)
+        state, z, den = forward_launch(q, k, v, scale, opts, cfg, splits, o.unflatten(-1, (h, c // h)).transpose(1, 2))
+        out = qkvg.new_empty(b, n, c)
+        mean, rstd = (qkvg.new_empty(b * n, dtype=torch.float32) for _ in range(2))
+        grads = any(ctx.needs_input_grad[i] for i in (0, 2, 3, 4, 5))
+        acc = qkvg.new_empty(ACC_PER_CHANNEL * c if grads else 1, dtype=torch.float32)
+        block_t, block_c, warps = _blocks(c)
+        _epilogue_kernel[(b, triton.cdiv(n, block_t))](
+            qkvg, o, lepe_w, lepe_b, norm_w, norm_b, out, mean, rstd, acc,
+            n, c, gh, gw, qkvg.stride(0), qkvg.stride(1), acc.numel(), spec["norm_eps"],
+            BLOCK_T=block_t, BLOCK_C=block_c, ZERO_ACC=grads, num_warps=warps,
+        )
+        ctx.spec, ctx.cfg, ctx.splits = spec, cfg, splits
+        ctx.save_for_backward(qkvg, o, scale, state, z, den, mean, rstd, acc, lepe_w, lepe_b, norm_w, norm_b)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_out):
+        qkvg, o, scale, state, z, den, mean, rstd, acc, lepe_w, lepe_b, norm_w, norm_b = ctx.saved_tensors
+        spec = ctx.spec
+        b, n, c4 = qkvg.shape
+        c, h = c4 // 4, spec["heads"]
+        gh, gw = spec["grid"]
+        d_qkvg = torch.empty_like(qkvg)
+        d_o = qkvg.new_empty(b, n, c, dtype=torch.float32)
+        block_t, block_c, warps = _blocks(c)
+        grid = (b, triton.cdiv(n, block_t))
+        _norm_backward_kernel[grid](
+            qkvg, o, lepe_w, lepe_b, norm_w, norm_b, d_out, mean, rstd, d_o, d_qkvg, acc,
+            n, c, gh, gw, qkvg.stride(0), qkvg.stride(1), d_out.stride(0), d_out.stride(1),
+            d_qkvg.stride(0), d_qkvg.stride(1), BLOCK_T=block_t, BLOCK_C=block_c, num_warps=warps,
+        )
+        _lepe_backward_kernel[grid](
+            qkvg, lepe_w, d_o, d_qkvg, acc, n, c, gh, gw, qkvg.stride(0), qkvg.stride(1),
+            d_qkvg.stride(0), d_qkvg.stride(1), BLOCK_T=block_t, BLOCK_C=block_c, num_warps=warps,
+        )
+        need_scale = ctx.needs_input_grad[1]
+        q, k, v = (split_heads(qkvg, i, h) for i in range(3))
+        dq, dk, dv = (split_heads(d_qkvg, i, h) for i in range(3))
+        d_u = backward_launch(q, k, v, scale, state, z, den, d_o.unflatten(-1, (h, c // h)).transpose(1, 2),
+                              spec["opts"], ctx.cfg, ctx.splits, dq, dk, dv, need_scale, add_dv=True)
+        d_scale = d_u.view(b, h, n).sum((0, 2)) if need_scale else None
+        params = (lepe_w, lepe_b, norm_w, norm_b)
+        pieces = acc.split([TAPS * c, c, c, c]) if acc.numel() > 1 else [None] * 4
+        d_params = [None if piece is None else piece.view_as(p).to(p.dtype) for piece, p in zip(pieces, params)]
+        return d_qkvg, d_scale, *d_params, None
+
+
+def split_heads(t: torch.Tensor, part: int, heads: int) -> torch.Tensor:
+    """Columns ``part`` (0 q, 1 k, 2 v, 3 g) of a (B, N, 4C) token tensor as (B, H, N, D) heads: a view."""
+    c = t.shape[-1] // 4
+    return t[..., part * c:(part + 1) * c].unflatten(-1, (heads, c // heads)).transpose(1, 2)

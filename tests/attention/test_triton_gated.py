@@ -1,0 +1,17 @@
+"""The gated NaLa layer in 4 + 5 launches on Triton (``attention/triton_gated.py``; issue
+53, item 2): the cases in ``tests/attention/triton_gated_cases.py`` run in a subprocess
+under Triton's interpreter (``TRITON_INTERPRET=1`` must be set before the kernels are
+defined): output and every gradient against the plain autograd composition, fp32 and
+bf16 autocast, head dims 16, 64 and 72, odd grids, the learned norm scale, and the
+layers that keep the unfused middle."""
+import importlib.util
+
+import pytest
+
+from tests.utils import run_cases_file
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed (pip install triton)")
+def test_triton_gated_layer_under_the_interpreter():
+    stdout = run_cases_file("tests/attention/triton_gated_cases.py", {"TRITON_INTERPRET": "1"})
+    assert "10 passed" in stdout, stdout[-2000:]

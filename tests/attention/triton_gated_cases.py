@@ -1,0 +1,109 @@
+"""The gated NaLa layer on the Triton path (``attention/triton_gated.py``), run by
+``tests/attention/test_triton_gated.py`` in a subprocess with ``TRITON_INTERPRET=1``, or
+directly on CUDA:
+
+    TRITON_INTERPRET=1 python -m pytest -q tests/attention/triton_gated_cases.py    # CPU, interpreter
+
+Each case holds the layer's output and the gradients of its input and of every parameter
+against the plain autograd composition (``recompute=False``: NaLa's eager composition,
+``F.conv2d``, ``F.layer_norm``, ``F.silu``) of the same layer. Sizes are tiny: the
+interpreter runs every program in Python.
+"""
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="Triton is not installed")
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if not INTERPRET and not torch.cuda.is_available():
+    pytest.skip("needs CUDA, or TRITON_INTERPRET=1 set before Triton is imported", allow_module_level=True)
+
+import nala_dit.attention.layers as layers  # noqa: E402
+import nala_dit.attention.nala as nala  # noqa: E402
+from nala_dit.attention import triton_gated  # noqa: E402
+from nala_dit.attention.layers import GatedLinearAttention  # noqa: E402
+from tests.utils import assert_close  # noqa: E402
+
+DEVICE = "cpu" if INTERPRET else "cuda"
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture
+def on_triton(monkeypatch):
+    """What ``impl="auto"`` picks on CUDA, here on the interpreter too; the fused middle's
+    uses counted."""
+    monkeypatch.setattr(layers, "select_nala_impl", lambda *a: "triton")
+    monkeypatch.setattr(nala, "_TRITON_CHECKS", {})
+    calls = []
+    apply = triton_gated.TritonGatedMiddle.apply
+    monkeypatch.setattr(triton_gated.TritonGatedMiddle, "apply", lambda *a: calls.append(1) or apply(*a))
+    return calls
+
+
+def layers_pair(dim, heads, seed=0, **overrides):
+    torch.manual_seed(seed)
+    fused = GatedLinearAttention(dim, heads, **overrides).to(DEVICE)
+    for name, p in fused.named_parameters():   # away from the initial values (LayerNorm 1/0, zero biases);
+        if p.dim() == 1 and name != "log_norm_scale":  # a learned s keeps its own (s ≈ ‖q‖, as it starts)
+            torch.nn.init.normal_(p, std=0.3)
+    plain = GatedLinearAttention(dim, heads, recompute=False, **overrides).to(DEVICE)
+    plain.load_state_dict(fused.state_dict())
+    return fused, plain
+
+
+def run(layer, x, grid, grad, dtype):
+    x = x.clone().requires_grad_()
+    with torch.autocast(DEVICE, dtype=dtype, enabled=dtype != torch.float32):
+        y = layer(x, grid)
+    y.float().backward(grad)
+    return [y.float(), x.grad] + [p.grad for p in layer.parameters()]
+
+
+def compare(fused, plain, grid, dtype=torch.float32, batch=2, seed=1):
+    n = grid[0] * grid[1]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, n, fused.proj.in_features, generator=g).to(DEVICE)
+    grad = torch.randn(batch, n, fused.proj.in_features, generator=g).to(DEVICE)
+    got, want = run(fused, x, grid, grad, dtype), run(plain, x, grid, grad, torch.float32)
+    names = ["output", "x"] + [name for name, _ in fused.named_parameters()]
+    for name, w, o in zip(names, want, got):
+        assert o is not None, f"no gradient for {name}"
+        assert_close(name, w, o, TOL[dtype])
+
+
+@pytest.mark.parametrize("grid, heads, dim", [((3, 5), 2, 32), ((1, 1), 1, 16), ((4, 4), 2, 144)])
+def test_fp32_matches_the_plain_composition(on_triton, grid, heads, dim):
+    fused, plain = layers_pair(dim, heads)
+    compare(fused, plain, grid)
+    assert len(on_triton) == 1
+
+
+def test_head_dim_64_bf16_autocast(on_triton):
+    fused, plain = layers_pair(128, 2)
+    compare(fused, plain, (3, 4), torch.bfloat16)
+    assert len(on_triton) == 1
+
+
+def test_relu_split(on_triton):
+    fused, plain = layers_pair(32, 2, direction="relu_split")
+    compare(fused, plain, (2, 3))
+    assert len(on_triton) == 1
+
+
+def test_learned_scale(on_triton, monkeypatch):
+    """The reference runs NaLa on the same Triton kernels (``nala_attention`` forced there):
+    the gradient of s sums per-token terms of both signs, so two fp32 NaLa implementations
+    differ there by up to ~3e-5 relative (measured), while the fused layer and the plain
+    composition over the same kernels agree to rounding."""
+    monkeypatch.setattr(nala, "select_nala_impl", lambda *a: "triton")
+    fused, plain = layers_pair(32, 2, norm_scale="learned")
+    compare(fused, plain, (2, 3))
+    assert len(on_triton) == 1
+
+
+@pytest.mark.parametrize("overrides", [dict(lepe=False), dict(gate=False), dict(out_norm=False), dict(rope=True)])
+def test_other_layers_keep_the_unfused_middle(on_triton, overrides):
+    fused, plain = layers_pair(32, 2, **overrides)
+    compare(fused, plain, (2, 3))
+    assert on_triton == []
