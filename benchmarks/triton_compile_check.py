@@ -12,6 +12,7 @@ and block sizes can be chosen so that no kernel spills registers (``_CONFIGS`` i
     python benchmarks/triton_compile_check.py                        # every variant, sm_90
     python benchmarks/triton_compile_check.py --head-dims 72 --dtypes bf16 --directions cosine
     python benchmarks/triton_compile_check.py --variant baseline     # the kernels before issue 53
+    python benchmarks/triton_compile_check.py --gated 384,1152       # the gated layer's epilogue kernels
 
 ``tests/attention/test_triton_kernels.py`` (``test_kernels_compile_for_hopper``) runs it for
 head dim 72 (bf16, cosine) and holds what its docstring lists (wgmma, the MUFU operations, no
@@ -75,6 +76,30 @@ def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "f
     ]
 
 
+def gated_variants(channels: int, dtype: str):
+    """(label, kernel, pointer types, constexprs, num_warps) for the gated layer's epilogue
+    kernels (``nala_dit/attention/triton_gated.py``) at hidden size ``channels``."""
+    from nala_dit.attention import triton_gated as tg
+
+    block_t, block_c, warps = tg._blocks(channels)
+    p, f = f"*{dtype}", "*fp32"
+    blocks = dict(BLOCK_T=block_t, BLOCK_C=block_c)
+    params = dict(LW=f, LB=f, NW=f, NB=f)
+    return [
+        ("epilogue", tg._epilogue_kernel, dict(QKVG=p, O=p, OUT=p, MEAN=f, RSTD=f, ACC=f, **params),
+         dict(blocks, ZERO_ACC=True), warps),
+        ("norm_bwd", tg._norm_backward_kernel, dict(QKVG=p, O=p, DOUT=p, MEAN=f, RSTD=f, DO=f, DQKVG=p, ACC=f,
+                                                    **params), blocks, warps),
+        ("lepe_bwd", tg._lepe_backward_kernel, dict(QKVG=p, LW=f, DO=f, DQKVG=p, ACC=f), blocks, warps),
+    ]
+
+
+def gated_report(channels: int, dtype: str = "bf16", arch: int = 90) -> list[tuple[str, int, dict]]:
+    """One row per epilogue kernel of the gated layer: (label, num_warps, resources)."""
+    return [(label, warps, resources(*compile_kernel(kernel, pointers, constexprs, warps, arch), warps))
+            for label, kernel, pointers, constexprs, warps in gated_variants(channels, dtype)]
+
+
 def compile_kernel(kernel, pointers: dict, constexprs: dict, num_warps: int, arch: int) -> tuple[str, str]:
     """Compile for ``sm_<arch>`` (sm_90a for 90); return ptxas's resource report and the SASS."""
     signature = {name: "constexpr" if name in constexprs else pointers.get(name) or
@@ -131,9 +156,17 @@ def main(argv=None):
     parser.add_argument("--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200)")
     parser.add_argument("--variant", default="fused", choices=tn.VARIANTS,
                         help="the kernels to compile (baseline: before issue 53; see NALA_TRITON_VARIANT)")
+    parser.add_argument("--gated", default=None, type=lambda s: [int(x) for x in s.split(",")],
+                        help="instead: the gated layer's epilogue kernels at these hidden sizes (e.g. 384,1152)")
     args = parser.parse_args(argv)
     if tn.INTERPRETED:
         parser.error("unset TRITON_INTERPRET: the interpreter builds no compilable kernels")
+    if args.gated:
+        for c in args.gated:
+            for dtype in args.dtypes:
+                for label, warps, r in gated_report(c, dtype, args.arch):
+                    print(f"C={c:<5d}{dtype:5s}{label:9s} warps {warps}  {format_row(r)}", flush=True)
+        return
     failures = 0
     for d in args.head_dims:
         for dtype in args.dtypes:
