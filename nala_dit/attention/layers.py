@@ -12,6 +12,7 @@ them in this package (``functional.py``, ``nala.py``, ``regions.py``, ``recomput
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 import torch.nn as nn
@@ -22,7 +23,9 @@ from .functional import (
     kernel_features, linear_attention, nala_exponent, nala_features, rope_angles, rope_linear_attention,
     saturated_share, softmax_attention,
 )
-from .nala import fused_opts, nala_attention, select_nala_impl, triton_available, triton_passes_check
+from .nala import (
+    CHECK_TOLERANCE, REPORT, fused_opts, nala_attention, select_nala_impl, triton_available, triton_passes_check,
+)
 from .recompute import GatedMiddle, gated_tail
 from .regions import initial_region_logits, region_nala_attention
 
@@ -278,7 +281,8 @@ class GatedLinearAttention(GatedAttention):
                                      qkvg.shape[1]) == "triton"):
             return None
         opts = {k: v for k, v in fused_opts(config, c // h).items() if k != "norm_scale"}
-        if not triton_passes_check(qkvg.device, qkvg.dtype, c // h, opts):
+        if not (triton_passes_check(qkvg.device, qkvg.dtype, c // h, opts)
+                and gated_triton_passes_check(qkvg.device, qkvg.dtype, c, h, config)):
             return None
         from .triton_gated import TritonGatedMiddle, split_heads
         from .triton_kernels import resolve_opts
@@ -305,6 +309,55 @@ class GatedLinearAttention(GatedAttention):
             return None
         scale = self.norm_scale() if self.learned_scale else None
         return fused_opts(config, q.shape[-1]), scale
+
+
+_GATED_CHECKS: dict[tuple, str | None] = {}   # key → None (passed) or the cause of the fallback
+
+
+def gated_triton_passes_check(device: torch.device, dtype: torch.dtype, dim: int, heads: int,
+                              config: NaLaConfig) -> bool:
+    """Whether the gated layer's Triton path (``triton_gated.py``) passed its first-use
+    check for this key (run once per process; a failure warns once and the layer keeps
+    ``GatedMiddle`` over the NaLa call): a fresh layer of this width on a seeded 3 × 5 grid,
+    output and input gradient against its plain composition (``recompute=False``)."""
+    key = (str(device), dtype, dim, heads, config)
+    if key not in _GATED_CHECKS:
+        _GATED_CHECKS[key] = None   # while checking, the layer under test takes the fused path
+        _GATED_CHECKS[key] = cause = _check_gated(device, dtype, dim, heads, config)
+        if cause is not None:
+            warnings.warn(f"NaLa: the gated layer's Triton kernels failed their first-use check on {device} "
+                          f"({dtype}, width {dim}, {heads} heads): {cause}; the layer runs NaLa's kernels with "
+                          f"the unfused LePE/LayerNorm/gate for the rest of this process; {REPORT}",
+                          RuntimeWarning, stacklevel=3)
+    return _GATED_CHECKS[key] is None
+
+
+def _check_gated(device, dtype, dim, heads, config) -> str | None:
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)
+        fused = GatedLinearAttention(dim, heads, config).to(device)
+        plain = GatedLinearAttention(dim, heads, config, recompute=False).to(device)
+        plain.load_state_dict(fused.state_dict())
+        x = torch.randn(1, 15, dim, device=device)
+
+    def run(layer):
+        leaf = x.clone().requires_grad_()
+        with torch.enable_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            out = layer(leaf, (3, 5))
+            out.float().square().sum().backward()
+        return out.detach().float(), leaf.grad
+
+    try:
+        got = run(fused)
+    except Exception as err:  # a compile or launch error: whatever the kernels raise
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        return f"{type(err).__name__}: {first}"
+    tol = CHECK_TOLERANCE.get(dtype, 1e-4)
+    for name, g, r in zip(("output", "input gradient"), got, run(plain)):
+        err = ((g.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+        if not err <= tol:   # also catches NaN
+            return f"{name} differs from the plain composition by relative RMS {err:.1e} (> {tol:.0e})"
+    return None
 
 
 class SoftmaxGatedAttention(GatedAttention):

@@ -10,6 +10,7 @@ against the plain autograd composition (``recompute=False``: NaLa's eager compos
 interpreter runs every program in Python.
 """
 import os
+import warnings
 
 import pytest
 import torch
@@ -35,6 +36,8 @@ def on_triton(monkeypatch):
     uses counted."""
     monkeypatch.setattr(layers, "select_nala_impl", lambda *a: "triton")
     monkeypatch.setattr(nala, "_TRITON_CHECKS", {})
+    monkeypatch.setattr(layers, "_GATED_CHECKS", {})
+    monkeypatch.setattr(layers, "gated_triton_passes_check", lambda *a: True)   # its own tests below
     calls = []
     apply = triton_gated.TritonGatedMiddle.apply
     monkeypatch.setattr(triton_gated.TritonGatedMiddle, "apply", lambda *a: calls.append(1) or apply(*a))
@@ -107,3 +110,27 @@ def test_other_layers_keep_the_unfused_middle(on_triton, overrides):
     fused, plain = layers_pair(32, 2, **overrides)
     compare(fused, plain, (2, 3))
     assert on_triton == []
+
+
+def test_first_use_check_passes_once_per_key(monkeypatch):
+    monkeypatch.setattr(layers, "select_nala_impl", lambda *a: "triton")
+    monkeypatch.setattr(layers, "_GATED_CHECKS", {})
+    fused, plain = layers_pair(32, 2)
+    compare(fused, plain, (2, 3))
+    assert list(layers._GATED_CHECKS.values()) == [None]
+
+
+def test_a_wrong_fused_middle_falls_back_once_with_a_warning(monkeypatch):
+    """An injected fault (the fused middle's output doubled) fails the first-use check: one
+    warning naming the cause, and the layer gives the plain composition's numbers."""
+    monkeypatch.setattr(layers, "select_nala_impl", lambda *a: "triton")
+    monkeypatch.setattr(layers, "_GATED_CHECKS", {})
+    apply = triton_gated.TritonGatedMiddle.apply
+    monkeypatch.setattr(triton_gated.TritonGatedMiddle, "apply", lambda *a: 2 * apply(*a))
+    fused, plain = layers_pair(32, 2)
+    with pytest.warns(RuntimeWarning, match="first-use check .* output differs from the plain composition"):
+        compare(fused, plain, (2, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # no second warning: the cause is kept for the process
+        compare(fused, plain, (2, 3), seed=2)
+    assert len(layers._GATED_CHECKS) == 1 and list(layers._GATED_CHECKS.values())[0].startswith("output")
