@@ -100,6 +100,7 @@ def triton_path(monkeypatch):
     for module in (layers, nala):
         monkeypatch.setattr(module, "select_nala_impl", lambda *a: "triton")
     monkeypatch.setattr(nala, "_TRITON_CHECKS", {})
+    monkeypatch.setattr(layers, "gated_triton_passes_check", lambda *a: True)   # tested in triton_gated_cases.py
     calls = []
     kernel = triton_kernels.nala_attention_triton
     monkeypatch.setattr(triton_kernels, "nala_attention_triton", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
