@@ -241,6 +241,97 @@ def _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE: tl.constexpr):
     return dk + b_db * power / tl.where(k != 0, k, 1.0)
 
 
+# Split head dim (see "Head dims" in the module docstring): a head dim D that is not a
+# power of two runs as two tiles, lanes [0, BA) and [BA, BA + BB) (BA the largest power of
+# two ≤ D, BB ≥ 16 a power of two; D = 72: 64 + 16, 8 masked lanes). Elementwise work is
+# per tile; a row reduction (‖x‖, Σ_d, ...) is the sum of the two tiles' sums.
+
+
+@triton.jit
+def _query_tile(q, clamped, p, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
+    q_hat = q / clamped[:, None]
+    f1, f2 = _lift(_abs_pow(q_hat, p[:, None], PREC), q_hat, alpha, COSINE, PREC)
+    return f1, f2, q_hat
+
+
+@triton.jit
+def _query_features2(qa, qb, scale, power, offset, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """_query_features on the two tiles of a split head dim."""
+    norm = tl.sqrt(tl.sum(qa * qa, 1) + tl.sum(qb * qb, 1))
+    clamped = tl.maximum(norm, norm_eps)
+    t_norm = _tanh(norm / scale)
+    p = power * (offset + t_norm)
+    f1a, f2a, ha = _query_tile(qa, clamped, p, alpha, COSINE, PREC)
+    f1b, f2b, hb = _query_tile(qb, clamped, p, alpha, COSINE, PREC)
+    return f1a, f2a, f1b, f2b, ha, hb, norm, clamped, p, t_norm
+
+
+@triton.jit
+def _key_features2(ka, kb, power, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """_key_features on the two tiles of a split head dim."""
+    ba = _abs_pow(ka, power, PREC)
+    bb = _abs_pow(kb, power, PREC)
+    if COSINE:
+        clamped = tl.maximum(tl.sqrt(tl.sum(ka * ka, 1) + tl.sum(kb * kb, 1)), norm_eps)
+        f1a, f2a = _lift(ba, ka / clamped[:, None], alpha, COSINE, PREC)
+        f1b, f2b = _lift(bb, kb / clamped[:, None], alpha, COSINE, PREC)
+    else:
+        f1a, f2a = _lift(ba, ka, alpha, COSINE, PREC)
+        f1b, f2b = _lift(bb, kb, alpha, COSINE, PREC)
+    return f1a, f2a, f1b, f2b
+
+
+@triton.jit
+def _through_unit2(xa, xb, ha, hb, norm, clamped, dha, dhb, d_norm, norm_eps):
+    """_through_unit on the two tiles of a split head dim."""
+    d_clamped = -(tl.sum(dha * ha, 1) + tl.sum(dhb * hb, 1)) / clamped
+    d_norm = d_norm + tl.where(norm >= norm_eps, d_clamped, 0.0)
+    c = d_norm / tl.where(norm == 0, 1.0, norm)
+    return dha / clamped[:, None] + c[:, None] * xa, dhb / clamped[:, None] + c[:, None] * xb
+
+
+@triton.jit
+def _query_grad_tile(f1, f2, g1, g2, q_hat, p, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """One tile of _query_grad: ∂L/∂q̂ and this tile's part of ∂L/∂p."""
+    a_da, d_hat = _lift_grad(f1, f2, g1, g2, q_hat, alpha, COSINE)
+    nonzero = q_hat != 0
+    safe = tl.where(nonzero, q_hat, 1.0)
+    d_hat += a_da * p[:, None] / safe
+    d_p = tl.sum(tl.where(nonzero, a_da * _log(tl.abs(safe), PREC), 0.0), 1)
+    return d_hat, d_p
+
+
+@triton.jit
+def _query_grad2(qa, qb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, ha, hb, norm, clamped, p, t_norm, scale,
+                 power, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """_query_grad on the two tiles of a split head dim."""
+    dha, dpa = _query_grad_tile(f1a, f2a, g1a, g2a, ha, p, alpha, COSINE, PREC)
+    dhb, dpb = _query_grad_tile(f1b, f2b, g1b, g2b, hb, p, alpha, COSINE, PREC)
+    d_u = (dpa + dpb) * power * (1.0 - t_norm * t_norm)
+    dqa, dqb = _through_unit2(qa, qb, ha, hb, norm, clamped, dha, dhb, d_u / scale, norm_eps)
+    return dqa, dqb, d_u
+
+
+@triton.jit
+def _key_grad2(ka, kb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, power, alpha, norm_eps, COSINE: tl.constexpr):
+    """_key_grad on the two tiles of a split head dim."""
+    if COSINE:
+        norm = tl.sqrt(tl.sum(ka * ka, 1) + tl.sum(kb * kb, 1))
+        clamped = tl.maximum(norm, norm_eps)
+        ha = ka / clamped[:, None]
+        hb = kb / clamped[:, None]
+        b_dba, dha = _lift_grad(f1a, f2a, g1a, g2a, ha, alpha, COSINE)
+        b_dbb, dhb = _lift_grad(f1b, f2b, g1b, g2b, hb, alpha, COSINE)
+        dka, dkb = _through_unit2(ka, kb, ha, hb, norm, clamped, dha, dhb, tl.zeros_like(norm), norm_eps)
+    else:
+        b_dba, _a = _lift_grad(f1a, f2a, g1a, g2a, ka, alpha, COSINE)
+        b_dbb, _b = _lift_grad(f1b, f2b, g1b, g2b, kb, alpha, COSINE)
+        dka = tl.zeros_like(ka)
+        dkb = tl.zeros_like(kb)
+    return (dka + b_dba * power / tl.where(ka != 0, ka, 1.0),
+            dkb + b_dbb * power / tl.where(kb != 0, kb, 1.0))
+
+
 # ---------------------------------------------------------------------------- kernels
 
 
@@ -575,6 +666,341 @@ def _dkv_kernel(
         tl.store(dv_ptr, dv.to(DV.dtype.element_ty), mask=dv_mask)
 
 
+# ------------------------------------------------------------- split head dim kernels
+# The same five kernels for a head dim split into tiles a = [0, BA) and b = [BA, BA + BB)
+# (fused variant only; power-of-two dims and the baseline run the kernels above). The
+# state [S | z] of a half is four blocks, S[a,a] (BA × BA), S[a,b], S[b,a], S[b,b]: every
+# product of the kernels above becomes four products of tile pairs, each a tl.dot on
+# power-of-two shapes. One program covers every value lane (no value-tile grid axis), so
+# the features are computed once per token block.
+
+
+@triton.jit
+def _s_block(base, offs_r, offs_c, D):
+    """One (rows, cols) block of a (D, D) state half, 0 outside D."""
+    return tl.load(base + offs_r[:, None] * D + offs_c[None, :],
+                   mask=(offs_r < D)[:, None] & (offs_c < D)[None, :], other=0.0)
+
+
+@triton.jit
+def _put_block(base, offs_r, offs_c, D, x, ATOMIC: tl.constexpr):
+    ptr = base + offs_r[:, None] * D + offs_c[None, :]
+    mask = (offs_r < D)[:, None] & (offs_c < D)[None, :]
+    if ATOMIC:
+        tl.atomic_add(ptr, x, mask=mask, sem="relaxed")
+    else:
+        tl.store(ptr, x, mask=mask)
+
+
+@triton.jit
+def _put_vec(base, offs, D, x, ATOMIC: tl.constexpr):
+    if ATOMIC:
+        tl.atomic_add(base + offs, x, mask=offs < D, sem="relaxed")
+    else:
+        tl.store(base + offs, x, mask=offs < D)
+
+
+@triton.jit
+def _times_state2(f1a, f1b, f2a, f2b, s_base, D, offs_a, offs_b, PREC: tl.constexpr):
+    """Σ_halves φ S (value lanes a and b) for the tiles (f1a, f1b | f2a, f2b) of φ; S at
+    s_base (B·H slice: half 1, then half 2 at + D·D)."""
+    s2 = s_base + D * D
+    ya = _dot(f1a, _s_block(s_base, offs_a, offs_a, D), PREC)
+    ya += _dot(f1b, _s_block(s_base, offs_b, offs_a, D), PREC)
+    ya += _dot(f2a, _s_block(s2, offs_a, offs_a, D), PREC)
+    ya += _dot(f2b, _s_block(s2, offs_b, offs_a, D), PREC)
+    yb = _dot(f1a, _s_block(s_base, offs_a, offs_b, D), PREC)
+    yb += _dot(f1b, _s_block(s_base, offs_b, offs_b, D), PREC)
+    yb += _dot(f2a, _s_block(s2, offs_a, offs_b, D), PREC)
+    yb += _dot(f2b, _s_block(s2, offs_b, offs_b, D), PREC)
+    return ya, yb
+
+
+@triton.jit
+def _times_state_t2(ua, ub, s_half, D, offs_a, offs_b, PREC: tl.constexpr):
+    """u Sᵀ for one state half (feature lanes a and b) from the value tiles (ua, ub)."""
+    ga = _dot(ua, tl.trans(_s_block(s_half, offs_a, offs_a, D)), PREC)
+    ga += _dot(ub, tl.trans(_s_block(s_half, offs_a, offs_b, D)), PREC)
+    gb = _dot(ua, tl.trans(_s_block(s_half, offs_b, offs_a, D)), PREC)
+    gb += _dot(ub, tl.trans(_s_block(s_half, offs_b, offs_b, D)), PREC)
+    return ga, gb
+
+
+@triton.jit
+def _state_range2(x_base, v_base, sx_n, sx_d, sv_n, sv_d, start, end, offs_a, offs_b, D,
+                  scale, power, offset, alpha, norm_eps, bh, N,
+                  QUERY: tl.constexpr, COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr,
+                  BB: tl.constexpr, PREC: tl.constexpr, DEN, DDEN):
+    """_state_range with split tiles: per half the blocks S[a,a], S[a,b], S[b,a], S[b,b]
+    and z[a], z[b]."""
+    s1aa = tl.zeros((BA, BA), dtype=tl.float32)
+    s1ab = tl.zeros((BA, BB), dtype=tl.float32)
+    s1ba = tl.zeros((BB, BA), dtype=tl.float32)
+    s1bb = tl.zeros((BB, BB), dtype=tl.float32)
+    s2aa = tl.zeros((BA, BA), dtype=tl.float32)
+    s2ab = tl.zeros((BA, BB), dtype=tl.float32)
+    s2ba = tl.zeros((BB, BA), dtype=tl.float32)
+    s2bb = tl.zeros((BB, BB), dtype=tl.float32)
+    z1a = tl.zeros((BA,), dtype=tl.float32)
+    z2a = tl.zeros((BA,), dtype=tl.float32)
+    z1b = tl.zeros((BB,), dtype=tl.float32)
+    z2b = tl.zeros((BB,), dtype=tl.float32)
+    a_mask = offs_a < D
+    b_mask = offs_b < D
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        xa = _load_block(x_base, sx_n, sx_d, offs_n, offs_a, n_mask, a_mask)
+        xb = _load_block(x_base, sx_n, sx_d, offs_n, offs_b, n_mask, b_mask)
+        wa = _load_block(v_base, sv_n, sv_d, offs_n, offs_a, n_mask, a_mask)
+        wb = _load_block(v_base, sv_n, sv_d, offs_n, offs_b, n_mask, b_mask)
+        if QUERY:
+            f1a, f2a, f1b, f2b, _ha, _hb, _n, _c, _p, _t = _query_features2(xa, xb, scale, power, offset, alpha,
+                                                                            norm_eps, COSINE, PREC)
+            den = tl.load(DEN + bh * N + offs_n, mask=n_mask, other=1.0)
+            d_den = tl.load(DDEN + bh * N + offs_n, mask=n_mask, other=0.0)
+            wa = wa / den[:, None]
+            wb = wb / den[:, None]
+            z1a += tl.sum(f1a * d_den[:, None], 0)
+            z2a += tl.sum(f2a * d_den[:, None], 0)
+            z1b += tl.sum(f1b * d_den[:, None], 0)
+            z2b += tl.sum(f2b * d_den[:, None], 0)
+        else:
+            f1a, f2a, f1b, f2b = _key_features2(xa, xb, power, alpha, norm_eps, COSINE, PREC)
+            z1a += tl.sum(f1a, 0)
+            z2a += tl.sum(f2a, 0)
+            z1b += tl.sum(f1b, 0)
+            z2b += tl.sum(f2b, 0)
+        s1aa += _dot(tl.trans(f1a), wa, PREC)
+        s1ab += _dot(tl.trans(f1a), wb, PREC)
+        s1ba += _dot(tl.trans(f1b), wa, PREC)
+        s1bb += _dot(tl.trans(f1b), wb, PREC)
+        s2aa += _dot(tl.trans(f2a), wa, PREC)
+        s2ab += _dot(tl.trans(f2a), wb, PREC)
+        s2ba += _dot(tl.trans(f2b), wa, PREC)
+        s2bb += _dot(tl.trans(f2b), wb, PREC)
+    return s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb, z1a, z2a, z1b, z2b
+
+
+@triton.jit
+def _put_state2(s_base, z_base, D, offs_a, offs_b, s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb,
+                z1a, z2a, z1b, z2b, inv_n, ATOMIC: tl.constexpr):
+    """Store (or atomically add) the split state times 1/N into (2, D, D) and (2, D)."""
+    _put_block(s_base, offs_a, offs_a, D, s1aa * inv_n, ATOMIC)
+    _put_block(s_base, offs_a, offs_b, D, s1ab * inv_n, ATOMIC)
+    _put_block(s_base, offs_b, offs_a, D, s1ba * inv_n, ATOMIC)
+    _put_block(s_base, offs_b, offs_b, D, s1bb * inv_n, ATOMIC)
+    _put_block(s_base + D * D, offs_a, offs_a, D, s2aa * inv_n, ATOMIC)
+    _put_block(s_base + D * D, offs_a, offs_b, D, s2ab * inv_n, ATOMIC)
+    _put_block(s_base + D * D, offs_b, offs_a, D, s2ba * inv_n, ATOMIC)
+    _put_block(s_base + D * D, offs_b, offs_b, D, s2bb * inv_n, ATOMIC)
+    _put_vec(z_base, offs_a, D, z1a * inv_n, ATOMIC)
+    _put_vec(z_base, offs_b, D, z1b * inv_n, ATOMIC)
+    _put_vec(z_base + D, offs_a, D, z2a * inv_n, ATOMIC)
+    _put_vec(z_base + D, offs_b, D, z2b * inv_n, ATOMIC)
+
+
+@triton.jit
+def _state_kernel_split(
+    X, V, ScaleP, S_part, Z_part,
+    sx_b, sx_h, sx_n, sx_d, sv_b, sv_h, sv_n, sv_d,
+    H, N, D, tokens_per_split, n_splits, inv_n,
+    power, offset, alpha, norm_eps,
+    QUERY: tl.constexpr, COSINE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, PREC: tl.constexpr,
+    DEN=None, DDEN=None, ATOMIC: tl.constexpr = False,
+):
+    """_state_kernel with split tiles. Grid: (B·H, splits)."""
+    bh = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    offs_a = tl.arange(0, BA)
+    offs_b = BA + tl.arange(0, BB)
+    scale = tl.load(ScaleP + bh % H)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, N)
+    s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb, z1a, z2a, z1b, z2b = _state_range2(
+        X + _head_offset(bh, H, sx_b, sx_h), V + _head_offset(bh, H, sv_b, sv_h), sx_n, sx_d, sv_n, sv_d,
+        start, end, offs_a, offs_b, D, scale, power, offset, alpha, norm_eps, bh, N,
+        QUERY, COSINE, BLOCK_N, BA, BB, PREC, DEN, DDEN)
+    part = bh if ATOMIC else bh * n_splits + split
+    _put_state2(S_part + part * 2 * D * D, Z_part + part * 2 * D, D, offs_a, offs_b,
+                s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb, z1a, z2a, z1b, z2b, inv_n, ATOMIC)
+
+
+@triton.jit
+def _output_block2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, s_base, z1a, z2a, z1b, z2b,
+                   scale, power, offset, alpha, norm_eps, eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """_output_block with split tiles: the output's value lanes a and b, and the denominator."""
+    qa = _load_block(q_base, sq_n, sq_d, offs_n, offs_a, n_mask, offs_a < D)
+    qb = _load_block(q_base, sq_n, sq_d, offs_n, offs_b, n_mask, offs_b < D)
+    f1a, f2a, f1b, f2b, _ha, _hb, _n, _c, _p, _t = _query_features2(qa, qb, scale, power, offset, alpha,
+                                                                    norm_eps, COSINE, PREC)
+    num_a, num_b = _times_state2(f1a, f1b, f2a, f2b, s_base, D, offs_a, offs_b, PREC)
+    den = (tl.sum(f1a * z1a[None, :] + f2a * z2a[None, :], 1)
+           + tl.sum(f1b * z1b[None, :] + f2b * z2b[None, :], 1) + eps)
+    return num_a / den[:, None], num_b / den[:, None], den
+
+
+@triton.jit
+def _store_tile(base, offs_n, offs_d, N, D, x):
+    """A (BN, tile) block into a contiguous (N, D) slice."""
+    tl.store(base + offs_n[:, None] * D + offs_d[None, :], x.to(base.dtype.element_ty),
+             mask=(offs_n < N)[:, None] & (offs_d < D)[None, :])
+
+
+@triton.jit
+def _forward_kernel_split(
+    K, V, Q, ScaleP, S, Z, O, DEN,
+    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sq_b, sq_h, sq_n, sq_d,
+    H, N, D, inv_n,
+    power, offset, alpha, norm_eps, eps,
+    COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """_forward_kernel with split tiles. The state is stored, then read back block by
+    block for the output (after a barrier: the program's own stores), which keeps the
+    output loop's registers those of _output_kernel_split. Grid: (B·H,)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_a = tl.arange(0, BA)
+    offs_b = BA + tl.arange(0, BB)
+    scale = tl.load(ScaleP + bh % H)
+    s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb, z1a, z2a, z1b, z2b = _state_range2(
+        K + _head_offset(bh, H, sk_b, sk_h), V + _head_offset(bh, H, sv_b, sv_h), sk_n, sk_d, sv_n, sv_d,
+        0, N, offs_a, offs_b, D, scale, power, offset, alpha, norm_eps, bh, N,
+        False, COSINE, BLOCK_N, BA, BB, PREC, None, None)
+    s_base = S + bh * 2 * D * D
+    _put_state2(s_base, Z + bh * 2 * D, D, offs_a, offs_b, s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb,
+                z1a, z2a, z1b, z2b, inv_n, False)
+    tl.debug_barrier()
+    z1a = z1a * inv_n
+    z2a = z2a * inv_n
+    z1b = z1b * inv_n
+    z2b = z2b * inv_n
+    q_base = Q + _head_offset(bh, H, sq_b, sq_h)
+    for n0 in range(0, N, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        out_a, out_b, den = _output_block2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, s_base,
+                                           z1a, z2a, z1b, z2b, scale, power, offset, alpha, norm_eps, eps,
+                                           COSINE, PREC)
+        _store_tile(O + bh * N * D, offs_n, offs_a, N, D, out_a)
+        _store_tile(O + bh * N * D, offs_n, offs_b, N, D, out_b)
+        tl.store(DEN + bh * N + offs_n, den, mask=n_mask)
+
+
+@triton.jit
+def _output_kernel_split(
+    Q, ScaleP, S, Z, O, DEN,
+    sq_b, sq_h, sq_n, sq_d,
+    H, N, D,
+    power, offset, alpha, norm_eps, eps,
+    COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """_output_kernel with split tiles. Grid: (B·H, token blocks)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_a = tl.arange(0, BA)
+    offs_b = BA + tl.arange(0, BB)
+    scale = tl.load(ScaleP + bh % H)
+    z_base = Z + bh * 2 * D
+    z1a = tl.load(z_base + offs_a, mask=offs_a < D, other=0.0)
+    z1b = tl.load(z_base + offs_b, mask=offs_b < D, other=0.0)
+    z2a = tl.load(z_base + D + offs_a, mask=offs_a < D, other=0.0)
+    z2b = tl.load(z_base + D + offs_b, mask=offs_b < D, other=0.0)
+    out_a, out_b, den = _output_block2(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_n < N,
+                                       offs_a, offs_b, D, S + bh * 2 * D * D, z1a, z2a, z1b, z2b,
+                                       scale, power, offset, alpha, norm_eps, eps, COSINE, PREC)
+    _store_tile(O + bh * N * D, offs_n, offs_a, N, D, out_a)
+    _store_tile(O + bh * N * D, offs_n, offs_b, N, D, out_b)
+    tl.store(DEN + bh * N + offs_n, den, mask=offs_n < N)
+
+
+@triton.jit
+def _dq_kernel_split(
+    Q, G, ScaleP, S, Z, DEN, DQ, DDEN, DU,
+    sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d,
+    H, N, D,
+    power, offset, alpha, norm_eps,
+    COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
+    PREC: tl.constexpr, NEED_DU: tl.constexpr,
+):
+    """_dq_kernel with split tiles. Grid: (B·H, token blocks)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_a = tl.arange(0, BA)
+    offs_b = BA + tl.arange(0, BB)
+    n_mask = offs_n < N
+    a_mask = offs_a < D
+    b_mask = offs_b < D
+    den = tl.load(DEN + bh * N + offs_n, mask=n_mask, other=1.0)
+    g_base = G + _head_offset(bh, H, sg_b, sg_h)
+    ua = _load_block(g_base, sg_n, sg_d, offs_n, offs_a, n_mask, a_mask) / den[:, None]
+    ub = _load_block(g_base, sg_n, sg_d, offs_n, offs_b, n_mask, b_mask) / den[:, None]
+    s_base = S + bh * 2 * D * D
+    g1a, g1b = _times_state_t2(ua, ub, s_base, D, offs_a, offs_b, PREC)
+    g2a, g2b = _times_state_t2(ua, ub, s_base + D * D, D, offs_a, offs_b, PREC)
+    q_base = Q + _head_offset(bh, H, sq_b, sq_h)
+    qa = _load_block(q_base, sq_n, sq_d, offs_n, offs_a, n_mask, a_mask)
+    qb = _load_block(q_base, sq_n, sq_d, offs_n, offs_b, n_mask, b_mask)
+    scale = tl.load(ScaleP + bh % H)
+    f1a, f2a, f1b, f2b, ha, hb, norm, clamped, p, t_norm = _query_features2(qa, qb, scale, power, offset, alpha,
+                                                                            norm_eps, COSINE, PREC)
+    d_den = -(tl.sum(f1a * g1a + f2a * g2a, 1) + tl.sum(f1b * g1b + f2b * g2b, 1)) / den
+    tl.store(DDEN + bh * N + offs_n, d_den, mask=n_mask)
+    z_base = Z + bh * 2 * D
+    g1a += d_den[:, None] * tl.load(z_base + offs_a, mask=a_mask, other=0.0)[None, :]
+    g1b += d_den[:, None] * tl.load(z_base + offs_b, mask=b_mask, other=0.0)[None, :]
+    g2a += d_den[:, None] * tl.load(z_base + D + offs_a, mask=a_mask, other=0.0)[None, :]
+    g2b += d_den[:, None] * tl.load(z_base + D + offs_b, mask=b_mask, other=0.0)[None, :]
+    dqa, dqb, d_u = _query_grad2(qa, qb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, ha, hb, norm, clamped, p, t_norm,
+                                 scale, power, alpha, norm_eps, COSINE, PREC)
+    _store_tile(DQ + bh * N * D, offs_n, offs_a, N, D, dqa)
+    _store_tile(DQ + bh * N * D, offs_n, offs_b, N, D, dqb)
+    if NEED_DU:
+        tl.store(DU + bh * N + offs_n, -d_u * norm / (scale * scale), mask=n_mask)
+
+
+@triton.jit
+def _dkv_kernel_split(
+    K, V, DS, DZ, DK, DV,
+    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
+    H, N, D,
+    power, alpha, norm_eps,
+    COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """_dkv_kernel with split tiles. Grid: (B·H, token blocks)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_a = tl.arange(0, BA)
+    offs_b = BA + tl.arange(0, BB)
+    n_mask = offs_n < N
+    a_mask = offs_a < D
+    b_mask = offs_b < D
+    v_base = V + _head_offset(bh, H, sv_b, sv_h)
+    va = _load_block(v_base, sv_n, sv_d, offs_n, offs_a, n_mask, a_mask)
+    vb = _load_block(v_base, sv_n, sv_d, offs_n, offs_b, n_mask, b_mask)
+    ds_base = DS + bh * 2 * D * D
+    g1a, g1b = _times_state_t2(va, vb, ds_base, D, offs_a, offs_b, PREC)
+    g2a, g2b = _times_state_t2(va, vb, ds_base + D * D, D, offs_a, offs_b, PREC)
+    dz_base = DZ + bh * 2 * D
+    g1a += tl.load(dz_base + offs_a, mask=a_mask, other=0.0)[None, :]
+    g1b += tl.load(dz_base + offs_b, mask=b_mask, other=0.0)[None, :]
+    g2a += tl.load(dz_base + D + offs_a, mask=a_mask, other=0.0)[None, :]
+    g2b += tl.load(dz_base + D + offs_b, mask=b_mask, other=0.0)[None, :]
+    k_base = K + _head_offset(bh, H, sk_b, sk_h)
+    ka = _load_block(k_base, sk_n, sk_d, offs_n, offs_a, n_mask, a_mask)
+    kb = _load_block(k_base, sk_n, sk_d, offs_n, offs_b, n_mask, b_mask)
+    f1a, f2a, f1b, f2b = _key_features2(ka, kb, power, alpha, norm_eps, COSINE, PREC)
+    dka, dkb = _key_grad2(ka, kb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, power, alpha, norm_eps, COSINE)
+    _store_tile(DK + bh * N * D, offs_n, offs_a, N, D, dka)
+    _store_tile(DK + bh * N * D, offs_n, offs_b, N, D, dkb)
+    dva, dvb = _times_state2(f1a, f1b, f2a, f2b, ds_base, D, offs_a, offs_b, PREC)
+    _store_tile(DV + bh * N * D, offs_n, offs_a, N, D, dva)
+    _store_tile(DV + bh * N * D, offs_n, offs_b, N, D, dvb)
+
+
 # --------------------------------------------------------------------------- launcher
 
 # Whether triton.jit built interpreter objects (TRITON_INTERPRET=1 at import time).
@@ -606,12 +1032,40 @@ _CONFIGS = {
 _BASELINE_CONFIGS = {**_CONFIGS, 64: ((64, 64, 8), (64, 64, 8), (32, 64, 8))}
 
 
+# Split head dims (fused variant): (BLOCK_N, num_warps) per group; one program covers
+# every value lane (NV = 1). D = 72 (64 + 16), bf16, sm_90a: see the module docstring.
+_SPLIT_CONFIGS = ((32, 8), (32, 8), (16, 8))
+
+
+def split_tiles(head_dim: int) -> tuple[int, int] | None:
+    """(BA, BB) for a head dim that runs as two tiles, lanes [0, BA) and [BA, BA + BB):
+    BA the largest power of two ≤ D, BB the power of two (≥ 16, what tl.dot needs) that
+    covers the rest; None where that is no narrower than one padded tile (powers of two,
+    D < 32, D just under a power of two such as 120)."""
+    if head_dim < 32:
+        return None
+    ba = 1 << (head_dim.bit_length() - 1)
+    bb = max(16, triton.next_power_of_2(head_dim - ba)) if head_dim > ba else 0
+    return (ba, bb) if bb and ba + bb < triton.next_power_of_2(head_dim) else None
+
+
 def launch_config(head_dim: int, override: dict | None = None, variant: str = "fused") -> dict:
     """Block sizes for a head dim: BD is D padded to a power of two (≥ 16, what tl.dot
-    needs), then ``_CONFIGS``; ``override`` (BLOCK_N, BV, num_warps) replaces every
-    group's values (block-size sweeps)."""
+    needs), then ``_CONFIGS``; in the fused variant a D that ``split_tiles`` splits runs
+    as two tiles (BA, BB; ``_SPLIT_CONFIGS``, one value tile). ``override`` (BLOCK_N,
+    BV, num_warps) replaces every group's values (block-size sweeps; BV is unused where
+    split)."""
     bd = max(16, triton.next_power_of_2(head_dim))
     cfg = dict(BD=bd)
+    tiles = split_tiles(head_dim) if variant == "fused" else None
+    if tiles:
+        cfg.update(BA=tiles[0], BB=tiles[1])
+        for group, (block_n, warps) in zip(_GROUPS, _SPLIT_CONFIGS):
+            sub = dict(BLOCK_N=block_n, num_warps=warps)
+            sub.update({k: v for k, v in (override or {}).items() if k != "BV"})
+            sub["NV"] = 1
+            cfg[group] = sub
+        return cfg
     table = _BASELINE_CONFIGS if variant == "baseline" else _CONFIGS
     for group, (block_n, bv, warps) in zip(_GROUPS, table[bd]):
         sub = dict(BLOCK_N=block_n, BV=bv, num_warps=warps)
@@ -663,13 +1117,29 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     return tuple(t.stride())
 
 
+def _kernel(name: str, cfg: dict):
+    """The kernel ``name`` for a launch config: its ``_split`` form where the head dim is
+    split (looked up at call time, so that tests can wrap either)."""
+    return globals()[name + "_split" if "BA" in cfg else name]
+
+
+def _tile_args(cfg: dict, group: str, nv: bool = False) -> dict:
+    """The head-dim constexprs of a kernel: BA, BB (split) or BD, BV (and NV)."""
+    if "BA" in cfg:
+        return dict(BA=cfg["BA"], BB=cfg["BB"])
+    args = dict(BD=cfg["BD"], BV=cfg[group]["BV"])
+    if nv:
+        args["NV"] = cfg[group]["NV"]
+    return args
+
+
 def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     """Launch ``_state_kernel`` over ``splits`` token ranges and reduce the ranges: in the
     kernel (atomic adds, fused variant) or by ``torch.sum`` (baseline). Returns ``(S, z)``:
     (B·H, 2, D, D) and (B·H, 2, D), fp32, means over the N tokens."""
     b, h, n, d = x.shape
-    bd, st = cfg["BD"], cfg["state"]
-    bv, block_n = st["BV"], st["BLOCK_N"]
+    st = cfg["state"]
+    block_n = st["BLOCK_N"]
     per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n    # whole blocks
     splits = triton.cdiv(n, per_split)
     atomic = opts["variant"] == "fused" and splits > 1
@@ -681,12 +1151,12 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     else:
         s_part = x.new_empty(b * h, splits, 2, d, d, dtype=torch.float32)
         z_part = x.new_empty(b * h, splits, 2, d, dtype=torch.float32)
-    _state_kernel[(b * h, splits, st["NV"])](
+    _kernel("_state_kernel", cfg)[(b * h, splits, st["NV"])](
         x, w, scale, s_part, z_part, *_strides(x), *_strides(w),
         h, n, d, per_split, splits, 1.0 / n,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
         QUERY=query, COSINE=opts["direction"] == "cosine",
-        BLOCK_N=block_n, BD=bd, BV=bv, PREC=opts["precision"],
+        BLOCK_N=block_n, **_tile_args(cfg, "state"), PREC=opts["precision"],
         DEN=den, DDEN=d_den, ATOMIC=atomic, num_warps=st["num_warps"],
     )
     if atomic:
