@@ -683,6 +683,13 @@ def _s_block(base, offs_r, offs_c, D):
 
 
 @triton.jit
+def _s_block_t(base, offs_r, offs_c, D):
+    """The transpose of _s_block, loaded as such (no layout conversion in registers)."""
+    return tl.load(base + offs_r[None, :] * D + offs_c[:, None],
+                   mask=(offs_r < D)[None, :] & (offs_c < D)[:, None], other=0.0)
+
+
+@triton.jit
 def _put_block(base, offs_r, offs_c, D, x, ATOMIC: tl.constexpr):
     ptr = base + offs_r[:, None] * D + offs_c[None, :]
     mask = (offs_r < D)[:, None] & (offs_c < D)[None, :]
@@ -719,10 +726,10 @@ def _times_state2(f1a, f1b, f2a, f2b, s_base, D, offs_a, offs_b, PREC: tl.conste
 @triton.jit
 def _times_state_t2(ua, ub, s_half, D, offs_a, offs_b, PREC: tl.constexpr):
     """u Sᵀ for one state half (feature lanes a and b) from the value tiles (ua, ub)."""
-    ga = _dot(ua, tl.trans(_s_block(s_half, offs_a, offs_a, D)), PREC)
-    ga += _dot(ub, tl.trans(_s_block(s_half, offs_a, offs_b, D)), PREC)
-    gb = _dot(ua, tl.trans(_s_block(s_half, offs_b, offs_a, D)), PREC)
-    gb += _dot(ub, tl.trans(_s_block(s_half, offs_b, offs_b, D)), PREC)
+    ga = _dot(ua, _s_block_t(s_half, offs_a, offs_a, D), PREC)
+    ga += _dot(ub, _s_block_t(s_half, offs_a, offs_b, D), PREC)
+    gb = _dot(ua, _s_block_t(s_half, offs_b, offs_a, D), PREC)
+    gb += _dot(ub, _s_block_t(s_half, offs_b, offs_b, D), PREC)
     return ga, gb
 
 
@@ -735,11 +742,11 @@ def _state_range2(x_base, v_base, sx_n, sx_d, sv_n, sv_d, start, end, offs_a, of
     and z[a], z[b]."""
     s1aa = tl.zeros((BA, BA), dtype=tl.float32)
     s1ab = tl.zeros((BA, BB), dtype=tl.float32)
-    s1ba = tl.zeros((BB, BA), dtype=tl.float32)
+    s1ba = tl.zeros((BA, BB), dtype=tl.float32)  # transposed
     s1bb = tl.zeros((BB, BB), dtype=tl.float32)
     s2aa = tl.zeros((BA, BA), dtype=tl.float32)
     s2ab = tl.zeros((BA, BB), dtype=tl.float32)
-    s2ba = tl.zeros((BB, BA), dtype=tl.float32)
+    s2ba = tl.zeros((BA, BB), dtype=tl.float32)
     s2bb = tl.zeros((BB, BB), dtype=tl.float32)
     z1a = tl.zeros((BA,), dtype=tl.float32)
     z2a = tl.zeros((BA,), dtype=tl.float32)
@@ -773,11 +780,11 @@ def _state_range2(x_base, v_base, sx_n, sx_d, sv_n, sv_d, start, end, offs_a, of
             z2b += tl.sum(f2b, 0)
         s1aa += _dot(tl.trans(f1a), wa, PREC)
         s1ab += _dot(tl.trans(f1a), wb, PREC)
-        s1ba += _dot(tl.trans(f1b), wa, PREC)
+        s1ba += _dot(tl.trans(wa), f1b, PREC)          # S[b,a]ᵀ: M = BA rows (wgmma)
         s1bb += _dot(tl.trans(f1b), wb, PREC)
         s2aa += _dot(tl.trans(f2a), wa, PREC)
         s2ab += _dot(tl.trans(f2a), wb, PREC)
-        s2ba += _dot(tl.trans(f2b), wa, PREC)
+        s2ba += _dot(tl.trans(wa), f2b, PREC)
         s2bb += _dot(tl.trans(f2b), wb, PREC)
     return s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb, z1a, z2a, z1b, z2b
 
@@ -788,11 +795,11 @@ def _put_state2(s_base, z_base, D, offs_a, offs_b, s1aa, s1ab, s1ba, s1bb, s2aa,
     """Store (or atomically add) the split state times 1/N into (2, D, D) and (2, D)."""
     _put_block(s_base, offs_a, offs_a, D, s1aa * inv_n, ATOMIC)
     _put_block(s_base, offs_a, offs_b, D, s1ab * inv_n, ATOMIC)
-    _put_block(s_base, offs_b, offs_a, D, s1ba * inv_n, ATOMIC)
+    _put_block(s_base, offs_b, offs_a, D, tl.trans(s1ba * inv_n), ATOMIC)
     _put_block(s_base, offs_b, offs_b, D, s1bb * inv_n, ATOMIC)
     _put_block(s_base + D * D, offs_a, offs_a, D, s2aa * inv_n, ATOMIC)
     _put_block(s_base + D * D, offs_a, offs_b, D, s2ab * inv_n, ATOMIC)
-    _put_block(s_base + D * D, offs_b, offs_a, D, s2ba * inv_n, ATOMIC)
+    _put_block(s_base + D * D, offs_b, offs_a, D, tl.trans(s2ba * inv_n), ATOMIC)
     _put_block(s_base + D * D, offs_b, offs_b, D, s2bb * inv_n, ATOMIC)
     _put_vec(z_base, offs_a, D, z1a * inv_n, ATOMIC)
     _put_vec(z_base, offs_b, D, z1b * inv_n, ATOMIC)
@@ -804,7 +811,7 @@ def _put_state2(s_base, z_base, D, offs_a, offs_b, s1aa, s1ab, s1ba, s1bb, s2aa,
 def _state_kernel_split(
     X, V, ScaleP, S_part, Z_part,
     sx_b, sx_h, sx_n, sx_d, sv_b, sv_h, sv_n, sv_d,
-    H, N, D, tokens_per_split, n_splits, inv_n,
+    H, N, D: tl.constexpr, tokens_per_split, n_splits, inv_n,
     power, offset, alpha, norm_eps,
     QUERY: tl.constexpr, COSINE: tl.constexpr,
     BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, PREC: tl.constexpr,
@@ -852,7 +859,7 @@ def _store_tile(base, offs_n, offs_d, N, D, x):
 def _forward_kernel_split(
     K, V, Q, ScaleP, S, Z, O, DEN,
     sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sq_b, sq_h, sq_n, sq_d,
-    H, N, D, inv_n,
+    H, N, D: tl.constexpr, inv_n,
     power, offset, alpha, norm_eps, eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
     PREC: tl.constexpr,
@@ -892,7 +899,7 @@ def _forward_kernel_split(
 def _output_kernel_split(
     Q, ScaleP, S, Z, O, DEN,
     sq_b, sq_h, sq_n, sq_d,
-    H, N, D,
+    H, N, D: tl.constexpr,
     power, offset, alpha, norm_eps, eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
     PREC: tl.constexpr,
@@ -920,7 +927,7 @@ def _output_kernel_split(
 def _dq_kernel_split(
     Q, G, ScaleP, S, Z, DEN, DQ, DDEN, DU,
     sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d,
-    H, N, D,
+    H, N, D: tl.constexpr,
     power, offset, alpha, norm_eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
     PREC: tl.constexpr, NEED_DU: tl.constexpr,
@@ -965,7 +972,7 @@ def _dq_kernel_split(
 def _dkv_kernel_split(
     K, V, DS, DZ, DK, DV,
     sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
-    H, N, D,
+    H, N, D: tl.constexpr,
     power, alpha, norm_eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
     PREC: tl.constexpr,
