@@ -65,7 +65,8 @@ def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "f
     bwd_c = dict(base, BLOCK_N=bwd["BLOCK_N"], **tn._tile_args(cfg, "bwd", nv=True))
     k = lambda name: tn._kernel(name, cfg)  # noqa: E731  (the split forms where D is split)
     fused = [("forward", k("_forward_kernel"), dict(K=p, V=p, Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f),
-              dict(base, BLOCK_N=st["BLOCK_N"], **tn._tile_args(cfg, "state")), st["num_warps"])] \
+              dict(base, BLOCK_N=st["BLOCK_N"], **tn._tile_args(cfg, "state"),
+                   **({"BLOCK_O": out["BLOCK_N"]} if "BA" in cfg else {})), st["num_warps"])] \
         if variant == "fused" else []
     return fused + [
         ("state", k("_state_kernel"), dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f),

@@ -862,11 +862,12 @@ def _forward_kernel_split(
     H, N, D: tl.constexpr, inv_n,
     power, offset, alpha, norm_eps, eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, BLOCK_O: tl.constexpr = 64,
 ):
     """_forward_kernel with split tiles. The state is stored, then read back block by
     block for the output (after a barrier: the program's own stores), which keeps the
-    output loop's registers those of _output_kernel_split. Grid: (B·H,)."""
+    output loop's registers those of _output_kernel_split; the output runs on token blocks
+    of BLOCK_O (the output kernel's block: wgmma needs 64 rows). Grid: (B·H,)."""
     bh = tl.program_id(0).to(tl.int64)
     offs_a = tl.arange(0, BA)
     offs_b = BA + tl.arange(0, BB)
@@ -884,8 +885,8 @@ def _forward_kernel_split(
     z1b = z1b * inv_n
     z2b = z2b * inv_n
     q_base = Q + _head_offset(bh, H, sq_b, sq_h)
-    for n0 in range(0, N, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
+    for n0 in range(0, N, BLOCK_O):
+        offs_n = n0 + tl.arange(0, BLOCK_O)
         n_mask = offs_n < N
         out_a, out_b, den = _output_block2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, s_base,
                                            z1a, z2a, z1b, z2b, scale, power, offset, alpha, norm_eps, eps,
@@ -1041,7 +1042,7 @@ _BASELINE_CONFIGS = {**_CONFIGS, 64: ((64, 64, 8), (64, 64, 8), (32, 64, 8))}
 
 # Split head dims (fused variant): (BLOCK_N, num_warps) per group; one program covers
 # every value lane (NV = 1). D = 72 (64 + 16), bf16, sm_90a: see the module docstring.
-_SPLIT_CONFIGS = ((32, 8), (32, 8), (16, 8))
+_SPLIT_CONFIGS = ((16, 8), (64, 8), (64, 8))
 
 
 def split_tiles(head_dim: int) -> tuple[int, int] | None:
