@@ -106,10 +106,7 @@ def gated_report(channels: int, dtype: str = "bf16", arch: int = 90) -> list[tup
 
 
 def compile_kernel(kernel, pointers: dict, constexprs: dict, num_warps: int, arch: int) -> tuple[str, str]:
-    """Compile for ``sm_<arch>`` (sm_90a for 90); return ptxas's resource report and the SASS.
-    The head-dim strides (``s*_d``) are 1, as a launch on tensors with a contiguous last
-    dim specialises them (Triton treats an int argument equal to 1 as a constant)."""
-    constexprs = {**{name: 1 for name in kernel.arg_names if re.fullmatch(r"s[a-z]+_d", name)}, **constexprs}
+    """Compile for ``sm_<arch>`` (sm_90a for 90); return ptxas's resource report and the SASS."""
     signature = {name: "constexpr" if name in constexprs else pointers.get(name) or
                  ("fp32" if name in FLOAT_ARGS else "i32") for name in kernel.arg_names}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),

@@ -56,10 +56,31 @@ the gradients of q, k, v at D = 64 and 72, the output norm within 3e-4 (TF32: 3.
 MUFU approximations (see ``_sin``); that also removes libdevice's local-memory argument
 reduction of sin/cos (LDL/STL in the SASS).
 
-Head dims up to 128, padded to a power of two with masks (72 runs as 128 with 56 dead
-lanes whose features are exactly 0): issue 53's 64 + 8/16 split tile for D = 72 is not
-done yet (it changes the feature map's row reductions in every kernel). Any N (masked token
-blocks; a zero token has zero features, so padding adds nothing to the state).
+Head dims up to 128. A power of two (16/32/64/128) is one tile. Any other D runs, in the
+fused variant, as two tiles (``split_tiles``): lanes [0, BA) and [BA, BA + BB), BA the
+largest power of two ≤ D and BB ≥ 16 the power of two covering the rest; XL/2's 72 is
+64 + 16, 80 lanes of which 8 are masked (1.11× the elementwise work, 1.23× the state's
+matrix work, where padding to 128 took 1.78× and 3.16×). Two tiles and not one of 80
+lanes because Triton's blocks are powers of two; two and not 64 + 8 because tl.dot needs
+16. The ``*_split`` kernels compute per tile, and everything that spans the head dim
+spans both: the feature map's row reductions (‖x‖, Σ ∂L/∂p, the unit-vector gradient)
+add the two tiles' sums, and a state half is four blocks S[a,a], S[a,b], S[b,a], S[b,b],
+so each product becomes four tile-pair products. S[b,a] is accumulated transposed
+(wᵀφ: 64 rows, so wgmma; a 16-row product falls back to mma.sync), and one program covers
+every value lane, so the features are computed once per token block (the padded kernels
+computed them once per 64-lane value tile). D is a constant of the split kernels (a
+compile per head dim; the state loads vectorise). The baseline variant keeps the padded
+kernels (72 as 128 lanes) for the A/B, and a D whose split is no narrower than its
+padding (24, 120) stays padded. Any N (masked token blocks; a zero token has zero
+features, so padding adds nothing to the state).
+
+Compiled for sm_90a (``benchmarks/triton_compile_check.py``; bf16, cosine, D = 72, 8 warps;
+padded → split): registers, state 197 → 174, dstate 255 → 173, output 255 → 169, dq
+255 → 255, dkv 202 → 255, forward 242 → 255; spills 0 except dq 8 → 28 B, dstate 8 → 0,
+dkv 0 → 40 B, forward 0 → 124 B; products on wgmma everywhere (HGMMA; mma.sync only for
+the 16 × 16 S[b,b] blocks) where output, dq and dkv ran 32-96 mma.sync each; MUFU.COS per
+token (elementwise work) state 1.0 → 0.31, output, dq, dkv 0.5 → 0.31. Still one program
+per SM at D = 72 (two need ≤ 128 registers at 8 warps); not timed on a GPU.
 
 The kernels run on CUDA and, for the tests, on CPU tensors under Triton's interpreter
 (``TRITON_INTERPRET=1`` set before this module is imported); without a GPU,
@@ -1027,7 +1048,8 @@ INTERPRETED = "Interpreted" in type(_output_kernel).__name__
 # sm_90a): the D = 64 state passes at BLOCK_N 32 take 106 registers (two programs per SM,
 # still wgmma) where 64 took 154; the D = 64 output at BLOCK_N 32 would take 80 (three
 # programs) but fall back from wgmma to mma.sync, so it stays at 64 (155) until timed.
-# At D = 72 (BD 128) no block size tried reaches 128 registers (140-255).
+# At D = 72 padded (BD 128: the baseline) no block size tried reaches 128 registers
+# (140-255); the fused variant splits 72 (``_SPLIT_CONFIGS``).
 _GROUPS = ("state", "out", "bwd")
 _CONFIGS = {
     # BD: (BLOCK_N, BV, warps) for each of _GROUPS
@@ -1041,7 +1063,10 @@ _BASELINE_CONFIGS = {**_CONFIGS, 64: ((64, 64, 8), (64, 64, 8), (32, 64, 8))}
 
 
 # Split head dims (fused variant): (BLOCK_N, num_warps) per group; one program covers
-# every value lane (NV = 1). D = 72 (64 + 16), bf16, sm_90a: see the module docstring.
+# every value lane (NV = 1). D = 72 (64 + 16), bf16, sm_90a, 8 warps: the state passes at
+# BLOCK_N 16 take 174 registers (32: 217, 64: 255 with spills); output, dq, dkv at 64 run
+# on wgmma (169, 255, 255 registers; dq/dkv spill 28/40 B), at 16 or 32 on mma.sync with
+# 255 registers and more spills (88-340 B); 4 warps spill more at every size tried.
 _SPLIT_CONFIGS = ((16, 8), (64, 8), (64, 8))
 
 
