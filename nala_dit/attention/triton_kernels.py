@@ -870,16 +870,20 @@ def _output_block2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, s_base
 
 
 @triton.jit
-def _store_tile(base, offs_n, offs_d, N, D, x):
-    """A (BN, tile) block into a contiguous (N, D) slice."""
-    tl.store(base + offs_n[:, None] * D + offs_d[None, :], x.to(base.dtype.element_ty),
-             mask=(offs_n < N)[:, None] & (offs_d < D)[None, :])
+def _store_tile(base, s_n, s_d, offs_n, offs_d, N, D, x, ADD: tl.constexpr = False):
+    """A (BN, tile) block into an (N, D) slice with strides (s_n, s_d); ADD: added to
+    what the slice holds."""
+    ptr = base + offs_n[:, None] * s_n + offs_d[None, :] * s_d
+    mask = (offs_n < N)[:, None] & (offs_d < D)[None, :]
+    if ADD:
+        x += tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptr, x.to(base.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _forward_kernel_split(
     K, V, Q, ScaleP, S, Z, O, DEN,
-    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sq_b, sq_h, sq_n, sq_d,
+    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d,
     H, N, D: tl.constexpr, inv_n,
     power, offset, alpha, norm_eps, eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
@@ -906,21 +910,22 @@ def _forward_kernel_split(
     z1b = z1b * inv_n
     z2b = z2b * inv_n
     q_base = Q + _head_offset(bh, H, sq_b, sq_h)
+    o_base = O + _head_offset(bh, H, so_b, so_h)
     for n0 in range(0, N, BLOCK_O):
         offs_n = n0 + tl.arange(0, BLOCK_O)
         n_mask = offs_n < N
         out_a, out_b, den = _output_block2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, s_base,
                                            z1a, z2a, z1b, z2b, scale, power, offset, alpha, norm_eps, eps,
                                            COSINE, PREC)
-        _store_tile(O + bh * N * D, offs_n, offs_a, N, D, out_a)
-        _store_tile(O + bh * N * D, offs_n, offs_b, N, D, out_b)
+        _store_tile(o_base, so_n, so_d, offs_n, offs_a, N, D, out_a)
+        _store_tile(o_base, so_n, so_d, offs_n, offs_b, N, D, out_b)
         tl.store(DEN + bh * N + offs_n, den, mask=n_mask)
 
 
 @triton.jit
 def _output_kernel_split(
     Q, ScaleP, S, Z, O, DEN,
-    sq_b, sq_h, sq_n, sq_d,
+    sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d,
     H, N, D: tl.constexpr,
     power, offset, alpha, norm_eps, eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
@@ -940,21 +945,23 @@ def _output_kernel_split(
     out_a, out_b, den = _output_block2(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_n < N,
                                        offs_a, offs_b, D, S + bh * 2 * D * D, z1a, z2a, z1b, z2b,
                                        scale, power, offset, alpha, norm_eps, eps, COSINE, PREC)
-    _store_tile(O + bh * N * D, offs_n, offs_a, N, D, out_a)
-    _store_tile(O + bh * N * D, offs_n, offs_b, N, D, out_b)
+    o_base = O + _head_offset(bh, H, so_b, so_h)
+    _store_tile(o_base, so_n, so_d, offs_n, offs_a, N, D, out_a)
+    _store_tile(o_base, so_n, so_d, offs_n, offs_b, N, D, out_b)
     tl.store(DEN + bh * N + offs_n, den, mask=offs_n < N)
 
 
 @triton.jit
 def _dq_kernel_split(
     Q, G, ScaleP, S, Z, DEN, DQ, DDEN, DU,
-    sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d,
+    sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d, sdq_b, sdq_h, sdq_n, sdq_d,
     H, N, D: tl.constexpr,
     power, offset, alpha, norm_eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
-    PREC: tl.constexpr, NEED_DU: tl.constexpr,
+    PREC: tl.constexpr, NEED_DU: tl.constexpr, DQ_STRIDED: tl.constexpr = False,
 ):
-    """_dq_kernel with split tiles. Grid: (B·H, token blocks)."""
+    """_dq_kernel with split tiles (DQ through its strides where DQ_STRIDED, else
+    contiguous with constant strides). Grid: (B·H, token blocks)."""
     bh = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_a = tl.arange(0, BA)
@@ -984,8 +991,13 @@ def _dq_kernel_split(
     g2b += d_den[:, None] * tl.load(z_base + D + offs_b, mask=b_mask, other=0.0)[None, :]
     dqa, dqb, d_u = _query_grad2(qa, qb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, ha, hb, norm, clamped, p, t_norm,
                                  scale, power, alpha, norm_eps, COSINE, PREC)
-    _store_tile(DQ + bh * N * D, offs_n, offs_a, N, D, dqa)
-    _store_tile(DQ + bh * N * D, offs_n, offs_b, N, D, dqb)
+    if DQ_STRIDED:
+        dq_base = DQ + _head_offset(bh, H, sdq_b, sdq_h)
+        _store_tile(dq_base, sdq_n, sdq_d, offs_n, offs_a, N, D, dqa)
+        _store_tile(dq_base, sdq_n, sdq_d, offs_n, offs_b, N, D, dqb)
+    else:
+        _store_tile(DQ + bh * N * D, D, 1, offs_n, offs_a, N, D, dqa)
+        _store_tile(DQ + bh * N * D, D, 1, offs_n, offs_b, N, D, dqb)
     if NEED_DU:
         tl.store(DU + bh * N + offs_n, -d_u * norm / (scale * scale), mask=n_mask)
 
@@ -993,13 +1005,13 @@ def _dq_kernel_split(
 @triton.jit
 def _dkv_kernel_split(
     K, V, DS, DZ, DK, DV,
-    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
+    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d,
     H, N, D: tl.constexpr,
     power, alpha, norm_eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, ADD_DV: tl.constexpr,
 ):
-    """_dkv_kernel with split tiles. Grid: (B·H, token blocks)."""
+    """_dkv_kernel with split tiles (ADD_DV as there). Grid: (B·H, token blocks)."""
     bh = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_a = tl.arange(0, BA)
@@ -1023,11 +1035,13 @@ def _dkv_kernel_split(
     kb = _load_block(k_base, sk_n, sk_d, offs_n, offs_b, n_mask, b_mask)
     f1a, f2a, f1b, f2b = _key_features2(ka, kb, power, alpha, norm_eps, COSINE, PREC)
     dka, dkb = _key_grad2(ka, kb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, power, alpha, norm_eps, COSINE)
-    _store_tile(DK + bh * N * D, offs_n, offs_a, N, D, dka)
-    _store_tile(DK + bh * N * D, offs_n, offs_b, N, D, dkb)
+    dk_base = DK + _head_offset(bh, H, sdk_b, sdk_h)
+    _store_tile(dk_base, sdk_n, sdk_d, offs_n, offs_a, N, D, dka)
+    _store_tile(dk_base, sdk_n, sdk_d, offs_n, offs_b, N, D, dkb)
     dva, dvb = _times_state2(f1a, f1b, f2a, f2b, ds_base, D, offs_a, offs_b, PREC)
-    _store_tile(DV + bh * N * D, offs_n, offs_a, N, D, dva)
-    _store_tile(DV + bh * N * D, offs_n, offs_b, N, D, dvb)
+    dv_base = DV + _head_offset(bh, H, sdv_b, sdv_h)
+    _store_tile(dv_base, sdv_n, sdv_d, offs_n, offs_a, N, D, dva, ADD_DV)
+    _store_tile(dv_base, sdv_n, sdv_d, offs_n, offs_b, N, D, dvb, ADD_DV)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -1212,21 +1226,21 @@ def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: to
         state = torch.empty(b * h, 2, d, d, device=q.device, dtype=torch.float32)
         z = torch.empty(b * h, 2, d, device=q.device, dtype=torch.float32)
         st = cfg["state"]
-        _forward_kernel[(b * h, st["NV"])](
+        _kernel("_forward_kernel", cfg)[(b * h, st["NV"])](
             k, v, q, scale32, state, z, out, den, *_strides(k), *_strides(v), *_strides(q), *_strides(out),
             h, n, d, 1.0 / n, opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
-            COSINE=cosine, BLOCK_N=st["BLOCK_N"], BD=cfg["BD"], BV=st["BV"], PREC=opts["precision"],
-            num_warps=st["num_warps"],
+            COSINE=cosine, BLOCK_N=st["BLOCK_N"], **_tile_args(cfg, "state"), PREC=opts["precision"],
+            num_warps=st["num_warps"], **({"BLOCK_O": cfg["out"]["BLOCK_N"]} if "BA" in cfg else {}),
         )
         return state, z, den
     state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
     oc = cfg["out"]
     grid = (b * h, triton.cdiv(n, oc["BLOCK_N"]), oc["NV"])
-    _output_kernel[grid](
+    _kernel("_output_kernel", cfg)[grid](
         q, scale32, state, z, out, den, *_strides(q), *_strides(out), h, n, d,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
-        COSINE=cosine, BLOCK_N=oc["BLOCK_N"], BD=cfg["BD"],
-        BV=oc["BV"], PREC=opts["precision"], num_warps=oc["num_warps"],
+        COSINE=cosine, BLOCK_N=oc["BLOCK_N"], **_tile_args(cfg, "out"),
+        PREC=opts["precision"], num_warps=oc["num_warps"],
     )
     return state, z, den
 
@@ -1243,18 +1257,18 @@ def backward_launch(q, k, v, scale32, state, z, den, grad_out, opts: dict, cfg: 
     d_u = torch.empty(b * h, n, device=q.device, dtype=torch.float32) if need_scale else d_den
     bwd = cfg["bwd"]
     blocks = triton.cdiv(n, bwd["BLOCK_N"])
-    _dq_kernel[(b * h, blocks)](
+    _kernel("_dq_kernel", cfg)[(b * h, blocks)](
         q, grad_out, scale32, state, z, den, dq, d_den, d_u,
         *_strides(q), *_strides(grad_out), *_strides(dq), h, n, d,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
-        COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], BD=cfg["BD"], BV=bwd["BV"], NV=bwd["NV"],
+        COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], **_tile_args(cfg, "bwd", nv=True),
         PREC=opts["precision"], NEED_DU=need_scale, DQ_STRIDED=not dq.is_contiguous(), num_warps=bwd["num_warps"],
     )
     d_state, d_z = _state_pass(q, grad_out, scale32, opts, cfg, splits, query=True, den=den, d_den=d_den)
-    _dkv_kernel[(b * h, blocks)](
+    _kernel("_dkv_kernel", cfg)[(b * h, blocks)](
         k, v, d_state, d_z, dk, dv, *_strides(k), *_strides(v), *_strides(dk), *_strides(dv), h, n, d,
         opts["power"], opts["alpha"], opts["norm_eps"],
-        COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], BD=cfg["BD"], BV=bwd["BV"], NV=bwd["NV"],
+        COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], **_tile_args(cfg, "bwd", nv=True),
         PREC=opts["precision"], ADD_DV=add_dv, num_warps=bwd["num_warps"],
     )
     return d_u if need_scale else None
