@@ -75,9 +75,12 @@ padding (24, 120) stays padded. Any N (masked token blocks; a zero token has zer
 features, so padding adds nothing to the state).
 
 Compiled for sm_90a (``benchmarks/triton_compile_check.py``; bf16, cosine, D = 72, 8 warps;
-padded → split): registers, state 197 → 174, dstate 255 → 173, output 255 → 169, dq
-255 → 255, dkv 202 → 255, forward 242 → 255; spills 0 except dq 8 → 28 B, dstate 8 → 0,
-dkv 0 → 40 B, forward 0 → 124 B; products on wgmma everywhere (HGMMA; mma.sync only for
+padded → split): registers, state 195 → 173, dstate 255 → 173, output 254 → 170, dq
+255 → 255, dkv 202 → 255, forward 230 → 255; spills 0 except dq 16 → 28 B, dkv 0 → 52 B,
+forward 0 → 124 B; static SASS instructions state 2,400 → 1,232, dstate 3,024 → 1,440,
+output 3,392 → 2,320 (per program; the split programs cover 16 tokens and all 72 value
+lanes where the padded covered 32 and 64, and output, dq, dkv 64 tokens where they
+covered 32 and 16); products on wgmma everywhere (HGMMA; mma.sync only for
 the 16 × 16 S[b,b] blocks) where output, dq and dkv ran 32-96 mma.sync each; MUFU.COS per
 token (elementwise work) state 1.0 → 0.31, output, dq, dkv 0.5 → 0.31. Still one program
 per SM at D = 72 (two need ≤ 128 registers at 8 warps); not timed on a GPU.
@@ -1079,7 +1082,7 @@ _BASELINE_CONFIGS = {**_CONFIGS, 64: ((64, 64, 8), (64, 64, 8), (32, 64, 8))}
 # Split head dims (fused variant): (BLOCK_N, num_warps) per group; one program covers
 # every value lane (NV = 1). D = 72 (64 + 16), bf16, sm_90a, 8 warps: the state passes at
 # BLOCK_N 16 take 174 registers (32: 217, 64: 255 with spills); output, dq, dkv at 64 run
-# on wgmma (169, 255, 255 registers; dq/dkv spill 28/40 B), at 16 or 32 on mma.sync with
+# on wgmma (170, 255, 255 registers; dq/dkv spill 28/52 B), at 16 or 32 on mma.sync with
 # 255 registers and more spills (88-340 B); 4 warps spill more at every size tried.
 _SPLIT_CONFIGS = ((16, 8), (64, 8), (64, 8))
 

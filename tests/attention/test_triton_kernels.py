@@ -114,8 +114,8 @@ def test_kernels_compile_for_hopper():
     on wgmma (HGMMA; mma.sync only for the state's 16 × 16 S[b,b] blocks, none in output,
     dq, dkv, which took 32-96 mma.sync each with D padded to 128); sin, cos, log (the bf16
     mode's approximations), exp2, rcp, sqrt on the MUFU unit; the state passes and the
-    output at ≤ 176 registers without spills (they took 197-255 padded); dq and dkv's small
-    spills (28 and 40 B measured). At D = 64 the state passes in two programs per SM.
+    output at ≤ 176 registers without spills (they took 195-255 padded); dq and dkv's small
+    spills (28 and 52 B measured). At D = 64 the state passes in two programs per SM.
     Not yet held (issue 53): two programs per SM at D = 72 (173-255 registers at 8 warps)
     and no spills at all; ``benchmarks/triton_compile_check.py`` prints the full table."""
     if os.environ.get("TRITON_INTERPRET") == "1":
