@@ -57,21 +57,26 @@ def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "f
     st, out, bwd = cfg["state"], cfg["out"], cfg["bwd"]
     p, f = f"*{dtype}", "*fp32"
     half = "bf16" if variant == "fused" else "tf32"
-    base = dict(COSINE=direction == "cosine", BD=cfg["BD"], PREC="ieee" if dtype == "fp32" else half)
-    st_c = dict(base, BLOCK_N=st["BLOCK_N"], BV=st["BV"], ATOMIC=variant == "fused")
-    out_c = dict(base, BLOCK_N=out["BLOCK_N"], BV=out["BV"])
-    bwd_c = dict(base, BLOCK_N=bwd["BLOCK_N"], BV=bwd["BV"], NV=bwd["NV"])
-    fused = [("forward", tn._forward_kernel, dict(K=p, V=p, Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f),
-              dict(base, BLOCK_N=st["BLOCK_N"], BV=st["BV"]), st["num_warps"])] if variant == "fused" else []
+    base = dict(COSINE=direction == "cosine", PREC="ieee" if dtype == "fp32" else half)
+    if "BA" in cfg:
+        base["D"] = head_dim     # the split kernels take D as a constant (vectorised state loads)
+    st_c = dict(base, BLOCK_N=st["BLOCK_N"], **tn._tile_args(cfg, "state"), ATOMIC=variant == "fused")
+    out_c = dict(base, BLOCK_N=out["BLOCK_N"], **tn._tile_args(cfg, "out"))
+    bwd_c = dict(base, BLOCK_N=bwd["BLOCK_N"], **tn._tile_args(cfg, "bwd", nv=True))
+    k = lambda name: tn._kernel(name, cfg)  # noqa: E731  (the split forms where D is split)
+    fused = [("forward", k("_forward_kernel"), dict(K=p, V=p, Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f),
+              dict(base, BLOCK_N=st["BLOCK_N"], **tn._tile_args(cfg, "state"),
+                   **({"BLOCK_O": out["BLOCK_N"]} if "BA" in cfg else {})), st["num_warps"])] \
+        if variant == "fused" else []
     return fused + [
-        ("state", tn._state_kernel, dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f),
+        ("state", k("_state_kernel"), dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f),
          dict(st_c, QUERY=False, DEN=None, DDEN=None), st["num_warps"]),
-        ("output", tn._output_kernel, dict(Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f), out_c, out["num_warps"]),
-        ("dq", tn._dq_kernel, dict(Q=p, G=p, ScaleP=f, S=f, Z=f, DEN=f, DQ=p, DDEN=f, DU=f),
+        ("output", k("_output_kernel"), dict(Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f), out_c, out["num_warps"]),
+        ("dq", k("_dq_kernel"), dict(Q=p, G=p, ScaleP=f, S=f, Z=f, DEN=f, DQ=p, DDEN=f, DU=f),
          dict(bwd_c, NEED_DU=False, DQ_STRIDED=False), bwd["num_warps"]),
-        ("dstate", tn._state_kernel, dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f, DEN=f, DDEN=f),
+        ("dstate", k("_state_kernel"), dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f, DEN=f, DDEN=f),
          dict(st_c, QUERY=True), st["num_warps"]),
-        ("dkv", tn._dkv_kernel, dict(K=p, V=p, DS=f, DZ=f, DK=p, DV=p), dict(bwd_c, ADD_DV=False),
+        ("dkv", k("_dkv_kernel"), dict(K=p, V=p, DS=f, DZ=f, DK=p, DV=p), dict(bwd_c, ADD_DV=False),
          bwd["num_warps"]),
     ]
 
@@ -129,6 +134,7 @@ def resources(ptxas_output: str, sass: str = "", num_warps: int = 0) -> dict:
     r["hmma"] = sum(n for op, n in ops.items() if op.startswith("HMMA"))
     r["mufu"] = dict(sorted((op.split(".", 1)[1], n) for op, n in ops.items() if op.startswith("MUFU.")))
     r["local"] = sum(n for op, n in ops.items() if op.split(".")[0] in ("LDL", "STL"))
+    r["instructions"] = sum(ops.values())
     return r
 
 
@@ -145,7 +151,7 @@ def report(head_dim: int, dtype: str, direction: str, variant: str = "fused", ar
 def format_row(r: dict) -> str:
     mufu = " ".join(f"{op}:{n}" for op, n in r["mufu"].items()) or "-"
     return (f"registers {r['registers']:>3}  spills {r['spill_bytes']} B  programs/SM {r.get('programs_per_sm')}  "
-            f"HGMMA {r['hgmma']:>3}  HMMA {r['hmma']:>3}  LDL/STL {r['local']}  MUFU {mufu}")
+            f"HGMMA {r['hgmma']:>3}  HMMA {r['hmma']:>3}  LDL/STL {r['local']}  SASS {r['instructions']}  MUFU {mufu}")
 
 
 def main(argv=None):

@@ -56,10 +56,34 @@ the gradients of q, k, v at D = 64 and 72, the output norm within 3e-4 (TF32: 3.
 MUFU approximations (see ``_sin``); that also removes libdevice's local-memory argument
 reduction of sin/cos (LDL/STL in the SASS).
 
-Head dims up to 128, padded to a power of two with masks (72 runs as 128 with 56 dead
-lanes whose features are exactly 0): issue 53's 64 + 8/16 split tile for D = 72 is not
-done yet (it changes the feature map's row reductions in every kernel). Any N (masked token
-blocks; a zero token has zero features, so padding adds nothing to the state).
+Head dims up to 128. A power of two (16/32/64/128) is one tile. Any other D runs, in the
+fused variant, as two tiles (``split_tiles``): lanes [0, BA) and [BA, BA + BB), BA the
+largest power of two ≤ D and BB ≥ 16 the power of two covering the rest; XL/2's 72 is
+64 + 16, 80 lanes of which 8 are masked (1.11× the elementwise work, 1.23× the state's
+matrix work, where padding to 128 took 1.78× and 3.16×). Two tiles and not one of 80
+lanes because Triton's blocks are powers of two; two and not 64 + 8 because tl.dot needs
+16. The ``*_split`` kernels compute per tile, and everything that spans the head dim
+spans both: the feature map's row reductions (‖x‖, Σ ∂L/∂p, the unit-vector gradient)
+add the two tiles' sums, and a state half is four blocks S[a,a], S[a,b], S[b,a], S[b,b],
+so each product becomes four tile-pair products. S[b,a] is accumulated transposed
+(wᵀφ: 64 rows, so wgmma; a 16-row product falls back to mma.sync), and one program covers
+every value lane, so the features are computed once per token block (the padded kernels
+computed them once per 64-lane value tile). D is a constant of the split kernels (a
+compile per head dim; the state loads vectorise). The baseline variant keeps the padded
+kernels (72 as 128 lanes) for the A/B, and a D whose split is no narrower than its
+padding (24, 120) stays padded. Any N (masked token blocks; a zero token has zero
+features, so padding adds nothing to the state).
+
+Compiled for sm_90a (``benchmarks/triton_compile_check.py``; bf16, cosine, D = 72, 8 warps;
+padded → split): registers, state 195 → 173, dstate 255 → 173, output 254 → 170, dq
+255 → 255, dkv 202 → 255, forward 230 → 255; spills 0 except dq 16 → 28 B, dkv 0 → 52 B,
+forward 0 → 124 B; static SASS instructions state 2,400 → 1,232, dstate 3,024 → 1,440,
+output 3,392 → 2,320 (per program; the split programs cover 16 tokens and all 72 value
+lanes where the padded covered 32 and 64, and output, dq, dkv 64 tokens where they
+covered 32 and 16); products on wgmma everywhere (HGMMA; mma.sync only for
+the 16 × 16 S[b,b] blocks) where output, dq and dkv ran 32-96 mma.sync each; MUFU.COS per
+token (elementwise work) state 1.0 → 0.31, output, dq, dkv 0.5 → 0.31. Still one program
+per SM at D = 72 (two need ≤ 128 registers at 8 warps); not timed on a GPU.
 
 The kernels run on CUDA and, for the tests, on CPU tensors under Triton's interpreter
 (``TRITON_INTERPRET=1`` set before this module is imported); without a GPU,
@@ -239,6 +263,97 @@ def _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE: tl.constexpr):
         b_db, d_hat = _lift_grad(f1, f2, g1, g2, k, alpha, COSINE)
         dk = tl.zeros_like(k)
     return dk + b_db * power / tl.where(k != 0, k, 1.0)
+
+
+# Split head dim (see "Head dims" in the module docstring): a head dim D that is not a
+# power of two runs as two tiles, lanes [0, BA) and [BA, BA + BB) (BA the largest power of
+# two ≤ D, BB ≥ 16 a power of two; D = 72: 64 + 16, 8 masked lanes). Elementwise work is
+# per tile; a row reduction (‖x‖, Σ_d, ...) is the sum of the two tiles' sums.
+
+
+@triton.jit
+def _query_tile(q, clamped, p, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
+    q_hat = q / clamped[:, None]
+    f1, f2 = _lift(_abs_pow(q_hat, p[:, None], PREC), q_hat, alpha, COSINE, PREC)
+    return f1, f2, q_hat
+
+
+@triton.jit
+def _query_features2(qa, qb, scale, power, offset, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """_query_features on the two tiles of a split head dim."""
+    norm = tl.sqrt(tl.sum(qa * qa, 1) + tl.sum(qb * qb, 1))
+    clamped = tl.maximum(norm, norm_eps)
+    t_norm = _tanh(norm / scale)
+    p = power * (offset + t_norm)
+    f1a, f2a, ha = _query_tile(qa, clamped, p, alpha, COSINE, PREC)
+    f1b, f2b, hb = _query_tile(qb, clamped, p, alpha, COSINE, PREC)
+    return f1a, f2a, f1b, f2b, ha, hb, norm, clamped, p, t_norm
+
+
+@triton.jit
+def _key_features2(ka, kb, power, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """_key_features on the two tiles of a split head dim."""
+    ba = _abs_pow(ka, power, PREC)
+    bb = _abs_pow(kb, power, PREC)
+    if COSINE:
+        clamped = tl.maximum(tl.sqrt(tl.sum(ka * ka, 1) + tl.sum(kb * kb, 1)), norm_eps)
+        f1a, f2a = _lift(ba, ka / clamped[:, None], alpha, COSINE, PREC)
+        f1b, f2b = _lift(bb, kb / clamped[:, None], alpha, COSINE, PREC)
+    else:
+        f1a, f2a = _lift(ba, ka, alpha, COSINE, PREC)
+        f1b, f2b = _lift(bb, kb, alpha, COSINE, PREC)
+    return f1a, f2a, f1b, f2b
+
+
+@triton.jit
+def _through_unit2(xa, xb, ha, hb, norm, clamped, dha, dhb, d_norm, norm_eps):
+    """_through_unit on the two tiles of a split head dim."""
+    d_clamped = -(tl.sum(dha * ha, 1) + tl.sum(dhb * hb, 1)) / clamped
+    d_norm = d_norm + tl.where(norm >= norm_eps, d_clamped, 0.0)
+    c = d_norm / tl.where(norm == 0, 1.0, norm)
+    return dha / clamped[:, None] + c[:, None] * xa, dhb / clamped[:, None] + c[:, None] * xb
+
+
+@triton.jit
+def _query_grad_tile(f1, f2, g1, g2, q_hat, p, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """One tile of _query_grad: ∂L/∂q̂ and this tile's part of ∂L/∂p."""
+    a_da, d_hat = _lift_grad(f1, f2, g1, g2, q_hat, alpha, COSINE)
+    nonzero = q_hat != 0
+    safe = tl.where(nonzero, q_hat, 1.0)
+    d_hat += a_da * p[:, None] / safe
+    d_p = tl.sum(tl.where(nonzero, a_da * _log(tl.abs(safe), PREC), 0.0), 1)
+    return d_hat, d_p
+
+
+@triton.jit
+def _query_grad2(qa, qb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, ha, hb, norm, clamped, p, t_norm, scale,
+                 power, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """_query_grad on the two tiles of a split head dim."""
+    dha, dpa = _query_grad_tile(f1a, f2a, g1a, g2a, ha, p, alpha, COSINE, PREC)
+    dhb, dpb = _query_grad_tile(f1b, f2b, g1b, g2b, hb, p, alpha, COSINE, PREC)
+    d_u = (dpa + dpb) * power * (1.0 - t_norm * t_norm)
+    dqa, dqb = _through_unit2(qa, qb, ha, hb, norm, clamped, dha, dhb, d_u / scale, norm_eps)
+    return dqa, dqb, d_u
+
+
+@triton.jit
+def _key_grad2(ka, kb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, power, alpha, norm_eps, COSINE: tl.constexpr):
+    """_key_grad on the two tiles of a split head dim."""
+    if COSINE:
+        norm = tl.sqrt(tl.sum(ka * ka, 1) + tl.sum(kb * kb, 1))
+        clamped = tl.maximum(norm, norm_eps)
+        ha = ka / clamped[:, None]
+        hb = kb / clamped[:, None]
+        b_dba, dha = _lift_grad(f1a, f2a, g1a, g2a, ha, alpha, COSINE)
+        b_dbb, dhb = _lift_grad(f1b, f2b, g1b, g2b, hb, alpha, COSINE)
+        dka, dkb = _through_unit2(ka, kb, ha, hb, norm, clamped, dha, dhb, tl.zeros_like(norm), norm_eps)
+    else:
+        b_dba, _a = _lift_grad(f1a, f2a, g1a, g2a, ka, alpha, COSINE)
+        b_dbb, _b = _lift_grad(f1b, f2b, g1b, g2b, kb, alpha, COSINE)
+        dka = tl.zeros_like(ka)
+        dkb = tl.zeros_like(kb)
+    return (dka + b_dba * power / tl.where(ka != 0, ka, 1.0),
+            dkb + b_dbb * power / tl.where(kb != 0, kb, 1.0))
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -575,6 +690,363 @@ def _dkv_kernel(
         tl.store(dv_ptr, dv.to(DV.dtype.element_ty), mask=dv_mask)
 
 
+# ------------------------------------------------------------- split head dim kernels
+# The same five kernels for a head dim split into tiles a = [0, BA) and b = [BA, BA + BB)
+# (fused variant only; power-of-two dims and the baseline run the kernels above). The
+# state [S | z] of a half is four blocks, S[a,a] (BA × BA), S[a,b], S[b,a], S[b,b]: every
+# product of the kernels above becomes four products of tile pairs, each a tl.dot on
+# power-of-two shapes. One program covers every value lane (no value-tile grid axis), so
+# the features are computed once per token block.
+
+
+@triton.jit
+def _s_block(base, offs_r, offs_c, D):
+    """One (rows, cols) block of a (D, D) state half, 0 outside D."""
+    return tl.load(base + offs_r[:, None] * D + offs_c[None, :],
+                   mask=(offs_r < D)[:, None] & (offs_c < D)[None, :], other=0.0)
+
+
+@triton.jit
+def _s_block_t(base, offs_r, offs_c, D):
+    """The transpose of _s_block, loaded as such (no layout conversion in registers)."""
+    return tl.load(base + offs_r[None, :] * D + offs_c[:, None],
+                   mask=(offs_r < D)[None, :] & (offs_c < D)[:, None], other=0.0)
+
+
+@triton.jit
+def _put_block(base, offs_r, offs_c, D, x, ATOMIC: tl.constexpr):
+    ptr = base + offs_r[:, None] * D + offs_c[None, :]
+    mask = (offs_r < D)[:, None] & (offs_c < D)[None, :]
+    if ATOMIC:
+        tl.atomic_add(ptr, x, mask=mask, sem="relaxed")
+    else:
+        tl.store(ptr, x, mask=mask)
+
+
+@triton.jit
+def _put_vec(base, offs, D, x, ATOMIC: tl.constexpr):
+    if ATOMIC:
+        tl.atomic_add(base + offs, x, mask=offs < D, sem="relaxed")
+    else:
+        tl.store(base + offs, x, mask=offs < D)
+
+
+@triton.jit
+def _times_state2(f1a, f1b, f2a, f2b, s_base, D, offs_a, offs_b, PREC: tl.constexpr):
+    """Σ_halves φ S (value lanes a and b) for the tiles (f1a, f1b | f2a, f2b) of φ; S at
+    s_base (B·H slice: half 1, then half 2 at + D·D)."""
+    s2 = s_base + D * D
+    ya = _dot(f1a, _s_block(s_base, offs_a, offs_a, D), PREC)
+    ya += _dot(f1b, _s_block(s_base, offs_b, offs_a, D), PREC)
+    ya += _dot(f2a, _s_block(s2, offs_a, offs_a, D), PREC)
+    ya += _dot(f2b, _s_block(s2, offs_b, offs_a, D), PREC)
+    yb = _dot(f1a, _s_block(s_base, offs_a, offs_b, D), PREC)
+    yb += _dot(f1b, _s_block(s_base, offs_b, offs_b, D), PREC)
+    yb += _dot(f2a, _s_block(s2, offs_a, offs_b, D), PREC)
+    yb += _dot(f2b, _s_block(s2, offs_b, offs_b, D), PREC)
+    return ya, yb
+
+
+@triton.jit
+def _times_state_t2(ua, ub, s_half, D, offs_a, offs_b, PREC: tl.constexpr):
+    """u Sᵀ for one state half (feature lanes a and b) from the value tiles (ua, ub)."""
+    ga = _dot(ua, _s_block_t(s_half, offs_a, offs_a, D), PREC)
+    ga += _dot(ub, _s_block_t(s_half, offs_a, offs_b, D), PREC)
+    gb = _dot(ua, _s_block_t(s_half, offs_b, offs_a, D), PREC)
+    gb += _dot(ub, _s_block_t(s_half, offs_b, offs_b, D), PREC)
+    return ga, gb
+
+
+@triton.jit
+def _state_range2(x_base, v_base, sx_n, sx_d, sv_n, sv_d, start, end, offs_a, offs_b, D,
+                  scale, power, offset, alpha, norm_eps, bh, N,
+                  QUERY: tl.constexpr, COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr,
+                  BB: tl.constexpr, PREC: tl.constexpr, DEN, DDEN):
+    """_state_range with split tiles: per half the blocks S[a,a], S[a,b], S[b,a], S[b,b]
+    and z[a], z[b]."""
+    s1aa = tl.zeros((BA, BA), dtype=tl.float32)
+    s1ab = tl.zeros((BA, BB), dtype=tl.float32)
+    s1ba = tl.zeros((BA, BB), dtype=tl.float32)  # transposed
+    s1bb = tl.zeros((BB, BB), dtype=tl.float32)
+    s2aa = tl.zeros((BA, BA), dtype=tl.float32)
+    s2ab = tl.zeros((BA, BB), dtype=tl.float32)
+    s2ba = tl.zeros((BA, BB), dtype=tl.float32)
+    s2bb = tl.zeros((BB, BB), dtype=tl.float32)
+    z1a = tl.zeros((BA,), dtype=tl.float32)
+    z2a = tl.zeros((BA,), dtype=tl.float32)
+    z1b = tl.zeros((BB,), dtype=tl.float32)
+    z2b = tl.zeros((BB,), dtype=tl.float32)
+    a_mask = offs_a < D
+    b_mask = offs_b < D
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        xa = _load_block(x_base, sx_n, sx_d, offs_n, offs_a, n_mask, a_mask)
+        xb = _load_block(x_base, sx_n, sx_d, offs_n, offs_b, n_mask, b_mask)
+        wa = _load_block(v_base, sv_n, sv_d, offs_n, offs_a, n_mask, a_mask)
+        wb = _load_block(v_base, sv_n, sv_d, offs_n, offs_b, n_mask, b_mask)
+        if QUERY:
+            f1a, f2a, f1b, f2b, _ha, _hb, _n, _c, _p, _t = _query_features2(xa, xb, scale, power, offset, alpha,
+                                                                            norm_eps, COSINE, PREC)
+            den = tl.load(DEN + bh * N + offs_n, mask=n_mask, other=1.0)
+            d_den = tl.load(DDEN + bh * N + offs_n, mask=n_mask, other=0.0)
+            wa = wa / den[:, None]
+            wb = wb / den[:, None]
+            z1a += tl.sum(f1a * d_den[:, None], 0)
+            z2a += tl.sum(f2a * d_den[:, None], 0)
+            z1b += tl.sum(f1b * d_den[:, None], 0)
+            z2b += tl.sum(f2b * d_den[:, None], 0)
+        else:
+            f1a, f2a, f1b, f2b = _key_features2(xa, xb, power, alpha, norm_eps, COSINE, PREC)
+            z1a += tl.sum(f1a, 0)
+            z2a += tl.sum(f2a, 0)
+            z1b += tl.sum(f1b, 0)
+            z2b += tl.sum(f2b, 0)
+        s1aa += _dot(tl.trans(f1a), wa, PREC)
+        s1ab += _dot(tl.trans(f1a), wb, PREC)
+        s1ba += _dot(tl.trans(wa), f1b, PREC)          # S[b,a]ᵀ: M = BA rows (wgmma)
+        s1bb += _dot(tl.trans(f1b), wb, PREC)
+        s2aa += _dot(tl.trans(f2a), wa, PREC)
+        s2ab += _dot(tl.trans(f2a), wb, PREC)
+        s2ba += _dot(tl.trans(wa), f2b, PREC)
+        s2bb += _dot(tl.trans(f2b), wb, PREC)
+    return s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb, z1a, z2a, z1b, z2b
+
+
+@triton.jit
+def _put_state2(s_base, z_base, D, offs_a, offs_b, s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb,
+                z1a, z2a, z1b, z2b, inv_n, ATOMIC: tl.constexpr):
+    """Store (or atomically add) the split state times 1/N into (2, D, D) and (2, D)."""
+    _put_block(s_base, offs_a, offs_a, D, s1aa * inv_n, ATOMIC)
+    _put_block(s_base, offs_a, offs_b, D, s1ab * inv_n, ATOMIC)
+    _put_block(s_base, offs_b, offs_a, D, tl.trans(s1ba * inv_n), ATOMIC)
+    _put_block(s_base, offs_b, offs_b, D, s1bb * inv_n, ATOMIC)
+    _put_block(s_base + D * D, offs_a, offs_a, D, s2aa * inv_n, ATOMIC)
+    _put_block(s_base + D * D, offs_a, offs_b, D, s2ab * inv_n, ATOMIC)
+    _put_block(s_base + D * D, offs_b, offs_a, D, tl.trans(s2ba * inv_n), ATOMIC)
+    _put_block(s_base + D * D, offs_b, offs_b, D, s2bb * inv_n, ATOMIC)
+    _put_vec(z_base, offs_a, D, z1a * inv_n, ATOMIC)
+    _put_vec(z_base, offs_b, D, z1b * inv_n, ATOMIC)
+    _put_vec(z_base + D, offs_a, D, z2a * inv_n, ATOMIC)
+    _put_vec(z_base + D, offs_b, D, z2b * inv_n, ATOMIC)
+
+
+@triton.jit
+def _state_kernel_split(
+    X, V, ScaleP, S_part, Z_part,
+    sx_b, sx_h, sx_n, sx_d, sv_b, sv_h, sv_n, sv_d,
+    H, N, D: tl.constexpr, tokens_per_split, n_splits, inv_n,
+    power, offset, alpha, norm_eps,
+    QUERY: tl.constexpr, COSINE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, PREC: tl.constexpr,
+    DEN=None, DDEN=None, ATOMIC: tl.constexpr = False,
+):
+    """_state_kernel with split tiles. Grid: (B·H, splits)."""
+    bh = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    offs_a = tl.arange(0, BA)
+    offs_b = BA + tl.arange(0, BB)
+    scale = tl.load(ScaleP + bh % H)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, N)
+    s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb, z1a, z2a, z1b, z2b = _state_range2(
+        X + _head_offset(bh, H, sx_b, sx_h), V + _head_offset(bh, H, sv_b, sv_h), sx_n, sx_d, sv_n, sv_d,
+        start, end, offs_a, offs_b, D, scale, power, offset, alpha, norm_eps, bh, N,
+        QUERY, COSINE, BLOCK_N, BA, BB, PREC, DEN, DDEN)
+    part = bh if ATOMIC else bh * n_splits + split
+    _put_state2(S_part + part * 2 * D * D, Z_part + part * 2 * D, D, offs_a, offs_b,
+                s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb, z1a, z2a, z1b, z2b, inv_n, ATOMIC)
+
+
+@triton.jit
+def _output_block2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, s_base, z1a, z2a, z1b, z2b,
+                   scale, power, offset, alpha, norm_eps, eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """_output_block with split tiles: the output's value lanes a and b, and the denominator."""
+    qa = _load_block(q_base, sq_n, sq_d, offs_n, offs_a, n_mask, offs_a < D)
+    qb = _load_block(q_base, sq_n, sq_d, offs_n, offs_b, n_mask, offs_b < D)
+    f1a, f2a, f1b, f2b, _ha, _hb, _n, _c, _p, _t = _query_features2(qa, qb, scale, power, offset, alpha,
+                                                                    norm_eps, COSINE, PREC)
+    num_a, num_b = _times_state2(f1a, f1b, f2a, f2b, s_base, D, offs_a, offs_b, PREC)
+    den = (tl.sum(f1a * z1a[None, :] + f2a * z2a[None, :], 1)
+           + tl.sum(f1b * z1b[None, :] + f2b * z2b[None, :], 1) + eps)
+    return num_a / den[:, None], num_b / den[:, None], den
+
+
+@triton.jit
+def _store_tile(base, s_n, s_d, offs_n, offs_d, N, D, x, ADD: tl.constexpr = False):
+    """A (BN, tile) block into an (N, D) slice with strides (s_n, s_d); ADD: added to
+    what the slice holds."""
+    ptr = base + offs_n[:, None] * s_n + offs_d[None, :] * s_d
+    mask = (offs_n < N)[:, None] & (offs_d < D)[None, :]
+    if ADD:
+        x += tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptr, x.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _forward_kernel_split(
+    K, V, Q, ScaleP, S, Z, O, DEN,
+    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d,
+    H, N, D: tl.constexpr, inv_n,
+    power, offset, alpha, norm_eps, eps,
+    COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
+    PREC: tl.constexpr, BLOCK_O: tl.constexpr = 64,
+):
+    """_forward_kernel with split tiles. The state is stored, then read back block by
+    block for the output (after a barrier: the program's own stores), which keeps the
+    output loop's registers those of _output_kernel_split; the output runs on token blocks
+    of BLOCK_O (the output kernel's block: wgmma needs 64 rows). Grid: (B·H,)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_a = tl.arange(0, BA)
+    offs_b = BA + tl.arange(0, BB)
+    scale = tl.load(ScaleP + bh % H)
+    s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb, z1a, z2a, z1b, z2b = _state_range2(
+        K + _head_offset(bh, H, sk_b, sk_h), V + _head_offset(bh, H, sv_b, sv_h), sk_n, sk_d, sv_n, sv_d,
+        0, N, offs_a, offs_b, D, scale, power, offset, alpha, norm_eps, bh, N,
+        False, COSINE, BLOCK_N, BA, BB, PREC, None, None)
+    s_base = S + bh * 2 * D * D
+    _put_state2(s_base, Z + bh * 2 * D, D, offs_a, offs_b, s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb,
+                z1a, z2a, z1b, z2b, inv_n, False)
+    tl.debug_barrier()
+    z1a = z1a * inv_n
+    z2a = z2a * inv_n
+    z1b = z1b * inv_n
+    z2b = z2b * inv_n
+    q_base = Q + _head_offset(bh, H, sq_b, sq_h)
+    o_base = O + _head_offset(bh, H, so_b, so_h)
+    for n0 in range(0, N, BLOCK_O):
+        offs_n = n0 + tl.arange(0, BLOCK_O)
+        n_mask = offs_n < N
+        out_a, out_b, den = _output_block2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, s_base,
+                                           z1a, z2a, z1b, z2b, scale, power, offset, alpha, norm_eps, eps,
+                                           COSINE, PREC)
+        _store_tile(o_base, so_n, so_d, offs_n, offs_a, N, D, out_a)
+        _store_tile(o_base, so_n, so_d, offs_n, offs_b, N, D, out_b)
+        tl.store(DEN + bh * N + offs_n, den, mask=n_mask)
+
+
+@triton.jit
+def _output_kernel_split(
+    Q, ScaleP, S, Z, O, DEN,
+    sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d,
+    H, N, D: tl.constexpr,
+    power, offset, alpha, norm_eps, eps,
+    COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """_output_kernel with split tiles. Grid: (B·H, token blocks)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_a = tl.arange(0, BA)
+    offs_b = BA + tl.arange(0, BB)
+    scale = tl.load(ScaleP + bh % H)
+    z_base = Z + bh * 2 * D
+    z1a = tl.load(z_base + offs_a, mask=offs_a < D, other=0.0)
+    z1b = tl.load(z_base + offs_b, mask=offs_b < D, other=0.0)
+    z2a = tl.load(z_base + D + offs_a, mask=offs_a < D, other=0.0)
+    z2b = tl.load(z_base + D + offs_b, mask=offs_b < D, other=0.0)
+    out_a, out_b, den = _output_block2(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_n < N,
+                                       offs_a, offs_b, D, S + bh * 2 * D * D, z1a, z2a, z1b, z2b,
+                                       scale, power, offset, alpha, norm_eps, eps, COSINE, PREC)
+    o_base = O + _head_offset(bh, H, so_b, so_h)
+    _store_tile(o_base, so_n, so_d, offs_n, offs_a, N, D, out_a)
+    _store_tile(o_base, so_n, so_d, offs_n, offs_b, N, D, out_b)
+    tl.store(DEN + bh * N + offs_n, den, mask=offs_n < N)
+
+
+@triton.jit
+def _dq_kernel_split(
+    Q, G, ScaleP, S, Z, DEN, DQ, DDEN, DU,
+    sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d, sdq_b, sdq_h, sdq_n, sdq_d,
+    H, N, D: tl.constexpr,
+    power, offset, alpha, norm_eps,
+    COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
+    PREC: tl.constexpr, NEED_DU: tl.constexpr, DQ_STRIDED: tl.constexpr = False,
+):
+    """_dq_kernel with split tiles (DQ through its strides where DQ_STRIDED, else
+    contiguous with constant strides). Grid: (B·H, token blocks)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_a = tl.arange(0, BA)
+    offs_b = BA + tl.arange(0, BB)
+    n_mask = offs_n < N
+    a_mask = offs_a < D
+    b_mask = offs_b < D
+    den = tl.load(DEN + bh * N + offs_n, mask=n_mask, other=1.0)
+    g_base = G + _head_offset(bh, H, sg_b, sg_h)
+    ua = _load_block(g_base, sg_n, sg_d, offs_n, offs_a, n_mask, a_mask) / den[:, None]
+    ub = _load_block(g_base, sg_n, sg_d, offs_n, offs_b, n_mask, b_mask) / den[:, None]
+    s_base = S + bh * 2 * D * D
+    g1a, g1b = _times_state_t2(ua, ub, s_base, D, offs_a, offs_b, PREC)
+    g2a, g2b = _times_state_t2(ua, ub, s_base + D * D, D, offs_a, offs_b, PREC)
+    q_base = Q + _head_offset(bh, H, sq_b, sq_h)
+    qa = _load_block(q_base, sq_n, sq_d, offs_n, offs_a, n_mask, a_mask)
+    qb = _load_block(q_base, sq_n, sq_d, offs_n, offs_b, n_mask, b_mask)
+    scale = tl.load(ScaleP + bh % H)
+    f1a, f2a, f1b, f2b, ha, hb, norm, clamped, p, t_norm = _query_features2(qa, qb, scale, power, offset, alpha,
+                                                                            norm_eps, COSINE, PREC)
+    d_den = -(tl.sum(f1a * g1a + f2a * g2a, 1) + tl.sum(f1b * g1b + f2b * g2b, 1)) / den
+    tl.store(DDEN + bh * N + offs_n, d_den, mask=n_mask)
+    z_base = Z + bh * 2 * D
+    g1a += d_den[:, None] * tl.load(z_base + offs_a, mask=a_mask, other=0.0)[None, :]
+    g1b += d_den[:, None] * tl.load(z_base + offs_b, mask=b_mask, other=0.0)[None, :]
+    g2a += d_den[:, None] * tl.load(z_base + D + offs_a, mask=a_mask, other=0.0)[None, :]
+    g2b += d_den[:, None] * tl.load(z_base + D + offs_b, mask=b_mask, other=0.0)[None, :]
+    dqa, dqb, d_u = _query_grad2(qa, qb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, ha, hb, norm, clamped, p, t_norm,
+                                 scale, power, alpha, norm_eps, COSINE, PREC)
+    if DQ_STRIDED:
+        dq_base = DQ + _head_offset(bh, H, sdq_b, sdq_h)
+        _store_tile(dq_base, sdq_n, sdq_d, offs_n, offs_a, N, D, dqa)
+        _store_tile(dq_base, sdq_n, sdq_d, offs_n, offs_b, N, D, dqb)
+    else:
+        _store_tile(DQ + bh * N * D, D, 1, offs_n, offs_a, N, D, dqa)
+        _store_tile(DQ + bh * N * D, D, 1, offs_n, offs_b, N, D, dqb)
+    if NEED_DU:
+        tl.store(DU + bh * N + offs_n, -d_u * norm / (scale * scale), mask=n_mask)
+
+
+@triton.jit
+def _dkv_kernel_split(
+    K, V, DS, DZ, DK, DV,
+    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d,
+    H, N, D: tl.constexpr,
+    power, alpha, norm_eps,
+    COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
+    PREC: tl.constexpr, ADD_DV: tl.constexpr,
+):
+    """_dkv_kernel with split tiles (ADD_DV as there). Grid: (B·H, token blocks)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_a = tl.arange(0, BA)
+    offs_b = BA + tl.arange(0, BB)
+    n_mask = offs_n < N
+    a_mask = offs_a < D
+    b_mask = offs_b < D
+    v_base = V + _head_offset(bh, H, sv_b, sv_h)
+    va = _load_block(v_base, sv_n, sv_d, offs_n, offs_a, n_mask, a_mask)
+    vb = _load_block(v_base, sv_n, sv_d, offs_n, offs_b, n_mask, b_mask)
+    ds_base = DS + bh * 2 * D * D
+    g1a, g1b = _times_state_t2(va, vb, ds_base, D, offs_a, offs_b, PREC)
+    g2a, g2b = _times_state_t2(va, vb, ds_base + D * D, D, offs_a, offs_b, PREC)
+    dz_base = DZ + bh * 2 * D
+    g1a += tl.load(dz_base + offs_a, mask=a_mask, other=0.0)[None, :]
+    g1b += tl.load(dz_base + offs_b, mask=b_mask, other=0.0)[None, :]
+    g2a += tl.load(dz_base + D + offs_a, mask=a_mask, other=0.0)[None, :]
+    g2b += tl.load(dz_base + D + offs_b, mask=b_mask, other=0.0)[None, :]
+    k_base = K + _head_offset(bh, H, sk_b, sk_h)
+    ka = _load_block(k_base, sk_n, sk_d, offs_n, offs_a, n_mask, a_mask)
+    kb = _load_block(k_base, sk_n, sk_d, offs_n, offs_b, n_mask, b_mask)
+    f1a, f2a, f1b, f2b = _key_features2(ka, kb, power, alpha, norm_eps, COSINE, PREC)
+    dka, dkb = _key_grad2(ka, kb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, power, alpha, norm_eps, COSINE)
+    dk_base = DK + _head_offset(bh, H, sdk_b, sdk_h)
+    _store_tile(dk_base, sdk_n, sdk_d, offs_n, offs_a, N, D, dka)
+    _store_tile(dk_base, sdk_n, sdk_d, offs_n, offs_b, N, D, dkb)
+    dva, dvb = _times_state2(f1a, f1b, f2a, f2b, ds_base, D, offs_a, offs_b, PREC)
+    dv_base = DV + _head_offset(bh, H, sdv_b, sdv_h)
+    _store_tile(dv_base, sdv_n, sdv_d, offs_n, offs_a, N, D, dva, ADD_DV)
+    _store_tile(dv_base, sdv_n, sdv_d, offs_n, offs_b, N, D, dvb, ADD_DV)
+
+
 # --------------------------------------------------------------------------- launcher
 
 # Whether triton.jit built interpreter objects (TRITON_INTERPRET=1 at import time).
@@ -593,7 +1065,8 @@ INTERPRETED = "Interpreted" in type(_output_kernel).__name__
 # sm_90a): the D = 64 state passes at BLOCK_N 32 take 106 registers (two programs per SM,
 # still wgmma) where 64 took 154; the D = 64 output at BLOCK_N 32 would take 80 (three
 # programs) but fall back from wgmma to mma.sync, so it stays at 64 (155) until timed.
-# At D = 72 (BD 128) no block size tried reaches 128 registers (140-255).
+# At D = 72 padded (BD 128: the baseline) no block size tried reaches 128 registers
+# (140-255); the fused variant splits 72 (``_SPLIT_CONFIGS``).
 _GROUPS = ("state", "out", "bwd")
 _CONFIGS = {
     # BD: (BLOCK_N, BV, warps) for each of _GROUPS
@@ -606,12 +1079,43 @@ _CONFIGS = {
 _BASELINE_CONFIGS = {**_CONFIGS, 64: ((64, 64, 8), (64, 64, 8), (32, 64, 8))}
 
 
+# Split head dims (fused variant): (BLOCK_N, num_warps) per group; one program covers
+# every value lane (NV = 1). D = 72 (64 + 16), bf16, sm_90a, 8 warps: the state passes at
+# BLOCK_N 16 take 174 registers (32: 217, 64: 255 with spills); output, dq, dkv at 64 run
+# on wgmma (170, 255, 255 registers; dq/dkv spill 28/52 B), at 16 or 32 on mma.sync with
+# 255 registers and more spills (88-340 B); 4 warps spill more at every size tried.
+_SPLIT_CONFIGS = ((16, 8), (64, 8), (64, 8))
+
+
+def split_tiles(head_dim: int) -> tuple[int, int] | None:
+    """(BA, BB) for a head dim that runs as two tiles, lanes [0, BA) and [BA, BA + BB):
+    BA the largest power of two ≤ D, BB the power of two (≥ 16, what tl.dot needs) that
+    covers the rest; None where that is no narrower than one padded tile (powers of two,
+    D < 32, D just under a power of two such as 120)."""
+    if head_dim < 32:
+        return None
+    ba = 1 << (head_dim.bit_length() - 1)
+    bb = max(16, triton.next_power_of_2(head_dim - ba)) if head_dim > ba else 0
+    return (ba, bb) if bb and ba + bb < triton.next_power_of_2(head_dim) else None
+
+
 def launch_config(head_dim: int, override: dict | None = None, variant: str = "fused") -> dict:
     """Block sizes for a head dim: BD is D padded to a power of two (≥ 16, what tl.dot
-    needs), then ``_CONFIGS``; ``override`` (BLOCK_N, BV, num_warps) replaces every
-    group's values (block-size sweeps)."""
+    needs), then ``_CONFIGS``; in the fused variant a D that ``split_tiles`` splits runs
+    as two tiles (BA, BB; ``_SPLIT_CONFIGS``, one value tile). ``override`` (BLOCK_N,
+    BV, num_warps) replaces every group's values (block-size sweeps; BV is unused where
+    split)."""
     bd = max(16, triton.next_power_of_2(head_dim))
     cfg = dict(BD=bd)
+    tiles = split_tiles(head_dim) if variant == "fused" else None
+    if tiles:
+        cfg.update(BA=tiles[0], BB=tiles[1])
+        for group, (block_n, warps) in zip(_GROUPS, _SPLIT_CONFIGS):
+            sub = dict(BLOCK_N=block_n, num_warps=warps)
+            sub.update({k: v for k, v in (override or {}).items() if k != "BV"})
+            sub["NV"] = 1
+            cfg[group] = sub
+        return cfg
     table = _BASELINE_CONFIGS if variant == "baseline" else _CONFIGS
     for group, (block_n, bv, warps) in zip(_GROUPS, table[bd]):
         sub = dict(BLOCK_N=block_n, BV=bv, num_warps=warps)
@@ -663,13 +1167,29 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     return tuple(t.stride())
 
 
+def _kernel(name: str, cfg: dict):
+    """The kernel ``name`` for a launch config: its ``_split`` form where the head dim is
+    split (looked up at call time, so that tests can wrap either)."""
+    return globals()[name + "_split" if "BA" in cfg else name]
+
+
+def _tile_args(cfg: dict, group: str, nv: bool = False) -> dict:
+    """The head-dim constexprs of a kernel: BA, BB (split) or BD, BV (and NV)."""
+    if "BA" in cfg:
+        return dict(BA=cfg["BA"], BB=cfg["BB"])
+    args = dict(BD=cfg["BD"], BV=cfg[group]["BV"])
+    if nv:
+        args["NV"] = cfg[group]["NV"]
+    return args
+
+
 def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     """Launch ``_state_kernel`` over ``splits`` token ranges and reduce the ranges: in the
     kernel (atomic adds, fused variant) or by ``torch.sum`` (baseline). Returns ``(S, z)``:
     (B·H, 2, D, D) and (B·H, 2, D), fp32, means over the N tokens."""
     b, h, n, d = x.shape
-    bd, st = cfg["BD"], cfg["state"]
-    bv, block_n = st["BV"], st["BLOCK_N"]
+    st = cfg["state"]
+    block_n = st["BLOCK_N"]
     per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n    # whole blocks
     splits = triton.cdiv(n, per_split)
     atomic = opts["variant"] == "fused" and splits > 1
@@ -681,12 +1201,12 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     else:
         s_part = x.new_empty(b * h, splits, 2, d, d, dtype=torch.float32)
         z_part = x.new_empty(b * h, splits, 2, d, dtype=torch.float32)
-    _state_kernel[(b * h, splits, st["NV"])](
+    _kernel("_state_kernel", cfg)[(b * h, splits, st["NV"])](
         x, w, scale, s_part, z_part, *_strides(x), *_strides(w),
         h, n, d, per_split, splits, 1.0 / n,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
         QUERY=query, COSINE=opts["direction"] == "cosine",
-        BLOCK_N=block_n, BD=bd, BV=bv, PREC=opts["precision"],
+        BLOCK_N=block_n, **_tile_args(cfg, "state"), PREC=opts["precision"],
         DEN=den, DDEN=d_den, ATOMIC=atomic, num_warps=st["num_warps"],
     )
     if atomic:
@@ -709,21 +1229,21 @@ def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: to
         state = torch.empty(b * h, 2, d, d, device=q.device, dtype=torch.float32)
         z = torch.empty(b * h, 2, d, device=q.device, dtype=torch.float32)
         st = cfg["state"]
-        _forward_kernel[(b * h, st["NV"])](
+        _kernel("_forward_kernel", cfg)[(b * h, st["NV"])](
             k, v, q, scale32, state, z, out, den, *_strides(k), *_strides(v), *_strides(q), *_strides(out),
             h, n, d, 1.0 / n, opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
-            COSINE=cosine, BLOCK_N=st["BLOCK_N"], BD=cfg["BD"], BV=st["BV"], PREC=opts["precision"],
-            num_warps=st["num_warps"],
+            COSINE=cosine, BLOCK_N=st["BLOCK_N"], **_tile_args(cfg, "state"), PREC=opts["precision"],
+            num_warps=st["num_warps"], **({"BLOCK_O": cfg["out"]["BLOCK_N"]} if "BA" in cfg else {}),
         )
         return state, z, den
     state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
     oc = cfg["out"]
     grid = (b * h, triton.cdiv(n, oc["BLOCK_N"]), oc["NV"])
-    _output_kernel[grid](
+    _kernel("_output_kernel", cfg)[grid](
         q, scale32, state, z, out, den, *_strides(q), *_strides(out), h, n, d,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
-        COSINE=cosine, BLOCK_N=oc["BLOCK_N"], BD=cfg["BD"],
-        BV=oc["BV"], PREC=opts["precision"], num_warps=oc["num_warps"],
+        COSINE=cosine, BLOCK_N=oc["BLOCK_N"], **_tile_args(cfg, "out"),
+        PREC=opts["precision"], num_warps=oc["num_warps"],
     )
     return state, z, den
 
@@ -740,18 +1260,18 @@ def backward_launch(q, k, v, scale32, state, z, den, grad_out, opts: dict, cfg: 
     d_u = torch.empty(b * h, n, device=q.device, dtype=torch.float32) if need_scale else d_den
     bwd = cfg["bwd"]
     blocks = triton.cdiv(n, bwd["BLOCK_N"])
-    _dq_kernel[(b * h, blocks)](
+    _kernel("_dq_kernel", cfg)[(b * h, blocks)](
         q, grad_out, scale32, state, z, den, dq, d_den, d_u,
         *_strides(q), *_strides(grad_out), *_strides(dq), h, n, d,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
-        COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], BD=cfg["BD"], BV=bwd["BV"], NV=bwd["NV"],
+        COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], **_tile_args(cfg, "bwd", nv=True),
         PREC=opts["precision"], NEED_DU=need_scale, DQ_STRIDED=not dq.is_contiguous(), num_warps=bwd["num_warps"],
     )
     d_state, d_z = _state_pass(q, grad_out, scale32, opts, cfg, splits, query=True, den=den, d_den=d_den)
-    _dkv_kernel[(b * h, blocks)](
+    _kernel("_dkv_kernel", cfg)[(b * h, blocks)](
         k, v, d_state, d_z, dk, dv, *_strides(k), *_strides(v), *_strides(dk), *_strides(dv), h, n, d,
         opts["power"], opts["alpha"], opts["norm_eps"],
-        COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], BD=cfg["BD"], BV=bwd["BV"], NV=bwd["NV"],
+        COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], **_tile_args(cfg, "bwd", nv=True),
         PREC=opts["precision"], ADD_DV=add_dv, num_warps=bwd["num_warps"],
     )
     return d_u if need_scale else None

@@ -117,6 +117,41 @@ def test_single_launch_and_atomic_paths_are_the_ones_run(monkeypatch):
 
 
 @pytest.mark.parametrize("direction", ["cosine", "relu_split"])
+@pytest.mark.parametrize("n,d,splits", [(33, 48, 2), (17, 96, None)])
+def test_split_head_dims(direction, n, d, splits):
+    """Head dims that run as two tiles (48 = 32 + 16 with no masked lane, 96 = 64 + 32):
+    exact zeros in both tiles and a zero token, so that the row reductions (norms) that
+    span the tiles meet 0 too; one token range and two."""
+    assert triton_kernels.split_tiles(d) is not None
+    q, k, v = qkv(n=n, d=d, seed=d)
+    q[..., ::5] = 0.0
+    k[..., d - 3:] = 0.0
+    q[:, :, 4] = 0.0
+    k[:, :, 6] = 0.0
+    compare(q, k, v, FP32_TOL, splits=splits, direction=direction)
+
+
+def test_split_kernels_are_the_ones_run(monkeypatch):
+    """D = 72 runs the split-tile kernels in the fused variant (forward and backward, one
+    token range and several); the baseline variant and D = 64 run the padded ones."""
+    names = ("_forward_kernel", "_state_kernel", "_output_kernel", "_dq_kernel", "_dkv_kernel")
+    seen = []
+    for name in names + tuple(n + "_split" for n in names):
+        kernel = getattr(triton_kernels, name)
+        monkeypatch.setattr(triton_kernels, name, type("Spy", (), {"__getitem__": lambda self, grid, k=kernel, n=name: (
+            lambda *a, **kw: seen.append(n) or k[grid](*a, **kw))})())
+    opts = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
+    for d, variant, splits, split in ((72, "fused", None, True), (72, "fused", 2, True),
+                                      (72, "baseline", None, False), (64, "fused", None, False)):
+        seen.clear()
+        q, k, v = (t.requires_grad_() for t in qkv(h=1, n=20, d=d))
+        out = triton_kernels.nala_attention_triton(q, k, v, 1.0, dict(opts, variant=variant), splits=splits)
+        out.sum().backward()
+        assert seen and all(n.endswith("_split") == split for n in seen), (d, variant, splits, seen)
+        assert ("_dkv_kernel_split" if split else "_dkv_kernel") in seen
+
+
+@pytest.mark.parametrize("direction", ["cosine", "relu_split"])
 def test_exact_zeros(direction):
     """Zero coordinates (0^p and its gradient, both finite), whole zero tokens in q and k,
     and a head dim (24) that is not a power of two."""
