@@ -1167,7 +1167,7 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     return tuple(t.stride())
 
 
-def _kernel(name: str, cfg: dict):
+def _kernel_for(name: str, cfg: dict):
     """The kernel ``name`` for a launch config: its ``_split`` form where the head dim is
     split (looked up at call time, so that tests can wrap either)."""
     return globals()[name + "_split" if "BA" in cfg else name]
@@ -1201,7 +1201,7 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     else:
         s_part = x.new_empty(b * h, splits, 2, d, d, dtype=torch.float32)
         z_part = x.new_empty(b * h, splits, 2, d, dtype=torch.float32)
-    _kernel("_state_kernel", cfg)[(b * h, splits, st["NV"])](
+    _kernel_for("_state_kernel", cfg)[(b * h, splits, st["NV"])](
         x, w, scale, s_part, z_part, *_strides(x), *_strides(w),
         h, n, d, per_split, splits, 1.0 / n,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
@@ -1229,7 +1229,7 @@ def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: to
         state = torch.empty(b * h, 2, d, d, device=q.device, dtype=torch.float32)
         z = torch.empty(b * h, 2, d, device=q.device, dtype=torch.float32)
         st = cfg["state"]
-        _kernel("_forward_kernel", cfg)[(b * h, st["NV"])](
+        _kernel_for("_forward_kernel", cfg)[(b * h, st["NV"])](
             k, v, q, scale32, state, z, out, den, *_strides(k), *_strides(v), *_strides(q), *_strides(out),
             h, n, d, 1.0 / n, opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
             COSINE=cosine, BLOCK_N=st["BLOCK_N"], **_tile_args(cfg, "state"), PREC=opts["precision"],
@@ -1239,7 +1239,7 @@ def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: to
     state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
     oc = cfg["out"]
     grid = (b * h, triton.cdiv(n, oc["BLOCK_N"]), oc["NV"])
-    _kernel("_output_kernel", cfg)[grid](
+    _kernel_for("_output_kernel", cfg)[grid](
         q, scale32, state, z, out, den, *_strides(q), *_strides(out), h, n, d,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
         COSINE=cosine, BLOCK_N=oc["BLOCK_N"], **_tile_args(cfg, "out"),
@@ -1260,7 +1260,7 @@ def backward_launch(q, k, v, scale32, state, z, den, grad_out, opts: dict, cfg: 
     d_u = torch.empty(b * h, n, device=q.device, dtype=torch.float32) if need_scale else d_den
     bwd = cfg["bwd"]
     blocks = triton.cdiv(n, bwd["BLOCK_N"])
-    _kernel("_dq_kernel", cfg)[(b * h, blocks)](
+    _kernel_for("_dq_kernel", cfg)[(b * h, blocks)](
         q, grad_out, scale32, state, z, den, dq, d_den, d_u,
         *_strides(q), *_strides(grad_out), *_strides(dq), h, n, d,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
@@ -1268,7 +1268,7 @@ def backward_launch(q, k, v, scale32, state, z, den, grad_out, opts: dict, cfg: 
         PREC=opts["precision"], NEED_DU=need_scale, DQ_STRIDED=not dq.is_contiguous(), num_warps=bwd["num_warps"],
     )
     d_state, d_z = _state_pass(q, grad_out, scale32, opts, cfg, splits, query=True, den=den, d_den=d_den)
-    _kernel("_dkv_kernel", cfg)[(b * h, blocks)](
+    _kernel_for("_dkv_kernel", cfg)[(b * h, blocks)](
         k, v, d_state, d_z, dk, dv, *_strides(k), *_strides(v), *_strides(dk), *_strides(dv), h, n, d,
         opts["power"], opts["alpha"], opts["norm_eps"],
         COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], **_tile_args(cfg, "bwd", nv=True),

@@ -83,7 +83,7 @@ def count_triton_call() -> dict:
     from nala_dit.attention import nala_attention
 
     current = []
-    for name in [n for n in dir(tk) if n.endswith("_kernel")]:
+    for name in [n for n in dir(tk) if n.endswith(("_kernel", "_kernel_split"))]:
         setattr(tk, name, CountedKernel(name, getattr(tk, name), lambda: current[-1]))
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 67, 32, generator=g).requires_grad_() for _ in range(3))
@@ -136,7 +136,7 @@ def count_triton_layer() -> dict:
 
     current = []
     for module in (tk, tg):
-        for name in [n for n in dir(module) if n.endswith("_kernel")]:
+        for name in [n for n in dir(module) if n.endswith(("_kernel", "_kernel_split"))]:
             setattr(module, name, CountedKernel(name, getattr(module, name), lambda: current[-1]))
     layers.select_nala_impl = lambda *a: "triton"
     torch.manual_seed(0)
