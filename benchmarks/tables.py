@@ -162,6 +162,10 @@ def block_tables(data):
     return [head, ""] + table(["BLOCK_N", "BV", "warps", "ms", "vs default"], rows, right=(3, 4))
 
 
+RUN_FILES = ("launch.json", "kernels_fused.json", "kernels_baseline.json", "profile.json",
+             "model_sweep.json", "graphs.json", "triton_configs_d72.json")
+
+
 def render(results: Path) -> str:
     """The markdown between the markers, from the JSON files in ``results``."""
     def load(name):
@@ -201,7 +205,13 @@ def main(argv=None):
     parser.add_argument("--doc", default=str(ROOT / "docs" / "performance.md"))
     parser.add_argument("--print", action="store_true", help="print the tables, change no file")
     args = parser.parse_args(argv)
-    body = render(Path(args.results))
+    results = Path(args.results)
+    if not args.print and not any((results / name).is_file() for name in RUN_FILES):
+        # A mistyped folder would otherwise replace the page's tables with the "no run yet" line.
+        print(f"error: {results} holds none of gpu_check.sh's JSON files ({', '.join(RUN_FILES)}): "
+              "name the folder the run wrote (its $OUT)", file=sys.stderr)
+        return 2
+    body = render(results)
     if args.print:
         print(body)
         return 0

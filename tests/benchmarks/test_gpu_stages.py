@@ -302,6 +302,14 @@ def test_tables_rewrite_only_between_the_markers(tmp_path, capsys):
     assert doc.read_text() == "no markers here\n"                          # left as it was
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and tables.BEGIN in err[0]
+    # A folder without the run's files (a typo) is one error line; the page's tables stay.
+    doc.write_text(f"{tables.BEGIN}\nold table\n{tables.END}\n")
+    assert tables.main(["--results", str(tmp_path / "runn"), "--doc", str(doc)]) == 2
+    assert doc.read_text() == f"{tables.BEGIN}\nold table\n{tables.END}\n"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "runn" in err[0]
+    assert sorted(tables.RUN_FILES) == sorted(
+        re.findall(r'load\("([a-z0-9_]+\.json)"\)', (ROOT / "benchmarks" / "tables.py").read_text()))
 
 
 def test_performance_page_holds_what_tables_makes_of_the_committed_results():
