@@ -63,7 +63,7 @@ def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "f
     st_c = dict(base, BLOCK_N=st["BLOCK_N"], **tn._tile_args(cfg, "state"), ATOMIC=variant == "fused")
     out_c = dict(base, BLOCK_N=out["BLOCK_N"], **tn._tile_args(cfg, "out"))
     bwd_c = dict(base, BLOCK_N=bwd["BLOCK_N"], **tn._tile_args(cfg, "bwd", nv=True))
-    k = lambda name: tn._kernel(name, cfg)  # noqa: E731  (the split forms where D is split)
+    k = lambda name: tn._kernel_for(name, cfg)  # noqa: E731  (the split forms where D is split)
     fused = [("forward", k("_forward_kernel"), dict(K=p, V=p, Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f),
               dict(base, BLOCK_N=st["BLOCK_N"], **tn._tile_args(cfg, "state"),
                    **({"BLOCK_O": out["BLOCK_N"]} if "BA" in cfg else {})), st["num_warps"])] \
