@@ -56,7 +56,9 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def _fp32(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    return [t.float() for t in tensors]
+    """At least fp32: half precision is lifted, float64 stays float64 (so a float64
+    reference and gradcheck see no fp32 rounding)."""
+    return [t if t.dtype == torch.float64 else t.float() for t in tensors]
 
 
 def _no_autocast(device: torch.device):
@@ -103,7 +105,8 @@ def nala_query_weights(
 def nala_features(
     q: torch.Tensor, k: torch.Tensor, config: NaLaConfig | None = None, **overrides
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two NaLa feature maps ``(φ_q(q), φ_k(k))``, each ``(B, H, N, 2D)`` in fp32.
+    """The two NaLa feature maps ``(φ_q(q), φ_k(k))``, each ``(B, H, N, 2D)`` in fp32
+    (float64 for float64 inputs).
 
     ``config`` (``NaLaConfig``; keyword ``overrides`` such as ``direction="relu_split"``)
     gives the direction map and the §2 constants. ``φ_q(q_i)·φ_k(k_j)`` is the non-negative
@@ -152,7 +155,7 @@ def normalized_linear_attention(
     """
     n = phi_k.shape[-2]
     with _no_autocast(v.device):
-        v32 = v.float()
+        (v32,) = _fp32(v)
         state = phi_k.transpose(-2, -1) @ v32 / n                  # (B, H, F, D)
         z = phi_k.mean(dim=-2, keepdim=True)                       # (B, H, 1, F)
         num = phi_q @ state                                        # (B, H, N, D)
