@@ -169,7 +169,7 @@ def normalized_attention_reference(
     """§3, quadratic form: ``W = sim / (Σ_j sim + N·ε)``, ``o = W v``. Returns (o, W)."""
     n = sim.shape[-1]
     weights = sim / (sim.sum(dim=-1, keepdim=True) + n * eps)     # (B, H, N, N)
-    return weights @ v.float(), weights
+    return weights @ v.to(weights.dtype), weights   # fp32, or fp64 with an fp64 sim
 
 
 
@@ -368,7 +368,7 @@ def rope_attention_reference(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.
     n = phi_k.shape[-2]
     den = (phi_q.float() @ phi_k.float().transpose(-2, -1)).sum(-1, keepdim=True) + n * eps
     weights = num / den
-    return weights @ v.float(), weights
+    return weights @ v.to(weights.dtype), weights   # fp32, or fp64 with an fp64 sim
 
 
 SATURATION = 0.01  # a token is "saturated" when its exponent is within 1 % of the maximum

@@ -46,6 +46,23 @@ def test_nala_linear_equals_reference(direction, n, d):
     check_against_reference(nala_attention, nala_attention_reference, n, d, direction=direction)
 
 
+@pytest.mark.parametrize("direction", ["cosine", "relu_split"])
+def test_nala_linear_equals_reference_in_float64(direction):
+    """In float64 the linear form and the quadratic §2 definition are one function: they
+    agree to float64 rounding (1e-12), output and gradients; fp32 above only shows 1e-5."""
+    q, k, v = (t.double().requires_grad_() for t in qkv(n=33, d=24))
+    outs, grads = [], []
+    for fn in (lambda *x: nala_attention(*x, impl="eager", direction=direction),
+               lambda *x: nala_attention_reference(*x, direction=direction)):
+        out = fn(q, k, v)
+        assert out.dtype == torch.float64
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.square().sum(), (q, k, v)))
+    assert_close("output", outs[1], outs[0], 1e-12)
+    for name, g_ref, g in zip("qkv", grads[1], grads[0]):
+        assert_close(f"grad {name}", g_ref, g, 1e-12)
+
+
 @pytest.mark.parametrize("kernel", ["relu", "elu"])
 @pytest.mark.parametrize("n,d", [(63, 24), (257, 64)])
 def test_baselines_linear_equal_reference(kernel, n, d):
