@@ -112,8 +112,8 @@ def test_fid_of_a_set_against_itself_is_zero_and_matches_evaluate_fid_calc(tmp_p
     from nala_dit.evaluation.features import InceptionExtractor
 
     rng = np.random.default_rng(0)
-    a = rng.integers(0, 256, (20, 32, 32, 3), dtype=np.uint8)
-    b = rng.integers(0, 256, (20, 32, 32, 3), dtype=np.uint8)
+    a = rng.integers(0, 256, (10, 32, 32, 3), dtype=np.uint8)
+    b = rng.integers(0, 256, (10, 32, 32, 3), dtype=np.uint8)
     extractor = InceptionExtractor(inception_weights, allow_unknown=True)
     fa = metrics.compute_features(extractor, [a])["pool"]
     fb = metrics.compute_features(extractor, [b])["pool"]
