@@ -23,12 +23,30 @@ def run_script(script, out, *extra):
     return json.loads(out.read_text()), proc.stdout
 
 
+def run_main(script, out, capsys, *extra):
+    """The script's ``main(argv)`` with the arguments of ``run_script``, in this process (which
+    has torch and the package loaded already: one interpreter start less, as demo.py runs the
+    CLIs), for the scripts that measure in their own process without counting its resident
+    memory; torch's thread count is restored after."""
+    import importlib
+
+    import torch
+
+    module = importlib.import_module(f"benchmarks.{Path(script).stem}")
+    threads = torch.get_num_threads()
+    try:
+        module.main(["--tiny", "--threads", "1", "--out", str(out), *extra])
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads(out.read_text()), capsys.readouterr().out
+
+
 def finite(x):
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def test_attention_benchmark_tiny(tmp_path):
-    data, stdout = run_script("attention.py", tmp_path / "attention.json")
+def test_attention_benchmark_tiny(tmp_path, capsys):
+    data, stdout = run_main("attention.py", tmp_path / "attention.json", capsys)
     meta = data["meta"]
     for key in ("device", "dtype", "threads", "torch", "sdpa_backend", "memory_method", "command"):
         assert key in meta, key
@@ -48,8 +66,8 @@ def test_attention_benchmark_tiny(tmp_path):
     assert "nala/relu" in stdout
 
 
-def test_model_benchmark_tiny(tmp_path):
-    data, stdout = run_script("model.py", tmp_path / "model.json")
+def test_model_benchmark_tiny(tmp_path, capsys):
+    data, stdout = run_main("model.py", tmp_path / "model.json", capsys)
     rows = data["results"]
     assert {r["model"] for r in rows} == {"DiT-S/2", "NaLaDiT-S/2"}
     assert {r["task"] for r in rows} == {"train", "sample"}
@@ -64,7 +82,7 @@ def test_model_benchmark_tiny(tmp_path):
 
 
 def test_highres_benchmark_tiny(tmp_path, capsys):
-    data, stdout = run_script("highres.py", tmp_path / "highres.json")
+    data, stdout = run_main("highres.py", tmp_path / "highres.json", capsys)
     rows = data["results"]
     assert {r["section"] for r in rows} == {"sample", "train", "vae"}
     assert {(r["attention"], r["model"]) for r in rows if r["section"] == "sample"} == {
@@ -88,7 +106,6 @@ def test_highres_benchmark_tiny(tmp_path, capsys):
     assert "ratios" in stdout and "| NaLa / math memory |" in stdout
     # The docs tables are rebuilt from the JSON alone (and the plot redrawn).
     (tmp_path / "highres.png").unlink()
-    sys.path.insert(0, str(ROOT))
     from benchmarks import highres
 
     highres.main(["--from-json", str(tmp_path / "highres.json")])
@@ -113,15 +130,18 @@ def test_highres_quality_runs_every_setting(tmp_path, digits_checkpoint, digits_
     """Every (model, setting, seed) is scored once; the classifier and reference are built once."""
     import shutil
 
-    work = tmp_path / "work"
-    shutil.copytree(digits_classifier_dir, work / "digits_classifier")
-    cmd = [sys.executable, str(ROOT / "experiments" / "highres_quality" / "run.py"), "--runs", str(digits_checkpoint.parent),
-           "--models", digits_checkpoint.name, "--per-class", "1", "--seeds", "0,1", "--work", str(work),
-           "--out", str(tmp_path / "q.json")]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    import torch
+
     import experiments.highres_quality.run as hq
 
+    work = tmp_path / "work"
+    shutil.copytree(digits_classifier_dir, work / "digits_classifier")
+    threads = torch.get_num_threads()
+    try:   # in this process, as run_main
+        assert hq.main(["--runs", str(digits_checkpoint.parent), "--models", digits_checkpoint.name, "--per-class", "1",
+                        "--seeds", "0,1", "--work", str(work), "--out", str(tmp_path / "q.json")]) == 0
+    finally:
+        torch.set_num_threads(threads)
     rows = json.loads((tmp_path / "q.json").read_text())["rows"]
     assert [(r["setting"], r["seed"]) for r in rows] == [(s[0], seed) for s in hq.SETTINGS for seed in (0, 1)]
     for r in rows:
