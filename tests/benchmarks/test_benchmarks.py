@@ -26,8 +26,9 @@ def run_script(script, out, *extra):
 def run_main(script, out, capsys, *extra):
     """The script's ``main(argv)`` with the arguments of ``run_script``, in this process (which
     has torch and the package loaded already: one interpreter start less, as demo.py runs the
-    CLIs), for the scripts that measure in their own process without counting its resident
-    memory; torch's thread count is restored after."""
+    CLIs), for the scripts whose own process either counts memory with the allocator (not its
+    resident memory) or only starts the fresh processes that measure; torch's thread count is
+    restored after."""
     import importlib
 
     import torch
@@ -182,9 +183,9 @@ def test_threads_benchmark_busy_neighbour_runs_until_killed():
 
 
 @pytest.mark.slow
-def test_context_parallel_benchmark_tiny(tmp_path):
+def test_context_parallel_benchmark_tiny(tmp_path, capsys):
     """The exchanges counted at the torch.distributed calls equal the closed forms."""
-    data, stdout = run_script("context_parallel.py", tmp_path / "cp.json", "--sections", "forward")
+    data, stdout = run_main("context_parallel.py", tmp_path / "cp.json", capsys, "--sections", "forward")
     rows = {r["model"]: r for r in data["results"]}
     assert set(rows) == {"NaLaDiT-T/2", "DiT-T/2"}
     for r in rows.values():
