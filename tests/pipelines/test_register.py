@@ -93,10 +93,11 @@ def test_torch_dtype_and_to_through_the_generic_loader(folders, cls):
 def test_a_folder_keeps_loading_generically_in_every_import_order(folders, tmp_path):
     """Fresh processes: without `import nala_dit` the documented one line (docs/troubleshooting.md);
     then `import nala_dit` (diffusers already loaded) opens the same folder; `import nala_dit`
-    first loads neither torch nor diffusers and the README's order loads both classes; importing
-    our class first (diffusers loads while pipeline.py is half-defined) works too."""
+    first loads neither torch nor diffusers and the README's order loads both classes, whose
+    images are the in-process pipelines' pixels; importing our class first (diffusers loads while
+    pipeline.py is half-defined) works too."""
     code = """
-import sys
+import os, sys
 folders = sys.argv[2:]
 if sys.argv[1] == "without":
     from diffusers import DiffusionPipeline
@@ -112,15 +113,20 @@ elif sys.argv[1] == "readme":
 else:
     from nala_dit import NaLaDiTPipeline
     from diffusers import DiffusionPipeline
-for folder in folders:
+for i, folder in enumerate(folders):
     pipe = DiffusionPipeline.from_pretrained(folder)
     print(type(pipe).__module__, type(pipe).__name__)
+    if sys.argv[1] == "readme":
+        import numpy as np
+        pipe.set_progress_bar_config(disable=True)
+        images = pipe([1, "tabby_cat", 0], num_inference_steps=2, generator=7, output_type="np").images
+        np.save(os.path.join(os.environ["IMAGES"], f"{i}.npy"), images)
 """
     documented = "AttributeError: module diffusers has no attribute NaLaDiTPipeline"
     assert f"`{documented}`" in (ROOT / "docs" / "troubleshooting.md").read_text()
     both = [str(folders[NaLaDiTPipeline]), str(folders[NaLaSiTPipeline])]
     names = ["nala_dit.pipelines.pipeline NaLaDiTPipeline", "nala_dit.pipelines.pipeline NaLaSiTPipeline"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "IMAGES": str(tmp_path)}
     for order, expected in [("without", [f"error: {documented}", names[0]]), ("readme", names),
                             ("class-first", names)]:
         args = both[:1] if order == "without" else both
@@ -128,6 +134,8 @@ for folder in folders:
                               timeout=300, cwd=ROOT, env=env)
         assert proc.returncode == 0, (order, proc.stderr[-2000:])
         assert proc.stdout.splitlines() == expected, (order, proc.stdout)
+    for i, cls in enumerate((NaLaDiTPipeline, NaLaSiTPipeline)):    # the arguments of test_pipeline.run
+        np.testing.assert_array_equal(np.load(tmp_path / f"{i}.npy"), run(cls.from_pretrained(both[i])))
 
 
 def test_nothing_of_diffusers_is_wrapped_or_replaced():
