@@ -295,8 +295,12 @@ def test_skip_corrupt_warns_and_continues(tmp_path):
 
 @pytest.mark.slow
 def test_two_process_cpu_run(tmp_path):
-    proc = launch(tmp_path, "train.py", *TINY_RUN, "--results-dir", tmp_path, "--exp-name", "ddp", "--max-steps", "3",
-                  "--ckpt-every", "3")
+    """DDP over 2 gloo ranks (forked as accelerate's launcher starts its workers, tests/ranks.py;
+    the real launcher's own start is pinned there and in test_fsdp's killed-rank resume)."""
+    from tests.ranks import run_ranks
+
+    proc = run_ranks(tmp_path, "train.py", *TINY_RUN, "--results-dir", tmp_path, "--exp-name", "ddp", "--max-steps",
+                     "3", "--ckpt-every", "3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     # One start line (rank 0) saying how the run is spread, one done line.
     assert [line for line in proc.stdout.splitlines() if line.startswith(("start:", "done:"))] == [
