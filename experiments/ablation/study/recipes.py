@@ -123,11 +123,11 @@ for _side, _batch, _budgets in ((16, 32, (150, 300)), (32, 32, (150, 300)), (64,
                                     budgets=_budgets, sample_batch=25, heldout_repeats=1)
 SAMPLES_TASKS = ("samples8", "samples16", "samples32", "samples64")
 # A smoke run (the tests' end-to-end study): every column filled at the least cost, one sample per
-# class and 16 held-out items.
+# class and 3 held-out items (one in each of the study's noise bands).
 QUICK = dict(batch=16, budgets=(2, 4), log_every=1, per_class=1, sample_steps=2, sample_batch=10,
-             heldout_items=16, heldout_repeats=1)
+             heldout_items=3, heldout_repeats=1)
 # A ladder task in quick mode: the smallest batch and scoring that still fill every column.
-QUICK_LADDER = dict(batch=2, per_class=1, sample_steps=2, sample_batch=10, sample_budgets=(4,), heldout_items=8)
+QUICK_LADDER = dict(batch=2, per_class=1, sample_steps=2, sample_batch=10, sample_budgets=(4,), heldout_items=3)
 QUICK_VARIANTS = ("softmax", "nala_mix")
 QUICK_SEEDS = (0, 1)
 QUICK_TASKS = ("digits", "study64", "ladder64_interp")
