@@ -27,11 +27,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
+def pytest_configure(config):
+    """pytest-xdist's loadscope sends the modules out by their number of tests, most first (its
+    default ``--loadscope-reorder``), which put the long modules of few tests (the demo, FSDP,
+    the benchmarks) last; the order below is kept instead."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``make test``: two workers, one test module at a time each), the
-    modules go out in collection order: the modules with the most slow tests first, so the
-    longest ones do not end the run on one worker while the other idles. Each module's own
-    test order is kept."""
+    modules go out in collection order (``pytest_configure``): the modules with the most slow
+    tests first, so the longest ones do not end the run on one worker while the other idles.
+    Each module's own test order is kept."""
     if not getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
         return
     slow = {}
