@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import warnings
+from typing import NamedTuple
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -56,29 +57,33 @@ def _token_chunks(shape: torch.Size, device: torch.device) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-class _Scratch:
-    """One pass's scratch, reused by every token chunk: the 2D-wide features ``feat``
-    (B, H, C, 2D) and ``ext`` (B, H, C, D+1), ``[y | 1]`` or ``[∂L/∂num | ∂L/∂den]`` (one
-    GEMM against it yields a product with y and a token sum together, §3's S and z), with
-    their views for a chunk of c tokens (built once per length: a pass has two at most)."""
+class _Block(NamedTuple):
+    """Views of a (B, H, c, W) scratch block: itself, as (B·H, c, W), and its columns
+    ``[:D]`` and ``[D:]`` (the feature halves, or ``[num | den]``)."""
+    x: torch.Tensor
+    bh: torch.Tensor
+    halves: tuple[torch.Tensor, torch.Tensor]
 
-    def __init__(self, x: torch.Tensor, size: int, ext: bool = True):
-        b, h, _, d = x.shape
-        self.d = d
-        self.feat = x.new_empty(b, h, size, 2 * d, dtype=torch.float32)
-        self.ext = x.new_empty(b, h, size, d + 1, dtype=torch.float32) if ext else None
+
+class _Scratch:
+    """One pass's scratch, reused by every token chunk: (B, H, C, W) fp32 blocks of the
+    given widths (the 2D-wide features, their gradient, ``[y | 1]`` or ``[∂L/∂num | ∂L/∂den]``:
+    one GEMM against it yields a product with y and a token sum together, §3's S and z),
+    and their views for a chunk of c tokens (built once per length: a pass has two at most)."""
+
+    def __init__(self, x: torch.Tensor, size: int, *widths: int):
+        b, h, _, self.d = x.shape
+        self.blocks = [x.new_empty(b, h, size, w, dtype=torch.float32) for w in widths]
         self.cache = {}
 
-    def __call__(self, c: int) -> tuple:
-        """(features (B, H, c, 2D), its halves (B, H, c, D), as (B·H, c, 2D), the halves'
-        transposes (B·H, D, c), ext (B, H, c, D+1), as (B·H, c, D+1))."""
+    def __call__(self, c: int) -> list[_Block]:
         if c not in self.cache:
-            d = self.d
-            f = self.feat.narrow(2, 0, c)
-            f3 = f.flatten(0, 1)
-            e = None if self.ext is None else self.ext.narrow(2, 0, c)
-            self.cache[c] = (f, (f[..., :d], f[..., d:]), f3, (f3[..., :d].mT, f3[..., d:].mT),
-                             e, None if e is None else e.flatten(0, 1))
+            d, views = self.d, []
+            for block in self.blocks:
+                x = block.narrow(2, 0, c)
+                bh = x.flatten(0, 1)
+                views.append(_Block(x, bh, (x[..., :d], x[..., d:])))
+            self.cache[c] = views
         return self.cache[c]
 
 
@@ -111,12 +116,12 @@ def _lift(theta: torch.Tensor | None, mag: torch.Tensor, x: torch.Tensor, halves
     _into(f2, torch.mul, sin, mag)
 
 
-def _into(out: torch.Tensor, fn, *args) -> torch.Tensor:
-    """``fn(*args, out=out)``: the result written straight into a strided view (under
-    ``torch.compile``, which traces no ``out=`` into a strided tensor, as a copy)."""
+def _into(out: torch.Tensor, fn, *args, **kwargs) -> torch.Tensor:
+    """``fn(*args, **kwargs, out=out)``: the result written straight into a strided view
+    (under ``torch.compile``, which traces no ``out=`` into a strided tensor, as a copy)."""
     if torch.compiler.is_compiling():
-        return out.copy_(fn(*args))
-    return fn(*args, out=out)
+        return out.copy_(fn(*args, **kwargs))
+    return fn(*args, **kwargs, out=out)
 
 
 def _angle(x: torch.Tensor, scale) -> torch.Tensor:
@@ -127,28 +132,34 @@ def _angle(x: torch.Tensor, scale) -> torch.Tensor:
 
 def _token_scales(x: torch.Tensor, o: dict, query: bool, grad: bool) -> dict:
     """Per-token constants of a lift for all N tokens at once, each (B, H, N, 1) (one op
-    each, not one per chunk): ``inv`` = 1/max(‖x‖, ε); for queries the exponent ``p`` =
+    each, not one per chunk): for queries ``inv`` = 1/max(‖x‖, ε) and the exponent ``p`` =
     λ(τ + tanh(‖x‖/s)), for cosine keys ``alpha_inv`` = α·inv. With ``grad``, also what the
     backward of the normalisation needs (``_through_unit``)."""
     if not query and o["direction"] != "cosine":
         return {}                                                   # relu_split keys: no norm
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
     inv = norm.clamp_min(o["norm_eps"]).reciprocal_()
-    t = {"inv": inv}
     if query:
         tanh_n = torch.tanh(norm / o["norm_scale"])
-        t["p"] = torch.add(tanh_n, o["offset"]).mul_(o["power"])
-    elif o["direction"] == "cosine":
-        t["alpha_inv"] = inv * o["alpha"]
+        t = {"inv": inv, "p": torch.add(tanh_n, o["offset"]).mul_(o["power"])}
+    else:
+        t = {"alpha_inv": inv * o["alpha"]}
     if grad:
         # x̂ = x·inv: ∂L/∂x = ∂L/∂x̂·inv + x·(∂L/∂‖x‖)/‖x‖, where max(‖x‖, ε) passes
         # −inv²·Σ ∂L/∂x̂·x to ‖x‖ where ‖x‖ ≥ ε, and ‖x‖ has gradient x/‖x‖ (0 at x = 0).
         norm_safe = norm.masked_fill(norm == 0, 1.0)
+        t["inv"] = inv
         t["unit"] = (inv * inv).neg_().mul_(norm >= o["norm_eps"]).div_(norm_safe)
         if query:   # ∂p/∂‖x‖ = (λ/s)·(1 − tanh²(‖x‖/s))
             t["dp_dnorm"] = torch.addcmul(_ONE, tanh_n, tanh_n, value=-1.0).mul_(
                 o["power"] / o["norm_scale"]).div_(norm_safe)
     return t
+
+
+def _rows(x: torch.Tensor, start: int, c: int) -> torch.Tensor:
+    """Tokens ``start`` to ``start + c`` of a (B, H, N, D) tensor, in fp32 (a view when it is)."""
+    x = x.narrow(2, start, c)
+    return x if x.dtype == torch.float32 else x.float()
 
 
 def _narrow(t: dict, start: int, c: int) -> dict:
@@ -180,15 +191,14 @@ def _key_lift(k: torch.Tensor, t: dict, o: dict, halves, keep: bool = False) -> 
     return (mag, theta) if keep else None
 
 
-def _lift_grads(halves, grad: torch.Tensor, theta: torch.Tensor | None, alpha: float):
+def _lift_grads(halves, grad, theta: torch.Tensor | None, alpha: float):
     """Backward of ``_lift`` from the features themselves (cos, sin, mag are not kept).
 
-    With ``F = (m c, m s)`` and its gradient ``G = (G₁, G₂)`` (``grad`` (B, H, C, 2D)):
+    With ``F = (m c, m s)`` (``halves``) and its gradient ``G = (G₁, G₂)`` (``grad``):
     ``m·∂L/∂m = G₁F₁ + G₂F₂`` and ``∂L/∂θ = G₂F₁ − G₁F₂``. Returns
     ``(m·∂L/∂m, ∂L/∂x̂ through θ, or None)``.
     """
-    d = grad.shape[-1] // 2
-    (f1, f2), g1, g2 = halves, grad[..., :d], grad[..., d:]
+    (f1, f2), (g1, g2) = halves, grad
     m_dm = torch.mul(g1, f1).addcmul_(g2, f2)
     if theta is None:
         return m_dm, None
@@ -207,14 +217,16 @@ def _safe_divisor(mag: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def _through_unit(x, t, d_hat, d_norm=None):
     """Gradient wrt x of ``x̂ = x · inv`` (``_token_scales``), plus an extra
-    ``∂L/∂‖x‖ / ‖x‖`` (or None). ``d_hat`` is overwritten."""
+    ``∂L/∂‖x‖ / ‖x‖`` (or None), but for the last step: returns ``(a, coef)`` with the
+    gradient ``a + x·coef``. ``d_hat`` is overwritten."""
     coef = (d_hat * x).sum(-1, keepdim=True).mul_(t["unit"])
     if d_norm is not None:
         coef.add_(d_norm)
-    return d_hat.mul_(t["inv"]).addcmul_(x, coef)
+    return d_hat.mul_(t["inv"]), coef
 
 
-def _query_grad(q, halves, grad, t, parts, o):
+def _query_grad(q, halves, grad, t, parts, o, out):
+    """∂L/∂q of a chunk into ``out`` from the gradient ``grad`` of its features' halves."""
     mag, log_mag, theta = parts
     a_da, d_hat = _lift_grads(halves, grad, theta, o["alpha"])
     # a = |q̂|^p: ∂a/∂p = a·log|q̂| and ∂a/∂q̂ = p·a/q̂, both 0 where q̂ = 0 (as torch.pow):
@@ -223,17 +235,26 @@ def _query_grad(q, halves, grad, t, parts, o):
     a_da.mul_(t["p"])
     divisor = _safe_divisor(mag, q)                               # |q̂| with q's sign
     d_hat = a_da.div_(divisor) if d_hat is None else d_hat.addcdiv_(a_da, divisor)
-    return _through_unit(q, t, d_hat, d_p.mul_(t["dp_dnorm"]))
+    d_hat, coef = _through_unit(q, t, d_hat, d_p.mul_(t["dp_dnorm"]))
+    _into(out, torch.addcmul, d_hat, q, coef)
 
 
-def _key_grad(k, halves, grad, t, parts, o):
+def _key_grad(k, halves, grad, t, parts, o, out):
+    """∂L/∂k of a chunk into ``out`` from the gradient ``grad`` of its features' halves."""
     mag, theta = parts
     b_db, d_hat = _lift_grads(halves, grad, theta, o["alpha"])
     # b = |k|^λ: ∂b/∂k = λ·b/k, 0 at k = 0 (b·∂L/∂b is exactly 0 there).
     divisor = _safe_divisor(mag, k)
     if d_hat is None:
-        return b_db.mul_(o["power"]).div_(divisor)
-    return _through_unit(k, t, d_hat).addcdiv_(b_db, divisor, value=o["power"])
+        _into(out, torch.div, b_db.mul_(o["power"]), divisor)
+        return
+    d_hat, coef = _through_unit(k, t, d_hat)
+    _into(out, torch.addcdiv, d_hat.addcmul_(k, coef), b_db, divisor, value=o["power"])
+
+
+def _bh(x: torch.Tensor) -> torch.Tensor | None:
+    """(B, H, C, F) as a (B·H, C, F) view, or None where the strides do not allow one."""
+    return x.flatten(0, 1) if x.shape[0] == 1 or x.stride(0) == x.shape[1] * x.stride(1) else None
 
 
 def _joined(state: torch.Tensor) -> torch.Tensor:
@@ -254,15 +275,15 @@ def fused_state(k: torch.Tensor, v: torch.Tensor, opts: dict, shard=None) -> tor
         z_acc = k.new_zeros(b * h, 2 * d, dtype=torch.float32)             # Σ φ_k
         tokens = _token_scales(k, opts, query=False, grad=False)
         chunks = _token_chunks(k.shape, k.device)
-        scratch = _Scratch(k, chunks[0].stop, ext=False)
+        scratch = _Scratch(k, chunks[0].stop, 2 * d)
         for sl in chunks:
             c = sl.stop - sl.start
-            _, halves, f3 = scratch(c)[:3]
-            _key_lift(k.narrow(2, sl.start, c).float(), _narrow(tokens, sl.start, c), opts, halves)
+            feat, = scratch(c)
+            _key_lift(_rows(k, sl.start, c), _narrow(tokens, sl.start, c), opts, feat.halves)
             # [S | z] as one GEMM against [v | 1] costs more than S (D columns, the
             # GEMM's own width) and a token sum.
-            s_acc.baddbmm_(f3.mT, v.narrow(2, sl.start, c).float().flatten(0, 1))
-            z_acc.add_(f3.sum(1))
+            s_acc.baddbmm_(feat.bh.mT, _rows(v, sl.start, c).flatten(0, 1))
+            z_acc.add_(feat.bh.sum(1))
         state = k.new_empty(2, b, h, d, d + 1, dtype=torch.float32)
         state[..., :d] = s_acc.view(b, h, 2, d, d).permute(2, 0, 1, 3, 4)
         state[..., d] = z_acc.view(b, h, 2, d).permute(2, 0, 1, 3)
@@ -286,14 +307,15 @@ def fused_output(q: torch.Tensor, state: torch.Tensor, opts: dict,
         joined = _joined(state)                                           # (B·H, 2D, D+1)
         tokens = _token_scales(q, opts, query=True, grad=False)
         chunks = _token_chunks(q.shape, q.device)
-        scratch = _Scratch(q, chunks[0].stop, ext=False)
+        scratch = _Scratch(q, chunks[0].stop, 2 * d, d + 1)
         for sl in chunks:
             c = sl.stop - sl.start
-            _, halves, f3 = scratch(c)[:3]
-            _query_lift(q.narrow(2, sl.start, c).float(), _narrow(tokens, sl.start, c), opts, halves)
-            num_den = torch.bmm(f3, joined).view(b, h, c, d + 1)
-            den_c = _into(den.narrow(2, sl.start, c), torch.add, num_den[..., d:], opts["eps"])
-            _into(out.narrow(2, sl.start, c), torch.div, num_den[..., :d], den_c)
+            feat, num_den = scratch(c)
+            _query_lift(_rows(q, sl.start, c), _narrow(tokens, sl.start, c), opts, feat.halves)
+            _into(num_den.bh, torch.bmm, feat.bh, joined)
+            num, den_c = num_den.halves
+            den_c = _into(den.narrow(2, sl.start, c), torch.add, den_c, opts["eps"])
+            _into(out.narrow(2, sl.start, c), torch.div, num, den_c)
         return out, den
 
 
@@ -317,56 +339,57 @@ def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True),
     with _no_autocast(q.device):
         joined = _joined(state)                                          # (B·H, 2D, D+1): [S | z]
         s_t, z = joined[..., :d].mT, joined[..., d].unsqueeze(1)         # (B·H, D, 2D), (B·H, 1, 2D)
-        d_state = q.new_zeros(2, b * h, d, d + 1, dtype=torch.float32)
+        d_joined = q.new_zeros(b * h, 2 * d, d + 1, dtype=torch.float32)   # ∂L/∂[S | z], N times
         dq = new(q, out[0]) if need_q else None
         tokens = _token_scales(q, opts, query=True, grad=need_q)
         chunks = _token_chunks(q.shape, q.device)
-        scratch = _Scratch(q, chunks[0].stop)
+        scratch = _Scratch(q, chunks[0].stop, 2 * d, 2 * d, d + 1)
         for sl in chunks:
             c = sl.stop - sl.start
-            _, halves, f3, f_t, nd, nd3 = scratch(c)
-            qc, t = q.narrow(2, sl.start, c).float(), _narrow(tokens, sl.start, c)
-            parts = _query_lift(qc, t, opts, halves, keep=need_q)
-            d_num, d_den = nd[..., :d], nd[..., d:]                         # ∂L/∂num, ∂L/∂den
+            feat, d_feat, nd = scratch(c)          # features, their gradient, [∂L/∂num | ∂L/∂den]
+            qc, t = _rows(q, sl.start, c), _narrow(tokens, sl.start, c)
+            parts = _query_lift(qc, t, opts, feat.halves, keep=need_q)
+            d_num, d_den = nd.halves
             if den is None:   # as fused_output, op for op
-                num_den = torch.bmm(f3, joined).view(b, h, c, d + 1)
+                num_den = torch.bmm(feat.bh, joined).view(b, h, c, d + 1)
                 dd = torch.add(num_den[..., d:], opts["eps"])
                 g_out = grad_out(sl, torch.div(num_den[..., :d], dd)).float()
             else:
                 dd, g_out = den.narrow(2, sl.start, c), grad_out.narrow(2, sl.start, c)
             _into(d_num, torch.div, g_out, dd)
             # d_num Sᵀ, then ∂L/∂den = −Σ g·o/den with g·num = den·(φ_q · d_num Sᵀ).
-            d_phi = torch.bmm(nd3[..., :d], s_t)                             # (B·H, C, 2D)
-            _into(d_den, torch.div, (f3 * d_phi).sum(-1, keepdim=True).view(b, h, c, 1), dd).neg_()
+            _into(d_feat.bh, torch.bmm, nd.bh[..., :d], s_t)
+            _into(d_den, torch.div, (feat.x * d_feat.x).sum(-1, keepdim=True), dd).neg_()
+            d_joined.baddbmm_(feat.bh.mT, nd.bh)
             if need_q:
-                d_phi.addcmul_(nd3[..., d:], z)                              # + ∂L/∂den zᵀ
-            for half, f_half in zip(d_state, f_t):
-                half.baddbmm_(f_half, nd3)
-            if need_q:
-                dq[:, :, sl] = _query_grad(qc, halves, d_phi.view(b, h, c, 2 * d), t, parts, opts)
-        d_state = d_state.view(2, b, h, d, d + 1)
+                d_feat.bh.addcmul_(nd.bh[..., d:], z)                       # + ∂L/∂den zᵀ
+                _query_grad(qc, feat.halves, d_feat.halves, t, parts, opts, dq.narrow(2, sl.start, c))
         if shard is None:
-            d_state.div_(n)
-        else:
-            shard.all_reduce_(d_state.div_(shard.tokens))
+            d_joined.div_(n)
+        else:   # the ranks reduce the state's halves (2, B, H, D, D+1)
+            d_state = d_joined.view(b, h, 2, d, d + 1).permute(2, 0, 1, 3, 4).contiguous()
+            d_joined = _joined(shard.all_reduce_(d_state.div_(shard.tokens)))
         dk = new(k, out[1]) if need_k else None
         dv = new(v, out[2]) if need_v else None
         if need_k or need_v:
-            d_joined = _joined(d_state)                                  # (B·H, 2D, D+1)
             d_s, d_joined_t = d_joined[..., :d], d_joined.mT
             tokens = _token_scales(k, opts, query=False, grad=need_k)
-            scratch.ext[..., d] = 1.0                                    # ext is [v | 1] now
+            scratch.blocks[2][..., d] = 1.0                              # the third block is [v | 1] now
+            dv_bh = None if dv is None else _bh(dv)
             for sl in chunks:
                 c = sl.stop - sl.start
-                _, halves, f3, _, v1, v13 = scratch(c)
-                kc, t = k.narrow(2, sl.start, c).float(), _narrow(tokens, sl.start, c)
-                parts = _key_lift(kc, t, opts, halves, keep=need_k)
+                feat, d_feat, v1 = scratch(c)
+                kc, t = _rows(k, sl.start, c), _narrow(tokens, sl.start, c)
+                parts = _key_lift(kc, t, opts, feat.halves, keep=need_k)
                 if need_v:
-                    dv[:, :, sl] = torch.bmm(f3, d_s).view(b, h, c, d)
+                    if dv_bh is not None:
+                        _into(dv_bh.narrow(1, sl.start, c), torch.bmm, feat.bh, d_s)
+                    else:
+                        dv[:, :, sl] = torch.bmm(feat.bh, d_s).view(b, h, c, d)
                 if need_k:
-                    v1[..., :d] = v.narrow(2, sl.start, c)
-                    d_phi = torch.bmm(v13, d_joined_t).view(b, h, c, 2 * d)
-                    dk[:, :, sl] = _key_grad(kc, halves, d_phi, t, parts, opts)
+                    v1.halves[0].copy_(v.narrow(2, sl.start, c))
+                    _into(d_feat.bh, torch.bmm, v1.bh, d_joined_t)
+                    _key_grad(kc, feat.halves, d_feat.halves, t, parts, opts, dk.narrow(2, sl.start, c))
     return dq, dk, dv
 
 
