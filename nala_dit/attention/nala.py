@@ -96,11 +96,11 @@ def _abs_pow(mag: torch.Tensor, power: float, keep: bool) -> torch.Tensor:
     return (torch.log(mag) if keep else mag.log_()).mul_(power).exp_()
 
 
-def _lift(theta: torch.Tensor | None, mag: torch.Tensor, x: torch.Tensor, halves) -> None:
+def _lift(theta: torch.Tensor | None, mag: torch.Tensor, x: torch.Tensor, halves, keep: bool = True) -> None:
     """The two halves of a §2 feature map written into ``halves`` (the D-wide halves of
     the (B, H, C, 2D) feature): ``mag ⊙ cos θ, mag ⊙ sin θ`` (cosine) or ``mag ⊙ 1(x>0),
     mag ⊙ 1(x<0)`` (relu_split). The 2D-wide feature is built in place, so each product
-    with the state is one GEMM."""
+    with the state is one GEMM. ``keep`` False: θ may be overwritten."""
     f1, f2 = halves
     if theta is None:
         # 1(x>0) as max(sign x, 0): float ops, several times faster than a bool mask.
@@ -108,7 +108,7 @@ def _lift(theta: torch.Tensor | None, mag: torch.Tensor, x: torch.Tensor, halves
         # mag − mag·1(x>0) = mag·1(x<0): at x = 0 the magnitude is 0^p = 0 anyway.
         _into(f2, torch.sub, mag, f1)
         return
-    sin = torch.sin(theta)          # into a contiguous temporary: a strided output is slower
+    sin = torch.sin(theta) if keep else theta.sin_()   # not into the strided half: slower
     # |θ| < π/4, so cos θ = √(1 − sin²θ) ≥ 1/√2 has no cancellation, and a square root
     # costs less than a second transcendental.
     cos = torch.addcmul(_ONE, sin, sin, value=-1.0).sqrt_()
@@ -124,10 +124,10 @@ def _into(out: torch.Tensor, fn, *args, **kwargs) -> torch.Tensor:
     return fn(*args, **kwargs, out=out)
 
 
-def _angle(x: torch.Tensor, scale) -> torch.Tensor:
+def _angle(x: torch.Tensor, scale, inplace: bool = False) -> torch.Tensor:
     """θ = (π/4)·tanh(α x̂) of §2 from ``x`` and ``scale``: α for x = x̂, or the
-    per-token α/max(‖x‖, ε) that folds the normalisation in."""
-    return torch.mul(x, scale).tanh_().mul_(math.pi / 4)
+    per-token α/max(‖x‖, ε) that folds the normalisation in (``inplace``: into x)."""
+    return (x.mul_(scale) if inplace else torch.mul(x, scale)).tanh_().mul_(math.pi / 4)
 
 
 def _token_scales(x: torch.Tensor, o: dict, query: bool, grad: bool) -> dict:
@@ -176,8 +176,8 @@ def _query_lift(q: torch.Tensor, t: dict, o: dict, halves, keep: bool = False) -
     mag = q_hat.abs()
     log_mag = torch.log(mag) if keep else mag.log_()
     a = torch.mul(log_mag, t["p"]).exp_() if keep else log_mag.mul_(t["p"]).exp_()
-    theta = _angle(q_hat, o["alpha"]) if o["direction"] == "cosine" else None
-    _lift(theta, a, q_hat, halves)
+    theta = _angle(q_hat, o["alpha"], inplace=True) if o["direction"] == "cosine" else None   # q̂ is spent
+    _lift(theta, a, q_hat, halves, keep)
     return (mag, log_mag, theta) if keep else None
 
 
@@ -187,7 +187,7 @@ def _key_lift(k: torch.Tensor, t: dict, o: dict, halves, keep: bool = False) -> 
     mag = k.abs()
     b = _abs_pow(mag, o["power"], keep)                           # norm kept
     theta = _angle(k, t["alpha_inv"]) if o["direction"] == "cosine" else None   # α·k̂ in one pass
-    _lift(theta, b, k, halves)
+    _lift(theta, b, k, halves, keep)
     return (mag, theta) if keep else None
 
 
