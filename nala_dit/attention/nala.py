@@ -47,6 +47,21 @@ _CHUNK_ELEMENTS_GPU = 2**25
 _TINY = torch.finfo(torch.float32).tiny     # the smallest normal fp32
 _LOG_FLOOR = -104.0                         # below log of the smallest fp32 denormal (−103.3)
 _ONE = torch.tensor(1.0)                    # a 0-dim operand (it broadcasts on any device)
+
+
+_CONSTANTS: dict[float, torch.Tensor] = {}
+
+
+def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
+    """A 0-dim fp32 operand (as ``_ONE``), made once per value (under ``torch.compile``,
+    like ``like``'s ``new_full``)."""
+    if torch.compiler.is_compiling():
+        return like.new_full((), value)
+    if value not in _CONSTANTS:
+        if len(_CONSTANTS) > 64:
+            _CONSTANTS.clear()
+        _CONSTANTS[value] = torch.tensor(value, dtype=torch.float32)
+    return _CONSTANTS[value]
 _FAST_POWERS = (0.5, 1.0, 2.0, 3.0)         # exponents torch.pow evaluates without log/exp
 
 
@@ -205,7 +220,7 @@ def _lift_grads(halves, grad, theta: torch.Tensor | None, alpha: float):
     d_theta = torch.mul(g2, f1).addcmul_(g1, f2, value=-1.0)
     # θ = (π/4)·tanh(α x̂): dθ/dx̂ = (π/4)·α·(1 − tanh²), with tanh = (4/π)·θ.
     scale = math.pi / 4 * alpha
-    return m_dm, d_theta.mul_(torch.addcmul(theta.new_full((), scale), theta, theta, value=-16 / math.pi**2 * scale))
+    return m_dm, d_theta.mul_(torch.addcmul(_constant(scale, theta), theta, theta, value=-16 / math.pi**2 * scale))
 
 
 def _safe_divisor(mag: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -315,7 +330,7 @@ def fused_output(q: torch.Tensor, state: torch.Tensor, opts: dict,
             _into(num_den.bh, torch.bmm, feat.bh, joined)
             num, den_c = num_den.halves
             den_c = _into(den.narrow(2, sl.start, c), torch.add, den_c, opts["eps"])
-            _into(out.narrow(2, sl.start, c), torch.div, num, den_c)
+            _into(out.narrow(2, sl.start, c), torch.mul, num, den_c.reciprocal())   # a multiply: cheaper
         return out, den
 
 
@@ -356,7 +371,7 @@ def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True),
                 g_out = grad_out(sl, torch.div(num_den[..., :d], dd)).float()
             else:
                 dd, g_out = den.narrow(2, sl.start, c), grad_out.narrow(2, sl.start, c)
-            _into(d_num, torch.div, g_out, dd)
+            _into(d_num, torch.mul, g_out, dd.reciprocal())
             # d_num Sᵀ, then ∂L/∂den = −Σ g·o/den with g·num = den·(φ_q · d_num Sᵀ).
             _into(d_feat.bh, torch.bmm, nd.bh[..., :d], s_t)
             _into(d_den, torch.div, (feat.x * d_feat.x).sum(-1, keepdim=True), dd).neg_()
