@@ -330,7 +330,7 @@ def fused_output(q: torch.Tensor, state: torch.Tensor, opts: dict,
             _into(num_den.bh, torch.bmm, feat.bh, joined)
             num, den_c = num_den.halves
             den_c = _into(den.narrow(2, sl.start, c), torch.add, den_c, opts["eps"])
-            _into(out.narrow(2, sl.start, c), torch.mul, num, den_c.reciprocal())   # a multiply: cheaper
+            _into(out.narrow(2, sl.start, c), torch.div, num, den_c)
         return out, den
 
 
@@ -371,7 +371,7 @@ def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True),
                 g_out = grad_out(sl, torch.div(num_den[..., :d], dd)).float()
             else:
                 dd, g_out = den.narrow(2, sl.start, c), grad_out.narrow(2, sl.start, c)
-            _into(d_num, torch.mul, g_out, dd.reciprocal())
+            _into(d_num, torch.div, g_out, dd)
             # d_num Sᵀ, then ∂L/∂den = −Σ g·o/den with g·num = den·(φ_q · d_num Sᵀ).
             _into(d_feat.bh, torch.bmm, nd.bh[..., :d], s_t)
             _into(d_den, torch.div, (feat.x * d_feat.x).sum(-1, keepdim=True), dd).neg_()
