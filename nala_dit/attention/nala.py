@@ -2,10 +2,13 @@
 
 Top to bottom:
 
-* the token chunking of the CPU path (``_token_chunks``);
+* the token chunking of the CPU path (``_token_chunks``, chunks of about 2^16 elements:
+  each elementwise pass stays in the core's L2 cache) and its per-pass scratch
+  (``_Scratch``);
 * the chunk-wise feature lifts and their hand-written gradients (``_query_lift``,
-  ``_key_lift``, ``_query_grad``, ``_key_grad``): the features are kept as their two
-  cos/sin halves, never concatenated;
+  ``_key_lift``, ``_query_grad``, ``_key_grad``): the per-token constants (norm, exponent)
+  for all tokens at once (``_token_scales``), the cos/sin halves written in place into
+  one 2D-wide scratch block, so each product with the state is one GEMM;
 * ``_FusedNaLa``, the CPU autograd function that saves q, k, v, the small state
   ``[S | z]`` and the denominator only, and recomputes the features in backward;
 * the readable unchunked composition (``impl="eager"``) and its ``torch.compile``;
@@ -492,10 +495,10 @@ def nala_attention(
 
     * ``"auto"``: ``select_nala_impl`` for the tensors' device (fused on CPU, Triton on
       CUDA; the eager composition under ``torch.func.vmap``);
-    * ``"fused"``: token-chunked features kept as their cos/sin halves (no
-      concatenation; two GEMMs per product), ``[S | z]`` from the same GEMM, and a
-      hand-written backward that saves only q, k, v, the small state and the
-      denominator (features are recomputed);
+    * ``"fused"``: token-chunked features, their cos/sin halves written in place into
+      one 2D-wide block (one GEMM per product with the state), and a hand-written
+      backward that saves only q, k, v, the small state and the denominator (features
+      are recomputed);
     * ``"triton"``: the same algorithm as GPU kernels (``nala_dit/attention/triton_kernels.py``), the
       features computed in registers; under ``torch.compile`` as the custom op
       ``nala_dit::nala_triton`` (``triton_op.py``), so the graph does not break there;
