@@ -50,9 +50,8 @@ _CHUNK_ELEMENTS_GPU = 2**25
 _TINY = torch.finfo(torch.float32).tiny     # the smallest normal fp32
 _LOG_FLOOR = -104.0                         # below log of the smallest fp32 denormal (−103.3)
 _ONE = torch.tensor(1.0)                    # a 0-dim operand (it broadcasts on any device)
-
-
-_CONSTANTS: dict[float, torch.Tensor] = {}
+_FAST_POWERS = (0.5, 1.0, 2.0, 3.0)         # exponents torch.pow evaluates without log/exp
+_CONSTANTS: dict[float, torch.Tensor] = {}  # more 0-dim operands, by value (``_constant``)
 
 
 def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
@@ -65,7 +64,6 @@ def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
             _CONSTANTS.clear()
         _CONSTANTS[value] = torch.tensor(value, dtype=torch.float32)
     return _CONSTANTS[value]
-_FAST_POWERS = (0.5, 1.0, 2.0, 3.0)         # exponents torch.pow evaluates without log/exp
 
 
 def _token_chunks(shape: torch.Size, device: torch.device) -> list[slice]:
