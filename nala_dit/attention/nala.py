@@ -2,10 +2,13 @@
 
 Top to bottom:
 
-* the token chunking of the CPU path (``_token_chunks``);
+* the token chunking of the CPU path (``_token_chunks``, chunks of about 2^16 elements:
+  each elementwise pass stays in the core's L2 cache) and its per-pass scratch
+  (``_Scratch``);
 * the chunk-wise feature lifts and their hand-written gradients (``_query_lift``,
-  ``_key_lift``, ``_query_grad``, ``_key_grad``): the features are kept as their two
-  cos/sin halves, never concatenated;
+  ``_key_lift``, ``_query_grad``, ``_key_grad``): the per-token constants (norm, exponent)
+  for all tokens at once (``_token_scales``), the cos/sin halves written in place into
+  one 2D-wide scratch block, so each product with the state is one GEMM;
 * ``_FusedNaLa``, the CPU autograd function that saves q, k, v, the small state
   ``[S | z]`` and the denominator only, and recomputes the features in backward;
 * the readable unchunked composition (``impl="eager"``) and its ``torch.compile``;
@@ -24,6 +27,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import warnings
+from typing import NamedTuple
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -37,10 +41,29 @@ NALA_IMPLS = ("auto", "fused", "eager", "compile", "triton")
 
 # Tokens are processed in chunks of about this many elements per (B, H, C, D) slice:
 # the feature maps are per token, so chunking bounds their temporaries (O(chunk), not
-# O(N)) and keeps each elementwise pass inside the cache. On a GPU small chunks only
-# multiply kernel launches, so there a chunk is most or all of the sequence.
-_CHUNK_ELEMENTS = 2**18
+# O(N)) and keeps each elementwise pass inside the core's L2 cache (a dozen chunk-sized
+# temporaries are alive at once). On a GPU small chunks only multiply kernel launches,
+# so there a chunk is most or all of the sequence.
+_CHUNK_ELEMENTS = 2**16
 _CHUNK_ELEMENTS_GPU = 2**25
+
+_TINY = torch.finfo(torch.float32).tiny     # the smallest normal fp32
+_LOG_FLOOR = -104.0                         # below log of the smallest fp32 denormal (−103.3)
+_ONE = torch.tensor(1.0)                    # a 0-dim operand (it broadcasts on any device)
+_FAST_POWERS = (0.5, 1.0, 2.0, 3.0)         # exponents torch.pow evaluates without log/exp
+_CONSTANTS: dict[float, torch.Tensor] = {}  # more 0-dim operands, by value (``_constant``)
+
+
+def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
+    """A 0-dim fp32 operand (as ``_ONE``), made once per value (under ``torch.compile``,
+    like ``like``'s ``new_full``)."""
+    if torch.compiler.is_compiling():
+        return like.new_full((), value)
+    if value not in _CONSTANTS:
+        if len(_CONSTANTS) > 64:
+            _CONSTANTS.clear()
+        _CONSTANTS[value] = torch.tensor(value, dtype=torch.float32)
+    return _CONSTANTS[value]
 
 
 def _token_chunks(shape: torch.Size, device: torch.device) -> list[slice]:
@@ -50,107 +73,210 @@ def _token_chunks(shape: torch.Size, device: torch.device) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-Halves = tuple[torch.Tensor, torch.Tensor]
+class _Block(NamedTuple):
+    """Views of a (B, H, c, W) scratch block: itself, as (B·H, c, W), and its columns
+    ``[:D]`` and ``[D:]`` (the feature halves, or ``[num | den]``)."""
+    x: torch.Tensor
+    bh: torch.Tensor
+    halves: tuple[torch.Tensor, torch.Tensor]
 
 
-def _lift(theta: torch.Tensor | None, mag: torch.Tensor, x: torch.Tensor) -> Halves:
-    """The two halves of a §2 feature map, each contiguous (B, H, C, D):
-    ``(mag ⊙ cos θ, mag ⊙ sin θ)`` (cosine) or ``(mag ⊙ 1(x>0), mag ⊙ 1(x<0))``
-    (relu_split). ``torch.cat`` of them is the 2D-wide feature; it is never built:
-    each product with the state is two GEMMs into one output instead."""
+class _Scratch:
+    """One pass's scratch, reused by every token chunk: (B, H, C, W) fp32 blocks of the
+    given widths (the 2D-wide features, their gradient, ``[y | 1]`` or ``[∂L/∂num | ∂L/∂den]``:
+    one GEMM against it yields a product with y and a token sum together, §3's S and z),
+    and their views for a chunk of c tokens (built once per length: a pass has two at most)."""
+
+    def __init__(self, x: torch.Tensor, size: int, *widths: int):
+        b, h, _, self.d = x.shape
+        self.blocks = [x.new_empty(b, h, size, w, dtype=torch.float32) for w in widths]
+        self.cache = {}
+
+    def __call__(self, c: int) -> list[_Block]:
+        if c not in self.cache:
+            d, views = self.d, []
+            for block in self.blocks:
+                x = block.narrow(2, 0, c)
+                bh = x.flatten(0, 1)
+                views.append(_Block(x, bh, (x[..., :d], x[..., d:])))
+            self.cache[c] = views
+        return self.cache[c]
+
+
+def _abs_pow(mag: torch.Tensor, power: float, keep: bool) -> torch.Tensor:
+    """``mag^power`` for ``mag ≥ 0`` (in place unless ``keep``): torch.pow where it has a
+    fast form, else exp(λ·log mag) (log 0 = −inf gives exactly 0 for λ > 0), several times
+    faster than torch.pow's general exponent on the CPU."""
+    if power in _FAST_POWERS or power <= 0:
+        return torch.pow(mag, power) if keep else mag.pow_(power)
+    return (torch.log(mag) if keep else mag.log_()).mul_(power).exp_()
+
+
+def _lift(theta: torch.Tensor | None, mag: torch.Tensor, x: torch.Tensor, halves, keep: bool = True) -> None:
+    """The two halves of a §2 feature map written into ``halves`` (the D-wide halves of
+    the (B, H, C, 2D) feature): ``mag ⊙ cos θ, mag ⊙ sin θ`` (cosine) or ``mag ⊙ 1(x>0),
+    mag ⊙ 1(x<0)`` (relu_split). The 2D-wide feature is built in place, so each product
+    with the state is one GEMM. ``keep`` False: θ may be overwritten."""
+    f1, f2 = halves
     if theta is None:
-        first = mag * (x > 0)
+        # 1(x>0) as max(sign x, 0): float ops, several times faster than a bool mask.
+        _into(f1, torch.mul, mag, torch.sign(x).clamp_min_(0.0))
         # mag − mag·1(x>0) = mag·1(x<0): at x = 0 the magnitude is 0^p = 0 anyway.
-        return first, mag.sub_(first)
-    sin = torch.sin(theta)
+        _into(f2, torch.sub, mag, f1)
+        return
+    sin = torch.sin(theta) if keep else theta.sin_()   # not into the strided half: slower
     # |θ| < π/4, so cos θ = √(1 − sin²θ) ≥ 1/√2 has no cancellation, and a square root
-    # costs far less than a second transcendental.
-    cos = (sin * sin).neg_().add_(1.0).sqrt_()
-    return cos.mul_(mag), sin.mul_(mag)
+    # costs less than a second transcendental.
+    cos = torch.addcmul(_ONE, sin, sin, value=-1.0).sqrt_()
+    _into(f1, torch.mul, cos, mag)
+    _into(f2, torch.mul, sin, mag)
 
 
-def _angle(x_hat: torch.Tensor, alpha: float) -> torch.Tensor:
-    """θ = (π/4)·tanh(α x̂) of §2, via tanh(u) = 2σ(2u) − 1 (σ is several times cheaper
-    than tanh on CPU); the absolute error stays at fp32 rounding."""
-    return torch.sigmoid(x_hat * (2 * alpha)).mul_(math.pi / 2).sub_(math.pi / 4)
+def _into(out: torch.Tensor, fn, *args, **kwargs) -> torch.Tensor:
+    """``fn(*args, **kwargs, out=out)``: the result written straight into a strided view
+    (under ``torch.compile``, which traces no ``out=`` into a strided tensor, as a copy)."""
+    if torch.compiler.is_compiling():
+        return out.copy_(fn(*args, **kwargs))
+    return fn(*args, **kwargs, out=out)
 
 
-def _unit(x: torch.Tensor, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)     # (B, H, C, 1)
-    clamped = norm.clamp_min(norm_eps)
-    return x / clamped, norm, clamped
+def _angle(x: torch.Tensor, scale, inplace: bool = False) -> torch.Tensor:
+    """θ = (π/4)·tanh(α x̂) of §2 from ``x`` and ``scale``: α for x = x̂, or the
+    per-token α/max(‖x‖, ε) that folds the normalisation in (``inplace``: into x)."""
+    return (x.mul_(scale) if inplace else torch.mul(x, scale)).tanh_().mul_(math.pi / 4)
 
 
-def _query_lift(q: torch.Tensor, o: dict) -> tuple[Halves, tuple]:
-    """φ_q of §2 for a chunk of fp32 queries, and what the backward needs."""
-    q_hat, norm, clamped = _unit(q, o["norm_eps"])
-    p = o["power"] * (o["offset"] + torch.tanh(norm / o["norm_scale"]))   # (B, H, C, 1)
+def _token_scales(x: torch.Tensor, o: dict, query: bool, grad: bool) -> dict:
+    """Per-token constants of a lift for all N tokens at once, each (B, H, N, 1) (one op
+    each, not one per chunk): for queries ``inv`` = 1/max(‖x‖, ε) and the exponent ``p`` =
+    λ(τ + tanh(‖x‖/s)), for cosine keys ``alpha_inv`` = α·inv. With ``grad``, also what the
+    backward of the normalisation needs (``_through_unit``)."""
+    if not query and o["direction"] != "cosine":
+        return {}                                                   # relu_split keys: no norm
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+    inv = norm.clamp_min(o["norm_eps"]).reciprocal_()
+    if query:
+        tanh_n = torch.tanh(norm / o["norm_scale"])
+        t = {"inv": inv, "p": torch.add(tanh_n, o["offset"]).mul_(o["power"])}
+    else:
+        t = {"alpha_inv": inv * o["alpha"]}
+    if grad:
+        # x̂ = x·inv: ∂L/∂x = ∂L/∂x̂·inv + x·(∂L/∂‖x‖)/‖x‖, where max(‖x‖, ε) passes
+        # −inv²·Σ ∂L/∂x̂·x to ‖x‖ where ‖x‖ ≥ ε, and ‖x‖ has gradient x/‖x‖ (0 at x = 0).
+        norm_safe = norm.masked_fill(norm == 0, 1.0)
+        t["inv"] = inv
+        t["unit"] = (inv * inv).neg_().mul_(norm >= o["norm_eps"]).div_(norm_safe)
+        if query:   # ∂p/∂‖x‖ = (λ/s)·(1 − tanh²(‖x‖/s))
+            t["dp_dnorm"] = torch.addcmul(_ONE, tanh_n, tanh_n, value=-1.0).mul_(
+                o["power"] / o["norm_scale"]).div_(norm_safe)
+    return t
+
+
+def _rows(x: torch.Tensor, start: int, c: int) -> torch.Tensor:
+    """Tokens ``start`` to ``start + c`` of a (B, H, N, D) tensor, in fp32 (a view when it is)."""
+    x = x.narrow(2, start, c)
+    return x if x.dtype == torch.float32 else x.float()
+
+
+def _narrow(t: dict, start: int, c: int) -> dict:
+    """The token constants of one chunk (views)."""
+    return {key: val.narrow(2, start, c) for key, val in t.items()}
+
+
+def _query_lift(q: torch.Tensor, t: dict, o: dict, halves, keep: bool = False) -> tuple | None:
+    """φ_q of §2 for a chunk of fp32 queries (its token constants ``t``), written into
+    ``halves``; with ``keep``, what ``_query_grad`` needs."""
+    q_hat = q * t["inv"]
     # a = |q̂|^p as exp(p·log|q̂|): log 0 = −inf gives exactly 0 here, and this forward
     # is never differentiated by autograd -- _query_grad handles q̂ = 0 explicitly.
-    a = q_hat.abs().log_().mul_(p).exp_()
-    theta = _angle(q_hat, o["alpha"]) if o["direction"] == "cosine" else None
-    return _lift(theta, a, q_hat), (q_hat, norm, clamped, p, theta)
+    mag = q_hat.abs()
+    log_mag = torch.log(mag) if keep else mag.log_()
+    a = torch.mul(log_mag, t["p"]).exp_() if keep else log_mag.mul_(t["p"]).exp_()
+    theta = _angle(q_hat, o["alpha"], inplace=True) if o["direction"] == "cosine" else None   # q̂ is spent
+    _lift(theta, a, q_hat, halves, keep)
+    return (mag, log_mag, theta) if keep else None
 
 
-def _key_lift(k: torch.Tensor, o: dict) -> tuple[Halves, tuple]:
-    """φ_k of §2 for a chunk of fp32 keys, and what the backward needs."""
-    b = k.abs().pow_(o["power"])                                  # norm kept
-    theta = k_hat = norm = clamped = None
-    if o["direction"] == "cosine":
-        k_hat, norm, clamped = _unit(k, o["norm_eps"])
-        theta = _angle(k_hat, o["alpha"])
-    return _lift(theta, b, k), (k_hat, norm, clamped, theta)
+def _key_lift(k: torch.Tensor, t: dict, o: dict, halves, keep: bool = False) -> tuple | None:
+    """φ_k of §2 for a chunk of fp32 keys (its token constants ``t``), written into
+    ``halves``; with ``keep``, what ``_key_grad`` needs."""
+    mag = k.abs()
+    b = _abs_pow(mag, o["power"], keep)                           # norm kept
+    theta = _angle(k, t["alpha_inv"]) if o["direction"] == "cosine" else None   # α·k̂ in one pass
+    _lift(theta, b, k, halves, keep)
+    return (mag, theta) if keep else None
 
 
-def _lift_grads(feat: Halves, grad: Halves, theta: torch.Tensor | None, alpha: float):
+def _lift_grads(halves, grad, theta: torch.Tensor | None, alpha: float):
     """Backward of ``_lift`` from the features themselves (cos, sin, mag are not kept).
 
-    With ``F = (m c, m s)`` and its gradient ``G = (G₁, G₂)``:
+    With ``F = (m c, m s)`` (``halves``) and its gradient ``G = (G₁, G₂)`` (``grad``):
     ``m·∂L/∂m = G₁F₁ + G₂F₂`` and ``∂L/∂θ = G₂F₁ − G₁F₂``. Returns
     ``(m·∂L/∂m, ∂L/∂x̂ through θ, or None)``.
     """
-    m_dm = torch.addcmul(grad[0] * feat[0], grad[1], feat[1])
+    (f1, f2), (g1, g2) = halves, grad
+    m_dm = torch.mul(g1, f1).addcmul_(g2, f2)
     if theta is None:
         return m_dm, None
-    d_theta = torch.addcmul(grad[1] * feat[0], grad[0], feat[1], value=-1.0)
+    d_theta = torch.mul(g2, f1).addcmul_(g1, f2, value=-1.0)
     # θ = (π/4)·tanh(α x̂): dθ/dx̂ = (π/4)·α·(1 − tanh²), with tanh = (4/π)·θ.
-    t = theta * (4 / math.pi)
-    return m_dm, d_theta.mul_((1 - t * t).mul_(math.pi / 4 * alpha))
+    scale = math.pi / 4 * alpha
+    return m_dm, d_theta.mul_(torch.addcmul(_constant(scale, theta), theta, theta, value=-16 / math.pi**2 * scale))
 
 
-def _through_unit(x, x_hat, norm, clamped, d_hat, d_norm, norm_eps):
-    """Gradient wrt x of ``x̂ = x / max(‖x‖, ε)`` plus an extra ``∂L/∂‖x‖``."""
-    d_clamped = -(d_hat * x_hat).sum(-1, keepdim=True) / clamped
-    # clamp_min passes the gradient where ‖x‖ ≥ ε; ‖x‖ has gradient x/‖x‖, 0 at x = 0.
-    d_norm = d_norm + torch.where(norm >= norm_eps, d_clamped, 0.0)
-    return (d_hat / clamped).addcmul_(d_norm / norm.masked_fill(norm == 0, 1.0), x)
+def _safe_divisor(mag: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x with |x| raised to the smallest normal fp32 (``mag``: |x| or a positive multiple,
+    overwritten): a divisor for ``∂/∂x |x|^λ = λ·|x|^λ/x``, whose numerator is exactly 0
+    where x is."""
+    return torch.copysign(mag.clamp_min_(_TINY), x)
 
 
-def _query_grad(q, feat, grad, parts, o):
-    q_hat, norm, clamped, p, theta = parts
-    a_da, d_hat = _lift_grads(feat, grad, theta, o["alpha"])
-    # a = |q̂|^p:  ∂a/∂q̂ = p·a/q̂ and ∂a/∂p = a·log|q̂|, both 0 where q̂ = 0 (as torch.pow).
-    d_a_hat = a_da * p / q_hat.masked_fill(q_hat == 0, 1.0)
-    d_hat = d_a_hat if d_hat is None else d_hat.add_(d_a_hat)
-    d_p = torch.special.xlogy(a_da, q_hat.abs()).sum(-1, keepdim=True)
-    tanh_n = p / o["power"] - o["offset"]                         # tanh(‖q‖/s)
-    d_norm = d_p * (o["power"] / o["norm_scale"]) * (1 - tanh_n * tanh_n)
-    return _through_unit(q, q_hat, norm, clamped, d_hat, d_norm, o["norm_eps"])
+def _through_unit(x, t, d_hat, d_norm=None):
+    """Gradient wrt x of ``x̂ = x · inv`` (``_token_scales``), plus an extra
+    ``∂L/∂‖x‖ / ‖x‖`` (or None), but for the last step: returns ``(a, coef)`` with the
+    gradient ``a + x·coef``. ``d_hat`` is overwritten."""
+    coef = (d_hat * x).sum(-1, keepdim=True).mul_(t["unit"])
+    if d_norm is not None:
+        coef.add_(d_norm)
+    return d_hat.mul_(t["inv"]), coef
 
 
-def _key_grad(k, feat, grad, parts, o):
-    k_hat, norm, clamped, theta = parts
-    b_db, d_hat = _lift_grads(feat, grad, theta, o["alpha"])
-    # b = |k|^λ: ∂b/∂k = λ·b/k, 0 at k = 0.
-    d_k = b_db.mul_(o["power"]).div_(k.masked_fill(k == 0, 1.0))
+def _query_grad(q, halves, grad, t, parts, o, out):
+    """∂L/∂q of a chunk into ``out`` from the gradient ``grad`` of its features' halves."""
+    mag, log_mag, theta = parts
+    a_da, d_hat = _lift_grads(halves, grad, theta, o["alpha"])
+    # a = |q̂|^p: ∂a/∂p = a·log|q̂| and ∂a/∂q̂ = p·a/q̂, both 0 where q̂ = 0 (as torch.pow):
+    # a·∂L/∂a is exactly 0 there, so a finite log and a nonzero divisor give that 0.
+    d_p = torch.mul(a_da, log_mag.clamp_min_(_LOG_FLOOR)).sum(-1, keepdim=True)
+    a_da.mul_(t["p"])
+    divisor = _safe_divisor(mag, q)                               # |q̂| with q's sign
+    d_hat = a_da.div_(divisor) if d_hat is None else d_hat.addcdiv_(a_da, divisor)
+    d_hat, coef = _through_unit(q, t, d_hat, d_p.mul_(t["dp_dnorm"]))
+    _into(out, torch.addcmul, d_hat, q, coef)
+
+
+def _key_grad(k, halves, grad, t, parts, o, out):
+    """∂L/∂k of a chunk into ``out`` from the gradient ``grad`` of its features' halves."""
+    mag, theta = parts
+    b_db, d_hat = _lift_grads(halves, grad, theta, o["alpha"])
+    # b = |k|^λ: ∂b/∂k = λ·b/k, 0 at k = 0 (b·∂L/∂b is exactly 0 there).
+    divisor = _safe_divisor(mag, k)
     if d_hat is None:
-        return d_k
-    return d_k.add_(_through_unit(k, k_hat, norm, clamped, d_hat, torch.zeros_like(norm), o["norm_eps"]))
+        _into(out, torch.div, b_db.mul_(o["power"]), divisor)
+        return
+    d_hat, coef = _through_unit(k, t, d_hat)
+    _into(out, torch.addcdiv, d_hat.addcmul_(k, coef), b_db, divisor, value=o["power"])
 
 
-def _with_ones(v: torch.Tensor) -> torch.Tensor:
-    """``[v, 1]``: one GEMM then yields both the state S and the normaliser z (§3)."""
-    return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
+def _bh(x: torch.Tensor) -> torch.Tensor | None:
+    """(B, H, C, F) as a (B·H, C, F) view, or None where the strides do not allow one."""
+    return x.flatten(0, 1) if x.shape[0] == 1 or x.stride(0) == x.shape[1] * x.stride(1) else None
+
+
+def _joined(state: torch.Tensor) -> torch.Tensor:
+    """A state kept as halves (2, B, H, D, D+1) as one (B·H, 2D, D+1) matrix (a small copy)."""
+    two, b, h, d, e = state.shape
+    return state.permute(1, 2, 0, 3, 4).reshape(b * h, two * d, e)
 
 
 def fused_state(k: torch.Tensor, v: torch.Tensor, opts: dict, shard=None) -> torch.Tensor:
@@ -161,12 +287,22 @@ def fused_state(k: torch.Tensor, v: torch.Tensor, opts: dict, shard=None) -> tor
     tokens; the state is divided by the whole grid's N and summed over the ranks."""
     b, h, n, d = k.shape
     with _no_autocast(k.device):
-        state = k.new_zeros(2, b, h, d, d + 1, dtype=torch.float32)
-        for sl in _token_chunks(k.shape, k.device):
-            phi_k = _key_lift(k[:, :, sl].float(), opts)[0]
-            v1 = _with_ones(v[:, :, sl].float())                           # (B, H, C, D+1)
-            for half, f in zip(state, phi_k):
-                half.add_(f.transpose(-2, -1) @ v1)
+        s_acc = k.new_zeros(b * h, 2 * d, d, dtype=torch.float32)          # Σ φ_k vᵀ
+        z_acc = k.new_zeros(b * h, 2 * d, dtype=torch.float32)             # Σ φ_k
+        tokens = _token_scales(k, opts, query=False, grad=False)
+        chunks = _token_chunks(k.shape, k.device)
+        scratch = _Scratch(k, chunks[0].stop, 2 * d)
+        for sl in chunks:
+            c = sl.stop - sl.start
+            feat, = scratch(c)
+            _key_lift(_rows(k, sl.start, c), _narrow(tokens, sl.start, c), opts, feat.halves)
+            # [S | z] as one GEMM against [v | 1] costs more than S (D columns, the
+            # GEMM's own width) and a token sum.
+            s_acc.baddbmm_(feat.bh.mT, _rows(v, sl.start, c).flatten(0, 1))
+            z_acc.add_(feat.bh.sum(1))
+        state = k.new_empty(2, b, h, d, d + 1, dtype=torch.float32)
+        state[..., :d] = s_acc.view(b, h, 2, d, d).permute(2, 0, 1, 3, 4)
+        state[..., d] = z_acc.view(b, h, 2, d).permute(2, 0, 1, 3)
         if shard is None:
             return state.div_(n)
         return shard.all_reduce_(state.div_(shard.tokens))
@@ -184,11 +320,18 @@ def fused_output(q: torch.Tensor, state: torch.Tensor, opts: dict,
         if out is None:
             out = q.new_empty(b, h, n, d, dtype=torch.float32)
         den = q.new_empty(b, h, n, 1, dtype=torch.float32)
-        for sl in _token_chunks(q.shape, q.device):
-            f1, f2 = _query_lift(q[:, :, sl].float(), opts)[0]
-            num_den = (f1 @ state[0]).add_(f2 @ state[1])                  # (B, H, C, D+1)
-            torch.add(num_den[..., d:], opts["eps"], out=den[:, :, sl])
-            torch.div(num_den[..., :d], den[:, :, sl], out=out[:, :, sl])
+        joined = _joined(state)                                           # (B·H, 2D, D+1)
+        tokens = _token_scales(q, opts, query=True, grad=False)
+        chunks = _token_chunks(q.shape, q.device)
+        scratch = _Scratch(q, chunks[0].stop, 2 * d, d + 1)
+        for sl in chunks:
+            c = sl.stop - sl.start
+            feat, num_den = scratch(c)
+            _query_lift(_rows(q, sl.start, c), _narrow(tokens, sl.start, c), opts, feat.halves)
+            _into(num_den.bh, torch.bmm, feat.bh, joined)
+            num, den_c = num_den.halves
+            den_c = _into(den.narrow(2, sl.start, c), torch.add, den_c, opts["eps"])
+            _into(out.narrow(2, sl.start, c), torch.div, num, den_c)
         return out, den
 
 
@@ -200,8 +343,8 @@ def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True),
     gradient of a fused qkv projection, so nothing is copied afterwards).
 
     ``den`` None: ``grad_out`` is a function ``(token slice, output chunk (B, H, C, D)) →
-    its gradient``; the output and denominator are recomputed in the query pass (two small
-    GEMMs per chunk, the features are lifted there anyway), so a caller that saved neither
+    its gradient``; the output and denominator are recomputed in the query pass (one small
+    GEMM per chunk, the features are lifted there anyway), so a caller that saved neither
     gets the output's gradient chunk by chunk from what follows the attention.
 
     ``shard`` (context parallel): the state's gradient from this rank's queries is divided
@@ -210,47 +353,59 @@ def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True),
     need_q, need_k, need_v = need
     new = lambda x, o: o if o is not None else torch.empty_like(x, dtype=torch.float32)
     with _no_autocast(q.device):
-        s_t = state[..., :d].transpose(-2, -1)                           # (2, B, H, D, D)
-        z = state[..., d].unsqueeze(-2)                                  # (2, B, H, 1, D)
-        d_state = torch.zeros_like(state)
+        joined = _joined(state)                                          # (B·H, 2D, D+1): [S | z]
+        s_t, z = joined[..., :d].mT, joined[..., d].unsqueeze(1)         # (B·H, D, 2D), (B·H, 1, 2D)
+        d_joined = q.new_zeros(b * h, 2 * d, d + 1, dtype=torch.float32)   # ∂L/∂[S | z], N times
         dq = new(q, out[0]) if need_q else None
-        for sl in _token_chunks(q.shape, q.device):
-            qc = q[:, :, sl].float()
-            phi_q, parts = _query_lift(qc, opts)
+        tokens = _token_scales(q, opts, query=True, grad=need_q)
+        chunks = _token_chunks(q.shape, q.device)
+        scratch = _Scratch(q, chunks[0].stop, 2 * d, 2 * d, d + 1)
+        for sl in chunks:
+            c = sl.stop - sl.start
+            feat, d_feat, nd = scratch(c)          # features, their gradient, [∂L/∂num | ∂L/∂den]
+            qc, t = _rows(q, sl.start, c), _narrow(tokens, sl.start, c)
+            parts = _query_lift(qc, t, opts, feat.halves, keep=need_q)
+            d_num, d_den = nd.halves
             if den is None:   # as fused_output, op for op
-                num_den = (phi_q[0] @ state[0]).add_(phi_q[1] @ state[1])     # (B, H, C, D+1)
+                num_den = torch.bmm(feat.bh, joined).view(b, h, c, d + 1)
                 dd = torch.add(num_den[..., d:], opts["eps"])
-                g_out = grad_out(sl, torch.div(num_den[..., :d], dd))
+                g_out = grad_out(sl, torch.div(num_den[..., :d], dd)).float()
             else:
-                dd, g_out = den[:, :, sl], grad_out[:, :, sl]
-            d_num = g_out.float() / dd                                   # (B, H, C, D)
-            d_phi = [d_num @ s_t[0], d_num @ s_t[1]]                     # halves of ∂L/∂φ_q
-            # ∂L/∂den = −Σ g·o/den, and g·num = den·(φ_q · d_num Sᵀ).
-            dot = torch.addcmul(phi_q[0] * d_phi[0], phi_q[1], d_phi[1])
-            d_den = dot.sum(-1, keepdim=True).div_(dd).neg_()
-            d_nd = torch.cat([d_num, d_den], -1)
-            for half, f in zip(d_state, phi_q):
-                half.add_(f.transpose(-2, -1) @ d_nd)
+                dd, g_out = den.narrow(2, sl.start, c), grad_out.narrow(2, sl.start, c)
+            _into(d_num, torch.div, g_out, dd)
+            # d_num Sᵀ, then ∂L/∂den = −Σ g·o/den with g·num = den·(φ_q · d_num Sᵀ).
+            _into(d_feat.bh, torch.bmm, nd.bh[..., :d], s_t)
+            _into(d_den, torch.div, (feat.x * d_feat.x).sum(-1, keepdim=True), dd).neg_()
+            d_joined.baddbmm_(feat.bh.mT, nd.bh)
             if need_q:
-                for g, zh in zip(d_phi, z):
-                    g.addcmul_(d_den, zh)
-                dq[:, :, sl] = _query_grad(qc, phi_q, d_phi, parts, opts)
+                d_feat.bh.addcmul_(nd.bh[..., d:], z)                       # + ∂L/∂den zᵀ
+                _query_grad(qc, feat.halves, d_feat.halves, t, parts, opts, dq.narrow(2, sl.start, c))
         if shard is None:
-            d_state.div_(n)
-        else:
-            shard.all_reduce_(d_state.div_(shard.tokens))
+            d_joined.div_(n)
+        else:   # the ranks reduce the state's halves (2, B, H, D, D+1)
+            d_state = d_joined.view(b, h, 2, d, d + 1).permute(2, 0, 1, 3, 4).contiguous()
+            d_joined = _joined(shard.all_reduce_(d_state.div_(shard.tokens)))
         dk = new(k, out[1]) if need_k else None
         dv = new(v, out[2]) if need_v else None
         if need_k or need_v:
-            for sl in _token_chunks(k.shape, k.device):
-                kc = k[:, :, sl].float()
-                phi_k, parts = _key_lift(kc, opts)
+            d_s, d_joined_t = d_joined[..., :d], d_joined.mT
+            tokens = _token_scales(k, opts, query=False, grad=need_k)
+            scratch.blocks[2][..., d] = 1.0                              # the third block is [v | 1] now
+            dv_bh = None if dv is None else _bh(dv)
+            for sl in chunks:
+                c = sl.stop - sl.start
+                feat, d_feat, v1 = scratch(c)
+                kc, t = _rows(k, sl.start, c), _narrow(tokens, sl.start, c)
+                parts = _key_lift(kc, t, opts, feat.halves, keep=need_k)
                 if need_v:
-                    dv[:, :, sl] = (phi_k[0] @ d_state[0, ..., :d]).add_(phi_k[1] @ d_state[1, ..., :d])
+                    if dv_bh is not None:
+                        _into(dv_bh.narrow(1, sl.start, c), torch.bmm, feat.bh, d_s)
+                    else:
+                        dv[:, :, sl] = torch.bmm(feat.bh, d_s).view(b, h, c, d)
                 if need_k:
-                    v1 = _with_ones(v[:, :, sl].float())
-                    d_phi = [v1 @ half.transpose(-2, -1) for half in d_state]
-                    dk[:, :, sl] = _key_grad(kc, phi_k, d_phi, parts, opts)
+                    v1.halves[0].copy_(v.narrow(2, sl.start, c))
+                    _into(d_feat.bh, torch.bmm, v1.bh, d_joined_t)
+                    _key_grad(kc, feat.halves, d_feat.halves, t, parts, opts, dk.narrow(2, sl.start, c))
     return dq, dk, dv
 
 
@@ -338,10 +493,10 @@ def nala_attention(
 
     * ``"auto"``: ``select_nala_impl`` for the tensors' device (fused on CPU, Triton on
       CUDA; the eager composition under ``torch.func.vmap``);
-    * ``"fused"``: token-chunked features kept as their cos/sin halves (no
-      concatenation; two GEMMs per product), ``[S | z]`` from the same GEMM, and a
-      hand-written backward that saves only q, k, v, the small state and the
-      denominator (features are recomputed);
+    * ``"fused"``: token-chunked features, their cos/sin halves written in place into
+      one 2D-wide block (one GEMM per product with the state), and a hand-written
+      backward that saves only q, k, v, the small state and the denominator (features
+      are recomputed);
     * ``"triton"``: the same algorithm as GPU kernels (``nala_dit/attention/triton_kernels.py``), the
       features computed in registers; under ``torch.compile`` as the custom op
       ``nala_dit::nala_triton`` (``triton_op.py``), so the graph does not break there;

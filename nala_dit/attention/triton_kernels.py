@@ -37,9 +37,10 @@ registers at D = 72 where they were.
 
 What is saved for the backward: q, k, v, the state (2 × D × (D+1) per head) and the
 denominator. The 2D-wide features (norm, exponent, ``|q̂|^p``, angles, cos/sin halves,
-``|k|^λ``) are recomputed in registers in every pass and never written to memory. As in
-the CPU path (``nala._FusedNaLa``), the feature is never concatenated: its two halves
-each meet the state in their own ``tl.dot``.
+``|k|^λ``) are recomputed in registers in every pass and never written to memory. The
+feature is never concatenated: its two halves each meet the state in their own ``tl.dot``
+(the CPU path, ``nala._FusedNaLa``, writes them side by side into one scratch block per
+token chunk instead, so that there each product is one GEMM).
 
 Precision: every load is cast to fp32, features, state, normaliser and division are fp32,
 and only the stores cast to the tensor's dtype (§3 "Precision"). Products of fp32 blocks

@@ -3,7 +3,7 @@ change which adds per-call work fails here (issue 53, item 2).
 
 Counted: every aten op that reaches the dispatcher and is not a view (``func.is_view``),
 under a ``TorchDispatchMode``; on the CPU each is one kernel call. Today (a (2, 16, 32)
-input, 2 heads, LePE + LayerNorm + gate, recompute on): 73 forward, 192 backward.
+input, 2 heads, LePE + LayerNorm + gate, recompute on): 63 forward, 140 backward.
 
 Issue 53's targets, for the Triton path on CUDA: at most 5 kernels forward and 15 forward
 + backward per gated layer (softmax attention: 3 / 13; before: 12 / 43). Counted here under
@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nala_dit.attention.layers import build_attention
 
-FORWARD, BACKWARD = 73, 192
+FORWARD, BACKWARD = 63, 140
 
 
 TRITON_FORWARD = ["aten.full", "triton._forward_kernel"]

@@ -117,3 +117,31 @@ def test_unknown_impl_is_named():
 @pytest.mark.parametrize("direction", ["cosine", "relu_split"])
 def test_compile_matches_reference(direction):
     compare("compile", *qkv(n=63, d=24), FP32_TOL, direction=direction)
+
+
+def test_fused_path_runs_one_gemm_per_product_and_chunk(monkeypatch):
+    """The features are built in place as one 2D-wide block, so every product with the
+    state (or its gradient) is a single GEMM per token chunk: forward, the state and the
+    output (2 per chunk); backward, ∂L/∂φ_q and the state's gradient in the query pass,
+    ∂L/∂v and ∂L/∂φ_k in the key pass (4 per chunk). Keeping the cos/sin halves apart
+    took two GEMMs for each."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Gemms(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += str(func.overloadpacket) in ("aten.bmm", "aten.baddbmm", "aten.baddbmm_", "aten.mm")
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(fused, "_CHUNK_ELEMENTS", 1)          # 64 tokens a chunk
+    q, k, v = qkv(b=1, h=2, n=150, d=8)
+    chunks = len(fused._token_chunks(q.shape, q.device))
+    assert chunks == 3
+    with Gemms() as forward:
+        out = nala_attention(q, k, v, impl="fused")
+    with Gemms() as backward:
+        out.sum().backward()
+    assert (forward.count, backward.count) == (2 * chunks, 4 * chunks)
