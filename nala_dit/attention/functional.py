@@ -56,9 +56,10 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def _fp32(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """At least fp32: half precision is lifted, float64 stays float64 (so a float64
-    reference and gradcheck see no fp32 rounding)."""
-    return [t if t.dtype == torch.float64 else t.float() for t in tensors]
+    """At least fp32, one dtype for all: half precision is lifted to fp32, and if any is
+    float64 all are (so a float64 reference and gradcheck see no fp32 rounding)."""
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    return [t.to(dtype) for t in tensors]
 
 
 def _no_autocast(device: torch.device):
@@ -155,7 +156,7 @@ def normalized_linear_attention(
     """
     n = phi_k.shape[-2]
     with _no_autocast(v.device):
-        (v32,) = _fp32(v)
+        phi_q, phi_k, v32 = _fp32(phi_q, phi_k, v)
         state = phi_k.transpose(-2, -1) @ v32 / n                  # (B, H, F, D)
         z = phi_k.mean(dim=-2, keepdim=True)                       # (B, H, 1, F)
         num = phi_q @ state                                        # (B, H, N, D)

@@ -45,14 +45,15 @@ def test_registered_backward_matches_eager_autograd(direction):
     composition NaLa(q/s, s=1) == NaLa(q, s), fp32 relative RMS ≤ 1e-5. s is near ‖q‖ ≈ 2,
     where a learned scale starts (``reset_norm_scale``) and tanh is steep; a saturated
     head's ∂L/∂s is ~1e-3 of the terms it sums, and the fp32 rounding of either side
-    (the eager composition computes in fp32 too) would be what is measured there."""
+    (the float64 reference aside) would be what is measured there."""
     q, k, v = qkv()
     s = torch.tensor([1.5, 2.0, 3.0], device=DEVICE, requires_grad=True)
     out = nala_triton_attention(q, k, v, s, kernel_opts(direction))
     g_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     got = torch.autograd.grad(out, (q, k, v, s), g_out)
-    # q/s in float64: the eager composition itself computes in fp32 (its own rounding of
-    # the scale's gradient, a sum over every token, would be the larger part of the error)
+    # q/s in float64: the eager composition then computes in float64 (in fp32 its own
+    # rounding of the scale's gradient, a sum over every token, would be the larger part of
+    # the error)
     q_s = (q.double() / s.double().view(1, -1, 1, 1))
     ref = _nala_eager(q_s, k, v, NaLaConfig(direction=direction, norm_scale=1.0))
     want = torch.autograd.grad(ref, (q, k, v, s), g_out)
