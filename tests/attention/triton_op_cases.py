@@ -44,8 +44,8 @@ def test_registered_backward_matches_eager_autograd(direction):
     scale's case) from the op and its registered backward, against autograd of the eager
     composition NaLa(q/s, s=1) == NaLa(q, s), fp32 relative RMS ≤ 1e-5. s is near ‖q‖ ≈ 2,
     where a learned scale starts (``reset_norm_scale``) and tanh is steep; a saturated
-    head's ∂L/∂s is ~1e-3 of the terms it sums, and the fp32 rounding of either side
-    (the float64 reference aside) would be what is measured there."""
+    head's ∂L/∂s is ~1e-3 of the terms it sums, and the op's own fp32 rounding
+    would be what is measured there."""
     q, k, v = qkv()
     s = torch.tensor([1.5, 2.0, 3.0], device=DEVICE, requires_grad=True)
     out = nala_triton_attention(q, k, v, s, kernel_opts(direction))
