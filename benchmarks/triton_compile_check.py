@@ -1,6 +1,7 @@
 """Compile the NaLa Triton kernels for a GPU architecture without a GPU, and print per
-kernel what ptxas and the SASS say: registers per thread, spill bytes, programs per SM the
-register file allows, the matrix instructions (``HGMMA``: Hopper's wgmma; ``HMMA``: the
+kernel what ptxas and the SASS say: registers per thread, spill bytes, the shared memory
+Triton gives a program, programs per SM (what the register file, the shared memory and the
+warp slots allow together, ``occupancy``), the matrix instructions (``HGMMA``: Hopper's wgmma; ``HMMA``: the
 older mma.sync) and the special-function unit's operations (``MUFU.SIN``, ``MUFU.EX2``, ...;
 sin/cos/log missing from that list run as software polynomials on the FMA pipes).
 
@@ -46,7 +47,30 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 NVDISASM = PTXAS.with_name("nvdisasm")
 
 
-REGISTERS_PER_SM = 65536          # sm_80 / sm_90: 64 K 32-bit registers per SM
+# What one SM holds (sm_90, H100/H200; CUDA programming guide, compute capability 9.0,
+# and the occupancy calculator's constants): 64 K 32-bit registers, allocated per warp in
+# units of 256 (a thread's count rounded up to a multiple of 8; at most 255 per thread);
+# 228 KB of shared memory, at most 227 KB per program, plus 1 KB the driver reserves for
+# every resident program; 64 warps; 32 programs. So two programs of 8 warps need ≤ 128
+# registers, two of 4 warps ≤ 255 (and each ≤ 113 KB of shared memory).
+REGISTERS_PER_SM = 65536
+REGISTER_UNIT = 256               # per warp
+SHARED_PER_SM = 228 * 1024
+SHARED_PER_PROGRAM = 227 * 1024
+SHARED_RESERVED = 1024            # per resident program
+WARPS_PER_SM = 64
+PROGRAMS_PER_SM = 32
+
+
+def occupancy(registers: int, num_warps: int, shared_bytes: int = 0) -> dict:
+    """Programs per SM of a kernel with ``registers`` per thread, ``num_warps`` warps and
+    ``shared_bytes`` of shared memory: by registers, by shared memory, and the resulting
+    ``programs_per_sm`` (the least of those and the warp and program slots; 0: cannot launch)."""
+    per_warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
+    by_regs = (REGISTERS_PER_SM // per_warp) // num_warps if registers <= 255 else 0
+    by_shared = SHARED_PER_SM // (shared_bytes + SHARED_RESERVED) if shared_bytes <= SHARED_PER_PROGRAM else 0
+    return dict(programs_by_registers=by_regs, programs_by_shared=by_shared,
+                programs_per_sm=min(by_regs, by_shared, WARPS_PER_SM // num_warps, PROGRAMS_PER_SM))
 
 
 def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "fused"):
@@ -106,7 +130,9 @@ def gated_report(channels: int, dtype: str = "bf16", arch: int = 90) -> list[tup
 
 
 def compile_kernel(kernel, pointers: dict, constexprs: dict, num_warps: int, arch: int) -> tuple[str, str]:
-    """Compile for ``sm_<arch>`` (sm_90a for 90); return ptxas's resource report and the SASS."""
+    """Compile for ``sm_<arch>`` (sm_90a for 90); return the resource report (ptxas's, then a
+    line with the shared memory Triton gives each program: dynamic, so ptxas does not see it)
+    and the SASS."""
     signature = {name: "constexpr" if name in constexprs else pointers.get(name) or
                  ("fp32" if name in FLOAT_ARGS else "i32") for name in kernel.arg_names}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
@@ -117,19 +143,22 @@ def compile_kernel(kernel, pointers: dict, constexprs: dict, num_warps: int, arc
         proc = subprocess.run([str(PTXAS), f"-arch=sm_{arch}a" if arch == 90 else f"-arch=sm_{arch}", "-v", ptx,
                                "-o", cubin], capture_output=True, text=True, check=True)
         sass = subprocess.run([str(NVDISASM), cubin], capture_output=True, text=True, check=True).stdout
-    return proc.stderr, sass
+    return proc.stderr + f"\nTriton shared memory: {compiled.metadata.shared} bytes\n", sass
 
 
 def resources(ptxas_output: str, sass: str = "", num_warps: int = 0) -> dict:
-    """Registers, spill bytes, programs per SM by registers, and SASS instruction counts:
-    HGMMA (wgmma), HMMA (mma.sync), each MUFU operation, local loads/stores (LDL/STL)."""
+    """Registers, spill bytes, shared memory, programs per SM (``occupancy``; with
+    ``num_warps``), and SASS instruction counts: HGMMA (wgmma), HMMA (mma.sync), each MUFU
+    operation, local loads/stores (LDL/STL)."""
     regs = re.search(r"Used (\d+) registers", ptxas_output)
     spill = re.search(r"(\d+) bytes spill stores", ptxas_output)
+    shared = re.search(r"Triton shared memory: (\d+) bytes", ptxas_output)
     ops = collections.Counter(m.group(1) for m in re.finditer(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)",
                                                            sass, re.M))
-    r = dict(registers=int(regs.group(1)) if regs else None, spill_bytes=int(spill.group(1)) if spill else None)
+    r = dict(registers=int(regs.group(1)) if regs else None, spill_bytes=int(spill.group(1)) if spill else None,
+             shared_bytes=int(shared.group(1)) if shared else 0)
     if num_warps and r["registers"]:
-        r["programs_per_sm"] = REGISTERS_PER_SM // (r["registers"] * 32 * num_warps)
+        r.update(occupancy(r["registers"], num_warps, r["shared_bytes"]))
     r["hgmma"] = sum(n for op, n in ops.items() if op.startswith("HGMMA"))
     r["hmma"] = sum(n for op, n in ops.items() if op.startswith("HMMA"))
     r["mufu"] = dict(sorted((op.split(".", 1)[1], n) for op, n in ops.items() if op.startswith("MUFU.")))
@@ -150,7 +179,9 @@ def report(head_dim: int, dtype: str, direction: str, variant: str = "fused", ar
 
 def format_row(r: dict) -> str:
     mufu = " ".join(f"{op}:{n}" for op, n in r["mufu"].items()) or "-"
-    return (f"registers {r['registers']:>3}  spills {r['spill_bytes']} B  programs/SM {r.get('programs_per_sm')}  "
+    return (f"registers {r['registers']:>3}  spills {r['spill_bytes']} B  shared {r['shared_bytes'] // 1024:>3} KB  "
+            f"programs/SM {r.get('programs_per_sm')} (registers {r.get('programs_by_registers')}, "
+            f"shared {r.get('programs_by_shared')})  "
             f"HGMMA {r['hgmma']:>3}  HMMA {r['hmma']:>3}  LDL/STL {r['local']}  SASS {r['instructions']}  MUFU {mufu}")
 
 
