@@ -13,6 +13,7 @@ and block sizes can be chosen so that no kernel spills registers (``_CONFIGS`` i
     python benchmarks/triton_compile_check.py                        # every variant, sm_90
     python benchmarks/triton_compile_check.py --head-dims 72 --dtypes bf16 --directions cosine
     python benchmarks/triton_compile_check.py --variant baseline     # the kernels before issue 53
+    python benchmarks/triton_compile_check.py --previous             # the launch configs before two programs per SM
     python benchmarks/triton_compile_check.py --gated 384,1152       # the gated layer's epilogue kernels
 
 ``tests/attention/test_triton_kernels.py`` (``test_kernels_compile_for_hopper``) runs it for
@@ -73,35 +74,36 @@ def occupancy(registers: int, num_warps: int, shared_bytes: int = 0) -> dict:
                 programs_per_sm=min(by_regs, by_shared, WARPS_PER_SM // num_warps, PROGRAMS_PER_SM))
 
 
-def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "fused"):
-    """(label, kernel, pointer types, constexprs, num_warps) for every kernel one call of
+def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "fused", config: dict | None = None):
+    """(label, kernel, pointer types, constexprs, launch config) for every kernel one call of
     ``variant`` can launch (the fused variant: the single-launch forward, or the atomic
-    state pass + output; the baseline: the partial-sum state pass + output)."""
-    cfg = tn.launch_config(head_dim, variant=variant)
-    st, out, bwd = cfg["state"], cfg["out"], cfg["bwd"]
+    state pass + output; the baseline: the partial-sum state pass + output); ``config`` as
+    ``launch_config``'s override (``{"table": "previous"}``: the entries before issue 53's
+    register work). The launch config is the kind's entry: num_warps, num_stages, maxnreg."""
+    cfg = tn.launch_config(head_dim, config, variant=variant)
+    fw, st, out, dq, dkv = (cfg[kind] for kind in tn.KINDS)
     p, f = f"*{dtype}", "*fp32"
     half = "bf16" if variant == "fused" else "tf32"
     base = dict(COSINE=direction == "cosine", PREC="ieee" if dtype == "fp32" else half)
     if "BA" in cfg:
         base["D"] = head_dim     # the split kernels take D as a constant (vectorised state loads)
     st_c = dict(base, BLOCK_N=st["BLOCK_N"], **tn._tile_args(cfg, "state"), ATOMIC=variant == "fused")
-    out_c = dict(base, BLOCK_N=out["BLOCK_N"], **tn._tile_args(cfg, "out"))
-    bwd_c = dict(base, BLOCK_N=bwd["BLOCK_N"], **tn._tile_args(cfg, "bwd", nv=True))
     k = lambda name: tn._kernel_for(name, cfg)  # noqa: E731  (the split forms where D is split)
     fused = [("forward", k("_forward_kernel"), dict(K=p, V=p, Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f),
-              dict(base, BLOCK_N=st["BLOCK_N"], **tn._tile_args(cfg, "state"),
-                   **({"BLOCK_O": out["BLOCK_N"]} if "BA" in cfg else {})), st["num_warps"])] \
+              dict(base, BLOCK_N=fw["BLOCK_N"], **tn._tile_args(cfg, "forward"),
+                   **({"BLOCK_O": out["BLOCK_N"]} if "BA" in cfg else {})), fw)] \
         if variant == "fused" else []
     return fused + [
         ("state", k("_state_kernel"), dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f),
-         dict(st_c, QUERY=False, DEN=None, DDEN=None), st["num_warps"]),
-        ("output", k("_output_kernel"), dict(Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f), out_c, out["num_warps"]),
+         dict(st_c, QUERY=False, DEN=None, DDEN=None), st),
+        ("output", k("_output_kernel"), dict(Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f),
+         dict(base, BLOCK_N=out["BLOCK_N"], **tn._tile_args(cfg, "out")), out),
         ("dq", k("_dq_kernel"), dict(Q=p, G=p, ScaleP=f, S=f, Z=f, DEN=f, DQ=p, DDEN=f, DU=f),
-         dict(bwd_c, NEED_DU=False, DQ_STRIDED=False), bwd["num_warps"]),
+         dict(base, BLOCK_N=dq["BLOCK_N"], **tn._tile_args(cfg, "dq", nv=True), NEED_DU=False, DQ_STRIDED=False), dq),
         ("dstate", k("_state_kernel"), dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f, DEN=f, DDEN=f),
-         dict(st_c, QUERY=True), st["num_warps"]),
-        ("dkv", k("_dkv_kernel"), dict(K=p, V=p, DS=f, DZ=f, DK=p, DV=p), dict(bwd_c, ADD_DV=False),
-         bwd["num_warps"]),
+         dict(st_c, QUERY=True), st),
+        ("dkv", k("_dkv_kernel"), dict(K=p, V=p, DS=f, DZ=f, DK=p, DV=p),
+         dict(base, BLOCK_N=dkv["BLOCK_N"], **tn._tile_args(cfg, "dkv", nv=True), ADD_DV=False), dkv),
     ]
 
 
@@ -129,14 +131,16 @@ def gated_report(channels: int, dtype: str = "bf16", arch: int = 90) -> list[tup
             for label, kernel, pointers, constexprs, warps in gated_variants(channels, dtype)]
 
 
-def compile_kernel(kernel, pointers: dict, constexprs: dict, num_warps: int, arch: int) -> tuple[str, str]:
+def compile_kernel(kernel, pointers: dict, constexprs: dict, num_warps: int, arch: int,
+                   num_stages: int | None = None, maxnreg: int | None = None) -> tuple[str, str]:
     """Compile for ``sm_<arch>`` (sm_90a for 90); return the resource report (ptxas's, then a
     line with the shared memory Triton gives each program: dynamic, so ptxas does not see it)
-    and the SASS."""
+    and the SASS. ``num_stages`` / ``maxnreg``: Triton's options (None: its default, no cap)."""
     signature = {name: "constexpr" if name in constexprs else pointers.get(name) or
                  ("fp32" if name in FLOAT_ARGS else "i32") for name in kernel.arg_names}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                              target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
+                              target=GPUTarget("cuda", arch, 32),
+                              options=tn._compile_opts(dict(num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)))
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
         Path(ptx).write_text(compiled.asm["ptx"])
@@ -167,13 +171,23 @@ def resources(ptxas_output: str, sass: str = "", num_warps: int = 0) -> dict:
     return r
 
 
-def report(head_dim: int, dtype: str, direction: str, variant: str = "fused", arch: int = 90, labels=None):
-    """One row per kernel (those named in ``labels``, default all): (label, num_warps, resources)."""
+def compile_launch(kernel, pointers: dict, constexprs: dict, launch: dict, arch: int) -> dict:
+    """``resources`` of a kernel compiled with a launch config (a ``launch_config`` kind's
+    entry), which the row also names (num_warps, num_stages, maxnreg)."""
+    r = resources(*compile_kernel(kernel, pointers, constexprs, launch["num_warps"], arch, launch.get("num_stages"),
+                                  launch.get("maxnreg")), launch["num_warps"])
+    return dict(r, num_stages=launch.get("num_stages"), maxnreg=launch.get("maxnreg"))
+
+
+def report(head_dim: int, dtype: str, direction: str, variant: str = "fused", arch: int = 90, labels=None,
+           config: dict | None = None):
+    """One row per kernel (those named in ``labels``, default all): (label, num_warps, resources);
+    ``config`` as ``kernel_variants``'."""
     rows = []
-    for label, kernel, pointers, constexprs, warps in kernel_variants(head_dim, dtype, direction, variant):
+    for label, kernel, pointers, constexprs, launch in kernel_variants(head_dim, dtype, direction, variant, config):
         if labels is not None and label not in labels:
             continue
-        rows.append((label, warps, resources(*compile_kernel(kernel, pointers, constexprs, warps, arch), warps)))
+        rows.append((label, launch["num_warps"], compile_launch(kernel, pointers, constexprs, launch, arch)))
     return rows
 
 
@@ -193,6 +207,8 @@ def main(argv=None):
     parser.add_argument("--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200)")
     parser.add_argument("--variant", default="fused", choices=tn.VARIANTS,
                         help="the kernels to compile (baseline: before issue 53; see NALA_TRITON_VARIANT)")
+    parser.add_argument("--previous", dest="config", action="store_const", const={"table": "previous"},
+                        help="the fused variant's launch configs from before issue 53's register work")
     parser.add_argument("--gated", default=None, type=lambda s: [int(x) for x in s.split(",")],
                         help="instead: the gated layer's epilogue kernels at these hidden sizes (e.g. 384,1152)")
     args = parser.parse_args(argv)
@@ -208,11 +224,14 @@ def main(argv=None):
     for d in args.head_dims:
         for dtype in args.dtypes:
             for direction in args.directions:
-                for label, kernel, pointers, constexprs, warps in kernel_variants(d, dtype, direction, args.variant):
+                for label, kernel, pointers, constexprs, launch in kernel_variants(d, dtype, direction, args.variant,
+                                                                                   args.config):
                     name = f"D={d:<4d}{dtype:5s}{direction:11s}{label:8s}"
                     try:
-                        r = resources(*compile_kernel(kernel, pointers, constexprs, warps, args.arch), warps)
-                        print(f"{name} warps {warps}  {format_row(r)}", flush=True)
+                        r = compile_launch(kernel, pointers, constexprs, launch, args.arch)
+                        cap = f" cap {r['maxnreg']}" if r["maxnreg"] else ""
+                        stages = f" stages {r['num_stages']}" if r["num_stages"] else ""
+                        print(f"{name} warps {launch['num_warps']}{cap}{stages}  {format_row(r)}", flush=True)
                     except Exception as err:  # noqa: BLE001  (report every failing variant)
                         failures += 1
                         print(f"{name} FAILED {type(err).__name__}: {str(err)[:2000]}", flush=True)

@@ -357,6 +357,38 @@ def _key_grad2(ka, kb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, power, alpha, nor
             dkb + b_dbb * power / tl.where(kb != 0, kb, 1.0))
 
 
+@triton.jit
+def _key_tile(k, clamped, power, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """φ_k on a chunk of lanes: b = |k|^λ, the direction from k̂ = k / max(‖k‖, ε) (cosine;
+    ``clamped`` spans every lane) or from k (relu_split); also that x̂ (k̂ or k)."""
+    b = _abs_pow(k, power, PREC)
+    if COSINE:
+        h = k / clamped[:, None]
+    else:
+        h = k
+    f1, f2 = _lift(b, h, alpha, COSINE, PREC)
+    return f1, f2, h
+
+
+@triton.jit
+def _key_grad_tile(k, f1, f2, g1, g2, h, clamped, power, alpha, COSINE: tl.constexpr):
+    """∂L/∂k on a chunk of lanes but the unit vector's row term (c·k, see _unit_row_term):
+    λ·b·∂L/∂b / k, plus ∂L/∂k̂ / max(‖k‖, ε) in the cosine mode; and Σ ∂L/∂k̂·k̂ over the chunk."""
+    b_db, d_hat = _lift_grad(f1, f2, g1, g2, h, alpha, COSINE)
+    part = b_db * power / tl.where(k != 0, k, 1.0)
+    if COSINE:
+        part += d_hat / clamped[:, None]
+    return part, tl.sum(d_hat * h, 1)
+
+
+@triton.jit
+def _unit_row_term(norm, clamped, dot_hat, d_norm, norm_eps):
+    """c in ∂L/∂x = ∂L/∂x̂ / max(‖x‖, ε) + c·x for x̂ = x / max(‖x‖, ε) (as _through_unit),
+    from Σ_d ∂L/∂x̂·x̂ over every lane and an extra ∂L/∂‖x‖."""
+    d_norm = d_norm + tl.where(norm >= norm_eps, -dot_hat / clamped, 0.0)
+    return d_norm / tl.where(norm == 0, 1.0, norm)
+
+
 # ---------------------------------------------------------------------------- kernels
 
 
@@ -860,16 +892,40 @@ def _state_kernel_split(
 
 
 @triton.jit
-def _output_block2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, s_base, z1a, z2a, z1b, z2b,
-                   scale, power, offset, alpha, norm_eps, eps, COSINE: tl.constexpr, PREC: tl.constexpr):
-    """_output_block with split tiles: the output's value lanes a and b, and the denominator."""
-    qa = _load_block(q_base, sq_n, sq_d, offs_n, offs_a, n_mask, offs_a < D)
-    qb = _load_block(q_base, sq_n, sq_d, offs_n, offs_b, n_mask, offs_b < D)
-    f1a, f2a, f1b, f2b, _ha, _hb, _n, _c, _p, _t = _query_features2(qa, qb, scale, power, offset, alpha,
-                                                                    norm_eps, COSINE, PREC)
-    num_a, num_b = _times_state2(f1a, f1b, f2a, f2b, s_base, D, offs_a, offs_b, PREC)
-    den = (tl.sum(f1a * z1a[None, :] + f2a * z2a[None, :], 1)
-           + tl.sum(f1b * z1b[None, :] + f2b * z2b[None, :], 1) + eps)
+def _row_norm2(base, s_n, s_d, offs_n, n_mask, offs_a, offs_b, D, norm_eps):
+    """‖x‖ over both tiles of a (BN, D) slice, and max(‖x‖, ε)."""
+    xa = _load_block(base, s_n, s_d, offs_n, offs_a, n_mask, offs_a < D)
+    xb = _load_block(base, s_n, s_d, offs_n, offs_b, n_mask, offs_b < D)
+    norm = tl.sqrt(tl.sum(xa * xa, 1) + tl.sum(xb * xb, 1))
+    return norm, tl.maximum(norm, norm_eps)
+
+
+@triton.jit
+def _output_block2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, s_base, z_base,
+                   scale, power, offset, alpha, norm_eps, eps, COSINE: tl.constexpr, PREC: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, BC: tl.constexpr):
+    """_output_block with split tiles: the output's value lanes a and b, and the denominator.
+    The features in chunks of BC lanes (a loop), each meeting its BC rows of S: one
+    chunk's features live at a time."""
+    norm, clamped = _row_norm2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, norm_eps)
+    p = power * (offset + _tanh(norm / scale))
+    s2 = s_base + D * D
+    num_a = tl.zeros((BLOCK_N, BA), dtype=tl.float32)
+    num_b = tl.zeros((BLOCK_N, BB), dtype=tl.float32)
+    den = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for c0 in range(0, D, BC):
+        offs_c = c0 + tl.arange(0, BC)
+        c_mask = offs_c < D
+        f1, f2, _h = _query_tile(_load_block(q_base, sq_n, sq_d, offs_n, offs_c, n_mask, c_mask), clamped, p, alpha,
+                                 COSINE, PREC)
+        num_a += _dot(f1, _s_block(s_base, offs_c, offs_a, D), PREC)
+        num_a += _dot(f2, _s_block(s2, offs_c, offs_a, D), PREC)
+        num_b += _dot(f1, _s_block(s_base, offs_c, offs_b, D), PREC)
+        num_b += _dot(f2, _s_block(s2, offs_c, offs_b, D), PREC)
+        z1 = tl.load(z_base + offs_c, mask=c_mask, other=0.0)
+        z2 = tl.load(z_base + D + offs_c, mask=c_mask, other=0.0)
+        den += tl.sum(f1 * z1[None, :] + f2 * z2[None, :], 1)
+    den += eps
     return num_a / den[:, None], num_b / den[:, None], den
 
 
@@ -891,7 +947,7 @@ def _forward_kernel_split(
     H, N, D: tl.constexpr, inv_n,
     power, offset, alpha, norm_eps, eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
-    PREC: tl.constexpr, BLOCK_O: tl.constexpr = 64,
+    PREC: tl.constexpr, BLOCK_O: tl.constexpr = 64, BC: tl.constexpr = 16,
 ):
     """_forward_kernel with split tiles. The state is stored, then read back block by
     block for the output (after a barrier: the program's own stores), which keeps the
@@ -909,18 +965,14 @@ def _forward_kernel_split(
     _put_state2(s_base, Z + bh * 2 * D, D, offs_a, offs_b, s1aa, s1ab, s1ba, s1bb, s2aa, s2ab, s2ba, s2bb,
                 z1a, z2a, z1b, z2b, inv_n, False)
     tl.debug_barrier()
-    z1a = z1a * inv_n
-    z2a = z2a * inv_n
-    z1b = z1b * inv_n
-    z2b = z2b * inv_n
     q_base = Q + _head_offset(bh, H, sq_b, sq_h)
     o_base = O + _head_offset(bh, H, so_b, so_h)
     for n0 in range(0, N, BLOCK_O):
         offs_n = n0 + tl.arange(0, BLOCK_O)
         n_mask = offs_n < N
         out_a, out_b, den = _output_block2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, s_base,
-                                           z1a, z2a, z1b, z2b, scale, power, offset, alpha, norm_eps, eps,
-                                           COSINE, PREC)
+                                           Z + bh * 2 * D, scale, power, offset, alpha, norm_eps, eps,
+                                           COSINE, PREC, BLOCK_O, BA, BB, BC)
         _store_tile(o_base, so_n, so_d, offs_n, offs_a, N, D, out_a)
         _store_tile(o_base, so_n, so_d, offs_n, offs_b, N, D, out_b)
         tl.store(DEN + bh * N + offs_n, den, mask=n_mask)
@@ -933,7 +985,7 @@ def _output_kernel_split(
     H, N, D: tl.constexpr,
     power, offset, alpha, norm_eps, eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, BC: tl.constexpr = 16,
 ):
     """_output_kernel with split tiles. Grid: (B·H, token blocks)."""
     bh = tl.program_id(0).to(tl.int64)
@@ -941,18 +993,21 @@ def _output_kernel_split(
     offs_a = tl.arange(0, BA)
     offs_b = BA + tl.arange(0, BB)
     scale = tl.load(ScaleP + bh % H)
-    z_base = Z + bh * 2 * D
-    z1a = tl.load(z_base + offs_a, mask=offs_a < D, other=0.0)
-    z1b = tl.load(z_base + offs_b, mask=offs_b < D, other=0.0)
-    z2a = tl.load(z_base + D + offs_a, mask=offs_a < D, other=0.0)
-    z2b = tl.load(z_base + D + offs_b, mask=offs_b < D, other=0.0)
     out_a, out_b, den = _output_block2(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_n < N,
-                                       offs_a, offs_b, D, S + bh * 2 * D * D, z1a, z2a, z1b, z2b,
-                                       scale, power, offset, alpha, norm_eps, eps, COSINE, PREC)
+                                       offs_a, offs_b, D, S + bh * 2 * D * D, Z + bh * 2 * D,
+                                       scale, power, offset, alpha, norm_eps, eps, COSINE, PREC, BLOCK_N, BA, BB, BC)
     o_base = O + _head_offset(bh, H, so_b, so_h)
     _store_tile(o_base, so_n, so_d, offs_n, offs_a, N, D, out_a)
     _store_tile(o_base, so_n, so_d, offs_n, offs_b, N, D, out_b)
     tl.store(DEN + bh * N + offs_n, den, mask=offs_n < N)
+
+
+@triton.jit
+def _state_t_chunk(ua, ub, s_half, D, offs_c, offs_a, offs_b, PREC: tl.constexpr):
+    """u Sᵀ for one state half, feature lanes offs_c (a chunk), from the value tiles (ua, ub)."""
+    g = _dot(ua, _s_block_t(s_half, offs_c, offs_a, D), PREC)
+    g += _dot(ub, _s_block_t(s_half, offs_c, offs_b, D), PREC)
+    return g
 
 
 @triton.jit
@@ -962,46 +1017,76 @@ def _dq_kernel_split(
     H, N, D: tl.constexpr,
     power, offset, alpha, norm_eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
-    PREC: tl.constexpr, NEED_DU: tl.constexpr, DQ_STRIDED: tl.constexpr = False,
+    PREC: tl.constexpr, NEED_DU: tl.constexpr, DQ_STRIDED: tl.constexpr = False, BC: tl.constexpr = 16,
 ):
     """_dq_kernel with split tiles (DQ through its strides where DQ_STRIDED, else
-    contiguous with constant strides). Grid: (B·H, token blocks)."""
+    contiguous with constant strides), the feature lanes in chunks of BC (loops): one
+    chunk's features and ∂L/∂φ live at a time. Two passes over the chunks. ∂L/∂q is linear
+    in ∂L/∂φ = (g/den) Sᵀ + ∂L/∂den·zᵀ, so the first pass takes the row sums that need
+    ∂L/∂den (∂L/∂p, Σ ∂L/∂q̂·q̂) as their (g/den) Sᵀ part plus ∂L/∂den times their zᵀ
+    part, beside ∂L/∂den itself; the second computes ∂L/∂q per chunk (features and the
+    products again). Grid: (B·H, token blocks)."""
     bh = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_a = tl.arange(0, BA)
     offs_b = BA + tl.arange(0, BB)
     n_mask = offs_n < N
-    a_mask = offs_a < D
-    b_mask = offs_b < D
     den = tl.load(DEN + bh * N + offs_n, mask=n_mask, other=1.0)
     g_base = G + _head_offset(bh, H, sg_b, sg_h)
-    ua = _load_block(g_base, sg_n, sg_d, offs_n, offs_a, n_mask, a_mask) / den[:, None]
-    ub = _load_block(g_base, sg_n, sg_d, offs_n, offs_b, n_mask, b_mask) / den[:, None]
+    ua = _load_block(g_base, sg_n, sg_d, offs_n, offs_a, n_mask, offs_a < D) / den[:, None]
+    ub = _load_block(g_base, sg_n, sg_d, offs_n, offs_b, n_mask, offs_b < D) / den[:, None]
     s_base = S + bh * 2 * D * D
-    g1a, g1b = _times_state_t2(ua, ub, s_base, D, offs_a, offs_b, PREC)
-    g2a, g2b = _times_state_t2(ua, ub, s_base + D * D, D, offs_a, offs_b, PREC)
-    q_base = Q + _head_offset(bh, H, sq_b, sq_h)
-    qa = _load_block(q_base, sq_n, sq_d, offs_n, offs_a, n_mask, a_mask)
-    qb = _load_block(q_base, sq_n, sq_d, offs_n, offs_b, n_mask, b_mask)
-    scale = tl.load(ScaleP + bh % H)
-    f1a, f2a, f1b, f2b, ha, hb, norm, clamped, p, t_norm = _query_features2(qa, qb, scale, power, offset, alpha,
-                                                                            norm_eps, COSINE, PREC)
-    d_den = -(tl.sum(f1a * g1a + f2a * g2a, 1) + tl.sum(f1b * g1b + f2b * g2b, 1)) / den
-    tl.store(DDEN + bh * N + offs_n, d_den, mask=n_mask)
     z_base = Z + bh * 2 * D
-    g1a += d_den[:, None] * tl.load(z_base + offs_a, mask=a_mask, other=0.0)[None, :]
-    g1b += d_den[:, None] * tl.load(z_base + offs_b, mask=b_mask, other=0.0)[None, :]
-    g2a += d_den[:, None] * tl.load(z_base + D + offs_a, mask=a_mask, other=0.0)[None, :]
-    g2b += d_den[:, None] * tl.load(z_base + D + offs_b, mask=b_mask, other=0.0)[None, :]
-    dqa, dqb, d_u = _query_grad2(qa, qb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, ha, hb, norm, clamped, p, t_norm,
-                                 scale, power, alpha, norm_eps, COSINE, PREC)
+    q_base = Q + _head_offset(bh, H, sq_b, sq_h)
+    scale = tl.load(ScaleP + bh % H)
+    norm, clamped = _row_norm2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, norm_eps)
+    t_norm = _tanh(norm / scale)
+    p = power * (offset + t_norm)
+    sum_fg = tl.zeros((BLOCK_N,), dtype=tl.float32)     # Σ φ·((g/den) Sᵀ)
+    dp_g = tl.zeros((BLOCK_N,), dtype=tl.float32)       # ∂L/∂p, (g/den) Sᵀ part
+    dp_z = tl.zeros((BLOCK_N,), dtype=tl.float32)       # ∂L/∂p per unit ∂L/∂den
+    dot_g = tl.zeros((BLOCK_N,), dtype=tl.float32)      # Σ ∂L/∂q̂·q̂, the same two parts
+    dot_z = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for c0 in range(0, D, BC):
+        offs_c = c0 + tl.arange(0, BC)
+        c_mask = offs_c < D
+        g1 = _state_t_chunk(ua, ub, s_base, D, offs_c, offs_a, offs_b, PREC)
+        g2 = _state_t_chunk(ua, ub, s_base + D * D, D, offs_c, offs_a, offs_b, PREC)
+        f1, f2, h = _query_tile(_load_block(q_base, sq_n, sq_d, offs_n, offs_c, n_mask, c_mask), clamped, p, alpha,
+                                COSINE, PREC)
+        sum_fg += tl.sum(f1 * g1 + f2 * g2, 1)
+        d_hat, d_p = _query_grad_tile(f1, f2, g1, g2, h, p, alpha, COSINE, PREC)
+        dp_g += d_p
+        dot_g += tl.sum(d_hat * h, 1)
+        z1 = tl.zeros_like(g1) + tl.load(z_base + offs_c, mask=c_mask, other=0.0)[None, :]
+        z2 = tl.zeros_like(g2) + tl.load(z_base + D + offs_c, mask=c_mask, other=0.0)[None, :]
+        d_hat, d_p = _query_grad_tile(f1, f2, z1, z2, h, p, alpha, COSINE, PREC)
+        dp_z += d_p
+        dot_z += tl.sum(d_hat * h, 1)
+    # (g/den)·num/den = φ_q · ((g/den) Sᵀ) / den: num is never formed.
+    d_den = -sum_fg / den
+    tl.store(DDEN + bh * N + offs_n, d_den, mask=n_mask)
+    d_u = (dp_g + d_den * dp_z) * power * (1.0 - t_norm * t_norm)
+    c = _unit_row_term(norm, clamped, dot_g + d_den * dot_z, d_u / scale, norm_eps)
     if DQ_STRIDED:
         dq_base = DQ + _head_offset(bh, H, sdq_b, sdq_h)
-        _store_tile(dq_base, sdq_n, sdq_d, offs_n, offs_a, N, D, dqa)
-        _store_tile(dq_base, sdq_n, sdq_d, offs_n, offs_b, N, D, dqb)
+        sdq_nn = sdq_n
+        sdq_dd = sdq_d
     else:
-        _store_tile(DQ + bh * N * D, D, 1, offs_n, offs_a, N, D, dqa)
-        _store_tile(DQ + bh * N * D, D, 1, offs_n, offs_b, N, D, dqb)
+        dq_base = DQ + bh * N * D
+        sdq_nn = D
+        sdq_dd = 1
+    for c0 in range(0, D, BC):
+        offs_c = c0 + tl.arange(0, BC)
+        c_mask = offs_c < D
+        g1 = _state_t_chunk(ua, ub, s_base, D, offs_c, offs_a, offs_b, PREC)
+        g2 = _state_t_chunk(ua, ub, s_base + D * D, D, offs_c, offs_a, offs_b, PREC)
+        g1 += d_den[:, None] * tl.load(z_base + offs_c, mask=c_mask, other=0.0)[None, :]
+        g2 += d_den[:, None] * tl.load(z_base + D + offs_c, mask=c_mask, other=0.0)[None, :]
+        q = _load_block(q_base, sq_n, sq_d, offs_n, offs_c, n_mask, c_mask)
+        f1, f2, h = _query_tile(q, clamped, p, alpha, COSINE, PREC)
+        d_hat, _dp = _query_grad_tile(f1, f2, g1, g2, h, p, alpha, COSINE, PREC)
+        _store_tile(dq_base, sdq_nn, sdq_dd, offs_n, offs_c, N, D, d_hat / clamped[:, None] + c[:, None] * q)
     if NEED_DU:
         tl.store(DU + bh * N + offs_n, -d_u * norm / (scale * scale), mask=n_mask)
 
@@ -1013,39 +1098,70 @@ def _dkv_kernel_split(
     H, N, D: tl.constexpr,
     power, alpha, norm_eps,
     COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr,
-    PREC: tl.constexpr, ADD_DV: tl.constexpr,
+    PREC: tl.constexpr, ADD_DV: tl.constexpr, BC: tl.constexpr = 16,
 ):
-    """_dkv_kernel with split tiles (ADD_DV as there). Grid: (B·H, token blocks)."""
+    """_dkv_kernel with split tiles (ADD_DV as there), the feature lanes in chunks of BC
+    (loops): ∂L/∂v = Σ_halves φ_k ∂L/∂S over the chunks; then, in the cosine mode, Σ
+    ∂L/∂k̂·k̂ (the unit vector's row term, a sum over every lane) over the chunks; then
+    ∂L/∂k per chunk, with ∂L/∂φ_k = v ∂L/∂Sᵀ + ∂L/∂z and the features again.
+    Grid: (B·H, token blocks)."""
     bh = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_a = tl.arange(0, BA)
     offs_b = BA + tl.arange(0, BB)
     n_mask = offs_n < N
-    a_mask = offs_a < D
-    b_mask = offs_b < D
-    v_base = V + _head_offset(bh, H, sv_b, sv_h)
-    va = _load_block(v_base, sv_n, sv_d, offs_n, offs_a, n_mask, a_mask)
-    vb = _load_block(v_base, sv_n, sv_d, offs_n, offs_b, n_mask, b_mask)
-    ds_base = DS + bh * 2 * D * D
-    g1a, g1b = _times_state_t2(va, vb, ds_base, D, offs_a, offs_b, PREC)
-    g2a, g2b = _times_state_t2(va, vb, ds_base + D * D, D, offs_a, offs_b, PREC)
-    dz_base = DZ + bh * 2 * D
-    g1a += tl.load(dz_base + offs_a, mask=a_mask, other=0.0)[None, :]
-    g1b += tl.load(dz_base + offs_b, mask=b_mask, other=0.0)[None, :]
-    g2a += tl.load(dz_base + D + offs_a, mask=a_mask, other=0.0)[None, :]
-    g2b += tl.load(dz_base + D + offs_b, mask=b_mask, other=0.0)[None, :]
     k_base = K + _head_offset(bh, H, sk_b, sk_h)
-    ka = _load_block(k_base, sk_n, sk_d, offs_n, offs_a, n_mask, a_mask)
-    kb = _load_block(k_base, sk_n, sk_d, offs_n, offs_b, n_mask, b_mask)
-    f1a, f2a, f1b, f2b = _key_features2(ka, kb, power, alpha, norm_eps, COSINE, PREC)
-    dka, dkb = _key_grad2(ka, kb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, power, alpha, norm_eps, COSINE)
-    dk_base = DK + _head_offset(bh, H, sdk_b, sdk_h)
-    _store_tile(dk_base, sdk_n, sdk_d, offs_n, offs_a, N, D, dka)
-    _store_tile(dk_base, sdk_n, sdk_d, offs_n, offs_b, N, D, dkb)
-    dva, dvb = _times_state2(f1a, f1b, f2a, f2b, ds_base, D, offs_a, offs_b, PREC)
+    ds_base = DS + bh * 2 * D * D
+    ds2 = ds_base + D * D
+    dz_base = DZ + bh * 2 * D
+    if COSINE:
+        norm, clamped = _row_norm2(k_base, sk_n, sk_d, offs_n, n_mask, offs_a, offs_b, D, norm_eps)
+    else:
+        norm = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        clamped = norm
+    dva = tl.zeros((BLOCK_N, BA), dtype=tl.float32)
+    dvb = tl.zeros((BLOCK_N, BB), dtype=tl.float32)
+    for c0 in range(0, D, BC):
+        offs_c = c0 + tl.arange(0, BC)
+        f1, f2, _h = _key_tile(_load_block(k_base, sk_n, sk_d, offs_n, offs_c, n_mask, offs_c < D), clamped, power,
+                               alpha, COSINE, PREC)
+        dva += _dot(f1, _s_block(ds_base, offs_c, offs_a, D), PREC)
+        dva += _dot(f2, _s_block(ds2, offs_c, offs_a, D), PREC)
+        dvb += _dot(f1, _s_block(ds_base, offs_c, offs_b, D), PREC)
+        dvb += _dot(f2, _s_block(ds2, offs_c, offs_b, D), PREC)
     dv_base = DV + _head_offset(bh, H, sdv_b, sdv_h)
     _store_tile(dv_base, sdv_n, sdv_d, offs_n, offs_a, N, D, dva, ADD_DV)
     _store_tile(dv_base, sdv_n, sdv_d, offs_n, offs_b, N, D, dvb, ADD_DV)
+    v_base = V + _head_offset(bh, H, sv_b, sv_h)
+    va = _load_block(v_base, sv_n, sv_d, offs_n, offs_a, n_mask, offs_a < D)
+    vb = _load_block(v_base, sv_n, sv_d, offs_n, offs_b, n_mask, offs_b < D)
+    c = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if COSINE:
+        dot_hat = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for c0 in range(0, D, BC):
+            offs_c = c0 + tl.arange(0, BC)
+            c_mask = offs_c < D
+            g1 = _state_t_chunk(va, vb, ds_base, D, offs_c, offs_a, offs_b, PREC)
+            g2 = _state_t_chunk(va, vb, ds2, D, offs_c, offs_a, offs_b, PREC)
+            g1 += tl.load(dz_base + offs_c, mask=c_mask, other=0.0)[None, :]
+            g2 += tl.load(dz_base + D + offs_c, mask=c_mask, other=0.0)[None, :]
+            f1, f2, h = _key_tile(_load_block(k_base, sk_n, sk_d, offs_n, offs_c, n_mask, c_mask), clamped, power,
+                                  alpha, COSINE, PREC)
+            _b_db, d_hat = _lift_grad(f1, f2, g1, g2, h, alpha, COSINE)
+            dot_hat += tl.sum(d_hat * h, 1)
+        c = _unit_row_term(norm, clamped, dot_hat, c, norm_eps)
+    dk_base = DK + _head_offset(bh, H, sdk_b, sdk_h)
+    for c0 in range(0, D, BC):
+        offs_c = c0 + tl.arange(0, BC)
+        c_mask = offs_c < D
+        g1 = _state_t_chunk(va, vb, ds_base, D, offs_c, offs_a, offs_b, PREC)
+        g2 = _state_t_chunk(va, vb, ds2, D, offs_c, offs_a, offs_b, PREC)
+        g1 += tl.load(dz_base + offs_c, mask=c_mask, other=0.0)[None, :]
+        g2 += tl.load(dz_base + D + offs_c, mask=c_mask, other=0.0)[None, :]
+        k = _load_block(k_base, sk_n, sk_d, offs_n, offs_c, n_mask, c_mask)
+        f1, f2, h = _key_tile(k, clamped, power, alpha, COSINE, PREC)
+        part, _s = _key_grad_tile(k, f1, f2, g1, g2, h, clamped, power, alpha, COSINE)
+        _store_tile(dk_base, sdk_n, sdk_d, offs_n, offs_c, N, D, part + c[:, None] * k)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -1054,38 +1170,70 @@ def _dkv_kernel_split(
 INTERPRETED = "Interpreted" in type(_output_kernel).__name__
 
 
-# Block sizes per padded head dim BD for the three kinds of kernel: the state passes
-# ("state", forward and backward), the output ("out": BV = BD where that does not spill,
-# so φ_q is computed once, not once per value tile) and dq / dkv ("bwd"), which keep more
-# (BLOCK_N × BD) blocks live. Chosen with ``benchmarks/triton_compile_check.py`` (ptxas
-# of Triton 3.8, sm_90a, no GPU needed): for bf16/fp16 inputs no kernel spills registers
-# in the cosine mode and at most 96 bytes in relu_split. fp32 inputs with exact FMA
-# products (the reference-precision default) spill 0.3-18 KB at D ≥ 64; with
-# torch.set_float32_matmul_precision("high") they take the TF32 path. Not yet timed on a
-# GPU: ``benchmarks/triton_configs.py`` sweeps alternatives there. Issue 53 (bf16 mode,
-# sm_90a): the D = 64 state passes at BLOCK_N 32 take 106 registers (two programs per SM,
-# still wgmma) where 64 took 154; the D = 64 output at BLOCK_N 32 would take 80 (three
-# programs) but fall back from wgmma to mma.sync, so it stays at 64 (155) until timed.
-# At D = 72 padded (BD 128: the baseline) no block size tried reaches 128 registers
+# Launch configurations, one per kind of kernel (``KINDS``): the single-launch forward
+# ("forward"), the state passes ("state": forward and backward), the output ("out"), dq
+# ("dq") and dk/dv ("dkv"). Each entry (BLOCK_N, BV, num_warps, num_stages, maxnreg) for a
+# padded head dim BD (power of two), or (BLOCK_N, num_warps, num_stages, maxnreg) for a
+# split one (``_SPLIT_CONFIGS``); num_stages None: Triton's default (3), maxnreg None: no
+# register cap (else ptxas's ``.maxnreg``: where a kernel's live values fit under it, ptxas
+# keeps fewer values in flight instead of spilling; the compile test holds that none spills).
+# BV < BD: the output and forward kernels take the value tiles on a grid axis (φ computed
+# once per tile), dq and dkv loop over them in the program.
+#
+# Issue 53 chose the fused variant's entries by the compile report
+# (``benchmarks/triton_compile_check.py``: ptxas of Triton 3.8, sm_90a, bf16/fp16, no GPU),
+# not by timing: every kernel at D = 64 and 72 reaches two programs per SM (8 warps at ≤ 128
+# registers, or 4 warps at ≤ 255) with no spill, wgmma (HGMMA) wherever it ran before.
+# ``_PREVIOUS_CONFIGS`` / ``_PREVIOUS_SPLIT_CONFIGS`` are the entries before that (one
+# program per SM at D = 64 and 72), reachable as ``launch_config(d, {"table": "previous"})``
+# for ``benchmarks/triton_configs.py``'s GPU sweep, which times both.
+# D = 64 (8 warps, registers before → after): forward at BLOCK_N 32 capped to 128 (141 →
+# 128; 4 warps: 231, 64 tokens spill); output capped to 128 (155 → 128, still wgmma; BV 32
+# would reach 99 but compute φ twice, BLOCK_N 32 80 but on mma.sync); dq and dkv on 16
+# tokens (196 → 109, 248 → 110; both were and stay mma.sync: with 64 tokens, wgmma, they
+# spill 56-812 B even when capped); dkv with BV 32 (64 keeps more of ∂L/∂S loaded: 175).
+# fp32 inputs with exact FMA products (the reference-precision default) spill 0.3-18 KB at
+# D ≥ 64 (not a target); with torch.set_float32_matmul_precision("high") they take the TF32
+# path. At D = 72 padded (BD 128: the baseline) no block size tried reaches 128 registers
 # (140-255); the fused variant splits 72 (``_SPLIT_CONFIGS``).
-_GROUPS = ("state", "out", "bwd")
-_CONFIGS = {
-    # BD: (BLOCK_N, BV, warps) for each of _GROUPS
+KINDS = ("forward", "state", "out", "dq", "dkv")
+_PREVIOUS_CONFIGS = {
+    # BD: (BLOCK_N, BV, warps) for the state passes (forward too), the output, dq and dkv
     16: ((64, 16, 4), (64, 16, 4), (32, 16, 4)),
     32: ((64, 32, 4), (64, 32, 4), (32, 32, 8)),
     64: ((32, 64, 8), (64, 64, 8), (32, 64, 8)),
     128: ((32, 64, 8), (32, 128, 8), (16, 32, 8)),
 }
 # The baseline variant's table (before issue 53), for the A/B.
-_BASELINE_CONFIGS = {**_CONFIGS, 64: ((64, 64, 8), (64, 64, 8), (32, 64, 8))}
+_BASELINE_CONFIGS = {**_PREVIOUS_CONFIGS, 64: ((64, 64, 8), (64, 64, 8), (32, 64, 8))}
 
 
-# Split head dims (fused variant): (BLOCK_N, num_warps) per group; one program covers
-# every value lane (NV = 1). D = 72 (64 + 16), bf16, sm_90a, 8 warps: the state passes at
-# BLOCK_N 16 take 174 registers (32: 217, 64: 255 with spills); output, dq, dkv at 64 run
-# on wgmma (170, 255, 255 registers; dq/dkv spill 28/52 B), at 16 or 32 on mma.sync with
-# 255 registers and more spills (88-340 B); 4 warps spill more at every size tried.
-_SPLIT_CONFIGS = ((16, 8), (64, 8), (64, 8))
+def _by_kind(state, out, bwd):
+    """A three-group entry (state, output, dq/dkv) as one entry per kind, no cap."""
+    return dict(forward=(*state, None, None), state=(*state, None, None), out=(*out, None, None),
+                dq=(*bwd, None, None), dkv=(*bwd, None, None))
+
+
+_CONFIGS = {bd: _by_kind(*groups) for bd, groups in _PREVIOUS_CONFIGS.items()}
+_CONFIGS[64] = dict(forward=(32, 64, 8, None, 128), state=(32, 64, 8, None, None), out=(64, 64, 8, None, 128),
+                    dq=(16, 64, 8, None, None), dkv=(16, 32, 8, None, None))
+
+
+# Split head dims (fused variant): (BLOCK_N, num_warps, num_stages, maxnreg) per kind; one
+# program covers every value lane (NV = 1). The output, dq, dkv (and the forward's output
+# loop) take the feature lanes in chunks of ``SPLIT_CHUNK`` (see _output_block2). D = 72 (64
+# + 16), bf16, sm_90a, registers before → after: the state passes at 16 tokens on 4 warps
+# (174 on 8 → 234 on 4: two programs; on 8 warps capped at 128 they spill 116 B); output,
+# dq, dkv on 64 tokens (wgmma), 8 warps, capped at 128 (170 → 128, 255 + 28 B spill → 128,
+# 255 + 52 B → 128; dkv with num_stages 1: 20-36 B spill with 2 or 3); uncapped they take
+# 159 / 175 / 140 (on 4 warps 195 / 255 / 191). The forward: 16 tokens on 4 warps for the
+# state loop, the output loop on 64 (255 + 124 B spill and 126 KB of shared memory before →
+# see the table in docs/performance.md).
+_PREVIOUS_SPLIT_CONFIGS = dict(forward=(16, 8, None, None), state=(16, 8, None, None), out=(64, 8, None, None),
+                               dq=(64, 8, None, None), dkv=(64, 8, None, None))
+_SPLIT_CONFIGS = dict(forward=(16, 4, None, None), state=(16, 4, None, None), out=(64, 8, None, 128),
+                      dq=(64, 8, None, 128), dkv=(64, 8, 1, 128))
+SPLIT_CHUNK = 16
 
 
 def split_tiles(head_dim: int) -> tuple[int, int] | None:
@@ -1101,29 +1249,48 @@ def split_tiles(head_dim: int) -> tuple[int, int] | None:
 
 
 def launch_config(head_dim: int, override: dict | None = None, variant: str = "fused") -> dict:
-    """Block sizes for a head dim: BD is D padded to a power of two (≥ 16, what tl.dot
-    needs), then ``_CONFIGS``; in the fused variant a D that ``split_tiles`` splits runs
-    as two tiles (BA, BB; ``_SPLIT_CONFIGS``, one value tile). ``override`` (BLOCK_N,
-    BV, num_warps) replaces every group's values (block-size sweeps; BV is unused where
-    split)."""
+    """Launch configuration per kind of kernel (``KINDS``) for a head dim: BD is D padded to
+    a power of two (≥ 16, what tl.dot needs), then ``_CONFIGS``; in the fused variant a D
+    that ``split_tiles`` splits runs as two tiles (BA, BB; ``_SPLIT_CONFIGS``, one value
+    tile, feature chunks of BC). ``override``: {"table": "previous"} takes the entries from
+    before issue 53's register work (``_PREVIOUS_CONFIGS``); otherwise its BLOCK_N, BV,
+    num_warps replace every kind's values (block-size sweeps; BV is unused where split),
+    with Triton's default stages and no register cap."""
+    override = dict(override or {})
+    previous = override.pop("table", None) == "previous"
     bd = max(16, triton.next_power_of_2(head_dim))
     cfg = dict(BD=bd)
     tiles = split_tiles(head_dim) if variant == "fused" else None
     if tiles:
         cfg.update(BA=tiles[0], BB=tiles[1])
-        for group, (block_n, warps) in zip(_GROUPS, _SPLIT_CONFIGS):
-            sub = dict(BLOCK_N=block_n, num_warps=warps)
-            sub.update({k: v for k, v in (override or {}).items() if k != "BV"})
+        table = _PREVIOUS_SPLIT_CONFIGS if previous else _SPLIT_CONFIGS
+        for kind in KINDS:
+            block_n, warps, stages, maxnreg = table[kind]
+            sub = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
+            if override:
+                sub.update({k: v for k, v in override.items() if k != "BV"}, num_stages=None, maxnreg=None)
             sub["NV"] = 1
-            cfg[group] = sub
+            if kind != "state":
+                sub["BC"] = SPLIT_CHUNK
+            cfg[kind] = sub
         return cfg
-    table = _BASELINE_CONFIGS if variant == "baseline" else _CONFIGS
-    for group, (block_n, bv, warps) in zip(_GROUPS, table[bd]):
-        sub = dict(BLOCK_N=block_n, BV=bv, num_warps=warps)
-        sub.update(override or {})
+    if variant == "baseline":
+        table = _by_kind(*_BASELINE_CONFIGS[bd])
+    else:
+        table = _by_kind(*_PREVIOUS_CONFIGS[bd]) if previous else _CONFIGS[bd]
+    for kind in KINDS:
+        block_n, bv, warps, stages, maxnreg = table[kind]
+        sub = dict(BLOCK_N=block_n, BV=bv, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
+        if override:
+            sub.update(override, num_stages=None, maxnreg=None)
         sub["NV"] = bd // sub["BV"]
-        cfg[group] = sub
+        cfg[kind] = sub
     return cfg
+
+
+def _compile_opts(sub: dict) -> dict:
+    """A kind's launch options: num_warps, and num_stages / maxnreg where set."""
+    return dict(num_warps=sub["num_warps"], **{k: sub[k] for k in ("num_stages", "maxnreg") if sub.get(k)})
 
 
 # Which kernels run: "fused" (the default) reduces the partial states inside the state
@@ -1177,7 +1344,7 @@ def _kernel_for(name: str, cfg: dict):
 def _tile_args(cfg: dict, group: str, nv: bool = False) -> dict:
     """The head-dim constexprs of a kernel: BA, BB (split) or BD, BV (and NV)."""
     if "BA" in cfg:
-        return dict(BA=cfg["BA"], BB=cfg["BB"])
+        return dict(BA=cfg["BA"], BB=cfg["BB"], **({"BC": cfg[group]["BC"]} if "BC" in cfg[group] else {}))
     args = dict(BD=cfg["BD"], BV=cfg[group]["BV"])
     if nv:
         args["NV"] = cfg[group]["NV"]
@@ -1208,7 +1375,7 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
         QUERY=query, COSINE=opts["direction"] == "cosine",
         BLOCK_N=block_n, **_tile_args(cfg, "state"), PREC=opts["precision"],
-        DEN=den, DDEN=d_den, ATOMIC=atomic, num_warps=st["num_warps"],
+        DEN=den, DDEN=d_den, ATOMIC=atomic, **_compile_opts(st),
     )
     if atomic:
         return s_part, z_part
@@ -1229,12 +1396,12 @@ def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: to
         # One launch: state and output per (head, value tile); the state kept for the backward.
         state = torch.empty(b * h, 2, d, d, device=q.device, dtype=torch.float32)
         z = torch.empty(b * h, 2, d, device=q.device, dtype=torch.float32)
-        st = cfg["state"]
-        _kernel_for("_forward_kernel", cfg)[(b * h, st["NV"])](
+        fc = cfg["forward"]
+        _kernel_for("_forward_kernel", cfg)[(b * h, fc["NV"])](
             k, v, q, scale32, state, z, out, den, *_strides(k), *_strides(v), *_strides(q), *_strides(out),
             h, n, d, 1.0 / n, opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
-            COSINE=cosine, BLOCK_N=st["BLOCK_N"], **_tile_args(cfg, "state"), PREC=opts["precision"],
-            num_warps=st["num_warps"], **({"BLOCK_O": cfg["out"]["BLOCK_N"]} if "BA" in cfg else {}),
+            COSINE=cosine, BLOCK_N=fc["BLOCK_N"], **_tile_args(cfg, "forward"), PREC=opts["precision"],
+            **_compile_opts(fc), **({"BLOCK_O": cfg["out"]["BLOCK_N"]} if "BA" in cfg else {}),
         )
         return state, z, den
     state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
@@ -1244,7 +1411,7 @@ def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: to
         q, scale32, state, z, out, den, *_strides(q), *_strides(out), h, n, d,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
         COSINE=cosine, BLOCK_N=oc["BLOCK_N"], **_tile_args(cfg, "out"),
-        PREC=opts["precision"], num_warps=oc["num_warps"],
+        PREC=opts["precision"], **_compile_opts(oc),
     )
     return state, z, den
 
@@ -1259,21 +1426,20 @@ def backward_launch(q, k, v, scale32, state, z, den, grad_out, opts: dict, cfg: 
     cosine = opts["direction"] == "cosine"
     d_den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
     d_u = torch.empty(b * h, n, device=q.device, dtype=torch.float32) if need_scale else d_den
-    bwd = cfg["bwd"]
-    blocks = triton.cdiv(n, bwd["BLOCK_N"])
-    _kernel_for("_dq_kernel", cfg)[(b * h, blocks)](
+    dqc, dkvc = cfg["dq"], cfg["dkv"]
+    _kernel_for("_dq_kernel", cfg)[(b * h, triton.cdiv(n, dqc["BLOCK_N"]))](
         q, grad_out, scale32, state, z, den, dq, d_den, d_u,
         *_strides(q), *_strides(grad_out), *_strides(dq), h, n, d,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
-        COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], **_tile_args(cfg, "bwd", nv=True),
-        PREC=opts["precision"], NEED_DU=need_scale, DQ_STRIDED=not dq.is_contiguous(), num_warps=bwd["num_warps"],
+        COSINE=cosine, BLOCK_N=dqc["BLOCK_N"], **_tile_args(cfg, "dq", nv=True),
+        PREC=opts["precision"], NEED_DU=need_scale, DQ_STRIDED=not dq.is_contiguous(), **_compile_opts(dqc),
     )
     d_state, d_z = _state_pass(q, grad_out, scale32, opts, cfg, splits, query=True, den=den, d_den=d_den)
-    _kernel_for("_dkv_kernel", cfg)[(b * h, blocks)](
+    _kernel_for("_dkv_kernel", cfg)[(b * h, triton.cdiv(n, dkvc["BLOCK_N"]))](
         k, v, d_state, d_z, dk, dv, *_strides(k), *_strides(v), *_strides(dk), *_strides(dv), h, n, d,
         opts["power"], opts["alpha"], opts["norm_eps"],
-        COSINE=cosine, BLOCK_N=bwd["BLOCK_N"], **_tile_args(cfg, "bwd", nv=True),
-        PREC=opts["precision"], ADD_DV=add_dv, num_warps=bwd["num_warps"],
+        COSINE=cosine, BLOCK_N=dkvc["BLOCK_N"], **_tile_args(cfg, "dkv", nv=True),
+        PREC=opts["precision"], ADD_DV=add_dv, **_compile_opts(dkvc),
     )
     return d_u if need_scale else None
 
