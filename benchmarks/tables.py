@@ -153,6 +153,8 @@ def block_tables(data):
         if "default" in r:
             default = r["ms"]
             rows.append(["default (launch_config)", "", "", fmt(r["ms"]), "1.00"])
+        elif "table" in r:   # launch_config(d, {"table": "previous"}): the configs before the register work
+            rows.append([f"{r['table']} (launch_config)", "", "", fmt(r["ms"]), fmt(r["ms"] / default, 2) if default else "–"])
         else:
             rows.append([r["BLOCK_N"], r["BV"], r["num_warps"], fmt(r["ms"]), fmt(r["ms"] / default, 2) if default else "–"])
     shape = data["shape"]

@@ -1,7 +1,9 @@
 """Time the NaLa Triton kernels under other block sizes than ``launch_config`` picks.
 
-The defaults in ``nala_dit/attention/triton_kernels.py`` were chosen so that no kernel spills
-registers (``triton_compile_check.py``), without timing anything. This sweep (forward +
+The defaults in ``nala_dit/attention/triton_kernels.py`` were chosen from the compile report
+(``triton_compile_check.py``: no spills, two programs per SM), without timing anything; the
+row ``table: previous`` times the configs from before that choice (``launch_config``'s
+``{"table": "previous"}``) beside them. This sweep (forward +
 backward, bf16 inputs, one (B, H, N, D) per head dim) says whether another (BLOCK_N, BV,
 num_warps) is faster; each configuration's output and gradients are checked against the
 defaults' first, so a configuration that computes something else is reported, not timed.
@@ -98,6 +100,8 @@ def main(argv=None):
         ref = fwd_bwd(q, k, v, grad, None, args.variant)
         # None: the per-kernel defaults of launch_config; the others apply to every kernel.
         alternatives = candidates(d)[:args.max_configs] if args.max_configs else candidates(d)
+        if not args.smoke:   # the per-kernel configs before issue 53's two-programs-per-SM work, first
+            alternatives.insert(0, dict(table="previous"))
         for config in [None, *alternatives]:
             label = dict(config or dict(default=triton_kernels.launch_config(d, variant=args.variant)))
             if args.budget_s and time.perf_counter() - start > args.budget_s:

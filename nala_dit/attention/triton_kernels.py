@@ -307,15 +307,6 @@ def _key_features2(ka, kb, power, alpha, norm_eps, COSINE: tl.constexpr, PREC: t
 
 
 @triton.jit
-def _through_unit2(xa, xb, ha, hb, norm, clamped, dha, dhb, d_norm, norm_eps):
-    """_through_unit on the two tiles of a split head dim."""
-    d_clamped = -(tl.sum(dha * ha, 1) + tl.sum(dhb * hb, 1)) / clamped
-    d_norm = d_norm + tl.where(norm >= norm_eps, d_clamped, 0.0)
-    c = d_norm / tl.where(norm == 0, 1.0, norm)
-    return dha / clamped[:, None] + c[:, None] * xa, dhb / clamped[:, None] + c[:, None] * xb
-
-
-@triton.jit
 def _query_grad_tile(f1, f2, g1, g2, q_hat, p, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
     """One tile of _query_grad: ∂L/∂q̂ and this tile's part of ∂L/∂p."""
     a_da, d_hat = _lift_grad(f1, f2, g1, g2, q_hat, alpha, COSINE)
@@ -324,37 +315,6 @@ def _query_grad_tile(f1, f2, g1, g2, q_hat, p, alpha, COSINE: tl.constexpr, PREC
     d_hat += a_da * p[:, None] / safe
     d_p = tl.sum(tl.where(nonzero, a_da * _log(tl.abs(safe), PREC), 0.0), 1)
     return d_hat, d_p
-
-
-@triton.jit
-def _query_grad2(qa, qb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, ha, hb, norm, clamped, p, t_norm, scale,
-                 power, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
-    """_query_grad on the two tiles of a split head dim."""
-    dha, dpa = _query_grad_tile(f1a, f2a, g1a, g2a, ha, p, alpha, COSINE, PREC)
-    dhb, dpb = _query_grad_tile(f1b, f2b, g1b, g2b, hb, p, alpha, COSINE, PREC)
-    d_u = (dpa + dpb) * power * (1.0 - t_norm * t_norm)
-    dqa, dqb = _through_unit2(qa, qb, ha, hb, norm, clamped, dha, dhb, d_u / scale, norm_eps)
-    return dqa, dqb, d_u
-
-
-@triton.jit
-def _key_grad2(ka, kb, f1a, f2a, f1b, f2b, g1a, g2a, g1b, g2b, power, alpha, norm_eps, COSINE: tl.constexpr):
-    """_key_grad on the two tiles of a split head dim."""
-    if COSINE:
-        norm = tl.sqrt(tl.sum(ka * ka, 1) + tl.sum(kb * kb, 1))
-        clamped = tl.maximum(norm, norm_eps)
-        ha = ka / clamped[:, None]
-        hb = kb / clamped[:, None]
-        b_dba, dha = _lift_grad(f1a, f2a, g1a, g2a, ha, alpha, COSINE)
-        b_dbb, dhb = _lift_grad(f1b, f2b, g1b, g2b, hb, alpha, COSINE)
-        dka, dkb = _through_unit2(ka, kb, ha, hb, norm, clamped, dha, dhb, tl.zeros_like(norm), norm_eps)
-    else:
-        b_dba, _a = _lift_grad(f1a, f2a, g1a, g2a, ka, alpha, COSINE)
-        b_dbb, _b = _lift_grad(f1b, f2b, g1b, g2b, kb, alpha, COSINE)
-        dka = tl.zeros_like(ka)
-        dkb = tl.zeros_like(kb)
-    return (dka + b_dba * power / tl.where(ka != 0, ka, 1.0),
-            dkb + b_dbb * power / tl.where(kb != 0, kb, 1.0))
 
 
 @triton.jit
@@ -762,32 +722,6 @@ def _put_vec(base, offs, D, x, ATOMIC: tl.constexpr):
         tl.atomic_add(base + offs, x, mask=offs < D, sem="relaxed")
     else:
         tl.store(base + offs, x, mask=offs < D)
-
-
-@triton.jit
-def _times_state2(f1a, f1b, f2a, f2b, s_base, D, offs_a, offs_b, PREC: tl.constexpr):
-    """Σ_halves φ S (value lanes a and b) for the tiles (f1a, f1b | f2a, f2b) of φ; S at
-    s_base (B·H slice: half 1, then half 2 at + D·D)."""
-    s2 = s_base + D * D
-    ya = _dot(f1a, _s_block(s_base, offs_a, offs_a, D), PREC)
-    ya += _dot(f1b, _s_block(s_base, offs_b, offs_a, D), PREC)
-    ya += _dot(f2a, _s_block(s2, offs_a, offs_a, D), PREC)
-    ya += _dot(f2b, _s_block(s2, offs_b, offs_a, D), PREC)
-    yb = _dot(f1a, _s_block(s_base, offs_a, offs_b, D), PREC)
-    yb += _dot(f1b, _s_block(s_base, offs_b, offs_b, D), PREC)
-    yb += _dot(f2a, _s_block(s2, offs_a, offs_b, D), PREC)
-    yb += _dot(f2b, _s_block(s2, offs_b, offs_b, D), PREC)
-    return ya, yb
-
-
-@triton.jit
-def _times_state_t2(ua, ub, s_half, D, offs_a, offs_b, PREC: tl.constexpr):
-    """u Sᵀ for one state half (feature lanes a and b) from the value tiles (ua, ub)."""
-    ga = _dot(ua, _s_block_t(s_half, offs_a, offs_a, D), PREC)
-    ga += _dot(ub, _s_block_t(s_half, offs_a, offs_b, D), PREC)
-    gb = _dot(ua, _s_block_t(s_half, offs_b, offs_a, D), PREC)
-    gb += _dot(ub, _s_block_t(s_half, offs_b, offs_b, D), PREC)
-    return ga, gb
 
 
 @triton.jit

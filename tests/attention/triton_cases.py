@@ -176,11 +176,14 @@ def test_options_splits_and_strides(direction):
             norm_scale=3.0, alpha=5.0, eps=1e-4)
 
 
-@pytest.mark.parametrize("config", [dict(BLOCK_N=16, BV=16, num_warps=4), dict(BLOCK_N=128, BV=32, num_warps=8)])
-def test_other_block_sizes(config):
+@pytest.mark.parametrize("config,d", [(dict(BLOCK_N=16, BV=16, num_warps=4), 40), (dict(BLOCK_N=128, BV=32, num_warps=8), 40),
+                                      (dict(table="previous"), 40), (dict(table="previous"), 64)])
+def test_other_block_sizes(config, d):
     """The block sizes that ``benchmarks/triton_configs.py`` sweeps compute the same thing
-    (four value tiles; token blocks larger than N)."""
-    q, k, v = (t.requires_grad_() for t in qkv(n=45, d=40))
+    (four value tiles; token blocks larger than N), and so do the launch configs from before
+    the two-programs-per-SM work (``{"table": "previous"}``; at D = 64 other token blocks
+    and value tiles for dq and dkv, at D = 40 for every split kernel)."""
+    q, k, v = (t.requires_grad_() for t in qkv(n=45, d=d))
     opts = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
     results = []
     for cfg in (None, config):
