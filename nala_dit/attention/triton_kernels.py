@@ -68,29 +68,37 @@ spans both: the feature map's row reductions (‖x‖, Σ ∂L/∂p, the unit-ve
 add the two tiles' sums, and a state half is four blocks S[a,a], S[a,b], S[b,a], S[b,b],
 so each product becomes four tile-pair products. S[b,a] is accumulated transposed
 (wᵀφ: 64 rows, so wgmma; a 16-row product falls back to mma.sync), and one program covers
-every value lane, so the features are computed once per token block (the padded kernels
-computed them once per 64-lane value tile). D is a constant of the split kernels (a
+every value lane. The state passes hold the features of both tiles at once (16 tokens per
+program); output, dq and dkv take the feature lanes in chunks of ``SPLIT_CHUNK`` (16) in a
+loop, one chunk's features live at a time (registers: two programs per SM), the output
+computing them once per token block (the padded kernels: once per 64-lane value tile), dq
+twice and dkv three times (twice in relu_split; see their docstrings). D is a constant of the split kernels (a
 compile per head dim; the state loads vectorise). The baseline variant keeps the padded
 kernels (72 as 128 lanes) for the A/B, and a D whose split is no narrower than its
 padding (24, 120) stays padded. Any N (masked token blocks; a zero token has zero
 features, so padding adds nothing to the state).
 
 Compiled for sm_90a (``benchmarks/triton_compile_check.py``; bf16, cosine, D = 72, 8 warps;
-padded → split): registers, state 195 → 173, dstate 255 → 173, output 254 → 170, dq
-255 → 255, dkv 202 → 255, forward 230 → 255; spills 0 except dq 16 → 28 B, dkv 0 → 52 B,
-forward 0 → 124 B; static SASS instructions state 2,400 → 1,232, dstate 3,024 → 1,440,
-output 3,392 → 2,320 (per program; the split programs cover 16 tokens and all 72 value
-lanes where the padded covered 32 and 64, and output, dq, dkv 64 tokens where they
-covered 32 and 16); products on wgmma everywhere (HGMMA; mma.sync only for
-the 16 × 16 S[b,b] blocks) where output, dq and dkv ran 32-96 mma.sync each; MUFU.COS per
-token (elementwise work) state 1.0 → 0.31, output, dq, dkv 0.5 → 0.31. Still one program
-per SM at D = 72 (two need ≤ 128 registers at 8 warps); not timed on a GPU.
+padded → split, before the register work below): registers, state 195 → 173, dstate
+255 → 173, output 254 → 170, dq 255 → 255, dkv 202 → 255, forward 230 → 255; spills 0
+except dq 16 → 28 B, dkv 0 → 52 B, forward 0 → 124 B; static SASS instructions state
+2,400 → 1,232, dstate 3,024 → 1,440, output 3,392 → 2,320 (per program; the split
+programs cover 16 tokens and all 72 value lanes where the padded covered 32 and 64, and
+output, dq, dkv 64 tokens where they covered 32 and 16); products on wgmma everywhere
+(HGMMA; mma.sync only for the 16 × 16 S[b,b] blocks) where output, dq and dkv ran 32-96
+mma.sync each; MUFU.COS per token (elementwise work) state 1.0 → 0.31, output, dq, dkv
+0.5 → 0.31. Then two programs per SM for every fused kernel at D = 64 and 72 (bf16 and
+fp16, both directions), no spill, wgmma wherever it was: launch configs per kind of kernel
+with a register cap (``_CONFIGS``, ``_SPLIT_CONFIGS``; the table of registers there) and
+the feature chunks above; chosen by the compile report, not timed on a GPU.
 
 The kernels run on CUDA and, for the tests, on CPU tensors under Triton's interpreter
 (``TRITON_INTERPRET=1`` set before this module is imported); without a GPU,
 ``benchmarks/triton_compile_check.py`` compiles them for sm_90a and reports registers,
-spills, wgmma/mma.sync and MUFU use. The block sizes below avoid register spills but are
-not timed: no GPU was available when this was written.
+spills, shared memory, programs per SM, wgmma/mma.sync and MUFU use. The launch configs
+below avoid register spills and fit two programs per SM but are not timed: no GPU was
+available when this was written (``benchmarks/triton_configs.py`` times them against the
+previous ones on a GPU).
 """
 
 from __future__ import annotations
@@ -688,8 +696,10 @@ def _dkv_kernel(
 # (fused variant only; power-of-two dims and the baseline run the kernels above). The
 # state [S | z] of a half is four blocks, S[a,a] (BA × BA), S[a,b], S[b,a], S[b,b]: every
 # product of the kernels above becomes four products of tile pairs, each a tl.dot on
-# power-of-two shapes. One program covers every value lane (no value-tile grid axis), so
-# the features are computed once per token block.
+# power-of-two shapes. One program covers every value lane (no value-tile grid axis).
+# Output, dq and dkv take the feature lanes in chunks of BC (``SPLIT_CHUNK``) in a loop,
+# each chunk meeting its BC rows of the state blocks S[c, a] and S[c, b] (a product split
+# along the feature lanes); the value lanes stay the two tiles a and b.
 
 
 @triton.jit
@@ -886,7 +896,8 @@ def _forward_kernel_split(
     """_forward_kernel with split tiles. The state is stored, then read back block by
     block for the output (after a barrier: the program's own stores), which keeps the
     output loop's registers those of _output_kernel_split; the output runs on token blocks
-    of BLOCK_O (the output kernel's block: wgmma needs 64 rows). Grid: (B·H,)."""
+    of BLOCK_O (the output kernel's block: wgmma needs 64 rows), the feature lanes in
+    chunks of BC. Grid: (B·H,)."""
     bh = tl.program_id(0).to(tl.int64)
     offs_a = tl.arange(0, BA)
     offs_b = BA + tl.arange(0, BB)
@@ -1157,12 +1168,14 @@ _CONFIGS[64] = dict(forward=(32, 64, 8, None, 128), state=(32, 64, 8, None, None
 # program covers every value lane (NV = 1). The output, dq, dkv (and the forward's output
 # loop) take the feature lanes in chunks of ``SPLIT_CHUNK`` (see _output_block2). D = 72 (64
 # + 16), bf16, sm_90a, registers before → after: the state passes at 16 tokens on 4 warps
-# (174 on 8 → 234 on 4: two programs; on 8 warps capped at 128 they spill 116 B); output,
-# dq, dkv on 64 tokens (wgmma), 8 warps, capped at 128 (170 → 128, 255 + 28 B spill → 128,
-# 255 + 52 B → 128; dkv with num_stages 1: 20-36 B spill with 2 or 3); uncapped they take
-# 159 / 175 / 140 (on 4 warps 195 / 255 / 191). The forward: 16 tokens on 4 warps for the
-# state loop, the output loop on 64 (255 + 124 B spill and 126 KB of shared memory before →
-# see the table in docs/performance.md).
+# (173 on 8 → 234 / 244 on 4: two programs; on 8 warps capped at 128 they spill 116 B);
+# output, dq, dkv on 64 tokens (wgmma), 8 warps, capped at 128 (170 → 128, 255 + 28 B spill
+# → 128, 255 + 52 B → 128; dkv with num_stages 1: 20-36 B spill with 2 or 3); uncapped the
+# chunked kernels take 159 / 175 / 140 (on 4 warps 195 / 255 / 191), the unchunked ones
+# spilled at any cap and on 4 warps. The forward on 4 warps, 16 tokens per state block and
+# 64 per output block: 255 + 124 B spill and 126 KB of shared memory (one program by either)
+# → 237, no spill, 26 KB. At D = 72 the previous entries run the chunked kernels too: the
+# kernels before them are the baseline variant's (padded) or git's (76bcfee).
 _PREVIOUS_SPLIT_CONFIGS = dict(forward=(16, 8, None, None), state=(16, 8, None, None), out=(64, 8, None, None),
                                dq=(64, 8, None, None), dkv=(64, 8, None, None))
 _SPLIT_CONFIGS = dict(forward=(16, 4, None, None), state=(16, 4, None, None), out=(64, 8, None, 128),
