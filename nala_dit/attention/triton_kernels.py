@@ -1037,6 +1037,21 @@ def _dq_kernel_split(
 
 
 @triton.jit
+def _dkv_chunk(k_base, sk_n, sk_d, va, vb, ds_base, dz_base, offs_n, n_mask, offs_c, offs_a, offs_b, D, clamped,
+               power, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """For the feature lanes offs_c (a chunk): k, φ_k's halves, x̂ (_key_tile) and
+    ∂L/∂φ_k = v ∂L/∂Sᵀ + ∂L/∂z per half, from the value tiles (va, vb)."""
+    c_mask = offs_c < D
+    g1 = _state_t_chunk(va, vb, ds_base, D, offs_c, offs_a, offs_b, PREC)
+    g2 = _state_t_chunk(va, vb, ds_base + D * D, D, offs_c, offs_a, offs_b, PREC)
+    g1 += tl.load(dz_base + offs_c, mask=c_mask, other=0.0)[None, :]
+    g2 += tl.load(dz_base + D + offs_c, mask=c_mask, other=0.0)[None, :]
+    k = _load_block(k_base, sk_n, sk_d, offs_n, offs_c, n_mask, c_mask)
+    f1, f2, h = _key_tile(k, clamped, power, alpha, COSINE, PREC)
+    return k, f1, f2, h, g1, g2
+
+
+@triton.jit
 def _dkv_kernel_split(
     K, V, DS, DZ, DK, DV,
     sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d,
@@ -1085,26 +1100,16 @@ def _dkv_kernel_split(
         dot_hat = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for c0 in range(0, D, BC):
             offs_c = c0 + tl.arange(0, BC)
-            c_mask = offs_c < D
-            g1 = _state_t_chunk(va, vb, ds_base, D, offs_c, offs_a, offs_b, PREC)
-            g2 = _state_t_chunk(va, vb, ds2, D, offs_c, offs_a, offs_b, PREC)
-            g1 += tl.load(dz_base + offs_c, mask=c_mask, other=0.0)[None, :]
-            g2 += tl.load(dz_base + D + offs_c, mask=c_mask, other=0.0)[None, :]
-            f1, f2, h = _key_tile(_load_block(k_base, sk_n, sk_d, offs_n, offs_c, n_mask, c_mask), clamped, power,
-                                  alpha, COSINE, PREC)
+            k, f1, f2, h, g1, g2 = _dkv_chunk(k_base, sk_n, sk_d, va, vb, ds_base, dz_base, offs_n, n_mask, offs_c,
+                                              offs_a, offs_b, D, clamped, power, alpha, COSINE, PREC)
             _b_db, d_hat = _lift_grad(f1, f2, g1, g2, h, alpha, COSINE)
             dot_hat += tl.sum(d_hat * h, 1)
         c = _unit_row_term(norm, clamped, dot_hat, c, norm_eps)
     dk_base = DK + _head_offset(bh, H, sdk_b, sdk_h)
     for c0 in range(0, D, BC):
         offs_c = c0 + tl.arange(0, BC)
-        c_mask = offs_c < D
-        g1 = _state_t_chunk(va, vb, ds_base, D, offs_c, offs_a, offs_b, PREC)
-        g2 = _state_t_chunk(va, vb, ds2, D, offs_c, offs_a, offs_b, PREC)
-        g1 += tl.load(dz_base + offs_c, mask=c_mask, other=0.0)[None, :]
-        g2 += tl.load(dz_base + D + offs_c, mask=c_mask, other=0.0)[None, :]
-        k = _load_block(k_base, sk_n, sk_d, offs_n, offs_c, n_mask, c_mask)
-        f1, f2, h = _key_tile(k, clamped, power, alpha, COSINE, PREC)
+        k, f1, f2, h, g1, g2 = _dkv_chunk(k_base, sk_n, sk_d, va, vb, ds_base, dz_base, offs_n, n_mask, offs_c,
+                                          offs_a, offs_b, D, clamped, power, alpha, COSINE, PREC)
         part, _s = _key_grad_tile(k, f1, f2, g1, g2, h, clamped, power, alpha, COSINE)
         _store_tile(dk_base, sdk_n, sdk_d, offs_n, offs_c, N, D, part + c[:, None] * k)
 
@@ -1461,7 +1466,8 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
     """Run the kernels: ``norm_scale`` a float or a tensor with 1 or H elements (per head);
     ``opts`` the §2 constants as ``nala._FusedNaLa`` takes them. ``splits`` overrides
     the number of token ranges of the state passes (tests), ``config`` (BLOCK_N, BV,
-    num_warps) the block sizes of every kernel (block-size sweeps)."""
+    num_warps) the block sizes of every kernel (block-size sweeps), or {"table":
+    "previous"} the launch configs before issue 53's register work (``launch_config``)."""
     opts = resolve_opts(q, opts)
     h = q.shape[1]
     if isinstance(norm_scale, torch.Tensor):
