@@ -1180,7 +1180,10 @@ _CONFIGS[64] = dict(forward=(32, 64, 8, None, 128), state=(32, 64, 8, None, None
 # spilled at any cap and on 4 warps. The forward on 4 warps, 16 tokens per state block and
 # 64 per output block: 255 + 124 B spill and 126 KB of shared memory (one program by either)
 # → 237, no spill, 26 KB. At D = 72 the previous entries run the chunked kernels too: the
-# kernels before them are the baseline variant's (padded) or git's (76bcfee).
+# kernels before them are the baseline variant's (padded) or git's (76bcfee). Other split
+# dims share the entries (not tuned: no preset uses them): D = 40 fits two programs with no
+# spill; D = 96 (64 + 32) too, but spills 100 B in dstate (0 before, on 8 warps), 16 B in dq
+# and 20 B in dkv (376 and 184 B before) and 0 in the forward (136 B before).
 _PREVIOUS_SPLIT_CONFIGS = dict(forward=(16, 8, None, None), state=(16, 8, None, None), out=(64, 8, None, None),
                                dq=(64, 8, None, None), dkv=(64, 8, None, None))
 _SPLIT_CONFIGS = dict(forward=(16, 4, None, None), state=(16, 4, None, None), out=(64, 8, None, 128),
