@@ -21,6 +21,13 @@ import nala_dit  # noqa: F401  (teaches diffusers our pipeline names; torch-free
 # Under pytest-xdist each worker's torch gets its share of the cores (make test: two workers on
 # two cores, one thread each) instead of all of them: two workers' threads on the same cores
 # only wait for each other.
+# The interpreter cases (run in subprocesses with TRITON_INTERPRET=1): the same kernels, without
+# the interpreter's redundant re-patching at each helper call (tests/utils.py).
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from tests.utils import quicker_triton_interpreter
+
+    quicker_triton_interpreter()
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 

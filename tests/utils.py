@@ -181,3 +181,44 @@ def run_cases_file(path: str, env: dict, *pytest_args) -> str:
     proc = subprocess.run(cmd, cwd=root, env=full, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
     return proc.stdout
+
+
+def quicker_triton_interpreter() -> None:
+    """Skip Triton's interpreter re-patching ``triton.language`` on every call of a
+    ``@triton.jit`` helper inside a kernel (the result is the same; the kernels run as they were).
+
+    The interpreter patches the language (``inspect.getmembers`` over three modules, ~1 ms)
+    when a kernel starts, and again at each helper call, without ever restoring the helper's
+    patches: the kernel's restore at its end undoes both. A helper whose modules the running
+    kernel already patched gets the same patches again; that is 40 % of the interpreter
+    cases' time (the chunked D = 72 kernels call helpers in their loops). Only a re-patch of
+    modules already patched in the same kernel run is skipped (the first helper that sees
+    another module, ``triton.language.core``, patches it as before), and outside a kernel
+    nothing changes. Installed by ``tests/conftest.py`` where ``TRITON_INTERPRET=1``."""
+    from triton.runtime import interpreter as ti
+
+    if getattr(ti, "_nala_quicker", False):
+        return
+    patch_lang, grid_call = ti._patch_lang, ti.GridExecutor.__call__
+    running = []   # per kernel run: ids of the modules patched so far in it
+
+    def langs(fn) -> set:
+        return {id(value) for value in fn.__globals__.values() if value is ti.tl or value is ti.tl.core}
+
+    def _patch_lang(fn):
+        if running and langs(fn) <= running[-1]:
+            return ti._LangPatchScope()      # already patched in this kernel run: nothing to undo
+        scope = patch_lang(fn)
+        if running:                          # the kernel's own patch, or a helper's of other modules
+            running[-1] |= langs(fn)
+        return scope
+
+    def __call__(self, *args, **kwargs):
+        running.append(set())
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            running.pop()
+
+    ti._patch_lang, ti.GridExecutor.__call__ = _patch_lang, __call__
+    ti._nala_quicker = True

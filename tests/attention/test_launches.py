@@ -160,4 +160,7 @@ def count_triton_layer() -> dict:
 
 
 if __name__ == "__main__":
+    from tests.utils import quicker_triton_interpreter
+
+    quicker_triton_interpreter()
     print(json.dumps({"call": count_triton_call(), "layer": count_triton_layer()}))
