@@ -374,11 +374,26 @@ class RequestGuard:
             return "this page takes no uploads"
         return None
 
+    @staticmethod
+    async def drain(receive, limit: int = 16 << 20) -> None:
+        """Read and drop a refused request's body (up to ``limit`` bytes): a client still
+        sending it (an upload) then reads the 403, where an unread body would have the server
+        close the connection under it (a reset, no answer)."""
+        seen = 0
+        while seen <= limit:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            seen += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
+
     async def __call__(self, scope, receive, send):
         if scope["type"] in ("http", "websocket") and (why := self.refused(scope)):
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008})
                 return
+            await self.drain(receive)
             body = f"forbidden: {why}\n".encode()
             await send({"type": "http.response.start", "status": 403,
                         "headers": [(b"content-type", b"text/plain; charset=utf-8"),
