@@ -27,19 +27,34 @@ def run_main(script, out, capsys, *extra):
     """The script's ``main(argv)`` with the arguments of ``run_script``, in this process (which
     has torch and the package loaded already: one interpreter start less, as demo.py runs the
     CLIs), for the scripts whose own process either counts memory with the allocator (not its
-    resident memory) or only starts the fresh processes that measure; torch's thread count is
-    restored after."""
+    resident memory) or only starts the processes that measure; torch's thread count and the
+    environment (fsdp.py sets OMP_NUM_THREADS for its processes) are restored after."""
     import importlib
 
     import torch
 
     module = importlib.import_module(f"benchmarks.{Path(script).stem}")
-    threads = torch.get_num_threads()
+    threads, env = torch.get_num_threads(), dict(os.environ)
     try:
         module.main(["--tiny", "--threads", "1", "--out", str(out), *extra])
     finally:
         torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(env)
     return json.loads(out.read_text()), capsys.readouterr().out
+
+
+@pytest.fixture
+def forkserver():
+    """This process's forkserver, started with tests/ranks.py's preload (which holds what
+    benchmarks/processes.py preloads): the --tiny benchmarks fork their measuring processes
+    from it, as the run_ranks tests of this process do."""
+    import multiprocessing.forkserver
+
+    from tests.ranks import context
+
+    context()
+    multiprocessing.forkserver.ensure_running()
 
 
 def finite(x):
@@ -183,7 +198,7 @@ def test_threads_benchmark_busy_neighbour_runs_until_killed():
 
 
 @pytest.mark.slow
-def test_context_parallel_benchmark_tiny(tmp_path, capsys):
+def test_context_parallel_benchmark_tiny(tmp_path, capsys, forkserver):
     """The exchanges counted at the torch.distributed calls equal the closed forms."""
     data, stdout = run_main("context_parallel.py", tmp_path / "cp.json", capsys, "--sections", "forward")
     rows = {r["model"]: r for r in data["results"]}
@@ -200,11 +215,11 @@ def test_context_parallel_benchmark_tiny(tmp_path, capsys):
     assert "softmax gather" in stdout
 
 
-def test_fsdp_benchmark_tiny_counts_match_their_closed_forms(tmp_path):
+def test_fsdp_benchmark_tiny_counts_match_their_closed_forms(tmp_path, capsys, forkserver):
     """What each process holds and what a step exchanges, counted at the tensors and the
     torch.distributed calls, equal the formulas from the parameter shapes; at P = 2 FSDP holds
     half of DDP's parameters, gradients, AdamW state and EMA (plus the shards' padding rows)."""
-    data, stdout = run_script("fsdp.py", tmp_path / "fsdp.json")
+    data, stdout = run_main("fsdp.py", tmp_path / "fsdp.json", capsys)
     rows = {(r["mode"], r["procs"]): r for r in data["results"]}
     assert set(rows) == {("ddp", 1), ("fsdp", 1), ("ddp", 2), ("fsdp", 2)}
     for r in rows.values():
