@@ -15,6 +15,13 @@ a preloaded run are not comparable with a fresh run's (what a call grows by is).
 from __future__ import annotations
 
 import multiprocessing
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
 # What the server imports once (torch.distributed for the gloo group, the model code).
 PRELOAD = ["torch", "torch.distributed", "nala_dit.models.dit"]
