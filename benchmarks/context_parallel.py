@@ -10,6 +10,9 @@ numbers each rank contributes to the exchanges of one forward, counted at the
 
 Every measurement runs in a fresh process (or process pair, gloo): timings take the
 median over ``--repeats`` calls after one warm-up, each call between two barriers.
+``--preloaded`` (``--tiny`` implies it) forks those processes from one server that imported
+torch and the package once instead (``benchmarks/processes.py``): the same measurements
+without a Python start-up each.
 
     python benchmarks/context_parallel.py --tokens 4096 --out benchmarks/results/context_parallel_cpu_4k.json
     python benchmarks/context_parallel.py --tokens 16384 --repeats 1 --out benchmarks/results/context_parallel_cpu_16k.json
@@ -143,25 +146,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_child(procs: int, cfg: dict) -> list[dict]:
-    """One measurement in fresh processes: ``procs`` = 1 or P (spawned; gloo, or NCCL on CUDA)."""
+def run_child(procs: int, cfg: dict, preloaded: bool = False) -> list[dict]:
+    """One measurement in fresh processes: ``procs`` = 1 or P (spawned; gloo, or NCCL on CUDA);
+    with ``preloaded``, forks of the preloaded server (``benchmarks/processes.py``)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        env = child_env(ROOT, OMP_NUM_THREADS=str(cfg["threads"]))
-        subprocess.run([sys.executable, __file__, "--child", str(procs), json.dumps(cfg), str(out)],
-                       env=env, check=True, cwd=ROOT)
+        if preloaded:
+            _child_main(procs, cfg, str(out), preloaded=True)
+        else:
+            env = child_env(ROOT, OMP_NUM_THREADS=str(cfg["threads"]))
+            subprocess.run([sys.executable, __file__, "--child", str(procs), json.dumps(cfg), str(out)],
+                           env=env, check=True, cwd=ROOT)
         return json.loads(out.read_text())
 
 
-def _child_main(procs: int, cfg: dict, out: str) -> None:
-    if procs == 1:
+def _child_main(procs: int, cfg: dict, out: str, preloaded: bool = False) -> None:
+    if procs == 1 and not preloaded:   # the fresh child measures itself
         _measure(0, 1, 0, cfg, out)
         return
-    import torch.multiprocessing as mp
+    from benchmarks.processes import start_processes
 
-    mp.spawn(_measure, args=(procs, _free_port(), cfg, out), nprocs=procs, join=True)
+    start_processes(_measure, (procs, _free_port(), cfg, out), procs, preloaded)
 
 
 def byte_table(tokens_list=(4096, 16384, 65536)) -> list[dict]:
@@ -189,7 +196,11 @@ def main(argv=None) -> int:
     p.add_argument("--procs", type=int, default=2, help="P, the processes one image is split over")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (the table's numbers: 1)")
-    p.add_argument("--tiny", action="store_true", help="NaLaDiT-T/2 and DiT-T/2 at 256 tokens, one repeat")
+    p.add_argument("--preloaded", action="store_true",
+                   help="fork the measuring processes from one server that imported torch and the package once "
+                        "(benchmarks/processes.py) instead of starting fresh Pythons")
+    p.add_argument("--tiny", action="store_true",
+                   help="NaLaDiT-T/2 and DiT-T/2 at 256 tokens, one repeat, --preloaded")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu: gloo; cuda: NCCL, rank r on cuda:r (P = 1 only where fewer than P GPUs)")
     p.add_argument("--out", type=Path)
@@ -207,6 +218,7 @@ def main(argv=None) -> int:
     if any(s not in SECTIONS for s in sections) or args.procs < 2:
         p.error(f"--sections takes {SECTIONS}; --procs must be >= 2")
     repeats = 1 if args.tiny else args.repeats
+    preloaded = args.tiny or args.preloaded
     gpus = 0
     if args.device == "cuda":
         import torch
@@ -231,14 +243,14 @@ def main(argv=None) -> int:
             for section in sections:
                 cfg = dict(model=model, latent=side * int(patch), section=section, repeats=repeats,
                            threads=args.threads, device=args.device)
-                one = run_child(1, cfg)[0]
+                one = run_child(1, cfg, preloaded)[0]
                 if args.device == "cuda" and gpus < args.procs:
                     results.append(dict(model=model, tokens=n, section=section, procs=1, one_time_s=one["time_s"],
                                         one_peak_mib=one["peak_mib"], one_grew_mib=one["grew_mib"], one=one))
                     print(f"{model} {n:,} tokens {section}: 1 process {one['time_s']:.3f} s, "
                           f"peak {one['peak_mib']:.0f} MiB", flush=True)
                     continue
-                split = run_child(args.procs, cfg)
+                split = run_child(args.procs, cfg, preloaded)
                 per_layer = exchanged_numbers("nala" if attention == "nala" else "softmax", n, hidden, heads)
                 # the output's gather (once per forward): this rank's tokens (padded to the most
                 # rows) × p² × C_out, C_out = 8 for the learned-σ DiT families, 4 for SiT
@@ -268,7 +280,8 @@ def main(argv=None) -> int:
                           cpu_count=os.cpu_count(), load_average_start=list(load), load_average_end=list(os.getloadavg()),
                           wall_s=time.perf_counter() - started, batch=1, dtype="fp32", tiny=args.tiny,
                           device=args.device, gpus=gpus,
-                          statistic=f"median of {repeats} after one warm-up"),
+                          statistic=f"median of {repeats} after one warm-up",
+                          processes="forks of a preloaded server" if preloaded else "fresh Pythons"),
                 results=results, bytes_xl2=table)
     if args.out:
         args.out.write_text(json.dumps(data, indent=1) + "\n")

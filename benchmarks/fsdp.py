@@ -39,6 +39,9 @@ each process's peak resident memory (``ru_maxrss``) for what the OS saw.
     python benchmarks/fsdp.py --out benchmarks/results/fsdp_cpu.json                  # NaLaDiT-B/2
     python benchmarks/fsdp.py --model NaLaDiT-S/2 --out benchmarks/results/fsdp_cpu_s2.json
     python benchmarks/fsdp.py --tiny                                           # NaLaDiT-T/2, P = 1, 2 (seconds)
+
+The processes are fresh Pythons (spawned); ``--preloaded`` (``--tiny`` implies it) forks them
+from one server that imported torch and the package once (``benchmarks/processes.py``).
 """
 
 from __future__ import annotations
@@ -268,16 +271,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure(procs: int, cfg: dict) -> dict:
-    """``cfg["modes"]`` at one P in ``procs`` fresh spawned processes (gloo, also at P = 1):
+def measure(procs: int, cfg: dict, preloaded: bool = False) -> dict:
+    """``cfg["modes"]`` at one P in ``procs`` fresh spawned processes (gloo, also at P = 1), or
+    with ``preloaded`` forks of the preloaded server (``benchmarks/processes.py``):
     {mode: {rows, shapes}}."""
     import tempfile
 
-    import torch.multiprocessing as mp
+    from benchmarks.processes import start_processes
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        mp.spawn(_measure, args=(procs, _free_port(), cfg, str(out)), nprocs=procs, join=True)
+        start_processes(_measure, (procs, _free_port(), cfg, str(out)), procs, preloaded)
         return json.loads(out.read_text())
 
 
@@ -347,8 +351,11 @@ def main(argv=None) -> int:
     p.add_argument("--shared-processes", action="store_true",
                    help="DDP then FSDP in the same processes at each P (half the start-ups; rss_mib is then "
                         "the pair's)")
+    p.add_argument("--preloaded", action="store_true",
+                   help="fork the measuring processes from one server that imported torch and the package once "
+                        "(benchmarks/processes.py) instead of starting fresh Pythons")
     p.add_argument("--tiny", action="store_true",
-                   help="NaLaDiT-T/2, latent 8, P = 1, 2, one timed step, --shared-processes")
+                   help="NaLaDiT-T/2, latent 8, P = 1, 2, one timed step, --shared-processes, --preloaded")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     model = "NaLaDiT-T/2" if args.tiny else args.model
@@ -359,13 +366,14 @@ def main(argv=None) -> int:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)   # the spawned processes read it when torch loads
     load, started = os.getloadavg(), time.perf_counter()
     shared = args.tiny or args.shared_processes
+    preloaded = args.tiny or args.preloaded
     rows = []
     for n in procs:
         got = {}
         for modes in [MODES] if shared else [(m,) for m in MODES]:
             cfg = dict(model=model, latent=latent, batch=args.batch, steps=steps, threads=args.threads,
                        modes=list(modes), reshard=not args.no_reshard)
-            got.update(measure(n, cfg))
+            got.update(measure(n, cfg, preloaded))
         for mode in MODES:
             rows.append(summarise(mode, n, got[mode], not args.no_reshard))
             r = rows[-1]
@@ -385,8 +393,9 @@ def main(argv=None) -> int:
                           date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), model=model, latent=latent,
                           batch=args.batch, steps=steps, threads=args.threads, cpu_count=os.cpu_count(),
                           reshard_after_forward=not args.no_reshard, dtype="fp32", backend="gloo", tiny=args.tiny,
-                          processes="both modes in the same processes at each P" if shared else
-                                    "fresh processes for each mode and P",
+                          processes=("both modes in the same processes at each P" if shared else
+                                     "fresh processes for each mode and P")
+                                    + (", forks of a preloaded server" if preloaded else ""),
                           load_average_start=list(load), load_average_end=list(os.getloadavg()),
                           wall_s=round(time.perf_counter() - started, 1),
                           statistic=f"step time: median of {steps} after one warm-up, the slowest rank",

@@ -37,7 +37,8 @@ SETTINGS = [("trained size (8 px)", 8, "extrapolate", None),
 SAMPLERS = {"diffusion": ("ddpm", 40), "transport": ("ode-heun", 16)}  # the demo's
 
 
-def score(source, setting, per_class: int, seed: int, ref: Path, classifier_dir: Path) -> dict:
+def score(source, setting, per_class: int, seed: int, ref: Path, classifier_dir: Path,
+          steps: int | None = None) -> dict:
     import numpy as np
     import torch
 
@@ -49,7 +50,8 @@ def score(source, setting, per_class: int, seed: int, ref: Path, classifier_dir:
     model = source.model
     model.register_to_config(positions=pos)   # the policy is read per grid: no reload needed
     model.reset_pos_embed()
-    sampler, steps = SAMPLERS[model.config.objective]
+    sampler, demo_steps = SAMPLERS[model.config.objective]
+    steps = steps or demo_steps
     settings = SampleSettings(sampler, steps, cfg_scale=2.0)
     if side != model.config.input_size:
         settings = replace(settings, latent_size=(side, side))
@@ -77,6 +79,8 @@ def main(argv=None) -> int:
     p.add_argument("--work", type=Path, default=ROOT / "experiments" / "ablation" / "results" / "work",
                    help="where the digits classifier and the held-out reference are built once")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--steps", type=int, help="sampling steps of every setting (default: the demo's, 40 DDPM / 16 ODE "
+                   "Heun); an upscaled setting adds round(strength × steps)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     import statistics
@@ -97,7 +101,8 @@ def main(argv=None) -> int:
         source = load_source(run)
         for setting in SETTINGS:
             for seed in map(int, args.seeds.split(",")):
-                rows.append(dict(model=name, **score(source, setting, args.per_class, seed, ref, classifier_dir)))
+                row = score(source, setting, args.per_class, seed, ref, classifier_dir, args.steps)
+                rows.append(dict(model=name, **row))
                 print(json.dumps(rows[-1]), flush=True)
     print(f"\n| model | setting | class-consistency | Fréchet distance | n (sampling seeds) |\n|---|---|---|---|---|")
     for name in args.models.split(","):

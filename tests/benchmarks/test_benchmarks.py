@@ -27,19 +27,34 @@ def run_main(script, out, capsys, *extra):
     """The script's ``main(argv)`` with the arguments of ``run_script``, in this process (which
     has torch and the package loaded already: one interpreter start less, as demo.py runs the
     CLIs), for the scripts whose own process either counts memory with the allocator (not its
-    resident memory) or only starts the fresh processes that measure; torch's thread count is
-    restored after."""
+    resident memory) or only starts the processes that measure; torch's thread count and the
+    environment (fsdp.py sets OMP_NUM_THREADS for its processes) are restored after."""
     import importlib
 
     import torch
 
     module = importlib.import_module(f"benchmarks.{Path(script).stem}")
-    threads = torch.get_num_threads()
+    threads, env = torch.get_num_threads(), dict(os.environ)
     try:
         module.main(["--tiny", "--threads", "1", "--out", str(out), *extra])
     finally:
         torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(env)
     return json.loads(out.read_text()), capsys.readouterr().out
+
+
+@pytest.fixture
+def forkserver():
+    """This process's forkserver, started with tests/ranks.py's preload (which holds what
+    benchmarks/processes.py preloads): the --tiny benchmarks fork their measuring processes
+    from it, as the run_ranks tests of this process do."""
+    import multiprocessing.forkserver
+
+    from tests.ranks import context
+
+    context()
+    multiprocessing.forkserver.ensure_running()
 
 
 def finite(x):
@@ -128,7 +143,8 @@ def test_train_rss_benchmark_tiny(tmp_path):
 
 
 def test_highres_quality_runs_every_setting(tmp_path, digits_checkpoint, digits_classifier_dir):
-    """Every (model, setting, seed) is scored once; the classifier and reference are built once."""
+    """Every (model, setting, seed) is scored once; the classifier and reference are built once.
+    10 sampling steps instead of the demo's 40: the count of every setting's calls is the check."""
     import shutil
 
     import torch
@@ -140,15 +156,15 @@ def test_highres_quality_runs_every_setting(tmp_path, digits_checkpoint, digits_
     threads = torch.get_num_threads()
     try:   # in this process, as run_main
         assert hq.main(["--runs", str(digits_checkpoint.parent), "--models", digits_checkpoint.name, "--per-class", "1",
-                        "--seeds", "0,1", "--work", str(work), "--out", str(tmp_path / "q.json")]) == 0
+                        "--seeds", "0,1", "--steps", "10", "--work", str(work), "--out", str(tmp_path / "q.json")]) == 0
     finally:
         torch.set_num_threads(threads)
     rows = json.loads((tmp_path / "q.json").read_text())["rows"]
     assert [(r["setting"], r["seed"]) for r in rows] == [(s[0], seed) for s in hq.SETTINGS for seed in (0, 1)]
     for r in rows:
         assert 0 <= r["class_consistency"] <= 1 and finite(r["frechet_distance"])
-        # NFE: the sampler's 40 steps, plus the upscaled second stage's round(strength · 40)
-        assert r["nfe"] == 40 + (round(r["strength"] * 40) if r["strength"] else 0)
+        # NFE: the sampler's 10 steps, plus the upscaled second stage's round(strength · 10)
+        assert r["nfe"] == 10 + (round(r["strength"] * 10) if r["strength"] else 0)
 
 
 def test_threads_benchmark_tiny(tmp_path):
@@ -183,7 +199,7 @@ def test_threads_benchmark_busy_neighbour_runs_until_killed():
 
 
 @pytest.mark.slow
-def test_context_parallel_benchmark_tiny(tmp_path, capsys):
+def test_context_parallel_benchmark_tiny(tmp_path, capsys, forkserver):
     """The exchanges counted at the torch.distributed calls equal the closed forms."""
     data, stdout = run_main("context_parallel.py", tmp_path / "cp.json", capsys, "--sections", "forward")
     rows = {r["model"]: r for r in data["results"]}
@@ -200,11 +216,11 @@ def test_context_parallel_benchmark_tiny(tmp_path, capsys):
     assert "softmax gather" in stdout
 
 
-def test_fsdp_benchmark_tiny_counts_match_their_closed_forms(tmp_path):
+def test_fsdp_benchmark_tiny_counts_match_their_closed_forms(tmp_path, capsys, forkserver):
     """What each process holds and what a step exchanges, counted at the tensors and the
     torch.distributed calls, equal the formulas from the parameter shapes; at P = 2 FSDP holds
     half of DDP's parameters, gradients, AdamW state and EMA (plus the shards' padding rows)."""
-    data, stdout = run_script("fsdp.py", tmp_path / "fsdp.json")
+    data, stdout = run_main("fsdp.py", tmp_path / "fsdp.json", capsys)
     rows = {(r["mode"], r["procs"]): r for r in data["results"]}
     assert set(rows) == {("ddp", 1), ("fsdp", 1), ("ddp", 2), ("fsdp", 2)}
     for r in rows.values():

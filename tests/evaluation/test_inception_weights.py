@@ -206,12 +206,28 @@ def test_packaged_network_is_named(real_extractor):
     assert record["weights_format"] == "torchscript" and record["classifier_head"] is False
 
 
-@pytest.mark.slow
-def test_other_reference_weights_are_noted(tmp_path, image_sets, inception_weights):
-    ref_images, samples = _tiny_inputs(tmp_path, image_sets)
-    ref = tmp_path / "ref_stats.npz"
+@pytest.fixture(scope="module")
+def reference_stats(tmp_path_factory, image_sets, inception_weights):
+    """The reference .npz of ``_tiny_inputs``' reference images with the test weights, made once
+    for the tests below (each copies it before changing anything)."""
+    folder = tmp_path_factory.mktemp("reference")
+    ref_images, _ = _tiny_inputs(folder, image_sets)
+    ref = folder / "ref_stats.npz"
     metrics.make_reference(ref, data=ref_images, inception_weights=inception_weights, batch_size=4,
-                            allow_unknown_weights=True)
+                           allow_unknown_weights=True)
+    return ref
+
+
+def _reference_copy(reference_stats, tmp_path) -> Path:
+    import shutil
+
+    return Path(shutil.copyfile(reference_stats, tmp_path / "ref_stats.npz"))
+
+
+@pytest.mark.slow
+def test_other_reference_weights_are_noted(tmp_path, image_sets, inception_weights, reference_stats):
+    _, samples = _tiny_inputs(tmp_path, image_sets)
+    ref = _reference_copy(reference_stats, tmp_path)
     stats = dict(np.load(ref))
     stats["weights_sha256"] = np.array("0" * 64)
     np.savez(ref, **stats)
@@ -236,11 +252,9 @@ def headless_weights(tmp_path_factory, inception_weights):
 
 @pytest.mark.slow
 def test_inception_score_refused_without_classifier_head(tmp_path, image_sets, inception_weights, headless_weights,
-                                                         capsys):
-    ref_images, samples = _tiny_inputs(tmp_path, image_sets)
-    ref = tmp_path / "ref_stats.npz"
-    metrics.make_reference(ref, data=ref_images, inception_weights=inception_weights, batch_size=4,
-                            allow_unknown_weights=True)
+                                                         reference_stats, capsys):
+    _, samples = _tiny_inputs(tmp_path, image_sets)
+    ref = _reference_copy(reference_stats, tmp_path)
     common = ["--device", "cpu", "--batch-size", "4", "--inception-weights", str(headless_weights),
               "--allow-unknown-inception-weights"]
     capsys.readouterr()
