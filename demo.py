@@ -59,7 +59,7 @@ LADDER_SAMPLES, LADDER_GRID = 100, 4
 # --quick: the same pipeline at the least budget that runs every step: training steps per model
 # (and its log interval), sampler steps (every model, the ladder and the printed next steps),
 # scored samples per digit, the ladder's fine-tune steps, samples per row and grid columns.
-QUICK = dict(train_steps=10, log_every=2, sample_steps=5, per_class=5, ladder_steps=5, ladder_samples=20,
+QUICK = dict(train_steps=5, log_every=1, sample_steps=5, per_class=5, ladder_steps=5, ladder_samples=20,
              ladder_grid=2)
 
 
@@ -253,7 +253,7 @@ def run_demo(out: Path, quick: bool, threads: list, classifier: Path | None = No
         model, ckpt = load_model(run_dir)
         rows.append(dict(
             model=name, preset=ckpt.config["model"], params=count_params(model), steps=ckpt.step,
-            train_time_s=round(train_time, 1),
+            train_time_s=round(train_time, 2),   # to 0.01 s: a quick run's train.py call takes about a second
             # All images over the whole train.py call (start-up and checkpoints included),
             # so the ratio of two rows is the ratio of their train times.
             images_per_sec=round(ckpt.step * ckpt.config["global-batch-size"] / train_time, 1),

@@ -40,8 +40,9 @@ VARIANTS = {  # name -> (model, overrides): the repository's option names
 SIZING = {256: dict(steps=3000, sample_steps=50, train_cap_s=75.0),
           1024: dict(steps=800, sample_steps=25, train_cap_s=90.0)}
 SMOKE_PER_CLASS = 2  # --smoke: 20 + 20 images; Inception at 299 px is most of a CPU smoke run's time
-# --smoke's budget: steps of batch, samples a set (one a class; 10 + 10 + 10 of them through Inception), sampler steps
-SMOKE = dict(steps=10, batch=8, samples=10, sample_steps=2)
+# --smoke's budget: training steps of ``batch`` images, samples a set (one a class; the cell's, and the
+# first cell's second set: 10 + 10 + 10 through Inception) and sampler steps
+SMOKE = dict(steps=5, batch=8, samples=10, sample_steps=2)
 
 
 def load_split(folder: Path, per_class: int | None = None):

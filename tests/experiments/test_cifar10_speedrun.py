@@ -63,14 +63,14 @@ def test_smoke_writes_every_stage_and_the_summary_is_recomputed_from_the_cells(s
     assert (out / "data_fid.json").is_file()
     cells = {p.stem: json.loads(p.read_text()) for p in (out / "cells").glob("*.json")}
     assert set(cells) == {"softmax_mlp_s0", "nala_mlp_s0"}
-    assert all(c["train"]["steps"] == 10 and c["samples"] == 10 and c["batched_seeds"] == 1 for c in cells.values())
+    assert all(c["train"]["steps"] == 5 and c["samples"] == 10 and c["batched_seeds"] == 1 for c in cells.values())
     assert json.loads((out / "data_fid.json").read_text())["n_test"] == 20   # 2 images a class
     assert "fid_between_sets" in cells["softmax_mlp_s0"]
     summary = json.loads((out / "summary.json").read_text())
     for v, row in summary["variants"].items():
         assert row["fid_mean"] == pytest.approx(cells[f"{v}_s0"]["fid"], abs=0)
         assert row["step_s"] == cells[f"{v}_s0"]["train"]["step_s"] and row["n"] == 1 and row["fid_spread"] == 0.0
-        assert row["images_per_s"] == pytest.approx(10 * 8 / cells[f"{v}_s0"]["train"]["seconds"], rel=1e-12)
+        assert row["images_per_s"] == pytest.approx(5 * 8 / cells[f"{v}_s0"]["train"]["seconds"], rel=1e-12)
     assert summary["variants"]["nala_mlp"]["contrast_vs_softmax_mlp"]["0"] == pytest.approx(
         cells["nala_mlp_s0"]["fid"] - cells["softmax_mlp_s0"]["fid"], abs=1e-12)
     assert summary["variants"]["softmax_mlp"]["contrast_vs_softmax_mlp"]["0"] == 0.0
