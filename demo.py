@@ -15,7 +15,7 @@ opens the NaLaDiT in a web page, starting with the python that ran the demo
 (``.venv/bin/python`` under ``make demo``) and carrying its ``--threads``.
 
     python demo.py                # full demo into runs/demo (8-12 minutes on 2 busy CPU cores, plus the ladder)
-    python demo.py --quick        # smoke run into runs/demo-quick (about 25 s): same pipeline, tiny budget (QUICK)
+    python demo.py --quick        # smoke run into runs/demo-quick (about 20 s): same pipeline, tiny budget (QUICK)
     python demo.py --threads 1    # on a shared or loaded machine (as every CLI's --threads)
 
 Nothing is deleted: a previous demo in --out is moved aside to ``<out>.old-<time>``

@@ -57,7 +57,7 @@ def smoke(cifar_subset, inception_weights, tmp_path_factory):
 
 
 @needs_data
-@pytest.mark.slow  # the run end to end, Inception on CPU: about 25 s beside other jobs on 2 cores
+@pytest.mark.slow  # the run end to end, Inception on CPU: about 20 s on 2 shared cores
 def test_smoke_writes_every_stage_and_the_summary_is_recomputed_from_the_cells(smoke):
     out, _ = smoke
     assert (out / "data_fid.json").is_file()
