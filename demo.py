@@ -15,7 +15,7 @@ opens the NaLaDiT in a web page, starting with the python that ran the demo
 (``.venv/bin/python`` under ``make demo``) and carrying its ``--threads``.
 
     python demo.py                # full demo into runs/demo (8-12 minutes on 2 busy CPU cores, plus the ladder)
-    python demo.py --quick        # smoke run into runs/demo-quick (20-30 s quiet): same pipeline, tiny budget
+    python demo.py --quick        # smoke run into runs/demo-quick (about 20 s): same pipeline, tiny budget (QUICK)
     python demo.py --threads 1    # on a shared or loaded machine (as every CLI's --threads)
 
 Nothing is deleted: a previous demo in --out is moved aside to ``<out>.old-<time>``
@@ -56,6 +56,11 @@ CFG_SCALE = 2.0  # the same guidance for every model
 LADDER = ("NaLaDiT", 16, 100, 32, 1e-3)
 # Samples per ladder row (a 16-px sample costs about 3.5 8-px ones) and grid columns; --quick: 20, 2.
 LADDER_SAMPLES, LADDER_GRID = 100, 4
+# --quick: the same pipeline at the least budget that runs every step: training steps per model
+# (and its log interval), sampler steps (every model, the ladder and the printed next steps),
+# scored samples per digit, the ladder's fine-tune steps, samples per row and grid columns.
+QUICK = dict(train_steps=5, log_every=1, sample_steps=5, per_class=5, ladder_steps=5, ladder_samples=20,
+             ladder_grid=2)
 
 
 def run(cmd: list[str]) -> None:
@@ -175,6 +180,10 @@ def main(argv=None) -> int:
                         help="output folder (default runs/demo, with --quick runs/demo-quick); a previous "
                              "demo there is moved aside to <out>.old-<time>, never deleted")
     parser.add_argument("--threads", type=int, help=THREADS_HELP + "; passed to every step of the demo")
+    parser.add_argument("--digits-classifier", type=Path, default=None,
+                        help="folder of the digits classifier that scores the samples (default "
+                             "<out>/digits_classifier, trained there; its training is deterministic, so one "
+                             "folder serves every demo)")
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
@@ -187,16 +196,19 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: {err}") from None
     try:
         prepare_out(out)
-        run_demo(out, args.quick, [] if args.threads is None else ["--threads", args.threads])
+        run_demo(out, args.quick, [] if args.threads is None else ["--threads", args.threads],
+                 args.digits_classifier and args.digits_classifier.resolve())
     finally:
         lock.release()
     return 0
 
 
-def run_demo(out: Path, quick: bool, threads: list) -> None:
-    """Every step of the demo into the empty folder ``out``; ``threads`` goes to every CLI."""
-    per_class = 10 if quick else 30
-    classifier = out / "digits_classifier"
+def run_demo(out: Path, quick: bool, threads: list, classifier: Path | None = None) -> None:
+    """Every step of the demo into the empty folder ``out``; ``threads`` goes to every CLI;
+    the samples scored by the digits classifier in ``classifier`` (default: trained into
+    ``<out>/digits_classifier``)."""
+    per_class = QUICK["per_class"] if quick else 30
+    classifier = classifier or out / "digits_classifier"
 
     ref = out / "ref_heldout.npz"
     run(["evaluate_fid.py", "ref", "--dataset", "digits-heldout", "--features", "digits", "--out", ref,
@@ -228,18 +240,20 @@ def run_demo(out: Path, quick: bool, threads: list) -> None:
     rows, curves = [], {}
     for name, config, sampler, steps in MODELS:
         train_args = ["train.py", "--config", ROOT / config, "--results-dir", out, "--exp-name", name, *threads]
-        if quick:
-            train_args += ["--max-steps", "20", "--ckpt-every", "20", "--log-every", "5"]
+        if quick:   # no held-out loss: its first one (--val-every 100) is past the quick run's last step
+            train_args += ["--max-steps", QUICK["train_steps"], "--ckpt-every", QUICK["train_steps"],
+                           "--log-every", QUICK["log_every"], "--val-every", 0]
         start = time.perf_counter()
         run(train_args)
         train_time = time.perf_counter() - start
         run_dir = out / name
         curves[name] = loss_curve(run_dir)
-        metrics, sidecar, sample_time = sample_and_score(name, run_dir, sampler, 10 if quick else steps, [])
+        metrics, sidecar, sample_time = sample_and_score(name, run_dir, sampler,
+                                                         QUICK["sample_steps"] if quick else steps, [])
         model, ckpt = load_model(run_dir)
         rows.append(dict(
             model=name, preset=ckpt.config["model"], params=count_params(model), steps=ckpt.step,
-            train_time_s=round(train_time, 1),
+            train_time_s=round(train_time, 2),   # to 0.01 s: a quick run's train.py call takes about a second
             # All images over the whole train.py call (start-up and checkpoints included),
             # so the ratio of two rows is the ratio of their train times.
             images_per_sec=round(ckpt.step * ckpt.config["global-batch-size"] / train_time, 1),
@@ -253,9 +267,10 @@ def run_demo(out: Path, quick: bool, threads: list) -> None:
     ladder_start = time.perf_counter()
     source, side, ladder_steps, batch, lr = LADDER
     _, config, sampler, steps = next(m for m in MODELS if m[0] == source)
-    sample_steps = 10 if quick else steps
+    sample_steps = QUICK["sample_steps"] if quick else steps
     size = ["--image-size", side]
-    budget = dict(per_label=2, num=20) if quick else dict(per_label=LADDER_GRID, num=LADDER_SAMPLES)
+    budget = dict(per_label=QUICK["ladder_grid"], num=QUICK["ladder_samples"]) if quick else \
+        dict(per_label=LADDER_GRID, num=LADDER_SAMPLES)
 
     def ladder_row(model: str, steps_: int, train_time_: float, metrics_: dict) -> dict:
         return dict(model=model, steps=steps_, train_time_s=round(train_time_, 1),
@@ -265,11 +280,12 @@ def run_demo(out: Path, quick: bool, threads: list) -> None:
     metrics, _, _ = sample_and_score(f"{source}_at{side}", out / source, sampler, sample_steps, size, **budget)
     ladder = [ladder_row(f"{source} 8 px, sampled at {side} px", 0, 0.0, metrics)]
     tuned = f"{source}-{side}"
-    ladder_steps = 5 if quick else ladder_steps
+    ladder_steps = QUICK["ladder_steps"] if quick else ladder_steps
     start = time.perf_counter()
     run(["train.py", "--config", ROOT / config, "--init-from", out / source, *size, "--pos-embed", "interpolate",
          "--max-steps", ladder_steps, "--global-batch-size", batch, "--lr", lr, "--ckpt-every", ladder_steps,
-         "--log-every", max(1, ladder_steps // 6), "--results-dir", out, "--exp-name", tuned, *threads])
+         "--log-every", max(1, ladder_steps // 6), "--results-dir", out, "--exp-name", tuned, *threads,
+         *(["--val-every", 0] if quick else [])])
     train_time = time.perf_counter() - start
     metrics, _, _ = sample_and_score(tuned, out / tuned, sampler, sample_steps, [], **budget)
     ladder.append(dict(ladder_row(f"{source} 8 → {side} px, fine-tuned", ladder_steps, train_time, metrics),
@@ -296,7 +312,7 @@ def run_demo(out: Path, quick: bool, threads: list) -> None:
     (out / "report.md").write_text(render_report(report))
     print((out / "report.md").read_text())
     print(f"report: {out / 'report.md'}\nplot:   {out / 'loss.png'}\ngrids:  {out}/*_grid.png")
-    print(next_steps(out, threads))
+    print(next_steps(out, threads, quick))
 
 
 def _shown(path: Path) -> str:
@@ -307,12 +323,13 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def next_steps(out: Path, threads: list = ()) -> str:
+def next_steps(out: Path, threads: list = (), quick: bool = False) -> str:
     """What to run next on the demo's models: copy-paste commands that run as printed from
     the folder the demo ran in. They start with the interpreter that ran the demo (the
     venv's ``.venv/bin/python`` under ``make demo``: no activation needed) and carry the
     demo's ``--threads``; the grids drawn ``--grid-scale`` times larger, a digit
-    ``REPORT_DIGIT_PX`` wide. Pixel-space models, so export.py takes no --vae / --copy-vae."""
+    ``REPORT_DIGIT_PX`` wide. Pixel-space models, so export.py takes no --vae / --copy-vae.
+    The quick demo's lines sample with its own sampler steps (``QUICK``), its models at chance."""
     python = _shown(Path(sys.executable)) if sys.executable else "python"
     sample, export, app = _shown(ROOT / "sample.py"), _shown(ROOT / "export.py"), _shown(ROOT / "app.py")
     t = "".join(f" {a}" for a in threads)
@@ -322,10 +339,12 @@ def next_steps(out: Path, threads: list = ()) -> str:
     lines = ["", "next: the trained models are ordinary run folders (latest checkpoint, EMA weights): "
              + ", ".join(runs.values()) + f", and {tuned} (fine-tuned up the ladder at {side} px)"]
     for name, _, sampler, steps in MODELS[:2]:
+        steps = QUICK["sample_steps"] if quick else steps
         lines.append(f"  {python} {sample} --ckpt {runs[name]} --labels 0,1,2,3,4,5,6,7,8,9 --per-label 8 "
                      f"--sampler {sampler} --steps {steps} --cfg-scale {CFG_SCALE:g} --grid {name.lower()}_grid.png "
                      f"--grid-scale {grid_scale(8)}{t}")
     name, _, sampler, steps = MODELS[0]
+    steps = QUICK["sample_steps"] if quick else steps
     # named after the demo's folder: the quick and the full demo's blocks can be pasted one
     # after the other (runs/demo → exported/demo-naladit, runs/demo-quick → exported/demo-quick-naladit)
     exported = f"exported/{out.name}-{name.lower()}"

@@ -40,6 +40,9 @@ VARIANTS = {  # name -> (model, overrides): the repository's option names
 SIZING = {256: dict(steps=3000, sample_steps=50, train_cap_s=75.0),
           1024: dict(steps=800, sample_steps=25, train_cap_s=90.0)}
 SMOKE_PER_CLASS = 2  # --smoke: 20 + 20 images; Inception at 299 px is most of a CPU smoke run's time
+# --smoke's budget: training steps of ``batch`` images, samples a set (one a class; the cell's, and the
+# first cell's second set: 10 + 10 + 10 through Inception) and sampler steps
+SMOKE = dict(steps=5, batch=8, samples=10, sample_steps=2)
 
 
 def load_split(folder: Path, per_class: int | None = None):
@@ -257,7 +260,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cifar", required=True, help="folder with train/<class>/ and test/<class>/")
     p.add_argument("--out", required=True)
-    p.add_argument("--smoke", action="store_true", help="the same code path at toy scale (CPU, under a minute): 2 cells, 20 steps of 8, 16 samples a set, "
+    p.add_argument("--smoke", action="store_true", help="the same code path at toy scale (CPU, under a minute): 2 cells, "
+                   f"{SMOKE['steps']} steps of {SMOKE['batch']}, {SMOKE['samples']} samples a set, "
                    f"{SMOKE_PER_CLASS} images a class of each split")
     p.add_argument("--tokens", type=int, default=256, choices=(256, 1024))
     p.add_argument("--steps", type=int, default=None, help="training steps per model (default: 3000 at 256 tokens, "
@@ -293,7 +297,8 @@ def main(argv=None) -> None:
             setattr(args, name, value)
     seeds, variants = list(range(args.seeds)), list(VARIANTS)
     if args.smoke:
-        args.steps, args.samples, args.batch, args.sample_steps = 20, 16, 8, 2
+        for name, value in SMOKE.items():
+            setattr(args, name, value)
         seeds, variants = [0], ["softmax_mlp", "nala_mlp"]
     cells = [(v, s) for v in variants for s in seeds]
     settings = {k: getattr(args, k) for k in ("smoke", "tokens", "steps", "batch", "lr", "samples", "sample_steps",

@@ -317,6 +317,28 @@ def test_study_variants_and_recipe_flags():
     assert recipe_flags(ablation.task_recipe("canvas128", False), "nala_mix") == []   # the ladder's cells, as they ran
 
 
+def test_quick_recipes_are_the_least_that_fill_every_column():
+    """--quick: the digits task at batch 16, sampled with guidance 2 at every budget; every canvas
+    task (the ladder's 256-token source too) and every larger rung at batch 1, sampled at the
+    last budget only, 2 sampler steps (a respaced sampler keeps both ends) without guidance.
+    The full recipes are untouched."""
+    from experiments.ablation import study as ablation
+    from experiments.ablation.study.recipes import TASKS, is_canvas
+
+    digits = ablation.task_recipe("digits", True)
+    assert (digits["batch"], digits["cfg"], digits["sample_steps"], digits["budgets"]) == (16, 2.0, 2, (2, 4))
+    assert "sample_budgets" not in digits
+    small = [t for t in TASKS if is_canvas(t) or "image_size" in TASKS[t]]
+    assert {"canvas", "canvas64", "study64", "ladder64_interp", "samples16"} <= set(small)
+    for task in small:
+        r = ablation.task_recipe(task, True)
+        assert (r["batch"], r["cfg"], r["sample_steps"], r["sample_budgets"], r["per_class"], r["budgets"]) == \
+               (1, 1.0, 2, (4,), 1, (2, 4)), task
+    for task, batch in (("canvas", 32), ("canvas64", 8), ("samples16", 32)):
+        full = ablation.task_recipe(task, False)
+        assert (full["batch"], full["cfg"]) == (batch, 2.0) and full == TASKS[task], task
+
+
 def test_training_flops_per_image_match_the_hand_count(tmp_path):
     """DiT-T/2 (C = 128, 4 blocks, 4 latent channels, patch 2) with Mix-FFN, forward FLOPs at N
     tokens = c0 + c1·N + c2·N² (2 per multiply-add), counted by hand:

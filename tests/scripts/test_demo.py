@@ -55,18 +55,20 @@ def test_quick_demo_leaves_a_planted_full_demo_untouched(demo, tmp_path, monkeyp
     monkeypatch.setattr(demo, "ROOT", tmp_path)
     ran = []
 
-    def fake_run_demo(out, quick, threads):  # the folder handling, without 20 s of training
-        ran.append((out, quick, threads))
+    def fake_run_demo(out, quick, threads, classifier):  # the folder handling, without 20 s of training
+        ran.append((out, quick, threads, classifier))
         (out / "report.json").write_text(json.dumps(dict(run=len(ran))))
 
     monkeypatch.setattr(demo, "run_demo", fake_run_demo)
     full = tmp_path / "runs" / "demo"
     planted = plant_full_demo(full)
+    monkeypatch.chdir(tmp_path)
     assert demo.main(["--quick", "--threads", "1"]) == 0
-    assert demo.main(["--quick"]) == 0
+    assert demo.main(["--quick", "--digits-classifier", "mine"]) == 0
     assert snapshot(full) == planted
     quick = tmp_path / "runs" / "demo-quick"
-    assert [r[0] for r in ran] == [quick, quick] and ran[0][1:] == (True, ["--threads", 1]) and ran[1][2] == []
+    assert [r[0] for r in ran] == [quick, quick] and ran[0][1:] == (True, ["--threads", 1], None) and ran[1][2] == []
+    assert ran[1][3] == tmp_path / "mine"   # a classifier folder given: passed on resolved (default: <out>'s own)
     assert json.loads((quick / "report.json").read_text()) == dict(run=2)
     (aside,) = sorted((tmp_path / "runs").glob("demo-quick.old-*"))
     assert json.loads((aside / "report.json").read_text()) == dict(run=1)
@@ -75,7 +77,7 @@ def test_quick_demo_leaves_a_planted_full_demo_untouched(demo, tmp_path, monkeyp
 
 
 def test_full_demo_moves_a_previous_full_demo_aside(demo, tmp_path, monkeypatch):
-    monkeypatch.setattr(demo, "run_demo", lambda out, quick, threads: None)
+    monkeypatch.setattr(demo, "run_demo", lambda out, quick, threads, classifier: None)
     out = tmp_path / "demo"
     planted = plant_full_demo(out)
     assert demo.main(["--out", str(out)]) == 0
@@ -112,7 +114,7 @@ def test_prepare_out_rules(demo, tmp_path, capsys):
 def test_a_second_demo_into_the_same_folder_is_refused(demo, tmp_path, monkeypatch):
     from nala_dit.runlock import RunLock
 
-    monkeypatch.setattr(demo, "run_demo", lambda out, quick, threads: pytest.fail("must not run"))
+    monkeypatch.setattr(demo, "run_demo", lambda out, quick, threads, classifier: pytest.fail("must not run"))
     out = tmp_path / "demo"
     planted = plant_full_demo(out)
     with RunLock(tmp_path / "demo.lock", "demo folder"):  # a demo running in this process
@@ -168,23 +170,34 @@ def test_next_steps_run_in_the_demos_python_with_its_threads(demo, tmp_path, mon
     assert_names(comment, "web page", "http://127.0.0.1:7860", "docs/app.md")
     monkeypatch.setattr(sys, "executable", "")
     assert demo.next_steps(tmp_path / "x").splitlines()[2].startswith("  python ")
+    # the quick demo's lines: the same commands at its sampler steps (its models are at chance)
+    quick = demo.next_steps(tmp_path / "runs" / "demo", quick=True).splitlines()
+    steps = [line.split("--steps ")[1].split()[0] for line in quick if "--steps " in line]
+    assert steps == [str(demo.QUICK["sample_steps"])] * 4 == ["5"] * 4
+    full = demo.next_steps(tmp_path / "runs" / "demo").splitlines()
+    assert [line.replace("--steps 5 ", "") for line in quick] == \
+           [line.replace("--steps 40 ", "").replace("--steps 16 ", "") for line in full]
 
 
 @pytest.mark.slow
-def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo):
+def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo, digits_classifier_dir):
     monkeypatch.chdir(tmp_path)  # where the user runs it: the printed lines are relative to here
     out = tmp_path / "demo"
-    assert demo.main(["--quick", "--threads", "1", "--out", "demo"]) == 0
+    # scored by the session's digits classifier: the one the demo would train (its training is deterministic)
+    assert demo.main(["--quick", "--threads", "1", "--out", "demo",
+                      "--digits-classifier", str(digits_classifier_dir)]) == 0
     printed = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
+    assert not (out / "digits_classifier").exists()   # the given one scored: none trained into --out
     assert [r["model"] for r in report["models"]] == ["NaLaDiT", "NaLaSiT", "DiT"]
     for row in report["models"]:
         for key in COLUMNS:
             assert isinstance(row[key], (int, float)) and math.isfinite(row[key]), (row["model"], key, row[key])
         assert 0.0 <= row["class_consistency"] <= 1.0
         assert (out / f"{row['model']}_grid.png").is_file()
-        # 20 steps of batch 64 over the train time (rounding of both to 0.1).
-        assert row["images_per_sec"] == pytest.approx(20 * 64 / row["train_time_s"], rel=0.05, abs=0.1)
+        # --quick: 5 steps of batch 64 over the train time (rounded to 0.01 s; images/s to 0.1).
+        assert row["steps"] == 5
+        assert row["images_per_sec"] == pytest.approx(5 * 64 / row["train_time_s"], rel=0.05, abs=0.1)
     # Up the ladder: the 8-px NaLaDiT sampled at 16 px, then fine-tuned there (5 steps in --quick).
     ladder = report["ladder"]
     assert [r["steps"] for r in ladder["rows"]] == [0, 5] and ladder["side"] == 16 and ladder["time_s"] > 0
@@ -215,6 +228,8 @@ def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo
     assert [Path(c[1]).name for c in commands] == ["sample.py", "sample.py", "sample.py", "export.py", "sample.py",
                                                    "app.py"]
     assert all(c[-2:] == ["--threads", "1"] for c in commands if Path(c[1]).name in ("sample.py", "app.py"))
+    # the quick demo's models sample at its own 5 sampler steps (the full demo's: 40 DDPM, 16 Heun)
+    assert [c[c.index("--steps") + 1] for c in commands if "--steps" in c] == ["5", "5", "5", "5"]
     assert "--ckpt demo/NaLaDiT " in printed and "--ckpt demo/NaLaSiT " in printed and "--ckpt demo/NaLaDiT-16 " in printed
     assert "--copy-vae" not in printed  # pixel-space models have no VAE to copy
     proc = subprocess.run(lines[0], shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -126,8 +126,11 @@ SAMPLES_TASKS = ("samples8", "samples16", "samples32", "samples64")
 # class and 3 held-out items (one in each of the study's noise bands).
 QUICK = dict(batch=16, budgets=(2, 4), log_every=1, per_class=1, sample_steps=2, sample_batch=10,
              heldout_items=3, heldout_repeats=1)
-# A ladder task in quick mode: the smallest batch and scoring that still fill every column.
-QUICK_LADDER = dict(batch=2, per_class=1, sample_steps=2, sample_batch=10, sample_budgets=(4,), heldout_items=3)
+# A canvas or ladder task (256 tokens and more) in quick mode: the smallest batch and scoring that
+# still fill every column: 2 sampler steps (the least: a respaced sampler keeps both ends), without
+# guidance (cfg 1: no unconditional half, half the forward passes; the quick digits task keeps cfg 2).
+QUICK_LADDER = dict(batch=1, per_class=1, sample_steps=2, cfg=1.0, sample_batch=10, sample_budgets=(4,),
+                    heldout_items=3)
 QUICK_VARIANTS = ("softmax", "nala_mix")
 QUICK_SEEDS = (0, 1)
 QUICK_TASKS = ("digits", "study64", "ladder64_interp")
@@ -151,7 +154,7 @@ def task_recipe(task: str, quick: bool) -> dict:
     recipe = dict(TASKS[task])
     if quick:
         recipe.update(QUICK)
-        if "image_size" in recipe:
+        if "image_size" in recipe or is_canvas(task):
             recipe.update(QUICK_LADDER)
     return recipe
 
