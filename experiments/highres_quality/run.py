@@ -51,7 +51,7 @@ def score(source, setting, per_class: int, seed: int, ref: Path, classifier_dir:
     model.register_to_config(positions=pos)   # the policy is read per grid: no reload needed
     model.reset_pos_embed()
     sampler, demo_steps = SAMPLERS[model.config.objective]
-    steps = steps or demo_steps
+    steps = demo_steps if steps is None else steps
     settings = SampleSettings(sampler, steps, cfg_scale=2.0)
     if side != model.config.input_size:
         settings = replace(settings, latent_size=(side, side))
@@ -83,6 +83,8 @@ def main(argv=None) -> int:
                    "Heun); an upscaled setting adds round(strength × steps)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps must be >= 1, got {args.steps}")
     import statistics
 
     import torch

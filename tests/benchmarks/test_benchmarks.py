@@ -167,6 +167,14 @@ def test_highres_quality_runs_every_setting(tmp_path, digits_checkpoint, digits_
         assert r["nfe"] == 10 + (round(r["strength"] * 10) if r["strength"] else 0)
 
 
+def test_highres_quality_refuses_steps_below_one(capsys):
+    import experiments.highres_quality.run as hq
+
+    with pytest.raises(SystemExit):
+        hq.main(["--steps", "0"])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("error: --steps must be >= 1, got 0")
+
+
 def test_threads_benchmark_tiny(tmp_path):
     """Each setting ran in its own process with its own environment (--tiny: quiet only;
     the busy neighbour is started and killed below)."""
