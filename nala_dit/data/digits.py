@@ -332,6 +332,9 @@ def load_digits_classifier(
     """Load (training first if absent) the cached classifier; safetensors only, no pickle."""
     classifier_dir = Path(classifier_dir)
     weights = classifier_dir / CLASSIFIER_WEIGHTS
+    if classifier_dir.exists() and not classifier_dir.is_dir():
+        raise ValueError(f"the digits classifier folder {classifier_dir} is a file: --digits-classifier takes a "
+                         f"folder (one is trained there if it holds no classifier)")
     if not weights.exists():
         if not train_if_missing:
             raise FileNotFoundError(f"no digits classifier at {weights}")

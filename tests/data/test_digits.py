@@ -159,3 +159,13 @@ def test_bad_digits_classifier_info_names_its_file(digits_classifier_dir, tmp_pa
     with pytest.raises(ValueError) as err:
         load_digits_classifier(folder)
     assert str(folder / CLASSIFIER_INFO) in one_line(err)
+
+
+def test_a_file_given_as_the_classifier_folder_is_named(tmp_path):
+    from nala_dit.data.digits import load_digits_classifier
+
+    path = tmp_path / "notes.txt"
+    path.write_text("mine")
+    with pytest.raises(ValueError, match="is a file: --digits-classifier takes a folder"):
+        load_digits_classifier(path)
+    assert path.read_text() == "mine"   # untouched
