@@ -59,6 +59,16 @@ def test_fused_many_chunks_and_options(direction, monkeypatch):
             power=2.5, offset=0.7, norm_scale=3.0, alpha=5.0)
 
 
+@pytest.mark.parametrize("n, lengths", [(170, [170]), (171, [86, 85]), (256, [128, 128]),
+                                        (1024, [147] * 6 + [142]), (4096, [164] * 24 + [160])])
+def test_token_chunks_are_as_few_and_as_even_as_the_cap_allows(n, lengths):
+    """DiT-S/2 heads (6 × 64): at most 2^16 // 384 = 170 tokens a chunk, in
+    ceil(n / 170) chunks of near-equal length, the first the longest (the scratch's size)."""
+    chunks = fused._token_chunks(torch.Size((1, 6, n, 64)), torch.device("cpu"))
+    assert [c.stop - c.start for c in chunks] == lengths
+    assert [c.start for c in chunks[1:]] == [c.stop for c in chunks[:-1]] and chunks[-1].stop == n
+
+
 @pytest.mark.parametrize("impl", ["fused", "eager"])
 @pytest.mark.parametrize("direction", ["cosine", "relu_split"])
 def test_bf16_inputs(impl, direction):
