@@ -139,8 +139,9 @@ class GatedAttention(nn.Module):
         if not self.recompute or torch.compiler.is_compiling():
             # The plain composition: autograd keeps every intermediate (the reference). Under
             # torch.compile too: GatedMiddle's backward (torch.autograd.grad) would break the
-            # graph; NaLa's fused path runs here as the custom op (op.py), and the compiler
-            # picks what to recompute.
+            # graph. NaLa runs as it does in eager mode (on the CPU the fused autograd function,
+            # which dynamo traces; on CUDA the Triton custom op), and the compiler picks what
+            # to recompute.
             o = self.attend(q, k, v, grid).transpose(1, 2).reshape(b, n, c)      # (B, N, C)
             norm = None if self.out_norm is None else (*norm, self.out_norm.eps)
             o = gated_tail(o, parts[2], g, grid, None if self.lepe is None else lepe, norm)
