@@ -163,4 +163,13 @@ fi
 log ""
 log "== summary (${SECONDS}s in all)"
 for line in "${SUMMARY[@]}"; do log "  $line"; done
+# A kernel that failed its first-use check ran the eager composition instead: say so here, not
+# only in the middle of the log (the JSONs hold it as meta.first_use_checks; tables.py warns).
+fallbacks="$(grep -h "failed their first-use check" "$LOG" | sort -u)"
+if [[ -n "$fallbacks" ]]; then
+  log "  FALLBACK: the NaLa rows of these keys are not the Triton kernels' times:"
+  while IFS= read -r line; do log "    ${line:0:300}"; done <<<"$fallbacks"
+else
+  log "  first-use checks: no fallback seen in the log"
+fi
 ls -la "$DEST" | tee -a "$LOG"

@@ -32,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from benchmarks.attention import DTYPES  # noqa: E402
 from benchmarks.launch import family_subjects, subject_parser  # noqa: E402
 from benchmarks.timing import device_events, sync  # noqa: E402
+from nala_dit.attention import first_use_checks  # noqa: E402
 
 
 def kernel_table(prof, device, steps):
@@ -112,7 +113,7 @@ def main(argv=None):
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+        out.write_text(json.dumps(dict(meta=dict(meta, first_use_checks=first_use_checks()), rows=rows), indent=1))
         print(f"wrote {out}")
 
 

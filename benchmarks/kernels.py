@@ -49,7 +49,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from benchmarks.attention import DTYPES, MODES, make_inputs, run_once, sdpa_on  # noqa: E402
 from benchmarks.timing import kernel_ms, time_calls  # noqa: E402
-from nala_dit.attention import nala_attention  # noqa: E402
+from nala_dit.attention import first_use_checks, nala_attention  # noqa: E402
 
 # NVIDIA H200 (SXM) datasheet: 1,979 TFLOP/s bf16 tensor-core "with sparsity", i.e. 989 dense;
 # HBM3e bandwidth 4.8 TB/s (nvidia.com/en-us/data-center/h200, 2024).
@@ -204,12 +204,12 @@ def main(argv=None):
             rows += measure_shape(shape, device, dtype, methods, args)
             if out:
                 out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+                out.write_text(json.dumps(dict(meta=dict(meta, first_use_checks=first_use_checks()), rows=rows), indent=1))
     except KeyboardInterrupt:  # a time limit (timeout --signal=INT): keep what was measured
         print("interrupted: reporting the results so far", flush=True)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+        out.write_text(json.dumps(dict(meta=dict(meta, first_use_checks=first_use_checks()), rows=rows), indent=1))
         print(f"wrote {out}")
 
 

@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from benchmarks.attention import DTYPES  # noqa: E402
 from benchmarks.timing import device_events, timed_call  # noqa: E402
-from nala_dit.attention.layers import build_attention  # noqa: E402
+from nala_dit.attention.layers import build_attention, first_use_checks  # noqa: E402
 from nala_dit.models.dit import create_model  # noqa: E402
 
 ALLOCATIONS = {"aten.empty", "aten.new_empty", "aten.empty_strided"}
@@ -193,7 +193,7 @@ def main(argv=None):
     def write():                       # after every subject: a stage stopped at its limit keeps them
         if out:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(dict(meta=meta, host=host, counts=rows), indent=1))
+            out.write_text(json.dumps(dict(meta=dict(meta, first_use_checks=first_use_checks()), host=host, counts=rows), indent=1))
 
     try:
         host = host_cost(device, args.launches, args.repeats)

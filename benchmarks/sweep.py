@@ -53,6 +53,7 @@ from benchmarks.attention import DTYPES  # noqa: E402
 from benchmarks.launch import SMOKE  # noqa: E402
 from benchmarks.model import make_batch, sample_step, train_step  # noqa: E402
 from benchmarks.timing import time_calls  # noqa: E402
+from nala_dit.attention import first_use_checks  # noqa: E402
 from nala_dit.models.compile import compile_model  # noqa: E402
 from nala_dit.models.dit import create_model  # noqa: E402
 
@@ -229,7 +230,7 @@ def main(argv=None):
     def write():
         if out:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+            out.write_text(json.dumps(dict(meta=dict(meta, first_use_checks=first_use_checks()), rows=rows), indent=1))
 
     cache = {}
     try:

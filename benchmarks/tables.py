@@ -164,6 +164,20 @@ def block_tables(data):
     return [head, ""] + table(["BLOCK_N", "BV", "warps", "ms", "vs default"], rows, right=(3, 4))
 
 
+def fallback_lines(datas) -> list[str]:
+    """A warning above the tables for every first-use check of the run that failed
+    (``first_use_checks`` in each JSON's meta): NaLa rows measured after it timed the eager
+    composition (or the gated layer's unfused tail), not the kernels."""
+    failed = {}
+    for data in datas:
+        for check in data["meta"].get("first_use_checks", []):
+            if check["result"] != "passed":
+                what = ", ".join(f"{k} {v}" for k, v in check.items() if k not in ("path", "result"))
+                failed[(check["path"], what)] = check["result"]
+    return [f"**Fallback: the {path} failed their first-use check** ({what}: {cause}); the NaLa rows of that "
+            "key are not the Triton kernels' times." for (path, what), cause in failed.items()]
+
+
 RUN_FILES = ("launch.json", "kernels_fused.json", "kernels_baseline.json", "profile.json",
              "model_sweep.json", "graphs.json", "triton_configs_d72.json")
 
@@ -175,6 +189,8 @@ def render(results: Path) -> str:
         return json.loads(path.read_text()) if path.is_file() else None
 
     parts = []
+    if warnings := fallback_lines([d for name in RUN_FILES if (d := load(name)) and "meta" in d]):
+        parts.append(warnings)
     if (data := load("launch.json")) and data["host"]:
         parts.append(launch_tables(data))
     if (data := load("kernels_fused.json")):

@@ -38,7 +38,8 @@ _FUNCTIONAL = ("ROPE_BASE", "SATURATION", "Direction", "apply_rope", "kernel_fea
                "nala_query_weights", "nala_similarity_reference", "normalized_attention_reference",
                "normalized_linear_attention", "rope_angles", "rope_attention_reference", "rope_linear_attention",
                "saturated_share", "softmax_attention", "softmax_attention_reference")
-_LAYERS = ("GatedAttention", "GatedLinearAttention", "SoftmaxAttention", "SoftmaxGatedAttention", "build_attention")
+_LAYERS = ("GatedAttention", "GatedLinearAttention", "SoftmaxAttention", "SoftmaxGatedAttention", "build_attention",
+           "first_use_checks")
 _NALA = ("NALA_IMPLS", "fused_opts", "nala_attention", "select_nala_impl", "triton_available")
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {

@@ -333,6 +333,23 @@ def gated_triton_passes_check(device: torch.device, dtype: torch.dtype, dim: int
     return _GATED_CHECKS[key] is None
 
 
+def first_use_checks() -> list[dict]:
+    """Every first-use check of the Triton paths this process ran, as JSON-able rows: the
+    NaLa kernels per (device, dtype, head dim, direction) and the gated layer's per (device,
+    dtype, width, heads), each with ``result`` "passed" or the cause of its fallback. The GPU
+    benchmarks write it into their JSON, so a run whose kernels fell back to the eager
+    composition says so beside its times (``benchmarks/tables.py`` puts it above the tables)."""
+    from . import nala
+
+    rows = [dict(path="NaLa kernels", device=device, dtype=str(dtype).removeprefix("torch."), head_dim=head_dim,
+                 direction=direction, result=cause or "passed")
+            for (device, dtype, head_dim, direction), cause in nala._TRITON_CHECKS.items()]
+    rows += [dict(path="gated layer kernels", device=device, dtype=str(dtype).removeprefix("torch."), width=dim, heads=heads,
+                  result=cause or "passed")
+             for (device, dtype, dim, heads, _), cause in _GATED_CHECKS.items()]
+    return rows
+
+
 def _check_gated(device, dtype, dim, heads, config) -> str | None:
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(0)

@@ -309,6 +309,24 @@ def test_a_broken_kernel_falls_back_once(triton_on_cpu, kernel, cause):
     assert fused._TRITON_CHECKS[("cpu", torch.float32, 16, "cosine")].startswith(cause.split(" by")[0])
 
 
+def test_first_use_checks_report_each_key_with_its_result(triton_on_cpu, monkeypatch, recwarn):
+    """What the GPU benchmarks write beside their times: one row per checked key, "passed" or
+    the cause of the fallback (the gated layer's checks too, none here)."""
+    from nala_dit.attention import layers
+
+    monkeypatch.setattr(layers, "_GATED_CHECKS", {})
+    assert layers.first_use_checks() == []
+    triton_on_cpu(_eager_kernel)
+    q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
+    nala_attention(q, k, v)
+    triton_on_cpu(_failing_kernel)
+    nala_attention(q, k, v, direction="relu_split")
+    assert layers.first_use_checks() == [
+        dict(path="NaLa kernels", device="cpu", dtype="float32", head_dim=8, direction="cosine", result="passed"),
+        dict(path="NaLa kernels", device="cpu", dtype="float32", head_dim=8, direction="relu_split",
+             result="RuntimeError: PTX compile failed: ptxas error (injected)")]
+
+
 def test_a_passing_kernel_is_used_without_a_warning(triton_on_cpu, recwarn):
     """A kernel that agrees with the eager path passes once and then runs every call."""
     calls = []

@@ -259,6 +259,32 @@ def test_tables_from_hand_made_json(tmp_path):
     assert tables.render(tmp_path / "none") == tables.NONE_YET
 
 
+def test_tables_warn_above_them_where_a_kernel_fell_back(tmp_path):
+    """A failed first-use check in any JSON of the run (meta.first_use_checks) is one warning
+    line above the tables, per key; passed checks add nothing."""
+    passed = dict(path="NaLa kernels", device="cuda:0", dtype="bfloat16", head_dim=64, direction="cosine",
+                  result="passed")
+    failed = dict(passed, head_dim=72, result="RuntimeError: ptxas error")
+    gated = dict(path="gated layer kernels", device="cuda:0", dtype="bfloat16", width=1152, heads=16,
+                 result="output differs from the eager path by relative RMS 3.1e-01 (> 3e-02)")
+    kernels = dict(HAND_KERNELS, meta=dict(HAND_KERNELS["meta"], first_use_checks=[passed, failed]))
+    sweep = dict(HAND_SWEEP, meta=dict(HAND_SWEEP["meta"], first_use_checks=[failed, gated]))
+    (tmp_path / "kernels_fused.json").write_text(json.dumps(kernels))
+    (tmp_path / "model_sweep.json").write_text(json.dumps(sweep))
+    lines = tables.render(tmp_path).splitlines()
+    assert lines[:2] == [
+        "**Fallback: the NaLa kernels failed their first-use check** (device cuda:0, dtype bfloat16, head_dim 72, "
+        "direction cosine: RuntimeError: ptxas error); the NaLa rows of that key are not the Triton kernels' times.",
+        "**Fallback: the gated layer kernels failed their first-use check** (device cuda:0, dtype bfloat16, width 1152, "
+        "heads 16: output differs from the eager path by relative RMS 3.1e-01 (> 3e-02)); the NaLa rows of that "
+        "key are not the Triton kernels' times."]
+    assert lines[2] == "" and lines[3].startswith("**Kernel time")
+    (tmp_path / "kernels_fused.json").write_text(json.dumps(dict(kernels, meta=dict(kernels["meta"],
+                                                                               first_use_checks=[passed]))))
+    (tmp_path / "model_sweep.json").unlink()
+    assert tables.render(tmp_path).splitlines()[0].startswith("**Kernel time")
+
+
 def test_launch_and_profile_tables_from_hand_made_json(tmp_path):
     meta = dict(device="cuda", device_name="H200", dtype="bf16", torch="2.11", command="python l.py")
     (tmp_path / "launch.json").write_text(json.dumps(dict(meta=meta, host=dict(launches=2000, wall_us_per_op=5.0,
@@ -338,3 +364,20 @@ def test_gpu_check_runs_its_plan_in_order(tmp_path):
     log = (tmp_path / "gpu_check.log").read_text()
     summary = log.split("== summary")[1].splitlines()[1:1 + len(STAGES)]
     assert summary == [f"  {name}: not run (ONLY=no-such-stage)" for name in STAGES]
+    assert "  first-use checks: no fallback seen in the log" in log.split("== summary")[1].splitlines()
+
+
+def test_gpu_check_summary_names_a_fallback(tmp_path):
+    """A kernel that failed its first-use check (its warning anywhere in the log) is named in
+    the summary, once, whatever printed it."""
+    warning = ("RuntimeWarning: NaLa: the Triton kernels failed their first-use check on cuda:0 "
+               "(torch.bfloat16, head dim 72, cosine): RuntimeError: ptxas error")
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho '{warning}'\necho '{warning}'\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "ONLY": "no-such-stage", "PYTHON": str(fake)}
+    proc = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    summary = (tmp_path / "out" / "gpu_check.log").read_text().split("== summary")[1].splitlines()
+    at = summary.index("  FALLBACK: the NaLa rows of these keys are not the Triton kernels' times:")
+    assert summary[at + 1] == "    " + warning and not summary[at + 2].startswith("    RuntimeWarning")
