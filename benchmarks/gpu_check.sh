@@ -27,7 +27,7 @@
 #                      of one gated layer / block / XL/2 model, forward and forward + backward
 #   kernels fused      kernels_fused.json: one attention call at issue 53's six (B, H, N, D),
 #                      NaLa Triton vs SDPA cuDNN / flash, fwd and fwd+bwd, GPU ms, FLOPs, bytes,
-#                      fraction of the H200 roofline
+#                      fraction of the roofline (H200 or H100: kernels.py's ROOFLINES)
 #   kernels baseline   kernels_baseline.json: NaLa alone with NALA_TRITON_VARIANT=baseline
 #                      (the kernels before issue 53): the A/B in one run
 #   profile            profile.json: top GPU kernels of one gated layer and one XL/2 block,

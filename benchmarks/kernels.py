@@ -20,7 +20,9 @@ NaLa's matrix products through ``impl="eager"``, SDPA through its math backend, 
 multiply-accumulate; elementwise work not counted), the bytes a call must move at least
 (q, k, v read and the output written: 4 tensors forward; forward + backward adds q, k, v and
 the output gradient read and dq, dk, dv written: 11), and the fraction of the H200
-roofline that makes: ``max(FLOPs / peak FLOP/s, bytes / peak bandwidth) / time``.
+roofline that makes: ``max(FLOPs / peak FLOP/s, bytes / peak bandwidth) / time``, with the
+peaks of the GPU the run is on (``ROOFLINES``: H200, H100; another GPU is scored against
+the H200's and the JSON says so).
 
     python benchmarks/kernels.py --device cuda --out runs/kernels_fused.json
     NALA_TRITON_VARIANT=baseline python benchmarks/kernels.py --device cuda --out runs/kernels_baseline.json
@@ -51,10 +53,23 @@ from benchmarks.attention import DTYPES, MODES, make_inputs, run_once, sdpa_on  
 from benchmarks.timing import kernel_ms, time_calls  # noqa: E402
 from nala_dit.attention import first_use_checks, nala_attention  # noqa: E402
 
-# NVIDIA H200 (SXM) datasheet: 1,979 TFLOP/s bf16 tensor-core "with sparsity", i.e. 989 dense;
-# HBM3e bandwidth 4.8 TB/s (nvidia.com/en-us/data-center/h200, 2024).
-H200_BF16_DENSE_FLOPS = 989e12
-H200_HBM_BYTES_PER_S = 4.8e12
+# Dense bf16 tensor-core rate and memory bandwidth from NVIDIA's datasheets (the "with
+# sparsity" figures halved): H200 SXM 989 TFLOP/s, 4.8 TB/s (nvidia.com/en-us/data-center/h200);
+# H100 SXM 989, 3.35; H100 NVL 835, 3.9; H100 PCIe 756, 2.0 (nvidia.com/en-us/data-center/h100).
+# The first name found in the device's name wins; another GPU is scored against the H200's.
+ROOFLINES = {"H200": (989e12, 4.8e12), "H100 NVL": (835e12, 3.9e12), "H100 PCIe": (756e12, 2.0e12),
+             "H100": (989e12, 3.35e12)}
+H200_BF16_DENSE_FLOPS, H200_HBM_BYTES_PER_S = ROOFLINES["H200"]
+
+
+def roofline_of(device_name: str) -> dict:
+    """The roofline a GPU's times are scored against: its datasheet's dense bf16 rate and
+    bandwidth, or the H200's (named as assumed) for a GPU not in ``ROOFLINES``."""
+    for name, (flops, bandwidth) in ROOFLINES.items():
+        if name in device_name:
+            return dict(name=f"{name} bf16 dense", flops_per_s=flops, bytes_per_s=bandwidth)
+    return dict(name=f"H200 bf16 dense (assumed: {device_name!r} is not in ROOFLINES)",
+                flops_per_s=H200_BF16_DENSE_FLOPS, bytes_per_s=H200_HBM_BYTES_PER_S)
 SHAPES = ((64, 16, 256, 72), (16, 16, 1024, 72), (4, 16, 4096, 72),
           (64, 6, 256, 64), (16, 6, 1024, 64), (4, 6, 4096, 64))
 SMOKE_SHAPES = ((2, 2, 64, 24), (1, 2, 128, 16))
@@ -109,8 +124,9 @@ def check_against_eager(inputs, grad):
     return max(rel_rms(a, b) for a, b in zip(got, ref))
 
 
-def roofline(flops, nbytes, ms):
-    floor_ms = 1e3 * max(flops / H200_BF16_DENSE_FLOPS, nbytes / H200_HBM_BYTES_PER_S)
+def roofline(flops, nbytes, ms, peak):
+    """(floor ms, floor / measured) of a call against ``peak`` (``roofline_of``)."""
+    floor_ms = 1e3 * max(flops / peak["flops_per_s"], nbytes / peak["bytes_per_s"])
     return floor_ms, (floor_ms / ms if ms else None)
 
 
@@ -135,7 +151,7 @@ def measure_shape(shape, device, dtype, methods, args):
             ms = timing[basis]
             flops = call_flops("nala" if name == "nala" else "sdpa", shape, mode)
             nbytes = TENSORS_MOVED[mode] * batch * heads * n * d * inputs[0].element_size()
-            floor_ms, fraction = roofline(flops, nbytes, ms)
+            floor_ms, fraction = roofline(flops, nbytes, ms, args.roofline)
             rows.append(dict(row, **timing, timing=basis,
                              flops=flops, bytes=nbytes, tflop_per_s=flops / ms / 1e9,
                              roofline_ms=floor_ms, roofline_fraction=fraction,
@@ -182,14 +198,15 @@ def main(argv=None):
         if unknown:
             parser.error(f"--methods: {', '.join(unknown)} not among {', '.join(methods)} on {device.type}")
         methods = {m: methods[m] for m in args.methods.split(",")}
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    args.roofline = roofline_of(device_name)
     meta = dict(
         command="python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
-        device=str(device), dtype=args.dtype, torch=torch.__version__, smoke=args.smoke,
-        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine()),
+        device=str(device), dtype=args.dtype, torch=torch.__version__, smoke=args.smoke, device_name=device_name,
         nala_triton_variant=triton_variant() if device.type == "cuda" else None,
         nala_triton_variant_env=os.environ.get("NALA_TRITON_VARIANT"),
         repeats=args.repeats, warmup=args.warmup, statistic="median", methods=list(methods),
-        roofline=dict(name="H200 bf16 dense", flops_per_s=H200_BF16_DENSE_FLOPS, bytes_per_s=H200_HBM_BYTES_PER_S),
+        roofline=args.roofline,
         flops_method="FlopCounterMode on meta tensors: NaLa impl='eager', SDPA math backend; matmuls only",
         bytes_method="q, k, v read + output written (fwd: 4 tensors); fwd+bwd adds q, k, v, dout read and dq, dk, dv written (11)",
     )

@@ -96,6 +96,17 @@ def test_launch_stage(smoke):
         assert rows[("model S/2 64px", "NaLaDiT", mode)]["aten_ops"] > rows[("block", "NaLaDiT", mode)]["aten_ops"]
 
 
+@pytest.mark.parametrize("name, flops, bandwidth, label", [
+    ("NVIDIA H200", 989e12, 4.8e12, "H200 bf16 dense"),
+    ("NVIDIA H100 80GB HBM3", 989e12, 3.35e12, "H100 bf16 dense"),
+    ("NVIDIA H100 NVL", 835e12, 3.9e12, "H100 NVL bf16 dense"),
+    ("NVIDIA H100 PCIe", 756e12, 2.0e12, "H100 PCIe bf16 dense"),
+    ("x86_64", 989e12, 4.8e12, "H200 bf16 dense (assumed: 'x86_64' is not in ROOFLINES)")])
+def test_roofline_is_the_gpu_the_run_is_on(name, flops, bandwidth, label):
+    """The device lent may be an H100 or an H200: each is scored against its own datasheet."""
+    assert kernels.roofline_of(name) == dict(name=label, flops_per_s=flops, bytes_per_s=bandwidth)
+
+
 def test_kernel_stage_counts_flops_and_bytes_in_closed_form(smoke):
     data = load(smoke, "kernels_fused.json")
     rows = data["rows"]
