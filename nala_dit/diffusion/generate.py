@@ -108,20 +108,48 @@ def set_timesteps(scheduler, num_steps: int, device=None) -> None:
         scheduler.timesteps = kept
 
 
+def _plain_ddim(scheduler) -> bool:
+    """A diffusers ``DDIMScheduler`` whose step is plain η = 0 DDIM on ε (no clipping, no
+    thresholding): ``scheduler_sample`` steps it to the true next timestep (``_ddim_step``)."""
+    from diffusers import DDIMScheduler
+
+    config = scheduler.config
+    return (isinstance(scheduler, DDIMScheduler) and config.prediction_type == "epsilon"
+            and not config.clip_sample and not config.thresholding)
+
+
+def _ddim_step(scheduler, eps, t: int, t_next: int, x):
+    """``DDIMScheduler.step`` (η = 0, the same expressions, so the same bits where they agree)
+    towards ``t_next``, the next timestep of the run: diffusers' step assumes the previous
+    timestep is ``t - T // n``, which trailing spacing breaks wherever n does not divide T
+    (gaps of 16 and 17 at n = 61): each step would land at one noise level and the next call
+    read it as another (1 % off the exact answer at n = 61, tests/diffusion/test_samplers.py)."""
+    alpha_prod_t = scheduler.alphas_cumprod[t]
+    alpha_prod_t_prev = scheduler.alphas_cumprod[t_next] if t_next >= 0 else scheduler.final_alpha_cumprod
+    beta_prod_t = 1 - alpha_prod_t
+    pred_original_sample = (x - beta_prod_t ** (0.5) * eps) / alpha_prod_t ** (0.5)
+    pred_sample_direction = (1 - alpha_prod_t_prev) ** (0.5) * eps
+    return alpha_prod_t_prev ** (0.5) * pred_original_sample + pred_sample_direction
+
+
 def scheduler_sample(scheduler, model_fn, noise, labels, num_steps: int, progress: bool = False) -> SampleOutput:
-    """Run a diffusers ε-scheduler; the learned-variance half of the output is dropped."""
+    """Run a diffusers ε-scheduler; the learned-variance half of the output is dropped. A plain
+    DDIM scheduler steps to the run's own next timestep (``_ddim_step``), any other through its
+    ``step``."""
     check_steps("ddim", num_steps, scheduler.config.num_train_timesteps, "num_inference_steps",
                 label=f"a diffusers scheduler ({type(scheduler).__name__})")
     set_timesteps(scheduler, num_steps, noise.device)
     x, nfe = noise, 0
     steps = scheduler.timesteps
+    following = [int(t) for t in steps[1:]] + [-1]
+    ddim = _plain_ddim(scheduler)
     if progress:
         from ..progress import progress_bar
         steps = progress_bar(steps, leave=False, desc="steps")
-    for t in steps:
+    for t, t_next in zip(steps, following):
         eps = model_fn(x, t.expand(x.shape[0]).float(), labels)[:, : x.shape[1]]
         nfe += 1
-        x = scheduler.step(eps, t, x).prev_sample
+        x = _ddim_step(scheduler, eps, int(t), t_next, x) if ddim else scheduler.step(eps, t, x).prev_sample
     return SampleOutput(x, nfe)
 
 

@@ -151,6 +151,14 @@ def test_vb_decoder_nll_at_t0_matches_exact_bins():
                      torch.special.ndtr((x0 - 1 / 255 - out["mean"]) / std))
     nll = -torch.log((hi - lo).clamp_min(1e-12)).mean(dim=(1, 2, 3)) / math.log(2)
     torch.testing.assert_close(vb, nll, rtol=1e-2, atol=1e-3)
+    # ADM's own formula (improved-diffusion's approx_standard_normal_cdf, written out here):
+    # the same bins through its tanh approximation of the CDF, to float64 rounding.
+    def adm_cdf(z):
+        return 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z ** 3)))
+    hi = torch.where(x0 > 0.999, torch.ones_like(x0), adm_cdf((x0 + 1 / 255 - out["mean"]) / std))
+    lo = torch.where(x0 < -0.999, torch.zeros_like(x0), adm_cdf((x0 - 1 / 255 - out["mean"]) / std))
+    adm = -torch.log((hi - lo).clamp_min(1e-12)).mean(dim=(1, 2, 3)) / math.log(2)
+    torch.testing.assert_close(vb, adm, rtol=1e-10, atol=0)
 
 
 def test_discretized_likelihood_sums_to_one():

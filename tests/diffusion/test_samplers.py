@@ -174,18 +174,33 @@ def test_sde_heun_without_last_step_nfe():
 
 
 def test_likelihood_wrapper():
+    """``likelihood`` is ``Transport.log_likelihood`` with every argument in its place: equal
+    results bit for bit with non-default method, steps, estimator and tolerances (the
+    log-likelihood's own known answer is tested in test_transport.py)."""
     tr = Transport()
     x = MU + S * _noise(n=16)
-    out = likelihood(tr, TransportOracle(tr), x, _labels(16))
-    assert out["bpd"].shape == (16,) and out["nfe"] > 0
+    kwargs = dict(method="heun", num_steps=7, estimator="gaussian", atol=1e-5, rtol=1e-2, max_nfe=40)
+    out = likelihood(tr, TransportOracle(tr), x, _labels(16), generator=_gen(), **kwargs)
+    ref = tr.log_likelihood(TransportOracle(tr), x, _labels(16), generator=_gen(), **kwargs)
+    # Heun's num_steps counts evaluations: 3 Heun steps of 2 and one Euler step.
+    assert out.keys() == ref.keys() and out["nfe"] == ref["nfe"] == 7
+    for key in ("bpd", "logp", "prior_logp"):
+        assert torch.equal(out[key], ref[key])
 
 
-def test_progress_flag_runs():
+def test_progress_flag_changes_no_result():
+    """A progress bar is display only: each sampler returns the same samples, bit for bit."""
     tr = Transport()
-    ode_sample(tr, TransportOracle(tr), _noise(n=2), _labels(2), "euler", 2, progress=True)
-    sde_sample(tr, TransportOracle(tr), _noise(n=2), _labels(2), num_steps=3, progress=True)
-    ddim_sample(BASE, DiffusionOracle(BASE, learn_sigma=False), _noise(n=2), _labels(2),
-                num_steps=2, progress=True)
+    runs = [
+        lambda p: ode_sample(tr, TransportOracle(tr), _noise(n=2), _labels(2), "euler", 2, progress=p),
+        lambda p: sde_sample(tr, TransportOracle(tr), _noise(n=2), _labels(2), num_steps=3,
+                             generator=_gen(), progress=p),
+        lambda p: ddim_sample(BASE, DiffusionOracle(BASE, learn_sigma=False), _noise(n=2), _labels(2),
+                              num_steps=2, progress=p),
+    ]
+    for run in runs:
+        quiet, shown = run(False), run(True)
+        assert torch.equal(quiet.samples, shown.samples) and quiet.nfe == shown.nfe
 
 
 def test_bad_inputs():
@@ -306,10 +321,16 @@ def test_a_scheduler_takes_exactly_n_trailing_steps(name, n):
         seen.append(int(t[0]))
         return torch.zeros(x.shape[0], 2 * x.shape[1], *x.shape[2:])
 
-    out = scheduler_sample(diffusers_scheduler(name, GaussianDiffusion.from_schedule("linear", T)), model_fn,
-                           torch.randn(1, 1, 2, 2, generator=torch.Generator().manual_seed(0)), None, n)
+    diffusion = GaussianDiffusion.from_schedule("linear", T)
+    noise = torch.randn(1, 1, 2, 2, generator=torch.Generator().manual_seed(0))
+    out = scheduler_sample(diffusers_scheduler(name, diffusion), model_fn, noise, None, n)
     assert out.nfe == n and seen == [round(Fraction((n - i) * T, n)) - 1 for i in range(n)]
-    assert bool(torch.isfinite(out.samples).all())
+    # ε = 0 everywhere: every step predicts x0 = x_t / √ᾱ_t, so the chain ends at
+    # x_T / √ᾱ_999 whatever the steps (DDIM: √ᾱ_prev / √ᾱ_t telescopes, ᾱ before t = 0 is 1;
+    # DPM-Solver++ is exact for a constant x0). diffusers keeps ᾱ as an fp32 cumulative
+    # product of 1,000 factors: about 1e-5 relative from the float64 value.
+    want = noise.double() / diffusion.alphas_cumprod[T - 1] ** 0.5
+    torch.testing.assert_close(out.samples.double(), want, rtol=1e-4, atol=0)
 
 
 def test_samplers_refuse_steps_past_their_bound():
