@@ -3,6 +3,7 @@
 expected; the script parses, its stage limits sum to at most 8 minutes, and the docs page
 holds exactly what tables.py makes of the committed results (issue 53, items 4-5)."""
 
+import itertools
 import json
 import math
 import os
@@ -181,9 +182,16 @@ def test_sweep_plan_compiles_only_its_compile_cells_with_dit_on_one_backend(tmp_
     and NaLaDiT, then the compiled modes only at --compile-cells, DiT on cuDNN alone, CUDA
     graphs for sampling only; eager cells share one model per family and resolution."""
     monkeypatch.setattr(sweep, "variants", lambda device: [("DiT", "cudnn"), ("DiT", "flash"), ("NaLaDiT", None)])
-    built = []
-    monkeypatch.setattr(sweep, "time_cell", lambda model, *args: built.append(id(model)) or dict(
-        wall_ms=1.0, gpu_ms=None, first_call_s=0.0))
+    built, serials = [], itertools.count()
+
+    def time_cell(model, *args):
+        # A serial number per model object (id() is reused once a model is freed: flaky).
+        if not hasattr(model, "_plan_serial"):
+            model._plan_serial = next(serials)
+        built.append(model._plan_serial)
+        return dict(wall_ms=1.0, gpu_ms=None, first_call_s=0.0)
+
+    monkeypatch.setattr(sweep, "time_cell", time_cell)
     sweep.main(["--smoke", "--modes", "eager,default,reduce-overhead", "--cells", "S/2:64:2,S/2:64:4",
                 "--compile-cells", "S/2:64:4", "--out", str(tmp_path / "plan.json")])
     rows = load(tmp_path, "plan.json")["rows"]
