@@ -122,10 +122,39 @@ def test_grid_unpacks_like_the_old_tuple():
 
 
 def test_model_at_other_sizes_square_and_non_square():
+    """At grids other than the trained one, against the forward pass written out token by
+    token: patch (i, j) of the image → its embedding + DiT's sin-cos position (first half the
+    column j, second half the row i; extrapolated integer positions), the blocks on the
+    (h, w) grid, and the final layer's p·p·C values put back at rows i·p + a, columns j·p + b."""
     model = perturbed()
+    p, c_out, hidden = model.patch_size, model.out_channels, model.config.hidden_size
+    t, y = torch.tensor([3.0, 500.0]), torch.tensor([1, 2])
+    weight = model.x_embedder.proj.weight.reshape(hidden, -1)
     for hw in ((16, 16), (8, 24)):
-        out = model(torch.randn(2, 4, *hw), torch.tensor([3.0, 500.0]), torch.tensor([1, 2]))
-        assert out.shape == (2, 8, *hw)
+        x = torch.randn(2, 4, *hw, generator=torch.Generator().manual_seed(hw[1]))
+        h, w = hw[0] // p, hw[1] // p
+        with torch.no_grad():
+            tokens, pos = [], []
+            for i in range(h):
+                for j in range(w):
+                    patch = x[:, :, i * p:(i + 1) * p, j * p:(j + 1) * p].reshape(2, -1)
+                    tokens.append(patch @ weight.T + model.x_embedder.proj.bias)
+                    pos.append(torch.cat([sincos_pos_embed_1d(hidden // 2, torch.tensor([float(j)])),
+                                          sincos_pos_embed_1d(hidden // 2, torch.tensor([float(i)]))], 1)[0])
+            seq = torch.stack(tokens, 1) + torch.stack(pos).float()
+            cond = model.t_embedder(t) + model.y_embedder(y, False)
+            for block in model.blocks:
+                seq = block(seq, cond, (h, w))
+            values = model.final_layer(seq, cond).reshape(2, h, w, p, p, c_out)
+            want = torch.empty(2, c_out, *hw)
+            for i in range(h):
+                for j in range(w):
+                    for a in range(p):
+                        for b in range(p):
+                            want[:, :, i * p + a, j * p + b] = values[:, i, j, a, b]
+            got = model(x, t, y)
+        assert got.shape == (2, 8, *hw)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_interpolate_at_the_trained_size_is_the_same_model():
