@@ -102,6 +102,18 @@ def test_round_trip_latent_with_tiny_vae(tmp_path, tiny_vae):
 def test_scheduler_sampler_runs_the_pipelines_diffusers_scheduler():
     from diffusers import DPMSolverMultistepScheduler
 
+    from nala_dit.diffusion.gaussian import GaussianDiffusion
+    from nala_dit.diffusion.generate import initial_noise
+
+    # A fresh model predicts exactly 0 (adaLN-Zero): the scheduler must end at x_T / √ᾱ_999,
+    # x_T the noise of seed 7, whatever the step count (3 does not divide 1000) and guidance.
+    fresh = pipeline_for(create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=3).eval(),
+                         id2label=NAMES)
+    got = run(fresh, sampler="scheduler", output_type="latent", num_inference_steps=3, guidance_scale=3.0)
+    noise = initial_noise(range(3), (1, 8, 8), 7)
+    want = noise.double() / GaussianDiffusion.from_schedule("linear", 1000).alphas_cumprod[-1] ** 0.5
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=0)   # diffusers keeps ᾱ in fp32
+
     pipe = pipeline_for(tiny("NaLaDiT-T/2"), id2label=NAMES)
     out = run(pipe, sampler="scheduler", output_type="latent")
     assert out.shape == (3, 1, 8, 8) and torch.isfinite(out).all()
