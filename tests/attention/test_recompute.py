@@ -87,7 +87,9 @@ def test_under_bf16_autocast(norm_scale):
     ref.zero_grad(set_to_none=True)
     for (name, want), (_, r), (_, got) in zip(truth, run(ref, x, autocast=True), run(new, x, autocast=True)):
         assert rel_rms(want, got) <= 1.5 * rel_rms(want, r) + 1e-3, (name, rel_rms(want, got), rel_rms(want, r))
-        assert_close(name, want, got, 0.1)             # and both are bf16-close to fp32
+        # and both bf16-close to fp32: about 1e-2 (observed 0.5-1.3 %), but 5 % for the learned
+        # scale's gradient (above)
+        assert_close(name, want, got, 0.1 if name == "log_norm_scale" else 2e-2)
 
 
 def test_inference_and_the_default():
