@@ -184,12 +184,11 @@ RUN_FILES = ("launch.json", "kernels_fused.json", "kernels_baseline.json", "prof
 
 def render(results: Path) -> str:
     """The markdown between the markers, from the JSON files in ``results``."""
-    def load(name):
-        path = results / name
-        return json.loads(path.read_text()) if path.is_file() else None
+    files = {name: json.loads((results / name).read_text()) for name in RUN_FILES if (results / name).is_file()}
+    load = files.get
 
     parts = []
-    if warnings := fallback_lines([d for name in RUN_FILES if (d := load(name)) and "meta" in d]):
+    if warnings := fallback_lines([data for data in files.values() if "meta" in data]):
         parts.append(warnings)
     if (data := load("launch.json")) and data["host"]:
         parts.append(launch_tables(data))

@@ -18,9 +18,6 @@ import nala_dit  # noqa: F401  (teaches diffusers our pipeline names; torch-free
 # torch, diffusers and the helpers below are imported where they are used: the pytest-xdist
 # controller loads this file too and runs no test (measured: 8.5 s of imports there, now 0.2 s).
 
-# Under pytest-xdist each worker's torch gets its share of the cores (make test: two workers on
-# two cores, one thread each) instead of all of them: two workers' threads on the same cores
-# only wait for each other.
 # The interpreter cases (run in subprocesses with TRITON_INTERPRET=1): the same kernels, without
 # the interpreter's redundant re-patching at each helper call (tests/utils.py).
 if os.environ.get("TRITON_INTERPRET") == "1":
@@ -28,6 +25,9 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
     quicker_triton_interpreter()
 
+# Under pytest-xdist each worker's torch gets its share of the cores (make test: two workers on
+# two cores, one thread each) instead of all of them: two workers' threads on the same cores
+# only wait for each other.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 

@@ -53,6 +53,9 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(
             f"v must share (B, H, N) with k, got v {tuple(v.shape)} and k {tuple(k.shape)}"
         )
+    if k.shape[2] == 0:
+        raise ValueError(f"q, k, v hold no tokens (N = 0, shape {tuple(k.shape)}): the normalisation over the "
+                         "keys needs at least one")
 
 
 def _fp32(*tensors: torch.Tensor) -> list[torch.Tensor]:

@@ -130,6 +130,14 @@ def test_only_requested_gradients():
     assert k.grad is None and v.grad is None
 
 
+@pytest.mark.parametrize("impl", ["fused", "eager"])
+def test_no_tokens_is_named(impl):
+    """N = 0 was an IndexError (or a division by zero) deep in the token chunking."""
+    q = torch.randn(1, 2, 0, 8)
+    with pytest.raises(ValueError, match=r"no tokens \(N = 0"):
+        nala_attention(q, q, q, impl=impl)
+
+
 def test_unknown_impl_is_named():
     q, k, v = qkv(n=8, d=4)
     with pytest.raises(ValueError, match="impl must be one of"):
