@@ -69,8 +69,8 @@ def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
 def _token_chunks(shape: torch.Size, device: torch.device) -> list[slice]:
     """Token ranges of at most about ``_CHUNK_ELEMENTS`` elements each (64 tokens at least),
     as few as that allows and of near-equal length, the first the longest (the scratch is
-    sized by it): 256 tokens at 6 × 64 are 128 + 128, not 170 + 86 (5-8 % faster at 200-300
-    tokens, one thread, docs/performance.md)."""
+    sized by it): 256 tokens at 6 × 64 are 128 + 128, not 170 + 86 (4-7 % less CPU time at
+    200-300 tokens, one thread: benchmarks/cpu_path.py)."""
     b, h, n, d = shape
     elements = _CHUNK_ELEMENTS if device.type in ("cpu", "meta") else _CHUNK_ELEMENTS_GPU
     size = max(64, elements // max(1, b * h * d))

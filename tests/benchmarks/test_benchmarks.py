@@ -314,3 +314,32 @@ def test_highres_builds_bf16_models_in_their_dtype_also_shape_only():
     real = build_model("NaLaDiT-S/2", 8, cpu, torch.bfloat16, True, False)
     assert {p.dtype for p in real.parameters()} == {torch.bfloat16} and count_params(real) == fp32
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_cpu_path_benchmark_tiny(tmp_path):
+    """The three CPU-path sections at toy sizes: the three lifts compute the same features,
+    each policy's chunk count is its closed form, the policy in use is restored, and the
+    profile's shares partition the time; a count below 1 is refused."""
+    import torch
+
+    import nala_dit.attention.nala as nala
+    from benchmarks import cpu_path
+
+    threads, policy = torch.get_num_threads(), nala._token_chunks
+    try:
+        assert cpu_path.main(["--tiny", "--out", str(tmp_path / "c.json")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert nala._token_chunks is policy
+    data = json.loads((tmp_path / "c.json").read_text())
+    lift = data["lift"]
+    assert lift["chunk_tokens"] == 16 and lift["max_abs_diff"] < 1e-6
+    assert min(lift["fused_us"], lift["eager_us"], lift["compiled_us"]) > 0
+    # 6 × 64 heads: at most 2^16 // 384 = 170 tokens a chunk under both policies.
+    counts = {(r["tokens"], r["mode"]): r["chunks"] for r in data["chunks"]}
+    assert counts == {(n, m): {"near_equal": c, "ragged": c} for n, c in ((40, 1), (171, 2)) for m in ("fwd", "fwd+bwd")}
+    assert all(r["ratio_q1"] <= r["ratio_median"] <= r["ratio_q3"] for r in data["chunks"])
+    shares = data["profile"]["shares"]
+    assert shares["gemm"] > 0 and shares["transcendental"] > 0 and sum(shares.values()) == pytest.approx(1.0)
+    with pytest.raises(SystemExit):
+        cpu_path.main(["--repeats", "0"])
