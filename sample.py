@@ -188,7 +188,10 @@ def run(args) -> int:
                         args.shard_size, args.stop_after, args.keep_parts, state=state, context=context)
         return 0
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from accelerate.utils import parse_flag_from_env
+
+    # as train.py's Accelerator: CUDA when visible, else the CPU; ACCELERATE_USE_CPU=1 forces the CPU
+    device = "cpu" if parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available() else "cuda"
     write_samples(args, compiled(load_source(args.ckpt, args.weights, args.vae, device), args), settings)
     return 0
 

@@ -30,6 +30,15 @@ from ..training.config import THREADS_HELP  # noqa: F401
 NEGATIVE_NUMBER = re.compile(r"^-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^-(?:inf|infinity|nan)$", re.IGNORECASE)
 
 
+# Flags that other tools' scripts have and a parser here may not (only a parser without the flag
+# answers with these): instead of the nearest spelling, what takes its place.
+ABSENT_FLAGS = {
+    "--device": "the first CUDA GPU is used when one is visible, else the CPU; CUDA_VISIBLE_DEVICES picks "
+                "the GPU(s), ACCELERATE_USE_CPU=1 forces the CPU, `accelerate launch` spreads processes over "
+                "GPUs",
+}
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse without abbreviations, whose errors are short and suggest the nearest flag."""
 
@@ -46,6 +55,11 @@ class ArgumentParser(argparse.ArgumentParser):
         """Every visible long flag of this parser (not of its subcommands)."""
         return [s for a in self._actions if a.help != argparse.SUPPRESS
                 for s in a.option_strings if s.startswith("--")]
+
+    def all_flags(self) -> set[str]:
+        """Every visible long flag of this parser and of its subcommands."""
+        subs = [a.choices.values() for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+        return set(self.flags()).union(*(p.all_flags() for group in subs for p in group))
 
     def _chosen_subparser(self, namespace):
         for action in self._actions:
@@ -64,7 +78,10 @@ class ArgumentParser(argparse.ArgumentParser):
                 if token.startswith("-"):
                     flag = token.split("=", 1)[0]
                     near = closest(flag, candidates)
-                    parts.append(f"{flag} (did you mean {near[0]}?)" if near else flag)
+                    if flag in ABSENT_FLAGS and flag not in self.all_flags():   # what this script does instead
+                        parts.append(f"{flag} ({parser.prog} has no {flag}: {ABSENT_FLAGS[flag]})")
+                    else:
+                        parts.append(f"{flag} (did you mean {near[0]}?)" if near else flag)
             if not parts:
                 parts = [repr(t) for t in extras]
             parser.error(f"unrecognized arguments: {', '.join(parts)}")  # argparse's wording, plus the hints

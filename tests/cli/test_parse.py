@@ -100,3 +100,25 @@ def test_child_env_puts_the_repo_first_and_keeps_what_was_on_the_path(monkeypatc
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.delenv("PYTHONPATH")
     assert child_env(ROOT)["PYTHONPATH"] == str(ROOT)
+
+
+@pytest.mark.parametrize("script", ["train", "sample"])
+def test_device_flag_says_what_picks_the_device(capsys, script):
+    """train.py and sample.py have no --device (accelerate's rule picks it): the error says so and
+    names the variables that choose, not the nearest spelling (--fid-every, --vae)."""
+    import importlib
+
+    module = importlib.import_module(script)
+    with pytest.raises(SystemExit) as stop:
+        module.main(["--ckpt", "run", "--device", "cuda"] if script == "sample" else ["--device", "cuda"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "has no --device: " in err and "did you mean" not in err, err
+    assert_names(err, "CUDA_VISIBLE_DEVICES", "ACCELERATE_USE_CPU=1", "accelerate launch")
+
+
+def test_a_parser_whose_subcommand_has_the_flag_keeps_the_spelling_hint():
+    """evaluate_fid.py's subcommands have --device: the parser does not claim it has none."""
+    import evaluate_fid
+
+    assert "--device" in evaluate_fid.build_parser().all_flags()
