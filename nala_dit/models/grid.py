@@ -292,10 +292,11 @@ def size_notice(config, latent_hw: tuple[int, int], vae_factor_: int) -> str | N
     px = format_size(hw)
     # train.py trains square images: a non-square request fine-tunes at its larger side.
     where = "at this size" if hw[0] == hw[1] else f"at {max(hw)} px, the larger side (train.py trains square images)"
+    # --upscale-from starts at the trained size and only grows (SampleSettings.resolved): offered above it only
+    upscale = (f" or use --upscale-from {trained * vae_factor_}" if min(latent_hw) >= trained else "")
     return (f"note: sampling at {px} px, not the trained {trained * vae_factor_} px ({mode} positions): expect "
             f"repeated or broken content, most of all far above the trained size. Fine-tune {where} "
-            f"(train.py --init-from RUN --image-size {max(hw)} --pos-embed interpolate) or use --upscale-from "
-            f"{trained * vae_factor_} (docs/highres.md)")
+            f"(train.py --init-from RUN --image-size {max(hw)} --pos-embed interpolate){upscale} (docs/highres.md)")
 
 
 def latent_for(model, vae, image_size) -> tuple[int, int] | None:

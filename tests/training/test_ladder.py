@@ -102,6 +102,15 @@ def test_size_notice_names_the_size_asked_for():
     assert_names(latent, "sampling at 512x256 px", "trained 256 px", "--image-size 512 ")
 
 
+@pytest.mark.parametrize("hw, offered", [((16, 16), True), ((8, 16), True), ((4, 4), False), ((4, 8), False)])
+def test_size_notice_offers_upscale_from_only_where_it_runs(hw, offered):
+    """--upscale-from starts at the trained size and only grows: below it on any side the same
+    command would refuse it, so the note does not offer it."""
+    note = size_notice(dict(input_size=8, patch_size=2, positions="extrapolate"), hw, 1)
+    assert ("--upscale-from 8" in note) == offered, note
+    assert "train.py --init-from RUN" in note
+
+
 def test_fine_tune_a_digits_model_at_16_px_and_score_it(tmp_path, capsys, digits_checkpoint, digits_classifier_dir):
     """An 8-px digits run fine-tuned at 16 px (4x the tokens) from its weights; its samples
     are 16 px and score through the digits classifier like the demo's."""
