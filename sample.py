@@ -256,6 +256,26 @@ def refuse_overwrite(args) -> None:
                                   f"{held[0].name}); not overwriting them: choose another --out-dir, or move them away")
 
 
+GRID_VIEW_PIXELS = 32   # an image side below this gets a --grid-scale hint (8-px digits: 4x)
+
+
+def grid_size(count: int, nrow: int, h: int, w: int, scale: int = 1) -> tuple[int, int]:
+    """(height, width) in px of ``save_grid``'s grid of ``count`` h x w images, ``nrow`` a row
+    (2 px padding around each), enlarged ``scale`` times."""
+    rows, cols = math.ceil(count / nrow), min(nrow, count)
+    return (rows * (h + 2) + 2) * scale, (cols * (w + 2) + 2) * scale
+
+
+def grid_scale_hint(count: int, nrow: int, h: int, w: int) -> str:
+    """``; 22 x 22 px: pass --grid-scale 4 to enlarge`` for a grid of images smaller than
+    ``GRID_VIEW_PIXELS`` a side written without ``--grid-scale``, else ''."""
+    if min(h, w) >= GRID_VIEW_PIXELS:
+        return ""
+    height, width = grid_size(count, nrow, h, w)
+    scale = min(GRID_SCALE_MAX, math.ceil(GRID_VIEW_PIXELS / min(h, w)))
+    return f"; {width} x {height} px: pass --grid-scale {scale} to enlarge"
+
+
 SAMPLE_PNG_GLOB = "[0-9][0-9][0-9][0-9][0-9][0-9]_class*.png"   # data.images.save_pngs' names
 
 
@@ -287,8 +307,8 @@ def write_samples(args, source, settings) -> tuple[list[int], list]:
         from nala_dit.models.grid import vae_factor
 
         h, w = (side * vae_factor(source.vae) for side in settings.resolved(source.objective).noise_size(source.model))
-        rows, cols = math.ceil(len(labels) / nrow), min(nrow, len(labels))
-        pixels = (rows * (h + 2) + 2) * (cols * (w + 2) + 2) * scale ** 2
+        height, width = grid_size(len(labels), nrow, h, w, scale)
+        pixels = height * width
         if pixels > GRID_PIXELS_MAX:
             raise ValueError(f"--grid-scale {scale}: the grid would be {pixels / 1e6:,.0f} megapixels (at most "
                              f"{GRID_PIXELS_MAX / 1e6:.0f}); use a smaller --grid-scale or fewer images")
@@ -297,7 +317,8 @@ def write_samples(args, source, settings) -> tuple[list[int], list]:
     pngs = []
     if args.grid:
         save_grid(images, args.grid, nrow, scale)
-        print(f"wrote {args.grid} ({len(labels)} images, {nfe} NFE each{f', shown {scale}x' if scale > 1 else ''})")
+        shown = f", shown {scale}x" if scale > 1 else grid_scale_hint(len(labels), nrow, *images.shape[1:3])
+        print(f"wrote {args.grid} ({len(labels)} images, {nfe} NFE each{shown})")
     if args.out_dir:
         pngs = save_pngs(images, labels, args.out_dir)
         print(f"wrote {len(labels)} PNGs to {args.out_dir}")

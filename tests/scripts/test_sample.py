@@ -380,13 +380,17 @@ def test_out_that_is_a_folder_is_refused_before_sampling(run_dir, tmp_path, caps
     assert not Path(f"{tmp_path / 's.npz'}.parts").exists()
 
 
-def test_grid_scale_enlarges_the_saved_grid_by_nearest_neighbour(run_dir, tmp_path):
+def test_grid_scale_enlarges_the_saved_grid_by_nearest_neighbour(run_dir, tmp_path, capsys):
     args = ["--ckpt", str(run_dir), "--labels", "1,7", "--per-label", "3", *FAST]
     assert sample.main(args + ["--grid", str(tmp_path / "1.png")]) == 0
+    hint = capsys.readouterr().out
     assert sample.main(args + ["--grid", str(tmp_path / "4.png"), "--grid-scale", "4"]) == 0
     small, big = np.asarray(Image.open(tmp_path / "1.png")), np.asarray(Image.open(tmp_path / "4.png"))
     assert big.shape == (small.shape[0] * 4, small.shape[1] * 4)
     np.testing.assert_array_equal(big, small.repeat(4, 0).repeat(4, 1))
+    # the 8-px grid written without --grid-scale says its size (the file's) and the flag to enlarge it
+    assert f"; {small.shape[1]} x {small.shape[0]} px: pass --grid-scale 4 to enlarge)" in hint, hint
+    assert "--grid-scale" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("scale", ["0", "-2", "1.5", "65"])
