@@ -31,6 +31,23 @@ def check_canvas_size(size: int) -> int:
     return size
 
 
+# The data the shipped configs name (configs/*.yaml: data/cifar10/train, data/imagenet256-latents, ...) and the
+# page that says how to make it: a missing --data folder whose path has one of these names points there.
+DATA_GUIDES = (("cifar10", "docs/evaluation.md#cifar-10"), ("imagenet", "docs/training.md#data"))
+
+
+def data_guide(path) -> str:
+    """``; docs/evaluation.md#cifar-10 says how to make it`` for a path naming a dataset of
+    ``DATA_GUIDES`` (a folder name starting with its name), else ''."""
+    from pathlib import Path
+
+    parts = [part.lower() for part in Path(path).parts]
+    for name, page in DATA_GUIDES:
+        if any(part.startswith(name) for part in parts):
+            return f"; {page} says how to make it"
+    return ""
+
+
 # A latent folder (extract_latents.py) is the folder holding this file (datasets.py, sources.py).
 LATENT_META = "meta.json"
 

@@ -79,10 +79,12 @@ class ImageFolderDataset(Dataset):
         self.root = Path(root)
         if not self.root.is_dir():  # what --data takes, not one layout: it may have been a latent folder
             from ..checks import did_you_mean
+            from .choices import data_guide
 
             raise FileNotFoundError(
                 f"data folder not found: {self.root}{did_you_mean(self.root)} (--data takes digits, digits-canvas, "
                 f"a latent folder written by extract_latents.py or an image folder <root>/<class name>/<images>)"
+                f"{data_guide(self.root)}"
             )
         self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
         if not self.classes:

@@ -24,6 +24,28 @@ def test_a_missing_data_folder_is_not_described_as_an_image_folder_layout(tmp_pa
                  "--data takes digits, digits-canvas", "extract_latents.py", "<root>/<class name>/<images>")
 
 
+def test_a_missing_folder_a_shipped_config_names_points_to_the_page_that_makes_it(tmp_path):
+    """configs/cifar10_*.yaml without the data: the error names docs/evaluation.md#cifar-10 (a
+    heading that exists); every shipped config's folder has such a page, other paths none."""
+    import yaml
+
+    from nala_dit.data.choices import DATA_GUIDES, data_guide
+    from nala_dit.data.datasets import ImageFolderDataset
+    from tests.docs.test_pages import anchors
+    from tests.utils import ROOT
+
+    with pytest.raises(FileNotFoundError) as err:
+        ImageFolderDataset(tmp_path / "data/cifar10/train", 32)
+    assert one_line(err).endswith("; docs/evaluation.md#cifar-10 says how to make it")
+    assert data_guide(tmp_path / "my_images") == ""
+    for _, page in DATA_GUIDES:
+        file, anchor = page.split("#")
+        assert anchor in anchors(ROOT / file), page
+    for config in sorted((ROOT / "configs").glob("*.yaml")):
+        data = yaml.safe_load(config.read_text())["data"]
+        assert data in ("digits", "digits-canvas") or data_guide(data), (config.name, data)
+
+
 # 9. latent folders' meta.json
 def write_latent_folder(root: Path) -> dict:
     root.mkdir()
