@@ -311,3 +311,16 @@ def test_benchmarks_holds_scripts_and_its_outputs_sit_under_results():
     pages = [*LINKED_PAGES, *sorted((ROOT / "benchmarks").glob("*.py")), ROOT / "benchmarks" / "gpu_check.sh"]
     assert [f"{p.relative_to(ROOT)}:{i}" for p in pages
             for i, line in enumerate(p.read_text().splitlines(), 1) if stale.search(line)] == []
+
+
+def test_pages_state_one_rule_for_the_wait_policy_of_a_pipeline():
+    """``import nala_dit`` before torch sets OMP_WAIT_POLICY (tests/test_api.py runs it): no page may
+    say a library cannot, and the sampling page's advice is that import, linked to the one account."""
+    for page in LINKED_PAGES:
+        text = " ".join(page.read_text().split())
+        assert "a library cannot" not in text, page.relative_to(ROOT)
+    sampling = " ".join((ROOT / "docs" / "sampling.md").read_text().split())
+    threads = sampling[sampling.index("**Threads.**"):]
+    threads = threads[:threads.index("**", len("**Threads.**"))]
+    assert "Import `nala_dit` before torch: it sets `OMP_WAIT_POLICY=PASSIVE`" in threads
+    assert "performance.md#threads-why-every-entry-point-sets-omp_wait_policypassive" in threads
