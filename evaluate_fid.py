@@ -59,7 +59,8 @@ def _add_common(p: argparse.ArgumentParser, features_default: str | None) -> Non
                         f"cache)")
     p.add_argument("--allow-unknown-inception-weights", action="store_true",   # features.ALLOW_UNKNOWN_FLAG
                    help="score with Inception weights whose sha256 is not a known copy of the 2015-12-05 network "
-                        "(refused otherwise: such scores are not FID); recorded in the output as weights_check")
+                        "(refused otherwise: such scores are not FID); recorded in the output as weights_check. The file is "
+                        "still only read as tensors, never run: what it risks is a number that is not FID")
     p.add_argument("--digits-classifier", default=None,
                    help="folder of the digits classifier (default runs/digits_classifier; trained if absent)")
 

