@@ -23,8 +23,11 @@ SIZES = {
     "H": dict(depth=30, hidden_size=2240, num_heads=20),
     "T": dict(depth=4, hidden_size=128, num_heads=4),
 }
-PATCHES = {"S": (2, 4, 8), "B": (2, 4, 8), "L": (2, 4, 8), "XL": (2, 4, 8), "G": (2, 4, 8), "H": (2, 4, 8),
-           "T": (1, 2, 4)}
+# Patch 1 is for the f16/f32 tokenizers (DC-AE f32c32, RAE, the f16 KLs: nala_dit/models/tokenizer.py):
+# 16×16 latents (256 px at f16, 512 px at f32) give 256 tokens at patch 1, the token count of
+# patch 2 on the SD VAE's 32×32 at 256 px, so every size fits where its /2 fits at 256 px.
+PATCHES = {"S": (1, 2, 4, 8), "B": (1, 2, 4, 8), "L": (1, 2, 4, 8), "XL": (1, 2, 4, 8), "G": (1, 2, 4, 8),
+           "H": (1, 2, 4, 8), "T": (1, 2, 4)}
 FAMILIES = {
     # name prefix: (objective, learn_sigma, attention)
     "DiT": ("diffusion", True, "softmax"),

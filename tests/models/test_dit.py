@@ -1,5 +1,7 @@
 """The DiT/SiT backbone: exact DiT parity, presets, CFG, save/load, bad input."""
 
+import functools
+
 import pytest
 import torch
 
@@ -103,6 +105,28 @@ def test_presets_past_xl_have_the_hand_count(family, size):
                                                           nala=family.startswith("NaLa")), name
     low, high = {"G": (1.4e9, 1.5e9), "H": (2.7e9, 2.8e9)}[size]   # "about 1.5B" and "about 3B"
     assert low < PAST_XL[f"DiT-{size}/2"] < high
+
+
+# Patch 1 on an f16/f32 tokenizer's 32-channel 16×16 latents (DC-AE f32c32 at 512 px, an f16 KL at
+# 256 px: 256 tokens); docs/models.md prints these counts.
+PATCH_1 = {"S": (32_981_824, 34_884_928), "B": (130_549_312, 137_894_464), "L": (458_152_000, 484_030_528),
+           "XL": (675_184_960, 713_279_296), "G": (1_436_438_848, 1_517_370_688),
+           "H": (2_729_180_224, 2_881_657_024)}
+
+
+@pytest.mark.parametrize("size", list(PATCH_1))
+def test_patch_1_presets_have_the_hand_count(size):
+    """Every size has a /1 preset; on 32-channel 16×16 latents (256 tokens) its parameters are the
+    formula's, softmax with learned σ and NaLa without (built on the meta device), and
+    docs/models.md's numbers (DiT and NaLaDiT)."""
+    depth, hidden, heads = SIZES_BY_HAND[size]
+    count = functools.partial(hand_count, depth, hidden, heads, 1, in_channels=32, input_size=16)
+    for family, nala, sigma in (("DiT", False, True), ("NaLaSiT", True, False)):
+        with torch.device("meta"):
+            model = create_model(f"{family}-{size}/1", in_channels=32, input_size=16)
+        assert model.config.patch_size == 1 and model.pos_embed.shape[1] == 256   # tokens
+        assert count_params(model) == count(learn_sigma=sigma, nala=nala), family
+    assert (count(), count(nala=True)) == PATCH_1[size]
 
 
 @pytest.mark.slow
