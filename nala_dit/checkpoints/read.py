@@ -118,13 +118,15 @@ class Checkpoint:
         return (self.path / "projector.safetensors").is_file()
 
     def _read_shards(self, key: str):
-        from .shards import SHARDS, read_shards
+        from .shards import SHARDS, ShardIndexError, read_shards
 
         folder = self.path / SHARDS
         if not folder.is_dir():
             raise self.error(SHARDS, "missing (the sharded checkpoint is incomplete)")
         try:
             return read_shards(folder, key)
+        except ShardIndexError as err:
+            raise self.error(f"{SHARDS}/.metadata", str(err)) from None
         except Exception as err:  # the storage reader and unpickler raise many types
             raise self.error(SHARDS, load_error_cause(err)) from None
 

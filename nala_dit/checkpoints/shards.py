@@ -4,7 +4,8 @@ read without running code.
 ``torch.distributed.checkpoint`` unpickles its ``.metadata`` file with ``pickle.load`` and its
 non-tensor items with ``torch.load(weights_only=False)``: either runs whatever code a crafted
 file names. The readers here accept only the classes the format itself writes (and plain
-values). ``read_shards`` gives one process the full tensors (what ``read.Checkpoint``
+values), fill only fresh instances of them, and read only files of the ``shards/`` folder
+within their real size (``check_storage``). ``read_shards`` gives one process the full tensors (what ``read.Checkpoint``
 serves to ``sample.py``, ``export.py`` and the pipelines); ``load_sharded`` loads every process
 its shards (an FSDP resume). The optimizer state is keyed by parameter name there and numbered
 in ``optimizer.state_dict()``: ``by_name`` / ``by_number`` convert.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import stat
 from pathlib import Path
 
 import torch
@@ -60,11 +62,90 @@ def _is_dtype(module: str, name: str) -> bool:
     return module == "torch" and name.isidentifier() and isinstance(vars(torch).get(name), torch.dtype)
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+class ShardIndexError(ValueError):
+    """A ``shards/.metadata`` refused for what it asks (not for a damaged byte): its message is
+    the one line to show."""
+
+
+def _built_types() -> dict[type, frozenset[str]]:
+    """The classes whose fresh instances the format fills with BUILD, and the fields each may set."""
+    import dataclasses
+
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    classes = (metadata.Metadata, metadata.MetadataIndex, metadata.StorageMeta, metadata.TensorProperties,
+               metadata.TensorStorageMetadata, metadata.ChunkStorageMetadata, metadata.BytesStorageMetadata,
+               filesystem._StorageInfo)
+    return {c: frozenset(f.name for f in dataclasses.fields(c)) for c in classes}
+
+
+class _MetadataUnpickler(pickle._Unpickler):
+    """Python's own unpickler (its opcodes are overridable, the C one's are not) that looks up only
+    the listed globals, and lets BUILD fill only a fresh instance of the format's classes with its
+    declared fields: BUILD on a class, function or shared object sets attributes process-wide
+    (``(None, {"exists": PosixPath})`` on ``pathlib.PosixPath`` would replace ``Path.exists``)."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
     def find_class(self, module: str, name: str):
         if (module, name) in _METADATA_GLOBALS or _is_dtype(module, name):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name}")
+
+    def load_build(self):
+        built = _built_types()
+        state, inst = self.stack[-1], self.stack[-2]
+        fields = built.get(type(inst))
+        what = getattr(inst, "__qualname__", None) or type(inst).__qualname__
+        if fields is None:
+            raise ShardIndexError(f"refused: it asks to set attributes of {what} ({type(inst).__name__}), which "
+                                  f"changes it for the whole process; nothing in it was run")
+        if "__setstate__" in vars(type(inst)):   # TensorProperties: a tuple of its five fields
+            if not (isinstance(state, tuple) and len(state) == len(fields)):
+                raise ShardIndexError(f"refused: a malformed {what} ({state!r:.60}); nothing in it was run")
+        elif not (isinstance(state, dict) and all(type(k) is str and k in fields for k in state)):
+            raise ShardIndexError(f"refused: it sets {what} attributes other than its fields {sorted(fields)} "
+                                  f"({state!r:.60}); nothing in it was run")
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
+
+
+def check_storage(folder: Path, storage_data: dict) -> None:
+    """Every shard read the index asks for stays inside ``folder`` (a plain relative name, no
+    ``..``, no link out) and within its file's real size (a regular file): a crafted index can
+    neither take another run's weights nor read gigabytes from ``/dev/zero``."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    root = Path(folder).resolve()
+    sizes: dict[str, int] = {}
+    for index, info in storage_data.items():
+        if type(info) is not _StorageInfo or type(info.relative_path) is not str:
+            raise ShardIndexError(f"refused: the entry for {getattr(index, 'fqn', index)!r} is not a shard "
+                                  f"location ({type(info).__name__})")
+        name = info.relative_path
+        if name not in sizes:
+            path = Path(name)
+            file = (root / path).resolve()
+            if path.is_absolute() or ".." in path.parts or not name or file.parent != root:
+                raise ShardIndexError(f"refused: it reads {name!r}, outside {folder} (only files of the shards "
+                                      f"folder itself are read)")
+            try:
+                st = file.stat()
+            except OSError as err:
+                raise ShardIndexError(f"it reads {name!r}, which is missing ({err.strerror}): the sharded "
+                                      f"checkpoint is incomplete") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise ShardIndexError(f"refused: it reads {name!r}, which is not a regular file")
+            sizes[name] = st.st_size
+        offset, length = info.offset, info.length
+        if type(offset) is not int or type(length) is not int or offset < 0 or length < 0 \
+                or offset + length > sizes[name]:
+            raise ShardIndexError(f"refused: it reads bytes {offset!r}+{length!r} of {name!r}, which holds "
+                                  f"{sizes[name]} bytes (truncated or crafted)")
+        if info.transform_descriptors:
+            raise ShardIndexError(f"refused: {name!r} is stored through transforms "
+                                  f"{list(info.transform_descriptors)!r:.80}, which this reader does not apply")
 
 
 def _readers():
@@ -75,8 +156,12 @@ def _readers():
         def read_metadata(self, *args, **kwargs):
             from torch.distributed.checkpoint.metadata import StorageMeta
 
-            with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+            path = Path(self._get_metadata_path(kwargs.get("rank")))
+            if not path.is_file():
+                raise ShardIndexError(f"{path.name} is missing or not a regular file")
+            with self.fs.create_stream(path, "rb") as f:
                 metadata = _MetadataUnpickler(f).load()
+            check_storage(Path(self.path), getattr(metadata, "storage_data", None) or {})
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id

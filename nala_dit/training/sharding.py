@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..checkpoints.shards import SHARDS, by_name, load_sharded
+from ..checkpoints.shards import SHARDS, ShardIndexError, by_name, load_sharded
 
 LAUNCHER_FLAG = "ACCELERATE_USE_FSDP"
 
@@ -228,6 +228,8 @@ class Sharding:
             state = self._state(model, ema, optimizer, projector)
             try:
                 load_sharded(state, ckpt.path / SHARDS)
+            except ShardIndexError as err:   # what a crafted index asks for, refused
+                raise ckpt.error(f"{SHARDS}/.metadata", str(err)) from None
             except Exception as err:   # a truncated .metadata or .distcp, a refused pickle: one line (each rank)
                 raise ckpt.error(SHARDS, load_error_cause(err)) from None
             for name, module in (("model", model), ("ema", ema), ("projector", projector)):

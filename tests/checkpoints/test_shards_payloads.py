@@ -52,7 +52,7 @@ def payloads(marker) -> list[tuple[str, bytes]]:
 def _crafted_checkpoint(folder, payload: bytes):
     """A checkpoint folder as an FSDP run writes it (``state.json`` marking it sharded), whose
     ``shards/.metadata`` is ``payload``."""
-    (folder / "shards").mkdir(parents=True)
+    (folder / "shards").mkdir(parents=True, exist_ok=True)
     (folder / "shards" / ".metadata").write_bytes(payload)
     (folder / "state.json").write_text(json.dumps(dict(
         step=1, epoch=0, position=0, world_size=2, config={}, sharded=dict(processes=2),
@@ -142,3 +142,113 @@ def test_no_command_runs_the_payload(fsdp_run, tmp_path, monkeypatch, capsys):
         assert status not in (0, None), command
         assert "Traceback" not in err and "refused" in err, (command, err)
         assert not marker.exists(), command
+
+
+# ---------------------------------------------------------------- an index that runs no code but asks too much
+@pytest.fixture(scope="module")
+def real_index(tmp_path_factory):
+    """A sharded checkpoint written by torch.distributed.checkpoint on one process (the format an
+    FSDP run writes), and the plain ``(ema weights, .metadata object)`` to craft variants from."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    folder = tmp_path_factory.mktemp("index") / "0000001"
+    ema = {"w": torch.arange(12.0).reshape(3, 4), "b": torch.ones(2)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # "assuming the intent is to save in a single process"
+        dcp.save({"ema": ema, "model": {k: -v for k, v in ema.items()}}, checkpoint_id=folder / "shards", no_dist=True)
+    _crafted_checkpoint(folder, (folder / "shards" / ".metadata").read_bytes())
+    return folder, ema, pickle.loads((folder / "shards" / ".metadata").read_bytes())
+
+
+def _refusal(folder) -> str:
+    with pytest.raises(ckpt_lib.CheckpointError) as err:
+        ckpt_lib.open_checkpoint(folder).weights("ema")
+    message = str(err.value)
+    assert "\n" not in message and str(folder / "shards" / ".metadata") in message and "refused" in message, message
+    return message
+
+
+def test_the_real_index_reads(real_index):
+    import torch
+
+    folder, ema, _ = real_index
+    got = ckpt_lib.open_checkpoint(folder).weights("ema")
+    assert got.keys() == ema.keys() and all(torch.equal(got[k], ema[k]) for k in ema)
+
+
+def test_build_on_a_class_function_or_shared_object_is_refused(real_index, tmp_path):
+    """BUILD sets attributes: on ``pathlib.PosixPath`` (an allowed global) it would replace
+    ``Path.exists`` for the whole process, on ``_get_layout`` its defaults, on an enum member its value."""
+    import pathlib
+
+    import torch
+
+    folder = real_index[0]
+    before = {name: dict(vars(obj)) for name, obj in (("PosixPath", pathlib.PosixPath), ("Path", pathlib.Path))}
+    layout_defaults = torch.serialization._get_layout.__defaults__
+    crafted = {
+        "PosixPath": _unicode("pathlib") + _unicode("PosixPath") + b"\x93"
+                     + b"N}" + _unicode("exists") + _unicode("pathlib") + _unicode("PosixPath") + b"\x93s\x86b.",
+        "_get_layout": _unicode("torch.serialization") + _unicode("_get_layout") + b"\x93"
+                       + b"N}" + _unicode("__defaults__") + b"K\x01\x85s\x86b.",
+        "enum member": _unicode("torch.distributed.checkpoint.metadata") + _unicode("_MEM_FORMAT_ENCODING") + b"\x93"
+                       + b"K\x00\x85R" + b"}" + _unicode("_value_") + b"K\x07sb.",
+        "extra field": _unicode("torch.distributed.checkpoint.filesystem") + _unicode("_StorageInfo") + b"\x93)\x81"
+                       + b"}" + _unicode("__class__") + b"Nsb.",
+    }
+    try:
+        for label, body in crafted.items():
+            case = tmp_path / label.replace(" ", "_")
+            shutil.copytree(folder, case)
+            (case / "shards" / ".metadata").write_bytes(b"\x80\x04" + body)
+            _refusal(case)
+            assert pathlib.Path(case).exists() is True, label
+    finally:   # were the reader to let one through, later tests must not see a changed pathlib
+        for name, obj in (("PosixPath", pathlib.PosixPath), ("Path", pathlib.Path)):
+            for key in set(vars(obj)) - set(before[name]):
+                delattr(obj, key)
+        torch.serialization._get_layout.__defaults__ = layout_defaults
+    assert {name: dict(vars(obj)) for name, obj in (("PosixPath", pathlib.PosixPath), ("Path", pathlib.Path))} == before
+    assert torch.serialization._get_layout.__defaults__ == layout_defaults
+
+
+@pytest.mark.parametrize("where", ["absolute", "dotdot", "link out", "/dev/zero", "past the end", "negative"])
+def test_every_read_stays_inside_the_shards_folder_and_its_files(real_index, tmp_path, where):
+    """An index pointing at another run's shards (absolute or ``../``, or a link out) would take
+    its weights silently; at ``/dev/zero`` it would read whatever length it names."""
+    import os
+
+    folder, _, index = real_index
+    other = tmp_path / "other_run"
+    shutil.copytree(folder, other)
+    case = tmp_path / "case"
+    shutil.copytree(folder, case)
+    infos = list(index.storage_data.values())
+    name = infos[0].relative_path
+    if where == "link out":
+        os.symlink(other / "shards" / name, case / "shards" / "linked.distcp")
+    if where == "/dev/zero":
+        os.symlink("/dev/zero", case / "shards" / "zero.distcp")
+    new_path, offset, length = {
+        "absolute": (str(other / "shards" / name), None, None),
+        "dotdot": (f"../../other_run/shards/{name}", None, None),
+        "link out": ("linked.distcp", None, None),
+        "/dev/zero": ("zero.distcp", 0, 1 << 26),
+        "past the end": (name, None, (case / "shards" / name).stat().st_size + 1),
+        "negative": (name, -1, None),
+    }[where]
+    saved = [(i.relative_path, i.offset, i.length) for i in infos]
+    try:
+        for info in infos:
+            info.relative_path = new_path
+            info.offset = info.offset if offset is None else offset
+            info.length = info.length if length is None else length
+        (case / "shards" / ".metadata").write_bytes(pickle.dumps(index))
+    finally:
+        for info, (path, off, size) in zip(infos, saved):
+            info.relative_path, info.offset, info.length = path, off, size
+    message = _refusal(case)
+    assert ("outside" in message) == (where in ("absolute", "dotdot", "link out", "/dev/zero")), message
