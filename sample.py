@@ -76,8 +76,14 @@ def grid_scale_arg(text: str) -> int:
     return value
 
 
+# ``--help`` lists these (``--help-all`` every option, in sections), as train.py's does
+HELP_COMMON = ("ckpt", "labels", "per_label", "num_samples", "seed", "image_size", "sampler", "steps", "cfg_scale",
+               "batch_size", "threads", "grid", "grid_scale", "out_dir", "out")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(description=__doc__)
+    p = ArgumentParser(description=__doc__, add_help=False, usage="%(prog)s --ckpt CKPT [options]")
+    p.add_help_flags()
     p.add_argument("--ckpt", required=True, help="checkpoint folder, run folder (latest checkpoint) or pipeline folder")
     p.add_argument("--weights", choices=["ema", "model"], default="ema",
                    help="checkpoint weights (a pipeline folder holds one set)")
@@ -127,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "1/20 of --num-samples, at most 1000; a resumed run keeps its own)")
     out.add_argument("--keep-parts", action="store_true", help="mass sampling: keep the shards after assembling")
     out.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)  # tests: simulate an interruption
+    p.common_actions += [a for name in HELP_COMMON for a in p._actions if a.dest == name]
     return p
 
 

@@ -130,9 +130,10 @@ class ArgumentParser(argparse.ArgumentParser):
         formatter.end_section()
         sections = [g.title for g in self._action_groups[2:] if g._group_actions]
         total = len([a for a in self._actions if a.option_strings])
+        yaml = (" Every option is also a YAML key of --config (the flag without --)."
+                if "--config" in self.flags() else "")
         formatter.add_text(textwrap.fill(f"`{self.prog} --help-all` lists every option ({total} in all), in "
-                                         f"sections: {'; '.join(sections)}. Every option is also a YAML key of "
-                                         f"--config (the flag without --).", 79))
+                                         f"sections: {'; '.join(sections)}.{yaml}", 79))
         return formatter.format_help()
 
 
@@ -149,6 +150,23 @@ class Interrupted(KeyboardInterrupt):
     """Ctrl-C inside a CLI's ``main``, carrying one line on what was kept. It is still a
     KeyboardInterrupt, so in-process callers of ``main`` see the interrupt as before."""
 
+    exit_code = 130
+
+
+# The exit status of a run stopped by SIGTERM / SIGUSR1 after writing its checkpoint:
+# sysexits.h's EX_TEMPFAIL ("a temporary failure: try again"), what a requeue looks for
+# (scripts/slurm/train.sbatch, docs/training.md).
+PREEMPTED_EXIT = 75
+
+
+class Preempted(Interrupted):
+    """SIGTERM or SIGUSR1 (a preemption, a time limit): every process of the launch stopped
+    at the same step after its checkpoint was written (``training/preempt.py``); exit
+    status ``PREEMPTED_EXIT``. The processes stopped together, so they leave their group
+    together."""
+
+    exit_code = PREEMPTED_EXIT
+
 
 def leave_group() -> None:
     """Every launched process waits for the others, then the group is torn down. A process
@@ -163,9 +181,10 @@ def leave_group() -> None:
 
 def run_main(main) -> int:
     """A script's entry point: ``main()``, with Ctrl-C ending in one line that says what
-    was kept and how to go on (instead of a traceback); exit status 130. In a
-    multi-process launch only rank 0 speaks. After a successful ``main()`` the launched
-    processes leave their group together (``leave_group``)."""
+    was kept and how to go on (instead of a traceback); exit status 130 (``Preempted``: 75,
+    ``PREEMPTED_EXIT``). In a multi-process launch only rank 0 speaks. After a successful
+    ``main()``, or a stop every process agreed on (``Preempted``), the launched processes
+    leave their group together (``leave_group``)."""
     try:
         code = main()
         if code == 0:
@@ -173,6 +192,9 @@ def run_main(main) -> int:
         return code
     except KeyboardInterrupt as err:
         kept = str(err) if isinstance(err, Interrupted) else "run the same command to start again"
+        code = getattr(err, "exit_code", 130)
+        if isinstance(err, Preempted):
+            leave_group()
     except Exception as err:
         if not peer_lost(err):
             raise
@@ -189,8 +211,8 @@ def run_main(main) -> int:
         for bar in list(getattr(tqdm.tqdm, "_instances", ())):
             bar.close()
     if main_process():
-        print(f"interrupted: {kept}", file=sys.stderr)
-    return 130
+        print(f"{'stopped' if code == PREEMPTED_EXIT else 'interrupted'}: {kept}", file=sys.stderr)
+    return code
 
 
 def peer_lost(err: BaseException) -> bool:

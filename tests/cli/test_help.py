@@ -54,3 +54,26 @@ def test_an_argument_error_points_at_both_helps(capsys):
         train_cli.main(["--max-step", "3"])
     err = capsys.readouterr().err
     assert "did you mean --max-steps?" in err and "--help" in err and "--help-all" in err
+
+
+def test_sample_help_is_short_and_help_all_lists_every_flag(capsys):
+    """sample.py shares train.py's split: --help the common flags and a pointer, --help-all all."""
+    import sample
+
+    def shown(flag):
+        with pytest.raises(SystemExit) as stop:
+            sample.main([flag])
+        assert stop.value.code == 0
+        return capsys.readouterr().out
+
+    common, every = shown("--help"), shown("--help-all")
+    assert len(common.splitlines()) <= 80 and common.splitlines()[0].endswith(" --ckpt CKPT [options]")
+    assert "--help-all` lists every option" in " ".join(common.split()) and "YAML" not in common
+    for name in sample.HELP_COMMON:
+        assert f"--{name.replace('_', '-')} " in common, name
+    flags = sample.build_parser().flags()
+    assert len(flags) > len(sample.HELP_COMMON) + 10
+    for flag in flags:
+        assert f"{flag} " in every or f"{flag}\n" in every, flag
+    for rare in ("--atol", "--vae-tile-size", "--keep-parts", "--guide-channels"):
+        assert rare not in common, rare
