@@ -6,6 +6,8 @@ Many GPUs / nodes (same command, accelerate decides the topology):
     accelerate launch --multi_gpu --num_processes 8 train.py --config configs/nala_dit_s2_imagenet256.yaml
 Resume after an interruption (same flags):
     accelerate launch ... train.py --config ... --resume auto
+SIGTERM or SIGUSR1 (a cluster's preemption or time limit) ends the step, writes its checkpoint
+and exits with status 75 for a requeue (docs/training.md, scripts/slurm/train.sbatch).
 Print the resolved config (defaults < YAML < flags) and exit:
     python train.py --config configs/nala_dit_s2_imagenet256.yaml --lr 2e-4 --dry-run
 """
@@ -16,7 +18,7 @@ from nala_dit.cli.requirements import require_installed
 
 require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
 
-from nala_dit.cli.parse import Interrupted, main_process, passive_wait_policy, report_error, run_main
+from nala_dit.cli.parse import Interrupted, Preempted, main_process, passive_wait_policy, report_error, run_main
 from nala_dit.cli.config import dump_yaml, resolve
 from nala_dit.cli.options import TrainConfig
 
@@ -37,6 +39,8 @@ def main(argv=None) -> int:
         run_dir = train(cfg)
     except (ValueError, FileNotFoundError, FileExistsError, OSError, FloatingPointError) as err:
         return report_error(err)  # one line, printed by rank 0 only
+    except Preempted:
+        raise   # SIGTERM / SIGUSR1: every process stopped at one step, its checkpoint written; exit status 75
     except KeyboardInterrupt:
         from nala_dit.training.checkpoint import list_checkpoints
 

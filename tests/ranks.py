@@ -108,7 +108,7 @@ def _run(script: str, args: tuple, envs: list[dict], timeout: int, cwd, launcher
     """One forked process per environment in ``envs``, all running ``script``; the others are
     killed ``GRACE_S`` after one fails, all of them at ``timeout`` (then TimeoutExpired). The
     return code: the launcher's (1 when any failed) or, with ``launcher=False``, the one
-    process's own (-N for a signal, as ``subprocess``)."""
+    process's own (-N for a signal, as ``subprocess``); ``codes`` holds each process's."""
     ctx = context()
     script_path = str(ROOT / script)
     argv = [str(a) for a in args]
@@ -137,7 +137,9 @@ def _run(script: str, args: tuple, envs: list[dict], timeout: int, cwd, launcher
         codes = [p.exitcode for p in procs]
         outs, errs = ([_read(names[i]) for names in files] for i in (0, 1))
     code = int(any(codes)) if launcher else codes[0]
-    return subprocess.CompletedProcess([script, *argv], code, "".join(outs), "".join(errs))
+    done = subprocess.CompletedProcess([script, *argv], code, "".join(outs), "".join(errs))
+    done.codes = codes   # each process's own exit status, in rank order
+    return done
 
 
 def _read(path: str) -> str:

@@ -32,10 +32,11 @@ from .build import (build_ema_and_repa, build_model, build_optimizer, build_teac
                     load_vae_and_norm, micro_batch_size, num_workers, placement, print_start, step_model,
                     write_run_files)
 from .checkpoint import build_objective, source_norm
+from .preempt import Preempted, StopSignals
 from .config import TrainConfig, to_dict
 from .resume import allowed_changes, find_resume, keep_source, resume_run
 from .run import Run
-from .step import (EpochBatches, MicroBatchLoss, StepResult, ema_warning, lr_at, skip_step, step_seed,
+from .step import (EpochBatches, MicroBatchLoss, StepResult, ema_warning, lr_at, shared_verdicts, step_seed,
                    to_model_space, update_ema)
 from .tracking import Logger, LossWindow, NanStreak, progress_values
 from .validation import HeldOutLoss, Periodic, SampleGrid, TrainingFID, heldout_dataset, val_samples_notice
@@ -56,7 +57,8 @@ def train(cfg: TrainConfig) -> Path:
     """Train; returns the run folder. Raises with a clear message on bad input.
 
     The run folder is locked for the whole run: a second run into it stops with the
-    holder's pid and host."""
+    holder's pid and host. SIGTERM / SIGUSR1 stop every process at the same step, after its
+    checkpoint (``preempt.py``: raises ``Preempted``)."""
     from accelerate import Accelerator
 
     if cfg.threads is not None:
@@ -66,8 +68,9 @@ def train(cfg: TrainConfig) -> Path:
     run_dir = cfg.run_dir()
     try:
         with hold_lock(run_dir / LOCK_NAME, f"run folder {run_dir}", "choose another --exp-name / --results-dir",
-                       accelerator):
+                       accelerator), StopSignals() as stop:
             run = build_run(cfg, accelerator)
+            run.stop = stop
             train_loop(run)
             return run.run_dir
     finally:
@@ -201,11 +204,17 @@ def build_logs(cfg: TrainConfig, accelerator, model, step: int, run_dir: Path, d
 
 
 def train_loop(run: Run) -> None:
-    """Steps ``run.start_step + 1`` … ``--max-steps``."""
+    """Steps ``run.start_step + 1`` … ``--max-steps``; a stop signal (``preempt.py``) ends
+    them at the step every process agreed on, its checkpoint written, with ``Preempted``."""
     train_step = TrainStep(run)
     run.train_model.train()
     for step in range(run.start_step, run.cfg.max_steps):
-        train_step(step)
+        if train_step(step).stop and step + 1 < run.cfg.max_steps:
+            run.progress.close()
+            run.logger.close()
+            again = "the same command" if run.cfg.resume == "auto" else "the same command with --resume auto"
+            raise Preempted(f"{run.stop.name} at step {step + 1}: wrote checkpoint "
+                            f"{run.run_dir / 'checkpoints' / f'{step + 1:07d}'}; run {again} to continue from it")
     run.progress.close()
     if warning := ema_warning(run.cfg.ema_decay, run.cfg.ema_warmup, run.ema_updates):
         run.accelerator.print(f"warning: {warning}")   # a short run without the warm-up: its EMA is still noise
@@ -245,8 +254,9 @@ class TrainStep:
             parts.append(terms.float() / cfg.grad_accum)
         grad_norm = run.clip()
 
-        # the update, skipped on every process when the step is not finite on one
-        skipped = skip_step(accelerator, loss_sum, grad_norm)
+        # the update, skipped on every process when the step is not finite on one; a stop signal
+        # on any process (preempt.py) stops every process after this step, on the same gather
+        skipped, stop = shared_verdicts(accelerator, loss_sum, grad_norm, run.stop is not None and run.stop.requested)
         lr = lr_at(step, cfg.lr, cfg.warmup_steps)
         if not skipped:
             for group in optimizer.param_groups:
@@ -258,7 +268,7 @@ class TrainStep:
         if not skipped:  # --ema-warmup counts the EMA's updates: a skipped step is none
             update_ema(run.ema, run.model, cfg.ema_decay, run.ema_updates if cfg.ema_warmup else None)
             run.ema_updates += 1
-        result = StepResult(loss_sum, parts, grad_norm.detach().float(), lr, skipped)
+        result = StepResult(loss_sum, parts, grad_norm.detach().float(), lr, skipped, stop)
         step += 1
         run.window.add(result)
         run.nan_streak.update(step, result, run.progress)  # every process: the skip decision is shared
@@ -272,8 +282,10 @@ class TrainStep:
             run.progress.set_postfix(**progress_values(values))
             run.window.reset()
         run.progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
-        if step % cfg.ckpt_every == 0 or step == cfg.max_steps:  # before the grid: a failed grid loses no steps
+        if step % cfg.ckpt_every == 0 or step == cfg.max_steps or stop:  # before the grid: a failed grid loses no steps
             run.save(step)
+        if stop:
+            return result
         if cfg.sample_every > 0 and step % cfg.sample_every == 0 and (accelerator.is_main_process or run.sharding):
             run.sample_grid(step)   # FSDP: every process runs the sharded EMA, the first writes the grid
         return result

@@ -46,6 +46,7 @@ class Run:
     norm: object = None            # latents → model space (None: pixels), saved with each checkpoint
     projector: torch.nn.Module | None = None  # REPA's, saved with each checkpoint
     sharding: Sharding | None = None          # --fsdp (sharding.py), else DDP through accelerate
+    stop: object = None                       # preempt.StopSignals: SIGTERM / SIGUSR1 noted while it runs
 
     def save(self, step: int) -> None:
         """Save step ``step`` (weights, EMA, optimizer, data position, every rank's RNG state, the

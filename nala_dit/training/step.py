@@ -1,7 +1,7 @@
 """The pieces of one optimizer step of ``train.py``, which reads top to bottom in
 ``loop.TrainStep``: the data position (``EpochBatches``), a data batch into model space,
 the loss of a micro-batch (``MicroBatchLoss``), the learning rate, clipping, the shared
-decision to skip a non-finite step, and the EMA.
+decisions to skip a non-finite step and to stop on a signal, and the EMA.
 
 Every random draw of a step (timesteps, noise, label dropout, flips, VAE samples) comes
 from the global RNG, which the loop re-seeds from ``step_seed(seed, rank, step)`` at the
@@ -133,23 +133,29 @@ class MicroBatchLoss:
         return loss, torch.cat(terms)
 
 
-def skip_step(accelerator, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
-    """Whether this step is skipped (no optimizer update, no EMA update): its loss is not
-    finite on some process or, without an fp16 loss scaler (which skips non-finite
-    gradients itself and lowers its scale), its gradient norm is not. One decision for
-    every process: each process's verdict is gathered, since the loss is per process."""
+def shared_verdicts(accelerator, loss: torch.Tensor, grad_norm: torch.Tensor, stop: bool = False) -> tuple[bool, bool]:
+    """(skip this step, stop after it), the same on every process, from one gather of each
+    process's two flags. Skip: no optimizer update, no EMA update, when the loss is not finite
+    on some process or, without an fp16 loss scaler (which skips non-finite gradients itself
+    and lowers its scale), the gradient norm is not. Stop: some process was asked to
+    (``stop``: a SIGTERM / SIGUSR1 it received, ``preempt.py``), so all stop at this step.
+    The stop flag rides on the gather the skip decision needs anyway: no collective is added."""
     bad = ~torch.isfinite(loss)
     if getattr(accelerator, "scaler", None) is None:
         bad = bad | ~torch.isfinite(grad_norm.detach().float())
-    return bool(accelerator.gather(bad.reshape(1).int()).any())
+    flags = torch.stack([bad.reshape(()), torch.tensor(bool(stop), device=bad.device)]).int().reshape(1, 2)
+    skip, stop = accelerator.gather(flags).any(dim=0).tolist()
+    return bool(skip), bool(stop)
 
 
 @dataclasses.dataclass
 class StepResult:
     """What one step did: its loss and the micro-batches' shares of its terms (on the
-    device), the gradient norm before clipping, the learning rate, whether it was skipped."""
+    device), the gradient norm before clipping, the learning rate, whether it was skipped,
+    whether the run stops after it (a signal, ``preempt.py``)."""
     loss: torch.Tensor
     parts: list
     grad_norm: torch.Tensor
     lr: float
     skipped: bool
+    stop: bool = False

@@ -212,7 +212,7 @@ class LossWindow:
 
 
 class NanStreak:
-    """Skipped steps in a row (``step.skip_step`` skips a non-finite loss). The run stops, on
+    """Skipped steps in a row (``step.shared_verdicts`` skips a non-finite loss). The run stops, on
     every process at the same step, once ``max_steps`` are skipped in a row, or at once
     when no update has run since the run started (then the weights it started from, or
     the data, are to blame: skipping cannot help)."""
