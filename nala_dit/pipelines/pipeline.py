@@ -61,7 +61,8 @@ from ..guards import check_finite_samples, check_sample_memory, refuse_non_finit
 from ..data.latent_stats import LatentNorm
 from ..models.compile import compile_model
 from ..models.dit import DiT, config_keys
-from .sources import assert_no_meta, check_pipeline_folder, read_pipeline_index, resolve_labels, resolve_scaling_factor
+from .sources import (assert_no_meta, check_id2label, check_pipeline_folder, read_pipeline_index, resolve_labels,
+                      resolve_scaling_factor)
 from ..models.vae import check_tiling
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
@@ -132,9 +133,7 @@ class _NaLaPipeline(DiffusionPipeline):
             assert_no_meta(self.vae, "vae")
             refuse_non_finite(self.vae, "vae")
         num_classes = transformer.config.num_classes
-        id2label = {int(k): str(v) for k, v in (id2label or {}).items()} or {i: str(i) for i in range(num_classes)}
-        if len(id2label) != num_classes:
-            raise ValueError(f"id2label has {len(id2label)} names but the model has {num_classes} classes")
+        id2label = check_id2label(id2label, num_classes)
         self._vae_cache = None
         # JSON turns int keys into strings; store them as strings from the start.
         self.register_to_config(

@@ -167,7 +167,8 @@ def load_pipeline_folder(path: str | os.PathLike, vae: str | None = None, device
         vae_model, _ = load_vae(config["vae_path"], device)
     else:
         vae_model = None
-    id2label = {int(k): v for k, v in (config.get("id2label") or {}).items()}
+    id2label = check_id2label(config.get("id2label"), model.config.num_classes,
+                              f"{path / 'model_index.json'}: id2label", "export the pipeline again")
     norm = config.get("latent_norm")
     norm = None if norm is None else LatentNorm.from_dict(norm, f"{path / 'model_index.json'} 'latent_norm'")
     return Source(model, build_objective(dict(model.config), dict(config.get("objective_config") or {})),
@@ -228,6 +229,35 @@ def resolve_labels(labels, id2label: dict[int, str], num_classes: int) -> list[i
         raise ValueError(f"unknown class name(s): {'; '.join(hints)}. Known classes: "
                          f"{', '.join(list(id2label.values())[:20])}{' ...' if len(id2label) > 20 else ''}")
     return ids
+
+
+def check_id2label(id2label, num_classes: int, where: str = "id2label", fix: str = "") -> dict[int, str]:
+    """Class names as a pipeline holds them: ``{id: name}`` for every id 0..num_classes-1 once
+    (ids as ints or digit strings, JSON's keys), each name a non-empty string; empty or None:
+    the ids as text. Anything else is one line naming ``where`` (a name past the model's
+    classes would pick the null class, or index past the embedding table)."""
+    fix = f"; {fix}" if fix else ""
+    if not id2label:
+        return {i: str(i) for i in range(num_classes)}
+    if not isinstance(id2label, dict):
+        raise ValueError(f"{where} must be an object {{class id: name}}, got a {type(id2label).__name__}{fix}")
+    if len(id2label) != num_classes:
+        raise ValueError(f"{where} has {len(id2label):,} names but the model has {num_classes} classes "
+                         f"(ids 0..{num_classes - 1}){fix}")
+    names = {}
+    for key, name in id2label.items():
+        idx = key if type(key) is int else int(key) if isinstance(key, str) and key.isdigit() and len(key) < 10 else None
+        if idx is None or not 0 <= idx < num_classes:
+            raise ValueError(f"{where}: key {str(key)[:40]!r} is not a class id of this model (0..{num_classes - 1})"
+                             f"{fix}")
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"{where}: the name of class {idx} must be a non-empty string, got "
+                             f"{type(name).__name__} {str(name)[:40]}{fix}")
+        names[idx] = name
+    if len(names) != num_classes:
+        raise ValueError(f"{where}: class ids repeat ({sorted(id2label)[:6]}...): each of 0..{num_classes - 1} "
+                         f"needs one name{fix}")
+    return names
 
 
 def default_id2label(train_config: dict, num_classes: int) -> dict[int, str]:

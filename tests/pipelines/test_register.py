@@ -211,6 +211,32 @@ def test_a_class_name_that_is_no_string_is_one_line_on_our_routes(pipe_folder, t
     assert "Traceback" not in err and len(err.splitlines()) == 1 and "_class_name" in err, err
 
 
+@pytest.mark.parametrize("case", ["one name too many", "a list", "a list name", "an object name", "id past the end"])
+def test_a_pipeline_folder_s_class_names_are_checked_on_every_route(pipe_folder, tmp_path, capsys, case):
+    """``sample.py`` / ``app.py`` read the folder's files themselves (``load_pipeline_folder``)
+    and check ``id2label`` with the pipeline's own check: a fourth name for a 3-class model
+    would have sent ``--labels c3`` to the null class (unconditional) without a word."""
+    import sample
+
+    bad = copy_of(pipe_folder, tmp_path / "bad")
+    index = json.loads((bad / "model_index.json").read_text())
+    names = {str(i): name for i, name in NAMES.items()}
+    index["id2label"] = {"one name too many": {**names, "3": "c3"}, "a list": list(names.values()),
+                         "a list name": {**names, "1": ["golden", "retriever"]},
+                         "an object name": {**names, "2": {"a": 1}},
+                         "id past the end": {"0": names["0"], "1": names["1"], "7": "c7"}}[case]
+    (bad / "model_index.json").write_text(json.dumps(index))
+    label = "c3" if case == "one name too many" else "c7" if case == "id past the end" else "1"
+    assert sample.main(["--ckpt", str(bad), "--labels", label, "--steps", "2", "--grid", str(tmp_path / "g.png")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert_names(err, f"{bad / 'model_index.json'}: id2label", "export the pipeline again")
+    assert not (tmp_path / "g.png").exists()
+    with pytest.raises(ValueError) as same:   # the pipeline's own route: the same check
+        NaLaDiTPipeline.from_pretrained(str(bad))
+    assert err.split("id2label", 1)[1].split(";")[0] in one_line(same)
+
+
 def test_our_loader_refuses_a_huge_hidden_size_before_building(pipe_folder, tmp_path, monkeypatch):
     built = count_dit_builds(monkeypatch)
     bad = copy_of(pipe_folder, tmp_path / "bad")
