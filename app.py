@@ -10,7 +10,7 @@ The published DiT / SiT weights, as ``export.py official`` reads them:
 ``--ckpt`` takes what ``sample.py`` takes (a run folder: its latest checkpoint; a checkpoint
 folder; an exported pipeline folder) and a published ``.pt``. The page: the classes by name
 (the model's ``id2label`` or ``--labels-file``; type to search), images per class, sampler
-and steps (the model's own defaults, as ``sample.py``'s), guidance, seed and image size (the
+and steps (the model's own sampler, as ``sample.py``'s, at the demo's steps), guidance, seed and image size (the
 trained size and others its token grid takes; any other can be typed); a progress bar while
 it samples; the grid, every image (open one for its download button) and the PNG files; and
 the ``sample.py`` line that makes the same images. Every request is turned into that
@@ -37,6 +37,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -52,6 +53,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the
 HOST, PORT = "127.0.0.1", 7860
 MAX_IMAGES = 64        # per request: the images of one press of the button
 MAX_STEPS = 1000       # per request: 4x SiT's 250 SDE steps; sample.py allows 10,000 (an ODE at 10^8 held the worker)
+# the page's default sampler steps where the demo sets its own (demo.py MODELS: ddpm 40, ode-heun 16); ddpm's own 250
+# ran one press 6x longer than the demo's grids. Other samplers start at their own default (DEFAULT_STEPS).
+STEPS = {"ddpm": 40, "ode-heun": 16}
 GUIDANCE = 2.0         # the page's default guidance: the demo's (demo.py CFG_SCALE, docs/demo.md); 1 without a null class
 KEEP_MINUTES = 30      # a request's images stay on disk this long (the page shows and offers them), then are deleted
 SIZE_RATIOS = (0.5, 0.75, 1.5, 2)   # other sizes offered, as fractions of the trained side
@@ -145,7 +149,7 @@ class Demo:
     def default_steps(sampler: str) -> int:
         from nala_dit.cli.options import DEFAULT_STEPS
 
-        return DEFAULT_STEPS[sampler]
+        return STEPS.get(sampler, DEFAULT_STEPS[sampler])
 
     def describe(self) -> str:
         info, model = self.source.info, self.source.model
@@ -459,21 +463,24 @@ def serve(args, work) -> int:
         return 1
     page = demo.page()
     page.queue(max_size=32, default_concurrency_limit=1)
-    # SIGTERM as Ctrl-C: Gradio closes its server, its cache and the folder above are removed
+    # SIGTERM as Ctrl-C: the server closes, its cache and the folder above are removed
     signal.signal(signal.SIGTERM, _interrupt)
     page.launch(**launch_options(args), prevent_thread_lock=True)
     where = "this machine only" if args.host in ("127.0.0.1", "localhost", "::1") else f"--host {args.host}"
     print(f"app: {demo.source.info.get('model')} from {args.ckpt}; open {page.local_url} ({where}, no share link; "
           f"Ctrl-C stops it)", flush=True)
-    try:
-        page.block_thread()
+    try:   # Gradio's block_thread would print "Keyboard interruption in main thread... closing server."
+        while page.is_running:
+            time.sleep(0.1)
+    except KeyboardInterrupt as stop:
+        print(f"app: stopped ({stop or 'Ctrl-C'}); its temporary files are removed", flush=True)
     finally:
         page.close()
     return 0
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise KeyboardInterrupt("SIGTERM")
 
 
 def launch_options(args) -> dict:

@@ -262,7 +262,7 @@ def test_bad_input_is_one_line_in_the_page_with_sample_pys_words(page, pipeline_
 
 
 def test_a_progress_bar_follows_the_sampler_steps(page):
-    """32 images in one batch, ddpm's 250 steps: the page shows the step count as it goes."""
+    """32 images in one batch, ddpm's 40 steps (the page's): the page shows the step count as it goes."""
     import re
 
     expect = sync_api.expect
@@ -271,7 +271,7 @@ def test_a_progress_bar_follows_the_sampler_steps(page):
     set_number(page, "per-label", 16)
     set_number(page, "guidance", 1)   # one forward pass per step, not guidance's two
     page.locator("#generate").click()
-    expect(page.locator("#status")).to_contain_text(re.compile(r"images 1-32 of 32: step \d+/250"), timeout=60_000)
+    expect(page.locator("#status")).to_contain_text(re.compile(r"images 1-32 of 32: step \d+/40"), timeout=60_000)
     expect(page.locator("#status-line")).to_have_text("32 images, seed 0: the same as the command below",
                                                       timeout=300_000)
 
@@ -465,6 +465,7 @@ def test_temporary_files_are_pruned_and_removed_on_sigterm(pipeline_dir, tmp_pat
         assert proc.wait(timeout=60) == 0
         assert list((tmp_path / "tmp").glob("nala_dit_app-*")) == []
         text = log.read_text()
+        assert "app: stopped (SIGTERM); its temporary files are removed" in text and "Keyboard" not in text, text
         assert f"open {url}/ (this machine only, no share link; Ctrl-C stops it)" in text
         assert "share=True" not in text and "public link" not in text
 
@@ -489,6 +490,40 @@ def test_the_page_defaults_to_the_demos_guidance(pipeline_dir):
     assert model.null_label is None
     unguided = app.Demo(args, Source(model, build_objective(dict(model.config), {}), id2label=dict(enumerate(NAMES))))
     assert guidance_shown(unguided.page()) == 1.0
+
+
+def test_the_page_starts_at_the_demos_steps(pipeline_dir):
+    """ddpm starts at the demo's 40 steps (its own default, 250, took 6x as long), ode-heun at the
+    demo's 16; a sampler the demo does not use keeps its own default."""
+    import app
+    import demo
+    from nala_dit.cli.options import DEFAULT_STEPS
+
+    demo_steps = {sampler: steps for _, _, sampler, steps in demo.MODELS}
+    assert {s: app.Demo.default_steps(s) for s in demo_steps} == demo_steps == {"ddpm": 40, "ode-heun": 16}
+    assert app.Demo.default_steps("ddim") == DEFAULT_STEPS["ddim"]
+    args = app.build_parser().parse_args(["--ckpt", str(pipeline_dir)])
+    page = app.Demo(args, app.load(args)).page()
+    (steps,) = [b for b in page.blocks.values() if getattr(b, "elem_id", None) == "steps"]
+    assert steps.value == 40   # the pipeline's DiT samples with ddpm
+
+
+def test_the_errors_docs_app_quotes_for_the_demos_model_are_its_own():
+    """docs/app.md's examples of a bad class and bad steps are what the demo's digits model
+    (classes 0-9, no names) answers."""
+    from nala_dit.cli.options import check_steps
+    from nala_dit.pipelines.sources import resolve_labels
+
+    page = " ".join((ROOT / "docs" / "app.md").read_text().split())
+    digits = {i: str(i) for i in range(10)}
+    for typed in ("11", "seven"):
+        with pytest.raises(ValueError) as err:
+            resolve_labels([typed], digits, 10)
+        assert f"`error: {err.value}`" in page, err.value
+    with pytest.raises(ValueError) as err:
+        check_steps("ddpm", 0)
+    assert f"`error: {err.value}`" in page
+    assert "sevn" not in page
 
 
 def test_a_failure_while_sampling_is_one_line_in_the_page(pipeline_dir, monkeypatch):
