@@ -29,6 +29,7 @@ passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from nala_dit.compile_cache import private_compile_cache  # noqa: E402
 VARIANTS = {  # name -> (model, overrides): the repository's option names
     "softmax_mlp": ("DiT-T/2", {}),
     "softmax_mix": ("DiT-T/2", {"mlp": "mix", "mix_init": "identity"}),
@@ -174,6 +175,7 @@ def train_variant(variant, seeds, images, labels, steps, batch, lr, tokens, devi
 
     batched = vmap(loss)
     if compile:
+        private_compile_cache()   # inductor imports what it cached: only from a folder no one else can write
         batched = torch.compile(batched)
     orders = [torch.Generator().manual_seed(s) for s in seeds]
     t0, done = time.time(), 0

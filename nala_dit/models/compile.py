@@ -15,6 +15,8 @@ import sys
 
 import torch
 
+from ..compile_cache import private_compile_cache
+
 COMPILE_MODES = ("default", "reduce-overhead")
 NO_CUDA_NOTE = ("note: CUDA graphs (--cuda-graphs, mode='reduce-overhead') need CUDA, and this machine has none: "
                 "the model runs compiled without them")
@@ -31,6 +33,7 @@ def compile_model(model: torch.nn.Module, mode: str = "default", *, in_place: bo
     ``"default"``."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    private_compile_cache()   # inductor imports what it cached: only from a folder no one else can write
     if mode == "reduce-overhead" and not torch.cuda.is_available():
         print(NO_CUDA_NOTE, file=sys.stderr)
         mode = "default"
