@@ -18,8 +18,10 @@ once every shard is there, the first process combines them, in shard order, into
 cache's per-channel mean and std (``meta.json`` ``latent_stats``, with the counts), so
 the statistics are exact over the whole cache however the extraction was split or
 resumed (``nala_dit/data/latent_stats.py``). ``meta.json`` also records the encoder's
-fingerprint (``vae_fingerprint``) and the image folder's path and file list (``source``,
-``source_files``): a resume from another encoder or folder is refused.
+fingerprint (``vae_fingerprint``), the tokenizer's class, config hash and weights' sha256
+(``vae_class``, ``vae_config_sha256``, ``vae_weights_sha256``: ``models/tokenizer.py``), how it
+encodes (``encoding``: a distribution or deterministic) and the image folder's path and file list
+(``source``, ``source_files``): a resume from another encoder or folder is refused.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from torch.utils.data import DataLoader, Subset
 from ..models.vae import load_vae
 from .datasets import LATENT_META, ImageFolderDataset, check_images
 from ..guards import durable_replace, read_json
-from .latent_stats import SUMS_KEY, cache_statistics, moment_sums, source_fingerprint, vae_fingerprint
+from .latent_stats import LOGVAR_CLAMP, SUMS_KEY, cache_statistics, moment_sums, source_fingerprint, vae_fingerprint
+from ..models import tokenizer
 from .choices import default_num_workers
 from ..runlock import check_process_count
 
@@ -48,11 +51,16 @@ def shard_name(index: int) -> str:
 
 @torch.no_grad()
 def encode_moments(vae, x: torch.Tensor) -> torch.Tensor:
-    """(B, 3, H, W) in [-1, 1] → (B, 2, 2, C, h, w): [orig, mirror] × [mean, logvar]."""
+    """(B, 3, H, W) in [-1, 1] → (B, 2, 2, C, h, w): [orig, mirror] × [mean, logvar]. A
+    deterministic tokenizer (DC-AE, RAE: ``tokenizer.describe``) stores its latent as the mean
+    and the log-variance floor ``LOGVAR_CLAMP[0]`` (σ = 3e-7, below the stored mean's float16
+    rounding), so every cache has one layout and the training step one sampler."""
     out = []
     for img in (x, x.flip(-1)):
-        dist = vae.encode(img.to(vae.dtype)).latent_dist
-        out.append(torch.stack([dist.mean, dist.logvar], dim=1))
+        mean, logvar = tokenizer.encode_moments(vae, img)
+        if logvar is None:
+            logvar = torch.full_like(mean, LOGVAR_CLAMP[0])
+        out.append(torch.stack([mean, logvar], dim=1))
     return torch.stack(out, dim=1).float()
 
 
@@ -82,13 +90,17 @@ def extract_latents(
     # (or, with --skip-corrupt, left out of the shards rather than replaced by a neighbour).
     check_images(dataset, accelerator)
     vae, scaling = load_vae(vae_path, accelerator.device)
+    tokenizer.check_image_size(vae, image_size)
+    info = tokenizer.describe(vae)
     out_dir = Path(out)
     num_shards = math.ceil(len(dataset) / shard_size)
     meta = dict(
         source=str(Path(data).resolve()), vae=vae_path, scaling_factor=scaling, image_size=image_size,
-        latent_channels=vae.config.latent_channels, classes=dataset.classes, num_images=len(dataset),
+        latent_channels=info.channels, classes=dataset.classes, num_images=len(dataset),
         shard_size=shard_size, shards=[shard_name(k) for k in range(num_shards)], dtype=dtype,
         vae_fingerprint=vae_fingerprint(vae), images=keep_images, source_files=source_fingerprint(dataset),
+        **tokenizer.identity(vae), spatial_factor=info.factor,
+        encoding="distribution" if info.distribution else "deterministic",
     )
     meta_path = out_dir / LATENT_META
     if meta_path.is_file():
@@ -130,7 +142,7 @@ def _check_previous(meta_path: Path, out_dir: Path, meta: dict) -> None:
                if old.get(k) != meta[k]]
     # the encoder, and the image folder (its path; its file list: names, sizes, labels): another
     # folder of as many images in the same classes must not mix into this cache
-    changed += [k for k in ("vae_fingerprint", "source", "source_files") if old.get(k, meta[k]) != meta[k]]
+    changed += [k for k in ("vae_class", "vae_fingerprint", "source", "source_files") if old.get(k, meta[k]) != meta[k]]
     if changed:
         source = (f" (extracted from {old.get('source')}, --data is {meta['source']})"
                   if {"source", "source_files"} & set(changed) else "")

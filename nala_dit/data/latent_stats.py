@@ -54,6 +54,7 @@ class LatentNorm:
     scale: float | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    shift: float = 0.0   # scalar: x = (z − shift) · scale (the tokenizer's shift_factor: FLUX.1's VAE)
 
     def __post_init__(self):
         if self.mode not in LATENT_NORMS:
@@ -62,6 +63,9 @@ class LatentNorm:
             if not (isinstance(self.scale, (int, float)) and not isinstance(self.scale, bool)
                     and math.isfinite(self.scale) and self.scale > 0):
                 raise ValueError(f"scalar latent norm: the scale must be a positive number, got {self.scale!r}")
+            if isinstance(self.shift, bool) or not isinstance(self.shift, (int, float)) or not math.isfinite(self.shift):
+                raise ValueError(f"scalar latent norm: the shift must be a finite number, got {self.shift!r}")
+            object.__setattr__(self, "shift", float(self.shift))
             return
         ok = all(isinstance(v, (list, tuple)) and v and all(isinstance(n, (int, float)) and not isinstance(n, bool)
                                                             and math.isfinite(n) for n in v)
@@ -77,8 +81,8 @@ class LatentNorm:
         object.__setattr__(self, "std", tuple(float(v) for v in self.std))
 
     @classmethod
-    def scalar(cls, scale: float) -> "LatentNorm":
-        return cls("scalar", scale=float(scale))
+    def scalar(cls, scale: float, shift: float = 0.0) -> "LatentNorm":
+        return cls("scalar", scale=float(scale), shift=shift)
 
     @classmethod
     def channel(cls, mean, std) -> "LatentNorm":
@@ -93,18 +97,18 @@ class LatentNorm:
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
         """VAE latents (B, C, h, w) → model space."""
         if self.mode == "scalar":
-            return z * self.scale
+            return (z - self.shift) * self.scale if self.shift else z * self.scale
         return (z - self._shaped(self.mean, z)) / self._shaped(self.std, z)
 
     def denormalize(self, x: torch.Tensor) -> torch.Tensor:
         """Model space → VAE latents (what ``vae.decode`` takes)."""
         if self.mode == "scalar":
-            return x / self.scale
+            return x / self.scale + self.shift if self.shift else x / self.scale
         return x * self._shaped(self.std, x) + self._shaped(self.mean, x)
 
     def to_dict(self) -> dict:
         if self.mode == "scalar":
-            return dict(mode="scalar", scale=self.scale)
+            return dict(mode="scalar", scale=self.scale, **({"shift": self.shift} if self.shift else {}))
         return dict(mode="channel", mean=list(self.mean), std=list(self.std))
 
     @classmethod
@@ -115,14 +119,14 @@ class LatentNorm:
                              f"{value!r:.80}; the file was edited or damaged")
         try:
             if value["mode"] == "scalar":
-                return cls.scalar(value.get("scale"))
+                return cls.scalar(value.get("scale"), value.get("shift", 0.0))
             return cls.channel(value.get("mean"), value.get("std"))
         except (TypeError, ValueError) as err:
             raise ValueError(f"{where}: {err}") from None
 
     def describe(self) -> str:
         if self.mode == "scalar":
-            return f"scalar (factor {self.scale:g})"
+            return f"scalar (factor {self.scale:g}{f', shift {self.shift:g}' if self.shift else ''})"
         show = lambda v: "[" + ", ".join(f"{x:.4g}" for x in v) + "]"  # noqa: E731
         return f"channel (mean {show(self.mean)}, std {show(self.std)})"
 
@@ -144,6 +148,8 @@ def difference(ours: LatentNorm, theirs: LatentNorm) -> str | None:
     if ours == theirs:
         return None
     if ours.mode == "scalar":
+        if ours.scale == theirs.scale:
+            return f"shift {theirs.shift:g} vs {ours.shift:g}"
         return f"factor {theirs.scale:g} vs {ours.scale:g}"
     if len(ours.mean) != len(theirs.mean):
         return f"{len(theirs.mean)} vs {len(ours.mean)} channels"
@@ -253,12 +259,16 @@ def source_fingerprint(dataset) -> str:
 
 
 # ------------------------------------------------------------------ the encoder's identity
+DECODER_PREFIXES = ("decoder.", "post_quant_conv.")   # the weights that only decode
+
+
 def vae_fingerprint(vae) -> str:
-    """sha256 of the encoder's weights (``encoder.*``, ``quant_conv.*``): what defines the
-    latent space. Decoders fine-tuned alone (sd-vae-ft-ema / ft-mse) keep the fingerprint."""
+    """sha256 of every weight but the decoder's: what defines the latent space (a KL's
+    ``encoder.*`` and ``quant_conv.*``; an RAE's encoder with its input and latent statistics).
+    Decoders fine-tuned alone (sd-vae-ft-ema / ft-mse) keep the fingerprint."""
     h = hashlib.sha256()
     for name, tensor in sorted(vae.state_dict().items()):
-        if name.startswith(("encoder.", "quant_conv.")):
+        if not name.startswith(DECODER_PREFIXES):
             h.update(name.encode())
             h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
@@ -295,6 +305,8 @@ def run_norm(mode: str, dataset, vae, scaling: float, vae_name: str | None, allo
     if vae is None:
         return None
     cache = dataset.is_latent   # a latent cache (LatentDataset), not images encoded on the fly
+    if cache:
+        check_tokenizer_class(dataset, vae, vae_name)
     if cache and dataset.vae_fingerprint is not None and dataset.vae_fingerprint != vae_fingerprint(vae):
         raise ValueError(f"{dataset.root} holds latents of another VAE ({dataset.meta.get('vae')}, encoder "
                          f"{dataset.vae_fingerprint}) than --vae {vae_name} (encoder {vae_fingerprint(vae)}): pass the "
@@ -309,7 +321,9 @@ def run_norm(mode: str, dataset, vae, scaling: float, vae_name: str | None, allo
         print(f"latents: {dataset.root} records no encoder fingerprint; training them with --vae {vae_name}, not "
               f"the {recorded} they were extracted with (--allow-changes vae)")
     if mode == "scalar":
-        return LatentNorm.scalar(scaling)
+        from ..models.tokenizer import describe
+
+        return LatentNorm.scalar(scaling, describe(vae).shift)
     if not cache:
         raise ValueError(f"--latent-norm channel needs the per-channel statistics of a latent cache, and {dataset.root} "
                          f"is an image folder (encoded on the fly): extract it with extract_latents.py and train on "
@@ -320,6 +334,16 @@ def run_norm(mode: str, dataset, vae, scaling: float, vae_name: str | None, allo
                          f"are kept), or use --latent-norm scalar")
     check_statistics(dataset.root, dataset.meta)   # the stored sums, not the file's word for them
     return LatentNorm.channel(dataset.stats["mean"], dataset.stats["std"])
+
+
+def check_tokenizer_class(dataset, vae, vae_name) -> None:
+    """A latent cache written by another tokenizer class than ``vae``'s is one line (a cache
+    written before the class was recorded passes on to the encoder fingerprint)."""
+    recorded = dataset.meta.get("vae_class")
+    if recorded is not None and recorded != type(vae).__name__:
+        raise ValueError(f"{dataset.root} holds latents of a {recorded} ({dataset.meta.get('vae')}), and --vae "
+                         f"{vae_name} is a {type(vae).__name__}: pass the tokenizer the latents were extracted with, "
+                         f"or extract them again with this one")
 
 
 def same_name(recorded, given) -> bool:

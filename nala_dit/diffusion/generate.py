@@ -31,6 +31,7 @@ from .choices import MAX_CONTINUOUS_STEPS, check_steps, parse_cfg_scale
 from .registry import DEFAULT_SAMPLERS, SAMPLER_SPECS, sampler_names, sampler_spec
 from .samplers import SampleOutput
 from .transport import Transport
+from ..models.tokenizer import decode_latents
 from ..models.vae import decoding
 
 
@@ -287,7 +288,7 @@ def decode(latents: torch.Tensor, vae=None, scaling_factor: float = 0.18215, til
     if vae is None:
         return latents.clamp(-1, 1)
     with decoding(vae, latents.shape, tiling, tile_size):
-        out = vae.decode(denormalize(latents, scaling_factor).to(vae.dtype)).sample
+        out = decode_latents(vae, denormalize(latents, scaling_factor))
     return out.float().clamp(-1, 1)
 
 

@@ -276,10 +276,11 @@ class GridPositions:
 
 
 def vae_factor(vae) -> int:
-    """Pixels per latent side: 2^(levels − 1) for a diffusers AutoencoderKL, 1 without a VAE."""
-    if vae is None:
-        return 1
-    return 2 ** (len(vae.config.block_out_channels) - 1)
+    """Pixels per latent side of any diffusers tokenizer (``tokenizer.spatial_factor``: 8 for the SD
+    VAE, 32 for DC-AE f32c32), 1 without a VAE."""
+    from .tokenizer import spatial_factor
+
+    return spatial_factor(vae)
 
 
 def size_notice(config, latent_hw: tuple[int, int], vae_factor_: int) -> str | None:

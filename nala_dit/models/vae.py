@@ -59,13 +59,27 @@ VAE_TILE_PIXELS = 512
 # The mode and tile size that ``decode`` uses when its caller passes none: set by the
 # CLIs around the code that samples (``decode_settings``), default ("auto", None).
 _SETTINGS = contextvars.ContextVar("nala_dit_vae_decoding", default=("auto", None))
-DEFAULT_SCALING_FACTOR = 0.18215   # the SD VAE's, for configs that predate the field
+from .tokenizer import DEFAULT_SCALING_FACTOR  # noqa: E402,F401  (the SD VAE's, for configs that predate the field)
 _STATE = ("use_tiling", "use_slicing", "tile_sample_min_size", "tile_latent_min_size")
 
 
 def vae_factor(vae) -> int:
-    """Image px per latent px: 2^(levels − 1), as diffusers' ``vae_scale_factor``."""
-    return 2 ** (len(vae.config.block_out_channels) - 1)
+    """Image px per latent px, as the tokenizer's config and a probe encode give it (``tokenizer.py``)."""
+    from .tokenizer import spatial_factor
+
+    return spatial_factor(vae)
+
+
+def tiles(vae) -> bool:
+    """Whether ``vae`` has the tiled decode this module drives (diffusers' ``tile_sample_min_size``
+    and ``tile_overlap_factor``: the KL family). DC-AE tiles by another scheme, RAE not at all."""
+    return hasattr(vae, "tile_sample_min_size") and hasattr(vae, "tile_overlap_factor")
+
+
+def no_tiling(vae, flag: str) -> str:
+    """The one line for a tiling request ``vae`` cannot follow."""
+    return (f"{flag}: {type(vae).__name__} has no tiled decode of diffusers' tile_sample_min_size kind, which this "
+            f"repository drives; decode in one piece (--vae-tiling auto or off), sliced one image at a time")
 
 
 def _tile_fits(pixels: int, factor: int, overlap: float) -> bool:
@@ -96,8 +110,8 @@ def check_tiling(mode, tile_size=None, vae=None, names=("--vae-tiling", "--vae-t
     if vae is None:
         raise ValueError(f"{names[1]} {tile_size}: this model samples pixels directly (no VAE), so there is nothing "
                          f"to tile; drop {names[1]}")
-    if not hasattr(vae, "tile_sample_min_size"):
-        raise ValueError(f"{names[1]}: {type(vae).__name__} has no tiled decode; drop {names[1]}")
+    if not tiles(vae):
+        raise ValueError(no_tiling(vae, f"{names[1]} {tile_size}") + f"; drop {names[1]}")
     factor, overlap = vae_factor(vae), vae.tile_overlap_factor
     if not _tile_fits(tile_size, factor, overlap):
         below = next((p for p in range(tile_size - 1, 0, -1) if _tile_fits(p, factor, overlap)), None)
@@ -128,10 +142,11 @@ def plan(vae, shape, tiling: str | None = None, tile_size: int | None = None) ->
         tiling, context_size = _SETTINGS.get()
         tile_size = context_size if tile_size is None else tile_size
     check_tiling(tiling, tile_size, vae, names=("vae_tiling", "vae_tile_size"))
-    if not hasattr(vae, "use_tiling"):          # a VAE without diffusers' switches: decode as is
+    if not tiles(vae):      # DC-AE, RAE, a VAE without diffusers' switches: one piece (sliced where it can)
         if tiling == "on":
-            raise ValueError(f"vae_tiling='on': {type(vae).__name__} has no tiled decode; use 'auto' or 'off'")
-        return {}
+            raise ValueError(no_tiling(vae, "vae_tiling='on'"))
+        big = shape[0] > 1 and shape[0] * shape[-2] * shape[-1] * vae_factor(vae) ** 2 > VAE_AUTO_TILING_PIXELS
+        return dict(use_slicing=tiling == "auto" and (vae.use_slicing or big)) if hasattr(vae, "use_slicing") else {}
     batch, pixels = shape[0], shape[-2] * shape[-1] * vae_factor(vae) ** 2
     if tiling == "off":
         tile = slices = False
@@ -162,7 +177,7 @@ def decoding(vae, shape, tiling: str | None = None, tile_size: int | None = None
 
 
 def vae_load_problem(name_or_path: str, err: BaseException, local: bool) -> str:
-    """Why ``AutoencoderKL.from_pretrained`` failed, in one line. diffusers wraps everything in
+    """Why ``from_pretrained`` of the autoencoder failed, in one line. diffusers wraps everything in
     "Unable to load weights": a weights file refused because it is a pickle that asks to run code
     says so (found in the exception chain, worded by ``load_error_cause``); a local folder's
     failure is the folder's, never "Offline?"; only a hub id gets the download advice."""
@@ -180,7 +195,7 @@ def vae_load_problem(name_or_path: str, err: BaseException, local: bool) -> str:
     first = str(err).splitlines()[0].strip() if str(err) else type(err).__name__
     if local:
         return (f"cannot load the VAE {name_or_path!r}: {first} (the folder's files are damaged or not a diffusers "
-                f"AutoencoderKL's: save it again with save_pretrained, or download it again)")
+                f"autoencoder's: save it again with save_pretrained, or download it again)")
     return f"cannot load the VAE {name_or_path!r}: {first} Offline? {download_advice(name_or_path)}"
 
 
@@ -220,30 +235,61 @@ def download_advice(hub_id: str) -> str:
             f"local folder (--vae {folder}; from Python, load_vae({folder!r}))")
 
 
-def load_vae(name_or_path: str, device: torch.device | str = "cpu"):
-    """A diffusers ``AutoencoderKL`` from a local folder or a hub id, with a clear
-    offline error. Returns (vae, scaling_factor): the factor comes from the VAE's config,
-    0.18215 (SD VAE) when the config predates the field. Offline (``HF_HUB_OFFLINE``, or
-    the hub unreachable) a hub id is looked up in the local cache only: one line at once,
-    naming the local-folder alternative, instead of the hub client's retries."""
-    from diffusers import AutoencoderKL
-
+def vae_folder(name_or_path: str) -> Path:
+    """The local folder holding the autoencoder's config.json: the folder itself, or its ``vae/``
+    (a pipeline folder); a folder with neither is one line."""
     local = Path(name_or_path)
     if local.exists() and not (local / "config.json").is_file():
         if (local / "vae" / "config.json").is_file():
-            local = local / "vae"
-        else:
-            raise FileNotFoundError(f"{local} has no config.json: not a diffusers AutoencoderKL folder")
+            return local / "vae"
+        raise FileNotFoundError(f"{local} has no config.json: not a diffusers autoencoder folder (config.json + "
+                                f"diffusion_pytorch_model.safetensors, as save_pretrained writes)")
+    return local
+
+
+def vae_class(name_or_path: str, local: Path, offline: str | None) -> type:
+    """The diffusers autoencoder class the config names (``tokenizer.autoencoder_class``): read
+    from the local config.json, or the hub's (the cache only when offline)."""
+    from diffusers import AutoencoderKL
+
+    from ..guards import read_json
+    from .tokenizer import autoencoder_class
+
+    if local.exists():
+        where = local / "config.json"
+        config = read_json(where, "save the autoencoder again with save_pretrained")
+    else:
+        where = f"{name_or_path}/config.json"
+        config = AutoencoderKL.load_config(name_or_path, local_files_only=offline is not None)
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: must hold a JSON object, got {type(config).__name__}")
+    return autoencoder_class(config.get("_class_name"), str(where))
+
+
+def load_vae(name_or_path: str, device: torch.device | str = "cpu"):
+    """A diffusers autoencoder (any class ``tokenizer.autoencoder_classes`` lists: the one its
+    config.json names) from a local folder or a hub id, with a clear offline error. Returns
+    (vae, scaling_factor): the factor ``tokenizer.describe`` reads from the model (its
+    config's, 0.18215 for an AutoencoderKL config that predates the field, 1 where the class
+    scales itself or names none). Offline (``HF_HUB_OFFLINE``, or the hub unreachable) a hub id
+    is looked up in the local cache only: one line at once, naming the local-folder
+    alternative, instead of the hub client's retries."""
+    from .files import check_autoencoder_folder
+    from .tokenizer import describe
+
+    local = vae_folder(name_or_path)
     offline = None if local.exists() else hub_offline()
     try:
+        cls = vae_class(name_or_path, local, offline)
         if local.exists():
-            vae = AutoencoderKL.from_pretrained(str(local))
+            check_autoencoder_folder(local, cls)   # its config against its weights, before building it
+            vae = cls.from_pretrained(str(local))
         else:
-            vae = AutoencoderKL.from_pretrained(name_or_path, local_files_only=offline is not None)
+            vae = cls.from_pretrained(name_or_path, local_files_only=offline is not None)
     except OSError as err:
         if offline is not None:
             raise OSError(f"cannot load the VAE {name_or_path!r}: offline ({offline}) and not in the local Hugging "
                           f"Face cache; {download_advice(name_or_path)}") from None
         raise OSError(vae_load_problem(name_or_path, err, local.exists())) from None
-    scaling = getattr(vae.config, "scaling_factor", None) or DEFAULT_SCALING_FACTOR
-    return vae.to(device).eval().requires_grad_(False), float(scaling)
+    vae = vae.to(device).eval().requires_grad_(False)
+    return vae, describe(vae).scaling

@@ -18,6 +18,7 @@ from ..models import vae as vae_lib
 from ..models.compile import compile_model
 from ..models.dit import create_model
 from ..models.grid import latent_size, vae_factor
+from ..models.tokenizer import describe
 from . import convert
 from . import repa as repa_lib
 from .config import MODEL_OVERRIDES, TrainConfig, dump_yaml, to_dict
@@ -60,7 +61,7 @@ def model_space(dataset, vae, patch: int = 1) -> tuple[int, int]:
         side, _ = latent_size(dataset.image_size, vae_factor(vae), patch)
     except ValueError as err:
         raise ValueError(f"--image-size: {err}") from None
-    return (dataset.channels if vae is None else vae.config.latent_channels), side
+    return (dataset.channels if vae is None else describe(vae).channels), side
 
 
 def checked_space(cfg: TrainConfig, dataset, vae) -> tuple[int, int]:

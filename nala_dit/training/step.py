@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..data import datasets as data_lib
+from ..models.tokenizer import encode_sample
 # the EMA's reading (also what sampling warns about): checkpoints/ema.py
 from ..checkpoints.ema import checkpoint_ema_warning, ema_initial_share, ema_warning  # noqa: F401
 
@@ -86,7 +87,7 @@ def to_model_space(x, dataset, vae, norm, flip: bool, images: bool = False):
     pixels = x
     if vae is not None:
         with torch.no_grad():
-            x = norm.normalize(vae.encode(x.to(vae.dtype)).latent_dist.sample().float())
+            x = norm.normalize(encode_sample(vae, x).float())
     return (x, pixels) if images else x
 
 
