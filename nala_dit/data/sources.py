@@ -46,7 +46,9 @@ class DataSource:
     ``check_size``: ``--image-size``'s check (one ValueError line), before anything loads.
     ``class_names``: the class names of a ``--data`` value without opening it (None: not known).
     ``heldout``: ``open(..., split="heldout")`` gives the source's own held-out split (the
-    embedded data), so ``--val-every`` needs no ``--val-data``."""
+    embedded data), so ``--val-every`` needs no ``--val-data``.
+    ``splits``: ``--val-data`` may also name one of the data's splits, or a count of training
+    items to hold out (sharded data, ``streams.py``), read by ``open(..., split="heldout")``."""
 
     open: Callable
     describe: str
@@ -54,6 +56,7 @@ class DataSource:
     check_size: Callable[[int], int] | None = None
     class_names: Callable[[str], list[str] | None] = _no_names
     heldout: bool = False
+    splits: bool = False
 
 
 # ------------------------------------------------------------------ the built-in sources
@@ -119,6 +122,58 @@ def is_folder(data: str) -> bool:
     return Path(data).is_dir()
 
 
+def open_tar(data, cfg, split="train", size=None, state=None):
+    """Webdataset tar shards (``streams.py``): each process reads its own."""
+    from .streams import TarShards
+
+    return TarShards(data, size or cfg.image_size or IMAGE_FOLDER_SIZE, split, cfg.val_data)
+
+
+def open_parquet(data, cfg, split="train", size=None, state=None):
+    """Hugging Face parquet files with image and label columns (``streams.py``)."""
+    from .streams import TableShards
+
+    return TableShards(data, size or cfg.image_size or IMAGE_FOLDER_SIZE, "parquet", split, cfg.val_data)
+
+
+def open_saved(data, cfg, split="train", size=None, state=None):
+    """A Hugging Face ``save_to_disk`` folder with image and label columns (``streams.py``)."""
+    from .streams import TableShards
+
+    return TableShards(data, size or cfg.image_size or IMAGE_FOLDER_SIZE, "arrow", split, cfg.val_data)
+
+
+def is_tar_folder(data: str) -> bool:
+    return Path(data).is_dir() and any(Path(data).glob("*.tar"))
+
+
+def tar_names(data: str) -> list[str] | None:
+    """A tar folder's ``classes.txt`` (one name a line), if it has one."""
+    names_file = Path(data) / "classes.txt"
+    return [n.strip() for n in names_file.read_text().splitlines() if n.strip()] if names_file.is_file() else None
+
+
+def is_parquet_folder(data: str) -> bool:
+    root = Path(data)
+    return root.is_dir() and (any(root.glob("*.parquet")) or any(root.glob("*/*.parquet")))
+
+
+def is_saved_dataset(data: str) -> bool:
+    return (Path(data) / "state.json").is_file() or (Path(data) / "dataset_dict.json").is_file()
+
+
+def _table_names(kind: str):
+    """The ``ClassLabel`` names a parquet / save_to_disk folder records (None: none, or unreadable)."""
+    def names(data: str) -> list[str] | None:
+        from . import streams
+
+        try:
+            return (streams.parquet_files if kind == "parquet" else streams.arrow_files)(Path(data), "train")[1]
+        except (ValueError, ImportError, OSError):
+            return None
+    return names
+
+
 DATA_SOURCES: dict[str, DataSource] = {
     "digits": DataSource(open_digits, f"'digits' (embedded 8x8, or upscaled to "
                                       f"{'/'.join(map(str, DIGITS_SIZES[1:]))} px)",
@@ -128,6 +183,12 @@ DATA_SOURCES: dict[str, DataSource] = {
                                 check_size=check_canvas_size, class_names=digit_names, heldout=True),
     "latents": DataSource(open_latents, "a latent folder from extract_latents.py", detect=is_latent_folder,
                           class_names=latent_names),
+    "tar-shards": DataSource(open_tar, "a folder of webdataset tar shards (<key>.jpg + <key>.cls)",
+                             detect=is_tar_folder, class_names=tar_names, splits=True),
+    "parquet": DataSource(open_parquet, "a folder of Hugging Face parquet files (image, label columns)",
+                          detect=is_parquet_folder, class_names=_table_names("parquet"), splits=True),
+    "saved-dataset": DataSource(open_saved, "a Hugging Face save_to_disk folder (image, label columns)",
+                                detect=is_saved_dataset, class_names=_table_names("arrow"), splits=True),
     "images": DataSource(open_images, "an image folder <root>/<class>/*", detect=is_folder,
                          class_names=folder_names),
 }

@@ -12,7 +12,6 @@ a resumed run continues bit for bit.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 from torch.utils.data import DataLoader
@@ -43,21 +42,26 @@ def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float, step:
 
 class EpochBatches:
     """This process's micro-batches, epoch after epoch, from (``epoch``, ``position``):
-    ``position`` micro-batches into the epoch, the state a checkpoint stores."""
+    ``position`` micro-batches into the epoch, the state a checkpoint stores. The order is the
+    dataset's own where it has one (``sampler``: sharded data, ``data/streams.py``), else a
+    fixed permutation of the whole dataset per epoch (``datasets.EpochSampler``)."""
 
     def __init__(self, dataset, rank: int, world: int, seed: int, micro_batch: int, workers: int, device,
                  epoch: int = 0, position: int = 0):
         self.dataset, self.rank, self.world, self.seed = dataset, rank, world, seed
         self.micro_batch, self.workers, self.device = micro_batch, workers, device
-        self.per_epoch = math.ceil(len(dataset) / world) // micro_batch
-        if self.per_epoch < 1:
-            raise ValueError(f"the data ({len(dataset)} items) is smaller than one micro-batch of {micro_batch} "
-                             f"per process")
         self.epoch, self.position = epoch, position
         self.batches = self._loader(epoch, position * micro_batch)
 
     def _loader(self, epoch: int, start: int):
-        sampler = data_lib.EpochSampler(len(self.dataset), self.rank, self.world, self.seed, epoch, start)
+        if hasattr(self.dataset, "sampler"):
+            sampler = self.dataset.sampler(self.rank, self.world, self.seed, epoch, start)
+        else:
+            sampler = data_lib.EpochSampler(len(self.dataset), self.rank, self.world, self.seed, epoch, start)
+        self.per_epoch = sampler.per_rank // self.micro_batch   # the micro-batches of this epoch, every process's
+        if self.per_epoch < 1:
+            raise ValueError(f"the data ({len(self.dataset)} items; {sampler.per_rank} for each of {self.world} "
+                             f"process(es)) is smaller than one micro-batch of {self.micro_batch} per process")
         return iter(DataLoader(self.dataset, batch_size=self.micro_batch, sampler=sampler, drop_last=True,
                                num_workers=self.workers, persistent_workers=False))
 

@@ -111,9 +111,13 @@ def band_means(sums: torch.Tensor, prefix: str) -> dict:
 
 
 def heldout_dataset(cfg: TrainConfig, train_dataset):
-    """The held-out split ``--val-every`` scores: ``--val-data`` (a folder like ``--data``),
-    else the embedded data's own held-out split (``data/sources.py``: ``DataSource.heldout``),
-    at the training set's image size."""
+    """The held-out split ``--val-every`` scores: ``--val-data`` (a folder like ``--data``; for
+    sharded ``--data``, also one of its splits or a count, ``DataSource.splits``), else the
+    embedded data's own held-out split (``data/sources.py``: ``DataSource.heldout``), at the
+    training set's image size."""
+    source = data_source(cfg.data)
+    if source.splits and cfg.val_data is not None and not Path(cfg.val_data).exists():
+        return source.open(cfg.data, cfg, "heldout", size=train_dataset.image_size)   # a split name or a count
     if cfg.val_data is not None:
         heldout = data_source(cfg.val_data).open(cfg.val_data, cfg, "heldout", size=train_dataset.image_size)
         if heldout.is_latent != train_dataset.is_latent:
@@ -121,11 +125,11 @@ def heldout_dataset(cfg: TrainConfig, train_dataset):
             raise ValueError(f"--val-data {cfg.val_data} is {kinds[0]} but --data {cfg.data} holds {kinds[1]}: "
                              f"pass held-out data of the kind the model trains on")
         return heldout
-    source = data_source(cfg.data)
     if source.heldout:
         return source.open(cfg.data, cfg, "heldout", size=train_dataset.image_size)
+    also = ", or one of its splits (validation) or a count of training items to hold out (1000)" if source.splits else ""
     raise ValueError(f"--val-every scores a held-out split: {cfg.data} is a folder, so pass --val-data with a "
-                     f"held-out folder of the same kind")
+                     f"held-out folder of the same kind{also}")
 
 
 def val_samples_notice(cfg: TrainConfig, heldout) -> str | None:
@@ -272,7 +276,8 @@ class TrainingFID:
                                   device=str(accelerator.device), inception_weights=self.cfg.inception_weights,
                                   digits_classifier_dir=self.cfg.digits_classifier, labels=self.labels.numpy(),
                                   allow_unknown_weights=self.cfg.allow_unknown_inception_weights)
-        return {**{f"fid/{k}": float(v) for k, v in result["metrics"].items()}, **fid_network(result)}
+        return {**{f"fid/{k}": float(v) for k, v in result["metrics"].items()}, **fid_network(result),
+                **fid_counts(result)}
 
     @staticmethod
     def _image_shape(ema, vae) -> tuple[int, int, int]:
@@ -295,6 +300,19 @@ def fid_reference(cfg: TrainConfig) -> dict:
         return load_reference(cfg.fid_ref)
     except ValueError as err:
         raise ValueError(f"--fid-ref {err}") from None
+
+
+def fid_counts(result: dict) -> dict:
+    """What a score compared, for ``log.jsonl`` beside the ``fid/`` scores: ``fid_samples`` (the
+    generated samples scored) and ``fid_ref_images`` (the reference's images; with
+    ``fid_ref_subset`` where it was made from part of its data, ``evaluate_fid.py ref --limit``)."""
+    counts = {"fid_samples": int(result["num_samples"])}
+    if isinstance(result.get("reference_num_images"), int):
+        counts["fid_ref_images"] = result["reference_num_images"]
+    subset = (result.get("reference_provenance") or {}).get("data_subset")
+    if isinstance(subset, str) and not subset.startswith("all "):
+        counts["fid_ref_subset"] = subset
+    return counts
 
 
 def fid_network(result: dict) -> dict:
