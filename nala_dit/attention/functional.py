@@ -381,6 +381,11 @@ SATURATION = 0.01  # a token is "saturated" when its exponent is within 1 % of t
 def saturated_share(p: torch.Tensor, power: float = POWER, offset: float = OFFSET) -> float:
     """Share of exponents within 1 % of their supremum λ(τ + 1): tokens for which the
     query norm no longer changes anything (tanh is flat there)."""
+    return saturated_fraction(p, power, offset).item()
+
+
+def saturated_fraction(p: torch.Tensor, power: float = POWER, offset: float = OFFSET) -> torch.Tensor:
+    """``saturated_share`` as a 0-dim tensor: no host sync, so ``torch.compile`` traces it."""
     top = power * (offset + 1.0)
-    return (p >= top * (1 - SATURATION)).float().mean().item()
+    return (p >= top * (1 - SATURATION)).float().mean()
 

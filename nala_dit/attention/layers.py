@@ -21,7 +21,7 @@ from .context_parallel import gathered_softmax, shard_of, sharded_linear_attenti
 from .config import ATTENTIONS, LINEAR_KERNELS, NaLaConfig
 from .functional import (
     kernel_features, linear_attention, nala_exponent, nala_features, rope_angles, rope_linear_attention,
-    saturated_share, softmax_attention,
+    saturated_fraction, softmax_attention,
 )
 from .nala import (
     CHECK_TOLERANCE, REPORT, fused_opts, nala_attention, select_nala_impl, triton_available, triton_passes_check,
@@ -94,9 +94,21 @@ class GatedAttention(nn.Module):
         self.out_norm = nn.LayerNorm(dim) if config.out_norm else None
         self.proj = nn.Linear(dim, dim)
         # Statistics of the query exponent p of the last forward (NaLa only), logged by
-        # training: with s = 1 the raw norm saturates tanh for typical head dims.
+        # training: with s = 1 the raw norm saturates tanh for typical head dims. Recorded as
+        # one tensor (no .item() in the forward: a compiled step has no graph break there),
+        # read as floats by ``last_stats`` outside it.
         self.record_stats = False
-        self.last_stats: dict[str, float] = {}
+        self._stats: torch.Tensor | None = None
+
+    STATS = ("exponent_mean", "exponent_std", "saturated")
+
+    @property
+    def last_stats(self) -> dict[str, float]:
+        """The statistics ``observe`` recorded in the last forward with ``record_stats``, as
+        floats ({} before any)."""
+        if self._stats is None:
+            return {}
+        return dict(zip(self.STATS, self._stats.tolist()))
 
     @property
     def kernel(self) -> str:
@@ -271,8 +283,8 @@ class GatedLinearAttention(GatedAttention):
         if self.record_stats and self.config.kernel == "nala":
             with torch.no_grad():
                 p = self.exponent(q)
-                self.last_stats = {"exponent_mean": p.mean().item(), "exponent_std": p.std().item(),
-                                   "saturated": saturated_share(p, self.config.power, self.config.offset)}
+                self._stats = torch.stack([p.mean(), p.std(), saturated_fraction(p, self.config.power,
+                                                                                 self.config.offset)]).detach()
 
     def triton_middle(self, qkvg: torch.Tensor, grid) -> torch.Tensor | None:
         config, c, h = self.config, self.proj.in_features, self.num_heads

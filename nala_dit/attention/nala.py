@@ -51,19 +51,26 @@ _TINY = torch.finfo(torch.float32).tiny     # the smallest normal fp32
 _LOG_FLOOR = -104.0                         # below log of the smallest fp32 denormal (−103.3)
 _ONE = torch.tensor(1.0)                    # a 0-dim operand (it broadcasts on any device)
 _FAST_POWERS = (0.5, 1.0, 2.0, 3.0)         # exponents torch.pow evaluates without log/exp
-_CONSTANTS: dict[float, torch.Tensor] = {}  # more 0-dim operands, by value (``_constant``)
+_CONSTANTS: dict[tuple, torch.Tensor] = {}  # more 0-dim operands, by value and dtype (``_constant``)
+
+
+def _acc(x: torch.Tensor) -> torch.dtype:
+    """The dtype the fused passes compute in: fp32, or float64 for float64 inputs (so a
+    float64 reference and gradcheck see no fp32 rounding)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
-    """A 0-dim fp32 operand (as ``_ONE``), made once per value (under ``torch.compile``,
-    like ``like``'s ``new_full``)."""
+    """A 0-dim operand (as ``_ONE``) in ``like``'s compute dtype (``_acc``), made once per
+    value and dtype (under ``torch.compile``, like ``like``'s ``new_full``)."""
     if torch.compiler.is_compiling():
         return like.new_full((), value)
-    if value not in _CONSTANTS:
+    key = (value, _acc(like))
+    if key not in _CONSTANTS:
         if len(_CONSTANTS) > 64:
             _CONSTANTS.clear()
-        _CONSTANTS[value] = torch.tensor(value, dtype=torch.float32)
-    return _CONSTANTS[value]
+        _CONSTANTS[key] = torch.tensor(value, dtype=key[1])
+    return _CONSTANTS[key]
 
 
 def _token_chunks(shape: torch.Size, device: torch.device) -> list[slice]:
@@ -94,7 +101,7 @@ class _Scratch:
 
     def __init__(self, x: torch.Tensor, size: int, *widths: int):
         b, h, _, self.d = x.shape
-        self.blocks = [x.new_empty(b, h, size, w, dtype=torch.float32) for w in widths]
+        self.blocks = [x.new_empty(b, h, size, w, dtype=_acc(x)) for w in widths]
         self.cache = {}
 
     def __call__(self, c: int) -> list[_Block]:
@@ -158,7 +165,7 @@ def _token_scales(x: torch.Tensor, o: dict, query: bool, grad: bool) -> dict:
     backward of the normalisation needs (``_through_unit``)."""
     if not query and o["direction"] != "cosine":
         return {}                                                   # relu_split keys: no norm
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=_acc(x))
     inv = norm.clamp_min(o["norm_eps"]).reciprocal_()
     if query:
         tanh_n = torch.tanh(norm / o["norm_scale"])
@@ -178,9 +185,10 @@ def _token_scales(x: torch.Tensor, o: dict, query: bool, grad: bool) -> dict:
 
 
 def _rows(x: torch.Tensor, start: int, c: int) -> torch.Tensor:
-    """Tokens ``start`` to ``start + c`` of a (B, H, N, D) tensor, in fp32 (a view when it is)."""
+    """Tokens ``start`` to ``start + c`` of a (B, H, N, D) tensor, in fp32 or float64
+    (``_acc``; a view when it is)."""
     x = x.narrow(2, start, c)
-    return x if x.dtype == torch.float32 else x.float()
+    return x if x.dtype == _acc(x) else x.float()
 
 
 def _narrow(t: dict, start: int, c: int) -> dict:
@@ -292,8 +300,8 @@ def fused_state(k: torch.Tensor, v: torch.Tensor, opts: dict, shard=None) -> tor
     tokens; the state is divided by the whole grid's N and summed over the ranks."""
     b, h, n, d = k.shape
     with _no_autocast(k.device):
-        s_acc = k.new_zeros(b * h, 2 * d, d, dtype=torch.float32)          # Σ φ_k vᵀ
-        z_acc = k.new_zeros(b * h, 2 * d, dtype=torch.float32)             # Σ φ_k
+        s_acc = k.new_zeros(b * h, 2 * d, d, dtype=_acc(k))               # Σ φ_k vᵀ
+        z_acc = k.new_zeros(b * h, 2 * d, dtype=_acc(k))                  # Σ φ_k
         tokens = _token_scales(k, opts, query=False, grad=False)
         chunks = _token_chunks(k.shape, k.device)
         scratch = _Scratch(k, chunks[0].stop, 2 * d)
@@ -305,7 +313,7 @@ def fused_state(k: torch.Tensor, v: torch.Tensor, opts: dict, shard=None) -> tor
             # GEMM's own width) and a token sum.
             s_acc.baddbmm_(feat.bh.mT, _rows(v, sl.start, c).flatten(0, 1))
             z_acc.add_(feat.bh.sum(1))
-        state = k.new_empty(2, b, h, d, d + 1, dtype=torch.float32)
+        state = k.new_empty(2, b, h, d, d + 1, dtype=_acc(k))
         state[..., :d] = s_acc.view(b, h, 2, d, d).permute(2, 0, 1, 3, 4)
         state[..., d] = z_acc.view(b, h, 2, d).permute(2, 0, 1, 3)
         if shard is None:
@@ -323,8 +331,8 @@ def fused_output(q: torch.Tensor, state: torch.Tensor, opts: dict,
     b, h, n, d = q.shape
     with _no_autocast(q.device):
         if out is None:
-            out = q.new_empty(b, h, n, d, dtype=torch.float32)
-        den = q.new_empty(b, h, n, 1, dtype=torch.float32)
+            out = q.new_empty(b, h, n, d, dtype=_acc(q))
+        den = q.new_empty(b, h, n, 1, dtype=_acc(q))
         joined = _joined(state)                                           # (B·H, 2D, D+1)
         tokens = _token_scales(q, opts, query=True, grad=False)
         chunks = _token_chunks(q.shape, q.device)
@@ -356,11 +364,11 @@ def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True),
     by the whole grid's N and all-reduced between the query pass and the key pass."""
     b, h, n, d = q.shape
     need_q, need_k, need_v = need
-    new = lambda x, o: o if o is not None else torch.empty_like(x, dtype=torch.float32)
+    new = lambda x, o: o if o is not None else torch.empty_like(x, dtype=_acc(x))
     with _no_autocast(q.device):
         joined = _joined(state)                                          # (B·H, 2D, D+1): [S | z]
         s_t, z = joined[..., :d].mT, joined[..., d].unsqueeze(1)         # (B·H, D, 2D), (B·H, 1, 2D)
-        d_joined = q.new_zeros(b * h, 2 * d, d + 1, dtype=torch.float32)   # ∂L/∂[S | z], N times
+        d_joined = q.new_zeros(b * h, 2 * d, d + 1, dtype=_acc(q))        # ∂L/∂[S | z], N times
         dq = new(q, out[0]) if need_q else None
         tokens = _token_scales(q, opts, query=True, grad=need_q)
         chunks = _token_chunks(q.shape, q.device)
@@ -374,7 +382,7 @@ def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True),
             if den is None:   # as fused_output, op for op
                 num_den = torch.bmm(feat.bh, joined).view(b, h, c, d + 1)
                 dd = torch.add(num_den[..., d:], opts["eps"])
-                g_out = grad_out(sl, torch.div(num_den[..., :d], dd)).float()
+                g_out = grad_out(sl, torch.div(num_den[..., :d], dd)).to(_acc(q))
             else:
                 dd, g_out = den.narrow(2, sl.start, c), grad_out.narrow(2, sl.start, c)
             _into(d_num, torch.div, g_out, dd)
@@ -451,9 +459,6 @@ def _nala_compiled(*args):
     built lazily, since compiling takes tens of seconds on a CPU."""
     global _compiled_eager
     if _compiled_eager is None:
-        from ..compile_cache import private_compile_cache
-
-        private_compile_cache()   # inductor imports what it cached: only from a folder no one else can write
         _compiled_eager = torch.compile(_nala_eager, dynamic=True)
     return _compiled_eager(*args)
 
