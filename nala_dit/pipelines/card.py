@@ -13,11 +13,11 @@ Nothing in a card is invented: a figure the run did not measure (no ``--val-ever
 ``--fid-every``, no evaluation JSON, no grid) is absent, not estimated. The license is left
 for the user to set.
 
-Metadata. ``pipeline_tag: text-to-image``: the Hub has no class-conditional task, and these
-pipelines take a class *name* as their prompt (``pipe("golden retriever")``), which is the
-call the Hub's text-to-image widget makes; ``unconditional-image-generation`` would say
-there is no input. The conditioning is in the tags: ``class-conditional`` (the tag of
-diffusers' DiT class-conditional models), ``dit`` / ``sit``, ``linear-attention`` for the
+Metadata. No ``pipeline_tag``, as the Hub's own class-conditional DiT cards
+(``facebook/DiT-XL-2-256``: library diffusers, no task): the Hub has no class-conditional task;
+``text-to-image`` would offer a free-text prompt to a model that knows only its class names, and
+``unconditional-image-generation`` would say there is no input. The conditioning is in the tags:
+``class-conditional``, ``dit`` / ``sit``, ``linear-attention`` for the
 NaLa / ReLU / ELU kernels. ``base_model`` only when the run started from another model
 (``--init-from``) named by a Hub id; a local path is named in the body instead (the Hub
 refuses a ``base_model`` that is not a model id).
@@ -37,7 +37,7 @@ from ..diffusion.registry import TRAINING_SAMPLERS
 
 CARD_FILE = "README.md"
 GRID_FILE = "sample_grid.png"
-PIPELINE_TAG = "text-to-image"
+PIPELINE_TAG = None   # see the module doc: no Hub task fits a class-conditional model
 LIBRARY = "diffusers"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # What the body's "Use it" lines sample: the first classes, this many images each.
@@ -94,6 +94,10 @@ def _last_logged(log: Path, step: int) -> dict:
                 found[prefix] = dict(step=row["step"], values=values)
                 if prefix == "fid" and isinstance(row.get("fid_network"), str):   # the network that scored it
                     found[prefix]["network"] = (row["fid_network"], str(row.get("fid_network_sha256", "")))
+                if prefix == "fid":   # what it compared (validation.fid_counts); older logs lack them
+                    found[prefix].update({k: row[k] for k in ("fid_samples", "fid_ref_images", "fid_ref_subset")
+                                          if k in row and not isinstance(row[k], bool)
+                                          and isinstance(row[k], (int, str))})
     return found
 
 
@@ -358,9 +362,10 @@ def _training(record: dict, cfg: dict, objective_config: dict) -> list[str]:
             sampler = c.get("sample-sampler") or TRAINING_SAMPLERS[cfg["objective"]]  # the grid's
             scorer = (f"scored by {_text(f['network'][0])}, sha256 {_code(f['network'][1])}" if "network" in f
                       else f"features {c.get('fid-features') or 'as the reference records'}")
-            lines.append(f"- FID-type scores at step {f['step']:,} ({c.get('fid-samples')} EMA samples, {sampler} "
+            samples = f["fid_samples"] if isinstance(f.get("fid_samples"), int) else c.get("fid-samples")
+            lines.append(f"- FID-type scores at step {f['step']:,} ({_fmt_count(samples)} EMA samples, {sampler} "
                          f"{c.get('sample-steps')} steps, guidance {c.get('sample-cfg-scale')}, against "
-                         f"{_code(Path(str(raw.get('fid-ref'))).name)}, {scorer}): "
+                         f"{_code(Path(str(raw.get('fid-ref'))).name)}{_subset(f.get('fid_ref_subset'))}, {scorer}): "
                          + ", ".join(f"{_text(k.removeprefix('fid/'))} {x:.4g}" for k, x in f["values"].items()))
         lines.append("")
     for ev in record.get("evaluations") or []:
@@ -386,9 +391,24 @@ def _evaluation_settings(ev: dict) -> str:
         cfg = s.get("cfg_scale")
         parts.append(f"guidance {_text(cfg)}" if cfg is not None else None)
     if ev.get("reference"):
-        parts.append(f"against {_code(Path(str(ev['reference'])).name)}")
+        subset = (ev.get("reference_provenance") or {}).get("data_subset")
+        parts.append(f"against {_code(Path(str(ev['reference'])).name)}{_subset(subset)}")
     parts.append(f"{_text(ev['extractor'])} features" if ev.get("extractor") else None)
     return ", ".join(p for p in parts if p)
+
+
+SUBSET = re.compile(r"^(\d+) of (\d+) images")   # a reference's data_subset (evaluation/metrics.py make_reference)
+
+
+def _subset(subset) -> str:
+    """`` (1,000 of the 10,000 images it was made from)`` for a reference made from part of its
+    data (``evaluate_fid.py ref --limit``), else ''."""
+    m = SUBSET.match(subset) if isinstance(subset, str) else None
+    return f" ({int(m[1]):,} of the {int(m[2]):,} images it was made from)" if m and m[1] != m[2] else ""
+
+
+def _fmt_count(value) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else _text(value)
 
 
 def _use(folder: str, kind: str, id2label: dict[int, str], sampler, vae) -> list[str]:

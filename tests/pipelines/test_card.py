@@ -66,7 +66,7 @@ def test_the_card_of_a_real_run_says_what_the_run_recorded(measured_run, tmp_pat
     assert printed[-1].startswith("publish: ") and " upload USER/REPO exported/measured " in printed[-1]
     out = tmp_path / "exported" / "measured"
     card = ModelCard.load(out / "README.md")
-    assert card.data.to_dict() == {"library_name": "diffusers", "pipeline_tag": "text-to-image", "tags": TAGS_NALA,
+    assert card.data.to_dict() == {"library_name": "diffusers", "tags": TAGS_NALA,
                                    "datasets": ["digits"]}   # no license (the user's), no base_model (from scratch)
     text = card.text
 
@@ -94,6 +94,8 @@ def test_the_card_of_a_real_run_says_what_the_run_recorded(measured_run, tmp_pat
             f"scored by digits-classifier (model.safetensors), sha256 `{last['fid_network_sha256']}`): "
             f"fd_digits {last['fid/fd_digits']:.4g}, ") in text
     assert f"class_consistency {last['fid/class_consistency']:.4g}" in text
+    # log.jsonl says what the scores compared: 20 samples against the 360 held-out digits, all of them
+    assert (last["fid_samples"], last["fid_ref_images"], "fid_ref_subset" in last) == (20, 360, False)
     evaluation = json.loads((measured_run / "metrics.json").read_text())
     assert (f"- `metrics.json` (20 samples, from step 4, ddim 4 steps, guidance 1.0, against `digits_ref.npz`, "
             f"digits-classifier features): fd_digits {evaluation['metrics']['fd_digits']:.4g}, ") in text
@@ -123,7 +125,7 @@ def test_a_figure_the_run_did_not_measure_is_absent(tmp_path, monkeypatch):
     for source, name in ((run, "plain"), (tuned, "tuned")):
         assert export.main(["checkpoint", str(source), str(tmp_path / "out" / name)]) == 0
         card = ModelCard.load(tmp_path / "out" / name / "README.md")
-        assert card.data.to_dict() == {"library_name": "diffusers", "pipeline_tag": "text-to-image",
+        assert card.data.to_dict() == {"library_name": "diffusers",
                                        "tags": TAGS_NALA, "datasets": ["digits"]}
         for absent in ("held-out", "FID", "## Samples", "## Evaluations", "sample_grid.png"):
             assert absent not in card.text, (name, absent)
@@ -157,7 +159,7 @@ def test_official_exports_carry_cards(tmp_path, capsys):
         str(tmp_path / "pipe"), str(tmp_path / "model")]
     for folder, kind in ((tmp_path / "pipe", "NaLaDiTPipeline"), (tmp_path / "model", "model")):
         card = ModelCard.load(folder / "README.md")
-        assert card.data.to_dict() == {"library_name": "diffusers", "pipeline_tag": "text-to-image",
+        assert card.data.to_dict() == {"library_name": "diffusers",
                                        "tags": ["class-conditional", "dit", "nala_dit"]}   # softmax: not linear
         assert "from the published weights `DiT.pt`" in card.text and "## Training" not in card.text
         assert "| attention | softmax |" in card.text and "latents 8×8 of the VAE" in card.text
@@ -188,6 +190,33 @@ def test_the_printed_publish_command_is_huggingface_hubs_cli():
     assert hf.is_file(), f"{hf}: huggingface_hub's CLI (installed with it)"
     help_text = subprocess.run([str(hf), "upload", "--help"], capture_output=True, text=True, timeout=120)
     assert help_text.returncode == 0 and "REPO_ID [LOCAL_PATH]" in help_text.stdout
+
+
+def test_a_score_against_part_of_a_dataset_says_how_much(tmp_path):
+    """log.jsonl's fid_samples and fid_ref_subset (a reference made with --limit): the card
+    says "1,000 EMA samples" and "1,000 of the 10,000 images it was made from"; no pipeline_tag."""
+    import torch
+
+    from nala_dit.cli.config import to_dict
+    from nala_dit.cli.options import TrainConfig
+    from nala_dit.models.dit import create_model
+    from nala_dit.training.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10)
+    cfg = TrainConfig(model="NaLaDiT-T/2", data="digits", exp_name="run", results_dir=str(tmp_path),
+                      fid_ref="runs/ref/cifar10_test1k.npz", fid_every=2, fid_samples=500)
+    state = dict(step=2, epoch=0, position=2, world_size=1, config=to_dict(cfg), model_config=dict(model.config))
+    save_checkpoint(run / "checkpoints", model=model, ema=model, state=state,
+                    optimizer=torch.optim.AdamW(model.parameters()), rng_states=[torch.get_rng_state()])
+    subset = "1000 of 10000 images, evenly spaced in reading order (--limit 1000)"
+    (run / "log.jsonl").write_text(json.dumps({"step": 2, "loss": 0.5, "fid/fid": 40.0, "fid_samples": 1000,
+                                               "fid_ref_images": 1000, "fid_ref_subset": subset}) + "\n")
+    assert export.main(["checkpoint", str(run), str(tmp_path / "out")]) == 0
+    card = ModelCard.load(tmp_path / "out" / "README.md")
+    assert "pipeline_tag" not in card.data.to_dict()
+    assert_names(card.text, "(1,000 EMA samples, ",
+                 "against `cifar10_test1k.npz` (1,000 of the 10,000 images it was made from), ")
 
 
 HOSTILE = "x`<script>alert(1)\n# heading | cell ```<b>&amp;"   # no "/": a file name too
