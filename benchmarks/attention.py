@@ -15,6 +15,10 @@ Methods, all on DiT-S/2 heads (B=1, 6 heads × 64) unless told otherwise:
   under ``--math-cap-gib``;
 * ``nala_compile``-- ``nala_attention(impl="compile")`` with ``--compile`` (slow to build).
 
+``--jvp`` adds a third mode: ``torch.func.jvp`` of each method for tangents of q, k and v
+(what a MeanFlow training step adds), with each method's JVP time over its forward time
+(``time_jvp/fwd_<method>``); a method without a forward-mode rule is recorded as skipped.
+
 On CUDA also:
 
 * ``nala_eager``  -- the unchunked composition ``impl="eager"`` (what ``auto`` falls back
@@ -188,6 +192,9 @@ def run_once(fn, inputs, grad, mode):
     if mode == "fwd":
         with torch.no_grad():
             return fn(*inputs)
+    if mode == "jvp":   # forward-mode: output and its tangent for tangents of q, k, v (MeanFlow's cost)
+        with torch.no_grad():
+            return torch.func.jvp(fn, tuple(inputs), (grad, grad, grad))
     for t in inputs:
         t.grad = None
     fn(*inputs).backward(grad)
@@ -265,7 +272,7 @@ def benchmark(args):
     try:
         for n in token_counts(args):
             over_budget = args.budget_s and time.perf_counter() - start > args.budget_s
-            for mode in MODES:
+            for mode in MODES + (("jvp",) if args.jvp else ()):
                 inputs, grad = make_inputs(n, args, device, dtype, mode == "fwd+bwd")
                 active = {}
                 for name, fn in methods.items():
@@ -320,8 +327,14 @@ def benchmark(args):
     return results, methods
 
 
+def modes_of(results):
+    """The modes in ``results``: ``MODES``, then ``jvp`` where ``--jvp`` ran it."""
+    return [m for m in (*MODES, "jvp") if m in MODES or any(r["mode"] == m for r in results)]
+
+
 def summarise(results, min_fit_tokens):
     ok = [r for r in results if not r["skipped"]]
+    MODES = modes_of(results)  # noqa: N806
     get = {(r["method"], r["mode"], r["n"]): r for r in ok}
     slopes = {mode: {} for mode in MODES}
     for mode in MODES:
@@ -339,12 +352,18 @@ def summarise(results, min_fit_tokens):
                 if nala and ref:
                     row[f"time_nala/{other}"] = nala["time_ms"] / ref["time_ms"]
                     row[f"mem_nala/{other}"] = nala["peak_mib"] / max(ref["peak_mib"], 1e-9)
+            if mode == "jvp":   # each method's JVP call against its own forward call
+                for method in sorted({r["method"] for r in ok}):
+                    jvp, fwd = get.get((method, "jvp", n)), get.get((method, "fwd", n))
+                    if jvp and fwd:
+                        row[f"time_jvp/fwd_{method}"] = jvp["time_ms"] / fwd["time_ms"]
             ratios.append(row)
     return slopes, ratios
 
 
 def print_table(results, ratios):
     methods = sorted({r["method"] for r in results})
+    MODES = modes_of(results)  # noqa: N806
     for mode in MODES:
         print(f"\n{mode}: median time ms (peak MiB)")
         print("N".rjust(7) + "".join(m.rjust(22) for m in methods))
@@ -357,6 +376,8 @@ def print_table(results, ratios):
         keys = ["time_nala/relu", "time_nala/sdpa", "time_nala/nala_naive", "mem_nala/sdpa"]
         keys += [k for k in ("time_nala/sdpa_flash", "mem_nala/sdpa_flash", "time_nala/sdpa_cudnn")
                  if any(k in r for r in ratios)]
+        if mode == "jvp":
+            keys = [f"time_jvp/fwd_{m}" for m in methods if any(f"time_jvp/fwd_{m}" in r for r in ratios)]
         print("ratios".rjust(7) + "".join(k.replace("time_", "t ").replace("_", " ").rjust(18) for k in keys))
         for row in (r for r in ratios if r["mode"] == mode):
             vals = [row.get(k) for k in keys]
@@ -369,7 +390,8 @@ def plot(results, slopes, path, meta):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    MODES = modes_of(results)  # noqa: N806
+    fig, axes = plt.subplots(1, len(MODES), figsize=(5 * len(MODES), 4), sharey=True)
     for ax, mode in zip(axes, MODES):
         for method in sorted({r["method"] for r in results}):
             pts = sorted((r["n"], r["time_ms"]) for r in results
@@ -410,6 +432,9 @@ def main(argv=None):
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="start no new token count after this many seconds (0: no limit)")
     parser.add_argument("--tiny", action="store_true", help="N = 64, 256, one repeat (tests)")
+    parser.add_argument("--jvp", action="store_true",
+                        help="also time torch.func.jvp of each method (tangents of q, k, v; mode 'jvp'), "
+                             "with its ratio to the method's forward")
     parser.add_argument("--out", default="", help="JSON path; a PNG plot is written beside it")
     args = parser.parse_args(argv)
 

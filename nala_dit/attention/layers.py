@@ -27,6 +27,7 @@ from .nala import (
     CHECK_TOLERANCE, REPORT, fused_opts, nala_attention, select_nala_impl, triton_available, triton_passes_check,
 )
 from .recompute import GatedMiddle, gated_tail
+from .tangent import under_transform
 from .regions import initial_region_logits, region_nala_attention
 
 
@@ -148,12 +149,13 @@ class GatedAttention(nn.Module):
         g = parts[3] if self.use_gate else None
         lepe = (self.lepe.weight, self.lepe.bias) if self.lepe is not None else (None, None)
         norm = (self.out_norm.weight, self.out_norm.bias) if self.out_norm is not None else (None, None)
-        if not self.recompute or torch.compiler.is_compiling():
+        if not self.recompute or torch.compiler.is_compiling() or under_transform(x):
             # The plain composition: autograd keeps every intermediate (the reference). Under
             # torch.compile too: GatedMiddle's backward (torch.autograd.grad) would break the
             # graph. NaLa runs as it does in eager mode (on the CPU the fused autograd function,
             # which dynamo traces; on CUDA the Triton custom op), and the compiler picks what
-            # to recompute.
+            # to recompute. Under torch.func transforms and forward AD too: the fused middles have
+            # no forward-mode rule, the composition's pieces do (NaLa's: ``tangent.py``).
             o = self.attend(q, k, v, grid).transpose(1, 2).reshape(b, n, c)      # (B, N, C)
             norm = None if self.out_norm is None else (*norm, self.out_norm.eps)
             o = gated_tail(o, parts[2], g, grid, None if self.lepe is None else lepe, norm)

@@ -35,6 +35,7 @@ from torch.autograd.function import once_differentiable
 from .config import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
 from .config import NaLaConfig
 from .functional import _check_qkv, _no_autocast, nala_features, normalized_linear_attention
+from .tangent import CONTEXT_PARALLEL_REFUSAL, FORWARD_OVER_REVERSE_REFUSAL, dual, in_forward_mode, nala_tangent, triton_jvp_attention, under_transform
 from .triton_op import nala_triton_attention
 
 NALA_IMPLS = ("auto", "fused", "eager", "compile", "triton")
@@ -425,24 +426,40 @@ def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True),
 class _FusedNaLa(torch.autograd.Function):
     """§3 linear form in token chunks. The state is kept as its two halves
     ``[S | z]`` (each D × (D+1), one per feature half). The backward saves q, k, v, the
-    state and the per-token denominator only, and recomputes the features."""
+    state and the per-token denominator only, and recomputes the features. Forward-mode
+    (``torch.func.jvp``, also inside ``torch.func.grad``): ``tangent.nala_tangent``, two
+    linear passes in differentiable torch ops. Call it through ``nala_attention`` (it returns
+    the output, state and denominator)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, opts, shard=None):
+    def forward(q, k, v, opts, shard=None):
         state = fused_state(k, v, opts, shard)
         out, den = fused_output(q, state, opts)
-        ctx.opts, ctx.shard = opts, shard
+        return out.to(v.dtype), state, den
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, ctx.opts, ctx.shard = inputs
+        _, state, den = output
+        ctx.mark_non_differentiable(state, den)
         ctx.save_for_backward(q, k, v, state, den)
-        return out.to(v.dtype)
+        ctx.save_for_forward(q, k, v)
 
     @staticmethod
     @once_differentiable  # the hand-written backward is not itself differentiated
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _state, _den):
         q, k, v, state, den = ctx.saved_tensors
+        if in_forward_mode(grad_out):
+            raise ValueError(FORWARD_OVER_REVERSE_REFUSAL)
         dq, dk, dv = fused_backward(q, k, v, state, den, grad_out, ctx.opts, ctx.needs_input_grad[:3],
                                     shard=ctx.shard)
         cast = lambda g, x: None if g is None else g.to(x.dtype)
         return cast(dq, q), cast(dk, k), cast(dv, v), None, None
+
+    @staticmethod
+    def jvp(ctx, dq, dk, dv, _opts, _shard):
+        q, k, v = ctx.saved_tensors
+        return nala_tangent(q, k, v, (dq, dk, dv), ctx.opts, shard=ctx.shard), None, None
 
 
 def _nala_eager(q, k, v, config: NaLaConfig):
@@ -533,11 +550,17 @@ def nala_attention(
             impl = "eager"                           # Triton autograd functions have no batching rule
         if shard is not None and impl != "fused":
             impl = "eager"
+        if dual(q, k, v):                            # torch.autograd.forward_ad: see tangent.dual
+            impl = "eager"
         if impl == "triton" and not _triton_usable(q, triton_opts):
             impl = "eager"
+    if shard is not None and under_transform(q, k, v):
+        raise ValueError(CONTEXT_PARALLEL_REFUSAL)
     if impl == "triton":
         if torch.compiler.is_compiling():   # the custom op: traced whole, no graph break
             return nala_triton_attention(q, k, v, opts["norm_scale"], triton_opts)
+        if under_transform(q, k, v):        # torch.func / forward AD: the kernels with a forward-mode rule
+            return triton_jvp_attention(q, k, v, opts["norm_scale"], triton_opts)
         return _triton_kernel(q, k, v, opts["norm_scale"], triton_opts)
     if shard is not None and impl != "fused":
         from .context_parallel import sharded_linear_attention
@@ -548,7 +571,7 @@ def nala_attention(
         return _nala_eager(q, k, v, config)
     if impl == "compile":
         return _nala_compiled(q, k, v, config)
-    return _FusedNaLa.apply(q, k, v, opts, shard)
+    return _FusedNaLa.apply(q, k, v, opts, shard)[0]
 
 
 def fused_opts(config: NaLaConfig, head_dim: int) -> dict:

@@ -46,6 +46,7 @@ from .context_parallel import shard_of
 from .config import EPS, NaLaConfig, check_nala_regions
 from .functional import _check_qkv, _no_autocast, nala_features, nala_similarity_reference
 from .nala import fused_backward, fused_opts, fused_output, fused_state
+from .tangent import under_transform
 
 REGION_DECAY = 1.0    # ρ_ir = −REGION_DECAY · distance of region centres (in image sides) at initialisation
 
@@ -157,6 +158,8 @@ def region_nala_attention(
     if impl not in ("fused", "eager"):
         raise ValueError(f"impl must be 'fused' or 'eager', got {impl!r}")
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, logits))
+    if under_transform(q, k, v, logits):      # torch.func / forward AD: the composition has the rules
+        impl, needs_grad = "eager", True
     if impl == "fused" or not needs_grad:     # without gradients (sampling) always the fused passes
         return _FusedRegionNaLa.apply(q, k, v, logits, (tuple(grid), regions), fused_opts(config, d))
     with _no_autocast(q.device):

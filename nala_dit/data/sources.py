@@ -169,7 +169,7 @@ def _table_names(kind: str):
 
         try:
             return (streams.parquet_files if kind == "parquet" else streams.arrow_files)(Path(data), "train")[1]
-        except (ValueError, ImportError, OSError):
+        except (ValueError, OSError):
             return None
     return names
 

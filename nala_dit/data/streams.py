@@ -272,12 +272,12 @@ def _tar_index(path: Path) -> tuple[list, np.ndarray]:
 
 # ------------------------------------------------------------------ Hugging Face datasets (pyarrow)
 def pyarrow():
-    """pyarrow, or one line naming the extra that installs it."""
+    """pyarrow, or one line (a ValueError, as the CLIs print bad input) naming the extra that installs it."""
     try:
         import pyarrow
         import pyarrow.parquet  # noqa: F401
     except ImportError:
-        raise ImportError(f"reading parquet or save_to_disk data needs pyarrow: {STREAM_HINT}") from None
+        raise ValueError(f"reading parquet or save_to_disk data needs pyarrow: {STREAM_HINT}") from None
     return pyarrow
 
 

@@ -4,9 +4,12 @@ where it stopped (bitwise against an uninterrupted run); held-out splits by name
 
 import io
 import json
+import sys
 import tarfile
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
@@ -17,8 +20,6 @@ from nala_dit.data.streams import ShardSampler, TableShards, TarShards
 from nala_dit.training import checkpoint as ckpt_lib
 from tests.utils import TINY_RUN, assert_names
 
-pa = pytest.importorskip("pyarrow", reason="pyarrow is in the test extra (pip install -e '.[test]')")
-import pyarrow.parquet as pq  # noqa: E402
 
 
 def _png(value: int) -> bytes:
@@ -141,7 +142,7 @@ def test_held_out_by_name_and_by_count(tmp_path):
     assert_names(str(err.value), "--val-data 22", "between 1 and 21")
 
 
-def test_sources_are_detected_and_bad_columns_named(tmp_path):
+def test_sources_are_detected_and_bad_columns_named(tmp_path, monkeypatch):
     wds, parquet, saved = tar_folder(tmp_path / "wds"), parquet_folder(tmp_path / "pq"), saved_dataset(tmp_path / "s")
     assert [data_source(str(p)) for p in (wds, parquet, saved)] == [DATA_SOURCES[k] for k in ("tar-shards", "parquet",
                                                                                               "saved-dataset")]
@@ -150,6 +151,11 @@ def test_sources_are_detected_and_bad_columns_named(tmp_path):
     with pytest.raises(ValueError) as err:
         TableShards(parquet, 8, "parquet")
     assert_names(str(err.value), "train-00003-of-00004.parquet", "has the columns img, label", "needs 'image'")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)   # not installed: one line naming the extra
+    with pytest.raises(ValueError) as err:
+        TableShards(saved, 8, "arrow")
+    assert str(err.value) == "reading parquet or save_to_disk data needs pyarrow: pip install -e '.[stream]' " \
+                             "(pyarrow reads parquet and save_to_disk folders)"
 
 
 RUN = [*TINY_RUN, "--image-size", "8", "--lr", "1e-3"]
