@@ -198,3 +198,111 @@ def check_transformer_folder(folder: str | os.PathLike, model_class) -> None:
         raise FileNotFoundError(f"{folder} has no {TRANSFORMER_WEIGHTS[0]}: {folder.parent} is not a complete "
                                 f"pipeline folder (weights are read from safetensors only); export it again")
     check_config_fits(keys, weight_shapes(weights), str(config_file), str(weights), model_class)
+
+
+# ---------------------------------------------------------------- an autoencoder's folder (the VAE)
+# Any size an autoencoder's config.json gives (channels, layers, image size) and how many levels:
+# far above every published autoencoder, far below what would allocate terabytes.
+AUTOENCODER_MAX_SIZE = 1 << 16
+AUTOENCODER_MAX_ITEMS = 64
+
+
+def _annotation_fits(value, annotation) -> bool:
+    """``value`` (read from JSON) is of the type an ``__init__`` annotation names: ``int``,
+    ``float``, ``bool``, ``str``, ``tuple[int]`` (a JSON list), unions with ``None``. An
+    annotation of another kind says nothing (True)."""
+    import types
+    import typing
+
+    if annotation is inspect.Parameter.empty:
+        return True
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_annotation_fits(value, arg) for arg in args)
+    if annotation is None or annotation is type(None):
+        return value is None
+    if annotation in (int, float, bool, str):
+        return _fits(value, (annotation,))
+    if origin in (tuple, list):
+        items = [a for a in args if a is not Ellipsis]
+        return isinstance(value, (list, tuple)) and all(_annotation_fits(v, items[0]) for v in value) if items \
+            else isinstance(value, (list, tuple))
+    return True
+
+
+def _sizes(value):
+    """Every integer in a config value (lists included)."""
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _sizes(item)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        yield value
+
+
+def autoencoder_class_named(config: dict, where: str) -> type:
+    """The diffusers model class a config's ``_class_name`` names (AutoencoderKL when absent)."""
+    import diffusers
+    from diffusers import ModelMixin
+
+    name = config.get("_class_name", "AutoencoderKL")
+    cls = getattr(diffusers, name, None) if isinstance(name, str) and name.isidentifier() else None
+    if not (isinstance(cls, type) and issubclass(cls, ModelMixin)):
+        raise ValueError(f"{where}: _class_name {str(name)[:60]!r} is not a diffusers model class; save the "
+                         f"autoencoder again with save_pretrained")
+    return cls
+
+
+def check_autoencoder_folder(folder: str | os.PathLike, cls: type | None = None) -> None:
+    """An autoencoder folder's ``config.json`` checked against its weights before diffusers
+    builds what it describes (``block_out_channels: [60000]`` is 482 G parameters; a size that
+    fits memory would be allocated for real): every key of the type ``cls.__init__`` takes,
+    sizes at most ``AUTOENCODER_MAX_SIZE``, lists at most ``AUTOENCODER_MAX_ITEMS`` long, its
+    levels and layers as many as the weights hold, then the model built on the ``meta`` device
+    (no memory) holding as many parameters as the safetensors file, in the same shapes."""
+    import warnings
+
+    folder = Path(folder)
+    where = folder / "config.json"
+    fix = "save the autoencoder again with save_pretrained, or download it again"
+    config = read_json(where, fix)
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: must hold a JSON object, got {type(config).__name__}; {fix}")
+    cls = cls or autoencoder_class_named(config, str(where))
+    params = {k: p for k, p in inspect.signature(cls.__init__).parameters.items() if k != "self"}
+    for key, value in config.items():
+        if key in params and not _annotation_fits(value, params[key].annotation):
+            kind = params[key].annotation
+            kind = kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "")
+            raise ValueError(f"{where}: {key!r} must be {kind}, got {str(value)[:40]!r} "
+                             f"({type(value).__name__}); {fix}")
+        too_big = [v for v in _sizes(value) if abs(v) > AUTOENCODER_MAX_SIZE]
+        if key in params and (too_big or isinstance(value, list) and len(value) > AUTOENCODER_MAX_ITEMS):
+            what = f"{too_big[0]:,}" if too_big else f"{len(value):,} items"
+            raise ValueError(f"{where}: {key!r} {what} is beyond any autoencoder (sizes up to "
+                             f"{AUTOENCODER_MAX_SIZE:,}, lists up to {AUTOENCODER_MAX_ITEMS} items); {fix}")
+    weights = next((folder / name for name in TRANSFORMER_WEIGHTS if (folder / name).is_file()), None)
+    if weights is None:
+        return   # a .bin (read by torch.load(weights_only=True)) or nothing: diffusers says which
+    shapes = weight_shapes(weights)
+    levels = {n.split(".")[2] for n in shapes if n.startswith("encoder.down_blocks.")}
+    layers = {n.split(".")[4] for n in shapes if n.startswith("encoder.down_blocks.0.resnets.")}
+    implied = [("block_out_channels", len(config.get("block_out_channels") or ()), len(levels), "levels"),
+               ("layers_per_block", config.get("layers_per_block"), len(layers), "layers per level")]
+    for key, want, got, what in implied:   # before the meta build, which takes time per module
+        if key in config and got and want != got:
+            raise ValueError(f"{where}: {key!r} implies {want:,} {what} where {weights} holds {got:,}; {fix}")
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = cls.from_config(config)
+    except Exception as err:   # diffusers' and torch's constructors raise many types
+        raise ValueError(f"{where}: does not build a {cls.__name__} ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0][:120] if str(err) else ''}); {fix}") from None
+    built = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    counts = sum(math.prod(s) for s in built.values()), sum(math.prod(s) for s in shapes.values())
+    differ = [f"{k}: {shapes[k]} in the file, {built[k]} by the config" for k in built if k in shapes and
+              built[k] != shapes[k]]
+    if counts[0] != counts[1] or differ:
+        raise ValueError(f"{where} implies a {cls.__name__} of {_count(counts[0])} parameters, {weights} holds "
+                         f"{_count(counts[1])}{' (' + differ[0] + ')' if differ else ''}; one of the two was edited "
+                         f"or damaged: restore the files written together")
