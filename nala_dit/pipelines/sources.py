@@ -28,7 +28,7 @@ from ..checks import did_you_mean
 from ..guards import (CheckpointError, assert_no_meta, non_finite, read_json, refuse_non_finite,  # noqa: F401
                       torch_load_tensors)  # (assert_no_meta re-exported)
 from ..data.latent_stats import LatentNorm
-from ..models.files import check_transformer_folder
+from ..models.files import check_autoencoder_folder, check_transformer_folder
 from ..models.dit import DiT
 from ..models.vae import DEFAULT_SCALING_FACTOR, load_vae
 
@@ -146,6 +146,8 @@ def check_pipeline_folder(path, subfolder: str | None = None) -> None:
                               f"{index}: objective_config 'diffusion-steps'", fix)
     if config.get("_class_name") in PIPELINE_OBJECTIVES and (root / "transformer").is_dir():
         check_transformer_folder(root / "transformer", DiT)
+    if config.get("_class_name") in PIPELINE_OBJECTIVES and (root / "vae" / "config.json").is_file():
+        check_autoencoder_folder(root / "vae")
 
 
 def load_pipeline_folder(path: str | os.PathLike, vae: str | None = None, device="cpu") -> Source:
