@@ -7,6 +7,7 @@ import functools
 import io
 import os
 import re
+import subprocess
 import tokenize
 from pathlib import Path
 
@@ -36,8 +37,13 @@ PY_NAME = re.compile(r"(?<![\w./-])((?:\.{1,2}/)?[\w-][\w.-]*(?:/[\w.-]+)*\.py)\
 
 @functools.lru_cache
 def tree_files(root: Path = ROOT) -> list[str]:
-    """Every .py file of the working tree, as a path relative to ``root`` (build outputs,
-    virtual environments and runs/ excluded)."""
+    """Every .py file of the working tree, as a path relative to ``root``: in a git checkout what
+    git tracks or would track (what the README's commands write, e.g. ``exported/``, is ignored),
+    else every file but build outputs, virtual environments and runs/."""
+    if (root / ".git").exists():
+        listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard", "--", "*.py"], capture_output=True, text=True, check=True)
+        return sorted(f for f in listed.stdout.split("\0") if f and (root / f).is_file())
     out = []
     for folder, dirs, names in os.walk(root):
         dirs[:] = [d for d in dirs if not (d in SKIPPED or d.startswith(".") or d.endswith(".egg-info"))]
@@ -215,6 +221,20 @@ def test_every_module_a_page_names_exists(page):
 
 def test_every_module_a_docstring_or_comment_names_exists():
     assert stale_modules(MODULES) == []
+
+
+def test_tree_files_leave_out_what_git_ignores(tmp_path):
+    """The README's own commands write .py files into ignored folders (export.py's
+    ``exported/<name>/nala_dit_pipeline.py``): in a checkout they are not files of the tree."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("/exported/\n")
+    (tmp_path / "exported" / "demo").mkdir(parents=True)
+    (tmp_path / "exported" / "demo" / "nala_dit_pipeline.py").write_text("x = 1\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text("x = 1\n")
+    assert tree_files(tmp_path) == ["pkg/mod.py"]
+    (tmp_path / ".git").rename(tmp_path / "not-git")   # no checkout: every file but the skipped folders
+    assert tree_files.__wrapped__(tmp_path) == ["exported/demo/nala_dit_pipeline.py", "pkg/mod.py"]   # uncached
 
 
 def test_the_allow_list_names_no_file_of_ours():
