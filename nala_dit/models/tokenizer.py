@@ -21,7 +21,7 @@ What a tokenizer does is read from the model (``describe``), not assumed:
 * ``scaling_factor`` and ``shift_factor`` of its config (x = (z − shift) · scale); a config
   without a scaling factor (FLUX.2's) trains unscaled unless ``--latent-norm channel``;
   ``AutoencoderRAE`` applies its own ``scaling_factor`` and latent statistics inside
-  ``encode``/``decode`` (diffusers' ``autoencoder_rae.py``), so its latents are taken as they are;
+  ``encode``/``decode`` (diffusers' own source of the class), so its latents are taken as they are;
 * the pixel range: a config with ``encoder_norm_mean`` (RAE) standardises [0, 1] images itself
   and decodes to [0, 1]; every other class takes and gives [-1, 1];
 * the one image size it works at, for a class that resizes every input to its encoder's size
