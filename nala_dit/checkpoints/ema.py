@@ -1,6 +1,7 @@
 """The EMA's defaults and what is left of its initial weights (torch-free): the end of
 training warns with ``ema_warning`` (``training/loop.py``), sampling a checkpoint with
-``checkpoint_ema_warning`` (``pipelines/sources.py``); ``training/step.py`` updates the EMA."""
+``checkpoint_ema_warning`` (``pipelines/sources.py``, through ``ema_warning_once``);
+``training/step.py`` updates the EMA."""
 
 from __future__ import annotations
 
@@ -62,3 +63,17 @@ def checkpoint_ema_warning(ckpt) -> str | None:
     return ema_warning(config.get("ema-decay", RECORDED_DEFAULTS["ema_decay"]),
                        config.get("ema-warmup", RECORDED_DEFAULTS["ema_warmup"]),
                        ckpt.state.get("ema_updates", ckpt.step))
+
+
+_SAID: set[str] = set()   # the EMA warnings this process has printed (ema_warning_once)
+
+
+def ema_warning_once(ckpt) -> str | None:
+    """``checkpoint_ema_warning``, once per process for the same words: a process that loads
+    several checkpoints trained alike (``demo.py --quick`` runs its 15 sampling and scoring
+    steps in one process, every model at chance) says it once, not at every load."""
+    warning = checkpoint_ema_warning(ckpt)
+    if warning is None or warning in _SAID:
+        return None
+    _SAID.add(warning)
+    return warning

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoints.ema import checkpoint_ema_warning
+from ..checkpoints.ema import ema_warning_once
 from ..checkpoints.read import build_objective, checkpoint_norm, load_model
 from ..diffusion.choices import check_diffusion_steps
 from ..checks import did_you_mean
@@ -72,7 +72,7 @@ def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None =
                              f"`export.py checkpoint --weights model` instead")
         return load_pipeline_folder(path, vae, device)
     model, ckpt = load_model(path, weights)
-    if weights == "ema" and (warning := checkpoint_ema_warning(ckpt)):
+    if weights == "ema" and (warning := ema_warning_once(ckpt)):
         print(f"warning: {warning}", file=sys.stderr)
     try:   # a stored value out of range (an edited diffusion-steps) is the file's fault: name it
         objective = build_objective(ckpt.model_config, ckpt.config)

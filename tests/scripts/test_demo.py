@@ -184,9 +184,15 @@ def test_quick_demo_writes_a_complete_report(tmp_path, monkeypatch, capsys, demo
     monkeypatch.chdir(tmp_path)  # where the user runs it: the printed lines are relative to here
     out = tmp_path / "demo"
     # scored by the session's digits classifier: the one the demo would train (its training is deterministic)
+    from nala_dit.checkpoints import ema as ema_lib
+
+    monkeypatch.setattr(ema_lib, "_SAID", set())   # this process has said no EMA warning yet
     assert demo.main(["--quick", "--threads", "1", "--out", "demo",
                       "--digits-classifier", str(digits_classifier_dir)]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    # its models are at chance (the report says so): the EMA warning once, not at each of its 15 loads
+    assert captured.err.count("warning: the EMA weights") == 1, captured.err
     report = json.loads((out / "report.json").read_text())
     assert not (out / "digits_classifier").exists()   # the given one scored: none trained into --out
     assert [r["model"] for r in report["models"]] == ["NaLaDiT", "NaLaSiT", "DiT"]

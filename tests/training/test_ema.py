@@ -174,3 +174,23 @@ def test_a_run_whose_ema_is_still_its_random_start_says_so_at_the_end(tmp_path, 
     assert train_cli.main(plain + ["--results-dir", str(tmp_path), "--exp-name", "default", "--max-steps", "3"]) == 0
     assert "warning: the EMA" not in capsys.readouterr().out
     assert checkpoint_ema_warning(ckpt_lib.open_checkpoint(tmp_path / "default")) is None
+
+
+def test_sampling_checkpoints_trained_alike_warns_once_per_process(monkeypatch):
+    """demo.py --quick loads its at-chance checkpoints 15 times in one process: the same EMA
+    warning is said once; another recipe's, and a good EMA's silence, are unchanged."""
+    from types import SimpleNamespace
+
+    from nala_dit.checkpoints import ema as ema_lib
+
+    monkeypatch.setattr(ema_lib, "_SAID", set())
+
+    def ckpt(decay, warmup, updates):
+        return SimpleNamespace(config={"ema-decay": decay, "ema-warmup": warmup}, state={"ema_updates": updates},
+                               step=updates)
+
+    first = ema_lib.ema_warning_once(ckpt(0.9999, False, 5))
+    assert first == ema_lib.checkpoint_ema_warning(ckpt(0.9999, False, 5)) and "after 5 updates" in first
+    assert [ema_lib.ema_warning_once(ckpt(0.9999, False, 5)) for _ in range(14)] == [None] * 14
+    assert "after 7 updates" in ema_lib.ema_warning_once(ckpt(0.9999, False, 7))
+    assert ema_lib.ema_warning_once(ckpt(0.9999, True, 5000)) is None
