@@ -46,7 +46,8 @@ require_installed()  # a python without torch (not the .venv one): one line nami
 
 from nala_dit.cli.parse import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, report_error, run_main,
                                 seed_arg, set_threads)
-from nala_dit.models.grid import add_size_arguments, check_size_args, sized_settings
+from nala_dit.cli.sizes import add_size_arguments, check_size_args, size_values
+from nala_dit.models.grid import sized_settings
 from nala_dit.cli.options import (CONTEXT_PARALLEL_HELP, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS,
                               VAE_TILING_MODES, cfg_scale_arg, check_context_parallel)
 
@@ -184,7 +185,8 @@ def run(args) -> int:
         context = ContextParallel.from_world(args.context_parallel)
         source = compiled(load_source(args.ckpt, args.weights, args.vae, state.device), args)
         enable(source.model, context)
-        settings = sized_settings(settings, source, args, state.is_main_process)
+        settings = sized_settings(settings, source, **size_values(args, min(args.batch_size, args.num_samples)),
+                                  verbose=state.is_main_process)
         settings.resolved(source.objective)  # clear errors before any work
         check_tiling(args.vae_tiling, args.vae_tile_size, source.vae)
         if state.is_main_process and (note := balance_notice(args.num_samples, source.num_classes)):
@@ -229,6 +231,7 @@ def checked_settings(args):
     refuse_overwrite(args)
     if args.num_samples is not None and args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+    check_counts(args)
     if args.sampler and args.steps is not None:   # the sampler's bound (check_steps) before loading; the exact
         check_steps(args.sampler, args.steps)      # chain of a DiT model is checked once it is loaded
     settings = SampleSettings(args.sampler, args.steps, args.cfg_scale, args.guidance_interval,
@@ -247,6 +250,37 @@ def checked_settings(args):
     if (args.labels is None) == (args.num_samples is None):
         raise ValueError("pass exactly one of --labels and --num-samples")
     return settings
+
+
+def requested_count(args) -> int:
+    """How many images the flags ask for: --num-samples, else --labels × --per-label (1 at least)."""
+    if args.num_samples is not None:
+        return max(args.num_samples, 1)
+    return max(1, len([s for s in (args.labels or "").split(",") if s.strip()]) * max(args.per_label, 1))
+
+
+def check_counts(args) -> None:
+    """How many images the flags ask for, within ``MAX_SAMPLES``, before the model is loaded
+    (``--per-label 1000000000`` would build a list of 10⁹ labels)."""
+    from nala_dit.data.images import check_sample_count
+
+    if args.num_samples is not None:
+        check_sample_count(args.num_samples, "--num-samples")
+    if args.labels is not None:
+        count = len([s for s in args.labels.split(",") if s.strip()]) * max(args.per_label, 1)
+        check_sample_count(max(count, 1), f"--labels × --per-label {args.per_label:,}")
+
+
+def check_held_images(count: int, h: int, w: int) -> None:
+    """--grid / --out-dir keep every image in memory until written: refuse, before sampling, more
+    than this machine has available (``--out`` writes shards and holds one)."""
+    from nala_dit.guards import TooLargeError, available_memory
+
+    need, (have, kind) = count * h * w * 3, available_memory("cpu")
+    if need > have:
+        raise TooLargeError(f"--grid / --out-dir hold all {count:,} images of {w}x{h} px in memory ({need / 1e9:,.1f} "
+                            f"GB), this machine has {have / 1e9:,.1f} GB {kind}; sample fewer, or write them with "
+                            f"--out samples.npz --num-samples {count} (in shards)")
 
 
 def refuse_overwrite(args) -> None:
@@ -293,32 +327,34 @@ def write_samples(args, source, settings) -> tuple[list[int], list]:
     from nala_dit.data.images import balance_notice, balanced_labels, save_grid, save_pngs
     from nala_dit.pipelines.sample_files import sample_images
     from nala_dit.pipelines.sources import resolve_labels
+    from nala_dit.models.grid import vae_factor
     from nala_dit.models.vae import check_tiling, decode_settings
 
-    settings = sized_settings(settings, source, args)
+    settings = sized_settings(settings, source, **size_values(args, min(args.batch_size, requested_count(args))))
     settings.resolved(source.objective)
     check_tiling(args.vae_tiling, args.vae_tile_size, source.vae)
+    h, w = (side * vae_factor(source.vae) for side in settings.resolved(source.objective).noise_size(source.model))
     if args.labels is not None:
         ids = resolve_labels([s for s in args.labels.split(",") if s.strip()], source.id2label, source.num_classes)
         if args.per_label < 1:
             raise ValueError(f"--per-label must be >= 1, got {args.per_label}")
+        check_held_images(len(ids) * args.per_label, h, w)
         labels = [i for i in ids for _ in range(args.per_label)]
         nrow = args.per_label if args.per_label > 1 else len(labels)
     else:
+        check_held_images(args.num_samples, h, w)
         labels = balanced_labels(args.num_samples, source.num_classes, args.seed).tolist()
         if note := balance_notice(args.num_samples, source.num_classes):
             print(note, file=sys.stderr)
         nrow = math.ceil(math.sqrt(len(labels)))
     scale = getattr(args, "grid_scale", 1) or 1
-    if args.grid and scale > 1:   # the enlarged grid's size, refused before any sampling
-        from nala_dit.models.grid import vae_factor
-
-        h, w = (side * vae_factor(source.vae) for side in settings.resolved(source.objective).noise_size(source.model))
+    if args.grid:   # the (enlarged) grid's size, refused before any sampling
         height, width = grid_size(len(labels), nrow, h, w, scale)
         pixels = height * width
         if pixels > GRID_PIXELS_MAX:
-            raise ValueError(f"--grid-scale {scale}: the grid would be {pixels / 1e6:,.0f} megapixels (at most "
-                             f"{GRID_PIXELS_MAX / 1e6:.0f}); use a smaller --grid-scale or fewer images")
+            flag, fix = (f"--grid-scale {scale}", "a smaller --grid-scale or ") if scale > 1 else ("--grid", "")
+            raise ValueError(f"{flag}: the grid would be {pixels / 1e6:,.0f} megapixels (at most "
+                             f"{GRID_PIXELS_MAX / 1e6:.0f}); use {fix}fewer images")
     with decode_settings(args.vae_tiling, args.vae_tile_size):
         images, nfe = sample_images(source, labels, args.seed, settings, args.batch_size, progress=True)
     pngs = []

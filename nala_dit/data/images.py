@@ -9,8 +9,21 @@ from pathlib import Path
 import torch
 
 
+# The most images one command samples: 200 FID sets of 50,000. Its label list alone is 80 MB; a
+# count beyond it is a typo (one line), not an allocation that fails minutes later.
+MAX_SAMPLES = 10_000_000
+
+
+def check_sample_count(count: int, what: str = "--num-samples") -> None:
+    """Refuse, before anything is allocated, a sample count below 1 or above ``MAX_SAMPLES``."""
+    if not 1 <= count <= MAX_SAMPLES:
+        raise ValueError(f"{what}: {count:,} images is {'below 1' if count < 1 else 'more than one command samples'} "
+                         f"(1 to {MAX_SAMPLES:,}; an FID uses 50,000)")
+
+
 def balanced_labels(num_samples: int, num_classes: int, seed: int) -> torch.Tensor:
     """``i % num_classes`` over the global index, then a permutation seeded with ``seed``."""
+    check_sample_count(num_samples, f"{num_samples:,} balanced labels")
     base = torch.arange(num_samples) % num_classes
     perm = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed))
     return base[perm]

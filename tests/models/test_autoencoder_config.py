@@ -60,3 +60,19 @@ def test_an_edited_config_is_one_line_before_anything_is_built(vae_folder, tmp_p
     text = one_line(err)
     assert text.startswith(f"{bad / 'config.json'}") and all(name in text for name in names), text
     assert set(builds) <= {"meta"}, builds
+
+
+def test_a_pipeline_folder_s_autoencoder_is_checked_on_the_pipelines_route(pipe_folder, vae_folder, tmp_path, builds):
+    from nala_dit.pipelines.pipeline import NaLaDiTPipeline
+
+    bad = tmp_path / "pipe"
+    shutil.copytree(pipe_folder, bad)
+    shutil.copytree(vae_folder, bad / "vae")
+    index = json.loads((bad / "model_index.json").read_text())
+    (bad / "model_index.json").write_text(json.dumps({**index, "vae": ["diffusers", "AutoencoderKL"]}))
+    config = json.loads((bad / "vae" / "config.json").read_text())
+    (bad / "vae" / "config.json").write_text(json.dumps({**config, "block_out_channels": [8, 8, 16, 60000]}))
+    with pytest.raises(ValueError) as err:
+        NaLaDiTPipeline.from_pretrained(str(bad))
+    assert one_line(err).startswith(f"{bad / 'vae' / 'config.json'} implies a AutoencoderKL of")
+    assert set(builds) <= {"meta"}, builds
