@@ -18,9 +18,10 @@ from nala_dit.cli.requirements import require_installed
 
 require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
 
-from nala_dit.cli.parse import Interrupted, Preempted, main_process, passive_wait_policy, report_error, run_main
+from nala_dit.cli.parse import Interrupted, main_process, passive_wait_policy, report_error, run_main
 from nala_dit.cli.config import dump_yaml, resolve
 from nala_dit.cli.options import TrainConfig
+from nala_dit.training.preempt import Preempted   # torch-free: the signal handling and its exit status
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 

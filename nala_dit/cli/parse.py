@@ -148,24 +148,12 @@ class _HelpAction(argparse.Action):
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C inside a CLI's ``main``, carrying one line on what was kept. It is still a
-    KeyboardInterrupt, so in-process callers of ``main`` see the interrupt as before."""
+    KeyboardInterrupt, so in-process callers of ``main`` see the interrupt as before.
+    ``exit_code``: the status ``run_main`` returns; ``together``: every process of the launch
+    stopped at the same point, so they leave their group together (``training.preempt.Preempted``)."""
 
     exit_code = 130
-
-
-# The exit status of a run stopped by SIGTERM / SIGUSR1 after writing its checkpoint:
-# sysexits.h's EX_TEMPFAIL ("a temporary failure: try again"), what a requeue looks for
-# (scripts/slurm/train.sbatch, docs/training.md).
-PREEMPTED_EXIT = 75
-
-
-class Preempted(Interrupted):
-    """SIGTERM or SIGUSR1 (a preemption, a time limit): every process of the launch stopped
-    at the same step after its checkpoint was written (``training/preempt.py``); exit
-    status ``PREEMPTED_EXIT``. The processes stopped together, so they leave their group
-    together."""
-
-    exit_code = PREEMPTED_EXIT
+    together = False
 
 
 def leave_group() -> None:
@@ -181,19 +169,19 @@ def leave_group() -> None:
 
 def run_main(main) -> int:
     """A script's entry point: ``main()``, with Ctrl-C ending in one line that says what
-    was kept and how to go on (instead of a traceback); exit status 130 (``Preempted``: 75,
-    ``PREEMPTED_EXIT``). In a multi-process launch only rank 0 speaks. After a successful
-    ``main()``, or a stop every process agreed on (``Preempted``), the launched processes
-    leave their group together (``leave_group``)."""
+    was kept and how to go on (instead of a traceback); exit status 130 (an ``Interrupted``:
+    its ``exit_code``, training's ``Preempted`` 75). In a multi-process launch only rank 0
+    speaks. After a successful ``main()``, or a stop every process agreed on (``together``),
+    the launched processes leave their group together (``leave_group``)."""
     try:
         code = main()
         if code == 0:
             leave_group()
         return code
     except KeyboardInterrupt as err:
-        kept = str(err) if isinstance(err, Interrupted) else "run the same command to start again"
-        code = getattr(err, "exit_code", 130)
-        if isinstance(err, Preempted):
+        code, stopped = getattr(err, "exit_code", 130), getattr(err, "together", False)
+        kept = str(err) if isinstance(err, Interrupted) or stopped else "run the same command to start again"
+        if stopped:
             leave_group()
     except Exception as err:
         if not peer_lost(err):
@@ -211,7 +199,7 @@ def run_main(main) -> int:
         for bar in list(getattr(tqdm.tqdm, "_instances", ())):
             bar.close()
     if main_process():
-        print(f"{'stopped' if code == PREEMPTED_EXIT else 'interrupted'}: {kept}", file=sys.stderr)
+        print(f"{'stopped' if stopped else 'interrupted'}: {kept}", file=sys.stderr)
     return code
 
 

@@ -5,6 +5,7 @@ image folders' default side (``datasets.py``), the latent normalisations (``late
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # Data sides when --image-size is not given: the digits canvas ladder (32 / 64 / 128 px =
 # 256 / 1,024 / 4,096 tokens at patch 2; digits.py) and image folders.
@@ -50,6 +51,12 @@ def data_guide(path) -> str:
 
 # A latent folder (extract_latents.py) is the folder holding this file (datasets.py, sources.py).
 LATENT_META = "meta.json"
+
+
+def tar_names(data: str) -> list[str] | None:
+    """A tar-shard folder's class names: its ``classes.txt``, one name a line, if it has one (streams.py)."""
+    names_file = Path(data) / "classes.txt"
+    return [n.strip() for n in names_file.read_text().splitlines() if n.strip()] if names_file.is_file() else None
 
 # latent_stats.py (LatentNorm): how VAE latents become the model's inputs: × the VAE's scaling factor
 # (DiT / SiT) or per channel by the latent cache's mean and std (LightningDiT).

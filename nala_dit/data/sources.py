@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from .choices import (CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE, LATENT_META, check_canvas_size,
-                      check_digits_size)
+                      check_digits_size, tar_names)
 
 
 def _no_names(data: str) -> list[str] | None:
@@ -145,12 +145,6 @@ def open_saved(data, cfg, split="train", size=None, state=None):
 
 def is_tar_folder(data: str) -> bool:
     return Path(data).is_dir() and any(Path(data).glob("*.tar"))
-
-
-def tar_names(data: str) -> list[str] | None:
-    """A tar folder's ``classes.txt`` (one name a line), if it has one."""
-    names_file = Path(data) / "classes.txt"
-    return [n.strip() for n in names_file.read_text().splitlines() if n.strip()] if names_file.is_file() else None
 
 
 def is_parquet_folder(data: str) -> bool:

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from .choices import tar_names
+
 BLOCK = 100          # tar members per block (parquet and Arrow: their own row groups / record batches)
 MIXED_BLOCKS = 8     # blocks whose rows are shuffled together (and cached per data-loader worker)
 SPLITS = ("train", "validation", "val", "test")
@@ -221,8 +223,6 @@ class TarShards(ShardedDataset):
         for path in files:
             self.index[path], shard_labels = _tar_index(path)
             labels.append(shard_labels)
-        from .sources import tar_names
-
         classes = _check_labels(np.concatenate(labels), tar_names(str(root)), str(root))
         super().__init__(root, _spans(files, [len(i) for i in self.index.values()], split, val_data, root),
                          classes, image_size)

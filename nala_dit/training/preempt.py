@@ -19,9 +19,20 @@ from __future__ import annotations
 import signal
 import threading
 
-from ..cli.parse import PREEMPTED_EXIT, Preempted  # noqa: F401  (the exit status the docs and scripts/slurm name)
-
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# The exit status of a run stopped by a signal after writing its checkpoint: sysexits.h's
+# EX_TEMPFAIL ("a temporary failure: try again"), documented for a requeue (docs/training.md).
+PREEMPTED_EXIT = 75
+
+
+class Preempted(KeyboardInterrupt):
+    """SIGTERM or SIGUSR1 stopped every process of the launch at the same step, its checkpoint
+    written; the message says which signal, the step and how to continue. ``cli.parse.run_main``
+    prints it as one line and returns ``exit_code``; the processes stopped together, so they
+    leave their process group together (``together``)."""
+
+    exit_code = PREEMPTED_EXIT
+    together = True
 
 
 class StopSignals:

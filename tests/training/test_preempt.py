@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import train as train_cli
-from nala_dit.cli.parse import PREEMPTED_EXIT, run_main
+from nala_dit.cli.parse import run_main
 from nala_dit.training import checkpoint as ckpt_lib
 from nala_dit.training import step as step_lib
-from nala_dit.training.preempt import StopSignals
+from nala_dit.training.preempt import PREEMPTED_EXIT, StopSignals
 from tests.ranks import run_ranks
 from tests.utils import TINY_RUN
 
