@@ -28,7 +28,8 @@ def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__)
     p.add_argument("--data", required=True, help="image folder <root>/<class>/<images>")
     p.add_argument("--out", required=True, help="output folder for shards + meta.json")
-    p.add_argument("--vae", required=True, help="diffusers AutoencoderKL folder or hub id")
+    p.add_argument("--vae", required=True, help="diffusers autoencoder folder or hub id: any image "
+                   "autoencoder class its config.json names (AutoencoderKL, AutoencoderDC, AutoencoderRAE, ...)")
     p.add_argument("--image-size", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--shard-size", type=int, default=4096, help="images per shard (the unit of resume)")

@@ -247,6 +247,18 @@ def vae_folder(name_or_path: str) -> Path:
     return local
 
 
+WEIGHTS_FILES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json",
+                 "diffusion_pytorch_model.bin")   # what diffusers' from_pretrained reads, safetensors first
+
+
+def check_weights_file(local: Path) -> None:
+    """A local autoencoder folder without its weights is one line naming the missing file (not
+    diffusers' search through every name it knows, ending on the .bin)."""
+    if not any((local / name).is_file() for name in WEIGHTS_FILES):
+        raise FileNotFoundError(f"{local} has a config.json but no weights: {WEIGHTS_FILES[0]} is missing (save the "
+                                f"autoencoder with save_pretrained, or download the whole folder again)")
+
+
 def vae_class(name_or_path: str, local: Path, offline: str | None) -> type:
     """The diffusers autoencoder class the config names (``tokenizer.autoencoder_class``): read
     from the local config.json, or the hub's (the cache only when offline)."""
@@ -278,6 +290,8 @@ def load_vae(name_or_path: str, device: torch.device | str = "cpu"):
     from .tokenizer import describe
 
     local = vae_folder(name_or_path)
+    if local.exists():
+        check_weights_file(local)
     offline = None if local.exists() else hub_offline()
     try:
         cls = vae_class(name_or_path, local, offline)

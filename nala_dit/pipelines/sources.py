@@ -179,11 +179,13 @@ def load_pipeline_folder(path: str | os.PathLike, vae: str | None = None, device
 
 
 def resolve_scaling_factor(stored: float | None, vae=None) -> float:
-    """The latent scaling factor: the stored one, else the VAE config's, else the SD VAE's."""
+    """The latent scaling factor: the stored one, else the tokenizer's (``tokenizer.describe``:
+    its config's, 1 where the class scales itself or names none), else the SD VAE's."""
+    from ..models.tokenizer import describe
 
     if stored is not None:
         return float(stored)
-    return float(getattr(getattr(vae, "config", None), "scaling_factor", None) or DEFAULT_SCALING_FACTOR)
+    return describe(vae).scaling if vae is not None else DEFAULT_SCALING_FACTOR
 
 
 # Labels.

@@ -479,7 +479,9 @@ def test_train_image_size_not_patching_evenly_is_in_pixels(tmp_path, capsys):
     from tests.training.test_loop import make_image_folder
     from tests.utils import TINY_RUN
 
-    sd_like_vae = SimpleNamespace(config=SimpleNamespace(block_out_channels=(8, 8, 16, 16), latent_channels=4))
+    from tests.models.test_vae import tiny_vae
+
+    sd_like_vae = tiny_vae()   # 4 levels (factor 8) and 4 latent channels, as the SD VAE
     with pytest.raises(ValueError) as err:
         model_space(SimpleNamespace(image_size=15, channels=3), sd_like_vae, 2)
     assert_names(one_line(err), "--image-size", "image size 15", "VAE factor 8 × patch 2 = 16")

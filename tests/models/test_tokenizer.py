@@ -168,3 +168,17 @@ def test_tiling_is_refused_in_one_line_where_the_class_has_none(tmp_path):
     assert vae_lib.plan(model, (1, 8, 64, 64), "auto") == dict(use_slicing=False)  # one piece, no tiles
     with pytest.raises(ValueError, match="AutoencoderDC has no tiled decode"):
         vae_lib.plan(model, (1, 8, 4, 4), "on")
+
+
+def test_a_folder_without_weights_or_of_another_size_is_one_line(images, tmp_path):
+    from nala_dit.models.vae import load_vae
+
+    folder = saved(tmp_path / "rae", "AutoencoderRAE")
+    vae, _ = load_vae(str(folder))
+    with pytest.raises(ValueError) as err:   # an RAE decodes its one size only
+        tok.check_image_size(vae, 32)
+    assert_names(err, "--image-size 32", "AutoencoderRAE", "decodes 16 px only", "use --image-size 16")
+    (folder / "diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError) as err:
+        load_vae(str(folder))
+    assert_names(err, f"{folder} has a config.json but no weights", "diffusion_pytorch_model.safetensors is missing")
