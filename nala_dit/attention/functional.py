@@ -261,9 +261,33 @@ def linear_attention_reference(
 
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """DiT's attention: scaled dot-product softmax through the fused SDPA kernels."""
+    """DiT's attention: scaled dot-product softmax through the fused SDPA kernels; under a
+    ``torch.func`` transform or forward-mode AD the explicit ``softmax(q kᵀ/√D) v`` (SDPA's
+    fused CPU and flash kernels have no forward-mode rule: a JVP needs the N × N weights)."""
     _check_qkv(q, k, v)
+    if under_transform(q, k, v):
+        return softmax_attention_reference(q, k, v)
     return F.scaled_dot_product_attention(q, k, v)
+
+
+def under_transform(*tensors) -> bool:
+    """Whether any of ``tensors`` is seen through a ``torch.func`` transform (jvp, grad,
+    vjp, ...) or carries a forward-mode tangent (``torch.autograd.forward_ad``): then the
+    layers run their plain compositions and the attention a path with a forward-mode rule
+    (``tangent.py``)."""
+    return any(isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t)
+               for t in tensors) or dual(*tensors)
+
+
+def dual(*tensors) -> bool:
+    """Whether any of ``tensors`` carries a ``torch.autograd.forward_ad`` tangent. NaLa's
+    tangent rule takes the features' tangents with ``torch.func.jvp``, which cannot nest in a
+    plain forward-AD level, so ``nala_attention`` runs the eager composition there."""
+    from torch.autograd import forward_ad
+
+    if forward_ad._current_level < 0:
+        return False
+    return any(isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def softmax_attention_reference(

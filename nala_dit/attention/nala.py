@@ -35,7 +35,8 @@ from torch.autograd.function import once_differentiable
 from .config import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
 from .config import NaLaConfig
 from .functional import _check_qkv, _no_autocast, nala_features, normalized_linear_attention
-from .tangent import CONTEXT_PARALLEL_REFUSAL, FORWARD_OVER_REVERSE_REFUSAL, dual, in_forward_mode, nala_tangent, triton_jvp_attention, under_transform
+from .tangent import (CONTEXT_PARALLEL_REFUSAL, FORWARD_OVER_REVERSE_REFUSAL, dual, in_forward_mode, nala_tangent,
+                      triton_jvp_attention, under_transform)
 from .triton_op import nala_triton_attention
 
 NALA_IMPLS = ("auto", "fused", "eager", "compile", "triton")

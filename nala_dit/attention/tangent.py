@@ -38,21 +38,13 @@ import math
 
 import torch
 
-from .functional import _no_autocast, nala_query_weights
+from .functional import _no_autocast, dual, nala_query_weights, under_transform  # noqa: F401  (re-exported)
 
 FORWARD_OVER_REVERSE_REFUSAL = ("forward-over-reverse derivatives (torch.func.jvp of a gradient) through NaLa's fused "
                                 "and Triton paths are not supported: their backward is once-differentiable; use "
                                 "impl='eager', or reverse over forward (torch.func.grad of a torch.func.jvp)")
 CONTEXT_PARALLEL_REFUSAL = ("forward-mode derivatives (torch.func.jvp, MeanFlow) through context-parallel NaLa "
                             "are not supported; train without --context-parallel")
-
-
-def under_transform(*tensors) -> bool:
-    """Whether any of ``tensors`` is seen through a ``torch.func`` transform (jvp, grad,
-    vjp, ...) or carries a forward-mode tangent (``torch.autograd.forward_ad``): then the
-    layers run their plain compositions and NaLa a path with a forward-mode rule."""
-    return any(isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t)
-               for t in tensors) or dual(*tensors)
 
 
 def in_forward_mode(*tensors) -> bool:
@@ -62,17 +54,6 @@ def in_forward_mode(*tensors) -> bool:
     from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
     return dual(*tensors) or any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
-
-
-def dual(*tensors) -> bool:
-    """Whether any of ``tensors`` carries a ``torch.autograd.forward_ad`` tangent. The
-    tangent rule takes the features' tangents with ``torch.func.jvp``, which cannot nest
-    in a plain forward-AD level, so ``nala_attention`` runs the eager composition there."""
-    from torch.autograd import forward_ad
-
-    if forward_ad._current_level < 0:
-        return False
-    return any(isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def _features(q: torch.Tensor, k: torch.Tensor, opts: dict, norm_scale) -> tuple[torch.Tensor, torch.Tensor]:

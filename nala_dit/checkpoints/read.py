@@ -260,6 +260,12 @@ OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps", "time-shift
                   "transport": ("path-type", "prediction", "loss-weight", "train-eps", "sample-eps", "time-shift")}
 
 
+# train.py's MeanFlow flags (their config keys) -> ``MeanFlow``'s keywords
+MEANFLOW_KEYS = {"mf-ratio": "r_neq_t", "mf-t-mean": "mf_t_mean", "mf-t-std": "mf_t_std",
+                 "mf-adaptive-p": "adaptive_p", "mf-adaptive-c": "adaptive_c", "mf-cfg-omega": "cfg_omega",
+                 "mf-cfg-kappa": "cfg_kappa"}
+
+
 def build_objective(model_config: dict, train_config: dict):
     """The ``GaussianDiffusion`` (DiT) or ``Transport`` (SiT) a model was trained with.
 
@@ -280,6 +286,16 @@ def build_objective(model_config: dict, train_config: dict):
             time_shift=shift,
             **t_sampling,
         )
+    if model_config.get("mean_flow"):   # MeanFlow (diffusion/meanflow.py): its training settings, paper defaults
+        from ..diffusion.meanflow import MeanFlow
+
+        mf = {key.replace("-", "_"): train_config[flag] for flag, key in MEANFLOW_KEYS.items()
+              if train_config.get(flag) is not None}
+        null = model_config.get("num_classes", 1000) if model_config.get("class_dropout_prob", 0.1) > 0 else None
+        return MeanFlow(
+            path=train_config.get("path-type", "linear"), prediction=train_config.get("prediction", "velocity"),
+            train_eps=train_config.get("train-eps"), sample_eps=train_config.get("sample-eps"), time_shift=shift,
+            null_label=null, drop_prob=model_config.get("class_dropout_prob", 0.1), **mf)
     return Transport(
         path=train_config.get("path-type", "linear"),
         prediction=train_config.get("prediction", "velocity"),

@@ -46,6 +46,8 @@ def objective_family(objective) -> str | None:
 
 
 def default_sampler(objective) -> str:
+    if getattr(objective, "mean_flow", False):   # a MeanFlow model: one step of its average velocity
+        return "meanflow"
     return DEFAULT_SAMPLERS["diffusion" if isinstance(objective, GaussianDiffusion) else "transport"]
 
 
@@ -55,6 +57,10 @@ def check_sampler(sampler: str, objective) -> None:
     if family is not None and needs != family:
         raise ValueError(f"sampler {sampler!r} is for {OBJECTIVE_NAMES[needs]} models; this is a "
                          f"{OBJECTIVE_NAMES[family]} model: use one of {sampler_names(family)}")
+    if sampler == "meanflow" and family is not None and not getattr(objective, "mean_flow", False):
+        from .meanflow import MEANFLOW_ONLY
+
+        raise ValueError(MEANFLOW_ONLY)
 
 
 def diffusers_scheduler(name: str, diffusion: GaussianDiffusion):
@@ -334,11 +340,11 @@ class _Precision:
         self.model, self.precision = model, precision
         self.null_label = getattr(model, "null_label", None)
 
-    def __call__(self, x, t, y):
+    def __call__(self, x, t, y, **kw):
         if self.precision == "fp32":
-            return self.model(x, t, y)
+            return self.model(x, t, y, **kw)
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
-            return self.model(x, t, y).float()
+            return self.model(x, t, y, **kw).float()
 
 
 @dataclass

@@ -41,13 +41,14 @@ def cfg_model_fn(model_fn, scale, null_label, interval=None, guide_channels=None
         raise ValueError(f"guidance interval must be (t_lo, t_hi) with t_lo <= t_hi, "
                          f"got {interval}")
 
-    def guided(x, t, y):
+    def guided(x, t, y, **kw):   # kw: per-sample tensors the model also takes (a MeanFlow model's end time r)
         if interval is not None:
             inside = (t >= interval[0]) & (t <= interval[1])  # (B,)
             if not bool(inside.any()):
-                return model_fn(x, t, y)
+                return model_fn(x, t, y, **kw)
         y_null = torch.full_like(y, null_label)
-        out = model_fn(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]))
+        kw = {key: torch.cat([val, val]) for key, val in kw.items()}
+        out = model_fn(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]), **kw)
         cond, uncond = out.chunk(2)
         n_eps = x.shape[1] if eps_channels is None else eps_channels
         n = n_eps if guide_channels is None else guide_channels

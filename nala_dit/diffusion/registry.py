@@ -87,6 +87,8 @@ SAMPLER_SPECS: dict[str, SamplerSpec] = {
                              min_steps=2),
     "sde-heun": SamplerSpec("transport", 250, f"{_FNS}:sde_sample", dict(method="heun"), ("generator",),
                             min_steps=2),
+    # MeanFlow models (--mean-flow): 1 to few steps of the average velocity (diffusion/meanflow.py)
+    "meanflow": SamplerSpec("transport", 1, "nala_dit.diffusion.meanflow:meanflow_sample"),
 }
 # What a model samples with when no sampler is named, per objective family (DiT's and SiT's own),
 # and what the grids and FID during training sample with when --sample-sampler is not given (a

@@ -274,8 +274,11 @@ class DiT(GridPositions, ModelMixin, ConfigMixin):
                  num_classes: int = 1000, learn_sigma: bool = True, objective: str = "diffusion",
                  attention: str = "softmax", positions: str = "extrapolate", base_size: int | None = None,
                  softmax_blocks: list[int] | str | None = None, mlp: str = "mlp", mix_init: str = "default",
-                 **attention_options):
+                 mean_flow: bool = False, **attention_options):
         super().__init__()
+        if mean_flow and objective != "transport":
+            raise ValueError(f"mean_flow needs a transport model (SiT / NaLaSiT: objective 'transport'), got "
+                             f"objective {objective!r}")
         nala = NaLaConfig.from_model(attention, **attention_options)   # the attention's settings, checked
         check_model_keys(input_size, patch_size, hidden_size, num_heads, num_classes, objective, attention,
                          positions, base_size, softmax_blocks, mlp, mix_init)
@@ -289,6 +292,10 @@ class DiT(GridPositions, ModelMixin, ConfigMixin):
         self.x_embedder = PatchEmbed(patch_size, in_channels, hidden_size)
         self.t_embedder = TimestepEmbedder(hidden_size)
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
+        # MeanFlow (diffusion/meanflow.py): the interval r − t to the end time r, embedded as t is
+        # and added to the condition; its output layer starts at zero (initialize_weights), so
+        # a SiT's weights loaded into it give the SiT's outputs at every r.
+        self.r_embedder = TimestepEmbedder(hidden_size) if mean_flow else None
         # Fixed sin-cos table of the trained grid (grid.py); a frozen Parameter as in DiT, so
         # the official key ``pos_embed`` loads and the parameter counts match the paper's.
         side = input_size // patch_size
@@ -343,6 +350,10 @@ class DiT(GridPositions, ModelMixin, ConfigMixin):
         nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+        if self.r_embedder is not None:
+            nn.init.normal_(self.r_embedder.mlp[0].weight, std=0.02)
+            nn.init.zeros_(self.r_embedder.mlp[2].weight)
+            nn.init.zeros_(self.r_embedder.mlp[2].bias)
 
         # A learned NaLa norm scale starts from the (just re-initialised) query weights;
         # an identity-initialised Mix-FFN conv is the identity again.
@@ -368,15 +379,22 @@ class DiT(GridPositions, ModelMixin, ConfigMixin):
         return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
-                force_drop_ids: torch.Tensor | None = None) -> torch.Tensor:
+                force_drop_ids: torch.Tensor | None = None, r: torch.Tensor | None = None) -> torch.Tensor:
         """``force_drop_ids`` (B,) 1 = null label: fixes the label dropout (a distillation
-        teacher must see the labels its student saw) instead of drawing it."""
+        teacher must see the labels its student saw) instead of drawing it. ``r`` (B,): a
+        MeanFlow model's end time (its output is the average velocity from t to r; None: r = t,
+        the instantaneous velocity)."""
         check_inputs(self, x, t, y)
+        if r is not None and self.r_embedder is None:
+            raise ValueError("r (an end time) is for MeanFlow models (mean_flow=True); this model predicts the "
+                             "velocity at t only")
         grid = self.grid(x.shape[2], x.shape[3])
         # this process's rows of the grid (context parallel: a ShardGrid; else the whole grid)
         x, pos, rows = self.context_parallel.shard(x, self.position_embedding(grid), grid, self.patch_size)
         x = self.x_embedder(x) + pos                                   # (B, N, C)
         c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)  # (B, C)
+        if self.r_embedder is not None:
+            c = c + self.r_embedder(torch.zeros_like(t) if r is None else r - t)
         for block in self.blocks:
             if self.gradient_checkpointing and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, c, rows, use_reentrant=False)
