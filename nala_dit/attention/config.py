@@ -123,7 +123,9 @@ class NaLaConfig:
     """
 
     kernel: str = "nala"
-    direction: str = _option("cosine", "NaLa direction map", ("nala",), choices=list(DIRECTIONS))
+    direction: str = _option("cosine", "NaLa direction map (relu_split with --rope true --rope-layout released: the "
+                                       "layer of the authors' released code, NaLaConfig.authors(), "
+                                       "configs/digits_nala_dit_authors.yaml)", ("nala",), choices=list(DIRECTIONS))
     lepe: bool = _option(True, "NaLa/linear: depthwise-conv positional term on v", GATED_ATTENTIONS)
     gate: bool = _option(True, "NaLa/linear: SiLU output gate", GATED_ATTENTIONS)
     out_norm: bool = _option(True, "NaLa/linear: LayerNorm before the gate", GATED_ATTENTIONS)
@@ -183,6 +185,12 @@ class NaLaConfig:
         NaN at q = 0). ``overrides`` as in ``of``; docs/NALA_SPEC.md §7, docs/differences.md."""
         return cls.of(cls(kernel="nala", direction="relu_split", power=3.0, offset=0.5, norm_scale=1.0,
                           lepe=True, gate=True, out_norm=True, rope=True, rope_layout="released"), **overrides)
+
+    def model_options(self) -> dict:
+        """The model options (``MODEL_OPTIONS``: model config keys = ``train.py`` fields) this
+        config sets, for ``create_model(name, **config.model_options())``; ``from_model`` reads
+        them back (``NaLaConfig.from_model("nala", **c.model_options()) == c``)."""
+        return {key: getattr(self, f.name) for key, f in MODEL_OPTIONS.items()}
 
     @classmethod
     def from_model(cls, attention: str, **options) -> NaLaConfig:

@@ -57,6 +57,33 @@ def test_authors_preset_is_the_released_layer():
     assert NaLaConfig.authors(rope=False).rope is False
 
 
+def test_the_authors_layer_reaches_models_flags_and_the_shipped_config(capsys):
+    """``create_model(name, **NaLaConfig.authors().model_options())`` builds that layer in every
+    block; the shipped config and the flag triple resolve to it; ``--help-all`` names it."""
+    from nala_dit.cli.config import resolve
+    from nala_dit.cli.options import MODEL_OPTIONS, TrainConfig
+    from nala_dit.models.dit import create_model
+    from tests.utils import ROOT
+    import train
+
+    authors = NaLaConfig.authors()
+    assert NaLaConfig.from_model("nala", **authors.model_options()) == authors   # round trip
+    model = create_model("NaLaDiT-T/2", input_size=8, in_channels=1, num_classes=10, **authors.model_options())
+    assert {block.attn.config for block in model.blocks} == {authors}
+    flags = ["--direction", "relu_split", "--rope", "true", "--rope-layout", "released"]
+    for argv in (["--config", str(ROOT / "configs" / "digits_nala_dit_authors.yaml")], ["--model", "NaLaDiT-T/2", *flags]):
+        cfg, _ = resolve(TrainConfig, argv)
+        given = {key: getattr(cfg, key) for key in MODEL_OPTIONS if getattr(cfg, key) is not None}
+        assert NaLaConfig.from_model("nala", **given) == authors, argv
+    with pytest.raises(SystemExit):
+        train.main(["--help-all"])
+    help_all = " ".join(capsys.readouterr().out.split())
+    assert "relu_split with --rope true --rope-layout released: the layer of the authors' released code, " \
+           "NaLaConfig.authors()" in help_all
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`NaLaConfig.authors()`, flags `--direction relu_split --rope true --rope-layout released`" in readme
+
+
 def released_reference(q, k, v, grid, rope=True, eps=1e-6):
     """The released NaLa attention, quadratic, in float64, from its formula: k ← k³; features
     [relu(q)/‖q‖, relu(−q)/‖q‖]^(3(0.5 + tanh‖q‖)) and [relu(k), relu(−k)]; each D-wide half
