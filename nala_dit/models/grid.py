@@ -304,62 +304,38 @@ def latent_for(model, vae, image_size) -> tuple[int, int] | None:
     """The latent (h, w) a model samples for an image size in pixels (None: the trained size)."""
     if image_size is None:
         return None
+    if vae is not None:   # an RAE decodes its one size only
+        from .tokenizer import check_fixed_size
+
+        check_fixed_size(vae, parse_image_size(image_size))
     return latent_size(image_size, vae_factor(vae), model.config.patch_size)
 
 
-# ------------------------------------------------------------ the CLIs' size flags
-STRENGTH = 0.6  # --strength when --upscale-from is given without it
+# ------------------------------------------------------------ sampling at a size
+STRENGTH = 0.6  # the re-noise strength of progressive upscaling when none is given
 
 
-def add_size_arguments(parser) -> None:
-    """``--image-size``, ``--time-shift``, ``--upscale-from``, ``--strength``: sample.py and
-    ``evaluate_fid.py gen`` take the same flags and mean the same by them."""
-    size = parser.add_argument_group("image size (docs/highres.md)")
-    size.add_argument("--image-size", help="pixels, N or HxW (each side a multiple of VAE factor × patch; "
-                      "default: the trained size)")
-    size.add_argument("--time-shift", help="shift the sampler's steps toward noise: a number s in 0.01..100 "
-                      "(1 = none) or 'auto' (s = √(tokens / base tokens)); default: what the model was trained with")
-    size.add_argument("--upscale-from", metavar="SIZE", help="progressive upscaling: sample at SIZE pixels "
-                      "(e.g. the trained size) first, upsample, re-noise to --strength and denoise at --image-size")
-    size.add_argument("--strength", type=float, help="--upscale-from: noise level to re-noise to, "
-                      f"0 (keep the upsampled image) … 1 (from pure noise) (default: {STRENGTH})")
+def sized_settings(settings, source, image_size=None, upscale_from=None, time_shift=None, strength=None, *,
+                   batch: int = 1, verbose: bool = True, what: str | None = None,
+                   fix: str = "use a smaller image size or batch"):
+    """``settings`` for sampling ``source`` (its ``model`` and ``vae``) at ``image_size`` pixels
+    (None: the trained size), with ``time_shift`` (a number or ``"auto"``) and progressive
+    upscaling from ``upscale_from`` pixels re-noised to ``strength`` (default ``STRENGTH``).
 
-
-def check_size_args(args) -> None:
-    """Size flags that are wrong whatever the model: one-line errors before loading it."""
-    for flag in ("image_size", "upscale_from"):
-        if getattr(args, flag) is not None:
-            try:
-                parse_image_size(getattr(args, flag))
-            except ValueError as err:
-                raise ValueError(f"--{flag.replace('_', '-')}: {err}") from None
-    if args.time_shift is not None:
-        parse_time_shift(args.time_shift)
-    if args.upscale_from is not None and args.image_size is None:
-        raise ValueError("--upscale-from needs --image-size (the size to upscale to)")
-    if args.strength is not None and args.upscale_from is None:
-        raise ValueError("--strength applies to progressive upscaling only: add --upscale-from SIZE (e.g. the "
-                         "trained size) with --image-size, or drop --strength")
-
-
-def sized_settings(settings, source, args, verbose: bool = True):
-    """``settings`` with the latent size, time shift and upscaling of the size flags, and
-    the one-line notice when that is not the trained size."""
+    Before any allocation, a first batch of ``batch`` images that cannot fit the device's
+    memory is refused (``guards.check_sample_memory``: ``what`` names the size, ``fix`` says
+    what to change); with ``verbose``, the one-line notice when the size is not the trained one."""
     model = source.model
-    latent = latent_for(model, source.vae, args.image_size)
-    small = latent_for(model, source.vae, args.upscale_from)
-    shift = parse_time_shift(args.time_shift) if args.time_shift is not None else None
+    latent = latent_for(model, source.vae, image_size)
+    small = latent_for(model, source.vae, upscale_from)
+    shift = parse_time_shift(time_shift) if time_shift is not None else None
     if latent is not None:  # before the first allocation, not as its traceback
         from ..guards import check_sample_memory
 
-        labels = len([v for v in (getattr(args, "labels", None) or "").split(",") if v.strip()])
-        wanted = getattr(args, "num_samples", None) or labels * getattr(args, "per_label", 1) or 1
-        batch = min(getattr(args, "batch_size", 1) or 1, wanted)
-        check_sample_memory(model, latent, batch, vae_factor(source.vae), next(model.parameters()).device,
-                            f"--image-size {args.image_size}", "use a smaller --image-size or --batch-size",
-                            guided=settings.cfg_scale != 1)
+        check_sample_memory(model, latent, max(1, batch), vae_factor(source.vae), next(model.parameters()).device,
+                            what or f"image size {image_size}", fix, guided=settings.cfg_scale != 1)
     if verbose and latent is not None and small is None and (note := size_notice(model.config, latent,
                                                                                  vae_factor(source.vae))):
         print(note, file=sys.stderr)
-    strength = STRENGTH if args.strength is None else args.strength
+    strength = STRENGTH if strength is None else strength
     return replace(settings, latent_size=latent, time_shift=shift, upscale_from=small, strength=strength)
