@@ -14,7 +14,7 @@ lines printed are ``sample.py`` / ``export.py`` commands for them and the ``app.
 opens the NaLaDiT in a web page, starting with the python that ran the demo
 (``.venv/bin/python`` under ``make demo``) and carrying its ``--threads``.
 
-    python demo.py                # full demo into runs/demo (8-12 minutes on 2 busy CPU cores, plus the ladder)
+    python demo.py                # full demo into runs/demo (7-8 min on 2 CPU cores little else needs: docs/demo.md)
     python demo.py --quick        # smoke run into runs/demo-quick (about 20 s): same pipeline, tiny budget (QUICK)
     python demo.py --threads 1    # on a shared or loaded machine (as every CLI's --threads)
 
