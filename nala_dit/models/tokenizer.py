@@ -193,12 +193,19 @@ def decode_latents(vae, z):
     return x * 2 - 1 if describe(vae).unit_range else x
 
 
-def check_image_size(vae, image_size: int, flag: str = "--image-size") -> None:
-    """A tokenizer that works at one image size only (RAE) refuses any other in one line."""
+def check_fixed_size(vae, hw: tuple[int, int], flag: str = "--image-size") -> None:
+    """A tokenizer that works at one image size only (RAE) refuses any other (h, w) in one line."""
     info = describe(vae)
-    if info.image_size is not None and image_size != info.image_size:
-        raise ValueError(f"{flag} {image_size}: {info.kind} resizes every image to its encoder's input and decodes "
+    if info.image_size is not None and tuple(hw) != (info.image_size, info.image_size):
+        size = f"{hw[0]}" if hw[0] == hw[1] else f"{hw[0]}x{hw[1]}"
+        raise ValueError(f"{flag} {size}: {info.kind} resizes every image to its encoder's input and decodes "
                          f"{info.image_size} px only; use {flag} {info.image_size}")
+
+
+def check_image_size(vae, image_size: int, flag: str = "--image-size") -> None:
+    """An image side ``vae`` encodes: its one size (RAE), else a multiple of its factor; else one line."""
+    info = describe(vae)
+    check_fixed_size(vae, (image_size, image_size), flag)
     if image_size % info.factor:
         raise ValueError(f"{flag} {image_size} is not a multiple of {info.kind}'s spatial factor {info.factor}")
 

@@ -18,7 +18,7 @@ from ..models import vae as vae_lib
 from ..models.compile import compile_model
 from ..models.dit import create_model
 from ..models.grid import latent_size, vae_factor
-from ..models.tokenizer import describe
+from ..models.tokenizer import check_fixed_size, describe
 from . import convert
 from . import repa as repa_lib
 from .config import MODEL_OVERRIDES, TrainConfig, dump_yaml, to_dict
@@ -57,6 +57,8 @@ def model_space(dataset, vae, patch: int = 1) -> tuple[int, int]:
     """(channels, side) of what the model sees: latents or pixels. An image side that does
     not patch evenly is an error in pixels (a multiple of VAE factor × patch), before the
     model is built."""
+    if vae is not None:   # an RAE encodes and decodes its one size only
+        check_fixed_size(vae, (dataset.image_size, dataset.image_size))
     try:
         side, _ = latent_size(dataset.image_size, vae_factor(vae), patch)
     except ValueError as err:

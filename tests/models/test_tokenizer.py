@@ -178,6 +178,14 @@ def test_a_folder_without_weights_or_of_another_size_is_one_line(images, tmp_pat
     with pytest.raises(ValueError) as err:   # an RAE decodes its one size only
         tok.check_image_size(vae, 32)
     assert_names(err, "--image-size 32", "AutoencoderRAE", "decodes 16 px only", "use --image-size 16")
+    from types import SimpleNamespace
+
+    from nala_dit.models.grid import latent_for
+
+    model = SimpleNamespace(config=SimpleNamespace(patch_size=1))
+    assert latent_for(model, vae, "16") == (4, 4)
+    with pytest.raises(ValueError, match="--image-size 16x32: AutoencoderRAE .* decodes 16 px only"):
+        latent_for(model, vae, "16x32")   # sampling at another size too
     (folder / "diffusion_pytorch_model.safetensors").unlink()
     with pytest.raises(FileNotFoundError) as err:
         load_vae(str(folder))
