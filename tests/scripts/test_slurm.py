@@ -1,0 +1,88 @@
+"""scripts/slurm/train.sbatch: its commands as rendered for a 4-node job, and the script run
+on this machine (srun and scontrol played by small scripts): SIGUSR1 before the time limit
+reaches train.py through srun and the launcher, the run checkpoints and stops, the job is
+requeued, and the requeued start resumes."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nala_dit.training import checkpoint as ckpt_lib
+from tests.utils import TINY_RUN, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+SBATCH = ROOT / "scripts" / "slurm" / "train.sbatch"
+# Slurm's commands on one machine: scontrol names the nodes and records a requeue; srun runs its
+# command once as node 0 and passes USR1 / TERM to it (as srun passes signals to its tasks).
+SCONTROL = """#!/bin/bash
+[ "$1 $2" = "show hostnames" ] && { echo "${3%%,*}"; exit 0; }
+echo "$*" >> "$FAKE_SCONTROL_LOG"
+"""
+SRUN = """#!/bin/bash
+while [[ $1 == --* ]]; do shift; done
+SLURM_NODEID=0 "$@" &
+child=$!
+trap 'kill -USR1 $child' USR1
+trap 'kill -TERM $child' TERM
+while :; do status=0; wait $child || status=$?; kill -0 $child 2>/dev/null || break; done
+exit $status
+"""
+
+
+def _slurm(tmp_path, **env) -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("scontrol", SCONTROL), ("srun", SRUN)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_SCONTROL_LOG": str(tmp_path / "scontrol.log"),
+            "SLURM_JOB_ID": "1234", "SLURM_NNODES": "4", "SLURM_JOB_NODELIST": "gpu01,gpu02,gpu03,gpu04",
+            "SLURM_SUBMIT_DIR": str(ROOT), **env}
+
+
+def test_the_rendered_commands(tmp_path):
+    header = [line for line in SBATCH.read_text().splitlines() if line.startswith("#SBATCH")]
+    assert {"#SBATCH --signal=B:USR1@120", "#SBATCH --requeue", "#SBATCH --ntasks-per-node=1"} <= set(header)
+    assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0
+    out = subprocess.run(["bash", str(SBATCH), "--config", "configs/a b.yaml"], capture_output=True, text=True,
+                         env=_slurm(tmp_path, NALA_DRY_RUN="1", SLURM_RESTART_COUNT="2"), check=True).stdout
+    assert out.splitlines() == [
+        "nala-dit: job 1234 start 2: 4 node(s) x 8, rendezvous gpu01:29734",
+        "srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c exec\\ \\\"\\$0\\\"\\ launch\\ --machine_rank\\ "
+        "\\\"\\$SLURM_NODEID\\\"\\ \\\"\\$@\\\" accelerate --multi_gpu --num_machines 4 --num_processes 32 "
+        "--main_process_ip gpu01 --main_process_port 29734 --rdzv_backend static --same_network --max_restarts 0 "
+        "train.py --config configs/a\\ b.yaml --resume auto "]
+
+
+@pytest.mark.slow
+def test_usr1_checkpoints_requeues_and_the_requeued_start_resumes(tmp_path):
+    env = _slurm(tmp_path, SLURM_NNODES="1", SLURM_JOB_NODELIST="127.0.0.1", GPUS_PER_NODE="2",
+                 MAIN_PORT=str(free_port()), ACCELERATE=str(Path(sys.executable).parent / "accelerate"),
+                 ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(ROOT))
+    run = [*TINY_RUN, "--results-dir", str(tmp_path), "--exp-name", "run", "--ckpt-every", "2"]
+    job = subprocess.Popen(["bash", str(SBATCH), *run, "--max-steps", "100000"], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "run" / "checkpoints" / "0000002").is_dir() and job.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint within 240 s"
+            time.sleep(0.05)
+        job.send_signal(signal.SIGUSR1)   # Slurm's --signal=B:USR1@120: to the batch script
+        out, _ = job.communicate(timeout=240)
+    finally:
+        job.kill()
+    assert job.returncode == 0, out[-3000:]
+    last = int(ckpt_lib.list_checkpoints(tmp_path / "run" / "checkpoints")[-1].name)
+    assert f"stopped: SIGUSR1 at step {last}: wrote checkpoint" in out and "requeueing job 1234" in out, out[-3000:]
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 1234\n"
+    # the requeued job: the same script and arguments (here to a near end), resuming by itself
+    out = subprocess.run(["bash", str(SBATCH), *run, "--max-steps", str(last + 1)], env={**env,
+                         "SLURM_RESTART_COUNT": "1"}, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0 and f"resumed from {tmp_path / 'run' / 'checkpoints' / f'{last:07d}'}" in out.stdout, \
+        out.stdout[-3000:] + out.stderr[-3000:]
+    assert ckpt_lib.open_checkpoint(tmp_path / "run").step == last + 1
