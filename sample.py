@@ -359,11 +359,11 @@ def write_samples(args, source, settings) -> tuple[list[int], list]:
         images, nfe = sample_images(source, labels, args.seed, settings, args.batch_size, progress=True)
     pngs = []
     if args.grid:
-        save_grid(images, args.grid, nrow, scale)
+        save_grid(images, args.grid, nrow, scale, new=True)   # refused at the start, and never replaced
         shown = f", shown {scale}x" if scale > 1 else grid_scale_hint(len(labels), nrow, *images.shape[1:3])
         print(f"wrote {args.grid} ({len(labels)} images, {nfe} NFE each{shown})")
     if args.out_dir:
-        pngs = save_pngs(images, labels, args.out_dir)
+        pngs = save_pngs(images, labels, args.out_dir, new=True)
         print(f"wrote {len(labels)} PNGs to {args.out_dir}")
     return labels, pngs
 

@@ -16,6 +16,7 @@ Ground floor: torch only, no model code (``models/files.py`` checks stored model
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -207,6 +208,27 @@ def durable_replace(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     else:
         fsync_path(tmp)
     os.replace(tmp, final)
+    fsync_path(final.parent)
+
+
+def durable_publish(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
+    """``durable_replace`` for a name that must be new: ``os.link`` publishes ``tmp`` as ``final``
+    only while no file of that name exists (a file created there since the command's first check
+    is never replaced), then ``tmp`` goes. A filesystem without hard links claims the name with
+    ``O_EXCL`` first. A name taken meanwhile raises ``FileExistsError``, ``tmp`` left in place."""
+    tmp, final = Path(tmp), Path(final)
+    fsync_path(tmp)
+    try:
+        os.link(tmp, final)
+    except FileExistsError:
+        raise
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        os.close(os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))   # the name is ours from here
+        os.replace(tmp, final)
+    else:
+        tmp.unlink()
     fsync_path(final.parent)
 
 

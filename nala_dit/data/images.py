@@ -39,10 +39,10 @@ def balance_notice(num_samples: int, num_classes: int) -> str | None:
             f"{low + 1}, the other {num_classes - high_count} get {low} (a multiple of {num_classes} balances them)")
 
 
-def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int, scale: int = 1) -> None:
+def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int, scale: int = 1, new: bool = False) -> None:
     """uint8 (N, H, W, C) → one PNG grid with ``nrow`` images per row, 2 px padding,
     enlarged ``scale`` times by nearest neighbour (every pixel a ``scale``² block: for
-    viewing tiny images, ``sample.py --grid-scale``)."""
+    viewing tiny images, ``sample.py --grid-scale``); ``new``: as ``save_image``'s."""
     from PIL import Image
     from torchvision.utils import make_grid
 
@@ -51,15 +51,18 @@ def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int, scale: i
     arr = grid.permute(1, 2, 0).numpy()
     if scale > 1:
         arr = arr.repeat(scale, axis=0).repeat(scale, axis=1)
-    save_image(arr, path)
+    save_image(arr, path, new)
 
 
-def save_image(arr, path: str | os.PathLike) -> None:
+def save_image(arr, path: str | os.PathLike, new: bool = False) -> None:
     """uint8 (H, W, C) as an image file, written to a temporary sibling and renamed into place:
-    a full disk or a kill never leaves a truncated or empty file, and the failure names ``path``."""
+    a full disk or a kill never leaves a truncated or empty file, and the failure names ``path``.
+    ``new``: ``path`` must not exist when it is published (``durable_publish``): a file created
+    there while the image was made is kept, and the image stays at its temporary name, named in
+    the one-line ``FileExistsError``."""
     from PIL import Image
 
-    from ..guards import durable_replace
+    from ..guards import durable_publish, durable_replace
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,15 +73,22 @@ def save_image(arr, path: str | os.PathLike) -> None:
         tmp.unlink(missing_ok=True)
         raise OSError(f"cannot write {path}: {err.strerror or err} (disk full?); nothing was left there: free space "
                       f"and rerun the same command") from None
-    durable_replace(tmp, path)
+    if not new:
+        durable_replace(tmp, path)
+        return
+    try:
+        durable_publish(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(f"{path} was created by something else while this command ran; not overwriting it: "
+                              f"this command's image is {tmp} (move it where you want it)") from None
 
 
-def save_pngs(images: torch.Tensor, labels: list[int], out_dir: str | os.PathLike) -> list[Path]:
+def save_pngs(images: torch.Tensor, labels: list[int], out_dir: str | os.PathLike, new: bool = False) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for i, (img, label) in enumerate(zip(images.numpy(), labels)):
         path = out_dir / f"{i:06d}_class{label}.png"
-        save_image(img, path)
+        save_image(img, path, new)
         paths.append(path)
     return paths
