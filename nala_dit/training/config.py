@@ -217,8 +217,9 @@ class TrainConfig(_NaLaFlags):
         choices=list(REPORT_TO)))
     val_every: int = field(default=0, metadata=dict(help="steps between held-out losses (overall and in three noise "
                                                          "bands, raw and EMA weights, fixed draws); 0 = off"))
-    val_data: str | None = _opt("held-out data for --val-every, a folder of the kind --data is (default: the "
-                                "embedded data's held-out split)")
+    val_data: str | None = _opt("held-out data for --val-every, a folder of the kind --data is; for tar-shard, "
+                                "parquet or save_to_disk --data also one of its splits (validation) or a count of "
+                                "training items held out (default: the embedded data's held-out split)")
     val_samples: int = field(default=256, metadata=dict(help="held-out items --val-every scores (spread evenly over "
                                                               "the split)"))
     fid_every: int = field(default=0, metadata=dict(help="steps between FID-type scores of EMA samples against "
