@@ -144,8 +144,7 @@ class TrainConfig(_NaLaFlags):
                                   f"({CANVAS_SIZES[0]} if not given), image folders ({IMAGE_FOLDER_SIZE} if not given); "
                                   f"digits {DIGITS_SIZES[0]} (the scans, if not given) or {'/'.join(map(str, DIGITS_SIZES[1:]))} "
                                   f"(upscaled 2x/4x/8x)")
-    vae: str | None = _opt("diffusers autoencoder folder or hub id (AutoencoderKL, AutoencoderDC, "
-                                  "AutoencoderRAE, ...: the class its config.json names); none = pixel space")
+    vae: str | None = _opt("autoencoder folder or hub id; none: pixel space")
     latent_norm: str = field(default="scalar", metadata=dict(
         help="latents to model space: 'scalar' (× the VAE's scaling factor, as DiT/SiT) or 'channel' (minus the "
              "latent cache's per-channel mean, over its std; extract_latents.py computes them)",
