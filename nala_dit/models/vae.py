@@ -1,5 +1,8 @@
-"""The VAE: loading it (``load_vae``: a local folder or a hub id, one line offline) and
-decoding latents with it, tiled and sliced when the image is large.
+"""The VAE: loading it (``load_vae``: a local folder or a hub id, one line offline; any diffusers
+image autoencoder its config.json names, ``tokenizer.py``) and decoding latents with it, tiled
+and sliced when the image is large. Tiling is diffusers' ``tile_sample_min_size`` scheme of the
+KL family (``tiles``); a class without it (DC-AE, RAE) decodes in one piece and refuses
+``--vae-tiling on`` / ``--vae-tile-size`` in one line.
 
 diffusers' ``AutoencoderKL`` decodes in one piece by default. Its last level holds
 128 channels at full resolution and its mid-block attends over every latent pixel, so
