@@ -78,12 +78,9 @@ def source_sha256(sha256: str) -> str:
     return SOURCE_SHA256 if sha256 in CARRIED_WEIGHTS else sha256
 
 
-def fid_vs_full_network(sha256: str) -> str:
-    """How far FIDs from the network of ``sha256`` lie from the full network's, in words."""
-    from .features import UNKNOWN_WEIGHTS, weights_name
-
+def fid_vs_full_network(sha256: str, known: bool) -> str:
+    """How far FIDs from the network of ``sha256`` lie from the full network's, in words
+    (``known``: the file is one of ``features.KNOWN_WEIGHTS``)."""
     if sha256 in CARRIED_FID_SHIFT:
         return CARRIED_FID_SHIFT[sha256]
-    if weights_name(sha256) == UNKNOWN_WEIGHTS:
-        return "unknown: not a known copy of the network, never compared"
-    return "0: it is the full network"
+    return "0: it is the full network" if known else "unknown: not a known copy of the network, never compared"
