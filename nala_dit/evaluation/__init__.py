@@ -1,5 +1,6 @@
 """Metrics: FID / sFID / IS / precision-recall / KID (``metrics.py``) and their inputs, the
-Inception and digits feature extractors and streaming image / ``.npz`` readers (``features.py``)."""
+Inception and digits feature extractors and streaming image / ``.npz`` readers (``features.py``), and the
+Inception network rounded to fp16 or int8 for a machine that can receive little (``carried.py``)."""
 
 from .._lazy import lazy_exports
 
