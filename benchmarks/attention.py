@@ -412,6 +412,8 @@ def plot(results, slopes, path, meta):
 
 
 def main(argv=None):
+    from benchmarks.outputs import new_output  # an existing results file is refused
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
@@ -435,7 +437,7 @@ def main(argv=None):
     parser.add_argument("--jvp", action="store_true",
                         help="also time torch.func.jvp of each method (tangents of q, k, v; mode 'jvp'), "
                              "with its ratio to the method's forward")
-    parser.add_argument("--out", default="", help="JSON path; a PNG plot is written beside it")
+    parser.add_argument("--out", default="", type=new_output, help="JSON path; a PNG plot is written beside it")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)

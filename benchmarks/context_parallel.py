@@ -189,6 +189,8 @@ def byte_table(tokens_list=(4096, 16384, 65536)) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    from benchmarks.outputs import new_output  # an existing results file is refused
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", default="4096", help="comma-separated token counts (a square grid; 4096 = 1024 px)")
     p.add_argument("--sections", default="forward,train", help=f"comma-separated, of {SECTIONS}")
@@ -203,7 +205,7 @@ def main(argv=None) -> int:
                    help="NaLaDiT-T/2 and DiT-T/2 at 256 tokens, one repeat, --preloaded")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu: gloo; cuda: NCCL, rank r on cuda:r (P = 1 only where fewer than P GPUs)")
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=new_output)
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:

@@ -142,6 +142,8 @@ def profile_section(tokens: int, calls: int) -> dict:
 
 
 def main(argv=None) -> int:
+    from benchmarks.outputs import new_output  # an existing results file is refused
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--chunk", type=int, default=170, help="tokens of the lift's chunk (170: the cap at 6 × 64)")
     p.add_argument("--tokens", default="64,200,256,300,1024,1100", help="comma-separated N of the chunks section")
@@ -149,7 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=50, help="forward calls under cProfile")
     p.add_argument("--repeats", type=int, default=30, help="paired repeats (chunks); the lift takes 10x")
     p.add_argument("--tiny", action="store_true", help="small sizes and 3 repeats: a smoke test")
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=new_output)
     args = p.parse_args(argv)
     tokens = [int(n) for n in args.tokens.split(",")]
     if args.tiny:

@@ -338,6 +338,8 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
+    from benchmarks.outputs import new_output  # an existing results file is refused
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="NaLaDiT-B/2", help="a preset of nala_dit.models.dit.MODELS")
     p.add_argument("--procs", default="1,2,4", help="comma-separated process counts P")
@@ -356,7 +358,7 @@ def main(argv=None) -> int:
                         "(benchmarks/processes.py) instead of starting fresh Pythons")
     p.add_argument("--tiny", action="store_true",
                    help="NaLaDiT-T/2, latent 8, P = 1, 2, one timed step, --shared-processes, --preloaded")
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=new_output)
     args = p.parse_args(argv)
     model = "NaLaDiT-T/2" if args.tiny else args.model
     procs = [1, 2] if args.tiny else [int(v) for v in args.procs.split(",")]

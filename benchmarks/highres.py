@@ -528,6 +528,8 @@ def plot(rows, path, meta):
 
 def main(argv=None):
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
+    from benchmarks.outputs import new_output  # an existing results file is refused
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
@@ -551,7 +553,7 @@ def main(argv=None):
     parser.add_argument("--no-count", dest="count", action="store_false", help="CPU: skip the counted peaks")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--tiny", action="store_true", help="2-block narrow models, tiny VAE, 64-128 px (tests)")
-    parser.add_argument("--out", default="", help="JSON path; a PNG plot is written beside it")
+    parser.add_argument("--out", default="", type=new_output, help="JSON path; a PNG plot is written beside it")
     parser.add_argument("--from-json", metavar="JSON", nargs="+", help="run nothing: print the markdown tables of "
                         "result files (a cell in a later file replaces the same cell of an earlier one) and redraw "
                         "the plot beside the first")

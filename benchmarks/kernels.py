@@ -172,6 +172,8 @@ def measure_shape(shape, device, dtype, methods, args):
 
 
 def main(argv=None):
+    from benchmarks.outputs import new_output  # an existing results file is refused
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
@@ -181,7 +183,7 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=0.0, help="start no new shape after this many seconds")
     parser.add_argument("--smoke", action="store_true", help="CPU, fp32, toy shapes, two repeats (tests)")
-    parser.add_argument("--out", default="", help="JSON path (written after every shape)")
+    parser.add_argument("--out", default="", type=new_output, help="JSON path (written after every shape)")
     args = parser.parse_args(argv)
     try:
         shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")] if args.shapes else SHAPES

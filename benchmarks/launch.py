@@ -157,6 +157,8 @@ def subjects(args, device, dtype):
 
 def subject_parser(doc, batch):
     """The options of the scripts that build a layer, a block and a model (this one, kernel_profile.py)."""
+    from benchmarks.outputs import new_output  # an existing results file is refused
+
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
@@ -164,7 +166,7 @@ def subject_parser(doc, batch):
     parser.add_argument("--resolution", type=int, default=256)
     parser.add_argument("--batch", type=int, default=batch)
     parser.add_argument("--smoke", action="store_true", help="CPU, toy model and sizes (tests)")
-    parser.add_argument("--out", default="", help="JSON path")
+    parser.add_argument("--out", default="", type=new_output, help="JSON path")
     return parser
 
 

@@ -195,6 +195,8 @@ def plot(rows, path, meta):
 
 
 def main(argv=None):
+    from benchmarks.outputs import new_output  # an existing results file is refused
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
@@ -208,7 +210,7 @@ def main(argv=None):
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="start no new size/resolution after this many seconds (0: no limit)")
     parser.add_argument("--tiny", action="store_true", help="narrow 2-block models at 64 px, one repeat (tests)")
-    parser.add_argument("--out", default="", help="JSON path")
+    parser.add_argument("--out", default="", type=new_output, help="JSON path")
     args = parser.parse_args(argv)
     if args.tiny:
         args.resolutions, args.repeats = [64], 1

@@ -182,6 +182,8 @@ def time_cell(model, family, sdpa, task, mode, batch, latent, args, device, dtyp
 
 
 def main(argv=None):
+    from benchmarks.outputs import new_output  # an existing results file is refused
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
@@ -196,7 +198,7 @@ def main(argv=None):
     parser.add_argument("--budget-s", type=float, default=0.0, help="start no new cell after this many seconds")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (tests: eager)")
     parser.add_argument("--smoke", action="store_true", help="CPU, fp32, a toy 2-block model at 64 px (tests)")
-    parser.add_argument("--out", default="", help="JSON path (written after every cell)")
+    parser.add_argument("--out", default="", type=new_output, help="JSON path (written after every cell)")
     args = parser.parse_args(argv)
     if args.smoke:
         args.device, args.dtype, args.repeats = "cpu", "fp32", 2

@@ -92,6 +92,8 @@ def start_busy() -> subprocess.Popen:
 
 
 def main(argv=None) -> int:
+    from benchmarks.outputs import new_output  # an existing results file is refused
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=8, help="timed steps per setting (after one warm-up step)")
     p.add_argument("--cap-s", type=float, default=20.0, help="stop timing a setting after this many seconds")
@@ -100,7 +102,7 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="NaLaDiT-T/2 only, quiet only (the default policy beside a busy process can take "
                    "a minute a step), batch 8, 2 steps: a smoke test")
     p.add_argument("--threads", type=int, help=argparse.SUPPRESS)  # every benchmark takes it; the settings decide
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=new_output)
     args = p.parse_args(argv)
     models = ["NaLaDiT-T/2"] if args.tiny else args.models.split(",")
     steps, batch = (2, 8) if args.tiny else (args.steps, args.batch)

@@ -54,12 +54,14 @@ def one_step(preset: str, latent: int, recompute: bool) -> dict:
 
 
 def main(argv=None) -> int:
+    from benchmarks.outputs import new_output  # an existing results file is refused
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--latent", type=int, default=128, help="latent side (128 = 1024 px = 4,096 tokens)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tiny", action="store_true", help="latent 16, one repeat")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each step (the table's numbers: 1)")
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=new_output)
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:

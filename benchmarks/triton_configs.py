@@ -70,13 +70,15 @@ def fwd_bwd(q, k, v, grad, config, variant=None):
 
 
 def main(argv=None):
+    from benchmarks.outputs import new_output  # an existing results file is refused
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head-dims", default="64,72", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop after this many seconds (0: no limit)")
-    parser.add_argument("--out", default="runs/triton_configs.json")
+    parser.add_argument("--out", default="runs/triton_configs.json", type=new_output)
     parser.add_argument("--variant", default=triton_kernels.VARIANT, choices=triton_kernels.VARIANTS,
                         help="the kernels to sweep (default: NALA_TRITON_VARIANT, else fused)")
     parser.add_argument("--max-configs", type=int, default=0, help="alternatives tried per head dim (0: all)")
