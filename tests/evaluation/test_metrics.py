@@ -243,3 +243,29 @@ def test_digits_features_on_colour_images_say_what_the_scorer_was_built_for(tmp_
         notes = " ".join(result.get("notes", []))
         assert ("grey 8 x 8 digits" in notes and "16x16 RGB" in notes and "--features inception" in notes) == noted
         assert ("grey 8 x 8 digits" in format_table(result)) == noted
+
+
+def test_inception_on_a_cpu_moves_the_bar_every_chunk_with_the_same_features():
+    """A batch of 40 through Inception on a CPU runs in pieces of INCEPTION_CPU_CHUNK (16, 16, 8):
+    the bar moves after each, and the features are the whole batch's; on another device, or for
+    another network, a batch is one call."""
+    from nala_dit.progress import watch_progress
+
+    class Fake:
+        def __init__(self, name, device):
+            self.name, self.device, self.calls = name, torch.device(device), []
+
+        def extract(self, images):
+            self.calls.append(len(images))
+            return {"pool": images.float().mean(dim=(1, 2, 3), keepdim=False)[:, None].numpy()}
+
+    batch = np.random.default_rng(0).integers(0, 256, (40, 4, 4, 3), dtype=np.uint8)
+    whole = batch.astype(np.float32).mean(axis=(1, 2, 3))[:, None]
+    for name, device, calls in ((metrics.INCEPTION_NAME, "cpu", [16, 16, 8]), (metrics.INCEPTION_NAME, "meta", [40]),
+                                (metrics.DIGITS_NAME, "cpu", [40])):
+        seen, fake = [], Fake(name, device)
+        with watch_progress(lambda desc, n, total: seen.append(n)):
+            feats = metrics.compute_features(fake, [batch], total=40)
+        assert fake.calls == calls and seen == [0, *np.cumsum(calls).tolist()], (name, device, seen)
+        np.testing.assert_allclose(feats["pool"], whole, rtol=1e-6)
+    assert metrics.INCEPTION_CPU_CHUNK == 16
