@@ -240,16 +240,11 @@ def _sizes(value):
 
 
 def autoencoder_class_named(config: dict, where: str) -> type:
-    """The diffusers model class a config's ``_class_name`` names (AutoencoderKL when absent)."""
-    import diffusers
-    from diffusers import ModelMixin
+    """The diffusers autoencoder class a config's ``_class_name`` names (AutoencoderKL when absent),
+    among diffusers' own (``tokenizer.autoencoder_class``)."""
+    from .tokenizer import autoencoder_class
 
-    name = config.get("_class_name", "AutoencoderKL")
-    cls = getattr(diffusers, name, None) if isinstance(name, str) and name.isidentifier() else None
-    if not (isinstance(cls, type) and issubclass(cls, ModelMixin)):
-        raise ValueError(f"{where}: _class_name {str(name)[:60]!r} is not a diffusers model class; save the "
-                         f"autoencoder again with save_pretrained")
-    return cls
+    return autoencoder_class(config.get("_class_name", "AutoencoderKL"), where)
 
 
 def check_autoencoder_folder(folder: str | os.PathLike, cls: type | None = None) -> None:
