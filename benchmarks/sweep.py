@@ -6,7 +6,8 @@ backward, AdamW) and a sampling forward (``no_grad``), bf16 weights and inputs, 
 
 * ``DiT`` with SDPA forced onto cuDNN (``sdpa=cudnn``) and onto FlashAttention (``flash``)
   (on the CPU: SDPA's own pick, ``default``),
-* ``NaLaDiT`` (NaLa on the Triton kernels on CUDA, ``NALA_TRITON_VARIANT`` at import),
+* ``NaLaDiT`` (NaLa on the Triton kernels on CUDA, ``NALA_TRITON_VARIANT`` at import; its
+  gated layers fused, or ``--gated-layer unfused``: their plain composition),
 
 in each of ``--modes``: ``eager``; ``default`` (``torch.compile`` through
 ``nala_dit.models.compile.compile_model``, as ``train.py --compile`` / ``sample.py --compile``);
@@ -116,7 +117,7 @@ def plan(args, device):
             for task in args.tasks.split(","):
                 if mode == "reduce-overhead" and task == "train":
                     continue      # CUDA graphs are for sampling here (issue 53)
-                pairs = variants(device)
+                pairs = [p for p in variants(device) if p[0] in args.families.split(",")]
                 if mode != "eager":     # DiT on its first backend only: each compile costs tens of seconds
                     pairs = [pairs[0], *(p for p in pairs if p[0] != "DiT")]
                 for family, sdpa in pairs:
@@ -137,6 +138,10 @@ def build(family, size, latent, args, device, dtype, cache):
         model = create_model(f"{family}-{size}", input_size=latent, **(SMOKE if args.smoke else {}))
     if dtype != torch.float32:
         model.to(dtype)
+    if args.gated_layer == "unfused":   # the gated layers' plain autograd composition (the A/B's reference)
+        for module in model.modules():
+            if hasattr(module, "recompute"):
+                module.recompute = False
     if cache is not None:
         cache[key] = model
     return model
@@ -192,6 +197,9 @@ def main(argv=None):
     parser.add_argument("--compile-cells", default=None,
                         help="the cells compiled modes run, or all (default XL/2:256:32; --smoke: all)")
     parser.add_argument("--tasks", default="train,sample")
+    parser.add_argument("--families", default="DiT,NaLaDiT", help="the models timed (the A/B cell: NaLaDiT)")
+    parser.add_argument("--gated-layer", choices=("fused", "unfused"), default="fused",
+                        help="NaLaDiT's gated layers: the fused middle, or their plain autograd composition")
     parser.add_argument("--modes", default="eager,default", help="eager, default (torch.compile), reduce-overhead")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cell-cap-s", type=float, default=60.0, help="stop a cell after this many seconds")
@@ -207,6 +215,8 @@ def main(argv=None):
         args.compile_backend = "eager" if args.compile_backend == "inductor" else args.compile_backend
     args.cells, args.compile_cells = args.cells or CELLS, args.compile_cells or "XL/2:256:32"
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    if unknown := set(args.families.split(",")) - {"DiT", "NaLaDiT"}:
+        parser.error(f"--families: {', '.join(sorted(unknown))} is not DiT or NaLaDiT")
     for mode in args.modes.split(","):
         if mode not in WARMUP:
             parser.error(f"--modes: {mode!r} is not one of {', '.join(WARMUP)}")
@@ -222,7 +232,8 @@ def main(argv=None):
         command="python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
         device=str(device), dtype=args.dtype, torch=torch.__version__, smoke=args.smoke,
         device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine()),
-        nala_triton_variant=os.environ.get("NALA_TRITON_VARIANT", "fused"), repeats=args.repeats,
+        nala_triton_variant=os.environ.get("NALA_TRITON_VARIANT", "fused"), gated_layer=args.gated_layer,
+        repeats=args.repeats,
         statistic="median", compile_backend=args.compile_backend, cell_cap_s=args.cell_cap_s,
         time_method="wall_ms around a synchronized call; gpu_ms: CUDA events (null on CPU); images_per_s from gpu_ms where present",
     )

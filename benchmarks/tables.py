@@ -1,8 +1,10 @@
 """The GPU tables of docs/performance.md, written from the JSON files of one gpu_check.sh run.
 
-Reads what ``benchmarks/gpu_check.sh`` wrote (``launch.json``, ``kernels_fused.json``,
-``kernels_baseline.json``, ``profile.json``, ``model_sweep.json``, ``graphs.json``,
-``triton_configs_d72.json``; a missing file leaves its table out) and replaces the text
+Reads what ``benchmarks/gpu_check.sh`` wrote (``RUN_FILES``: ``launch.json``,
+``kernels_fused.json`` and ``kernels_baseline.json``, ``profile.json``, ``model_sweep.json``
+with the A/B's ``model_ab_baseline.json`` and ``model_ab_unfused.json``,
+``model_compiled.json``, ``graphs.json``, ``triton_configs_d72.json``; ``warmup.json`` only for
+its first-use checks; a missing file leaves its table out) and replaces the text
 between ``<!-- gpu-tables:begin -->`` and ``<!-- gpu-tables:end -->`` in the page: measured
 rows only (a cell not measured is "–"; a row with nothing measured is left out). Times are
 GPU ms (CUDA events) where the run had a GPU, else wall ms, as each table says. Predicted
@@ -178,8 +180,25 @@ def fallback_lines(datas) -> list[str]:
             "key are not the Triton kernels' times." for (path, what), cause in failed.items()]
 
 
-RUN_FILES = ("launch.json", "kernels_fused.json", "kernels_baseline.json", "profile.json",
-             "model_sweep.json", "graphs.json", "triton_configs_d72.json")
+RUN_FILES = ("warmup.json", "launch.json", "kernels_fused.json", "kernels_baseline.json", "profile.json",
+             "model_sweep.json", "model_ab_baseline.json", "model_ab_unfused.json", "model_compiled.json",
+             "graphs.json", "triton_configs_d72.json")
+
+
+def ab_table(sweep, baseline, unfused):
+    """The model-level A/B: NaLaDiT's rows of the A/B runs beside its row of the eager sweep (the
+    new kernels, gated layers fused), at the cells the A/B runs measured."""
+    def times(data):
+        return {} if data is None else {(r["size"], r["resolution"], r["batch"], r["task"]): time_of(r)
+                                        for r in data["rows"] if r["family"] == "NaLaDiT" and r["mode"] == "eager"}
+    new, old, plain = times(sweep), times(baseline), times(unfused)
+    rows = [[*key, fmt(new.get(key), 2), fmt(old.get(key), 2), fmt(plain.get(key), 2),
+             fmt(new[key] / old[key], 2) if new.get(key) and old.get(key) else "–"]
+            for key in dict.fromkeys([*old, *plain])]
+    meta = (baseline or unfused)["meta"]
+    header = ["size", "px", "batch", "task", "new kernels", "old kernels", "unfused layer", "new / old"]
+    return [caption(f"Model-level A/B, NaLaDiT eager, {unit(meta)} per step", meta), ""] + table(
+        header, rows, right=(1, 2, 4, 5, 6, 7))
 
 
 def render(results: Path) -> str:
@@ -198,6 +217,10 @@ def render(results: Path) -> str:
         parts.append(profile_tables(data))
     if (data := load("model_sweep.json")):
         parts.append(sweep_tables(data, "Model sweep"))
+    if load("model_ab_baseline.json") or load("model_ab_unfused.json"):
+        parts.append(ab_table(load("model_sweep.json"), load("model_ab_baseline.json"), load("model_ab_unfused.json")))
+    if (data := load("model_compiled.json")):
+        parts.append(sweep_tables(data, "Compiled models"))
     if (data := load("graphs.json")):
         parts.append(sweep_tables(data, "Sampling with CUDA graphs"))
     if (data := load("triton_configs_d72.json")):
