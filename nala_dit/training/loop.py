@@ -207,6 +207,8 @@ def train_loop(run: Run) -> None:
     """Steps ``run.start_step + 1`` … ``--max-steps``; a stop signal (``preempt.py``) ends
     them at the step every process agreed on, its checkpoint written, with ``Preempted``."""
     train_step = TrainStep(run)
+    if missing_grid(run) and (run.accelerator.is_main_process or run.sharding):
+        run.sample_grid(run.start_step)   # the checkpoint's EMA: the grid the step would have written
     run.train_model.train()
     for step in range(run.start_step, run.cfg.max_steps):
         if train_step(step).stop and step + 1 < run.cfg.max_steps:
@@ -220,6 +222,14 @@ def train_loop(run: Run) -> None:
         run.accelerator.print(f"warning: {warning}")   # a short run without the warm-up: its EMA is still noise
     run.logger.close()
     run.accelerator.end_training()
+
+
+def missing_grid(run: Run) -> bool:
+    """A resumed run whose checkpoint is of a grid step (``--sample-every``) lacking its grid: a
+    kill between the checkpoint and the grid, or a stop at that step (which writes no grid).
+    The grid is drawn from the resumed EMA, as the step would have drawn it."""
+    step, every = run.start_step, run.cfg.sample_every
+    return step > 0 and every > 0 and step % every == 0 and not (run.run_dir / "samples" / f"{step:07d}.png").exists()
 
 
 class TrainStep:
