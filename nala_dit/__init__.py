@@ -9,7 +9,7 @@ The package, top (what a user runs) to bottom (the math); imports only point dow
 * ``pipelines/``: the diffusers pipelines, loading every model source, exported folders, sample files;
 * ``checkpoints/``: reading a training checkpoint (model, objective, latent normalisation, shards);
 * ``evaluation/``: FID / sFID / IS / precision-recall / KID and their feature extractors;
-* ``data/``: datasets (image folders, latent caches, the embedded digits), latent statistics, extraction;
+* ``data/``: datasets (image folders, latent caches, the embedded digits, tar shards, parquet), latent statistics, extraction;
 * ``diffusion/``: Gaussian diffusion (DiT), transport (SiT), every sampler, guidance, ``generate``;
 * ``models/``: the DiT/SiT network and its presets, the token grid, the VAE;
 * ``attention/``: NaLa (``nala_attention``), its baselines and layers, region states, context parallel

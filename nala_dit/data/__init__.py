@@ -1,4 +1,5 @@
 """Data: image folders, latent caches and the embedded digits (``datasets.py``, ``digits.py``),
+webdataset tar shards and Hugging Face parquet / save_to_disk data read shard by shard (``streams.py``),
 each a line of the registry of what ``--data`` takes (``sources.py``), the latents' per-channel
 statistics (``latent_stats.py``) and latent extraction (``extract.py``)."""
 
