@@ -14,7 +14,7 @@ from PIL import Image
 
 from nala_dit.models import tokenizer as tok
 from tests.training.test_loop import make_image_folder, run_train
-from tests.utils import assert_names
+from tests.utils import assert_names, one_line
 
 SIZE = 16   # image px: every tokenizer below encodes it to a 4x4 or 8x8 latent
 
@@ -190,3 +190,18 @@ def test_a_folder_without_weights_or_of_another_size_is_one_line(images, tmp_pat
     with pytest.raises(FileNotFoundError) as err:
         load_vae(str(folder))
     assert_names(err, f"{folder} has a config.json but no weights", "diffusion_pytorch_model.safetensors is missing")
+
+
+def test_a_video_or_audio_autoencoder_is_refused_in_one_line():
+    import diffusers
+
+    audio = diffusers.AutoencoderOobleck(encoder_hidden_size=8, downsampling_ratios=[2, 2], channel_multiples=[1, 2],
+                                         decoder_channels=8, decoder_input_channels=4, audio_channels=2)
+    with pytest.raises(ValueError) as err:
+        tok.describe(audio)
+    assert_names(one_line(err), "AutoencoderOobleck", "gives no spatial factor", "not an image autoencoder")
+    video = diffusers.AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, attn_scales=[],
+                                       temperal_downsample=[False])
+    with pytest.raises(ValueError) as err:   # its encode takes (B, C, frames, H, W)
+        tok.describe(video)
+    assert_names(one_line(err), "AutoencoderKLWan cannot encode a (1, 3,", "not an image autoencoder")
