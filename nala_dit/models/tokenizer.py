@@ -26,10 +26,11 @@ What a tokenizer does is read from the model (``describe``), not assumed:
   and decodes to [0, 1]; every other class takes and gives [-1, 1];
 * the one image size it works at, for a class that resizes every input to its encoder's size
   (RAE: ``decoder_image_size``); None for convolutional tokenizers, which take any multiple of
-  the factor;
-* tiled decode: diffusers' ``tile_sample_min_size`` / ``tile_overlap_factor`` scheme (the KL
-  family), which ``models/vae.py`` drives; DC-AE tiles by another scheme and RAE not at all,
-  so for them ``--vae-tiling on`` is refused in one line and ``auto`` decodes in one piece.
+  the factor.
+
+Tiled decode is ``models/vae.py``'s (``tiles``): diffusers' ``tile_sample_min_size`` /
+``tile_overlap_factor`` scheme of the KL family; DC-AE tiles by another scheme and RAE not at
+all, so for them ``--vae-tiling on`` is refused in one line and ``auto`` decodes in one piece.
 """
 
 from __future__ import annotations
@@ -84,7 +85,6 @@ class Tokenizer:
     shift: float
     unit_range: bool           # takes and gives images in [0, 1] (else [-1, 1])
     image_size: int | None     # the only image side it works at (None: any multiple of factor)
-    tiling: bool               # diffusers' tile_sample_min_size tiling, which models/vae.py drives
 
 
 def describe(vae) -> Tokenizer:
@@ -146,8 +146,7 @@ def _describe(vae) -> Tokenizer:
         scaling = DEFAULT_SCALING_FACTOR if (kind == "AutoencoderKL" and scaling is None) else 1.0
     shift = 0.0 if own else float(config.get("shift_factor") or 0.0)
     return Tokenizer(kind, factor, int(z.shape[1]), distribution, float(scaling), shift,
-                     "encoder_norm_mean" in config, int(fixed) if fixed else None,
-                     hasattr(vae, "tile_sample_min_size") and hasattr(vae, "tile_overlap_factor"))
+                     "encoder_norm_mean" in config, int(fixed) if fixed else None)
 
 
 def _latent(out):
