@@ -20,9 +20,24 @@ from __future__ import annotations
 
 import torch
 
+from .config import DIRECTIONS
+from .functional import _check_qkv
 from .nala import fused_backward, fused_output, fused_state
 
 _OPT_NAMES = ("direction", "power", "offset", "norm_scale", "alpha", "norm_eps", "eps")
+
+
+def _check_args(q, k, v, direction: str) -> None:
+    """What the passes take, checked by the op and by its fake alike (a traced graph must not
+    accept what the eager call refuses): a known direction (any other string would run the
+    relu_split lift), q and k of one shape, v of their (B, H, N) and head dim (the state is
+    D x (D + 1))."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"nala_dit::nala_fused: direction must be one of {DIRECTIONS}, got {direction!r}")
+    _check_qkv(q, k, v)
+    if v.shape[-1] != q.shape[-1]:
+        raise ValueError(f"nala_dit::nala_fused: v's head dim must be q's (the fused state is D x (D + 1)), got v "
+                         f"{tuple(v.shape)} and q {tuple(q.shape)}")
 
 
 def _opts(direction, power, offset, norm_scale, alpha, norm_eps, eps) -> dict:
@@ -34,6 +49,7 @@ def _opts(direction, power, offset, norm_scale, alpha, norm_eps, eps) -> dict:
 def nala_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, direction: str, power: float,
                offset: float, norm_scale: float, alpha: float, norm_eps: float,
                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_args(q, k, v, direction)
     opts = _opts(direction, power, offset, norm_scale, alpha, norm_eps, eps)
     state = fused_state(k, v, opts)
     out, den = fused_output(q, state, opts)
@@ -42,6 +58,7 @@ def nala_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, direction: str
 
 @nala_fused.register_fake
 def _(q, k, v, direction, power, offset, norm_scale, alpha, norm_eps, eps):
+    _check_args(q, k, v, direction)
     b, h, n, d = q.shape
     out = q.new_empty(b, h, n, v.shape[-1], dtype=v.dtype)
     state = q.new_empty(2, b, h, d, v.shape[-1] + 1, dtype=torch.float32)
@@ -54,6 +71,7 @@ def nala_fused_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state
                         den: torch.Tensor, grad_out: torch.Tensor, direction: str, power: float,
                         offset: float, norm_scale: float, alpha: float, norm_eps: float,
                         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_args(q, k, v, direction)
     opts = _opts(direction, power, offset, norm_scale, alpha, norm_eps, eps)
     dq, dk, dv = fused_backward(q, k, v, state, den, grad_out.contiguous(), opts)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
@@ -61,6 +79,7 @@ def nala_fused_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state
 
 @nala_fused_backward.register_fake
 def _(q, k, v, state, den, grad_out, direction, power, offset, norm_scale, alpha, norm_eps, eps):
+    _check_args(q, k, v, direction)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

@@ -80,3 +80,26 @@ def test_compiled_block_has_no_graph_break_and_matches_eager():
     g_want, = torch.autograd.grad(want.square().sum(), x)
     g_got, = torch.autograd.grad(got.square().sum(), x)
     torch.testing.assert_close(g_got, g_want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("what", ["direction", "head dim"])
+def test_the_op_and_its_fake_refuse_what_the_passes_cannot_run(what):
+    """A direction the passes do not know (any other string ran the relu_split lift) and a v
+    head dim other than q's (the state is D x (D + 1): the real passes fail in a GEMM while the
+    fake gave shapes) are one line from the op and from its fake (``FakeTensorMode``, what
+    torch.compile traces with)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nala_dit.attention.op import nala_fused
+
+    q, k, v = (t.detach() for t in qkv())
+    opts = fused_opts(NaLaConfig(), q.shape[-1])
+    if what == "direction":
+        opts["direction"], expect = "bogus", "direction must be one of ('cosine', 'relu_split'), got 'bogus'"
+    else:
+        v, expect = torch.randn(*v.shape[:3], 12), "v's head dim must be q's"
+    args = [opts[name] for name in ("direction", "power", "offset", "norm_scale", "alpha", "norm_eps", "eps")]
+    with pytest.raises(ValueError, match=expect.replace("(", r"\(").replace(")", r"\)")):
+        nala_fused(q, k, v, *args)
+    with FakeTensorMode() as mode, pytest.raises(ValueError, match=expect.replace("(", r"\(").replace(")", r"\)")):
+        nala_fused(*(mode.from_tensor(t) for t in (q, k, v)), *args)
