@@ -144,7 +144,8 @@ ENTRY_POINTS = ["train.py", "sample.py", "evaluate_fid.py", "export.py", "extrac
                 *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "experiments").glob("*/*.py")), "tests/conftest.py"]
 _HEAVY_IMPORT = ("torch", "numpy", "triton", "diffusers", "accelerate", "torchvision", "torch_fidelity", "nala_dit.")
 # What the CLIs import before they parse (torch-free: test_cli_answers_without_heavy_imports).
-_LIGHT = {"nala_dit", "nala_dit.cli", "nala_dit.cli.parse", "nala_dit.cli.config", "nala_dit.cli.options", "nala_dit.models.grid", "nala_dit.cli.requirements"}
+_LIGHT = {"nala_dit", "nala_dit.cli", "nala_dit.cli.parse", "nala_dit.cli.config", "nala_dit.cli.options", "nala_dit.models.grid", "nala_dit.cli.requirements",
+          "nala_dit.cli.sizes"}
 
 
 def _first_heavy_import_and_passive_call(path: Path) -> tuple[int, int]:
