@@ -81,11 +81,19 @@ def digit_names(data: str) -> list[str]:
 def open_latents(data, cfg, split="train", size=None, state=None):
     """A latent cache of ``extract_latents.py``; training reads its kept images for
     ``--repa-encoder`` and needs ``--vae`` (the sample grids decode with it)."""
-    from .datasets import LatentDataset
+    from .datasets import LatentDataset, read_latent_meta
 
-    if split != "train":
+    if all(name.endswith(".tar") for name in read_latent_meta(data)["shards"]):   # streams.pack_latents
+        from .streams import TarLatents
+
+        if cfg.repa_encoder:
+            raise ValueError(f"{data} holds latents as tar shards, without images: --repa-encoder needs a latent "
+                             f"folder of extract_latents.py --keep-images")
+        dataset = TarLatents(data)
+    elif split != "train":
         return LatentDataset(data)
-    dataset = LatentDataset(data, images=bool(cfg.repa_encoder))
+    else:
+        dataset = LatentDataset(data, images=bool(cfg.repa_encoder))
     if cfg.vae is None:
         raise ValueError(f"{data} holds latents: pass --vae (the VAE they came from) to decode sample grids")
     return dataset
@@ -175,8 +183,8 @@ DATA_SOURCES: dict[str, DataSource] = {
     "digits-canvas": DataSource(open_canvas, f"'digits-canvas' (embedded, one digit on a "
                                              f"{'/'.join(map(str, CANVAS_SIZES))}-px canvas)",
                                 check_size=check_canvas_size, class_names=digit_names, heldout=True),
-    "latents": DataSource(open_latents, "a latent folder from extract_latents.py", detect=is_latent_folder,
-                          class_names=latent_names),
+    "latents": DataSource(open_latents, "a latent folder from extract_latents.py (or its tar shards)",
+                          detect=is_latent_folder, class_names=latent_names),
     "tar-shards": DataSource(open_tar, "a folder of webdataset tar shards (<key>.jpg + <key>.cls)",
                              detect=is_tar_folder, class_names=tar_names, splits=True),
     "parquet": DataSource(open_parquet, "a folder of Hugging Face parquet files (image, label columns)",

@@ -215,15 +215,18 @@ class TarShards(ShardedDataset):
     else ``0``..``max``. Members are read where the shard's index puts them (the standard
     library's ``tarfile``, uncompressed ``.tar`` only)."""
 
-    def __init__(self, root, image_size: int, split: str = "train", val_data: str | None = None):
+    payloads = IMAGE_KEYS
+
+    def __init__(self, root, image_size: int, split: str = "train", val_data: str | None = None, files=None,
+                 names: list[str] | None = None):
         root = Path(root)
         wanted = _wanted_split(split, val_data)
-        files = _of_split(list(root.glob("*.tar")), root, wanted, "tar shards")
+        files = files or _of_split(list(root.glob("*.tar")), root, wanted, "tar shards")
         self.index, labels = {}, []
         for path in files:
-            self.index[path], shard_labels = _tar_index(path)
+            self.index[path], shard_labels = _tar_index(path, self.payloads)
             labels.append(shard_labels)
-        classes = _check_labels(np.concatenate(labels), tar_names(str(root)), str(root))
+        classes = _check_labels(np.concatenate(labels), names or tar_names(str(root)), str(root))
         super().__init__(root, _spans(files, [len(i) for i in self.index.values()], split, val_data, root),
                          classes, image_size)
 
@@ -234,11 +237,76 @@ class TarShards(ShardedDataset):
         (offset, size), label, key = self.index[path][row]
         handle = self.cached(("file", path), lambda: open(path, "rb"))
         handle.seek(offset)
-        return self.image(handle.read(size), f"{path} sample {key!r}"), label
+        return self.decode(handle.read(size), f"{path} sample {key!r}"), label
+
+    def decode(self, data: bytes, where: str) -> torch.Tensor:
+        return self.image(data, where)
 
 
-def _tar_index(path: Path) -> tuple[list, np.ndarray]:
-    """A tar shard's samples in order: ((image offset, size), label, key) each, and the labels."""
+class TarLatents(TarShards):
+    """A latent cache as tar shards (``pack_latents``): ``meta.json`` as ``extract_latents.py``
+    writes it, its ``shards`` the tar files, each sample ``<key>.npy`` (the moments of the image
+    and of its mirror, (2, 2, C, h, w), as ``datasets.LatentDataset`` gives them) + ``<key>.cls``.
+    Read as tar shards are (each process its own), with the latent cache's attributes."""
+
+    is_latent = True
+    payloads = ("npy",)
+
+    def __init__(self, root):
+        from .datasets import read_latent_meta
+
+        root = Path(root)
+        self.meta = read_latent_meta(root)
+        missing = [name for name in self.meta["shards"] if not (root / name).is_file()]
+        if missing:
+            raise FileNotFoundError(f"latent folder {root} is incomplete: missing {missing[:3]}; pack it again")
+        super().__init__(root, 0, files=[root / name for name in self.meta["shards"]], names=self.meta["classes"])
+        self.scaling_factor, self.stats = self.meta["scaling_factor"], self.meta.get("latent_stats")
+        self.vae_fingerprint, self.channels = self.meta.get("vae_fingerprint"), self.meta["latent_channels"]
+        self.image_size = self.meta["image_size"]
+
+    def decode(self, data: bytes, where: str) -> torch.Tensor:
+        moments = torch.from_numpy(np.load(io.BytesIO(data), allow_pickle=False)).float()
+        if moments.ndim != 5 or moments.shape[:3] != (2, 2, self.channels):
+            raise ValueError(f"{where}: moments of shape {tuple(moments.shape)}, expected (2, 2, {self.channels}, h, "
+                             f"w); pack the cache again with pack_latents")
+        return moments
+
+
+def pack_latents(cache, out, per_shard: int = 1000) -> list[Path]:
+    """A latent folder of ``extract_latents.py`` as tar shards of ``per_shard`` latents each in a
+    new folder ``out`` (``TarLatents``; ``--data out`` trains on it): each shard written under a
+    temporary name and renamed, ``meta.json`` last. ``out`` must not exist (nothing is
+    overwritten). Returns the shards."""
+    from .choices import LATENT_META
+    from .datasets import LatentDataset
+
+    source, out = LatentDataset(cache), Path(out)
+    store = np.dtype(source.meta.get("dtype", "float16"))   # as the cache holds them (the dataset gives fp32)
+    if out.exists():
+        raise FileExistsError(f"{out} exists: pack_latents writes a new folder; choose another")
+    out.mkdir(parents=True)
+    shards = []
+    for first in range(0, len(source), per_shard):
+        path, tmp = out / f"latents-{len(shards):06d}.tar", out / f".tmp-latents-{len(shards):06d}.tar"
+        with tarfile.open(tmp, "w") as tar:
+            for i in range(first, min(first + per_shard, len(source))):
+                moments, label = source[i]
+                buffer = io.BytesIO()
+                np.save(buffer, moments.numpy().astype(store))
+                for ext, data in (("npy", buffer.getvalue()), ("cls", str(label).encode())):
+                    info = tarfile.TarInfo(f"{i:09d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        tmp.replace(path)
+        shards.append(path)
+    (out / LATENT_META).write_text(json.dumps({**source.meta, "shards": [p.name for p in shards]}, indent=2))
+    return shards
+
+
+def _tar_index(path: Path, payloads=IMAGE_KEYS) -> tuple[list, np.ndarray]:
+    """A tar shard's samples in order: ((payload offset, size), label, key) each, and the labels;
+    the payload is the member whose extension is one of ``payloads`` (an image, or latents)."""
     samples: dict[str, dict] = {}
     try:
         with tarfile.open(path, "r:") as tar:
@@ -252,7 +320,7 @@ def _tar_index(path: Path) -> tuple[list, np.ndarray]:
                 sample = samples.setdefault(key, {})
                 if ext == LABEL_KEY:
                     sample[LABEL_KEY] = tar.extractfile(member).read()
-                elif ext in IMAGE_KEYS:
+                elif ext in payloads:
                     sample["image"] = (member.offset_data, member.size)
     except (tarfile.TarError, OSError) as err:
         raise ValueError(f"{path}: not a readable uncompressed tar shard ({err}); .tar.gz shards cannot be read "
@@ -260,7 +328,7 @@ def _tar_index(path: Path) -> tuple[list, np.ndarray]:
     rows = []
     for key, sample in samples.items():
         if "image" not in sample or LABEL_KEY not in sample:
-            missing = "an image (.jpg, .png, ...)" if "image" not in sample else "a .cls label"
+            missing = f"a .{' / .'.join(payloads)} member" if "image" not in sample else "a .cls label"
             raise ValueError(f"{path}: sample {key!r} has no {missing}; every sample needs both")
         try:
             label = int(sample[LABEL_KEY].decode().strip())

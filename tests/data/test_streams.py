@@ -181,3 +181,42 @@ def test_training_resumes_bitwise(tmp_path, kind):
     logs = [[json.loads(line) for line in (tmp_path / n / "log.jsonl").read_text().splitlines()]
             for n in ("straight", "resumed")]
     assert [r.get("val/loss") for r in logs[0]] == [r.get("val/loss") for r in logs[1]]
+
+
+def latent_cache(root, vae=None, n=10, shard=4, channels=4, side=2):
+    """A latent folder as extract_latents.py writes one (float32 moments of image and mirror)."""
+    from safetensors.torch import save_file
+
+    root.mkdir()
+    g = torch.Generator().manual_seed(0)
+    moments, labels = torch.randn(n, 2, 2, channels, side, side, generator=g), torch.arange(n) % 3
+    names = []
+    for k, first in enumerate(range(0, n, shard)):
+        names.append(f"latents-{k:05d}.safetensors")
+        save_file({"moments": moments[first:first + shard].contiguous(), "labels": labels[first:first + shard]},
+                  str(root / names[-1]))
+    (root / "meta.json").write_text(json.dumps(dict(shards=names, classes=["cat", "dog", "fox"], scaling_factor=0.5,
+                                                    latent_channels=channels, image_size=8 * side, dtype="float32",
+                                                    vae=str(vae))))
+    return root
+
+
+def test_latents_as_tar_shards_round_trip_and_train(tmp_path):
+    from nala_dit.data.datasets import LatentDataset
+    from nala_dit.data.streams import TarLatents, pack_latents
+    from tests.training.test_loop import tiny_vae
+
+    vae = tiny_vae(tmp_path / "vae")
+    cache = latent_cache(tmp_path / "lat", vae)
+    shards = pack_latents(cache, tmp_path / "lat-tar", per_shard=3)
+    assert [p.name for p in shards] == [f"latents-{k:06d}.tar" for k in range(4)]   # 10 latents, 3 a shard
+    packed, source = TarLatents(tmp_path / "lat-tar"), LatentDataset(cache)
+    assert data_source(str(tmp_path / "lat-tar")) is DATA_SOURCES["latents"] and packed.is_latent
+    assert (len(packed), packed.classes, packed.channels, packed.scaling_factor) == (10, ["cat", "dog", "fox"], 4, 0.5)
+    assert all(torch.equal(packed[i][0], source[i][0]) and packed[i][1] == source[i][1] for i in range(10))
+    with pytest.raises(FileExistsError):
+        pack_latents(cache, tmp_path / "lat-tar")   # never over what is there
+    run = [*RUN, "--data", str(tmp_path / "lat-tar"), "--vae", str(vae), "--global-batch-size", "2",
+           "--results-dir", str(tmp_path), "--max-steps", "2", "--ckpt-every", "2"]
+    assert train_cli.main(run) == 0
+    assert ckpt_lib.open_checkpoint(tmp_path / "NaLaDiT-T-2").model_config["in_channels"] == 4
