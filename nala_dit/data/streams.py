@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import io
 import json
+import os
 import tarfile
 from collections import OrderedDict
 from pathlib import Path
@@ -108,6 +109,7 @@ class ShardedDataset(Dataset):
         for _, a, b in spans:
             self.offsets.append(self.offsets[-1] + b - a)
         self._cache: OrderedDict = OrderedDict()
+        self._pid = os.getpid()
 
     def __len__(self) -> int:
         return self.offsets[-1]
@@ -143,7 +145,10 @@ class ShardedDataset(Dataset):
             raise OSError(f"cannot read the image of {where}: {err}") from err
 
     def cached(self, key, load):
-        """A per-process (per data-loader worker) cache of the last ``MIXED_BLOCKS + 1`` things read."""
+        """A per-process (per data-loader worker) cache of the last ``MIXED_BLOCKS + 1`` things read;
+        a forked worker starts its own (an inherited open file would share its offset)."""
+        if self._pid != os.getpid():
+            self._cache, self._pid = OrderedDict(), os.getpid()
         if key not in self._cache:
             self._cache[key] = load()
             if len(self._cache) > MIXED_BLOCKS + 1:
