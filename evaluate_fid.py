@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                   inception_weights=args.inception_weights, digits_classifier_dir=args.digits_classifier,
                   allow_unknown_weights=getattr(args, "allow_unknown_inception_weights"))
     try:
+        for flag, least in (("batch_size", 1), ("split_size", 1), ("num_workers", 0)):
+            if getattr(args, flag, least) < least:   # a 0 batch or split would be range()'s step
+                raise ValueError(f"--{flag.replace('_', '-')} must be >= {least}, got {getattr(args, flag)}")
         common["device"] = resolve_device(args.device)
         set_threads(args.threads)
         for flag, path in (("--out", getattr(args, "out", None)), ("--json", getattr(args, "json", None))):

@@ -21,6 +21,7 @@ import json
 import os
 import pickle
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -38,14 +39,35 @@ class TooLargeError(MemoryError, ValueError):
     """A request that cannot fit in this machine's memory, refused before allocating."""
 
 
-def read_json(path: str | os.PathLike, fix: str):
-    """The JSON in ``path``; invalid JSON, or lists and objects nested past Python's recursion
-    limit (the parser recurses per level), is a ValueError naming the file and ``fix``."""
-    path = Path(path)
+def read_text(path: str | os.PathLike, what: str) -> str:
+    """``path``'s text (UTF-8); a binary file is a ValueError naming it, the first byte that is
+    not UTF-8 and ``what`` the file should be (not the codec's wording)."""
     try:
-        return json.loads(path.read_text())
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a text file (byte {err.object[err.start]:#04x} at offset {err.start:,} is not "
+                         f"UTF-8): {what}") from None
+
+
+def too_many_digits(err: ValueError) -> str | None:
+    """For ``int()`` of a number past Python's digit limit: the words for it, else None."""
+    digits = re.search(r"value has (\d+) digits", str(err))
+    if digits is None:
+        return None
+    return (f"holds a number of {int(digits.group(1)):,} digits (Python reads at most "
+            f"{sys.get_int_max_str_digits():,}); no setting takes one that long")
+
+
+def read_json(path: str | os.PathLike, fix: str):
+    """The JSON in ``path``; a binary file, invalid JSON, a number past Python's digit limit,
+    or lists and objects nested past Python's recursion limit (the parser recurses per level),
+    is a ValueError naming the file and ``fix``."""
+    path = Path(path)
+    text = read_text(path, f"expected a JSON text file; {fix}")
+    try:
+        return json.loads(text)
     except ValueError as err:
-        raise ValueError(f"{path}: not valid JSON ({err}); {fix}") from None
+        raise ValueError(f"{path}: {too_many_digits(err) or f'not valid JSON ({err})'}; {fix}") from None
     except RecursionError:
         raise ValueError(f"{path}: nested too deeply to read (lists or objects inside each other thousands of "
                          f"levels deep); {fix}") from None

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from ..guards import read_text, too_many_digits
 from ..training.config import dump_yaml, flag_name, to_dict  # noqa: F401  (a run's config as stored)
 from .parse import ArgumentParser, closest
 
@@ -216,10 +217,15 @@ def load_yaml(path: Path, cls) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
+    text = read_text(path, "a config is a YAML text file of flag: value lines")
     try:
-        data = yaml.load(path.read_text(), Loader=ConfigLoader) or {}
+        data = yaml.load(text, Loader=ConfigLoader) or {}
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: {yaml_problem(err)}") from None
+    except ValueError as err:   # int() of a number past Python's digit limit (4,300 by default)
+        if (problem := too_many_digits(err)) is None:
+            raise
+        raise ValueError(f"{path}: {problem}") from None
     except RecursionError:  # the parser recurses per level: a 100,000-deep list
         raise ValueError(f"{path}: nested too deeply to read (lists or mappings inside each other thousands of "
                          f"levels deep); a config holds plain values and short lists") from None

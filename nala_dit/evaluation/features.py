@@ -416,20 +416,26 @@ def load_npz_array(data, path: str | Path, key: str) -> np.ndarray:
                          f"code); store plain numbers, e.g. np.savez(path, images, labels.astype(np.int64))") from None
 
 
-def _read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(f)
-    if version == (2, 0):
-        return np.lib.format.read_array_header_2_0(f)
-    raise ValueError(f"unsupported .npy format version {version}")
+def _read_npy_header(f, where: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) of the .npy ``f`` (``where``: the .npz and member, named in
+    the one-line error for a damaged header instead of numpy's "Cannot parse header")."""
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(f)
+        if version == (2, 0):
+            return np.lib.format.read_array_header_2_0(f)
+    except ValueError:
+        raise ValueError(f"{where}: damaged .npy header (its shape and dtype cannot be read); write the file "
+                         f"again") from None
+    raise ValueError(f"{where}: unsupported .npy format version {version}; write the file again")
 
 
 def npz_array_shape(path: str | Path, name: str = "arr_0") -> tuple[tuple[int, ...], np.dtype]:
     """(shape, dtype) of one array inside an .npz, from its header only."""
     try:
         with zipfile.ZipFile(path) as zip_f, zip_f.open(_npy_member(zip_f, name)) as f:
-            shape, _, dtype = _read_npy_header(f)
+            shape, _, dtype = _read_npy_header(f, f"{path}:{name}")
     except (zipfile.BadZipFile, EOFError) as err:
         raise ValueError(f"{path}: not a readable .npz (truncated or not a zip archive: {err}); "
                          f"write it again") from None
@@ -446,7 +452,7 @@ def iter_npz_array(path: str | Path, name: str = "arr_0", batch_size: int = 250)
     """
     try:
         with zipfile.ZipFile(path) as zip_f, zip_f.open(_npy_member(zip_f, name)) as f:
-            shape, fortran_order, dtype = _read_npy_header(f)
+            shape, fortran_order, dtype = _read_npy_header(f, f"{path}:{name}")
             if fortran_order or dtype.hasobject:
                 raise ValueError(f"{path}:{name} must be a C-ordered plain array to stream it")
             row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
@@ -480,6 +486,7 @@ def list_image_files(folder: str | Path) -> list[Path]:
 class _ImageFiles(torch.utils.data.Dataset):
     def __init__(self, files: list[Path]):
         self.files = files
+        self.size = None   # the first file's (width, height), read from its header when first needed
 
     def __len__(self):
         return len(self.files)
@@ -488,11 +495,18 @@ class _ImageFiles(torch.utils.data.Dataset):
         from PIL import Image
 
         try:
+            if self.size is None:
+                with Image.open(self.files[0]) as first:
+                    self.size = first.size
             with Image.open(self.files[i]) as img:
-                gray = img.mode in ("1", "L", "I", "I;16", "F")
+                size, gray = img.size, img.mode in ("1", "L", "I", "I;16", "F")
                 arr = np.array(img.convert("L" if gray else "RGB"))
         except Exception as err:  # PIL raises several types (and a decompression bomb) for broken files
             raise ValueError(unreadable_image(self.files[i], err)) from None
+        if size != self.size:   # named here: the batch's collate knows no file
+            raise ValueError(f"{self.files[i]} is {size[0]}x{size[1]} px, {self.files[0]} {self.size[0]}x{self.size[1]}: "
+                             f"all images in a folder must have the same size; resize them to one size, or leave the "
+                             f"odd ones out")
         return torch.from_numpy(arr[..., None] if gray else arr)  # (H, W, C)
 
 

@@ -96,7 +96,7 @@ def _disk_full_line(path: Path, out: Path, then: str):
     try:
         yield
     except OSError as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        first = err.strerror or (str(err).splitlines()[0] if str(err) else type(err).__name__)   # no "[Errno 28]"
         samples, shards = shards_done(out)
         raise OSError(f"cannot write {path}: {first} (disk full?); removed the partial file, kept {shards} finished "
                       f"shard{'s' if shards != 1 else ''} ({samples} samples) in {out}.parts: free space and rerun "
@@ -339,7 +339,8 @@ def _already_complete(source, out: Path, parts: Path, recipe: dict, is_main: boo
                               f"beside it); {keep}")
     parts.mkdir(parents=True, exist_ok=True)
     if stored is None and is_main:
-        atomic_write(settings_file, lambda f: f.write(json.dumps(recipe, indent=2).encode()))
+        with _disk_full_line(settings_file, out, "start it"):
+            atomic_write(settings_file, lambda f: f.write(json.dumps(recipe, indent=2).encode()))
     return False
 
 
@@ -387,7 +388,8 @@ def _assemble(out: Path, parts: Path, shards: list[Path], labels, num_samples, n
                 npz=str(out))
     if context_parallel is not None:
         meta.update(context_parallel=context_parallel)   # world_size counts the data-parallel groups
-    atomic_write(sidecar, lambda f: f.write(json.dumps(meta, indent=2).encode()))
+    with _disk_full_line(sidecar, out, "finish it"):
+        atomic_write(sidecar, lambda f: f.write(json.dumps(meta, indent=2).encode()))
     if not keep_parts:
         import shutil
         shutil.rmtree(parts)

@@ -4,6 +4,7 @@ window of losses between two log steps, and the check that stops a diverged run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -45,8 +46,9 @@ class Logger:
         self.enabled = accelerator.is_main_process
         if not self.enabled:
             return
-        truncate_log(run_dir / "log.jsonl", step)
-        self.file = open(run_dir / "log.jsonl", "a")
+        self.path = run_dir / "log.jsonl"
+        truncate_log(self.path, step)
+        self.file = open(self.path, "a")
         trackers = make_trackers(report_to, run_dir, step)
         if trackers:
             accelerator.log_with = trackers
@@ -55,15 +57,30 @@ class Logger:
     def log(self, step: int, values: dict) -> None:
         if not self.enabled:
             return
-        self.file.write(json.dumps({"step": step, **values}) + "\n")
-        self.file.flush()
+        with write_failure(self.path, step):
+            self.file.write(json.dumps({"step": step, **values}) + "\n")
+            self.file.flush()
         numbers = {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        self.accelerator.log(numbers, step=step)
+        with write_failure(self.path.parent / "tensorboard", step):   # the trackers' files (or wandb's)
+            self.accelerator.log(numbers, step=step)
 
     def close(self) -> None:
         """The file; the trackers finish with ``accelerator.end_training()``."""
         if self.enabled:
             self.file.close()
+
+
+@contextlib.contextmanager
+def write_failure(path: Path, step: int):
+    """A log write that fails (disk full) as one line: what was being written, the system's
+    reason without its errno, and the way on (the run's checkpoints are intact; a resume
+    drops the log records past the checkpoint it resumes from)."""
+    try:
+        yield
+    except OSError as err:
+        reason = err.strerror or (str(err).splitlines()[0] if str(err) else type(err).__name__)
+        raise OSError(f"cannot write {path} at step {step}: {reason} (disk full?); the checkpoints already written "
+                      f"are intact: free space and rerun with --resume auto") from None
 
 
 def make_trackers(report_to: str, run_dir: Path, step: int) -> list:
