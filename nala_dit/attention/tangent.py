@@ -56,53 +56,74 @@ def in_forward_mode(*tensors) -> bool:
     return dual(*tensors) or any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
 
 
-def _features(q: torch.Tensor, k: torch.Tensor, opts: dict, norm_scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """``nala_features`` with the §2 constants as ``opts`` and a norm scale that may be a
-    per-head tensor (H, 1, 1) (the Triton path's learned s); inputs fp32 or float64."""
+def _query_features(q: torch.Tensor, opts: dict, norm_scale) -> torch.Tensor:
+    """φ_q of §2 (``nala_features``) with the constants as ``opts`` and a norm scale that may be
+    a per-head tensor (H, 1, 1) (the Triton path's learned s); fp32 or float64."""
     a, q_hat, _ = nala_query_weights(q, opts["power"], opts["offset"], norm_scale, opts["norm_eps"])
+    if opts["direction"] == "cosine":
+        theta = (math.pi / 4) * torch.tanh(opts["alpha"] * q_hat)
+        return torch.cat([a * torch.cos(theta), a * torch.sin(theta)], -1)
+    return torch.cat([a * (q_hat > 0), a * (q_hat < 0)], -1)
+
+
+def _key_features(k: torch.Tensor, opts: dict) -> torch.Tensor:
+    """φ_k of §2 (``nala_features``), fp32 or float64."""
     b = k.abs().pow(opts["power"])
     if opts["direction"] == "cosine":
-        k_hat = k / k.norm(dim=-1, keepdim=True).clamp_min(opts["norm_eps"])
-        theta_q = (math.pi / 4) * torch.tanh(opts["alpha"] * q_hat)
-        theta_k = (math.pi / 4) * torch.tanh(opts["alpha"] * k_hat)
-        return (torch.cat([a * torch.cos(theta_q), a * torch.sin(theta_q)], -1),
-                torch.cat([b * torch.cos(theta_k), b * torch.sin(theta_k)], -1))
-    return torch.cat([a * (q_hat > 0), a * (q_hat < 0)], -1), torch.cat([b * (k > 0), b * (k < 0)], -1)
+        theta = (math.pi / 4) * torch.tanh(opts["alpha"] * (k / k.norm(dim=-1, keepdim=True).clamp_min(opts["norm_eps"])))
+        return torch.cat([b * torch.cos(theta), b * torch.sin(theta)], -1)
+    return torch.cat([b * (k > 0), b * (k < 0)], -1)
 
 
 def nala_tangent(q, k, v, tangents, opts: dict, norm_scale=None, shard=None) -> torch.Tensor:
     """The tangent ȯ of ``nala_attention(q, k, v)`` for input tangents ``(q̇, k̇, v̇)`` (None:
-    zero), in v's dtype; computed in fp32 (float64 for float64 inputs). ``opts`` as
-    ``nala.fused_opts`` builds them; ``norm_scale`` overrides ``opts["norm_scale"]`` (a float
-    or a per-head (H,) tensor)."""
+    zero), in v's dtype; computed in fp32 (float64 for float64 inputs), in the fused path's
+    token chunks (``nala._token_chunks``: each chunk's features and their tangents stay in
+    cache). ``opts`` as ``nala.fused_opts`` builds them; ``norm_scale`` overrides
+    ``opts["norm_scale"]`` (a float or a per-head (H,) tensor)."""
+    from .nala import _token_chunks
+
     if shard is not None:
         raise ValueError(CONTEXT_PARALLEL_REFUSAL)
-    dq, dk, dv = tangents
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = opts["norm_scale"] if norm_scale is None else norm_scale
     if isinstance(scale, torch.Tensor):
         scale = scale.to(acc).reshape(-1, 1, 1)
+    out_dtype = v.dtype if tangents[2] is None else tangents[2].dtype
     with _no_autocast(q.device):
         q, k, v = (t.to(acc) for t in (q, k, v))
-        zero = lambda t, like: torch.zeros_like(like) if t is None else t.to(acc)
-        dq, dk = zero(dq, q), zero(dk, k)
-        (phi_q, phi_k), (dphi_q, dphi_k) = torch.func.jvp(lambda a, b: _features(a, b, opts, scale), (q, k), (dq, dk))
-        n = k.shape[-2]
+        dq, dk, dv = (None if t is None else t.to(acc) for t in tangents)
+        n, d = k.shape[-2], v.shape[-1]
+        chunks = _token_chunks(q.shape, q.device)
+        rows = lambda x, sl: x[:, :, sl]                                       # noqa: E731
         # pass over the keys: [S | z] and its tangent, each one GEMM against [v | 1]
-        v1 = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1)                 # (B, H, N, D+1)
-        state = phi_k.mT @ v1 / n                                              # (B, H, 2D, D+1)
-        d_state = dphi_k.mT @ v1
-        if tangents[2] is not None:
-            d_state = d_state + torch.nn.functional.pad(phi_k.mT @ tangents[2].to(acc), (0, 1))
-        d_state = d_state / n
-        # pass over the queries
-        d = v.shape[-1]
-        num_den = phi_q @ state
-        d_num_den = dphi_q @ state + phi_q @ d_state
-        den = num_den[..., d:] + opts["eps"]
-        out = num_den[..., :d] / den
-        return ((d_num_den[..., :d] - out * d_num_den[..., d:]) / den).to(tangents[2].dtype if tangents[2] is not None
-                                                                          else v.dtype)
+        state = d_state = 0
+        for sl in chunks:
+            kc = rows(k, sl)
+            v1 = torch.nn.functional.pad(rows(v, sl), (0, 1), value=1.0)       # (B, H, c, D+1)
+            if dk is None:
+                phi_k = _key_features(kc, opts)
+            else:
+                phi_k, dphi_k = torch.func.jvp(lambda x: _key_features(x, opts), (kc,), (rows(dk, sl),))
+                d_state = d_state + dphi_k.mT @ v1
+            state = state + phi_k.mT @ v1
+            if dv is not None:
+                d_state = d_state + torch.nn.functional.pad(phi_k.mT @ rows(dv, sl), (0, 1))
+        state, d_state = state / n, d_state / n
+        # pass over the queries: ȯ = (φ̇_qᵀS + φ_qᵀṠ − o·(φ̇_qᵀz + φ_qᵀż)) / den
+        outs = []
+        for sl in chunks:
+            qc = rows(q, sl)
+            if dq is None:
+                phi_q = _query_features(qc, opts, scale)
+                d_num_den = phi_q @ d_state if torch.is_tensor(d_state) else torch.zeros_like(phi_q @ state)
+            else:
+                phi_q, dphi_q = torch.func.jvp(lambda x: _query_features(x, opts, scale), (qc,), (rows(dq, sl),))
+                d_num_den = dphi_q @ state + (phi_q @ d_state if torch.is_tensor(d_state) else 0)
+            num_den = phi_q @ state
+            den = num_den[..., d:] + opts["eps"]
+            outs.append((d_num_den[..., :d] - num_den[..., :d] / den * d_num_den[..., d:]) / den)
+        return torch.cat(outs, 2).to(out_dtype)
 
 
 class TritonNaLaJvp(torch.autograd.Function):

@@ -40,25 +40,12 @@ from __future__ import annotations
 
 import torch
 
+from .choices import check_meanflow
 from .transport import Transport, _expand, noise_logits, shifted_grid
 
 R_NEQ_T = 0.25                  # share of samples with r ≠ t (paper Table 1a)
 MF_T_MEAN, MF_T_STD = -0.4, 1.0  # logit-normal (r, t), in the paper's time (Table 1d)
 ADAPTIVE_P, ADAPTIVE_C = 1.0, 1e-3   # adaptive loss weight 1/(‖Δ‖² + c)^p (§4.3, Table 1e)
-
-
-def check_meanflow(r_neq_t: float, adaptive_p: float, adaptive_c: float, cfg_omega: float, cfg_kappa: float,
-                   cfg_interval: tuple[float, float]) -> None:
-    """One ValueError line for a setting the objective cannot use."""
-    if not 0.0 <= r_neq_t <= 1.0:
-        raise ValueError(f"--mf-ratio (the share of samples with r != t) must be in [0, 1] (paper 0.25), got {r_neq_t}")
-    if not (adaptive_p >= 0 and adaptive_c > 0):
-        raise ValueError(f"--mf-adaptive-p must be >= 0 (0 = plain L2, paper 1.0) and --mf-adaptive-c > 0 (paper "
-                         f"1e-3), got {adaptive_p} and {adaptive_c}")
-    if not (cfg_kappa < 1 and cfg_omega >= 0 and 0 <= cfg_interval[0] <= cfg_interval[1] <= 1):
-        raise ValueError(f"MeanFlow guidance needs --mf-cfg-omega >= 0, --mf-cfg-kappa < 1 (the effective scale is "
-                         f"omega / (1 - kappa)) and an interval within [0, 1], got omega {cfg_omega}, kappa "
-                         f"{cfg_kappa}, interval {cfg_interval}")
 
 
 class MeanFlow(Transport):

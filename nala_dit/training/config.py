@@ -24,7 +24,8 @@ from ..checks import check_number
 from ..data.choices import CANVAS_SIZES, DIGITS_SIZES, IMAGE_FOLDER_SIZE, LATENT_NORMS
 from ..data.sources import data_help, data_source
 from ..diffusion.choices import (BETA_SCHEDULES, DIFFUSION_SAMPLERS, LOSS_WEIGHTS, PATHS, PREDICTIONS, SAMPLERS,
-                                 T_SAMPLINGS, TRANSPORT_SAMPLERS, check_diffusion_steps, check_steps, parse_cfg_scale)
+                                 T_SAMPLINGS, TRANSPORT_SAMPLERS, check_diffusion_steps, check_meanflow, check_steps,
+                                 parse_cfg_scale)
 from ..diffusion.registry import TRAINING_SAMPLERS
 from ..evaluation.choices import FEATURE_CHOICES, INCEPTION_WEIGHTS_FILE
 from ..models.grid import POS_EMBED_MODES, parse_time_shift
@@ -61,13 +62,18 @@ INHERIT_MODES = ("all-but-attention", "attention-qkv")
 # key each sets (the flag --pos-embed sets the key ``positions``; configs of older versions
 # wrote ``pos_embed``: ``models.dit.config_keys``).
 MODEL_OVERRIDES = {"attention": "attention", **{key: key for key in MODEL_OPTIONS}, "pos_embed": "positions",
-                   "softmax_blocks": "softmax_blocks", "mlp": "mlp", "mix_init": "mix_init"}
+                   "softmax_blocks": "softmax_blocks", "mlp": "mlp", "mix_init": "mix_init", "mean_flow": "mean_flow"}
 # Training options that only one objective reads (TrainConfig field -> objective).
 OBJECTIVE_OPTIONS = {
     "diffusion_steps": "diffusion", "noise_schedule": "diffusion",
     "path_type": "transport", "prediction": "transport", "loss_weight": "transport",
     "train_eps": "transport", "sample_eps": "transport",
+    **dict.fromkeys(("mf_ratio", "mf_t_mean", "mf_t_std", "mf_adaptive_p", "mf_adaptive_c", "mf_cfg_omega",
+                     "mf_cfg_kappa"), "transport"),
 }
+# MeanFlow's settings (diffusion/meanflow.py; None: the paper's values there)
+MEANFLOW_OPTIONS = ("mf_ratio", "mf_t_mean", "mf_t_std", "mf_adaptive_p", "mf_adaptive_c", "mf_cfg_omega",
+                    "mf_cfg_kappa")
 
 
 # train.py --help: these flags (the rest: --help-all, under the section titles below; each
@@ -171,6 +177,17 @@ class TrainConfig(_NaLaFlags):
     t_mean: float = field(default=0.0, metadata=dict(help="logit-normal t: mean of the noise fraction's logit "
                                                           "(> 0: more steps near noise)"))
     t_std: float = field(default=1.0, metadata=dict(help="logit-normal t: std of the noise fraction's logit"))
+    mean_flow: bool | None = _opt("SiT/NaLaSiT: train with MeanFlow (one-step generation, arXiv 2505.13447): the "
+                                  "model also takes an end time r and learns the average velocity from t to r, by "
+                                  "one JVP per step; sample with --sampler meanflow --steps 1 (docs/sampling.md)")
+    mf_ratio: float | None = _opt("MeanFlow: share of samples with r != t (default 0.25, the paper's ImageNet value)")
+    mf_t_mean: float | None = _opt("MeanFlow: logit-normal (t, r), mean in the paper's time, 1 = noise (default -0.4)")
+    mf_t_std: float | None = _opt("MeanFlow: logit-normal (t, r), std (default 1.0)")
+    mf_adaptive_p: float | None = _opt("MeanFlow: adaptive loss weight 1/(|error|^2 + c)^p, p (default 1.0; 0 = L2)")
+    mf_adaptive_c: float | None = _opt("MeanFlow: adaptive loss weight's c (default 1e-3)")
+    mf_cfg_omega: float | None = _opt("MeanFlow: guidance folded into the target, omega (default 1 = none; the "
+                                      "effective scale is omega / (1 - kappa))")
+    mf_cfg_kappa: float | None = _opt("MeanFlow: guidance folded into the target, kappa (default 0)")
     # optimisation
     global_batch_size: int = field(default=256, metadata=dict(help="images per optimizer step, all processes"))
     grad_accum: int = field(default=1, metadata=dict(help="micro-batches per optimizer step"))
@@ -360,9 +377,28 @@ class TrainConfig(_NaLaFlags):
         if not (math.isfinite(self.repa_weight) and self.repa_weight >= 0) or self.repa_projector_dim < 1:
             raise ValueError(f"--repa-weight must be >= 0 and --repa-projector-dim >= 1, got {self.repa_weight} and "
                              f"{self.repa_projector_dim}")
+        self._check_meanflow()
         if self.repa_encoder is None and self.repa_depth is not None:
             raise ValueError("--repa-depth chooses the block aligned to --repa-encoder's features: pass "
                              "--repa-encoder FOLDER with it")
+
+    def _check_meanflow(self) -> None:
+        """``--mean-flow`` and its ``--mf-*`` settings, in one line each."""
+        given = [flag_name(k) for k in MEANFLOW_OPTIONS if getattr(self, k) is not None]
+        if not self.mean_flow:
+            if given:
+                raise ValueError(f"--{given[0]} is a MeanFlow setting: pass --mean-flow with it")
+            return
+        if preset(self.model)[0] != "transport":
+            raise ValueError(f"--mean-flow trains a transport model (SiT or NaLaSiT), not {self.model}")
+        for other, why in (("teacher", "distillation"), ("repa_encoder", "REPA")):
+            if getattr(self, other):
+                raise ValueError(f"--mean-flow with --{flag_name(other)} ({why}) is not supported: drop one of them")
+        if self.prediction != "velocity":
+            raise ValueError(f"--mean-flow learns (average) velocities: use --prediction velocity, got {self.prediction}")
+        mf = lambda key, default: default if getattr(self, key) is None else getattr(self, key)   # noqa: E731
+        check_meanflow(mf("mf_ratio", 0.25), mf("mf_adaptive_p", 1.0), mf("mf_adaptive_c", 1e-3),
+                       mf("mf_cfg_omega", 1.0), mf("mf_cfg_kappa", 0.0), (0.0, 1.0))
 
     def resolve_ema(self) -> None:
         """``--ema-warmup`` not given: on, unless ``--ema-decay`` is (then DiT's EMA without one, as

@@ -29,7 +29,7 @@ RESUME_RULES = {
                 "sample_eps", "time_shift", "vae", "teacher", "distill_weight", "distill_sigma_weight",
                 "repa_encoder", "repa_depth", "repa_projector_dim"),
     "refused-model": ("model", "attention", *MODEL_OPTIONS, "pos_embed", "softmax_blocks", "mlp", "mix_init",
-                      "class_dropout_prob", "image_size", "num_classes"),
+                      "class_dropout_prob", "image_size", "num_classes", "mean_flow"),
     "refused-norm": ("latent_norm",),
     "applied": ("data", "flip", "skip_corrupt", "check_data", "num_workers", "t_sampling", "t_mean", "t_std",
                 "global_batch_size", "grad_accum", "lr", "warmup_steps", "weight_decay", "adam_beta2",
@@ -38,7 +38,8 @@ RESUME_RULES = {
                 "ckpt_every", "keep_last", "sample_every", "sample_sampler", "sample_steps", "sample_cfg_scale",
                 "report_to", "val_every", "val_data", "val_samples", "fid_every", "fid_ref", "fid_samples",
                 "fid_features", "inception_weights", "allow_unknown_inception_weights", "digits_classifier",
-                "repa_weight"),
+                "repa_weight", "mf_ratio", "mf_t_mean", "mf_t_std", "mf_adaptive_p", "mf_adaptive_c", "mf_cfg_omega",
+                "mf_cfg_kappa"),
     "own-line": ("context_parallel", "fsdp", "init_from"),
     "not-compared": ("resume", "allow_changes", "inherit"),
 }

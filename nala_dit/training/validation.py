@@ -37,6 +37,8 @@ NOISE_BANDS = (("low", 0.0, 1 / 3), ("mid", 1 / 3, 2 / 3), ("high", 2 / 3, float
 def training_sampler(cfg: TrainConfig, model) -> str:
     """What the grids and FID during training sample with: ``--sample-sampler``, else DDIM (DiT) /
     Heun (SiT): a check during training, where 250 DDPM steps would dominate the step time."""
+    if cfg.sample_sampler is None and getattr(model.config, "mean_flow", False):
+        return "meanflow"   # a MeanFlow model: --sample-steps steps of its average velocity (1 = one-step)
     return cfg.sample_sampler or TRAINING_SAMPLERS[model.config.objective]
 
 

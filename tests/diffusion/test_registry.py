@@ -110,4 +110,4 @@ def test_the_built_in_lines_name_functions_that_exist():
                for family, name in table.items())
     assert SAMPLERS == tuple(SAMPLER_SPECS) == DIFFUSION_SAMPLERS + TRANSPORT_SAMPLERS
     assert DEFAULT_STEPS == {"ddpm": 250, "ddim": 50, "dpm-solver": 25, "ode-euler": 50, "ode-heun": 50,
-                             "dopri5": 50, "sde-euler": 250, "sde-heun": 250}
+                             "dopri5": 50, "sde-euler": 250, "sde-heun": 250, "meanflow": 1}

@@ -111,7 +111,8 @@ OTHER = {"data": "digits-canvas", "image_size": 16, "flip": False, "skip_corrupt
          "report_to": "none", "val_every": 5, "val_data": "held", "val_samples": 8, "fid_every": 5,
          "fid_ref": "ref.npz", "fid_samples": 8, "fid_features": "digits", "inception_weights": "w.pth",
          "allow_unknown_inception_weights": True,
-         "digits_classifier": "clf", "repa_weight": 1.0,
+         "digits_classifier": "clf", "repa_weight": 1.0, "mf_ratio": 0.5, "mf_t_mean": 0.0, "mf_t_std": 2.0,
+         "mf_adaptive_p": 0.5, "mf_adaptive_c": 0.01, "mf_cfg_omega": 2.0, "mf_cfg_kappa": 0.5,
          # refused, compared in the training config
          "noise_schedule": "cosine", "diffusion_steps": 500, "path_type": "gvp", "prediction": "noise",
          "loss_weight": "velocity", "train_eps": 1e-3, "sample_eps": 1e-3, "time_shift": "2.0", "vae": "other-vae",
@@ -163,7 +164,8 @@ def test_every_model_setting_reaches_the_model_config(tmp_path):
              "out_norm": False, "power": 2.0, "offset": 0.25, "norm_scale": 2.0, "alpha": 10.0, "rope": True,
              "rope_layout": "released",
              "nala_regions": 2, "pos_embed": "interpolate", "softmax_blocks": "1", "mlp": "mix",
-             "mix_init": "identity", "class_dropout_prob": 0.2, "image_size": 16, "num_classes": 5}
+             "mix_init": "identity", "class_dropout_prob": 0.2, "image_size": 16, "num_classes": 5,
+             "mean_flow": True}
     assert sorted(other) == sorted(RESUME_RULES["refused-model"])
     base = TrainConfig(model="NaLaDiT-T/2", data="digits")
     base.validate()
@@ -171,6 +173,11 @@ def test_every_model_setting_reaches_the_model_config(tmp_path):
     ckpt = ckpt_lib.Checkpoint(tmp_path, dict(config=to_dict(base), model_config=dict(model.config)))
     for name, value in other.items():
         cfg = dataclasses.replace(base, **{name: value}, **({"mlp": "mix"} if name == "mix_init" else {}))
+        if name == "mean_flow":   # a transport model's setting: against a NaLaSiT checkpoint
+            sit = dataclasses.replace(base, model="NaLaSiT-T/2")
+            ckpt = ckpt_lib.Checkpoint(tmp_path, dict(config=to_dict(sit), model_config=dict(
+                build_model(sit, 10, 1, 8).config)))
+            cfg = dataclasses.replace(sit, mean_flow=True)
         changed = build_model(cfg, value if name == "num_classes" else 10, 1, value if name == "image_size" else 8)
         assert ckpt_lib.config_changes(ckpt, to_dict(cfg), dict(changed.config)), name
 
