@@ -44,8 +44,8 @@ from nala_dit.cli.requirements import require_installed
 
 require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
 
-from nala_dit.cli.parse import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, report_error, run_main,
-                                seed_arg, set_threads)
+from nala_dit.cli.parse import (THREADS_HELP, ArgumentParser, Interrupted, main_process, passive_wait_policy,
+                                report_error, run_main, seed_arg, set_threads)
 from nala_dit.cli.sizes import add_size_arguments, check_size_args, size_values
 from nala_dit.models.grid import sized_settings
 from nala_dit.cli.options import (CONTEXT_PARALLEL_HELP, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS,
@@ -209,9 +209,11 @@ def compiled(source, args):
     """``source`` with its model compiled in place as ``--compile`` / ``--cuda-graphs`` ask
     (``nala_dit.models.compile``: the module keeps its class and attributes)."""
     if args.compile or args.cuda_graphs:
-        from nala_dit.models.compile import compile_model
+        from nala_dit.models.compile import compile_model, compile_note
 
         compile_model(source.model, "reduce-overhead" if args.cuda_graphs else "default")
+        if main_process():
+            print(compile_note("batch"), file=sys.stderr, flush=True)
     return source
 
 

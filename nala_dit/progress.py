@@ -7,6 +7,9 @@ at most once every ``interval`` seconds (default 60): a run of any length writes
 about 10 lines plus one a minute. A transient bar (``leave=False``: the per-batch sampler
 steps under a bar over images) prints nothing off a terminal.
 
+``restart_rate(bar)``: the rate and ETA from here on leave out what came before (a first
+step that compiled the model), the elapsed time still counts it.
+
 ``watch_progress(callback)``: every bar made inside the block, in this thread, also reports
 ``(desc, n, total)`` to ``callback`` at each update, disabled and transient bars too (the
 web demo's progress bar, ``app.py``, follows ``sample.py``'s bars this way).
@@ -41,6 +44,19 @@ def progress_bar(iterable=None, *, total=None, desc: str = "", unit: str = "it",
                             disable=disable or not leave, file=file, interval=interval)
     watchers = getattr(_watching, "callbacks", None)
     return _Watched(bar, tuple(watchers), desc, initial, total) if watchers else bar
+
+
+def restart_rate(bar) -> None:
+    """Rate and ETA of ``bar`` (any ``progress_bar``) from now on: the work done so far, and its
+    time, leave them (``train.py --compile``: the first step's compilation is no step time)."""
+    bar = getattr(bar, "bar", bar)   # a _Watched bar's own
+    if isinstance(bar, PlainProgress):
+        bar.rate_start, bar.rate_n = bar.clock(), bar.n
+    elif not getattr(bar, "disable", True):   # tqdm: its smoothed rate restarts, as tqdm's own reset() does
+        from tqdm.std import EMA
+
+        bar._ema_dn, bar._ema_dt = EMA(bar.smoothing), EMA(bar.smoothing)
+        bar.last_print_t, bar.last_print_n = bar._time(), bar.n
 
 
 _watching = threading.local()
@@ -115,10 +131,11 @@ class PlainProgress:
     def __init__(self, iterable=None, *, total=None, desc="", unit="it", initial=0, disable=False, file=None,
                  interval=PLAIN_INTERVAL, clock=time.monotonic):
         self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
-        self.n = self.start_n = initial
+        self.n = initial
         self.disable, self.file, self.interval, self.clock = disable, file or sys.stderr, interval, clock
         self.postfix = ""
-        self.start = self.last_time = clock()
+        self.start = self.last_time = self.rate_start = clock()
+        self.rate_n = initial   # the rate counts from here (restart_rate moves both)
         self.tenth = self._tenths(initial)  # tenths of the total already reached
         self.printed_n = initial
         self.closed = False
@@ -145,7 +162,7 @@ class PlainProgress:
         done = f"{self.n}/{self.total} {self.unit} ({100 * self.n // self.total}%)" if self.total \
             else f"{self.n} {self.unit}"
         parts = [f"{self.desc}: {done}" if self.desc else done, f"{_clock(elapsed)} elapsed"]
-        rate = (self.n - self.start_n) / elapsed if elapsed > 0 else 0.0
+        rate = (self.n - self.rate_n) / (now - self.rate_start) if now > self.rate_start else 0.0
         if rate > 0:
             parts.append(f"{rate:.3g} {self.unit}/s")
             if self.total and self.n < self.total:

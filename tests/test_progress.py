@@ -102,3 +102,22 @@ def test_training_progress_line_shows_the_loss_of_its_own_step(tmp_path, capsys)
     assert sorted(logged) == [2, 4] and logged[2] != logged[4]
     assert f"loss={logged[4]:.4f}" in lines["train NaLaDiT-T/2: 4/4 step (100%)"]
     assert f"loss={logged[2]:.4f}" in lines["train NaLaDiT-T/2: 2/4 step (50%)"]
+
+
+def test_restart_rate_leaves_a_compiling_first_step_out_of_the_eta():
+    """train.py --compile: step 1 took 100 s (the compilation), the others 1 s each; after
+    restart_rate the rate and ETA are the steps' own, the elapsed time still the whole."""
+    from nala_dit.progress import restart_rate
+
+    times = iter([0.0, 100.0, 100.0, *[100.0 + i for i in range(1, 200)]])
+    out = io.StringIO()
+    bar = PlainProgress(total=20, desc="train", unit="step", file=out, interval=1e9, clock=lambda: next(times))
+    bar.update(1)          # 100 s: compiled, then stepped (a line at 1/20? no: the tenths are 2, 4, ...)
+    restart_rate(bar)
+    bar.update(1)          # 101 s: the 2nd step, a tenth: a line
+    assert out.getvalue().splitlines() == ["train: 2/20 step (10%), 0:01:41 elapsed, 1 step/s, eta 0:00:18"]
+    tqdm_bar = progress_bar(total=3, file=Terminal())
+    tqdm_bar.update(1)
+    restart_rate(tqdm_bar)
+    assert tqdm_bar.format_dict["rate"] is None and tqdm_bar.last_print_n == 1   # the smoothed rate starts again
+    tqdm_bar.close()

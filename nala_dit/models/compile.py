@@ -18,6 +18,12 @@ import torch
 from ..compile_cache import private_compile_cache
 
 COMPILE_MODES = ("default", "reduce-overhead")
+# What the first call of a compiled model costs on a CPU, said before it starts (train.py's first
+# step, sample.py's first batch). Measured for NaLaDiT-T/2 (digits, batch 64 / 2 images of 40 ddpm
+# steps) on 2-core CPUs: the first step 2.5 min on a user's machine and 5 min 8 s on one thread of
+# the development machine beside 12-17 other busy processes; the first batch 104 s and 5.8 min (a
+# 474 s run against 128 s eager). docs/sampling.md, docs/training.md.
+COMPILE_COST = {"step": "2.5-5 minutes", "batch": "2-6 minutes"}
 NO_CUDA_NOTE = ("note: CUDA graphs (--cuda-graphs, mode='reduce-overhead') need CUDA, and this machine has none: "
                 "the model runs compiled without them")
 
@@ -41,3 +47,10 @@ def compile_model(model: torch.nn.Module, mode: str = "default", *, in_place: bo
         return torch.compile(model, mode=mode)
     model.compile(mode=mode)
     return model
+
+
+def compile_note(what: str) -> str:
+    """The line said before the first ``what`` (``COMPILE_COST``'s keys) of a compiled model runs:
+    a compiling run is silent for minutes on a CPU."""
+    return (f"compiling the model (torch.compile): the first {what} takes it, on a CPU {COMPILE_COST[what]} for "
+            f"NaLaDiT-T/2 on 2 cores, longer for larger models or beside other work")

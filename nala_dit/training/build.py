@@ -15,7 +15,7 @@ from ..attention.regions import check_regions
 from ..data.choices import default_num_workers
 from ..data.latent_stats import run_norm
 from ..models import vae as vae_lib
-from ..models.compile import compile_model
+from ..models.compile import compile_model, compile_note
 from ..models.dit import create_model
 from ..models.grid import latent_size, vae_factor
 from ..models.tokenizer import check_fixed_size, describe
@@ -159,6 +159,8 @@ def step_model(cfg: TrainConfig, accelerator, context, model, ema, encoder, proj
 
     enable(model, context)
     train_model = compile_model(model, in_place=False) if cfg.compile else model
+    if cfg.compile:   # compiled at the first step: minutes on a CPU, left out of the ETA (TrainStep)
+        accelerator.print(compile_note("step") + "; the rate and ETA leave it out")
     alignment = None
     if projector is not None:
         depth = cfg.repa_depth or repa_lib.default_depth(cfg.model)

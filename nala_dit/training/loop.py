@@ -26,6 +26,7 @@ import torch
 
 from ..data.sources import data_source
 from ..data.latent_stats import agreed_norm
+from ..progress import restart_rate
 from ..runlock import LOCK_NAME, check_process_count, hold_lock
 from . import convert
 from .build import (build_ema_and_repa, build_model, build_optimizer, build_teacher, checked_space,
@@ -292,6 +293,8 @@ class TrainStep:
             run.progress.set_postfix(**progress_values(values))
             run.window.reset()
         run.progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
+        if cfg.compile and step == run.start_step + 1:   # this step compiled the model: no step's time
+            restart_rate(run.progress)
         if step % cfg.ckpt_every == 0 or step == cfg.max_steps or stop:  # before the grid: a failed grid loses no steps
             run.save(step)
         if stop:

@@ -49,14 +49,20 @@ def test_sample_cuda_graphs_without_cuda_writes_the_eager_grid(one_block_run, tm
     np.testing.assert_array_equal(graphs, eager)
 
 
-def test_sample_flags_pick_the_mode(monkeypatch):
-    """--compile: mode default; --cuda-graphs: reduce-overhead; neither: no compile."""
+def test_sample_flags_pick_the_mode(monkeypatch, capsys):
+    """--compile: mode default; --cuda-graphs: reduce-overhead; neither: no compile. A compiled
+    model's first batch is announced with its cost before it runs (minutes on a CPU)."""
+    from nala_dit.models.compile import compile_note
+
     modes = []
     monkeypatch.setattr("nala_dit.models.compile.compile_model", lambda model, mode: modes.append(mode))
+    capsys.readouterr()
     for flags in ([], ["--compile"], ["--cuda-graphs"], ["--compile", "--cuda-graphs"]):
         args = sample.build_parser().parse_args(["--ckpt", "x", *flags])
         sample.compiled(SimpleNamespace(model=None), args)
     assert modes == ["default", "reduce-overhead", "reduce-overhead"]
+    assert capsys.readouterr().err.splitlines() == [compile_note("batch")] * 3
+    assert compile_note("batch").startswith("compiling the model (torch.compile): the first batch takes it, on a CPU ")
 
 
 def test_train_compile_goes_through_compile_model(monkeypatch):
@@ -77,6 +83,23 @@ def test_train_compile_goes_through_compile_model(monkeypatch):
         cfg = TrainConfig(model="NaLaDiT-T/2", data="digits", compile=compile)
         build.step_model(cfg, Accelerator(cpu=True), None, model, copy.deepcopy(model), None, None, optimizer, None)
     assert calls == [dict(in_place=False)]
+
+
+def test_train_compile_announces_the_first_step_and_leaves_it_out_of_the_eta(tmp_path, monkeypatch, capsys):
+    """train.py --compile says before step 1 that it compiles (and what that costs), and the
+    progress bar's rate restarts after that step: the ETA is the steps' own."""
+    from nala_dit.models.compile import compile_note
+    from nala_dit.training import build, loop
+    from tests.training.test_loop import run_train
+
+    monkeypatch.setattr(build, "compile_model", lambda model, **kw: model)   # the compile itself: elsewhere
+    restarted = []
+    monkeypatch.setattr(loop, "restart_rate", lambda bar: restarted.append(getattr(bar, "n", None)))
+    capsys.readouterr()
+    run_train(tmp_path, "--max-steps", "2", "--compile", "true")
+    out = capsys.readouterr().out
+    assert f"{compile_note('step')}; the rate and ETA leave it out" in out.splitlines(), out
+    assert restarted == [1]   # after the first step, once
 
 
 def test_compiled_pipeline_gives_the_eager_images(one_block_run, capsys):
