@@ -98,6 +98,7 @@ def test_the_classes_are_diffusers_own():
 def test_a_tokenizer_goes_from_extraction_to_a_diffusers_pipeline(name, images, tmp_path, capsys):
     import diffusers
     import export
+    import nala_dit
     import sample
     from nala_dit.data.datasets import ImageFolderDataset
     from nala_dit.models.vae import load_vae
@@ -125,7 +126,7 @@ def test_a_tokenizer_goes_from_extraction_to_a_diffusers_pipeline(name, images, 
     torch.testing.assert_close(moments[0, 0], mean[0], rtol=1e-5, atol=1e-5)
 
     run = run_train(tmp_path, "--data", str(tmp_path / "lat"), "--vae", str(folder), "--model", "SiT-T/1",
-                    "--global-batch-size", "2", "--max-steps", "3", "--ckpt-every", "3", name="run")
+                    "--global-batch-size", "2", "--max-steps", "3", "--ckpt-every", "3", "--report-to", "none", name="run")
     state = json.loads(sorted((run / "checkpoints").glob("*/state.json"))[-1].read_text())
     assert state["latent_norm"] == dict(mode="scalar", scale=scaling, **({"shift": shift} if shift else {}))
 
@@ -135,6 +136,7 @@ def test_a_tokenizer_goes_from_extraction_to_a_diffusers_pipeline(name, images, 
     assert len(pngs) == 2 and pngs[0].shape == (SIZE, SIZE, 3)
     assert export.main(["checkpoint", str(run), str(tmp_path / "pipe"), "--copy-vae"]) == 0
     capsys.readouterr()
+    nala_dit.register_with_diffusers()
     pipe = diffusers.DiffusionPipeline.from_pretrained(str(tmp_path / "pipe"))
     assert type(pipe.vae).__name__ == name
     pipe.set_progress_bar_config(disable=True)
