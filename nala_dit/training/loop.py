@@ -216,7 +216,8 @@ def train_loop(run: Run) -> None:
             run.progress.close()
             run.logger.close()
             again = "the same command" if run.cfg.resume == "auto" else "the same command with --resume auto"
-            raise Preempted(f"{run.stop.name} at step {step + 1}: wrote checkpoint "
+            signal = getattr(run.stop, "name", None) or "a signal to another process"   # the flag is shared
+            raise Preempted(f"{signal} at step {step + 1}: wrote checkpoint "
                             f"{run.run_dir / 'checkpoints' / f'{step + 1:07d}'}; run {again} to continue from it")
     run.progress.close()
     if warning := ema_warning(run.cfg.ema_decay, run.cfg.ema_warmup, run.ema_updates):
