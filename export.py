@@ -11,7 +11,7 @@ From the published DiT / SiT weights (softmax models, official key layout):
 Then:
     python -c "import nala_dit.pipelines.pipeline as p; print(p.load_pipeline('exported/nala-dit-s2')([1]).images)"
     python sample.py --ckpt exported/nala-dit-s2 --labels 1,2 --grid grid.png
-    python -c "import nala_dit, diffusers; print(diffusers.DiffusionPipeline.from_pretrained('exported/nala-dit-s2'))"
+    python -c "import nala_dit, diffusers; nala_dit.register_with_diffusers(); print(diffusers.DiffusionPipeline.from_pretrained('exported/nala-dit-s2'))"
 
 Without --copy-vae the pipeline stores only the VAE's path or hub id (``vae_path``) and
 loads it on first use; with it the VAE is saved inside the folder.
@@ -126,7 +126,7 @@ def publish_line(out_dir: str) -> str:
         except ValueError:
             shown = str(hf)
     return (f"publish: {shown} upload USER/REPO {shlex.quote(str(out_dir))}    # after `hf auth login`; it loads "
-            f"back with DiffusionPipeline.from_pretrained(\"USER/REPO\") after `import nala_dit`")
+            f"back with DiffusionPipeline.from_pretrained(\"USER/REPO\") after nala_dit.register_with_diffusers()")
 
 
 if __name__ == "__main__":

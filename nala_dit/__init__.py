@@ -18,8 +18,10 @@ The package, top (what a user runs) to bottom (the math); imports only point dow
   file hands us), ``checks.py`` (torch-free: numbers in range, ``did you mean``), ``progress.py``
   (the one progress display), ``runlock.py`` (one writer per folder).
 
-Importing the package costs nothing: the names below are imported on first use, so a CLI's
-``--help`` never loads torch or diffusers.
+Importing the package costs nothing and changes nothing of other libraries: the names below
+are imported on first use, so a CLI's ``--help`` never loads torch or diffusers, and diffusers
+learns our pipeline names only from ``nala_dit.register_with_diffusers()``
+(``pipelines/register.py``).
 """
 
 import os as _os
@@ -57,9 +59,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     # pipelines and model sources
     "NaLaDiTPipeline": "pipelines.pipeline", "NaLaSiTPipeline": "pipelines.pipeline",
     "DiTPipelineTransformer": "pipelines.pipeline", "load_source": "pipelines.sources",
+    # diffusers' generic DiffusionPipeline.from_pretrained(folder) finds our pipelines once this is called
+    "register_with_diffusers": "pipelines.register",
 })
-
-# diffusers' generic DiffusionPipeline.from_pretrained finds our pipelines by name.
-from .pipelines.register import install as _install  # noqa: E402
-
-_install()

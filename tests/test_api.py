@@ -15,7 +15,7 @@ API = {
         "cfg_model_fn", "count_flops", "count_params", "create_model", "ddim_sample", "ddpm_sample",
         "evaluate_samples", "frechet_distance", "generate", "inception_score", "load_source",
         "nala_attention", "nala_attention_reference", "nala_features", "ode_sample", "precision_recall",
-        "sample_batch", "sde_sample",
+        "register_with_diffusers", "sample_batch", "sde_sample",
     ],
     "nala_dit.models": ["DiT", "DiTBlock", "MODELS", "TokenGrid", "compile_model", "count_flops", "count_params", "create_model"],
     "nala_dit.diffusion": ["GaussianDiffusion", "SampleSettings", "Transport", "cfg_model_fn", "ddim_sample",
@@ -26,7 +26,7 @@ API = {
     "nala_dit.evaluation": ["build_extractor", "evaluate_samples", "frechet_distance", "inception_score", "kid",
                             "make_reference", "precision_recall"],
     "nala_dit.pipelines": ["DiTPipelineTransformer", "NaLaDiTPipeline", "NaLaSiTPipeline", "load_pipeline",
-                           "load_source", "mass_sample"],
+                           "load_source", "mass_sample", "register_with_diffusers"],
 }
 
 

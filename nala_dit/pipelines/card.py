@@ -433,9 +433,9 @@ def _use(folder: str, kind: str, id2label: dict[int, str], sampler, vae) -> list
               f"from nala_dit.pipelines.pipeline import {kind}",
               f"pipe = {kind}.from_pretrained({folder!r})",
               f"images = pipe({[id2label[i] for i in ids]!r}, generator=0).images", "```", "",
-              "`import nala_dit` lets diffusers' `DiffusionPipeline.from_pretrained` open the folder too. Published "
-              "with `hf upload USER/REPO <this folder>`, it loads back with "
-              "`DiffusionPipeline.from_pretrained(\"USER/REPO\")` after `import nala_dit`.", ""]
+              "`nala_dit.register_with_diffusers()` lets diffusers' `DiffusionPipeline.from_pretrained` open the "
+              "folder too. Published with `hf upload USER/REPO <this folder>`, it loads back with "
+              "`DiffusionPipeline.from_pretrained(\"USER/REPO\")` after that call.", ""]
     return lines
 
 

@@ -90,14 +90,15 @@ def warn_spinning_threads(device) -> None:
 # Every saved folder holds <custom pipeline>.py: a docstring and one import of the pipeline
 # class from this installed package, nothing else (tests/pipelines/test_pipeline.py), for
 # diffusers' documented door for pipelines outside diffusers. No route of this package
-# runs it: `import nala_dit` lets DiffusionPipeline.from_pretrained(folder) find the class
-# by name; only custom_pipeline= with trust_remote_code=True executes the file, whatever
+# runs it: `nala_dit.register_with_diffusers()` lets DiffusionPipeline.from_pretrained(folder)
+# find the class by name; only custom_pipeline= with trust_remote_code=True executes the file, whatever
 # it then holds. One name per class: diffusers caches local custom pipelines by file name,
 # so two classes behind one name would collide in a process that loads both.
 CUSTOM_PIPELINES = {"NaLaDiTPipeline": "nala_dit_pipeline", "NaLaSiTPipeline": "nala_sit_pipeline"}
 CUSTOM_PIPELINE_SOURCE = '''"""Names this folder's pipeline class for diffusers. Not needed where nala_dit is installed:
 
     import nala_dit
+    nala_dit.register_with_diffusers()
     DiffusionPipeline.from_pretrained(folder)      # or {name}.from_pretrained(folder)
 
 loads this folder without running any file in it. Only
@@ -460,36 +461,6 @@ class NaLaSiTPipeline(_NaLaPipeline):
 PIPELINES = {"diffusion": NaLaDiTPipeline, "transport": NaLaSiTPipeline}
 
 
-def add_to_diffusers(*classes) -> bool:
-    """The one place diffusers is touched (why: ``register.py``): ``diffusers.<Name> = cls``,
-    so that a ``model_index.json`` whose ``_class_name`` names the class loads with
-    ``DiffusionPipeline.from_pretrained``. It relies on diffusers resolving ``_class_name``
-    as ``getattr(diffusers, name)`` (``pipeline_loading_utils._get_pipeline_class`` in
-    diffusers 0.42) and checks that through that very function. If a release resolves names
-    otherwise, it warns in one line naming the diffusers version and returns False, rather
-    than failing the import it runs in: ``NaLaDiTPipeline.from_pretrained`` keeps working."""
-    import warnings
-
-    import diffusers
-
-    for cls in classes:
-        setattr(diffusers, cls.__name__, cls)
-    try:
-        from diffusers.pipelines.pipeline_loading_utils import _get_pipeline_class
-
-        lost = [c.__name__ for c in classes
-                if _get_pipeline_class(DiffusionPipeline, config={"_class_name": c.__name__}) is not c]
-    except Exception as err:   # the function moved, or changed what it takes
-        lost = [f"{', '.join(c.__name__ for c in classes)} ({type(err).__name__}: {str(err).partition(chr(10))[0]})"]
-    if lost:
-        warnings.warn(f"diffusers {diffusers.__version__} does not look up a model_index.json's _class_name "
-                      f"({', '.join(lost)}) as diffusers 0.42 does, so DiffusionPipeline.from_pretrained cannot "
-                      f"open nala_dit folders: use NaLaDiTPipeline / NaLaSiTPipeline.from_pretrained(folder), or "
-                      f"the diffusers version pyproject.toml pins", RuntimeWarning, stacklevel=2)
-    return not lost
-
-
-add_to_diffusers(NaLaDiTPipeline, NaLaSiTPipeline)
 OBJECTIVE_KEYS = {"diffusion": ("noise-schedule", "diffusion-steps"),
                   "transport": ("path-type", "prediction", "loss-weight", "train-eps", "sample-eps")}
 

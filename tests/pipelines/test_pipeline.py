@@ -158,13 +158,16 @@ def test_our_dit_inside_diffusers_dit_pipeline(tiny_vae, tmp_path):
 @pytest.mark.slow
 def test_diffusers_generic_loader_round_trip(tmp_path, monkeypatch):
     """DiffusionPipeline.from_pretrained gives back our pipeline and its exact images: after
-    `import nala_dit` (either import order) and through custom_pipeline= (diffusers' door). A
-    fresh process in the README's order (`import nala_dit` first) is test_register.py's
-    test_a_folder_keeps_loading_generically_in_every_import_order, pixels included."""
+    `nala_dit.register_with_diffusers()` and through custom_pipeline= (diffusers' door). Fresh
+    processes with and without registering are test_register.py's
+    test_a_folder_loads_generically_after_registering_and_our_routes_without, pixels included."""
     import diffusers.utils.dynamic_modules_utils as dynamic
     from diffusers import DiffusionPipeline
 
+    import nala_dit
     from nala_dit.pipelines.pipeline import CUSTOM_PIPELINES
+
+    nala_dit.register_with_diffusers()
 
     monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path / "modules"))  # not the user's cache
     expected = {}
@@ -173,7 +176,6 @@ def test_diffusers_generic_loader_round_trip(tmp_path, monkeypatch):
         folder = tmp_path / name.replace("/", "-")
         pipe.save_pretrained(folder)
         expected[type(pipe)] = run(pipe)
-        # In this process diffusers was imported before nala_dit.
         generic = DiffusionPipeline.from_pretrained(folder)
         assert type(generic) is type(pipe)
         np.testing.assert_array_equal(run(generic), expected[type(pipe)])
@@ -228,6 +230,10 @@ def test_diffusers_bf16_idioms_run_as_precision_bf16(tmp_path, name, sampler):
     and 1 or 4 steps: 1.5e-3 to 5.3e-3, 2-3x the fp32 run's own distance from precision="bf16"
     (which is > 1e-4: the comparison is not vacuous)."""
     from diffusers import DiffusionPipeline
+
+    from nala_dit import register_with_diffusers
+
+    register_with_diffusers()
 
     torch.manual_seed(0)
     model = tiny(name)

@@ -1,6 +1,6 @@
-"""Tests of `nala_dit/pipelines/register.py` and `pipeline.add_to_diffusers`: diffusers' own
-`DiffusionPipeline.from_pretrained(folder)` opens our folders after `import nala_dit`, and
-nothing of diffusers is wrapped or replaced."""
+"""Tests of `nala_dit/pipelines/register.py`: diffusers' own `DiffusionPipeline.from_pretrained(folder)`
+opens our folders after `nala_dit.register_with_diffusers()`, `import nala_dit` changes nothing of
+diffusers, and nothing of diffusers is wrapped or replaced."""
 import json
 import os
 import subprocess
@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-import nala_dit  # noqa: F401  (adds our pipeline names to diffusers)
-from nala_dit.pipelines.pipeline import NaLaDiTPipeline, NaLaSiTPipeline, add_to_diffusers, pipeline_for
+import nala_dit
+from nala_dit.pipelines.pipeline import NaLaDiTPipeline, NaLaSiTPipeline, pipeline_for
+from nala_dit.pipelines.register import add_to_diffusers
 from tests.pipelines.test_pipeline import NAMES, run, tiny
 from tests.utils import DEEP, ROOT, assert_names, count_dit_builds, one_line
 
 SAMPLERS = {NaLaDiTPipeline: "ddim", NaLaSiTPipeline: "ode-euler"}
+nala_dit.register_with_diffusers()   # for the generic loader below (a fresh process without it: test_a_folder_loads_...)
 
 
 def copy_of(folder: Path, dst: Path) -> Path:
@@ -90,29 +92,35 @@ def test_torch_dtype_and_to_through_the_generic_loader(folders, cls):
         torch.testing.assert_close(run(pipe, **kw), expected, rtol=0, atol=0)
 
 
-def test_a_folder_keeps_loading_generically_in_every_import_order(folders, tmp_path):
-    """Fresh processes: without `import nala_dit` the documented one line (docs/troubleshooting.md);
-    then `import nala_dit` (diffusers already loaded) opens the same folder; `import nala_dit`
-    first loads neither torch nor diffusers and the README's order loads both classes, whose
-    images are the in-process pipelines' pixels; importing our class first (diffusers loads while
-    pipeline.py is half-defined) works too."""
+def test_a_folder_loads_generically_after_registering_and_our_routes_without(folders, tmp_path):
+    """Fresh processes. Without registering, though nala_dit and our class are imported: diffusers
+    is unchanged, the generic loader stops at the documented one line (docs/troubleshooting.md),
+    and our class's from_pretrained and diffusers' custom_pipeline door (the folder's
+    nala_dit_pipeline.py) load the folder; after `nala_dit.register_with_diffusers()` the generic
+    loader does. The README's order (`import nala_dit` loads neither torch nor diffusers, then the
+    call) loads both classes, whose images are the in-process pipelines' pixels."""
     code = """
 import os, sys
 folders = sys.argv[2:]
 if sys.argv[1] == "without":
+    import diffusers
     from diffusers import DiffusionPipeline
+    import nala_dit
+    from nala_dit import NaLaDiTPipeline
+    print("changed:", [n for n in ("NaLaDiTPipeline", "NaLaSiTPipeline") if n in vars(diffusers)])
     try:
         DiffusionPipeline.from_pretrained(folders[0])
     except AttributeError as err:
         print("error:", f"{type(err).__name__}: {err}")
-    import nala_dit
-elif sys.argv[1] == "readme":
+    print("own:", type(NaLaDiTPipeline.from_pretrained(folders[0])).__name__)
+    custom = DiffusionPipeline.from_pretrained(folders[0], custom_pipeline="nala_dit_pipeline", trust_remote_code=True)
+    print("custom:", type(custom).__module__, type(custom).__name__)
+    print("registered:", nala_dit.register_with_diffusers())
+else:
     import nala_dit
     assert "diffusers" not in sys.modules and "torch" not in sys.modules
     from diffusers import DiffusionPipeline
-else:
-    from nala_dit import NaLaDiTPipeline
-    from diffusers import DiffusionPipeline
+    nala_dit.register_with_diffusers()
 for i, folder in enumerate(folders):
     pipe = DiffusionPipeline.from_pretrained(folder)
     print(type(pipe).__module__, type(pipe).__name__)
@@ -126,9 +134,11 @@ for i, folder in enumerate(folders):
     assert f"`{documented}`" in (ROOT / "docs" / "troubleshooting.md").read_text()
     both = [str(folders[NaLaDiTPipeline]), str(folders[NaLaSiTPipeline])]
     names = ["nala_dit.pipelines.pipeline NaLaDiTPipeline", "nala_dit.pipelines.pipeline NaLaSiTPipeline"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "IMAGES": str(tmp_path)}
-    for order, expected in [("without", [f"error: {documented}", names[0]]), ("readme", names),
-                            ("class-first", names)]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "IMAGES": str(tmp_path),
+           "HF_MODULES_CACHE": str(tmp_path / "modules")}   # custom_pipeline's copy: not the user's cache
+    without = ["changed: []", f"error: {documented}", "own: NaLaDiTPipeline", f"custom: {names[0]}",
+               "registered: True", names[0]]
+    for order, expected in [("without", without), ("readme", names)]:
         args = both[:1] if order == "without" else both
         proc = subprocess.run([sys.executable, "-c", code, order, *args], capture_output=True, text=True,
                               timeout=300, cwd=ROOT, env=env)
@@ -139,14 +149,11 @@ for i, folder in enumerate(folders):
 
 
 def test_nothing_of_diffusers_is_wrapped_or_replaced():
-    """`import nala_dit` leaves DiffusionPipeline.from_pretrained, diffusers' module dict of lazy
-    names and sys.meta_path (once diffusers' pipelines are loaded) as diffusers made them; only
-    the two class names are added."""
+    """Registering leaves DiffusionPipeline.from_pretrained, diffusers' module dict of lazy names
+    and sys.meta_path as diffusers made them; only the two class names are added."""
     import diffusers
     from diffusers import DiffusionPipeline
     from diffusers.pipelines import pipeline_utils
-
-    from nala_dit.pipelines.register import _AfterImport
 
     func, chain = DiffusionPipeline.__dict__["from_pretrained"].__func__, []
     while func is not None:   # diffusers' own decorator (huggingface_hub's validate_hf_hub_args), then its code
@@ -154,7 +161,7 @@ def test_nothing_of_diffusers_is_wrapped_or_replaced():
         func = getattr(func, "__wrapped__", None)
     assert chain[-1] == pipeline_utils.__file__ and not any("nala_dit" in file for file in chain), chain
     assert type(diffusers._objects) is dict and "NaLaDiTPipeline" not in diffusers._objects
-    assert not any(isinstance(f, _AfterImport) for f in sys.meta_path)
+    assert not any(type(f).__module__.startswith("nala_dit") for f in sys.meta_path)
     assert diffusers.NaLaDiTPipeline is NaLaDiTPipeline and diffusers.NaLaSiTPipeline is NaLaSiTPipeline
 
 
