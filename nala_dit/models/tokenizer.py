@@ -209,6 +209,15 @@ def check_image_size(vae, image_size: int, flag: str = "--image-size") -> None:
         raise ValueError(f"{flag} {image_size} is not a multiple of {info.kind}'s spatial factor {info.factor}")
 
 
+def check_fits(vae, in_channels: int, name) -> None:
+    """A model trained on latents of C channels decodes only through a tokenizer of C channels
+    (``sample.py --vae``, a pipeline's override): else one line naming both."""
+    info = describe(vae)
+    if info.channels != in_channels:
+        raise ValueError(f"--vae {name}: a {info.kind} of {info.channels} latent channels, and the model takes "
+                         f"{in_channels}: pass the tokenizer the model was trained with")
+
+
 # ------------------------------------------------------------------ identity
 def identity(vae) -> dict:
     """What a latent cache records of the tokenizer that wrote it: its class, a hash of its

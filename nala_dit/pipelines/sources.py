@@ -30,6 +30,7 @@ from ..guards import (CheckpointError, assert_no_meta, non_finite, read_json, re
 from ..data.latent_stats import LatentNorm
 from ..models.files import check_autoencoder_folder, check_transformer_folder
 from ..models.dit import DiT
+from ..models.tokenizer import check_fits
 from ..models.vae import DEFAULT_SCALING_FACTOR, load_vae
 
 # A pipeline folder's class (model_index.json "_class_name") → the objective it runs.
@@ -84,6 +85,7 @@ def load_source(path: str | os.PathLike, weights: str = "ema", vae: str | None =
     vae_model, scaling, norm = None, DEFAULT_SCALING_FACTOR, None
     if vae_path:
         vae_model, scaling = load_vae(vae_path, device)
+        check_fits(vae_model, model.config.in_channels, vae_path)
         norm = checkpoint_norm(ckpt)
         scaling = norm.scale if norm is not None and norm.mode == "scalar" else scaling
     info = dict(model=ckpt.config.get("model"), checkpoint=str(ckpt.path), step=ckpt.step, weights=weights,
@@ -161,6 +163,7 @@ def load_pipeline_folder(path: str | os.PathLike, vae: str | None = None, device
     model = DiT.from_pretrained(str(path / "transformer")).to(device).eval()
     if vae is not None:
         vae_model, _ = load_vae(vae, device)
+        check_fits(vae_model, model.config.in_channels, vae)
     elif (config.get("vae") or [None])[0] is not None:
         vae_model, _ = load_vae(str(path / "vae"), device)
         assert_no_meta(vae_model, f"{path}/vae")

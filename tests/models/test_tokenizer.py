@@ -134,6 +134,13 @@ def test_a_tokenizer_goes_from_extraction_to_a_diffusers_pipeline(name, images, 
     assert sample.main(["--ckpt", str(run), *flags, "--out-dir", str(tmp_path / "png")]) == 0
     pngs = [np.asarray(Image.open(p)) for p in sorted((tmp_path / "png").glob("*.png"))]
     assert len(pngs) == 2 and pngs[0].shape == (SIZE, SIZE, 3)
+    if name == "AutoencoderDC":   # another tokenizer's channels: one line, not a convolution's shape error
+        other = saved(tmp_path / "kl", "AutoencoderKL")
+        capsys.readouterr()
+        assert sample.main(["--ckpt", str(run), *flags, "--vae", str(other), "--out-dir", str(tmp_path / "x")]) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert_names(err, f"--vae {other}: a AutoencoderKL of 4 latent channels, and the model takes 8")
     assert export.main(["checkpoint", str(run), str(tmp_path / "pipe"), "--copy-vae"]) == 0
     capsys.readouterr()
     nala_dit.register_with_diffusers()
