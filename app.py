@@ -127,8 +127,9 @@ class Demo:
 
         self.args, self.source = args, source
         self.official = Path(args.ckpt).is_file()
-        self.samplers = list(DIFFUSION_SAMPLERS if source.model.config.objective == "diffusion"
-                             else TRANSPORT_SAMPLERS)
+        self.samplers = [name for name in (DIFFUSION_SAMPLERS if source.model.config.objective == "diffusion"
+                                           else TRANSPORT_SAMPLERS)
+                         if name != "meanflow" or getattr(source.objective, "mean_flow", False)]   # MeanFlow models
         self.default_sampler = default_sampler(source.objective)
         self.factor = vae_factor(source.vae)
         self.trained = source.model.config.input_size * self.factor
