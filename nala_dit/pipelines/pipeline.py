@@ -217,8 +217,13 @@ class _NaLaPipeline(DiffusionPipeline):
         return self._vae_cache
 
     def vae_override(self, path: str) -> None:
-        """Use the VAE at ``path`` instead of the stored one (e.g. a local copy offline)."""
-        self._vae_cache, _ = load_vae(path, self.transformer.device)
+        """Use the VAE at ``path`` instead of the stored one (e.g. a local copy offline); one of
+        other latent channels than the transformer's is one line (``tokenizer.check_fits``)."""
+        from ..models.tokenizer import check_fits
+
+        vae, _ = load_vae(path, self.transformer.device)
+        check_fits(vae, self.transformer.config.in_channels, path)
+        self._vae_cache = vae
         self.register_modules(vae=None)
 
     @property
