@@ -1,7 +1,8 @@
 """How VAE latents become the model's inputs, and back: one scalar factor or per-channel statistics.
 
 * ``scalar`` (``--latent-norm scalar``, the default): ``x = z · f`` with the VAE config's
-  ``scaling_factor`` f (0.18215 for the SD VAE), as DiT and SiT train.
+  ``scaling_factor`` f (0.18215 for the SD VAE), as DiT and SiT train; ``x = (z − s) · f``
+  with a tokenizer's ``shift_factor`` s (FLUX.1's VAE; ``models/tokenizer.py``).
 * ``channel`` (``--latent-norm channel``): ``x_c = (z_c − mean_c) / std_c`` with the
   per-channel mean and standard deviation of the latent cache (LightningDiT's
   ``latent_stats``), so every channel the model sees has mean 0 and std 1.
