@@ -218,3 +218,18 @@ def test_a_video_or_audio_autoencoder_is_refused_in_one_line():
     with pytest.raises(ValueError) as err:   # its encode takes (B, C, frames, H, W)
         tok.describe(video)
     assert_names(one_line(err), "AutoencoderKLWan cannot encode a (1, 3,", "not an image autoencoder")
+
+
+def test_the_scalar_norm_with_a_shift_is_exact_and_travels():
+    from nala_dit.data.latent_stats import LatentNorm, difference
+
+    norm = LatentNorm.scalar(0.5, 0.1)
+    z = torch.tensor([[[[0.1, 2.1]]]])
+    torch.testing.assert_close(norm.normalize(z), torch.tensor([[[[0.0, 1.0]]]]), rtol=0, atol=1e-7)
+    torch.testing.assert_close(norm.denormalize(norm.normalize(z)), z, rtol=0, atol=1e-7)
+    assert norm.to_dict() == dict(mode="scalar", scale=0.5, shift=0.1)
+    assert LatentNorm.from_dict(norm.to_dict()) == norm
+    assert LatentNorm.scalar(0.5).to_dict() == dict(mode="scalar", scale=0.5)   # as stored before shifts
+    assert difference(LatentNorm.scalar(0.5), norm) == "shift 0.1 vs 0"
+    with pytest.raises(ValueError, match="the shift must be a finite number, got nan"):
+        LatentNorm.scalar(0.5, float("nan"))
