@@ -53,6 +53,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the
 HOST, PORT = "127.0.0.1", 7860
 MAX_IMAGES = 64        # per request: the images of one press of the button
 MAX_STEPS = 1000       # per request: 4x SiT's 250 SDE steps; sample.py allows 10,000 (an ODE at 10^8 held the worker)
+# per request: images x tokens per image x model evaluations (steps, twice with guidance), what its time grows
+# with; 2,048 px of the 8-px demo model at 3 guided steps (6.3 M) held the only worker for 769 s. The demo's 64
+# images x 40 guided steps x 16 tokens are 81,920; 64 images at twice its size 327,680.
+MAX_WORK = 2 ** 20
 # the page's default sampler steps where the demo sets its own (demo.py MODELS: ddpm 40, ode-heun 16); ddpm's own 250
 # ran one press 6x longer than the demo's grids. Other samplers start at their own default (DEFAULT_STEPS).
 STEPS = {"ddpm": 40, "ode-heun": 16}
@@ -78,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="transformer precision")
     run.add_argument("--batch-size", type=int, default=32, help="samples per forward pass (as sample.py's)")
     run.add_argument("--max-images", type=int, default=MAX_IMAGES, help="most images one request may ask for")
+    run.add_argument("--max-work", type=int, default=MAX_WORK, metavar="TOKEN_EVALUATIONS",
+                     help="most work one request may ask for: images x tokens per image x model evaluations (steps, "
+                          "x2 with guidance); bounds a request's time (default %(default)s)")
     run.add_argument("--max-steps", type=int, default=MAX_STEPS, help="most sampler steps one request may ask for "
                      "(sample.py's own bound is larger: the page's one worker stays free for other requests)")
     run.add_argument("--host", default=HOST, help="address to listen on (default: this machine only)")
@@ -235,6 +242,11 @@ class Demo:
             if args.steps is not None and args.steps > self.args.max_steps:
                 raise ValueError(f"{args.steps} steps asked for; this page runs at most {self.args.max_steps} per "
                                  f"request (app.py --max-steps): choose fewer steps, or run the command below")
+            work, terms = self.request_work(args, wanted)
+            if work > self.args.max_work:
+                raise ValueError(f"this request is {work:,} token evaluations ({terms}); this page runs at most "
+                                 f"{self.args.max_work:,} per request (app.py --max-work): choose a smaller size, "
+                                 f"fewer images or steps, or run the command below")
             out.mkdir(parents=True)
             with watch_progress(_ProgressBar(progress, max(wanted, 1), args.batch_size)):
                 labels, pngs = sample.write_samples(args, self.source, settings)
@@ -247,6 +259,21 @@ class Demo:
         gallery = [(str(p), f"{i}: {names.get(y, y)}") for i, (p, y) in enumerate(zip(pngs, labels))]
         done = f"{len(labels)} images, seed {args.seed}: the same as the command below"
         return status_line(done), str(grid), gallery, [str(grid)] + [str(p) for p in pngs], command
+
+    def request_work(self, args, images: int) -> tuple[int, str]:
+        """(token evaluations, their terms) of a request, before anything is allocated: images x
+        tokens per image (at the requested size) x model evaluations (the sampler's steps, twice
+        with guidance), what a request's time grows with."""
+        from nala_dit.cli.options import DEFAULT_STEPS
+        from nala_dit.models.grid import latent_for
+
+        config = self.source.model.config
+        h, w = latent_for(self.source.model, self.source.vae, args.image_size) or (config.input_size,) * 2
+        tokens = (h // config.patch_size) * (w // config.patch_size)
+        steps = args.steps if args.steps is not None else DEFAULT_STEPS[args.sampler or self.default_sampler]
+        guided = args.cfg_scale != 1
+        terms = f"{images} images x {tokens:,} tokens x {steps} steps{' x 2 (guidance)' if guided else ''}"
+        return images * tokens * steps * (2 if guided else 1), terms
 
     def prune(self, request: int) -> None:
         """Remove this process's request folders older than the one before ``request``:
@@ -456,8 +483,8 @@ def serve(args, work) -> int:
         return 1
     try:
         set_threads(args.threads)
-        if args.max_images < 1 or args.batch_size < 1:
-            raise ValueError("--max-images and --batch-size must be >= 1")
+        if args.max_images < 1 or args.batch_size < 1 or args.max_work < 1:
+            raise ValueError("--max-images, --max-work and --batch-size must be >= 1")
         demo = Demo(args, load(args), work)
     except ERRORS as err:
         print(f"error: {err}", file=sys.stderr)

@@ -536,10 +536,31 @@ def test_a_failure_while_sampling_is_one_line_in_the_page(pipeline_dir, monkeypa
         raise RuntimeError("DefaultCPUAllocator: not enough memory:\n you tried to allocate 64000000000 bytes.")
 
     monkeypatch.setattr(sample, "write_samples", out_of_memory)
-    args = app.build_parser().parse_args(["--ckpt", str(pipeline_dir)])
+    args = app.build_parser().parse_args(["--ckpt", str(pipeline_dir), "--max-work", "10000000"])
     status, grid, gallery, files, command = app.Demo(args, app.load(args)).generate(["1"], 1, "ddim", 2, 1, 0,
                                                                                     "2000")
     line = re.sub(r"<.*?>", "", status)
     assert line == ("error: sampling failed: DefaultCPUAllocator: not enough memory: you tried to allocate "
                     "64000000000 bytes.; ask for fewer images, a smaller image size or a smaller app.py --batch-size")
     assert grid is None and gallery == [] and "--image-size 2000" in command
+
+
+def test_a_request_past_the_work_cap_is_one_line_before_sampling(pipeline_dir, monkeypatch):
+    """2,048 px of the 8-px model at 3 guided ddim steps (it held the page's only worker for 769 s):
+    1 image x 1,048,576 tokens x 3 steps x 2 = 6,291,456 token evaluations, refused in the page's
+    one status line before anything is sampled; the demo's largest request passes."""
+    import app
+    import sample
+
+    monkeypatch.setattr(sample, "write_samples", lambda *a, **k: pytest.fail("sampled past the cap"))
+    args = app.build_parser().parse_args(["--ckpt", str(pipeline_dir)])
+    page = app.Demo(args, app.load(args))
+    status, grid, gallery, files, command = page.generate(["1"], 1, "ddim", 3, 2, 0, "2048")
+    line = re.sub(r"<.*?>", "", status)
+    assert line == ("error: this request is 6,291,456 token evaluations (1 images x 1,048,576 tokens x 3 steps x 2 "
+                    "(guidance)); this page runs at most 1,048,576 per request (app.py --max-work): choose a smaller "
+                    "size, fewer images or steps, or run the command below")
+    assert grid is None and "--image-size 2048" in command
+    largest = app.parse_sample_args(page.argv([str(i) for i in range(8)], 8, "ddpm", 40, 2, 0, "16", "g.png", "o"))
+    assert page.request_work(largest, 64) == (64 * 64 * 40 * 2, "64 images x 64 tokens x 40 steps x 2 (guidance)")
+    assert page.request_work(largest, 64)[0] <= app.MAX_WORK
