@@ -4,11 +4,13 @@ Reads what ``benchmarks/gpu_check.sh`` wrote (``RUN_FILES``: ``launch.json``,
 ``kernels_fused.json`` and ``kernels_baseline.json``, ``profile.json``, ``model_sweep.json``
 with the A/B's ``model_ab_baseline.json`` and ``model_ab_unfused.json``,
 ``model_compiled.json``, ``graphs.json``, ``triton_configs_d72.json``; ``warmup.json`` only for
-its first-use checks; a missing file leaves its table out) and replaces the text
+its first-use checks) and replaces the text
 between ``<!-- gpu-tables:begin -->`` and ``<!-- gpu-tables:end -->`` in the page: measured
 rows only (a cell not measured is "–"; a row with nothing measured is left out). Times are
 GPU ms (CUDA events) where the run had a GPU, else wall ms, as each table says. Predicted
-figures live outside the markers, labelled "predicted", and are never written here.
+figures live outside the markers, labelled "predicted", and are never written here. A table
+the page holds whose JSON the folder lacks is kept as it is, saying so (``keep_earlier``); a
+JSON that lacks a key a table needs is one line naming the file and the key.
 
     python benchmarks/tables.py --results benchmarks/results/gpu_check            # rewrite the page
     python benchmarks/tables.py --results runs/gpu_check --print                  # print only
@@ -202,8 +204,43 @@ def ab_table(sweep, baseline, unfused):
 
 
 def render(results: Path) -> str:
-    """The markdown between the markers, from the JSON files in ``results``."""
-    files = {name: json.loads((results / name).read_text()) for name in RUN_FILES if (results / name).is_file()}
+    """The markdown between the markers, from the JSON files in ``results``; a file that lacks a
+    key a table needs is a ValueError naming both."""
+    files = _Loaded((name, json.loads((results / name).read_text())) for name in RUN_FILES
+                    if (results / name).is_file())
+    try:
+        return _render(files)
+    except KeyError as err:   # the file read last that lacks the key, else the file read last
+        read = list(reversed(files.read))
+        name = next((n for n in read if not _holds_key(files[n], err.args[0])), read[0] if read else None)
+        where = results / name if name else f"a JSON file in {results}"
+        raise ValueError(f"{where}: no {err.args[0]!r} where the tables need it (written by another version of its "
+                         f"benchmark, or edited): rerun that benchmark") from None
+
+
+class _Loaded(dict):
+    """The run's JSON files by name, recording the names ``get`` returned, in order."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.read = []
+
+    def get(self, name, default=None):
+        if name in self:
+            self.read.append(name)
+        return super().get(name, default)
+
+
+def _holds_key(data, key) -> bool:
+    """Whether ``key`` is a key anywhere in ``data`` (a JSON value)."""
+    if isinstance(data, dict):
+        return key in data or any(_holds_key(v, key) for v in data.values())
+    if isinstance(data, list):
+        return any(_holds_key(v, key) for v in data)
+    return False
+
+
+def _render(files: dict) -> str:
     load = files.get
 
     parts = []
@@ -230,6 +267,44 @@ def render(results: Path) -> str:
     return "\n\n".join("\n".join(p) for p in parts)
 
 
+# Each table's caption starts with its title; the JSON files that make it. A table of the page whose
+# files a rerun's folder lacks is kept (``keep_earlier``), never dropped for a file not copied along.
+TABLE_FILES = (("**Launch cost**", ("launch.json",)), ("**Kernel time", ("kernels_fused.json",)),
+               ("**Per-kernel profile", ("profile.json",)), ("**Model sweep", ("model_sweep.json",)),
+               ("**Model-level A/B", ("model_ab_baseline.json", "model_ab_unfused.json")),
+               ("**Compiled models", ("model_compiled.json",)), ("**Sampling with CUDA graphs", ("graphs.json",)),
+               ("**Block sizes**", ("triton_configs_d72.json",)))
+
+
+def sections(body: str) -> list[tuple[tuple[str, ...] | None, str]]:
+    """``body`` cut before each table's caption: (the JSON files that make it, its text); the lines
+    above the first caption (the fallback warnings, or the "no run yet" line) come with None."""
+    out, files, lines = [], None, []
+    for line in body.splitlines():
+        made_by = next((names for title, names in TABLE_FILES if line.startswith(title)), None)
+        if made_by is not None and made_by != files:
+            if any(line.strip() for line in lines):
+                out.append((files, "\n".join(lines).strip("\n")))
+            files, lines = made_by, []
+        lines.append(line)
+    if any(line.strip() for line in lines):
+        out.append((files, "\n".join(lines).strip("\n")))
+    return out
+
+
+def keep_earlier(old: str, new: str, results: Path) -> tuple[str, list[str]]:
+    """``new`` (``render``'s) with the tables of ``old`` (the page's) whose JSON files are not in
+    ``results`` and so made no new table, each in its place; and the files of those kept."""
+    fresh = [] if new == NONE_YET else sections(new)
+    made = {files for files, _ in fresh}
+    kept = [(files, text) for files, text in sections(old) if files is not None and files not in made
+            and not any((results / name).is_file() for name in files)]
+    order = {files: i for i, (_, files) in enumerate(TABLE_FILES)}
+    parts = [s for s in fresh if s[0] is None] + sorted([s for s in fresh if s[0] is not None] + kept,
+                                                        key=lambda s: order[s[0]])
+    return "\n\n".join(text for _, text in parts) or NONE_YET, [" or ".join(files) for files, _ in kept]
+
+
 def replace_between_markers(page: str, body: str) -> str:
     if page.count(BEGIN) != 1 or page.count(END) != 1 or page.index(BEGIN) > page.index(END):
         raise ValueError(f"the page must hold {BEGIN} and then {END}, once each")
@@ -251,17 +326,25 @@ def main(argv=None):
         print(f"error: {results} holds none of gpu_check.sh's JSON files ({', '.join(RUN_FILES)}): "
               "name the folder the run wrote (its $OUT)", file=sys.stderr)
         return 2
-    body = render(results)
+    try:
+        body = render(results)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if args.print:
         print(body)
         return 0
     doc = Path(args.doc)
     try:
-        page = replace_between_markers(doc.read_text(), body)
+        page = doc.read_text()
+        body, kept = keep_earlier(page.split(BEGIN, 1)[-1].split(END, 1)[0].strip("\n"), body, results)
+        page = replace_between_markers(page, body)
     except (OSError, ValueError) as err:
         print(f"error: {doc}: {err}", file=sys.stderr)
         return 2
     doc.write_text(page)
+    for files in kept:
+        print(f"kept the page's earlier table of {files}: {results} has no such file")
     print(f"wrote the tables into {doc}")
     return 0
 

@@ -1,8 +1,9 @@
 """Benchmarks never delete or overwrite what a user has: every ``benchmarks/*.py --out`` refuses
-an existing file when its flags are parsed (``benchmarks/outputs.py``), and ``gpu_check.sh``
-refuses an ``$OUT`` that holds anything, touching nothing in it."""
+an existing file when its flags are parsed (``benchmarks/outputs.py``); ``tables.py`` keeps a
+table of the page whose JSON a rerun's folder lacks, and a JSON without a key it needs is one
+line naming both. (``gpu_check.sh``'s own folder rule: tests/benchmarks/test_gpu_plan.py.)"""
+import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -33,14 +34,37 @@ def test_an_existing_out_is_refused_before_measuring(tmp_path, capsys):
     assert f"argument --out: {out} exists; not overwriting it" in err, err
 
 
-def test_gpu_check_refuses_a_folder_that_holds_anything(tmp_path):
-    """31 files of the user's (the script packed and deleted such a folder's files) and an earlier
-    gpu_check.log: all kept byte for byte, nothing added, one line naming the folder."""
-    for i in range(31):
-        (tmp_path / f"mine_{i}.txt").write_text(str(i))
-    (tmp_path / "gpu_check.log").write_text("an earlier run's log")
-    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env={"OUT": str(tmp_path),
-                          "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
-    assert len(proc.stderr.strip().splitlines()) == 1 and str(tmp_path) in proc.stderr, proc.stderr
+def test_tables_keep_an_earlier_table_whose_json_is_missing(tmp_path, capsys):
+    from benchmarks import tables
+    from tests.benchmarks.test_gpu_stages import HAND_KERNELS, HAND_SWEEP
+
+    doc = tmp_path / "page.md"
+    doc.write_text(f"# Page\n{tables.BEGIN}\n{tables.NONE_YET}\n{tables.END}\n")
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, files in ((first, dict(kernels_fused=HAND_KERNELS, model_sweep=HAND_SWEEP)),
+                          (second, dict(model_sweep=HAND_SWEEP))):
+        folder.mkdir()
+        for name, data in files.items():
+            (folder / f"{name}.json").write_text(json.dumps(data))
+    assert tables.main(["--results", str(first), "--doc", str(doc)]) == 0
+    both = doc.read_text()
+    assert tables.main(["--results", str(second), "--doc", str(doc)]) == 0   # a folder without kernels_fused.json
+    assert doc.read_text() == both
+    assert (f"kept the page's earlier table of kernels_fused.json: {second} has no such file"
+            in capsys.readouterr().out)
+
+
+def test_tables_name_the_json_that_lacks_a_key(tmp_path, capsys):
+    from benchmarks import tables
+
+    meta = dict(device="cuda", device_name="H200", dtype="bf16", torch="2.11", command="python l.py")
+    (tmp_path / "launch.json").write_text(json.dumps(dict(meta=meta, host=dict(
+        launches=2000, wall_us_per_op=5.0, gpu_us_per_op=1.25), counts=[
+        dict(what="gated layer", family="NaLaDiT", mode="fwd", aten_ops=12, gpu_kernels=10)])))
+    doc = tmp_path / "page.md"
+    doc.write_text(f"{tables.BEGIN}\nold\n{tables.END}\n")
+    assert tables.main(["--results", str(tmp_path), "--doc", str(doc)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {tmp_path / 'launch.json'}: no 'host_ms_per_call' where the tables need it (written by another "
+        f"version of its benchmark, or edited): rerun that benchmark")
+    assert doc.read_text() == f"{tables.BEGIN}\nold\n{tables.END}\n"
