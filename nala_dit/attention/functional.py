@@ -274,7 +274,9 @@ def under_transform(*tensors) -> bool:
     """Whether any of ``tensors`` is seen through a ``torch.func`` transform (jvp, grad,
     vjp, ...) or carries a forward-mode tangent (``torch.autograd.forward_ad``): then the
     layers run their plain compositions and the attention a path with a forward-mode rule
-    (``tangent.py``)."""
+    (``tangent.py``). False while ``torch.compile`` traces (the compiled graph keeps its paths)."""
+    if torch.compiler.is_compiling():
+        return False
     return any(isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t)
                for t in tensors) or dual(*tensors)
 

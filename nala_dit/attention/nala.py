@@ -427,10 +427,33 @@ def fused_backward(q, k, v, state, den, grad_out, opts, need=(True, True, True),
 class _FusedNaLa(torch.autograd.Function):
     """§3 linear form in token chunks. The state is kept as its two halves
     ``[S | z]`` (each D × (D+1), one per feature half). The backward saves q, k, v, the
-    state and the per-token denominator only, and recomputes the features. Forward-mode
-    (``torch.func.jvp``, also inside ``torch.func.grad``): ``tangent.nala_tangent``, two
-    linear passes in differentiable torch ops. Call it through ``nala_attention`` (it returns
-    the output, state and denominator)."""
+    state and the per-token denominator only, and recomputes the features."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, opts, shard=None):
+        state = fused_state(k, v, opts, shard)
+        out, den = fused_output(q, state, opts)
+        ctx.opts, ctx.shard = opts, shard
+        ctx.save_for_backward(q, k, v, state, den)
+        return out.to(v.dtype)
+
+    @staticmethod
+    @once_differentiable  # the hand-written backward is not itself differentiated
+    def backward(ctx, grad_out):
+        q, k, v, state, den = ctx.saved_tensors
+        dq, dk, dv = fused_backward(q, k, v, state, den, grad_out, ctx.opts, ctx.needs_input_grad[:3],
+                                    shard=ctx.shard)
+        cast = lambda g, x: None if g is None else g.to(x.dtype)
+        return cast(dq, q), cast(dk, k), cast(dv, v), None, None
+
+
+class _FusedNaLaJvp(torch.autograd.Function):
+    """``_FusedNaLa`` with a forward-mode rule, what the fused path runs under ``torch.func``
+    transforms and forward AD (``tangent.under_transform``): the same passes and backward, and
+    the tangent from ``tangent.nala_tangent`` (two linear passes in differentiable torch ops, so
+    ``torch.func.jvp`` inside ``torch.func.grad`` works). A separate class: dynamo cannot trace an
+    autograd function with a jvp rule, and ``_FusedNaLa`` stays in compiled graphs. Returns the
+    output, state and denominator."""
 
     @staticmethod
     def forward(q, k, v, opts, shard=None):
@@ -449,13 +472,9 @@ class _FusedNaLa(torch.autograd.Function):
     @staticmethod
     @once_differentiable  # the hand-written backward is not itself differentiated
     def backward(ctx, grad_out, _state, _den):
-        q, k, v, state, den = ctx.saved_tensors
         if in_forward_mode(grad_out):
             raise ValueError(FORWARD_OVER_REVERSE_REFUSAL)
-        dq, dk, dv = fused_backward(q, k, v, state, den, grad_out, ctx.opts, ctx.needs_input_grad[:3],
-                                    shard=ctx.shard)
-        cast = lambda g, x: None if g is None else g.to(x.dtype)
-        return cast(dq, q), cast(dk, k), cast(dv, v), None, None
+        return _FusedNaLa.backward(ctx, grad_out)
 
     @staticmethod
     def jvp(ctx, dq, dk, dv, _opts, _shard):
@@ -572,7 +591,9 @@ def nala_attention(
         return _nala_eager(q, k, v, config)
     if impl == "compile":
         return _nala_compiled(q, k, v, config)
-    return _FusedNaLa.apply(q, k, v, opts, shard)[0]
+    if under_transform(q, k, v):   # torch.func / forward AD: the fused passes with a forward-mode rule
+        return _FusedNaLaJvp.apply(q, k, v, opts, shard)[0]
+    return _FusedNaLa.apply(q, k, v, opts, shard)
 
 
 def fused_opts(config: NaLaConfig, head_dim: int) -> dict:
