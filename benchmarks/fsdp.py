@@ -140,29 +140,10 @@ def on_paper(model: str = "NaLaDiT-H/2", latent: int = 128, procs: int = 8) -> d
                 gathered_block_bf16=largest_block // 2)
 
 
-def _measure(rank: int, procs: int, port: int, cfg: dict, out: str) -> None:
-    """One process of the measurements at one P, one per mode of ``cfg["modes"]`` (each from
-    a fresh model); rank 0 writes every rank's rows."""
-    import copy
-    import gc
-    import resource
-    from types import SimpleNamespace
-
-    import torch
-    import torch.distributed as dist
-
-    sys.path.insert(0, str(ROOT))
-    import nala_dit.training.sharding as sharding_lib
-    from nala_dit.attention.context_parallel import resumable_gradient_sync
-    from nala_dit.models.dit import create_model
-    from nala_dit.training.build import build_optimizer
-    from nala_dit.training.step import update_ema
-
-    torch.set_num_threads(cfg["threads"])
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=procs)
-    rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731  (MiB)
-
+def _count_collectives(dist) -> tuple[dict, list]:
+    """Wrap the collectives FSDP2 and the DDP hook call (``all_gather_single``,
+    ``reduce_scatter_single``, ``all_reduce``) so that, while ``counting[0]`` is set, each call
+    adds its whole buffer's bytes and one call to ``counted``; returns (counted, counting)."""
     counted, counting = {}, [False]
 
     def counter(name, buffer_of):
@@ -180,75 +161,136 @@ def _measure(rank: int, procs: int, port: int, cfg: dict, out: str) -> None:
     counter("all_gather_single", lambda output_tensor, *a, **k: output_tensor)
     counter("reduce_scatter_single", lambda *a, **k: k["input"] if "input" in k else a[1])
     counter("all_reduce", lambda tensor, *a, **k: tensor)
+    return counted, counting
 
+
+def _build(mode: str, procs: int, cfg: dict):
+    """A fresh model, its EMA, optimizer and the module a step calls, as the trainer builds them
+    for ``mode``: (model, ema, optimizer, train_model, sharding or None, the parameters' shapes
+    before sharding)."""
+    import copy
+    from types import SimpleNamespace
+
+    import torch
+
+    import nala_dit.training.sharding as sharding_lib
+    from nala_dit.attention.context_parallel import resumable_gradient_sync
+    from nala_dit.models.dit import create_model
+    from nala_dit.training.build import build_optimizer
+
+    fsdp = mode == "fsdp"
+    torch.manual_seed(0)
+    model = create_model(cfg["model"], input_size=cfg["latent"])
+    shapes = shapes_of(model)
+    sharding = None
+    if fsdp:
+        if procs == 1:   # train.py refuses --fsdp on one process; measured here as the baseline
+            sharding_lib.check_fsdp = lambda *args: None
+        sharding = sharding_lib.Sharding(torch.device("cpu"), 1, "no", reshard=cfg["reshard"])
+        sharding.broadcast(model)
+    ema = copy.deepcopy(model).float().requires_grad_(False)
+    if fsdp:   # as loop.build_run: before the optimizer, which holds the sharded parameters
+        for module, train in ((model, True), (ema, False)):
+            sharding.broadcast(module)
+            sharding.shard(module, train)
+    optimizer = build_optimizer(SimpleNamespace(weight_decay=0.0, lr=1e-4, adam_beta2=0.999), model)
+    train_model = model
+    if mode == "ddp" and procs > 1:   # accelerator.prepare's wrapper, and the trainer's gloo hook
+        train_model = torch.nn.parallel.DistributedDataParallel(model)
+        resumable_gradient_sync(train_model)
+    return model, ema, optimizer, train_model, sharding, shapes
+
+
+def _step_memory(memory: dict, model, ema, optimizer, train_model, when: str) -> None:
+    """The first step's bytes held, by kind, into ``memory``: the gradients at their peak
+    (``when="grads"``: after clip, before the step frees them), AdamW's state after the step
+    (``"adam"``), the parameters, EMA, buffers and DDP's buckets after the EMA update (``"end"``)."""
+    import torch
+
+    if when == "grads":
+        memory["grads"] = held(p.grad for p in model.parameters())
+    elif when == "adam":
+        memory["adam"] = held(v for state in optimizer.state.values() for v in state.values()
+                              if isinstance(v, torch.Tensor))
+        memory["adam_moments"] = held(state[k] for state in optimizer.state.values()
+                                      for k in ("exp_avg", "exp_avg_sq"))
+    else:
+        memory["params"] = held(model.parameters())
+        memory["ema"] = held(ema.parameters())
+        memory["buffers"] = held([*model.buffers(), *ema.buffers()])
+        if train_model is not model:
+            sizes = train_model._get_ddp_logging_data().get("bucket_sizes", "")
+            memory["ddp_buckets"] = dict(storage=sum(int(v) for v in str(sizes).split(", ") if v), tensors=None)
+
+
+def _train_steps(rank: int, cfg: dict, built, sharding, counted: dict, counting: list):
+    """``cfg["steps"]`` + 1 training steps (the first a warm-up) on this rank's own micro-batch,
+    each between two barriers: (memory by kind after the first, times, collectives of each)."""
+    import torch
+    import torch.distributed as dist
+
+    from nala_dit.training.step import update_ema
+
+    model, ema, optimizer, train_model = built
+    gen = torch.Generator().manual_seed(1 + rank)   # each process its own micro-batch
+    b, c, side = cfg["batch"], model.in_channels, cfg["latent"]
+    x = torch.randn(b, c, side, side, generator=gen)
+    t = torch.randint(0, 1000, (b,), generator=gen).float()
+    y = torch.randint(0, model.config.num_classes, (b,), generator=gen)
+    target = None
+    memory, times, exchanged = {}, [], []
+    for step in range(cfg["steps"] + 1):
+        counted.clear()
+        dist.barrier()
+        start = time.perf_counter()
+        counting[0] = True
+        pred = train_model(x, t, y)
+        if target is None:
+            target = torch.randn(pred.shape, generator=gen)
+        (pred - target).pow(2).mean().backward()
+        del pred
+        if sharding is not None:
+            sharding.clip(model.parameters(), 1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        counting[0] = False
+        if step == 0:
+            _step_memory(memory, *built, "grads")
+        optimizer.step()
+        if step == 0:
+            _step_memory(memory, *built, "adam")
+        optimizer.zero_grad(set_to_none=True)
+        update_ema(ema, model, 0.9999)
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+        exchanged.append(dict(counted))
+        if step == 0:
+            _step_memory(memory, *built, "end")
+    return memory, times, exchanged
+
+
+def _measure(rank: int, procs: int, port: int, cfg: dict, out: str) -> None:
+    """One process of the measurements at one P, one per mode of ``cfg["modes"]`` (each from
+    a fresh model); rank 0 writes every rank's rows."""
+    import gc
+    import resource
+
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(ROOT))
+    torch.set_num_threads(cfg["threads"])
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=procs)
+    rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731  (MiB)
+    counted, counting = _count_collectives(dist)
     try:
         results = {}
         for mode in cfg["modes"]:   # each from a fresh model, optimizer and EMA
-            fsdp = mode == "fsdp"
-            torch.manual_seed(0)
-            model = create_model(cfg["model"], input_size=cfg["latent"])
-            shapes = shapes_of(model)
-            sharding = None
-            if fsdp:
-                if procs == 1:   # train.py refuses --fsdp on one process; measured here as the baseline
-                    sharding_lib.check_fsdp = lambda *args: None
-                sharding = sharding_lib.Sharding(torch.device("cpu"), 1, "no", reshard=cfg["reshard"])
-                sharding.broadcast(model)
-            ema = copy.deepcopy(model).float().requires_grad_(False)
-            if fsdp:   # as loop.build_run: before the optimizer, which holds the sharded parameters
-                for module, train in ((model, True), (ema, False)):
-                    sharding.broadcast(module)
-                    sharding.shard(module, train)
-            optimizer = build_optimizer(SimpleNamespace(weight_decay=0.0, lr=1e-4, adam_beta2=0.999), model)
-            train_model = model
-            if mode == "ddp" and procs > 1:   # accelerator.prepare's wrapper, and the trainer's gloo hook
-                train_model = torch.nn.parallel.DistributedDataParallel(model)
-                resumable_gradient_sync(train_model)
+            model, ema, optimizer, train_model, sharding, shapes = _build(mode, procs, cfg)
             built = rss()
-
-            gen = torch.Generator().manual_seed(1 + rank)   # each process its own micro-batch
-            b, c, side = cfg["batch"], model.in_channels, cfg["latent"]
-            x = torch.randn(b, c, side, side, generator=gen)
-            t = torch.randint(0, 1000, (b,), generator=gen).float()
-            y = torch.randint(0, model.config.num_classes, (b,), generator=gen)
-            target = None
-            memory, times, exchanged = {}, [], []
-            for step in range(cfg["steps"] + 1):
-                counted.clear()
-                dist.barrier()
-                start = time.perf_counter()
-                counting[0] = True
-                pred = train_model(x, t, y)
-                if target is None:
-                    target = torch.randn(pred.shape, generator=gen)
-                (pred - target).pow(2).mean().backward()
-                del pred
-                if fsdp:
-                    sharding.clip(model.parameters(), 1.0)
-                else:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                counting[0] = False
-                if step == 0:   # the gradients at their peak: before the step frees them
-                    memory["grads"] = held(p.grad for p in model.parameters())
-                optimizer.step()
-                if step == 0:
-                    memory["adam"] = held(v for state in optimizer.state.values() for v in state.values()
-                                          if isinstance(v, torch.Tensor))
-                    memory["adam_moments"] = held(state[k] for state in optimizer.state.values()
-                                                  for k in ("exp_avg", "exp_avg_sq"))
-                optimizer.zero_grad(set_to_none=True)
-                update_ema(ema, model, 0.9999)
-                dist.barrier()
-                times.append(time.perf_counter() - start)
-                exchanged.append(dict(counted))
-                if step == 0:
-                    memory["params"] = held(model.parameters())
-                    memory["ema"] = held(ema.parameters())
-                    memory["buffers"] = held([*model.buffers(), *ema.buffers()])
-                    if train_model is not model:
-                        sizes = train_model._get_ddp_logging_data().get("bucket_sizes", "")
-                        memory["ddp_buckets"] = dict(storage=sum(int(v) for v in str(sizes).split(", ") if v),
-                                                     tensors=None)
+            memory, times, exchanged = _train_steps(rank, cfg, (model, ema, optimizer, train_model), sharding,
+                                                    counted, counting)
             row = dict(rank=rank, memory=memory, times_s=times[1:], built_mib=round(built, 1), rss_mib=round(rss(), 1),
                        exchanged=exchanged[-1], exchanged_steady=all(e == exchanged[-1] for e in exchanged[1:]),
                        trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),

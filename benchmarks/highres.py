@@ -526,7 +526,7 @@ def plot(rows, path, meta):
     plt.close(fig)
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
     from benchmarks.outputs import new_output  # an existing results file is refused
 
@@ -557,18 +557,58 @@ def main(argv=None):
     parser.add_argument("--from-json", metavar="JSON", nargs="+", help="run nothing: print the markdown tables of "
                         "result files (a cell in a later file replaces the same cell of an earlier one) and redraw "
                         "the plot beside the first")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def redraw(paths: list[str]) -> None:
+    """``--from-json``: the markdown tables of result files (a cell in a later file replaces the
+    same cell of an earlier one) and the plot beside the first, running nothing."""
+    files = [json.loads(Path(f).read_text()) for f in paths]
+    cells = {}
+    for data in files:
+        for r in data["results"]:
+            cells[tuple(r.get(k) for k in ("section", "model", "attention", "px", "grad_checkpointing",
+                                            "tiling"))] = r
+    rows = list(cells.values())
+    print("\n".join(run_line(data["meta"]) for data in files) + "\n")
+    print(markdown(rows, files[0]["meta"], header=False))
+    plot(rows, Path(paths[0]).with_suffix(".png"), files[0]["meta"])
+
+
+def run_meta(args, argv, device, load_before, start: float) -> dict:
+    """What the JSON records of the run: command, date, machine, versions, method."""
+    import diffusers
+
+    dtype = DTYPES[args.dtype]
+    return dict(
+        command="python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        device=str(device), dtype=args.dtype, threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
+        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine()),
+        torch=torch.__version__, diffusers=diffusers.__version__, tiny=args.tiny,
+        sdpa_backend=sdpa_backend(device, dtype), batch=1, repeats=args.repeats, statistic="median",
+        memory_method="torch.cuda.max_memory_allocated" if device.type == "cuda" else
+        "TorchDispatchMode storage tracking (tensors created during the call); counted: the same under FakeTensorMode",
+        load_average=[load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
+        wall_s=time.perf_counter() - start,
+    )
+
+
+def print_ratios(table: list[dict]) -> None:
+    print("\nratios (peak memory from measured/counted cells; time from measured ones)")
+    for r in table:
+        mem = f"mem {r['mem_ratio']:.3f} ({r['mem_from']})" if "mem_ratio" in r else "mem -"
+        tim = f"time {r['time_ratio']:.3f}" if "time_ratio" in r else ""
+        what = r.get("attention", "nala") if r["section"] != "vae" else "tiled"
+        ck = " ckpt" if r.get("grad_checkpointing") else ""
+        vs = r["vs"] + (ck if r["vs"] in ("sdpa", "math") else "")
+        print(f"  {r['section']:6s} {r.get('size') or '':5s} {r['px']:5d}px {what}{ck} / {vs}: {mem} {tim}")
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     if args.from_json:
-        files = [json.loads(Path(f).read_text()) for f in args.from_json]
-        cells = {}
-        for data in files:
-            for r in data["results"]:
-                cells[tuple(r.get(k) for k in ("section", "model", "attention", "px", "grad_checkpointing",
-                                                "tiling"))] = r
-        rows = list(cells.values())
-        print("\n".join(run_line(data["meta"]) for data in files) + "\n")
-        print(markdown(rows, files[0]["meta"], header=False))
-        plot(rows, Path(args.from_json[0]).with_suffix(".png"), files[0]["meta"])
+        redraw(args.from_json)
         return
     device = torch.device(args.device)
     if args.tiny:
@@ -590,29 +630,9 @@ def main(argv=None):
                 rows += transformer_rows(args, device, dtype, predictor, start, section)
     except KeyboardInterrupt:  # a time limit (timeout --signal=INT): keep what was measured
         print("interrupted: reporting the results so far", flush=True)
-    import diffusers
-
-    meta = dict(
-        command="python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
-        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        device=str(device), dtype=args.dtype, threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
-        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine()),
-        torch=torch.__version__, diffusers=diffusers.__version__, tiny=args.tiny,
-        sdpa_backend=sdpa_backend(device, dtype), batch=1, repeats=args.repeats, statistic="median",
-        memory_method="torch.cuda.max_memory_allocated" if device.type == "cuda" else
-        "TorchDispatchMode storage tracking (tensors created during the call); counted: the same under FakeTensorMode",
-        load_average=[load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
-        wall_s=time.perf_counter() - start,
-    )
+    meta = run_meta(args, argv, device, load_before, start)
     table = ratios(rows)
-    print("\nratios (peak memory from measured/counted cells; time from measured ones)")
-    for r in table:
-        mem = f"mem {r['mem_ratio']:.3f} ({r['mem_from']})" if "mem_ratio" in r else "mem -"
-        tim = f"time {r['time_ratio']:.3f}" if "time_ratio" in r else ""
-        what = r.get("attention", "nala") if r["section"] != "vae" else "tiled"
-        ck = " ckpt" if r.get("grad_checkpointing") else ""
-        vs = r["vs"] + (ck if r["vs"] in ("sdpa", "math") else "")
-        print(f"  {r['section']:6s} {r.get('size') or '':5s} {r['px']:5d}px {what}{ck} / {vs}: {mem} {tim}")
+    print_ratios(table)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
