@@ -143,7 +143,7 @@ def test_ablation_page_holds_the_tables_of_the_committed_cells():
 
     out = ROOT / "experiments" / "ablation" / "results"
     cells = ablation.load_cells(out)
-    block = ablation.readme_block(ablation.summarize(cells), cells, ablation.load_timing(out))
+    block = ablation.readme_block(ablation.summarize(cells), cells)
     page = (ROOT / "experiments" / "ablation" / "README.md").read_text()
     start, end = page.find(ablation.README_START), page.find(ablation.README_END)
     assert 0 <= start < end
