@@ -96,9 +96,8 @@ The kernels run on CUDA and, for the tests, on CPU tensors under Triton's interp
 (``TRITON_INTERPRET=1`` set before this module is imported); without a GPU,
 ``benchmarks/triton_compile_check.py`` compiles them for sm_90a and reports registers,
 spills, shared memory, programs per SM, wgmma/mma.sync and MUFU use. The launch configs
-below avoid register spills and fit two programs per SM but are not timed: no GPU was
-available when this was written (``benchmarks/triton_configs.py`` times them against the
-previous ones on a GPU).
+below avoid register spills and fit two programs per SM; they have not been timed
+(``benchmarks/triton_configs.py`` times them against the previous ones on a GPU).
 """
 
 from __future__ import annotations
