@@ -1,8 +1,8 @@
 """scripts/slurm/train.sbatch: its commands as rendered for a 4-node job (every start with
 --resume auto), and the script run on this machine (srun and scontrol played by small
-scripts): SIGUSR1 before the time limit reaches train.py through srun and the launcher, the
-run checkpoints and stops, the job is requeued. (That a stopped run resumes bit for bit:
-tests/training/test_preempt.py.)"""
+scripts) with the real launcher: SIGUSR1 before the time limit reaches every process through
+srun and the launcher, and the job is requeued. (What train.py does with the signal, and that
+the stopped run resumes bit for bit: tests/training/test_preempt.py.)"""
 
 import os
 import signal
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nala_dit.training import checkpoint as ckpt_lib
-from tests.utils import TINY_RUN, free_port
+from tests.utils import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "scripts" / "slurm" / "train.sbatch"
@@ -60,25 +59,42 @@ def test_the_rendered_commands(tmp_path):
         "train.py --config configs/a\\ b.yaml --resume auto "]
 
 
+# What each launched process runs here instead of train.py (whose signal handling, bitwise resume
+# included, is tests/training/test_preempt.py's): it says it is ready, waits for SIGUSR1, records
+# its arguments and exits as train.py does after its checkpoint.
+WORKER = """import os, signal, sys, time
+from pathlib import Path
+got = []
+signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
+out = Path(sys.argv[1])
+(out / f"ready{os.environ['RANK']}").touch()
+while not got:
+    time.sleep(0.01)
+(out / f"stopped{os.environ['RANK']}").write_text(" ".join(sys.argv[2:]))
+sys.exit(75)
+"""
+
+
 @pytest.mark.slow
-def test_usr1_reaches_train_py_which_checkpoints_and_the_job_is_requeued(tmp_path):
+def test_usr1_reaches_every_process_and_the_job_is_requeued(tmp_path):
+    """The real launcher (accelerate launch, 2 CPU processes) under the script: SIGUSR1 to the
+    batch script reaches both processes through srun and the launcher; the job is requeued."""
+    (tmp_path / "worker.py").write_text(WORKER)
     env = _slurm(tmp_path, SLURM_NNODES="1", SLURM_JOB_NODELIST="127.0.0.1", GPUS_PER_NODE="2",
                  MAIN_PORT=str(free_port()), ACCELERATE=str(Path(sys.executable).parent / "accelerate"),
-                 ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(ROOT))
-    run = [*TINY_RUN, "--results-dir", str(tmp_path), "--exp-name", "run", "--ckpt-every", "2"]
-    job = subprocess.Popen(["bash", str(SBATCH), *run, "--max-steps", "100000"], env=env, text=True,
+                 SCRIPT=str(tmp_path / "worker.py"), ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1",
+                 HF_HOME=str(tmp_path / "hf"))
+    job = subprocess.Popen(["bash", str(SBATCH), str(tmp_path), "--config", "x.yaml"], env=env, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 240
-        while not (tmp_path / "run" / "checkpoints" / "0000002").is_dir() and job.poll() is None:
-            assert time.monotonic() < deadline, "no checkpoint within 240 s"
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)) and job.poll() is None:
+            assert time.monotonic() < deadline, "the processes did not start within 120 s"
             time.sleep(0.05)
         job.send_signal(signal.SIGUSR1)   # Slurm's --signal=B:USR1@120: to the batch script
-        out, _ = job.communicate(timeout=240)
+        out, _ = job.communicate(timeout=120)
     finally:
         job.kill()
-    assert job.returncode == 0, out[-3000:]
-    last = int(ckpt_lib.list_checkpoints(tmp_path / "run" / "checkpoints")[-1].name)
-    assert f"stopped: SIGUSR1 at step {last}: wrote checkpoint" in out and "requeueing job 1234" in out, out[-3000:]
+    assert job.returncode == 0 and "stopped by USR1" in out and "requeueing job 1234" in out, out[-3000:]
+    assert [(tmp_path / f"stopped{r}").read_text() for r in (0, 1)] == ["--config x.yaml --resume auto"] * 2
     assert (tmp_path / "scontrol.log").read_text() == "requeue 1234\n"
-    assert ckpt_lib.open_checkpoint(tmp_path / "run").step == last   # whole: what the requeued start resumes

@@ -31,7 +31,7 @@ def _same_weights(a, b) -> None:
 def test_stop_signals_are_noted_then_restored():
     before = signal.getsignal(signal.SIGTERM)
     with StopSignals() as stop:
-        assert not stop.requested
+        assert not stop.requested and signal.getsignal(signal.SIGTERM) == stop._note   # else the kill below kills
         os.kill(os.getpid(), signal.SIGUSR1)   # noted, the process lives on
         os.kill(os.getpid(), signal.SIGTERM)
         assert (stop.name, stop.count) == ("SIGUSR1", 2)
@@ -50,10 +50,12 @@ def test_sigterm_mid_run_saves_exits_75_and_resumes_bitwise(tmp_path, monkeypatc
     def next_with_signal(self):
         calls[0] += 1
         if calls[0] == 3:
+            assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL   # the run's handler, or the kill would kill
             os.kill(os.getpid(), signal.SIGTERM)
         return real_next(self)
 
     def save_with_signal(tensors, path):
+        assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL
         os.kill(os.getpid(), signal.SIGTERM)   # a second signal in the middle of the save
         real_save(tensors, path)
 
