@@ -97,11 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load(args):
     """The ``Source`` of ``--ckpt`` (``sources.load_source``, or ``load_official_source`` for a .pt)."""
-    import torch
-
+    from nala_dit.cli.parse import default_device
     from nala_dit.pipelines.sources import load_official_source, load_source, read_labels_file
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"   # as sample.py
+    device = default_device()   # as sample.py
     path = Path(args.ckpt)
     if path.is_file() or (not path.exists() and path.suffix in (".pt", ".pth")):
         if not args.model:

@@ -44,8 +44,8 @@ from nala_dit.cli.requirements import require_installed
 
 require_installed()  # a python without torch (not the .venv one): one line naming .venv, not a traceback
 
-from nala_dit.cli.parse import (THREADS_HELP, ArgumentParser, Interrupted, main_process, passive_wait_policy,
-                                report_error, run_main, seed_arg, set_threads)
+from nala_dit.cli.parse import (THREADS_HELP, ArgumentParser, Interrupted, default_device, main_process,
+                                passive_wait_policy, report_error, run_main, seed_arg, set_threads)
 from nala_dit.cli.sizes import add_size_arguments, check_size_args, size_values
 from nala_dit.models.grid import sized_settings
 from nala_dit.cli.options import (CONTEXT_PARALLEL_HELP, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS,
@@ -197,10 +197,7 @@ def run(args) -> int:
                         args.shard_size, args.stop_after, args.keep_parts, state=state, context=context)
         return 0
 
-    from accelerate.utils import parse_flag_from_env
-
-    # as train.py's Accelerator: CUDA when visible, else the CPU; ACCELERATE_USE_CPU=1 forces the CPU
-    device = "cpu" if parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available() else "cuda"
+    device = default_device()   # as train.py's Accelerator (ACCELERATE_USE_CPU=1: the CPU)
     write_samples(args, compiled(load_source(args.ckpt, args.weights, args.vae, device), args), settings)
     return 0
 

@@ -278,6 +278,16 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
+def default_device() -> str:
+    """The device of a one-process CLI with no ``--device`` (``sample.py``, ``app.py``), by
+    accelerate's rule as training's: CUDA when visible (``CUDA_VISIBLE_DEVICES`` picks it), else
+    the CPU; ``ACCELERATE_USE_CPU=1`` forces the CPU (``ABSENT_FLAGS``)."""
+    import torch
+    from accelerate.utils import parse_flag_from_env
+
+    return "cpu" if parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available() else "cuda"
+
+
 def child_env(root, **changes) -> dict:
     """This process's environment for a Python child that imports the repository at ``root``:
     ``root`` first on PYTHONPATH, then what was there (packages the caller put on it stay

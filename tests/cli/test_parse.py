@@ -122,3 +122,20 @@ def test_a_parser_whose_subcommand_has_the_flag_keeps_the_spelling_hint():
     import evaluate_fid
 
     assert "--device" in evaluate_fid.build_parser().all_flags()
+
+
+def test_the_default_device_follows_accelerates_rule(monkeypatch):
+    """sample.py and app.py: CUDA when visible, else the CPU; ACCELERATE_USE_CPU=1 forces the CPU
+    (what the --device error says)."""
+    import torch
+
+    from nala_dit.cli.parse import ABSENT_FLAGS, default_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    assert default_device() == "cuda"
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    assert default_device() == "cpu" and "ACCELERATE_USE_CPU=1 forces the CPU" in ABSENT_FLAGS["--device"]
+    monkeypatch.delenv("ACCELERATE_USE_CPU")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_device() == "cpu"
