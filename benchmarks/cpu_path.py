@@ -1,4 +1,4 @@
-"""Where the fused CPU path's time goes, one thread, CPU time (docs/performance.md, issue 53).
+"""Where the fused CPU path's time goes, one thread, CPU time (docs/performance.md).
 
 Three sections, each timed by ``time.thread_time`` (the CPU time of this thread: a shared
 machine's stolen time left out), median of ``--repeats``:

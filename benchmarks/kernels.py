@@ -1,6 +1,6 @@
 """Kernel GPU time of one attention call at the shapes DiT trains at, against the roofline.
 
-At each (B, H, N, D) of ``--shapes`` (issue 53: XL/2 heads 16 × 72 and S/2 heads 6 × 64 at
+At each (B, H, N, D) of ``--shapes`` (default: XL/2 heads 16 × 72 and S/2 heads 6 × 64 at
 256, 1,024 and 4,096 tokens, batch filling the GPU), forward and forward + backward:
 
 * ``nala``: ``nala_attention`` (``impl="auto"``: the Triton kernels on CUDA, the variant
@@ -177,7 +177,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
-    parser.add_argument("--shapes", default="", help="B,H,N,D;B,H,N,D... (default: issue 53's six)")
+    parser.add_argument("--shapes", default="", help="B,H,N,D;B,H,N,D... (default: the six above)")
     parser.add_argument("--methods", default="", help="comma-separated subset (e.g. nala for the A/B's second run)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)

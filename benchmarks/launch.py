@@ -1,6 +1,6 @@
 """The host's cost per launched op, and how many ops a gated layer, a block and a model launch.
 
-Issue 53: at the batches people sample and train at, both models wait on the host, which
+At the batches people sample and train at, both models wait on the host, which
 issues one kernel per op. This script measures the two factors of that time:
 
 * **host cost per op**: ``--launches`` tiny in-place adds (``x.add_(1)`` on a one-element

@@ -1,6 +1,6 @@
 """The model sweep: DiT against NaLaDiT at the batches people train and sample at.
 
-Cells (``--cells SIZE:PX:BATCH,...``; default issue 53's: XL/2 at 256 px batch 8/32/128, at
+Cells (``--cells SIZE:PX:BATCH,...``; default: XL/2 at 256 px batch 8/32/128, at
 512 px batch 8/32, S/2 at 256 px batch 8/128), each for a training step (forward, MSE,
 backward, AdamW) and a sampling forward (``no_grad``), bf16 weights and inputs, for
 
@@ -116,7 +116,7 @@ def plan(args, device):
                 continue
             for task in args.tasks.split(","):
                 if mode == "reduce-overhead" and task == "train":
-                    continue      # CUDA graphs are for sampling here (issue 53)
+                    continue      # CUDA graphs are for sampling here
                 pairs = [p for p in variants(device) if p[0] in args.families.split(",")]
                 if mode != "eager":     # DiT on its first backend only: each compile costs tens of seconds
                     pairs = [pairs[0], *(p for p in pairs if p[0] != "DiT")]
@@ -193,7 +193,7 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     parser.add_argument("--cells", default=None,
-                        help="SIZE:PX:BATCH,... (default: issue 53's; --smoke: S/2:64:2, compiled as well)")
+                        help="SIZE:PX:BATCH,... (default: the cells above; --smoke: S/2:64:2, compiled as well)")
     parser.add_argument("--compile-cells", default=None,
                         help="the cells compiled modes run, or all (default XL/2:256:32; --smoke: all)")
     parser.add_argument("--tasks", default="train,sample")

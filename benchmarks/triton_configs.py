@@ -13,7 +13,7 @@ one alternative, wall time) so the path is exercised without a GPU.
 
     python benchmarks/triton_configs.py --out runs/triton_configs.json --budget-s 60
     python benchmarks/triton_configs.py --head-dims 72 --out runs/triton_configs_d72.json
-    python benchmarks/triton_configs.py --variant baseline     # the kernels before issue 53
+    python benchmarks/triton_configs.py --variant baseline     # the kernels before the rework
     TRITON_INTERPRET=1 python benchmarks/triton_configs.py --smoke --out runs/triton_configs.json
 """
 
@@ -102,7 +102,7 @@ def main(argv=None):
         ref = fwd_bwd(q, k, v, grad, None, args.variant)
         # None: the per-kernel defaults of launch_config; the others apply to every kernel.
         alternatives = candidates(d)[:args.max_configs] if args.max_configs else candidates(d)
-        if not args.smoke:   # the per-kernel configs before issue 53's two-programs-per-SM work, first
+        if not args.smoke:   # the per-kernel configs before the two-programs-per-SM work, first
             alternatives.insert(0, dict(table="previous"))
         for config in [None, *alternatives]:
             label = dict(config or dict(default=triton_kernels.launch_config(d, variant=args.variant)))

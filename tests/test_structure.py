@@ -252,7 +252,7 @@ def test_each_package_keeps_its_names_in_a_torch_free_module():
     assert own == [], f"cli/options.py defines {own}: put them in the package that owns them"
 
 
-# Issue 55: no function in the package longer than a screen and a half (training/'s own
+# No function in the package longer than a screen and a half (training/'s own
 # layout: tests/training/test_layout.py).
 MAX_FUNCTION_LINES = 80
 

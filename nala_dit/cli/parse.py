@@ -248,7 +248,7 @@ def passive_wait_policy() -> None:
     thread it waits for needs, and every one of the thousands of small ops in a training step
     waits at a barrier: a NaLaDiT-T/2 step took 16-33x longer beside one other busy process than
     with one thread (``benchmarks/threads.py``). PASSIVE threads sleep instead; on a quiet
-    machine that cost nothing measurable (issue 27: ``make demo QUICK=1`` 25.2 s with it,
+    machine that cost nothing measurable (``make demo QUICK=1`` 25.2 s with it,
     27.7 s without). In a user's own Python ``import nala_dit`` does the same when it comes
     before torch (docs/performance.md, "Threads"). Environments of child processes inherit it."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

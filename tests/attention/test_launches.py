@@ -1,18 +1,18 @@
 """What one gated NaLa layer launches on the fused CPU path, counted exactly, so that a
-change which adds per-call work fails here (issue 53, item 2).
+change which adds per-call work fails here.
 
 Counted: every aten op that reaches the dispatcher and is not a view (``func.is_view``),
 under a ``TorchDispatchMode``; on the CPU each is one kernel call. Today (a (2, 16, 32)
 input, 2 heads, LePE + LayerNorm + gate, recompute on): 63 forward, 140 backward.
 
-Issue 53's targets, for the Triton path on CUDA: at most 5 kernels forward and 15 forward
+The targets, for the Triton path on CUDA: at most 5 kernels forward and 15 forward
 + backward per gated layer (softmax attention: 3 / 13; before: 12 / 43). Counted here under
 the interpreter: 4 / 15 (``triton_gated.py``: NaLa's kernel and one epilogue kernel between
 the two projections; 5 kernels backward). The NaLa call on the Triton path is counted under ``TRITON_INTERPRET=1`` (a subprocess: Triton
 reads the variable at import), each kernel launch as one and the interpreter's own host copies
 inside a launch not at all; allocations (``empty``) launch nothing and are left out. At
 N = 67 (one token range): 2 forward (``full`` + the single-launch forward kernel; before
-issue 53's kernels: ``full`` + state + output), 3 backward (dq, state, dkv kernels). At
+the reworked kernels: ``full`` + state + output), 3 backward (dq, state, dkv kernels). At
 N ≥ 1,024 on a GPU the state passes split the tokens and add the ranges with atomics into
 one zeroed buffer: one ``zeros`` launch per state pass where the baseline variant
 (``NALA_TRITON_VARIANT=baseline``) launched two ``sum``.
@@ -35,7 +35,7 @@ FORWARD, BACKWARD = 63, 140
 TRITON_FORWARD = ["aten.full", "triton._forward_kernel"]
 TRITON_BACKWARD = ["triton._dq_kernel", "triton._state_kernel", "triton._dkv_kernel"]
 # One gated layer on the Triton path (triton_gated.py): 4 forward, 11 backward, 15 in all
-# (issue 53's target: at most 5 / 15; softmax attention 3 / 13). Each Linear is one addmm
+# (the target: at most 5 / 15; softmax attention 3 / 13). Each Linear is one addmm
 # forward and mm, mm, sum backward.
 LINEAR_BACKWARD = ["aten.mm", "aten.mm", "aten.sum"]
 LAYER_FORWARD = ["aten.addmm", "triton._forward_kernel", "triton._epilogue_kernel", "aten.addmm"]

@@ -1,6 +1,6 @@
 """NaLa's fused CPU path as the ``nala_dit::nala_fused`` custom op (``attention/op.py``):
 its registered backward against autograd of the eager composition, and a whole NaLaDiT
-block traced by ``torch.compile(fullgraph=True)`` with no graph break (issue 53, item 3)."""
+block traced by ``torch.compile(fullgraph=True)`` with no graph break."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""The hardware approximations of the Triton kernels' feature map (issue 53, item 1):
+"""The hardware approximations of the Triton kernels' feature map:
 ``sin.approx``, ``cos.approx`` and ``lg2.approx`` (the MUFU unit), used in the
 half-precision mode (``PREC == "bf16"``) only.
 

@@ -1,5 +1,5 @@
-"""NaLa's Triton path as the ``nala_dit::nala_triton`` custom op (``attention/triton_op.py``;
-issue 53, item 3): the cases in ``tests/attention/triton_op_cases.py`` run in a subprocess
+"""NaLa's Triton path as the ``nala_dit::nala_triton`` custom op (``attention/triton_op.py``):
+the cases in ``tests/attention/triton_op_cases.py`` run in a subprocess
 under Triton's interpreter (``TRITON_INTERPRET=1`` must be set before the kernels are
 defined, and would leak into every other test here): the registered backward against
 autograd of the eager composition, ``opcheck`` of both ops, and a NaLaDiT block on the

@@ -1,7 +1,7 @@
 """The stages of benchmarks/gpu_check.sh run end to end on the CPU at toy sizes (their
 --smoke paths), write the keys benchmarks/tables.py reads, and the tables come out as
 expected; the script parses, its stage limits sum to at most 8 minutes, and the docs page
-holds exactly what tables.py makes of the committed results (issue 53, items 4-5)."""
+holds exactly what tables.py makes of the committed results."""
 
 import itertools
 import json

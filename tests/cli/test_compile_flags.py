@@ -1,5 +1,5 @@
 """``sample.py --compile``: the model compiled in place (``nn.Module.compile``), the
-source's model keeping its class (issue 53, item 3). Tracing itself is held by
+source's model keeping its class. Tracing itself is held by
 tests/attention/test_op.py (a NaLaDiT block with fullgraph=True, zero graph breaks)."""
 from types import SimpleNamespace
 

@@ -147,7 +147,7 @@ def test_the_refusal_loads_no_torch():
     assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
 
 
-# --- issue 56, probe 2: every sampler's steps bounded by what it can take (check_steps), in every caller
+# --- every sampler's steps bounded by what it can take (check_steps), in every caller
 def test_check_steps_bounds_each_sampler():
     from nala_dit.cli.options import (DIFFUSION_SAMPLERS, MAX_CONTINUOUS_STEPS, MAX_DIFFUSION_STEPS, SAMPLERS,
                                       TRANSPORT_SAMPLERS, check_steps, max_steps)
@@ -249,7 +249,7 @@ def test_pipelines_refuse_num_inference_steps_past_the_bound(pipe_dir, tmp_path)
     assert_names(one_line(err), "num_inference_steps 5000:", "ddim", "use at most 1000")
 
 
-# --- issue 56, probe 3: crafted diffusion chains refused before any allocation (check_diffusion_steps)
+# --- crafted diffusion chains refused before any allocation (check_diffusion_steps)
 @pytest.mark.parametrize("value", ["10000000000", "0", "10001"])
 def test_train_refuses_a_diffusion_chain_past_the_bound(capsys, value):
     assert_names(dry_run_error(capsys, "--diffusion-steps", value), "--diffusion-steps", ">= 1 and <= 10,000",
@@ -288,7 +288,7 @@ def test_an_edited_pipeline_chain_is_refused_before_diffusers_builds_it(pipe_dir
     assert_names(one_line(err), f"{file}: {where}", ">= 1 and <= 10,000", "got 1000000000000", "export the pipeline")
 
 
-# --- issue 56, probe 4: --class-dropout-prob is a probability in [0, 1)
+# --- --class-dropout-prob is a probability in [0, 1)
 @pytest.mark.parametrize("value", ["1.5", "nan", "-0.1", "1", "inf"])
 def test_class_dropout_outside_zero_to_one_is_refused(capsys, value):
     assert_names(dry_run_error(capsys, "--class-dropout-prob", value), "--class-dropout-prob", "[0, 1)",
@@ -319,7 +319,7 @@ def test_a_checkpoint_with_class_dropout_past_one_is_refused(run_dir, pipe_dir, 
     assert_names(capsys.readouterr().err, f"{state_file}: 'class_dropout_prob'", "got 1.5")
 
 
-# --- issue 56: a negative seed is one line naming --seed (was numpy's "expected non-negative integer")
+# --- a negative seed is one line naming --seed (was numpy's "expected non-negative integer")
 @pytest.mark.parametrize("value", ["-1", str(2**32)])
 def test_train_seed_outside_numpys_range_is_refused(capsys, value):
     assert_names(dry_run_error(capsys, "--seed", value), "--seed", "from 0 to 2**32 - 1", f"got {value}")

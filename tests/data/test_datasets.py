@@ -131,7 +131,7 @@ def test_a_shard_whose_moments_have_the_wrong_shape_is_one_line(tmp_path, shape)
     assert "rerun extract_latents.py" in one_line(err)
 
 
-# --- issue 56, probe 10: class lists taken unchecked ------------------------------------------
+# --- class lists taken unchecked ------------------------------------------
 def test_hidden_folders_are_not_classes_nor_images(tmp_path):
     """Jupyter's ``.ipynb_checkpoints`` beside the class folders (and inside one) is skipped:
     torchvision's ImageFolder would make it class 0 and shift every real class by one."""

@@ -304,7 +304,7 @@ def test_guidance_without_null_class_is_an_error():
         cfg_model_fn(_Recorder(), 1.5, NULL, interval=(1.0, 0.0))
 
 
-# --- issue 56: a diffusers scheduler takes exactly the steps asked for
+# --- a diffusers scheduler takes exactly the steps asked for
 @pytest.mark.parametrize("name", ["dpm-solver", "ddim"])
 @pytest.mark.parametrize("n", [61, 103, 998, 25, 1000])
 def test_a_scheduler_takes_exactly_n_trailing_steps(name, n):

@@ -1,4 +1,4 @@
-"""``nala_dit.models.compile`` (issue 53, item 3): ``sample.py --compile`` / ``--cuda-graphs``,
+"""``nala_dit.models.compile``: ``sample.py --compile`` / ``--cuda-graphs``,
 the NaLa pipelines' ``compile()`` and ``train.py --compile`` all go through
 ``compile_model``. On this CPU the compiled model (inductor) gives the eager images, and
 ``--cuda-graphs`` says in one line that it runs without CUDA graphs. One tiny model (one

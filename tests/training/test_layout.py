@@ -1,4 +1,4 @@
-"""The training package's shape (issue 55): the loop module reads like EDM2's
+"""The training package's shape: the loop module reads like EDM2's
 ``training_loop.py`` (construction, the loop, one step), its construction and the resume
 policy in short functions of their own modules, and no function in ``training/`` longer
 than a screen and a half."""
