@@ -265,6 +265,11 @@ def inherit(student: DiT, source: dict[str, torch.Tensor], mode: str = "all-but-
             plan.append((key, "set", grown))
             used.add(key)
             continue
+        if key.startswith("r_embedder.") and key not in source:
+            # a MeanFlow student of a SiT: its interval embedder stays as initialised, output zero,
+            # so the student starts as the source at every end time r (diffusion/meanflow.py)
+            plan.append((key, "new", None))
+            continue
         attn = _ATTN.match(key)
         if attn and mode != "all" and int(attn.group(1)) not in same_layer:
             src_key = key.replace(".attn.qkvg.", ".attn.qkv.") if mode == "attention-qkv" else None

@@ -12,6 +12,7 @@ from nala_dit.diffusion.generate import check_sampler, generate
 from nala_dit.diffusion.meanflow import MeanFlow, meanflow_sample
 from nala_dit.diffusion.transport import Transport
 from nala_dit.models import create_model
+from nala_dit.training.convert import inherit
 from tests.utils import TINY
 
 MU, S = torch.tensor([1.5, -0.5]).double(), torch.tensor([0.5, 2.0]).double()
@@ -101,18 +102,17 @@ def test_meanflow_sampler_refuses_a_plain_transport_model():
 
 @pytest.mark.parametrize("name", ["NaLaSiT-T/2", "SiT-T/2"])
 def test_meanflow_model_starts_as_its_sit_trains_and_samples(name):
-    """``mean_flow=True``: a SiT's weights give the SiT's velocity at any r (the interval
-    embedder's output starts at zero); one MeanFlow loss's gradients on the default path (NaLa:
+    """``mean_flow=True``: a SiT's weights (``convert.inherit``, what ``--init-from`` runs) give
+    the SiT's velocity at any r (the interval embedder's output starts at zero); one MeanFlow loss's gradients on the default path (NaLa:
     the fused CPU path with its forward-mode rule; SiT: the explicit softmax under the
     transform) equal those with NaLa's eager composition; 1 and 2 step sampling through
     ``generate`` (the default sampler of a MeanFlow objective is ``meanflow``)."""
     torch.manual_seed(0)
     sit = create_model(name, **TINY).eval()
     model = create_model(name, **TINY, mean_flow=True).eval()
-    missing = model.load_state_dict(sit.state_dict(), strict=False).missing_keys
-    assert missing and all(k.startswith("r_embedder.") for k in missing)
-    model.initialize_weights()
-    model.load_state_dict(sit.state_dict(), strict=False)
+    report = inherit(model, sit.state_dict(), "all")        # train.py --mean-flow --init-from a SiT run
+    assert {key for key, copied, _ in report.rows if not copied} == {f"r_embedder.mlp.{i}.{p}" for i in (0, 2)
+                                                                      for p in ("weight", "bias")}
     x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([0.2, 0.7]), torch.tensor([1, 3])
     with torch.no_grad():
         torch.testing.assert_close(model(x, t, y, r=torch.tensor([0.9, 1.0])), sit(x, t, y), rtol=0, atol=0)
