@@ -1,12 +1,16 @@
 """Torch-free checks of what a user typed, shared by every package and the CLIs (below all
 of them, like ``guards.py``, which holds the checks that need torch): a number in its range,
-and the nearest flag or path to a typo (``did you mean ...?``)."""
+the nearest flag or path to a typo (``did you mean ...?``), and the words for a text file that is
+binary or holds a number past Python's digit limit."""
 
 from __future__ import annotations
 
 import difflib
 import math
 import os
+import re
+import sys
+from pathlib import Path
 
 
 def number_in(value, lo: float, hi: float, must: str) -> float:
@@ -89,3 +93,22 @@ def check_number(flag: str, value, lo: float = 0.0, hi: float | None = None, why
         allowed = f"a number from {lo:g} to {hi:g}" if hi is not None else f"a finite number >= {lo:g}"
         raise ValueError(f"{flag} must be {allowed}{f' ({why})' if why else ''}, got {value!r}")
     return value
+
+
+def read_text(path: str | os.PathLike, what: str) -> str:
+    """``path``'s text (UTF-8); a binary file is a ValueError naming it, the first byte that is
+    not UTF-8 and ``what`` the file should be (not the codec's wording)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a text file (byte {err.object[err.start]:#04x} at offset {err.start:,} is not "
+                         f"UTF-8): {what}") from None
+
+
+def too_many_digits(err: ValueError) -> str | None:
+    """For ``int()`` of a number past Python's digit limit: the words for it, else None."""
+    digits = re.search(r"value has (\d+) digits", str(err))
+    if digits is None:
+        return None
+    return (f"holds a number of {int(digits.group(1)):,} digits (Python reads at most "
+            f"{sys.get_int_max_str_digits():,}); no setting takes one that long")

@@ -21,10 +21,11 @@ import json
 import os
 import pickle
 import re
-import sys
 from pathlib import Path
 
 import torch
+
+from .checks import read_text, too_many_digits
 
 
 class NonFiniteError(FloatingPointError, ValueError):
@@ -37,25 +38,6 @@ class CheckpointError(ValueError):
 
 class TooLargeError(MemoryError, ValueError):
     """A request that cannot fit in this machine's memory, refused before allocating."""
-
-
-def read_text(path: str | os.PathLike, what: str) -> str:
-    """``path``'s text (UTF-8); a binary file is a ValueError naming it, the first byte that is
-    not UTF-8 and ``what`` the file should be (not the codec's wording)."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not a text file (byte {err.object[err.start]:#04x} at offset {err.start:,} is not "
-                         f"UTF-8): {what}") from None
-
-
-def too_many_digits(err: ValueError) -> str | None:
-    """For ``int()`` of a number past Python's digit limit: the words for it, else None."""
-    digits = re.search(r"value has (\d+) digits", str(err))
-    if digits is None:
-        return None
-    return (f"holds a number of {int(digits.group(1)):,} digits (Python reads at most "
-            f"{sys.get_int_max_str_digits():,}); no setting takes one that long")
 
 
 def read_json(path: str | os.PathLike, fix: str):

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from ..guards import read_text, too_many_digits
+from ..checks import read_text, too_many_digits
 from ..training.config import dump_yaml, flag_name, to_dict  # noqa: F401  (a run's config as stored)
 from .parse import ArgumentParser, closest
 
