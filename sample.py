@@ -263,11 +263,8 @@ def check_counts(args) -> None:
     (``--per-label 1000000000`` would build a list of 10⁹ labels)."""
     from nala_dit.data.images import check_sample_count
 
-    if args.num_samples is not None:
-        check_sample_count(args.num_samples, "--num-samples")
-    if args.labels is not None:
-        count = len([s for s in args.labels.split(",") if s.strip()]) * max(args.per_label, 1)
-        check_sample_count(max(count, 1), f"--labels × --per-label {args.per_label:,}")
+    what = "--num-samples" if args.num_samples is not None else f"--labels × --per-label {args.per_label:,}"
+    check_sample_count(requested_count(args), what)
 
 
 def check_held_images(count: int, h: int, w: int) -> None:
