@@ -58,7 +58,9 @@ def carried_bytes(state: dict[str, torch.Tensor], kind: str, source_sha256: str)
     """The carried file's bytes: the rounded tensors and a header naming the network and its source."""
     from safetensors.torch import save
 
-    meta = {"network": f"tf-inception-2015-12-05 {kind}-rounded", "source_sha256": source_sha256}
+    # one key: safetensors writes the header's metadata in hash order, so two keys would make the
+    # file's bytes, and its sha256, differ from run to run
+    meta = {"network": f"tf-inception-2015-12-05 {kind}-rounded from sha256 {source_sha256}"}
     return save(carried_state(state, kind), metadata=meta)
 
 

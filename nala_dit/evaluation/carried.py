@@ -21,10 +21,10 @@ import torch
 
 SOURCE_SHA256 = "7ff4a85c3a6378f0dfc8433ffd789663b01176bec0a683a435651739c091fa34"   # default_1.pt
 CARRIED_WEIGHTS = {
-    "a6b36e273cdd6996040ba0b28f44767cfedc4337edc8d7aef86395c69eef8816":
+    "e5aca6469344f24ccef02b4f2b103e8f3192a5ddc8781bc9a2020c4f2197e238":
         f"tf-inception-2015-12-05 fp16-rounded (default_1.pt sha256 {SOURCE_SHA256[:16]}…, every tensor fp16; "
         f"not the standard network)",
-    "9dfa014e9012319e290d91d6d21f34f9fb1d226180583a8b91dc2aeef7e31bf6":
+    "4c129d584f93efa7835a0b2331fe48419c481ef42962e46abc19b4e37b72ddfe":
         f"tf-inception-2015-12-05 int8-rounded (default_1.pt sha256 {SOURCE_SHA256[:16]}…, conv weights 8 bits per "
         f"output channel; not the standard network)",
 }
