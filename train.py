@@ -6,8 +6,7 @@ Many GPUs / nodes (same command, accelerate decides the topology):
     accelerate launch --multi_gpu --num_processes 8 train.py --config configs/nala_dit_s2_imagenet256.yaml
 Resume after an interruption (same flags):
     accelerate launch ... train.py --config ... --resume auto
-SIGTERM or SIGUSR1 (a cluster's preemption or time limit) ends the step, writes its checkpoint
-and exits with status 75 for a requeue (docs/training.md, scripts/slurm/train.sbatch).
+SIGTERM / SIGUSR1 (preemption, time limit): checkpoint, exit 75 (scripts/slurm/train.sbatch)
 Print the resolved config (defaults < YAML < flags) and exit:
     python train.py --config configs/nala_dit_s2_imagenet256.yaml --lr 2e-4 --dry-run
 """
@@ -21,7 +20,6 @@ require_installed()  # a python without torch (not the .venv one): one line nami
 from nala_dit.cli.parse import Interrupted, main_process, passive_wait_policy, report_error, run_main
 from nala_dit.cli.config import dump_yaml, resolve
 from nala_dit.cli.options import TrainConfig
-from nala_dit.training.preempt import Preempted   # torch-free: the signal handling and its exit status
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -40,9 +38,9 @@ def main(argv=None) -> int:
         run_dir = train(cfg)
     except (ValueError, FileNotFoundError, FileExistsError, OSError, FloatingPointError) as err:
         return report_error(err)  # one line, printed by rank 0 only
-    except Preempted:
-        raise   # SIGTERM / SIGUSR1: every process stopped at one step, its checkpoint written; exit status 75
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        if getattr(err, "together", False):   # SIGTERM / SIGUSR1 (training/preempt.py): every process stopped
+            raise                             # at one step, its checkpoint written; its line, exit status 75
         from nala_dit.training.checkpoint import list_checkpoints
 
         found = list_checkpoints(cfg.run_dir() / "checkpoints")

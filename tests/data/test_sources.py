@@ -106,10 +106,10 @@ def test_folders_are_told_apart_by_what_they_hold(tmp_path):
 
 
 def test_a_detected_source_added_last_is_still_tried_before_the_image_folder(tmp_path, monkeypatch):
-    (tmp_path / "webdataset").mkdir()
-    (tmp_path / "webdataset" / "shard-000.tar").write_bytes(b"")
-    tars = DataSource(lambda *a, **k: None, "a folder of .tar shards",
-                      detect=lambda data: any(p.suffix == ".tar" for p in Path(data).glob("*")))
-    monkeypatch.setitem(DATA_SOURCES, "tars", tars)
-    assert data_source(str(tmp_path / "webdataset")) is tars
+    (tmp_path / "zipped").mkdir()   # (tar shards are built in: data/streams.py)
+    (tmp_path / "zipped" / "shard-000.zip").write_bytes(b"")
+    zips = DataSource(lambda *a, **k: None, "a folder of .zip shards",
+                      detect=lambda data: any(p.suffix == ".zip" for p in Path(data).glob("*")))
+    monkeypatch.setitem(DATA_SOURCES, "zips", zips)
+    assert data_source(str(tmp_path / "zipped")) is zips
     assert data_source(str(tmp_path)) is DATA_SOURCES["images"]
