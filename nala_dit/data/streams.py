@@ -19,8 +19,9 @@ parts of its name (``train-00000-of-00004.parquet``, ``imagenet-val-000012.tar``
 held-out data of ``--val-every`` is ``--val-data NAME`` (a split) or ``--val-data N`` (the last
 N items of the training split, then not trained on).
 
-Only the standard library (``tarfile``) and ``pyarrow`` (the ``stream`` extra) read them; the
-``datasets`` package is not needed.
+A latent folder of ``extract_latents.py`` packed as tar shards (``pack_latents``) is read the
+same way (``TarLatents``). Only the standard library (``tarfile``) and ``pyarrow`` (the
+``stream`` extra) read these; the ``datasets`` package is not needed.
 """
 
 from __future__ import annotations
@@ -338,7 +339,8 @@ def _tar_index(path: Path, payloads=IMAGE_KEYS) -> tuple[list, np.ndarray]:
         try:
             label = int(sample[LABEL_KEY].decode().strip())
         except ValueError:
-            raise ValueError(f"{path}: sample {key!r}'s .cls is {sample[LABEL_KEY][:20]!r}, not a class index") from None
+            raise ValueError(f"{path}: sample {key!r}'s .cls is {sample[LABEL_KEY][:20]!r}, not a class "
+                             f"index") from None
         rows.append((sample["image"], label, key))
     return rows, np.array([r[1] for r in rows], dtype=np.int64)
 

@@ -129,7 +129,8 @@ def heldout_dataset(cfg: TrainConfig, train_dataset):
         return heldout
     if source.heldout:
         return source.open(cfg.data, cfg, "heldout", size=train_dataset.image_size)
-    also = ", or one of its splits (validation) or a count of training items to hold out (1000)" if source.splits else ""
+    also = (", or one of its splits (validation) or a count of training items to hold out (1000)"
+            if source.splits else "")
     raise ValueError(f"--val-every scores a held-out split: {cfg.data} is a folder, so pass --val-data with a "
                      f"held-out folder of the same kind{also}")
 

@@ -40,7 +40,8 @@ def _slurm(tmp_path, **env) -> dict:
     for name, text in (("scontrol", SCONTROL), ("srun", SRUN)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_SCONTROL_LOG": str(tmp_path / "scontrol.log"),
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "FAKE_SCONTROL_LOG": str(tmp_path / "scontrol.log"),
             "SLURM_JOB_ID": "1234", "SLURM_NNODES": "4", "SLURM_JOB_NODELIST": "gpu01,gpu02,gpu03,gpu04",
             "SLURM_SUBMIT_DIR": str(ROOT), **env}
 
