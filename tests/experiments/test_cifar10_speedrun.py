@@ -66,7 +66,7 @@ def gpu_smoke(cifar_subset, inception_weights, tmp_path_factory):
         tar.add(cifar_subset, arcname="cifar10")
     env = dict(os.environ, OUT=str(tmp / "out"), WORK=str(tmp / "work" / "t256"), CIFAR_ARCHIVE=str(archive),
                INCEPTION=str(inception_weights), SMOKE="1", PYTHON=sys.executable, RUN_ARGS="--allow-unknown-weights",
-               OMP_NUM_THREADS="1", TIME_LIMIT="36000", CALL_LIMIT="36000")   # a loaded CPU: no limit cuts the smoke run
+               OMP_NUM_THREADS="1", TIME_LIMIT="36000", CALL_LIMIT="36000")   # a loaded CPU: no limit cuts it
     proc = subprocess.run(["bash", str(HERE / "gpu_run.sh")], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     argv = ["--smoke", "--cifar", str(tmp / "work" / "data" / "cifar10"), "--out", str(tmp / "work" / "t256"),
@@ -298,7 +298,7 @@ def test_carried_files_are_the_known_ones_and_read_back_as_the_rounded_network()
     """The script's fp16 and int8 files have the sha256s features.py knows them by (each under its
     own name, never the standard one), and read back as the full network rounded: fp16 exactly
     as ``.half()``, int8 within half a step of its channel's scale."""
-    from nala_dit.evaluation.carried import CARRIED_WEIGHTS, SOURCE_SHA256, read_carried_inception
+    from nala_dit.evaluation.carried import CARRIED_FID_SHIFT, CARRIED_WEIGHTS, SOURCE_SHA256, read_carried_inception
     from nala_dit.evaluation.features import file_sha256, load_inception_state_dict, packaged_inception_weights
 
     source = packaged_inception_weights()
@@ -310,6 +310,7 @@ def test_carried_files_are_the_known_ones_and_read_back_as_the_rounded_network()
         data = carried_inception.carried_bytes(full, kind, SOURCE_SHA256)
         sha = hashlib.sha256(data).hexdigest()
         assert f"{kind}-rounded" in CARRIED_WEIGHTS[sha] and "not the standard network" in CARRIED_WEIGHTS[sha]
+        assert CARRIED_FID_SHIFT[sha].startswith("measured ")   # its FID's distance to the full network's, stated
         back = _read_bytes(data, read_carried_inception)
         assert set(back) == set(full) and torch.equal(back["fc.weight"], torch.zeros(1008, 2048))
         w = "Mixed_6d.branch1x1.conv.weight"
