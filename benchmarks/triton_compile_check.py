@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import re
 import subprocess
@@ -121,7 +122,8 @@ def gated_variants(channels: int, dtype: str):
          dict(blocks, ZERO_ACC=True), warps),
         ("norm_bwd", tg._norm_backward_kernel, dict(QKVG=p, O=p, DOUT=p, MEAN=f, RSTD=f, DO=f, DQKVG=p, ACC=f,
                                                     **params), blocks, warps),
-        ("lepe_bwd", tg._lepe_backward_kernel, dict(QKVG=p, LW=f, DO=f, DQKVG=p, ACC=f), blocks, warps),
+        ("lepe_bwd", tg._lepe_backward_kernel, dict(QKVG=p, LW=f, DO=f, DQKVG=p, ACC=f),
+         dict(BLOCK_T=tg.LEPE_BLOCK_T, BLOCK_C=tg.LEPE_BLOCK_C, TOKENS=tg.TOKENS), tg.LEPE_WARPS),
     ]
 
 
@@ -167,6 +169,11 @@ def resources(ptxas_output: str, sass: str = "", num_warps: int = 0) -> dict:
     r["hmma"] = sum(n for op, n in ops.items() if op.startswith("HMMA"))
     r["mufu"] = dict(sorted((op.split(".", 1)[1], n) for op, n in ops.items() if op.startswith("MUFU.")))
     r["local"] = sum(n for op, n in ops.items() if op.split(".")[0] in ("LDL", "STL"))
+    # Global atomics: ATOMG (returns the old value), REDG (reduction, no return); a fenced
+    # one (acq_rel, Triton's default sem) comes with MEMBAR.ALL.GPU (and CCTL.IVALL) around
+    # it, a relaxed one is a lone REDG (its .STRONG.GPU is the scope, not a fence).
+    r["atomics"] = sum(n for op, n in ops.items() if op.split(".")[0] in ("ATOMG", "RED", "REDG", "ATOM"))
+    r["membar"] = sum(n for op, n in ops.items() if op.split(".")[0] == "MEMBAR")
     r["instructions"] = sum(ops.values())
     return r
 
@@ -191,12 +198,145 @@ def report(head_dim: int, dtype: str, direction: str, variant: str = "fused", ar
     return rows
 
 
+# ------------------------------------------------ through the launches, as a GPU run sees them
+
+
+class StandInDriver:
+    """What a Triton launch asks its driver, answered without a GPU: device 0, stream 0 and
+    the target to compile for."""
+
+    def __init__(self, arch: int):
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+
+@contextlib.contextmanager
+def stand_in_launches(arch: int = 90, sms: int = 132):
+    """Inside, every Triton launch compiles its kernel for ``sm_<arch>`` exactly as the launch
+    specialises it (argument dtypes, 16-byte-aligned pointers, integers equal to 1 such as a
+    unit stride, or divisible by 16), and records it instead of running it; the state passes
+    split the tokens as on a GPU of ``sms`` SMs. Yields the list of ``(kernel name, grid,
+    CompiledKernel)``. The launch code runs on CPU tensors of the real shapes and strides."""
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    launched, touched = [], set()
+    run, previous, target = JITFunction.run, driver._active, tn._programs_target
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        touched.add(self)
+        launched.append((self.fn.__name__, tuple(grid), kernel))
+        return kernel
+
+    driver.set_active(StandInDriver(arch))
+    JITFunction.run = compile_only
+    tn._programs_target = lambda device: 4 * sms
+    try:
+        yield launched
+    finally:
+        JITFunction.run, driver._active, tn._programs_target = run, previous, target
+        for jit in touched:                  # nothing compiled here is taken for a real device 0
+            jit.device_caches.pop(0, None)
+
+
+def run_launches(launched: list, channels: int, heads: int, dtype: str = "bf16", lengths=(256, 1056),
+                 learned: bool = True):
+    """One training step's Triton launches of a gated NaLa layer of width ``channels`` and of
+    NaLa alone (``TritonNaLa``'s launches), forward and backward, at each of ``lengths`` tokens
+    (below 1,024: the single-launch forward; from 1,024: the atomic state passes and the output
+    kernel), through the real launch functions (inside ``stand_in_launches``, whose list is
+    ``launched``: each entry's name gets the layer and N it ran for)."""
+    import torch
+
+    from nala_dit.attention.config import NaLaConfig
+    from nala_dit.attention.nala import fused_opts
+    from nala_dit.attention.triton_gated import TritonGatedMiddle
+
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    d = channels // heads
+    opts = {k: v for k, v in fused_opts(NaLaConfig(), d).items() if k != "norm_scale"}
+    opts.update(precision="ieee" if dtype == "fp32" else "bf16", variant="fused")   # resolve_opts on a GPU
+    for n in lengths:
+        gh = int(n ** 0.5)
+        grid = (gh, n // gh)
+        assert grid[0] * grid[1] == n, f"{n} tokens are no near-square grid"
+        b = 2
+        # NaLa alone: (B, H, N, D) contiguous, as TritonNaLa allocates them
+        q, k, v, g = (torch.randn(b, heads, n, d).to(dt) for _ in range(4))
+        cfg = tn.launch_config(d)
+        splits = tn.fit_splits(tn.num_splits(n, b * heads, cfg["state"]["NV"], torch.device("cuda")), n, q, k, v)
+        scale = torch.ones(heads)
+        out = torch.empty_like(q)
+        first = len(launched)
+        state, z, den = tn.forward_launch(q, k, v, scale, opts, cfg, splits, out)
+        tn.backward_launch(q, k, v, scale, state, z, den, g, opts, cfg, splits, *(torch.empty_like(q) for _ in range(3)),
+                           need_scale=learned)
+        mid = len(launched)
+        # the gated layer: q, k, v, g strided views of one (B, N, 4C) projection
+        qkvg = torch.randn(b, n, 4 * channels).to(dt).requires_grad_()
+        params = [torch.randn(channels, 1, 5, 5), torch.randn(channels), torch.randn(channels), torch.randn(channels)]
+        params = [p.requires_grad_() for p in params]
+        spec = dict(heads=heads, norm_eps=1e-6, opts=opts, grid=grid)
+        y = TritonGatedMiddle.apply(qkvg, torch.ones(heads, requires_grad=learned), *params, spec)
+        y.backward(torch.randn(y.shape).to(dt))
+        for i in range(first, len(launched)):
+            name, grid, kernel = launched[i]
+            launched[i] = (f"{'NaLa' if i < mid else 'gated'} N={n}: {name}", grid, kernel)
+
+
+SPECIALISING = ("QUERY", "ATOMIC", "NEED_DU", "DQ_STRIDED", "ADD_DV", "ZERO_ACC")
+
+
+def launched_report(launched, arch: int = 90) -> list[tuple[str, dict]]:
+    """One row per distinct compiled specialisation among ``launched``
+    (``stand_in_launches``): a label (kernel, the constexprs that tell its variants apart,
+    a float32 gradient input where it is one) and ``resources`` of its PTX assembled by
+    ptxas, plus the PTX's own counts: ``ptx_atomics`` (atom/red), ``ptx_fenced`` (membar,
+    fence.sc / fence.acq_rel, and acquire/release atomics: Triton's default sem)."""
+    rows, seen = [], set()
+    for name, _grid, kernel in launched:
+        if kernel.hash in seen:
+            continue
+        seen.add(kernel.hash)
+        names = kernel.src.fn.arg_names
+        consts = {names[key[0]]: value for key, value in kernel.src.constants.items()}
+        tags = [f"{k}={int(consts[k])}" for k in SPECIALISING if k in consts]
+        tags += [f"{arg} {kernel.src.signature[arg].lstrip('*')}" for arg in ("G", "DO") if
+                 kernel.src.signature.get(arg) == "*fp32"]
+        ptx = kernel.asm["ptx"]
+        with tempfile.TemporaryDirectory() as tmp:
+            path, cubin = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
+            Path(path).write_text(ptx)
+            proc = subprocess.run([str(PTXAS), f"-arch=sm_{arch}a" if arch == 90 else f"-arch=sm_{arch}", "-v", path,
+                                   "-o", cubin], capture_output=True, text=True, check=True)
+            sass = subprocess.run([str(NVDISASM), cubin], capture_output=True, text=True, check=True).stdout
+        r = resources(proc.stderr + f"\nTriton shared memory: {kernel.metadata.shared} bytes\n", sass,
+                      kernel.metadata.num_warps)
+        r["num_warps"] = kernel.metadata.num_warps
+        r["warps_per_sm"] = r.get("programs_per_sm", 0) * kernel.metadata.num_warps
+        r["ptx_atomics"] = len(re.findall(r"^\s*(?:@%p\d+\s+)?(?:atom|red)\.", ptx, re.M))
+        r["ptx_fenced"] = len(re.findall(r"\bmembar\.|\bfence\.(?:sc|acq_rel)\b|\b(?:atom|red)\.[\w.]*\.(?:acq_rel|acquire|release)\b",
+                                         ptx))
+        rows.append((" ".join([name] + tags), r))
+    return rows
+
+
 def format_row(r: dict) -> str:
     mufu = " ".join(f"{op}:{n}" for op, n in r["mufu"].items()) or "-"
     return (f"registers {r['registers']:>3}  spills {r['spill_bytes']} B  shared {r['shared_bytes'] // 1024:>3} KB  "
             f"programs/SM {r.get('programs_per_sm')} (registers {r.get('programs_by_registers')}, "
             f"shared {r.get('programs_by_shared')})  "
-            f"HGMMA {r['hgmma']:>3}  HMMA {r['hmma']:>3}  LDL/STL {r['local']}  SASS {r['instructions']}  MUFU {mufu}")
+            f"HGMMA {r['hgmma']:>3}  HMMA {r['hmma']:>3}  LDL/STL {r['local']}  atomics {r['atomics']} "
+            f" MEMBAR {r['membar']}  SASS {r['instructions']}  MUFU {mufu}")
 
 
 def main(argv=None):
@@ -211,9 +351,23 @@ def main(argv=None):
                         help="the fused variant's launch configs from before issue 53's register work")
     parser.add_argument("--gated", default=None, type=lambda s: [int(x) for x in s.split(",")],
                         help="instead: the gated layer's epilogue kernels at these hidden sizes (e.g. 384,1152)")
+    parser.add_argument("--launches", default=None, type=lambda s: [tuple(map(int, x.split("/"))) for x in s.split(",")],
+                        help="instead: every kernel specialisation one training step launches, compiled through the "
+                             "real launch functions (a stand-in driver, CPU tensors of the real shapes and strides), "
+                             "for widths/heads such as 384/6,1152/16")
     args = parser.parse_args(argv)
     if tn.INTERPRETED:
         parser.error("unset TRITON_INTERPRET: the interpreter builds no compilable kernels")
+    if args.launches:
+        for c, h in args.launches:
+            for dtype in args.dtypes:
+                with stand_in_launches(args.arch) as launched:
+                    run_launches(launched, c, h, dtype)
+                for label, r in launched_report(launched, args.arch):
+                    print(f"C={c:<5d}H={h:<3d}{dtype:5s}{label:50s} warps {r['num_warps']:>2}  warps/SM "
+                          f"{r['warps_per_sm']:>2}  PTX atom/red {r['ptx_atomics']} fenced {r['ptx_fenced']}  "
+                          f"{format_row(r)}", flush=True)
+        return
     if args.gated:
         for c in args.gated:
             for dtype in args.dtypes:

@@ -24,7 +24,8 @@ from .functional import (
     saturated_fraction, softmax_attention,
 )
 from .nala import (
-    CHECK_TOLERANCE, REPORT, fused_opts, nala_attention, select_nala_impl, triton_available, triton_passes_check,
+    CHECK_TOLERANCE, REPORT, end_if_device_broken, fused_opts, nala_attention, select_nala_impl, triton_available,
+    triton_passes_check,
 )
 from .recompute import GatedMiddle, gated_tail
 from .tangent import under_transform
@@ -327,6 +328,13 @@ class GatedLinearAttention(GatedAttention):
 
 
 _GATED_CHECKS: dict[tuple, str | None] = {}   # key → None (passed) or the cause of the fallback
+GATED_CHECK_ERRORS: dict[tuple, float] = {}    # key → the largest relative RMS vs the plain composition
+# The token grids of the gated layer's check: 15 tokens (one token range, the single-launch
+# forward) and, on CUDA, 1,056 (several ranges: the atomic state passes and the output
+# kernel, as N ≥ 1,024 runs). Both run the gated specialisations: q, k, v as strided views of
+# qkvg, an fp32 output gradient, dq into the strided buffer (DQ_STRIDED), dv added to the LePE
+# term's (ADD_DV). Under the interpreter (CPU) the short grid only: its programs run in Python.
+GATED_CHECK_GRIDS = ((3, 5), (32, 33))
 
 
 def gated_triton_passes_check(device: torch.device, dtype: torch.dtype, dim: int, heads: int,
@@ -334,7 +342,8 @@ def gated_triton_passes_check(device: torch.device, dtype: torch.dtype, dim: int
     """Whether the gated layer's Triton path (``triton_gated.py``) passed its first-use
     check for this key (run once per process; a failure warns once and the layer keeps
     ``GatedMiddle`` over the NaLa call): a fresh layer of this width on a seeded 3 × 5 grid,
-    output and input gradient against its plain composition (``recompute=False``)."""
+    output and input gradient against its plain composition (``recompute=False``) on each
+    of ``GATED_CHECK_GRIDS``."""
     key = (str(device), dtype, dim, heads, config)
     if key not in _GATED_CHECKS:
         _GATED_CHECKS[key] = None   # while checking, the layer under test takes the fused path
@@ -350,17 +359,18 @@ def gated_triton_passes_check(device: torch.device, dtype: torch.dtype, dim: int
 def first_use_checks() -> list[dict]:
     """Every first-use check of the Triton paths this process ran, as JSON-able rows: the
     NaLa kernels per (device, dtype, head dim, direction) and the gated layer's per (device,
-    dtype, width, heads), each with ``result`` "passed" or the cause of its fallback. The GPU
+    dtype, width, heads), each with ``result`` "passed" or the cause of its fallback and the
+    largest relative RMS against the eager reference it measured (``max_rel_rms``). The GPU
     benchmarks write it into their JSON, so a run whose kernels fell back to the eager
     composition says so beside its times (``benchmarks/tables.py`` puts it above the tables)."""
     from . import nala
 
-    rows = [dict(path="NaLa kernels", device=device, dtype=str(dtype).removeprefix("torch."), head_dim=head_dim,
-                 direction=direction, result=cause or "passed")
-            for (device, dtype, head_dim, direction), cause in nala._TRITON_CHECKS.items()]
-    rows += [dict(path="gated layer kernels", device=device, dtype=str(dtype).removeprefix("torch."), width=dim, heads=heads,
-                  result=cause or "passed")
-             for (device, dtype, dim, heads, _), cause in _GATED_CHECKS.items()]
+    rows = [dict(path="NaLa kernels", device=key[0], dtype=str(key[1]).removeprefix("torch."), head_dim=key[2],
+                 direction=key[3], result=cause or "passed", max_rel_rms=nala.CHECK_ERRORS.get(key))
+            for key, cause in nala._TRITON_CHECKS.items()]
+    rows += [dict(path="gated layer kernels", device=key[0], dtype=str(key[1]).removeprefix("torch."), width=key[2],
+                  heads=key[3], result=cause or "passed", max_rel_rms=GATED_CHECK_ERRORS.get(key))
+             for key, cause in _GATED_CHECKS.items()]
     return rows
 
 
@@ -370,25 +380,33 @@ def _check_gated(device, dtype, dim, heads, config) -> str | None:
         fused = GatedLinearAttention(dim, heads, config).to(device)
         plain = GatedLinearAttention(dim, heads, config, recompute=False).to(device)
         plain.load_state_dict(fused.state_dict())
-        x = torch.randn(1, 15, dim, device=device)
+    tol, worst = CHECK_TOLERANCE.get(dtype, 1e-4), 0.0
+    for grid in GATED_CHECK_GRIDS if device.type == "cuda" else GATED_CHECK_GRIDS[:1]:
+        x = torch.randn(1, grid[0] * grid[1], dim, generator=torch.Generator().manual_seed(grid[1])).to(device)
 
-    def run(layer):
-        leaf = x.clone().requires_grad_()
-        with torch.enable_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            out = layer(leaf, (3, 5))
-            out.float().square().sum().backward()
-        return out.detach().float(), leaf.grad
+        def run(layer):
+            leaf = x.clone().requires_grad_()
+            with torch.enable_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                out = layer(leaf, grid)
+                out.float().square().sum().backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)   # a kernel's fault shows here, inside the check
+            return out.detach().float(), leaf.grad
 
-    try:
-        got = run(fused)
-    except Exception as err:  # a compile or launch error: whatever the kernels raise
-        first = (str(err).strip().splitlines() or [""])[0][:200]
-        return f"{type(err).__name__}: {first}"
-    tol = CHECK_TOLERANCE.get(dtype, 1e-4)
-    for name, g, r in zip(("output", "input gradient"), got, run(plain)):
-        err = ((g.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
-        if not err <= tol:   # also catches NaN
-            return f"{name} differs from the plain composition by relative RMS {err:.1e} (> {tol:.0e})"
+        try:
+            got = run(fused)
+        except Exception as err:  # a compile or launch error: whatever the kernels raise
+            end_if_device_broken(device, f"the gated layer's first-use check ({grid[0]} × {grid[1]} tokens, {dtype}, "
+                                         f"width {dim}, {heads} heads)", err)
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            return f"{type(err).__name__}: {first}"
+        for name, g, r in zip(("output", "input gradient"), got, run(plain)):
+            err = ((g.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+            if not err <= tol:   # also catches NaN
+                return (f"{name} differs from the plain composition by relative RMS {err:.1e} (> {tol:.0e}) on "
+                        f"{grid[0]} × {grid[1]} tokens")
+            worst = max(worst, err)
+    GATED_CHECK_ERRORS[(str(device), dtype, dim, heads, config)] = worst
     return None
 
 

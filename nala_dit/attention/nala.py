@@ -612,17 +612,46 @@ def fused_opts(config: NaLaConfig, head_dim: int) -> dict:
 # for the rest of the process, with one warning. ``_triton_kernel`` is looked up at call
 # time, so tests inject a failing or a wrong kernel on a CPU.
 
-CHECK_TOKENS = 67                         # odd: a partial token block in every kernel
+# The check's inputs, (tokens, token ranges of the state passes): one range (the
+# single-launch forward, as N < 1,024 runs on a GPU) and several (the atomic state passes
+# and the output kernel, as N ≥ 1,024 runs), the token counts odd (a partial block in every
+# kernel). A gated layer's strided specialisations are checked by ``layers._check_gated``.
+CHECK_CASES = ((67, None), (1031, 3))
+CHECK_TOKENS = CHECK_CASES[0][0]
 CHECK_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}   # relative RMS
 REPORT = ("please report it with the output of benchmarks/gpu_check.sh at the nala_dit issue "
           "tracker (GitHub issues)")
 _TRITON_CHECKS: dict[tuple, str | None] = {}   # key → None (passed) or the cause of the fallback
+CHECK_ERRORS: dict[tuple, float] = {}           # key → the largest relative RMS vs eager the check saw
 
 
-def _triton_kernel(q, k, v, norm_scale, opts):
+def _triton_kernel(q, k, v, norm_scale, opts, splits=None):
     from .triton_kernels import nala_attention_triton
 
-    return nala_attention_triton(q, k, v, norm_scale, opts)
+    return nala_attention_triton(q, k, v, norm_scale, opts, splits=splits)
+
+
+def device_usable(device: torch.device) -> bool:
+    """Whether ``device`` still runs work: False after a sticky CUDA fault (an illegal
+    address, a launch failure), after which every later CUDA call in the process fails."""
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(device)
+        return torch.ones(1, device=device).add_(1).item() == 2.0
+    except Exception:  # noqa: BLE001  (whatever the broken context raises)
+        return False
+
+
+def end_if_device_broken(device: torch.device, what: str, err: BaseException) -> None:
+    """After a kernel error in a first-use check: where the device no longer runs anything,
+    the eager fallback would die in the same process, so end it with one line naming what
+    was running (no traceback)."""
+    if device_usable(device):
+        return
+    first = (str(err).strip().splitlines() or [""])[0][:200]
+    raise SystemExit(f"NaLa: {what} left a sticky CUDA fault on {device} ({type(err).__name__}: {first}); no "
+                     f"later CUDA call in this process can run, the eager fallback included: stopping; {REPORT}")
 
 
 def _triton_usable(q: torch.Tensor, opts: dict) -> bool:
@@ -663,32 +692,45 @@ def triton_passes_check(device: torch.device, dtype: torch.dtype, head_dim: int,
 
 
 def _check_triton(device, dtype, head_dim, opts) -> str | None:
-    """Outputs and gradients of ``_triton_kernel`` against ``_nala_eager`` on a seeded
-    (1, 2, 67, head_dim) input; None when they agree, else the cause in a few words."""
-    g = torch.Generator().manual_seed(0)
-    q, k, v, grad = (torch.randn(1, 2, CHECK_TOKENS, head_dim, generator=g).to(device, dtype) for _ in range(4))
+    """Outputs and gradients of ``_triton_kernel`` against ``_nala_eager`` on seeded
+    (1, 2, N, head_dim) inputs, one per ``CHECK_CASES`` entry; None when every relative RMS
+    is within ``CHECK_TOLERANCE`` (the largest is kept in ``CHECK_ERRORS``), else the cause
+    in a few words. A kernel error that leaves the device unusable ends the process
+    (``end_if_device_broken``)."""
+    key = (str(device), dtype, head_dim, opts["direction"])
     tol = CHECK_TOLERANCE.get(dtype, 1e-4)
+    worst = 0.0
+    for n, splits in CHECK_CASES:
+        g = torch.Generator().manual_seed(n)
+        q, k, v, grad = (torch.randn(1, 2, n, head_dim, generator=g).to(device, dtype) for _ in range(4))
 
-    def run(fn):
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        with torch.enable_grad(), _no_autocast(device):
-            out = fn(*leaves, 1.0, opts)
-            out.backward(grad)
-        return [out.detach()] + [t.grad for t in leaves]
+        def run(fn, *extra):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            with torch.enable_grad(), _no_autocast(device):
+                out = fn(*leaves, 1.0, opts, *extra)
+                out.backward(grad)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)   # a kernel's fault shows here, inside the check
+            return [out.detach()] + [t.grad for t in leaves]
 
-    try:
-        got_all = run(_triton_kernel)
-    except Exception as err:  # a compile or launch error: whatever the kernels raise
-        first = (str(err).strip().splitlines() or [""])[0][:200]
-        return f"{type(err).__name__}: {first}"
-    ref_all = run(_nala_eager_opts)
-    for name, got, ref in zip(("output", "dq", "dk", "dv"), got_all, ref_all):
-        if got is None:
-            return f"no gradient {name} from the kernels"
-        ref, got = ref.double(), got.double()
-        err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-        if not err <= tol:   # also catches NaN
-            return f"{name} differs from the eager path by relative RMS {err:.1e} (> {tol:.0e})"
+        ranges = "one token range" if splits is None else f"{splits} token ranges"
+        try:
+            got_all = run(_triton_kernel, splits)
+        except Exception as err:  # a compile or launch error: whatever the kernels raise
+            end_if_device_broken(device, f"the NaLa kernels' first-use check (N = {n}, {ranges}, {dtype}, head dim "
+                                         f"{head_dim}, {opts['direction']})", err)
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            return f"{type(err).__name__}: {first}"
+        ref_all = run(_nala_eager_opts)
+        for name, got, ref in zip(("output", "dq", "dk", "dv"), got_all, ref_all):
+            if got is None:
+                return f"no gradient {name} from the kernels"
+            ref, got = ref.double(), got.double()
+            err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            if not err <= tol:   # also catches NaN
+                return f"{name} differs from the eager path by relative RMS {err:.1e} (> {tol:.0e}) at N = {n}"
+            worst = max(worst, err)
+        CHECK_ERRORS[key] = worst
     return None
 
 

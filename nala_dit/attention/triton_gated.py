@@ -14,9 +14,11 @@ Backward, into ONE ``(B, N, 4C)`` gradient buffer (no ``cat``):
 
 1. ``_norm_backward``: the LePE term recomputed, the gate's gradient stored into the
    buffer's g columns, LayerNorm backward to ∂L/∂o (fp32, NaLa's output gradient), the
-   LayerNorm weight and bias and the LePE bias gradients added (fp32 atomics);
+   LayerNorm weight and bias and the LePE bias gradients added (relaxed fp32 atomics: no
+   memory fence);
 2. ``_lepe_backward``: ∂L/∂v of the LePE term (the transposed conv: the same taps,
-   mirrored) into the buffer's v columns, the LePE weight's gradient added;
+   mirrored) into the buffer's v columns, the LePE weight's gradient summed likewise and
+   added;
 3. NaLa's three kernels: dq and dk into their columns, dv *added* to the LePE term's.
 
 With the projections' six (two GEMMs and a bias sum each): 11 backward, 15 in all at one
@@ -38,7 +40,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from .triton_kernels import backward_launch, forward_launch, launch_config, num_splits
+from .triton_kernels import backward_launch, fit_splits, forward_launch, launch_config, num_splits
 
 LEPE_SIZE = 5           # the LePE kernel is 5 × 5 (``GatedAttention.lepe``)
 TAPS = LEPE_SIZE * LEPE_SIZE
@@ -59,8 +61,8 @@ def _lepe(V, s_n, LW, offs_t, offs_c, t_mask, c_mask, GH, GW, SIGN: tl.constexpr
         r = row + SIGN * (tap // 5 - 2)
         c = col + SIGN * (tap % 5 - 2)
         ok = t_mask & (r >= 0) & (r < GH) & (c >= 0) & (c < GW)
-        x = tl.load(V + (r * GW + c)[:, None] * s_n + offs_c[None, :], mask=ok[:, None] & c_mask[None, :],
-                    other=0.0).to(tl.float32)
+        x = tl.load(V + (r * GW + c).to(tl.int64)[:, None] * s_n + offs_c[None, :],
+                    mask=ok[:, None] & c_mask[None, :], other=0.0).to(tl.float32)
         w = tl.load(LW + offs_c * 25 + tap, mask=c_mask, other=0.0).to(tl.float32)
         acc += x * w[None, :]
     return acc
@@ -90,14 +92,16 @@ def _normalised(QKVG, O, LW, LB, MEAN, RSTD, b, offs_t, offs_c, t_mask, c_mask, 
 @triton.jit
 def _epilogue_kernel(
     QKVG, O, LW, LB, NW, NB, OUT, MEAN, RSTD, ACC,
-    N, C, GH, GW, s_b, s_n, n_acc, norm_eps,
+    N, C, GH, GW, s_b, s_n, n_acc, norm_eps, t_blocks,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, ZERO_ACC: tl.constexpr,
 ):
     """out = LayerNorm(o + LePE(v)) ⊙ SiLU(g) for BLOCK_T tokens × all C channels; the
     token's mean and 1/std stored; with ZERO_ACC the programs zero ACC between them.
-    Grid: (B, token blocks). O, OUT: contiguous (B, N, C); QKVG: (B, N, 4C) by strides."""
-    b = tl.program_id(0).to(tl.int64)
-    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    Grid: (B · t_blocks,), t_blocks = ⌈N / BLOCK_T⌉ (one axis: ≤ 2³¹ − 1 programs, where a
+    token axis of its own passes CUDA's 65,535 at N > 65,535 with BLOCK_T = 1). O, OUT:
+    contiguous (B, N, C); QKVG: (B, N, 4C) by strides."""
+    b = (tl.program_id(0) // t_blocks).to(tl.int64)
+    offs_t = (tl.program_id(0) % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_c = tl.arange(0, BLOCK_C)
     t_mask = offs_t < N
     c_mask = offs_c < C
@@ -109,15 +113,15 @@ def _epilogue_kernel(
     nw = tl.load(NW + offs_c, mask=c_mask, other=0.0).to(tl.float32)
     nb = tl.load(NB + offs_c, mask=c_mask, other=0.0).to(tl.float32)
     normed = diff * rstd[:, None] * nw[None, :] + nb[None, :]
-    g = tl.load(QKVG + b * s_b + 3 * C + offs_t[:, None] * s_n + offs_c[None, :], mask=mask,
+    g = tl.load(QKVG + b * s_b + 3 * C + offs_t.to(tl.int64)[:, None] * s_n + offs_c[None, :], mask=mask,
                 other=0.0).to(tl.float32)
     out = normed * g * tl.sigmoid(g)
     tl.store(OUT + (b * N + offs_t)[:, None] * C + offs_c[None, :], out.to(OUT.dtype.element_ty), mask=mask)
     tl.store(MEAN + b * N + offs_t, mean, mask=t_mask)
     tl.store(RSTD + b * N + offs_t, rstd, mask=t_mask)
     if ZERO_ACC:
-        pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        step = tl.num_programs(0) * tl.num_programs(1) * BLOCK_C
+        pid = tl.program_id(0)
+        step = tl.num_programs(0) * BLOCK_C
         for start in range(pid * BLOCK_C, n_acc, step):
             tl.store(ACC + start + offs_c, tl.zeros((BLOCK_C,), dtype=tl.float32), mask=start + offs_c < n_acc)
 
@@ -125,71 +129,96 @@ def _epilogue_kernel(
 @triton.jit
 def _norm_backward_kernel(
     QKVG, O, LW, LB, NW, NB, DOUT, MEAN, RSTD, DO, DQKVG, ACC,
-    N, C, GH, GW, s_b, s_n, sdo_b, sdo_n, sd_b, sd_n,
+    N, C, GH, GW, s_b, s_n, sdo_b, sdo_n, sd_b, sd_n, t_blocks,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """The gate's and LayerNorm's backward for a token block: ∂L/∂g into DQKVG's g columns,
-    ∂L/∂o (fp32) into DO, the LayerNorm weight / bias and LePE bias gradients added to ACC."""
-    b = tl.program_id(0).to(tl.int64)
-    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ∂L/∂o (fp32) into DO, the LayerNorm weight / bias and LePE bias gradients added to ACC
+    (relaxed atomics: no memory fence; a loop over more tokens per program keeps the 25
+    LePE weights live across it and spills). Grid: (B · t_blocks,) as the epilogue's."""
+    b = (tl.program_id(0) // t_blocks).to(tl.int64)
+    offs_t = (tl.program_id(0) % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_c = tl.arange(0, BLOCK_C)
     t_mask = offs_t < N
     c_mask = offs_c < C
     mask = t_mask[:, None] & c_mask[None, :]
+    rows = offs_t.to(tl.int64)[:, None]
     x_hat, rstd = _normalised(QKVG, O, LW, LB, MEAN, RSTD, b, offs_t, offs_c, t_mask, c_mask, N, C, GH, GW,
                               s_b, s_n, BLOCK_T, BLOCK_C)
     nw = tl.load(NW + offs_c, mask=c_mask, other=0.0).to(tl.float32)
     nb = tl.load(NB + offs_c, mask=c_mask, other=0.0).to(tl.float32)
-    g = tl.load(QKVG + b * s_b + 3 * C + offs_t[:, None] * s_n + offs_c[None, :], mask=mask,
-                other=0.0).to(tl.float32)
-    d_out = tl.load(DOUT + b * sdo_b + offs_t[:, None] * sdo_n + offs_c[None, :], mask=mask,
-                    other=0.0).to(tl.float32)
+    g = tl.load(QKVG + b * s_b + 3 * C + rows * s_n + offs_c[None, :], mask=mask, other=0.0).to(tl.float32)
+    d_out = tl.load(DOUT + b * sdo_b + rows * sdo_n + offs_c[None, :], mask=mask, other=0.0).to(tl.float32)
     sig = tl.sigmoid(g)
     normed = x_hat * nw[None, :] + nb[None, :]
     d_normed = d_out * g * sig
     d_g = d_out * normed * sig * (1.0 + g * (1.0 - sig))
-    tl.store(DQKVG + b * sd_b + 3 * C + offs_t[:, None] * sd_n + offs_c[None, :],
-             d_g.to(DQKVG.dtype.element_ty), mask=mask)
-    tl.atomic_add(ACC + 26 * C + offs_c, tl.sum(d_normed * x_hat, 0), mask=c_mask)
-    tl.atomic_add(ACC + 27 * C + offs_c, tl.sum(d_normed, 0), mask=c_mask)
+    tl.store(DQKVG + b * sd_b + 3 * C + rows * sd_n + offs_c[None, :], d_g.to(DQKVG.dtype.element_ty), mask=mask)
+    tl.atomic_add(ACC + 26 * C + offs_c, tl.sum(d_normed * x_hat, 0), mask=c_mask, sem="relaxed")
+    tl.atomic_add(ACC + 27 * C + offs_c, tl.sum(d_normed, 0), mask=c_mask, sem="relaxed")
     d_hat = d_normed * nw[None, :]
     m1 = tl.sum(d_hat, 1) / C
     m2 = tl.sum(d_hat * x_hat, 1) / C
     d_o = tl.where(mask, rstd[:, None] * (d_hat - m1[:, None] - x_hat * m2[:, None]), 0.0)
     tl.store(DO + (b * N + offs_t)[:, None] * C + offs_c[None, :], d_o, mask=mask)
-    tl.atomic_add(ACC + 25 * C + offs_c, tl.sum(d_o, 0), mask=c_mask)
+    tl.atomic_add(ACC + 25 * C + offs_c, tl.sum(d_o, 0), mask=c_mask, sem="relaxed")
 
 
 @triton.jit
 def _lepe_backward_kernel(
     QKVG, LW, DO, DQKVG, ACC,
-    N, C, GH, GW, s_b, s_n, sd_b, sd_n,
-    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    N, C, GH, GW, s_b, s_n, sd_b, sd_n, t_ranges,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, TOKENS: tl.constexpr,
 ):
-    """The LePE term's backward for a token block: ∂L/∂v = the transposed conv of ∂L/∂o
-    into DQKVG's v columns (stored: NaLa's dv kernel adds its own after), and
-    ∂L/∂w[c, tap] = Σ_t ∂L/∂o[t, c] · v[t + tap, c] added to ACC."""
-    b = tl.program_id(0).to(tl.int64)
-    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_c = tl.arange(0, BLOCK_C)
-    t_mask = offs_t < N
+    """The LePE term's backward (depthwise: channels apart) for a range of TOKENS tokens and
+    a block of BLOCK_C channels: ∂L/∂v = the transposed conv of ∂L/∂o into DQKVG's v
+    columns (stored: NaLa's dv kernel adds its own after), and ∂L/∂w[c, tap] = Σ_t
+    ∂L/∂o[t, c] · v[t + tap, c] summed over the range, then added to ACC with one relaxed
+    (unfenced) atomic per channel and tap. Grid: (B · t_ranges, ⌈C / BLOCK_C⌉)."""
+    b = (tl.program_id(0) // t_ranges).to(tl.int64)
+    t0 = (tl.program_id(0) % t_ranges) * TOKENS
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_mask = offs_c < C
-    mask = t_mask[:, None] & c_mask[None, :]
-    d_v = _lepe(DO + b * N * C, C, LW, offs_t, offs_c, t_mask, c_mask, GH, GW, -1, BLOCK_T, BLOCK_C)
-    tl.store(DQKVG + b * sd_b + 2 * C + offs_t[:, None] * sd_n + offs_c[None, :],
-             d_v.to(DQKVG.dtype.element_ty), mask=mask)
-    d_o = tl.load(DO + (b * N + offs_t)[:, None] * C + offs_c[None, :], mask=mask, other=0.0)
-    row = offs_t // GW
-    col = offs_t % GW
+    for t in tl.range(0, TOKENS, BLOCK_T, num_stages=1):
+        offs_t = t0 + t + tl.arange(0, BLOCK_T)
+        t_mask = offs_t < N
+        d_v = _lepe(DO + b * N * C, C, LW, offs_t, offs_c, t_mask, c_mask, GH, GW, -1, BLOCK_T, BLOCK_C)
+        tl.store(DQKVG + b * sd_b + 2 * C + offs_t.to(tl.int64)[:, None] * sd_n + offs_c[None, :],
+                 d_v.to(DQKVG.dtype.element_ty), mask=t_mask[:, None] & c_mask[None, :])
     v_base = QKVG + b * s_b + 2 * C
     for tap in tl.static_range(25):
-        r = row + (tap // 5 - 2)
-        c = col + (tap % 5 - 2)
-        ok = t_mask & (r >= 0) & (r < GH) & (c >= 0) & (c < GW)
-        x = tl.load(v_base + (r * GW + c)[:, None] * s_n + offs_c[None, :], mask=ok[:, None] & c_mask[None, :],
-                    other=0.0).to(tl.float32)
-        tl.atomic_add(ACC + offs_c * 25 + tap, tl.sum(d_o * x, 0), mask=c_mask)
+        acc = tl.zeros((BLOCK_C,), dtype=tl.float32)
+        for t in tl.range(0, TOKENS, BLOCK_T, num_stages=1):
+            offs_t = t0 + t + tl.arange(0, BLOCK_T)
+            t_mask = offs_t < N
+            d_o = tl.load(DO + (b * N + offs_t)[:, None] * C + offs_c[None, :],
+                          mask=t_mask[:, None] & c_mask[None, :], other=0.0)
+            r = offs_t // GW + (tap // 5 - 2)
+            c = offs_t % GW + (tap % 5 - 2)
+            ok = t_mask & (r >= 0) & (r < GH) & (c >= 0) & (c < GW)
+            x = tl.load(v_base + (r * GW + c).to(tl.int64)[:, None] * s_n + offs_c[None, :],
+                        mask=ok[:, None] & c_mask[None, :], other=0.0).to(tl.float32)
+            acc += tl.sum(d_o * x, 0)
+        tl.atomic_add(ACC + offs_c * 25 + tap, acc, mask=c_mask, sem="relaxed")
 
+
+
+# The LePE backward sums its weight's gradient over TOKENS tokens per program before one
+# atomic add per channel and tap: 64× fewer atomics than one per token. It takes
+# LEPE_BLOCK_C channels × LEPE_BLOCK_T tokens at a time (its taps need no other channel),
+# on LEPE_WARPS warps.
+TOKENS = 64
+LEPE_BLOCK_C, LEPE_BLOCK_T, LEPE_WARPS = 64, 16, 4
+
+
+def launch_grids(b: int, n: int, c: int) -> dict[str, tuple[int, ...]]:
+    """The grid of each gated-layer kernel for (B, N, C), as the launches use them: every
+    axis after the first within CUDA's 65,535, the first within 2³¹ − 1 (tokens and batch
+    folded into it)."""
+    block_t = _blocks(c)[0]
+    ranges = triton.cdiv(n, TOKENS)
+    return dict(epilogue=(b * triton.cdiv(n, block_t),), norm_backward=(b * triton.cdiv(n, block_t),),
+                lepe_backward=(b * ranges, triton.cdiv(c, LEPE_BLOCK_C)))
 
 
 def _blocks(c: int) -> tuple[int, int, int]:
@@ -216,7 +245,7 @@ class TritonGatedMiddle(torch.autograd.Function):
         q, k, v = (split_heads(qkvg, i, h) for i in range(3))
         opts = spec["opts"]
         cfg = launch_config(c // h, None, opts["variant"])
-        splits = num_splits(n, b * h, cfg["state"]["NV"], qkvg.device, opts["variant"])
+        splits = fit_splits(num_splits(n, b * h, cfg["state"]["NV"], qkvg.device, opts["variant"]), n, qkvg)
         o = qkvg.new_empty(b, n, c)
         state, z, den = forward_launch(q, k, v, scale, opts, cfg, splits, o.unflatten(-1, (h, c // h)).transpose(1, 2))
         out = qkvg.new_empty(b, n, c)
@@ -224,9 +253,9 @@ class TritonGatedMiddle(torch.autograd.Function):
         grads = any(ctx.needs_input_grad[i] for i in (0, 2, 3, 4, 5))
         acc = qkvg.new_empty(ACC_PER_CHANNEL * c if grads else 1, dtype=torch.float32)
         block_t, block_c, warps = _blocks(c)
-        _epilogue_kernel[(b, triton.cdiv(n, block_t))](
+        _epilogue_kernel[launch_grids(b, n, c)["epilogue"]](
             qkvg, o, lepe_w, lepe_b, norm_w, norm_b, out, mean, rstd, acc,
-            n, c, gh, gw, qkvg.stride(0), qkvg.stride(1), acc.numel(), spec["norm_eps"],
+            n, c, gh, gw, qkvg.stride(0), qkvg.stride(1), acc.numel(), spec["norm_eps"], triton.cdiv(n, block_t),
             BLOCK_T=block_t, BLOCK_C=block_c, ZERO_ACC=grads, num_warps=warps,
         )
         ctx.spec, ctx.cfg, ctx.splits = spec, cfg, splits
@@ -244,15 +273,17 @@ class TritonGatedMiddle(torch.autograd.Function):
         d_qkvg = torch.empty_like(qkvg)
         d_o = qkvg.new_empty(b, n, c, dtype=torch.float32)
         block_t, block_c, warps = _blocks(c)
-        grid = (b, triton.cdiv(n, block_t))
-        _norm_backward_kernel[grid](
+        grids, ranges = launch_grids(b, n, c), triton.cdiv(n, TOKENS)
+        _norm_backward_kernel[grids["norm_backward"]](
             qkvg, o, lepe_w, lepe_b, norm_w, norm_b, d_out, mean, rstd, d_o, d_qkvg, acc,
             n, c, gh, gw, qkvg.stride(0), qkvg.stride(1), d_out.stride(0), d_out.stride(1),
-            d_qkvg.stride(0), d_qkvg.stride(1), BLOCK_T=block_t, BLOCK_C=block_c, num_warps=warps,
+            d_qkvg.stride(0), d_qkvg.stride(1), triton.cdiv(n, block_t), BLOCK_T=block_t, BLOCK_C=block_c,
+            num_warps=warps,
         )
-        _lepe_backward_kernel[grid](
+        _lepe_backward_kernel[grids["lepe_backward"]](
             qkvg, lepe_w, d_o, d_qkvg, acc, n, c, gh, gw, qkvg.stride(0), qkvg.stride(1),
-            d_qkvg.stride(0), d_qkvg.stride(1), BLOCK_T=block_t, BLOCK_C=block_c, num_warps=warps,
+            d_qkvg.stride(0), d_qkvg.stride(1), ranges, BLOCK_T=LEPE_BLOCK_T, BLOCK_C=LEPE_BLOCK_C, TOKENS=TOKENS,
+            num_warps=LEPE_WARPS,
         )
         need_scale = ctx.needs_input_grad[1]
         q, k, v = (split_heads(qkvg, i, h) for i in range(3))

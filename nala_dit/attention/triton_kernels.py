@@ -416,11 +416,15 @@ def _state_range(x_base, v_base, sx_n, sx_d, sv_n, sv_d, start, end, offs_d, off
     acc2 = tl.zeros((BD, BV), dtype=tl.float32)
     z1 = tl.zeros((BD,), dtype=tl.float32)
     z2 = tl.zeros((BD,), dtype=tl.float32)
+    rows = tl.cast(start, tl.int64)                    # the range's first token: int64 base offsets
+    x_base += rows * sx_n
+    v_base += rows * sv_n
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        x = _load_block(x_base, sx_n, sx_d, offs_n, offs_d, n_mask, d_mask)
-        w = _load_block(v_base, sv_n, sv_d, offs_n, offs_v, n_mask, v_mask)
+        offs_r = offs_n - start                        # within the range: int32 products
+        x = _load_block(x_base, sx_n, sx_d, offs_r, offs_d, n_mask, d_mask)
+        w = _load_block(v_base, sv_n, sv_d, offs_r, offs_v, n_mask, v_mask)
         if QUERY:
             f1, f2, _h, _n, _c, _p, _t = _query_features(x, scale, power, offset, alpha, norm_eps, COSINE, PREC)
             den = tl.load(DEN + bh * N + offs_n, mask=n_mask, other=1.0)
@@ -564,10 +568,12 @@ def _output_kernel(
     bh = tl.program_id(0).to(tl.int64)  # int64 offsets: B·H·N may pass 2^31
     nb = tl.program_id(1)
     vt = tl.program_id(2)
-    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    row0 = (nb * BLOCK_N).to(tl.int64)   # the block's first token: int64 base offsets
+    n_left = N - nb * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)             # within the block: int32 products
     offs_d = tl.arange(0, BD)
     offs_v = vt * BV + tl.arange(0, BV)
-    n_mask = offs_n < N
+    n_mask = offs_n < n_left
     v_mask = offs_v < D
     d_mask = offs_d < D
     scale = tl.load(ScaleP + bh % H)
@@ -577,12 +583,12 @@ def _output_kernel(
     s2 = tl.load(s_ptr + D * D, mask=s_mask, other=0.0)
     z1 = tl.load(Z + bh * 2 * D + offs_d, mask=d_mask, other=0.0)
     z2 = tl.load(Z + bh * 2 * D + D + offs_d, mask=d_mask, other=0.0)
-    out, den = _output_block(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, n_mask, offs_d, d_mask,
+    out, den = _output_block(Q + _head_offset(bh, H, sq_b, sq_h) + row0 * sq_n, sq_n, sq_d, offs_n, n_mask, offs_d, d_mask,
                              offs_v, v_mask, s1, s2, z1, z2, scale, power, offset, alpha, norm_eps, eps,
                              COSINE, PREC)
-    o_ptr = O + _head_offset(bh, H, so_b, so_h) + offs_n[:, None] * so_n + offs_v[None, :] * so_d
+    o_ptr = O + _head_offset(bh, H, so_b, so_h) + row0 * so_n + offs_n[:, None] * so_n + offs_v[None, :] * so_d
     tl.store(o_ptr, out.to(O.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
-    tl.store(DEN + bh * N + offs_n, den, mask=n_mask & (vt == 0))
+    tl.store(DEN + bh * N + row0 + offs_n, den, mask=n_mask & (vt == 0))
 
 
 @triton.jit
@@ -599,12 +605,14 @@ def _dq_kernel(
     ∂L/∂φ_q = (g/den) Sᵀ + (∂L/∂den) zᵀ. Grid: (B·H, token blocks)."""
     bh = tl.program_id(0).to(tl.int64)  # int64 offsets: B·H·N may pass 2^31
     nb = tl.program_id(1)
-    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    row0 = (nb * BLOCK_N).to(tl.int64)   # the block's first token: int64 base offsets
+    n_left = N - nb * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)             # within the block: int32 products
     offs_d = tl.arange(0, BD)
-    n_mask = offs_n < N
+    n_mask = offs_n < n_left
     d_mask = offs_d < D
-    den = tl.load(DEN + bh * N + offs_n, mask=n_mask, other=1.0)
-    g_base = G + _head_offset(bh, H, sg_b, sg_h)
+    den = tl.load(DEN + bh * N + row0 + offs_n, mask=n_mask, other=1.0)
+    g_base = G + _head_offset(bh, H, sg_b, sg_h) + row0 * sg_n
     g1 = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
     g2 = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
     for vt in tl.static_range(NV):
@@ -616,12 +624,12 @@ def _dq_kernel(
         g1 += _dot(d_num, tl.trans(tl.load(s_ptr, mask=s_mask, other=0.0)), PREC)
         g2 += _dot(d_num, tl.trans(tl.load(s_ptr + D * D, mask=s_mask, other=0.0)), PREC)
     # The features only after the products: fewer blocks live at once (registers).
-    q = _load_block(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_d, n_mask, d_mask)
+    q = _load_block(Q + _head_offset(bh, H, sq_b, sq_h) + row0 * sq_n, sq_n, sq_d, offs_n, offs_d, n_mask, d_mask)
     scale = tl.load(ScaleP + bh % H)
     f1, f2, q_hat, norm, clamped, p, t_norm = _query_features(q, scale, power, offset, alpha, norm_eps, COSINE, PREC)
     # (g/den)·num/den = φ_q · ((g/den) Sᵀ) / den: num is never formed.
     d_den = -tl.sum(f1 * g1 + f2 * g2, 1) / den
-    tl.store(DDEN + bh * N + offs_n, d_den, mask=n_mask)
+    tl.store(DDEN + bh * N + row0 + offs_n, d_den, mask=n_mask)
     z1 = tl.load(Z + bh * 2 * D + offs_d, mask=d_mask, other=0.0)
     z2 = tl.load(Z + bh * 2 * D + D + offs_d, mask=d_mask, other=0.0)
     g1 += d_den[:, None] * z1[None, :]
@@ -629,13 +637,13 @@ def _dq_kernel(
     dq, d_u = _query_grad(q, f1, f2, g1, g2, q_hat, norm, clamped, p, t_norm, scale, power, alpha,
                           norm_eps, COSINE, PREC)
     if DQ_STRIDED:   # a gated layer's token-layout gradient buffer
-        dq_ptr = DQ + _head_offset(bh, H, sdq_b, sdq_h) + offs_n[:, None] * sdq_n + offs_d[None, :] * sdq_d
+        dq_ptr = DQ + _head_offset(bh, H, sdq_b, sdq_h) + row0 * sdq_n + offs_n[:, None] * sdq_n + offs_d[None, :] * sdq_d
     else:            # contiguous (B, H, N, D): the strides unused, which keeps dq's registers as they were
-        dq_ptr = DQ + bh * N * D + offs_n[:, None] * D + offs_d[None, :]
+        dq_ptr = DQ + (bh * N + row0) * D + offs_n[:, None] * D + offs_d[None, :]
     tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
     if NEED_DU:
         # ∂L/∂s per token: u = ‖q‖/s, ∂u/∂s = −‖q‖/s².
-        tl.store(DU + bh * N + offs_n, -d_u * norm / (scale * scale), mask=n_mask)
+        tl.store(DU + bh * N + row0 + offs_n, -d_u * norm / (scale * scale), mask=n_mask)
 
 
 @triton.jit
@@ -654,11 +662,13 @@ def _dkv_kernel(
     Grid: (B·H, token blocks)."""
     bh = tl.program_id(0).to(tl.int64)  # int64 offsets: B·H·N may pass 2^31
     nb = tl.program_id(1)
-    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    row0 = (nb * BLOCK_N).to(tl.int64)   # the block's first token: int64 base offsets
+    n_left = N - nb * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)             # within the block: int32 products
     offs_d = tl.arange(0, BD)
-    n_mask = offs_n < N
+    n_mask = offs_n < n_left
     d_mask = offs_d < D
-    v_base = V + _head_offset(bh, H, sv_b, sv_h)
+    v_base = V + _head_offset(bh, H, sv_b, sv_h) + row0 * sv_n
     dz1 = tl.load(DZ + bh * 2 * D + offs_d, mask=d_mask, other=0.0)
     dz2 = tl.load(DZ + bh * 2 * D + D + offs_d, mask=d_mask, other=0.0)
     g1 = tl.zeros((BLOCK_N, BD), dtype=tl.float32) + dz1[None, :]
@@ -671,10 +681,10 @@ def _dkv_kernel(
         ds_mask = d_mask[:, None] & v_mask[None, :]
         g1 += _dot(v, tl.trans(tl.load(ds_ptr, mask=ds_mask, other=0.0)), PREC)
         g2 += _dot(v, tl.trans(tl.load(ds_ptr + D * D, mask=ds_mask, other=0.0)), PREC)
-    k = _load_block(K + _head_offset(bh, H, sk_b, sk_h), sk_n, sk_d, offs_n, offs_d, n_mask, d_mask)
+    k = _load_block(K + _head_offset(bh, H, sk_b, sk_h) + row0 * sk_n, sk_n, sk_d, offs_n, offs_d, n_mask, d_mask)
     f1, f2 = _key_features(k, power, alpha, norm_eps, COSINE, PREC)
     dk = _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE)
-    dk_ptr = DK + _head_offset(bh, H, sdk_b, sdk_h) + offs_n[:, None] * sdk_n + offs_d[None, :] * sdk_d
+    dk_ptr = DK + _head_offset(bh, H, sdk_b, sdk_h) + row0 * sdk_n + offs_n[:, None] * sdk_n + offs_d[None, :] * sdk_d
     tl.store(dk_ptr, dk.to(DK.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
     for vt in tl.static_range(NV):
         offs_v = vt * BV + tl.arange(0, BV)
@@ -683,7 +693,7 @@ def _dkv_kernel(
         ds_mask = d_mask[:, None] & v_mask[None, :]
         dv = _dot(f1, tl.load(ds_ptr, mask=ds_mask, other=0.0), PREC)
         dv += _dot(f2, tl.load(ds_ptr + D * D, mask=ds_mask, other=0.0), PREC)
-        dv_ptr = DV + _head_offset(bh, H, sdv_b, sdv_h) + offs_n[:, None] * sdv_n + offs_v[None, :] * sdv_d
+        dv_ptr = DV + _head_offset(bh, H, sdv_b, sdv_h) + row0 * sdv_n + offs_n[:, None] * sdv_n + offs_v[None, :] * sdv_d
         dv_mask = n_mask[:, None] & v_mask[None, :]
         if ADD_DV:
             dv += tl.load(dv_ptr, mask=dv_mask, other=0.0).to(tl.float32)
@@ -754,13 +764,17 @@ def _state_range2(x_base, v_base, sx_n, sx_d, sv_n, sv_d, start, end, offs_a, of
     z2b = tl.zeros((BB,), dtype=tl.float32)
     a_mask = offs_a < D
     b_mask = offs_b < D
+    rows = tl.cast(start, tl.int64)                    # the range's first token: int64 base offsets
+    x_base += rows * sx_n
+    v_base += rows * sv_n
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        xa = _load_block(x_base, sx_n, sx_d, offs_n, offs_a, n_mask, a_mask)
-        xb = _load_block(x_base, sx_n, sx_d, offs_n, offs_b, n_mask, b_mask)
-        wa = _load_block(v_base, sv_n, sv_d, offs_n, offs_a, n_mask, a_mask)
-        wb = _load_block(v_base, sv_n, sv_d, offs_n, offs_b, n_mask, b_mask)
+        offs_r = offs_n - start                        # within the range: int32 products
+        xa = _load_block(x_base, sx_n, sx_d, offs_r, offs_a, n_mask, a_mask)
+        xb = _load_block(x_base, sx_n, sx_d, offs_r, offs_b, n_mask, b_mask)
+        wa = _load_block(v_base, sv_n, sv_d, offs_r, offs_a, n_mask, a_mask)
+        wb = _load_block(v_base, sv_n, sv_d, offs_r, offs_b, n_mask, b_mask)
         if QUERY:
             f1a, f2a, f1b, f2b, _ha, _hb, _n, _c, _p, _t = _query_features2(xa, xb, scale, power, offset, alpha,
                                                                             norm_eps, COSINE, PREC)
@@ -933,17 +947,19 @@ def _output_kernel_split(
 ):
     """_output_kernel with split tiles. Grid: (B·H, token blocks)."""
     bh = tl.program_id(0).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row0 = (tl.program_id(1) * BLOCK_N).to(tl.int64)   # the block's first token: int64 base offsets
+    n_left = N - tl.program_id(1) * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)             # within the block: int32 products
     offs_a = tl.arange(0, BA)
     offs_b = BA + tl.arange(0, BB)
     scale = tl.load(ScaleP + bh % H)
-    out_a, out_b, den = _output_block2(Q + _head_offset(bh, H, sq_b, sq_h), sq_n, sq_d, offs_n, offs_n < N,
+    out_a, out_b, den = _output_block2(Q + _head_offset(bh, H, sq_b, sq_h) + row0 * sq_n, sq_n, sq_d, offs_n, offs_n < n_left,
                                        offs_a, offs_b, D, S + bh * 2 * D * D, Z + bh * 2 * D,
                                        scale, power, offset, alpha, norm_eps, eps, COSINE, PREC, BLOCK_N, BA, BB, BC)
-    o_base = O + _head_offset(bh, H, so_b, so_h)
-    _store_tile(o_base, so_n, so_d, offs_n, offs_a, N, D, out_a)
-    _store_tile(o_base, so_n, so_d, offs_n, offs_b, N, D, out_b)
-    tl.store(DEN + bh * N + offs_n, den, mask=offs_n < N)
+    o_base = O + _head_offset(bh, H, so_b, so_h) + row0 * so_n
+    _store_tile(o_base, so_n, so_d, offs_n, offs_a, n_left, D, out_a)
+    _store_tile(o_base, so_n, so_d, offs_n, offs_b, n_left, D, out_b)
+    tl.store(DEN + bh * N + row0 + offs_n, den, mask=offs_n < n_left)
 
 
 @triton.jit
@@ -971,17 +987,19 @@ def _dq_kernel_split(
     part, beside ∂L/∂den itself; the second computes ∂L/∂q per chunk (features and the
     products again). Grid: (B·H, token blocks)."""
     bh = tl.program_id(0).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row0 = (tl.program_id(1) * BLOCK_N).to(tl.int64)   # the block's first token: int64 base offsets
+    n_left = N - tl.program_id(1) * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)             # within the block: int32 products
     offs_a = tl.arange(0, BA)
     offs_b = BA + tl.arange(0, BB)
-    n_mask = offs_n < N
-    den = tl.load(DEN + bh * N + offs_n, mask=n_mask, other=1.0)
-    g_base = G + _head_offset(bh, H, sg_b, sg_h)
+    n_mask = offs_n < n_left
+    den = tl.load(DEN + bh * N + row0 + offs_n, mask=n_mask, other=1.0)
+    g_base = G + _head_offset(bh, H, sg_b, sg_h) + row0 * sg_n
     ua = _load_block(g_base, sg_n, sg_d, offs_n, offs_a, n_mask, offs_a < D) / den[:, None]
     ub = _load_block(g_base, sg_n, sg_d, offs_n, offs_b, n_mask, offs_b < D) / den[:, None]
     s_base = S + bh * 2 * D * D
     z_base = Z + bh * 2 * D
-    q_base = Q + _head_offset(bh, H, sq_b, sq_h)
+    q_base = Q + _head_offset(bh, H, sq_b, sq_h) + row0 * sq_n
     scale = tl.load(ScaleP + bh % H)
     norm, clamped = _row_norm2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, norm_eps)
     t_norm = _tanh(norm / scale)
@@ -1009,15 +1027,15 @@ def _dq_kernel_split(
         dot_z += tl.sum(d_hat * h, 1)
     # (g/den)·num/den = φ_q · ((g/den) Sᵀ) / den: num is never formed.
     d_den = -sum_fg / den
-    tl.store(DDEN + bh * N + offs_n, d_den, mask=n_mask)
+    tl.store(DDEN + bh * N + row0 + offs_n, d_den, mask=n_mask)
     d_u = (dp_g + d_den * dp_z) * power * (1.0 - t_norm * t_norm)
     c = _unit_row_term(norm, clamped, dot_g + d_den * dot_z, d_u / scale, norm_eps)
     if DQ_STRIDED:
-        dq_base = DQ + _head_offset(bh, H, sdq_b, sdq_h)
+        dq_base = DQ + _head_offset(bh, H, sdq_b, sdq_h) + row0 * sdq_n
         sdq_nn = sdq_n
         sdq_dd = sdq_d
     else:
-        dq_base = DQ + bh * N * D
+        dq_base = DQ + (bh * N + row0) * D
         sdq_nn = D
         sdq_dd = 1
     for c0 in range(0, D, BC):
@@ -1030,9 +1048,9 @@ def _dq_kernel_split(
         q = _load_block(q_base, sq_n, sq_d, offs_n, offs_c, n_mask, c_mask)
         f1, f2, h = _query_tile(q, clamped, p, alpha, COSINE, PREC)
         d_hat, _dp = _query_grad_tile(f1, f2, g1, g2, h, p, alpha, COSINE, PREC)
-        _store_tile(dq_base, sdq_nn, sdq_dd, offs_n, offs_c, N, D, d_hat / clamped[:, None] + c[:, None] * q)
+        _store_tile(dq_base, sdq_nn, sdq_dd, offs_n, offs_c, n_left, D, d_hat / clamped[:, None] + c[:, None] * q)
     if NEED_DU:
-        tl.store(DU + bh * N + offs_n, -d_u * norm / (scale * scale), mask=n_mask)
+        tl.store(DU + bh * N + row0 + offs_n, -d_u * norm / (scale * scale), mask=n_mask)
 
 
 @triton.jit
@@ -1065,11 +1083,13 @@ def _dkv_kernel_split(
     ∂L/∂k per chunk, with ∂L/∂φ_k = v ∂L/∂Sᵀ + ∂L/∂z and the features again.
     Grid: (B·H, token blocks)."""
     bh = tl.program_id(0).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row0 = (tl.program_id(1) * BLOCK_N).to(tl.int64)   # the block's first token: int64 base offsets
+    n_left = N - tl.program_id(1) * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)             # within the block: int32 products
     offs_a = tl.arange(0, BA)
     offs_b = BA + tl.arange(0, BB)
-    n_mask = offs_n < N
-    k_base = K + _head_offset(bh, H, sk_b, sk_h)
+    n_mask = offs_n < n_left
+    k_base = K + _head_offset(bh, H, sk_b, sk_h) + row0 * sk_n
     ds_base = DS + bh * 2 * D * D
     ds2 = ds_base + D * D
     dz_base = DZ + bh * 2 * D
@@ -1088,10 +1108,10 @@ def _dkv_kernel_split(
         dva += _dot(f2, _s_block(ds2, offs_c, offs_a, D), PREC)
         dvb += _dot(f1, _s_block(ds_base, offs_c, offs_b, D), PREC)
         dvb += _dot(f2, _s_block(ds2, offs_c, offs_b, D), PREC)
-    dv_base = DV + _head_offset(bh, H, sdv_b, sdv_h)
-    _store_tile(dv_base, sdv_n, sdv_d, offs_n, offs_a, N, D, dva, ADD_DV)
-    _store_tile(dv_base, sdv_n, sdv_d, offs_n, offs_b, N, D, dvb, ADD_DV)
-    v_base = V + _head_offset(bh, H, sv_b, sv_h)
+    dv_base = DV + _head_offset(bh, H, sdv_b, sdv_h) + row0 * sdv_n
+    _store_tile(dv_base, sdv_n, sdv_d, offs_n, offs_a, n_left, D, dva, ADD_DV)
+    _store_tile(dv_base, sdv_n, sdv_d, offs_n, offs_b, n_left, D, dvb, ADD_DV)
+    v_base = V + _head_offset(bh, H, sv_b, sv_h) + row0 * sv_n
     va = _load_block(v_base, sv_n, sv_d, offs_n, offs_a, n_mask, offs_a < D)
     vb = _load_block(v_base, sv_n, sv_d, offs_n, offs_b, n_mask, offs_b < D)
     c = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -1104,13 +1124,13 @@ def _dkv_kernel_split(
             _b_db, d_hat = _lift_grad(f1, f2, g1, g2, h, alpha, COSINE)
             dot_hat += tl.sum(d_hat * h, 1)
         c = _unit_row_term(norm, clamped, dot_hat, c, norm_eps)
-    dk_base = DK + _head_offset(bh, H, sdk_b, sdk_h)
+    dk_base = DK + _head_offset(bh, H, sdk_b, sdk_h) + row0 * sdk_n
     for c0 in range(0, D, BC):
         offs_c = c0 + tl.arange(0, BC)
         k, f1, f2, h, g1, g2 = _dkv_chunk(k_base, sk_n, sk_d, va, vb, ds_base, dz_base, offs_n, n_mask, offs_c,
                                           offs_a, offs_b, D, clamped, power, alpha, COSINE, PREC)
         part, _s = _key_grad_tile(k, f1, f2, g1, g2, h, clamped, power, alpha, COSINE)
-        _store_tile(dk_base, sdk_n, sdk_d, offs_n, offs_c, N, D, part + c[:, None] * k)
+        _store_tile(dk_base, sdk_n, sdk_d, offs_n, offs_c, n_left, D, part + c[:, None] * k)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -1270,19 +1290,35 @@ MIN_SPLIT_TOKENS = {"fused": 64, "baseline": 512}
 SHORT_TOKENS = 1024
 
 
+def _programs_target(device: torch.device) -> int:
+    """How many programs the state passes aim for: about 4 per SM on CUDA; 1 elsewhere (the
+    interpreter runs programs one after another: fewest is fastest). The compile report's
+    stand-in driver sets it for the GPU it compiles for."""
+    if device.type == "cuda":
+        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 1
+
+
 def num_splits(n_tokens: int, n_heads_total: int, n_vtiles: int, device: torch.device,
                variant: str = "fused") -> int:
     """Token ranges per head for the two state passes: enough programs to fill the GPU
     (about 4 per SM; B·H alone is often a few dozen), no range under MIN_SPLIT_TOKENS;
     one range (the single-launch forward) below SHORT_TOKENS in the fused variant."""
-    if device.type == "cuda":
-        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        target = 1  # the interpreter runs programs one after another: fewest is fastest
+    target = _programs_target(device)
     if variant == "fused" and n_tokens < SHORT_TOKENS:
         return 1
     want = -(-target // (n_heads_total * n_vtiles))
     return max(1, min(want, n_tokens // MIN_SPLIT_TOKENS[variant]))
+
+
+def fit_splits(splits: int, n: int, *tensors: torch.Tensor) -> int:
+    """``splits`` raised where needed so that no token range spans 2^30 elements of any
+    tensor's token stride: the state passes offset each range's base in int64 and the
+    tokens within it in int32 (a gated layer's stride 4C passes 2^31 at N·4C, at XL/2's
+    C = 1,152 from 466K tokens); one range is also what picks the single-launch forward,
+    whose offsets are int32."""
+    stride = max(max(abs(t.stride(-2)), t.shape[-1]) for t in tensors)
+    return max(splits, triton.cdiv(n * stride, 2**30))
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -1305,6 +1341,25 @@ def _tile_args(cfg: dict, group: str, nv: bool = False) -> dict:
     return args
 
 
+def _ranges(n: int, splits: int, block_n: int) -> tuple[int, int]:
+    """(tokens per range, ranges) of a state pass asked for ``splits`` ranges: whole blocks each."""
+    per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n
+    return per_split, triton.cdiv(n, per_split)
+
+
+def launch_grids(b: int, h: int, n: int, cfg: dict, splits: int, variant: str = "fused") -> dict[str, tuple]:
+    """The grid of each NaLa kernel for (B, H, N) heads, ``launch_config``'s ``cfg`` and
+    ``splits`` token ranges, as the launches use them: ``forward`` (the single launch, where
+    it runs), ``state`` (both state passes), ``output``, ``dq``, ``dkv``. Axes after the first
+    stay within CUDA's 65,535 up to ``TRITON_MAX_TOKENS`` (token blocks of ≥ 16)."""
+    grids = dict(state=(b * h, _ranges(n, splits, cfg["state"]["BLOCK_N"])[1], cfg["state"]["NV"]),
+                 output=(b * h, triton.cdiv(n, cfg["out"]["BLOCK_N"]), cfg["out"]["NV"]),
+                 dq=(b * h, triton.cdiv(n, cfg["dq"]["BLOCK_N"])), dkv=(b * h, triton.cdiv(n, cfg["dkv"]["BLOCK_N"])))
+    if variant == "fused" and splits == 1:
+        grids["forward"] = (b * h, cfg["forward"]["NV"])
+    return grids
+
+
 def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     """Launch ``_state_kernel`` over ``splits`` token ranges and reduce the ranges: in the
     kernel (atomic adds, fused variant) or by ``torch.sum`` (baseline). Returns ``(S, z)``:
@@ -1312,8 +1367,7 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     b, h, n, d = x.shape
     st = cfg["state"]
     block_n = st["BLOCK_N"]
-    per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n    # whole blocks
-    splits = triton.cdiv(n, per_split)
+    per_split, splits = _ranges(n, splits, block_n)                     # whole blocks
     atomic = opts["variant"] == "fused" and splits > 1
     if atomic:
         # One zeroed buffer (one launch) holds both: S then z, each contiguous.
@@ -1323,7 +1377,7 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     else:
         s_part = x.new_empty(b * h, splits, 2, d, d, dtype=torch.float32)
         z_part = x.new_empty(b * h, splits, 2, d, dtype=torch.float32)
-    _kernel_for("_state_kernel", cfg)[(b * h, splits, st["NV"])](
+    _kernel_for("_state_kernel", cfg)[(b * h, splits, st["NV"])](   # launch_grids' "state"
         x, w, scale, s_part, z_part, *_strides(x), *_strides(w),
         h, n, d, per_split, splits, 1.0 / n,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
@@ -1351,7 +1405,7 @@ def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: to
         state = torch.empty(b * h, 2, d, d, device=q.device, dtype=torch.float32)
         z = torch.empty(b * h, 2, d, device=q.device, dtype=torch.float32)
         fc = cfg["forward"]
-        _kernel_for("_forward_kernel", cfg)[(b * h, fc["NV"])](
+        _kernel_for("_forward_kernel", cfg)[launch_grids(b, h, n, cfg, splits)["forward"]](
             k, v, q, scale32, state, z, out, den, *_strides(k), *_strides(v), *_strides(q), *_strides(out),
             h, n, d, 1.0 / n, opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
             COSINE=cosine, BLOCK_N=fc["BLOCK_N"], **_tile_args(cfg, "forward"), PREC=opts["precision"],
@@ -1360,8 +1414,7 @@ def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: to
         return state, z, den
     state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
     oc = cfg["out"]
-    grid = (b * h, triton.cdiv(n, oc["BLOCK_N"]), oc["NV"])
-    _kernel_for("_output_kernel", cfg)[grid](
+    _kernel_for("_output_kernel", cfg)[launch_grids(b, h, n, cfg, splits, opts["variant"])["output"]](
         q, scale32, state, z, out, den, *_strides(q), *_strides(out), h, n, d,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
         COSINE=cosine, BLOCK_N=oc["BLOCK_N"], **_tile_args(cfg, "out"),
@@ -1381,7 +1434,8 @@ def backward_launch(q, k, v, scale32, state, z, den, grad_out, opts: dict, cfg: 
     d_den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
     d_u = torch.empty(b * h, n, device=q.device, dtype=torch.float32) if need_scale else d_den
     dqc, dkvc = cfg["dq"], cfg["dkv"]
-    _kernel_for("_dq_kernel", cfg)[(b * h, triton.cdiv(n, dqc["BLOCK_N"]))](
+    grids = launch_grids(b, h, n, cfg, splits, opts["variant"])
+    _kernel_for("_dq_kernel", cfg)[grids["dq"]](
         q, grad_out, scale32, state, z, den, dq, d_den, d_u,
         *_strides(q), *_strides(grad_out), *_strides(dq), h, n, d,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
@@ -1389,7 +1443,7 @@ def backward_launch(q, k, v, scale32, state, z, den, grad_out, opts: dict, cfg: 
         PREC=opts["precision"], NEED_DU=need_scale, DQ_STRIDED=not dq.is_contiguous(), **_compile_opts(dqc),
     )
     d_state, d_z = _state_pass(q, grad_out, scale32, opts, cfg, splits, query=True, den=den, d_den=d_den)
-    _kernel_for("_dkv_kernel", cfg)[(b * h, triton.cdiv(n, dkvc["BLOCK_N"]))](
+    _kernel_for("_dkv_kernel", cfg)[grids["dkv"]](
         k, v, d_state, d_z, dk, dv, *_strides(k), *_strides(v), *_strides(dk), *_strides(dv), h, n, d,
         opts["power"], opts["alpha"], opts["norm_eps"],
         COSINE=cosine, BLOCK_N=dkvc["BLOCK_N"], **_tile_args(cfg, "dkv", nv=True),
@@ -1410,6 +1464,7 @@ class TritonNaLa(torch.autograd.Function):
         cfg = launch_config(d, config, variant)
         if splits is None:
             splits = num_splits(n, b * h, cfg["state"]["NV"], q.device, variant)
+        splits = fit_splits(splits, n, q, k, v)
         scale32 = scale.detach().to(device=q.device, dtype=torch.float32).contiguous()
         out = torch.empty(b, h, n, d, device=q.device, dtype=v.dtype)
         state, z, den = forward_launch(q, k, v, scale32, opts, cfg, splits, out)

@@ -264,15 +264,15 @@ def test_state_pass_splits(monkeypatch):
 # ------------------------------------------------------- first-use check and fallback
 
 
-def _eager_kernel(q, k, v, norm_scale, opts):
+def _eager_kernel(q, k, v, norm_scale, opts, splits=None):
     return fused._nala_eager_opts(q, k, v, norm_scale, opts)
 
 
-def _failing_kernel(q, k, v, norm_scale, opts):
+def _failing_kernel(q, k, v, norm_scale, opts, splits=None):
     raise RuntimeError("PTX compile failed: ptxas error (injected)\nsecond line")
 
 
-def _wrong_kernel(q, k, v, norm_scale, opts):
+def _wrong_kernel(q, k, v, norm_scale, opts, splits=None):
     return _eager_kernel(q, k, v, norm_scale, opts) * 1.01          # 1 % off: above every tolerance
 
 
@@ -282,6 +282,7 @@ def triton_on_cpu(monkeypatch):
     function that installs the kernel the check and the calls will run."""
     monkeypatch.setattr(fused, "select_nala_impl", lambda *a: "triton")
     monkeypatch.setattr(fused, "_TRITON_CHECKS", {})
+    monkeypatch.setattr(fused, "CHECK_ERRORS", {})
     return lambda kernel: monkeypatch.setattr(fused, "_triton_kernel", kernel)
 
 
@@ -322,9 +323,10 @@ def test_first_use_checks_report_each_key_with_its_result(triton_on_cpu, monkeyp
     triton_on_cpu(_failing_kernel)
     nala_attention(q, k, v, direction="relu_split")
     assert layers.first_use_checks() == [
-        dict(path="NaLa kernels", device="cpu", dtype="float32", head_dim=8, direction="cosine", result="passed"),
+        dict(path="NaLa kernels", device="cpu", dtype="float32", head_dim=8, direction="cosine", result="passed",
+             max_rel_rms=0.0),
         dict(path="NaLa kernels", device="cpu", dtype="float32", head_dim=8, direction="relu_split",
-             result="RuntimeError: PTX compile failed: ptxas error (injected)")]
+             result="RuntimeError: PTX compile failed: ptxas error (injected)", max_rel_rms=None)]
 
 
 def test_a_passing_kernel_is_used_without_a_warning(triton_on_cpu, recwarn):
@@ -334,8 +336,49 @@ def test_a_passing_kernel_is_used_without_a_warning(triton_on_cpu, recwarn):
     q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
     nala_attention(q, k, v)
     nala_attention(q, k, v)
-    assert len(calls) == 1 + 2 and not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    checks = len(fused.CHECK_CASES)
+    assert len(calls) == checks + 2 and not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
     assert fused._TRITON_CHECKS == {("cpu", torch.float32, 8, "cosine"): None}
+
+
+def test_the_check_runs_one_and_several_token_ranges(triton_on_cpu, recwarn):
+    """The check runs what a GPU launches: N < 1,024 in one token range (the single-launch
+    forward) and N ≥ 1,024 in several (the atomic state passes, the output kernel); each
+    token count odd. The largest relative RMS it saw is kept; a kernel wrong only on the
+    long case (a several-range bug) fails the check there."""
+    seen = []
+    triton_on_cpu(lambda q, k, v, s, o, splits=None: seen.append((q.shape[-2], splits)) or _eager_kernel(q, k, v, s, o))
+    q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
+    nala_attention(q, k, v)
+    assert seen[:2] == [(67, None), (1031, 3)] and all(n % 2 for n, _ in seen[:2])
+    assert fused.CHECK_ERRORS[("cpu", torch.float32, 8, "cosine")] <= 1e-6
+
+    def wrong_when_split(q, k, v, s, o, splits=None):
+        out = _eager_kernel(q, k, v, s, o)
+        return out * 1.01 if splits else out
+    triton_on_cpu(wrong_when_split)
+    with pytest.warns(RuntimeWarning, match=r"output differs from the eager path by relative RMS 1.0e-02 \(> 1e-04\) "
+                                            r"at N = 1031"):
+        nala_attention(q, k, v, direction="relu_split")
+
+
+def test_a_sticky_cuda_fault_ends_the_process_with_one_line(triton_on_cpu, monkeypatch):
+    """A kernel error after which the device runs nothing more (a sticky CUDA fault) would
+    kill the eager fallback too: the check ends the process with one line naming what ran
+    (no traceback: SystemExit with the message). A device that still works falls back."""
+    triton_on_cpu(lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("CUDA error: an illegal memory access was "
+                                                                      "encountered\nmore")))
+    monkeypatch.setattr(fused, "device_usable", lambda device: False)
+    q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
+    with pytest.raises(SystemExit) as ended:
+        nala_attention(q, k, v)
+    msg = str(ended.value)
+    assert "\n" not in msg and "sticky CUDA fault" in msg and "an illegal memory access" in msg
+    assert "first-use check (N = 67, one token range, torch.float32, head dim 8, cosine)" in msg
+    monkeypatch.setattr(fused, "device_usable", lambda device: True)
+    monkeypatch.setattr(fused, "_TRITON_CHECKS", {})
+    with pytest.warns(RuntimeWarning, match="illegal memory access"):
+        assert torch.equal(nala_attention(q, k, v), nala_attention(q, k, v, impl="eager"))
 
 
 def test_the_check_compares_gradients_too(triton_on_cpu):
@@ -349,7 +392,92 @@ def test_the_check_compares_gradients_too(triton_on_cpu):
         def backward(ctx, g):
             return 2 * g
 
-    triton_on_cpu(lambda q, k, v, s, o: _eager_kernel(WrongGrad.apply(q), k, v, s, o))
+    triton_on_cpu(lambda q, k, v, s, o, splits=None: _eager_kernel(WrongGrad.apply(q), k, v, s, o))
     q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
     with pytest.warns(RuntimeWarning, match="dq differs from the eager path"):
         nala_attention(q, k, v)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_grids_fit_cuda_at_every_supported_length():
+    """Every grid one gated layer launches (NaLa's kernels and the epilogue's, as the launches
+    compute them) at XL/2's, G/2's and H/2's widths up to the longest N the kernels take: axes
+    after the first ≤ 65,535 (CUDA's limit; the epilogue's token axis was N at widths above
+    1,024, so 4096 px failed), the first ≤ 2³¹ − 1; and the element offsets that the kernels
+    form in int64 do pass 2³¹ there (the gated stride 4C)."""
+    from nala_dit.attention import triton_gated as tg
+    from nala_dit.attention import triton_kernels as tk
+    from nala_dit.attention.config import TRITON_MAX_TOKENS
+
+    assert TRITON_MAX_TOKENS == 1_048_560
+    for c, heads in ((1152, 16), (1408, 16), (2240, 20)):
+        cfg = tk.launch_config(c // heads)
+        for n in (65_536, TRITON_MAX_TOKENS):
+            for b in (1, 32):
+                grids = dict(tg.launch_grids(b, n, c))
+                for splits in (1, n // tk.MIN_SPLIT_TOKENS["fused"]):
+                    grids.update({f"{k} ({splits} ranges)": g for k, g in tk.launch_grids(b, heads, n, cfg, splits).items()})
+                for name, grid in grids.items():
+                    assert grid[0] <= 2**31 - 1 and all(axis <= 65_535 for axis in grid[1:]), (c, n, b, name, grid)
+                    assert all(axis >= 1 for axis in grid), (c, n, b, name, grid)
+        # the epilogue covers every token of every batch element once: B · ⌈N / BLOCK_T⌉ programs
+        block_t = tg._blocks(c)[0]
+        assert block_t == 1 and tg.launch_grids(3, 65_536, c)["epilogue"] == (3 * 65_536,)
+        assert tg.launch_grids(3, 65_536, c)["lepe_backward"] == (3 * 1024, -(-c // tg.LEPE_BLOCK_C))
+        assert (TRITON_MAX_TOKENS - 1) * 4 * c > 2**31 - 1        # why the token offsets are int64
+
+
+def test_the_gated_check_covers_several_ranges_and_ends_on_a_sticky_fault(monkeypatch):
+    """The gated layer's first-use check: on CUDA a second grid of ≥ 1,024 tokens (several
+    token ranges); a kernel error with the device still usable is a fallback cause, one that
+    leaves it unusable ends the process in one line naming the check (injected on this CPU)."""
+    from nala_dit.attention import layers
+    from nala_dit.attention.config import NaLaConfig
+
+    (h0, w0), (h1, w1) = layers.GATED_CHECK_GRIDS
+    assert h0 * w0 < 1024 <= h1 * w1
+    monkeypatch.setattr(layers.GatedLinearAttention, "triton_middle",
+                        lambda self, qkvg, grid: (_ for _ in ()).throw(RuntimeError("CUDA error: unspecified launch "
+                                                                                     "failure\nmore")))
+    cpu = torch.device("cpu")
+    assert layers._check_gated(cpu, torch.float32, 32, 2, NaLaConfig()) == \
+        "RuntimeError: CUDA error: unspecified launch failure"
+    monkeypatch.setattr(fused, "device_usable", lambda device: False)
+    with pytest.raises(SystemExit) as ended:
+        layers._check_gated(cpu, torch.float32, 32, 2, NaLaConfig())
+    msg = str(ended.value)
+    assert "\n" not in msg and "sticky CUDA fault" in msg and "unspecified launch failure" in msg
+    assert "the gated layer's first-use check (3 × 5 tokens, torch.float32, width 32, 2 heads)" in msg
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_every_launched_specialisation_compiles_without_fenced_atomics():
+    """Every kernel specialisation an XL/2 training step launches (NaLa alone and the gated
+    layer, N = 256 in one token range and N = 1,056 in several, bf16), compiled for sm_90a
+    through the real launch functions with the real shapes and strides (a stand-in driver,
+    no GPU): the strided q/k/v, DQ_STRIDED, ADD_DV, fp32 output-gradient and atomic
+    state-pass variants all among them; none with a fenced atomic (PTX: no membar, no
+    acq_rel/acquire/release atom or red, as Triton's default sem gave the LePE and norm
+    backward: 200 acq_rel atomics in the LePE backward at C = 1,152) and no MEMBAR in SASS;
+    every one at ≥ 2 programs per SM with no spill (measured: 46-255 registers). About 2-4
+    min of compiling on a cold Triton cache."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("this process runs Triton's interpreter")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from triton_compile_check import launched_report, run_launches, stand_in_launches
+
+    with stand_in_launches() as launched:
+        run_launches(launched, 1152, 16)
+    rows = dict(launched_report(launched))
+    kernels = {label.split(": ")[1].split()[0] for label in rows}
+    assert kernels == {"_forward_kernel_split", "_state_kernel_split", "_output_kernel_split", "_dq_kernel_split",
+                       "_dkv_kernel_split", "_epilogue_kernel", "_norm_backward_kernel", "_lepe_backward_kernel"}
+    text = "\n".join(rows)
+    for variant in ("DQ_STRIDED=1", "DQ_STRIDED=0", "ADD_DV=1", "ADD_DV=0", "QUERY=0 ATOMIC=1", "QUERY=1 ATOMIC=1",
+                    "G fp32", "gated N=1056: _output_kernel_split", "NaLa N=256: _forward_kernel_split"):
+        assert variant in text, (variant, text)
+    for label, r in rows.items():
+        assert r["ptx_fenced"] == 0 and r["membar"] == 0, (label, r)
+        assert r["spill_bytes"] == 0 and r["local"] == 0 and r["programs_per_sm"] >= 2, (label, r)
+        assert (r["ptx_atomics"] > 0) == ("ATOMIC=1" in label or "backward_kernel" in label), (label, r)

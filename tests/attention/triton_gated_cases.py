@@ -75,7 +75,10 @@ def compare(fused, plain, grid, dtype=torch.float32, batch=2, seed=1):
         assert_close(name, w, o, TOL[dtype])
 
 
-@pytest.mark.parametrize("grid, heads, dim", [((3, 5), 2, 32), ((1, 1), 1, 16), ((2, 3), 2, 128), ((4, 4), 2, 144)])
+# (9, 8) at width 80: 72 tokens, two token ranges of the LePE backward (64 + 8) and two
+# channel blocks (64 + 16).
+@pytest.mark.parametrize("grid, heads, dim", [((3, 5), 2, 32), ((1, 1), 1, 16), ((2, 3), 2, 128), ((4, 4), 2, 144),
+                                              ((9, 8), 5, 80)])
 def test_fp32_matches_the_plain_composition(on_triton, grid, heads, dim):
     fused, plain = layers_pair(dim, heads)
     compare(fused, plain, grid)
