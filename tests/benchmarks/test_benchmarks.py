@@ -343,3 +343,11 @@ def test_cpu_path_benchmark_tiny(tmp_path):
     assert shares["gemm"] > 0 and shares["transcendental"] > 0 and sum(shares.values()) == pytest.approx(1.0)
     with pytest.raises(SystemExit):
         cpu_path.main(["--repeats", "0"])
+
+
+def test_meanflow_step_benchmark_tiny(tmp_path, capsys):
+    """One step of each objective on SiT-T/2: both timed, the ratio is their quotient."""
+    data, _ = run_main("meanflow_step.py", tmp_path / "m.json", capsys, "--models", "SiT-T/2")
+    (row,) = data["results"]
+    assert row["model"] == "SiT-T/2" and row["transport_ms"] > 0 and row["meanflow_ms"] > 0
+    assert row["ratio"] == pytest.approx(row["meanflow_ms"] / row["transport_ms"])
