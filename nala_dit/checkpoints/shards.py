@@ -14,6 +14,7 @@ in ``optimizer.state_dict()``: ``by_name`` / ``by_number`` convert.
 from __future__ import annotations
 
 import contextlib
+import functools
 import pickle
 import stat
 from pathlib import Path
@@ -67,6 +68,7 @@ class ShardIndexError(ValueError):
     the one line to show."""
 
 
+@functools.cache
 def _built_types() -> dict[type, frozenset[str]]:
     """The classes whose fresh instances the format fills with BUILD, and the fields each may set."""
     import dataclasses
