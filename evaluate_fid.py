@@ -41,7 +41,7 @@ require_installed()  # a python without torch (not the .venv one): one line nami
 from nala_dit.cli import options
 from nala_dit.cli.parse import (THREADS_HELP, ArgumentParser, Interrupted, passive_wait_policy, run_main, seed_arg,
                                 set_threads)
-from nala_dit.cli.sizes import add_size_arguments, check_size_args, size_values
+from nala_dit.cli.sizes import add_size_arguments, check_size_args, sized
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
@@ -151,7 +151,6 @@ def _gen(args, common) -> dict:
     from nala_dit.diffusion.generate import SampleSettings
     from nala_dit.data.images import balance_notice, balanced_labels, check_sample_count
     from nala_dit.pipelines.sources import load_source
-    from nala_dit.models.grid import sized_settings
     from nala_dit.models.vae import check_tiling, decode_settings
 
     check_sample_count(args.num_samples, "--num-samples")
@@ -162,8 +161,8 @@ def _gen(args, common) -> dict:
     source = load_source(args.ckpt, args.weights, args.vae, common["device"])
     if context is not None:
         enable(source.model, context)
-    settings = sized_settings(SampleSettings(args.sampler, args.steps, args.cfg_scale), source,
-                              **size_values(args, min(args.batch_size, args.num_samples)))
+    settings = sized(SampleSettings(args.sampler, args.steps, args.cfg_scale), source, args,
+                     min(args.batch_size, args.num_samples))
     settings = settings.resolved(source.objective)
     check_tiling(args.vae_tiling, args.vae_tile_size, source.vae)
     labels = balanced_labels(args.num_samples, source.num_classes, args.seed).tolist()

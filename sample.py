@@ -46,8 +46,7 @@ require_installed()  # a python without torch (not the .venv one): one line nami
 
 from nala_dit.cli.parse import (THREADS_HELP, ArgumentParser, Interrupted, default_device, main_process,
                                 passive_wait_policy, report_error, run_main, seed_arg, set_threads)
-from nala_dit.cli.sizes import add_size_arguments, check_size_args, size_values
-from nala_dit.models.grid import sized_settings
+from nala_dit.cli.sizes import add_size_arguments, check_size_args, sized
 from nala_dit.cli.options import (CONTEXT_PARALLEL_HELP, ODE_ATOL, ODE_RTOL, PRECISIONS, SAMPLERS, VAE_TILE_PIXELS,
                               VAE_TILING_MODES, cfg_scale_arg, check_context_parallel)
 
@@ -185,8 +184,7 @@ def run(args) -> int:
         context = ContextParallel.from_world(args.context_parallel)
         source = compiled(load_source(args.ckpt, args.weights, args.vae, state.device), args)
         enable(source.model, context)
-        settings = sized_settings(settings, source, **size_values(args, min(args.batch_size, args.num_samples)),
-                                  verbose=state.is_main_process)
+        settings = sized(settings, source, args, min(args.batch_size, args.num_samples), state.is_main_process)
         settings.resolved(source.objective)  # clear errors before any work
         check_tiling(args.vae_tiling, args.vae_tile_size, source.vae)
         if state.is_main_process and (note := balance_notice(args.num_samples, source.num_classes)):
@@ -326,7 +324,7 @@ def write_samples(args, source, settings) -> tuple[list[int], list]:
     from nala_dit.models.grid import vae_factor
     from nala_dit.models.vae import check_tiling, decode_settings
 
-    settings = sized_settings(settings, source, **size_values(args, min(args.batch_size, requested_count(args))))
+    settings = sized(settings, source, args, min(args.batch_size, requested_count(args)))
     settings.resolved(source.objective)
     check_tiling(args.vae_tiling, args.vae_tile_size, source.vae)
     h, w = (side * vae_factor(source.vae) for side in settings.resolved(source.objective).noise_size(source.model))

@@ -1,11 +1,14 @@
 """The size flags of the sampling CLIs (torch-free): ``--image-size``, ``--time-shift``,
 ``--upscale-from`` and ``--strength`` as ``sample.py`` and ``evaluate_fid.py gen`` offer them,
-their checks that need no model, and their values as the keywords of
-``nala_dit.models.grid.sized_settings`` (the model layer takes plain values and knows no flag)."""
+their checks that need no model, their values handed to ``nala_dit.models.grid.sized_settings``
+(the model layer takes plain values and knows no flag), and the note that names the commands
+to use when sampling away from the trained size."""
 
 from __future__ import annotations
 
-from ..models.grid import STRENGTH, parse_image_size, parse_time_shift
+import sys
+
+from ..models.grid import STRENGTH, format_size, parse_image_size, parse_time_shift, sized_settings, vae_factor
 
 
 def add_size_arguments(parser) -> None:
@@ -39,9 +42,31 @@ def check_size_args(args) -> None:
                          "trained size) with --image-size, or drop --strength")
 
 
-def size_values(args, batch: int) -> dict:
-    """The size flags as ``sized_settings``' keywords, for a first batch of ``batch`` images
-    (the memory check's), with the flags a refusal names."""
-    return dict(image_size=args.image_size, upscale_from=args.upscale_from, time_shift=args.time_shift,
-                strength=args.strength, batch=batch, what=f"--image-size {args.image_size}",
-                fix="use a smaller --image-size or --batch-size")
+def sized(settings, source, args, batch: int, verbose: bool = True):
+    """``settings`` at the size flags' values (``grid.sized_settings``; its memory check for a first
+    batch of ``batch`` images names the flags), and with ``verbose`` the one-line notice on stderr
+    when the size is not the trained one (``size_notice``)."""
+    settings = sized_settings(settings, source, args.image_size, args.upscale_from, args.time_shift, args.strength,
+                              batch=batch, what=f"--image-size {args.image_size}",
+                              fix="use a smaller --image-size or --batch-size")
+    if verbose and settings.latent_size is not None and settings.upscale_from is None:
+        if note := size_notice(source.model.config, settings.latent_size, vae_factor(source.vae)):
+            print(note, file=sys.stderr)
+    return settings
+
+
+def size_notice(config, latent_hw: tuple[int, int], vae_factor_: int) -> str | None:
+    """A one-line notice when sampling away from the trained size (None at it)."""
+    trained = config["input_size"]
+    if tuple(latent_hw) == (trained, trained):
+        return None
+    mode = config.get("positions") or "extrapolate"
+    hw = (latent_hw[0] * vae_factor_, latent_hw[1] * vae_factor_)
+    px = format_size(hw)
+    # train.py trains square images: a non-square request fine-tunes at its larger side.
+    where = "at this size" if hw[0] == hw[1] else f"at {max(hw)} px, the larger side (train.py trains square images)"
+    # --upscale-from starts at the trained size and only grows (SampleSettings.resolved): offered above it only
+    upscale = (f" or use --upscale-from {trained * vae_factor_}" if min(latent_hw) >= trained else "")
+    return (f"note: sampling at {px} px, not the trained {trained * vae_factor_} px ({mode} positions): expect "
+            f"repeated or broken content, most of all far above the trained size. Fine-tune {where} "
+            f"(train.py --init-from RUN --image-size {max(hw)} --pos-embed interpolate){upscale} (docs/highres.md)")

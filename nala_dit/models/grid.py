@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from dataclasses import dataclass, replace
 
 from ..checks import number_in
@@ -283,23 +282,6 @@ def vae_factor(vae) -> int:
     return spatial_factor(vae)
 
 
-def size_notice(config, latent_hw: tuple[int, int], vae_factor_: int) -> str | None:
-    """A one-line notice when sampling away from the trained size (None at it)."""
-    trained = config["input_size"]
-    if tuple(latent_hw) == (trained, trained):
-        return None
-    mode = config.get("positions") or "extrapolate"
-    hw = (latent_hw[0] * vae_factor_, latent_hw[1] * vae_factor_)
-    px = format_size(hw)
-    # train.py trains square images: a non-square request fine-tunes at its larger side.
-    where = "at this size" if hw[0] == hw[1] else f"at {max(hw)} px, the larger side (train.py trains square images)"
-    # --upscale-from starts at the trained size and only grows (SampleSettings.resolved): offered above it only
-    upscale = (f" or use --upscale-from {trained * vae_factor_}" if min(latent_hw) >= trained else "")
-    return (f"note: sampling at {px} px, not the trained {trained * vae_factor_} px ({mode} positions): expect "
-            f"repeated or broken content, most of all far above the trained size. Fine-tune {where} "
-            f"(train.py --init-from RUN --image-size {max(hw)} --pos-embed interpolate){upscale} (docs/highres.md)")
-
-
 def latent_for(model, vae, image_size) -> tuple[int, int] | None:
     """The latent (h, w) a model samples for an image size in pixels (None: the trained size)."""
     if image_size is None:
@@ -316,15 +298,14 @@ STRENGTH = 0.6  # the re-noise strength of progressive upscaling when none is gi
 
 
 def sized_settings(settings, source, image_size=None, upscale_from=None, time_shift=None, strength=None, *,
-                   batch: int = 1, verbose: bool = True, what: str | None = None,
-                   fix: str = "use a smaller image size or batch"):
+                   batch: int = 1, what: str | None = None, fix: str = "use a smaller image size or batch"):
     """``settings`` for sampling ``source`` (its ``model`` and ``vae``) at ``image_size`` pixels
     (None: the trained size), with ``time_shift`` (a number or ``"auto"``) and progressive
     upscaling from ``upscale_from`` pixels re-noised to ``strength`` (default ``STRENGTH``).
 
     Before any allocation, a first batch of ``batch`` images that cannot fit the device's
     memory is refused (``guards.check_sample_memory``: ``what`` names the size, ``fix`` says
-    what to change); with ``verbose``, the one-line notice when the size is not the trained one."""
+    what to change)."""
     model = source.model
     latent = latent_for(model, source.vae, image_size)
     small = latent_for(model, source.vae, upscale_from)
@@ -334,8 +315,5 @@ def sized_settings(settings, source, image_size=None, upscale_from=None, time_sh
 
         check_sample_memory(model, latent, max(1, batch), vae_factor(source.vae), next(model.parameters()).device,
                             what or f"image size {image_size}", fix, guided=settings.cfg_scale != 1)
-    if verbose and latent is not None and small is None and (note := size_notice(model.config, latent,
-                                                                                 vae_factor(source.vae))):
-        print(note, file=sys.stderr)
     strength = STRENGTH if strength is None else strength
     return replace(settings, latent_size=latent, time_shift=shift, upscale_from=small, strength=strength)

@@ -13,7 +13,7 @@ import torch
 from nala_dit.cli.config import resolve
 from nala_dit.cli.options import TrainConfig
 from nala_dit.data.digits import digits_to_input, load_digits_split, upscale_digits
-from nala_dit.models.grid import size_notice
+from nala_dit.cli.sizes import size_notice
 from nala_dit.training.loop import build_dataset
 from tests.utils import assert_names
 
