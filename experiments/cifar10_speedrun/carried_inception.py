@@ -29,6 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402  (torch-free)
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 

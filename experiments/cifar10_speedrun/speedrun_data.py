@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tarfile
 from pathlib import Path
 
-import numpy as np
-import torch
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402  (torch-free)
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 ARCHIVE = "cifar10_jpg.tar.gz"
 UNPACK_INTO = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "nala_dit"

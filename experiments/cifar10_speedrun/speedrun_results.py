@@ -17,10 +17,18 @@ from __future__ import annotations
 import io
 import json
 import secrets
+import sys
 import zipfile
 from pathlib import Path
 
-import numpy as np
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402  (torch-free)
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
+
+import numpy as np  # noqa: E402
 
 SETTINGS = "settings.json"
 TOY_LINE = "toy scale: these FIDs measure nothing (a few images and steps: the code path only, not the models)"
