@@ -564,3 +564,22 @@ def test_a_request_past_the_work_cap_is_one_line_before_sampling(pipeline_dir, m
     largest = app.parse_sample_args(page.argv([str(i) for i in range(8)], 8, "ddpm", 40, 2, 0, "16", "g.png", "o"))
     assert page.request_work(largest, 64) == (64 * 64 * 40 * 2, "64 images x 64 tokens x 40 steps x 2 (guidance)")
     assert page.request_work(largest, 64)[0] <= app.MAX_WORK
+
+
+def test_the_page_offers_meanflow_for_meanflow_models_only(pipeline_dir):
+    """A MeanFlow model's page starts at the meanflow sampler and 1 step; a plain SiT's lists
+    no meanflow (it would be refused)."""
+    import app
+    from nala_dit.models.dit import create_model
+    from nala_dit.pipelines.sources import Source
+    from nala_dit.training.checkpoint import build_objective
+
+    args = app.build_parser().parse_args(["--ckpt", str(pipeline_dir)])
+    pages = {}
+    for mean_flow in (True, False):
+        model = create_model("NaLaSiT-T/2", input_size=8, in_channels=1, num_classes=10, mean_flow=mean_flow).eval()
+        pages[mean_flow] = app.Demo(args, Source(model, build_objective(dict(model.config), {}),
+                                                 id2label=dict(enumerate(NAMES))))
+    assert pages[True].default_sampler == "meanflow" and "meanflow" in pages[True].samplers
+    assert app.Demo.default_steps("meanflow") == 1
+    assert pages[False].default_sampler == "ode-heun" and "meanflow" not in pages[False].samplers
