@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
 # (module, what needs it); the wheels' script fetches the ones the GPU image lacks
 NEEDED = (

@@ -12,6 +12,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
+
 from benchmarks.tables import DIT_NAMES, time_of  # noqa: E402
 
 SWEEPS = ("model_sweep.json", "model_compiled.json", "graphs.json")
