@@ -235,7 +235,7 @@ def test_sampling_page_documents_the_pipelines_size_arguments():
     assert {"height", "width", "time_shift"} <= names  # what the page describes exists
     text = (root / "docs" / "sampling.md").read_text()
     assert "height=H, width=W" in text and "time_shift=" in text
-    assert 'os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")' in text
+    assert "Import `nala_dit` before torch: it sets `OMP_WAIT_POLICY=PASSIVE`" in text   # the threads advice
 
 
 # --- item 1: the trusted-code route ------------------------------------------------------
