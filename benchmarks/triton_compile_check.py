@@ -171,9 +171,11 @@ def resources(ptxas_output: str, sass: str = "", num_warps: int = 0) -> dict:
     r["local"] = sum(n for op, n in ops.items() if op.split(".")[0] in ("LDL", "STL"))
     # Global atomics: ATOMG (returns the old value), REDG (reduction, no return); a fenced
     # one (acq_rel, Triton's default sem) comes with MEMBAR.ALL.GPU (and CCTL.IVALL) around
-    # it, a relaxed one is a lone REDG (its .STRONG.GPU is the scope, not a fence).
+    # it, a relaxed one is a lone REDG (its .STRONG.GPU is the scope, not a fence). MEMBAR
+    # counts the GPU- and system-scope ones only: MEMBAR.ALL.CTA beside FENCE.VIEW.ASYNC is
+    # wgmma's shared-memory proxy fence.
     r["atomics"] = sum(n for op, n in ops.items() if op.split(".")[0] in ("ATOMG", "RED", "REDG", "ATOM"))
-    r["membar"] = sum(n for op, n in ops.items() if op.split(".")[0] == "MEMBAR")
+    r["membar"] = sum(n for op, n in ops.items() if op.startswith("MEMBAR") and not op.endswith(".CTA"))
     r["instructions"] = sum(ops.values())
     return r
 
