@@ -17,7 +17,9 @@ Methods, all on DiT-S/2 heads (B=1, 6 heads × 64) unless told otherwise:
 
 ``--jvp`` adds a third mode: ``torch.func.jvp`` of each method for tangents of q, k and v
 (what a MeanFlow training step adds), with each method's JVP time over its forward time
-(``time_jvp/fwd_<method>``); a method without a forward-mode rule is recorded as skipped.
+(``time_jvp/fwd_<method>``, the forward timed again call by call beside the JVP: ``fwd_beside_ms``,
+so a change of machine load between the modes does not enter the ratio); a method without a
+forward-mode rule is recorded as skipped.
 
 On CUDA also:
 
@@ -305,12 +307,15 @@ def benchmark(args):
                             torch.cuda.empty_cache()
                 times = {name: [] for name in active}
                 gpu_times = {name: [] for name in active}
+                fwd_times = {name: [] for name in active}   # jvp mode: the forward again, call by call beside it
                 # Round robin: every method sees the same stretch of machine noise.
                 for _ in range(repeats):
                     for name, fn in active.items():
                         wall, gpu = timed(fn, inputs, grad, mode, device)
                         times[name].append(wall)
                         gpu_times[name].append(gpu)
+                        if mode == "jvp":
+                            fwd_times[name].append(timed(fn, inputs, grad, "fwd", device)[0])
                 for name, fn in active.items():
                     median = statistics.median(times[name])
                     if median > args.time_cap:
@@ -319,6 +324,8 @@ def benchmark(args):
                     results.append(dict(method=name, mode=mode, n=n, time_ms=1e3 * median,
                                         time_min_ms=1e3 * min(times[name]), peak_mib=peak / 2**20,
                                         gpu_ms=median_or_none(gpu_times[name]), skipped=None))
+                    if mode == "jvp":
+                        results[-1]["fwd_beside_ms"] = 1e3 * statistics.median(fwd_times[name])
                 print(f"{mode:8s} N={n:6d} " + " ".join(
                     f"{r['method']}={r['time_ms']:.1f}ms" for r in results
                     if r["mode"] == mode and r["n"] == n and not r["skipped"]), flush=True)
@@ -354,9 +361,9 @@ def summarise(results, min_fit_tokens):
                     row[f"mem_nala/{other}"] = nala["peak_mib"] / max(ref["peak_mib"], 1e-9)
             if mode == "jvp":   # each method's JVP call against its own forward call
                 for method in sorted({r["method"] for r in ok}):
-                    jvp, fwd = get.get((method, "jvp", n)), get.get((method, "fwd", n))
-                    if jvp and fwd:
-                        row[f"time_jvp/fwd_{method}"] = jvp["time_ms"] / fwd["time_ms"]
+                    jvp = get.get((method, "jvp", n))
+                    if jvp and "fwd_beside_ms" in jvp:   # the forward timed call by call beside the JVP
+                        row[f"time_jvp/fwd_{method}"] = jvp["time_ms"] / jvp["fwd_beside_ms"]
             ratios.append(row)
     return slopes, ratios
 

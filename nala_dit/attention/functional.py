@@ -282,9 +282,7 @@ def under_transform(*tensors) -> bool:
 
 
 def dual(*tensors) -> bool:
-    """Whether any of ``tensors`` carries a ``torch.autograd.forward_ad`` tangent. NaLa's
-    tangent rule takes the features' tangents with ``torch.func.jvp``, which cannot nest in a
-    plain forward-AD level, so ``nala_attention`` runs the eager composition there."""
+    """Whether any of ``tensors`` carries a ``torch.autograd.forward_ad`` tangent."""
     from torch.autograd import forward_ad
 
     if forward_ad._current_level < 0:

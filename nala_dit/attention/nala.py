@@ -35,7 +35,7 @@ from torch.autograd.function import once_differentiable
 from .config import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
 from .config import NaLaConfig
 from .functional import _check_qkv, _no_autocast, nala_features, normalized_linear_attention
-from .tangent import (CONTEXT_PARALLEL_REFUSAL, FORWARD_OVER_REVERSE_REFUSAL, dual, in_forward_mode, nala_tangent,
+from .tangent import (CONTEXT_PARALLEL_REFUSAL, FORWARD_OVER_REVERSE_REFUSAL, in_forward_mode, nala_tangent,
                       triton_jvp_attention, under_transform)
 from .triton_op import nala_triton_attention
 
@@ -569,8 +569,6 @@ def nala_attention(
         if torch._C._functorch.is_batchedtensor(q):  # under torch.func.vmap (compiled too): the fused and
             impl = "eager"                           # Triton autograd functions have no batching rule
         if shard is not None and impl != "fused":
-            impl = "eager"
-        if dual(q, k, v):                            # torch.autograd.forward_ad: see tangent.dual
             impl = "eager"
         if impl == "triton" and not _triton_usable(q, triton_opts):
             impl = "eager"

@@ -3,7 +3,7 @@
 With φ_q, φ_k the 2D-wide feature maps (§2), ``S = mean_j φ_k(k_j) v_jᵀ`` and
 ``z = mean_j φ_k(k_j)``, NaLa is ``o = num / den`` with ``num = φ_qᵀS`` and
 ``den = φ_qᵀz + ε``. Given tangents (q̇, k̇, v̇), the feature tangents φ̇_q, φ̇_k are per
-token (``torch.func.jvp`` of the feature maps), and
+token (written out: ``_query_tangent``, ``_key_tangent``), and
 
     Ṡ = mean_j (φ̇_k v_jᵀ + φ_k v̇_jᵀ),    ż = mean_j φ̇_k              (pass over the keys)
     ȯ = (φ̇_qᵀS + φ_qᵀṠ − o · (φ̇_qᵀz + φ_qᵀż)) / den                 (pass over the queries)
@@ -26,8 +26,7 @@ Which path uses what (``nala_attention``):
 * context parallel: refused (the tangent state would need its own all-reduce).
 
 Orders: ``torch.func.jvp``, ``torch.func.grad`` / ``vjp`` of a function that calls
-``torch.func.jvp`` (reverse over forward), and ``torch.autograd.forward_ad`` (there ``nala_attention`` runs the eager composition:
-``dual``);
+``torch.func.jvp`` (reverse over forward), and ``torch.autograd.forward_ad`` on every path;
 forward over reverse (a ``jvp`` of a ``grad``) on the eager composition only: the fused
 and Triton backwards are once-differentiable and say so.
 """
@@ -43,6 +42,7 @@ from .functional import _no_autocast, dual, nala_query_weights, under_transform 
 FORWARD_OVER_REVERSE_REFUSAL = ("forward-over-reverse derivatives (torch.func.jvp of a gradient) through NaLa's fused "
                                 "and Triton paths are not supported: their backward is once-differentiable; use "
                                 "impl='eager', or reverse over forward (torch.func.grad of a torch.func.jvp)")
+_TINY = torch.finfo(torch.float32).tiny     # the smallest normal fp32
 CONTEXT_PARALLEL_REFUSAL = ("forward-mode derivatives (torch.func.jvp, MeanFlow) through context-parallel NaLa "
                             "are not supported; train without --context-parallel")
 
@@ -75,6 +75,57 @@ def _key_features(k: torch.Tensor, opts: dict) -> torch.Tensor:
     return torch.cat([b * (k > 0), b * (k < 0)], -1)
 
 
+def _safe(x: torch.Tensor) -> torch.Tensor:
+    """x with |x| raised to the smallest normal fp32: a divisor for ∂|x|^λ/∂x = λ|x|^λ/x, whose
+    numerator is exactly 0 where x is (as ``nala._safe_divisor``)."""
+    return torch.copysign(x.abs().clamp_min(_TINY), x)
+
+
+def _unit_tangent(x, dx, eps: float):
+    """(‖x‖, x̂ = x / max(‖x‖, ε), the tangents of ‖x‖ and of x̂)."""
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    inv = 1 / norm.clamp_min(eps)
+    d_norm = (x * dx).sum(-1, keepdim=True) / norm.clamp_min(_TINY)
+    x_hat = x * inv
+    return norm, x_hat, d_norm, (dx - x_hat * (d_norm * (norm >= eps))) * inv
+
+
+def _lift_tangent(mag, d_mag, x_hat, dx_hat, opts: dict):
+    """(φ, φ̇) of a §2 lift from the magnitude and the unit direction with their tangents:
+    ``[m cos θ, m sin θ]``, θ = (π/4) tanh(α x̂) (cosine), or ``[m·1(x̂>0), m·1(x̂<0)]``."""
+    if opts["direction"] != "cosine":
+        pos, neg = x_hat > 0, x_hat < 0
+        return torch.cat([mag * pos, mag * neg], -1), torch.cat([d_mag * pos, d_mag * neg], -1)
+    t = torch.tanh(opts["alpha"] * x_hat)
+    d_theta = (math.pi / 4 * opts["alpha"]) * (1 - t * t) * dx_hat
+    cos, sin = torch.cos((math.pi / 4) * t), torch.sin((math.pi / 4) * t)
+    m_cos, m_sin = mag * cos, mag * sin
+    return torch.cat([m_cos, m_sin], -1), torch.cat([d_mag * cos - m_sin * d_theta, d_mag * sin + m_cos * d_theta], -1)
+
+
+def _query_tangent(q, dq, opts: dict, norm_scale):
+    """(φ_q, φ̇_q), written out (what ``torch.func.jvp`` of ``_query_features`` gives, float64-equal,
+    in fewer passes): a = |q̂|^p with p = λ(τ + tanh(‖q‖/s)), ȧ = a·ṗ·log|q̂| + p·(a/q̂)·q̂̇."""
+    norm, q_hat, d_norm, dq_hat = _unit_tangent(q, dq, opts["norm_eps"])
+    th = torch.tanh(norm / norm_scale)
+    p = opts["power"] * (opts["offset"] + th)
+    dp = (opts["power"] / norm_scale) * (1 - th * th) * d_norm
+    mag = q_hat.abs()
+    a = mag.pow(p)
+    da = a * mag.clamp_min(_TINY).log() * dp + p * (a / _safe(q_hat)) * dq_hat
+    return _lift_tangent(a, da, q_hat, dq_hat, opts)
+
+
+def _key_tangent(k, dk, opts: dict):
+    """(φ_k, φ̇_k), written out: b = |k|^λ, ḃ = λ·(b/k)·k̇, the direction from k̂."""
+    b = k.abs().pow(opts["power"])
+    db = opts["power"] * (b / _safe(k)) * dk
+    if opts["direction"] != "cosine":
+        return _lift_tangent(b, db, k, dk, opts)
+    _, k_hat, _, dk_hat = _unit_tangent(k, dk, opts["norm_eps"])
+    return _lift_tangent(b, db, k_hat, dk_hat, opts)
+
+
 def nala_tangent(q, k, v, tangents, opts: dict, norm_scale=None, shard=None) -> torch.Tensor:
     """The tangent ȯ of ``nala_attention(q, k, v)`` for input tangents ``(q̇, k̇, v̇)`` (None:
     zero), in v's dtype; computed in fp32 (float64 for float64 inputs), in the fused path's
@@ -104,7 +155,7 @@ def nala_tangent(q, k, v, tangents, opts: dict, norm_scale=None, shard=None) -> 
             if dk is None:
                 phi_k = _key_features(kc, opts)
             else:
-                phi_k, dphi_k = torch.func.jvp(lambda x: _key_features(x, opts), (kc,), (rows(dk, sl),))
+                phi_k, dphi_k = _key_tangent(kc, rows(dk, sl), opts)
                 d_state = d_state + dphi_k.mT @ v1
             state = state + phi_k.mT @ v1
             if dv is not None:
@@ -118,7 +169,7 @@ def nala_tangent(q, k, v, tangents, opts: dict, norm_scale=None, shard=None) -> 
                 phi_q = _query_features(qc, opts, scale)
                 d_num_den = phi_q @ d_state if torch.is_tensor(d_state) else torch.zeros_like(phi_q @ state)
             else:
-                phi_q, dphi_q = torch.func.jvp(lambda x: _query_features(x, opts, scale), (qc,), (rows(dq, sl),))
+                phi_q, dphi_q = _query_tangent(qc, rows(dq, sl), opts, scale)
                 d_num_den = dphi_q @ state + (phi_q @ d_state if torch.is_tensor(d_state) else 0)
             num_den = phi_q @ state
             den = num_den[..., d:] + opts["eps"]

@@ -351,3 +351,16 @@ def test_meanflow_step_benchmark_tiny(tmp_path, capsys):
     (row,) = data["results"]
     assert row["model"] == "SiT-T/2" and row["transport_ms"] > 0 and row["meanflow_ms"] > 0
     assert row["ratio"] == pytest.approx(row["meanflow_ms"] / row["transport_ms"])
+
+
+def test_attention_benchmark_jvp_tiny(tmp_path, capsys):
+    """``--jvp``: NaLa's JVP timed with its forward beside it, the ratio their quotient; SDPA,
+    which has no forward-mode rule, recorded as skipped with the error."""
+    data, _ = run_main("attention.py", tmp_path / "jvp.json", capsys, "--jvp", "--methods", "nala,sdpa")
+    jvp = {(r["method"], r["n"]): r for r in data["results"] if r["mode"] == "jvp"}
+    assert set(jvp) == {(m, n) for m in ("nala", "sdpa") for n in (64, 256)}
+    assert all("forward AD" in jvp[("sdpa", n)]["skipped"] for n in (64, 256))
+    for n in (64, 256):
+        row = next(r for r in data["ratios"] if r["mode"] == "jvp" and r["n"] == n)
+        nala = jvp[("nala", n)]
+        assert nala["skipped"] is None and row["time_jvp/fwd_nala"] == pytest.approx(nala["time_ms"] / nala["fwd_beside_ms"])
