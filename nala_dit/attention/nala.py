@@ -496,6 +496,9 @@ def _nala_compiled(*args):
     built lazily, since compiling takes tens of seconds on a CPU."""
     global _compiled_eager
     if _compiled_eager is None:
+        from ..compile_cache import private_compile_cache
+
+        private_compile_cache()   # inductor imports what it cached: only from a folder no one else can write
         _compiled_eager = torch.compile(_nala_eager, dynamic=True)
     return _compiled_eager(*args)
 
