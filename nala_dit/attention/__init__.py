@@ -12,6 +12,9 @@ One concern per file, top (what a model builds) to bottom (the math):
   function that keeps only the qkvg projection for backward, and ``gated_tail`` (§4 steps 3–4);
 * ``nala.py``: ``nala_attention``, NaLa in linear time (the fused CPU autograd path, the
   eager / compiled composition, what ``impl="auto"`` runs, the Triton first-use check);
+* ``tangent.py``: NaLa's forward-mode derivative (``torch.func.jvp``, forward AD) in two
+  linear passes, and the Triton path's autograd function that carries it;
+* ``chunks.py``: the token ranges the CPU passes and the tangent walk;
 * ``regions.py``: region states (``--nala-regions``): one NaLa state per region of the token
   grid, mixed per query region by learned weights, and their explicit N×N reference;
 * ``context_parallel.py``: one image's tokens over a group of ranks (NaLa's state and the

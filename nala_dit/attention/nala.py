@@ -35,6 +35,7 @@ from torch.autograd.function import once_differentiable
 from .config import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
 from .config import NaLaConfig
 from .functional import _check_qkv, _no_autocast, nala_features, normalized_linear_attention
+from .chunks import CHUNK_ELEMENTS, CHUNK_ELEMENTS_GPU, token_chunks
 from .tangent import (CONTEXT_PARALLEL_REFUSAL, FORWARD_OVER_REVERSE_REFUSAL, in_forward_mode, nala_tangent,
                       triton_jvp_attention, under_transform)
 from .triton_op import nala_triton_attention
@@ -46,8 +47,8 @@ NALA_IMPLS = ("auto", "fused", "eager", "compile", "triton")
 # O(N)) and keeps each elementwise pass inside the core's L2 cache (a dozen chunk-sized
 # temporaries are alive at once). On a GPU small chunks only multiply kernel launches,
 # so there a chunk is most or all of the sequence.
-_CHUNK_ELEMENTS = 2**16
-_CHUNK_ELEMENTS_GPU = 2**25
+_CHUNK_ELEMENTS = CHUNK_ELEMENTS
+_CHUNK_ELEMENTS_GPU = CHUNK_ELEMENTS_GPU
 
 _TINY = torch.finfo(torch.float32).tiny     # the smallest normal fp32
 _LOG_FLOOR = -104.0                         # below log of the smallest fp32 denormal (−103.3)
@@ -76,15 +77,9 @@ def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
 
 
 def _token_chunks(shape: torch.Size, device: torch.device) -> list[slice]:
-    """Token ranges of at most about ``_CHUNK_ELEMENTS`` elements each (64 tokens at least),
-    as few as that allows and of near-equal length, the first the longest (the scratch is
-    sized by it): 256 tokens at 6 × 64 are 128 + 128, not 170 + 86 (4-7 % less CPU time at
-    200-300 tokens, one thread: benchmarks/cpu_path.py)."""
-    b, h, n, d = shape
-    elements = _CHUNK_ELEMENTS if device.type in ("cpu", "meta") else _CHUNK_ELEMENTS_GPU
-    size = max(64, elements // max(1, b * h * d))
-    size = -(-n // -(-n // size))               # ceil(n / count): the first chunk is the longest
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+    """``chunks.token_chunks`` at this module's ``_CHUNK_ELEMENTS`` (tests and
+    benchmarks/cpu_path.py set them here)."""
+    return token_chunks(shape, device, _CHUNK_ELEMENTS, _CHUNK_ELEMENTS_GPU)
 
 
 class _Block(NamedTuple):
@@ -479,7 +474,8 @@ class _FusedNaLaJvp(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, dq, dk, dv, _opts, _shard):
         q, k, v = ctx.saved_tensors
-        return nala_tangent(q, k, v, (dq, dk, dv), ctx.opts, shard=ctx.shard), None, None
+        return nala_tangent(q, k, v, (dq, dk, dv), ctx.opts, shard=ctx.shard,
+                            chunks=_token_chunks(q.shape, q.device)), None, None
 
 
 def _nala_eager(q, k, v, config: NaLaConfig):

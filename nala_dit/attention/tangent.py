@@ -37,6 +37,7 @@ import math
 
 import torch
 
+from .chunks import token_chunks
 from .functional import _no_autocast, dual, nala_query_weights, under_transform  # noqa: F401  (re-exported)
 
 FORWARD_OVER_REVERSE_REFUSAL = ("forward-over-reverse derivatives (torch.func.jvp of a gradient) through NaLa's fused "
@@ -126,14 +127,12 @@ def _key_tangent(k, dk, opts: dict):
     return _lift_tangent(b, db, k_hat, dk_hat, opts)
 
 
-def nala_tangent(q, k, v, tangents, opts: dict, norm_scale=None, shard=None) -> torch.Tensor:
+def nala_tangent(q, k, v, tangents, opts: dict, norm_scale=None, shard=None, chunks=None) -> torch.Tensor:
     """The tangent ȯ of ``nala_attention(q, k, v)`` for input tangents ``(q̇, k̇, v̇)`` (None:
     zero), in v's dtype; computed in fp32 (float64 for float64 inputs), in the fused path's
-    token chunks (``nala._token_chunks``: each chunk's features and their tangents stay in
-    cache). ``opts`` as ``nala.fused_opts`` builds them; ``norm_scale`` overrides
+    token ``chunks`` (default ``chunks.token_chunks``: each chunk's features and their tangents
+    stay in cache). ``opts`` as ``nala.fused_opts`` builds them; ``norm_scale`` overrides
     ``opts["norm_scale"]`` (a float or a per-head (H,) tensor)."""
-    from .nala import _token_chunks
-
     if shard is not None:
         raise ValueError(CONTEXT_PARALLEL_REFUSAL)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -145,7 +144,7 @@ def nala_tangent(q, k, v, tangents, opts: dict, norm_scale=None, shard=None) -> 
         q, k, v = (t.to(acc) for t in (q, k, v))
         dq, dk, dv = (None if t is None else t.to(acc) for t in tangents)
         n, d = k.shape[-2], v.shape[-1]
-        chunks = _token_chunks(q.shape, q.device)
+        chunks = token_chunks(q.shape, q.device) if chunks is None else chunks
         rows = lambda x, sl: x[:, :, sl]                                       # noqa: E731
         # pass over the keys: [S | z] and its tangent, each one GEMM against [v | 1]
         state = d_state = 0
