@@ -154,7 +154,8 @@ def test_check_steps_bounds_each_sampler():
 
     assert [max_steps(s, 1000) for s in DIFFUSION_SAMPLERS] == [1000] * 3                  # one per timestep
     assert [max_steps(s) for s in DIFFUSION_SAMPLERS] == [MAX_DIFFUSION_STEPS] * 3         # chain not known yet
-    assert [max_steps(s, 1000) for s in TRANSPORT_SAMPLERS] == [MAX_CONTINUOUS_STEPS] * 5
+    assert len(TRANSPORT_SAMPLERS) == 6 and "meanflow" in TRANSPORT_SAMPLERS   # ODE/SDE samplers and MeanFlow's
+    assert [max_steps(s, 1000) for s in TRANSPORT_SAMPLERS] == [MAX_CONTINUOUS_STEPS] * 6
     for sampler in SAMPLERS:
         most = max_steps(sampler, 250)
         assert check_steps(sampler, most, 250) == most
