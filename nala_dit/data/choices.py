@@ -34,7 +34,7 @@ def check_canvas_size(size: int) -> int:
 
 # The data the shipped configs name (configs/*.yaml: data/cifar10/train, data/imagenet256-latents, ...) and the
 # page that says how to make it: a missing --data folder whose path has one of these names points there.
-DATA_GUIDES = (("cifar10", "docs/evaluation.md#cifar-10"), ("imagenet", "docs/training.md#data"))
+DATA_GUIDES = (("cifar10", "docs/evaluation.md#cifar-10"), ("imagenet", "docs/data.md#data"))
 
 
 def data_guide(path) -> str:

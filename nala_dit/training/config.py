@@ -279,7 +279,7 @@ class TrainConfig(_NaLaFlags):
     repa_encoder: str | None = _opt("representation alignment (REPA): a folder holding a frozen encoder, DINOv2 "
                                     "saved by transformers' save_pretrained (e.g. facebook/dinov2-base) or the "
                                     "digits encoder; its patch features of the clean image pull block "
-                                    "--repa-depth's tokens (docs/training.md)")
+                                    "--repa-depth's tokens (docs/alignment.md)")
     repa_depth: int | None = _opt("REPA: the block (1-based) whose output tokens are aligned (default per size: "
                                   "XL and L 8, as REPA's SiT-XL/2; S and B 4; T 1)")
     repa_weight: float = field(default=0.5, metadata=dict(help="REPA: weight λ of the alignment loss −cos"))

@@ -49,7 +49,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 DIGITS_ENCODER_JSON = "encoder.json"
 DIGITS_ENCODER_WEIGHTS = "encoder.safetensors"
 ENCODER_HELP = ("save one with transformers: Dinov2Model.from_pretrained('facebook/dinov2-base')"
-                ".save_pretrained(FOLDER) on a machine with internet (docs/training.md), or make the digits "
+                ".save_pretrained(FOLDER) on a machine with internet (docs/alignment.md), or make the digits "
                 "encoder with nala_dit.training.repa.train_digits_encoder")
 
 
