@@ -12,7 +12,7 @@ and block sizes can be chosen so that no kernel spills registers (``_CONFIGS`` i
 
     python benchmarks/triton_compile_check.py                        # every variant, sm_90
     python benchmarks/triton_compile_check.py --head-dims 72 --dtypes bf16 --directions cosine
-    python benchmarks/triton_compile_check.py --variant baseline     # the kernels before issue 53
+    python benchmarks/triton_compile_check.py --variant baseline     # the kernels before the rework
     python benchmarks/triton_compile_check.py --previous             # the launch configs before two programs per SM
     python benchmarks/triton_compile_check.py --gated 384,1152       # the gated layer's epilogue kernels
 
@@ -79,7 +79,7 @@ def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "f
     """(label, kernel, pointer types, constexprs, launch config) for every kernel one call of
     ``variant`` can launch (the fused variant: the single-launch forward, or the atomic
     state pass + output; the baseline: the partial-sum state pass + output); ``config`` as
-    ``launch_config``'s override (``{"table": "previous"}``: the entries before issue 53's
+    ``launch_config``'s override (``{"table": "previous"}``: the entries before the
     register work). The launch config is the kind's entry: num_warps, num_stages, maxnreg."""
     cfg = tn.launch_config(head_dim, config, variant=variant)
     fw, st, out, dq, dkv = (cfg[kind] for kind in tn.KINDS)
@@ -348,9 +348,9 @@ def main(argv=None):
     parser.add_argument("--directions", default="cosine,relu_split", type=lambda s: s.split(","))
     parser.add_argument("--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200)")
     parser.add_argument("--variant", default="fused", choices=tn.VARIANTS,
-                        help="the kernels to compile (baseline: before issue 53; see NALA_TRITON_VARIANT)")
+                        help="the kernels to compile (baseline: before the rework; see NALA_TRITON_VARIANT)")
     parser.add_argument("--previous", dest="config", action="store_const", const={"table": "previous"},
-                        help="the fused variant's launch configs from before issue 53's register work")
+                        help="the fused variant's launch configs from before the register work")
     parser.add_argument("--gated", default=None, type=lambda s: [int(x) for x in s.split(",")],
                         help="instead: the gated layer's epilogue kernels at these hidden sizes (e.g. 384,1152)")
     parser.add_argument("--launches", default=None, type=lambda s: [tuple(map(int, x.split("/"))) for x in s.split(",")],

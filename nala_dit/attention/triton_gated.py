@@ -22,7 +22,7 @@ Backward, into ONE ``(B, N, 4C)`` gradient buffer (no ``cat``):
 3. NaLa's three kernels: dq and dk into their columns, dv *added* to the LePE term's.
 
 With the projections' six (two GEMMs and a bias sum each): 11 backward, 15 in all at one
-token range (issue 53's target: at most 5 / 15; softmax attention: 3 / 13). At long N the
+token range (the target: at most 5 / 15; softmax attention: 3 / 13). At long N the
 state passes split the tokens and add each zeroed buffer (one ``zeros`` launch each pass).
 
 Saved for the backward: ``qkvg``, NaLa's output (C per token), its state and denominator,

@@ -25,7 +25,7 @@ H100/H200; S/2's 6 heads: 96 at batch 1, from batch 2 all 132). The atomic sums 
 state's last bits depend on the order the ranges finish in (fp32, relative ~1e-7).
 
 ``VARIANT`` (``NALA_TRITON_VARIANT=baseline``, or ``opts["variant"]``) keeps the kernels
-before issue 53 selectable for an A/B: partial states summed by ``torch.sum``, ranges of
+before the rework selectable for an A/B: partial states summed by ``torch.sum``, ranges of
 ≥ 512 tokens, state and output as two launches, TF32 products, libdevice sin/cos/log.
 
 Inputs and outputs are read and written through their strides (``forward_launch``,
@@ -1149,7 +1149,7 @@ INTERPRETED = "Interpreted" in type(_output_kernel).__name__
 # BV < BD: the output and forward kernels take the value tiles on a grid axis (φ computed
 # once per tile), dq and dkv loop over them in the program.
 #
-# Issue 53 chose the fused variant's entries by the compile report
+# The fused variant's entries were chosen by the compile report
 # (``benchmarks/triton_compile_check.py``: ptxas of Triton 3.8, sm_90a, bf16/fp16, no GPU),
 # not by timing: every kernel at D = 64 and 72 reaches two programs per SM (8 warps at ≤ 128
 # registers, or 4 warps at ≤ 255) with no spill, wgmma (HGMMA) wherever it ran before.
@@ -1173,7 +1173,7 @@ _PREVIOUS_CONFIGS = {
     64: ((32, 64, 8), (64, 64, 8), (32, 64, 8)),
     128: ((32, 64, 8), (32, 128, 8), (16, 32, 8)),
 }
-# The baseline variant's table (before issue 53), for the A/B.
+# The baseline variant's table (before the rework), for the A/B.
 _BASELINE_CONFIGS = {**_PREVIOUS_CONFIGS, 64: ((64, 64, 8), (64, 64, 8), (32, 64, 8))}
 
 
@@ -1227,7 +1227,7 @@ def launch_config(head_dim: int, override: dict | None = None, variant: str = "f
     a power of two (≥ 16, what tl.dot needs), then ``_CONFIGS``; in the fused variant a D
     that ``split_tiles`` splits runs as two tiles (BA, BB; ``_SPLIT_CONFIGS``, one value
     tile, feature chunks of BC). ``override``: {"table": "previous"} takes the entries from
-    before issue 53's register work (``_PREVIOUS_CONFIGS``); otherwise its BLOCK_N, BV,
+    before the register work (``_PREVIOUS_CONFIGS``); otherwise its BLOCK_N, BV,
     num_warps replace every kind's values (block-size sweeps; BV is unused where split),
     with Triton's default stages and no register cap."""
     override = dict(override or {})
@@ -1271,7 +1271,7 @@ def _compile_opts(sub: dict) -> dict:
 # kernel with fp32 atomic adds into one zeroed state, runs the whole forward as one launch
 # where one token range per head suffices, and splits the tokens into ranges of
 # MIN_SPLIT_TOKENS["fused"] so that the state passes give every SM work from batch 1 at
-# N ≥ 1,024; "baseline" is the code before issue 53 (partial states summed by separate
+# N ≥ 1,024; "baseline" is the code before the rework (partial states summed by separate
 # ``torch.sum`` launches, ranges ≥ 512 tokens, state and output as two launches), kept for
 # an A/B in one GPU run. Read once, at import: NALA_TRITON_VARIANT=baseline; a call can
 # also name it in ``opts["variant"]``.
@@ -1524,7 +1524,7 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
     ``opts`` the §2 constants as ``nala._FusedNaLa`` takes them. ``splits`` overrides
     the number of token ranges of the state passes (tests), ``config`` (BLOCK_N, BV,
     num_warps) the block sizes of every kernel (block-size sweeps), or {"table":
-    "previous"} the launch configs before issue 53's register work (``launch_config``)."""
+    "previous"} the launch configs before the register work (``launch_config``)."""
     opts = resolve_opts(q, opts)
     h = q.shape[1]
     if isinstance(norm_scale, torch.Tensor):

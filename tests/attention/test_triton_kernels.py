@@ -123,7 +123,7 @@ def test_kernels_compile_for_hopper():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from triton_compile_check import report
 
-    mma_sync = {64: {"dq", "dkv"}, 72: set()}           # kernels without wgmma (as before issue 53's register work)
+    mma_sync = {64: {"dq", "dkv"}, 72: set()}           # kernels without wgmma (as before the register work)
     for d in (64, 72):
         for dtype in ("bf16", "fp16"):
             rows = {label: r for label, warps, r in report(d, dtype, "cosine", "fused")}
@@ -255,7 +255,7 @@ def test_state_pass_splits(monkeypatch):
     assert splits(1023, 16, 1, cuda) == 1                                # short: the single-launch forward
     assert splits(4096, 256 * 16, 2, cuda) == 1                          # B·H already fills the GPU
     assert splits(65536, 6, 1, torch.device("cpu")) == 1
-    # The baseline variant (before issue 53): ranges of at least 512 tokens.
+    # The baseline variant (before the rework): ranges of at least 512 tokens.
     assert splits(4096, 6, 1, cuda, "baseline") == 8
     assert splits(1024, 16, 1, cuda, "baseline") == 2
     assert splits(256, 6, 1, cuda, "baseline") == 1
