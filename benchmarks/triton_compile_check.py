@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -38,10 +39,12 @@ from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from benchmarks.outputs import new_output  # noqa: E402  (an existing results file is refused)
 from nala_dit.attention import triton_kernels as tn  # noqa: E402
 
 FLOAT_ARGS = {"power", "offset", "alpha", "norm_eps", "eps", "inv_n"}
@@ -357,18 +360,30 @@ def main(argv=None):
                         help="instead: every kernel specialisation one training step launches, compiled through the "
                              "real launch functions (a stand-in driver, CPU tensors of the real shapes and strides), "
                              "for widths/heads such as 384/6,1152/16")
+    parser.add_argument("--out", default="", type=new_output,
+                        help="with --launches: also write the rows as JSON (the committed report: benchmarks/results/)")
     args = parser.parse_args(argv)
     if tn.INTERPRETED:
         parser.error("unset TRITON_INTERPRET: the interpreter builds no compilable kernels")
     if args.launches:
+        rows = []
         for c, h in args.launches:
             for dtype in args.dtypes:
                 with stand_in_launches(args.arch) as launched:
                     run_launches(launched, c, h, dtype)
                 for label, r in launched_report(launched, args.arch):
+                    rows.append(dict(width=c, heads=h, dtype=dtype, specialisation=label, **r))
                     print(f"C={c:<5d}H={h:<3d}{dtype:5s}{label:50s} warps {r['num_warps']:>2}  warps/SM "
                           f"{r['warps_per_sm']:>2}  PTX atom/red {r['ptx_atomics']} fenced {r['ptx_fenced']}  "
                           f"{format_row(r)}", flush=True)
+        if args.out:
+            meta = dict(command="python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None
+                                                                                     else sys.argv[1:])]),
+                        arch=f"sm_{args.arch}a" if args.arch == 90 else f"sm_{args.arch}", triton=triton.__version__,
+                        torch=torch.__version__, how="compiled through the real launch functions with a stand-in "
+                        "driver (no GPU); SASS from Triton's nvdisasm")
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str))
         return
     if args.gated:
         for c in args.gated:
