@@ -9,7 +9,9 @@ Ground floor: torch only, no model code (``models/files.py`` checks stored model
 * ``check_writable``: an output path can be written, checked before the work that fills it.
 * ``read_json``: a stored JSON file, invalid or nested too deeply to parse, as one line.
 * ``torch_load_tensors`` / ``load_error_cause``: ``torch.load(weights_only=True)`` whose
-  failures (a refused pickle that asks to run code, a damaged file) are one line.
+  failures (a refused pickle that asks to run code, a damaged file) are one line;
+  ``BuildCheckedUnpickler``: the base of this package's own restricted unpicklers (sharded
+  checkpoint indexes, TorchScript module records).
 * ``atomic_write`` / ``write_new_file`` / ``refuse_existing``: outputs written under a
   temporary name and renamed into place; a user's existing file is never replaced silently.
 """
@@ -294,6 +296,24 @@ def load_error_cause(err: Exception) -> str:
     first = str(err).splitlines()[0] if str(err) else ""
     first = first.split(". This is an internal miniz error")[0]   # torch's zip reader: its guesses follow
     return f"unreadable, truncated or corrupt ({type(err).__name__}{': ' + first if first else ''})"
+
+
+class BuildCheckedUnpickler(pickle._Unpickler):
+    """Python's own unpickler (its opcodes can be overridden, the C one's cannot) whose BUILD
+    runs only once ``check_build(inst, state)`` accepts it: a BUILD calls ``__setstate__`` or
+    sets attributes, and on a class, a function or a shared object that changes it for the
+    whole process. Subclasses also narrow ``find_class`` to the globals their format needs."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def check_build(self, inst, state) -> None:
+        raise NotImplementedError   # each format says what it fills
+
+    def load_build(self):
+        self.check_build(self.stack[-2], self.stack[-1])
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
 
 
 def torch_load_tensors(path: str | os.PathLike, safe_globals: tuple = ()):

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from ..guards import BuildCheckedUnpickler
+
 SHARDS = "shards"
 
 
@@ -81,22 +83,19 @@ def _built_types() -> dict[type, frozenset[str]]:
     return {c: frozenset(f.name for f in dataclasses.fields(c)) for c in classes}
 
 
-class _MetadataUnpickler(pickle._Unpickler):
-    """Python's own unpickler (its opcodes are overridable, the C one's are not) that looks up only
-    the listed globals, and lets BUILD fill only a fresh instance of the format's classes with its
-    declared fields: BUILD on a class, function or shared object sets attributes process-wide
-    (``(None, {"exists": PosixPath})`` on ``pathlib.PosixPath`` would replace ``Path.exists``)."""
-
-    dispatch = dict(pickle._Unpickler.dispatch)
+class _MetadataUnpickler(BuildCheckedUnpickler):
+    """Looks up only the listed globals, and lets BUILD fill only a fresh instance of the format's
+    classes with its declared fields: BUILD on a class, function or shared object sets attributes
+    process-wide (``(None, {"exists": PosixPath})`` on ``pathlib.PosixPath`` would replace
+    ``Path.exists``)."""
 
     def find_class(self, module: str, name: str):
         if (module, name) in _METADATA_GLOBALS or _is_dtype(module, name):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name}")
 
-    def load_build(self):
+    def check_build(self, inst, state) -> None:
         built = _built_types()
-        state, inst = self.stack[-1], self.stack[-2]
         fields = built.get(type(inst))
         what = getattr(inst, "__qualname__", None) or type(inst).__qualname__
         if fields is None:
@@ -108,9 +107,6 @@ class _MetadataUnpickler(pickle._Unpickler):
         elif not (isinstance(state, dict) and all(type(k) is str and k in fields for k in state)):
             raise ShardIndexError(f"refused: it sets {what} attributes other than its fields {sorted(fields)} "
                                   f"({state!r:.60}); nothing in it was run")
-        super().load_build()
-
-    dispatch[pickle.BUILD[0]] = load_build
 
 
 def check_storage(folder: Path, storage_data: dict) -> None:

@@ -24,11 +24,12 @@ are its parameters and buffers: ``"a.b.weight" -> tensor``, in the module's orde
 from __future__ import annotations
 
 import collections
-import pickle
 import zipfile
 from pathlib import Path
 
 import torch
+
+from ..guards import BuildCheckedUnpickler
 
 MAX_PICKLE_BYTES = 64 << 20   # the module tree of a large network is < 1 MiB (default_1.pt: 97 KiB)
 _STORAGE_DTYPES = {
@@ -52,6 +53,9 @@ class ScriptObject:
         obj = super().__new__(cls)
         obj.attributes = {}
         return obj
+
+    def __setstate__(self, state: dict) -> None:   # BUILD, once check_build accepted the state
+        self.attributes.update(state)
 
 
 class _StorageType:
@@ -89,9 +93,7 @@ def _build_intlist(values) -> list:
     return list(values)
 
 
-class _ArchiveUnpickler(pickle._Unpickler):   # the Python unpickler: its dispatch table can be narrowed
-    dispatch = dict(pickle._Unpickler.dispatch)
-
+class _ArchiveUnpickler(BuildCheckedUnpickler):
     def __init__(self, file, read_storage):
         super().__init__(file)
         self._read_storage = read_storage
@@ -115,18 +117,13 @@ class _ArchiveUnpickler(pickle._Unpickler):   # the Python unpickler: its dispat
             raise TorchScriptReadError(f"a storage record of another form: {str(pid)[:80]}")
         return self._read_storage(pid[2], pid[1].dtype, pid[4])
 
-    def load_build(self):
-        state = self.stack.pop()
-        inst = self.stack[-1]
+    def check_build(self, inst, state) -> None:
         if type(inst) is not ScriptObject:
             raise TorchScriptReadError(f"its module tree sets the state of a {type(inst).__name__}, "
                                        f"which only code would do")
         if not (isinstance(state, dict) and all(isinstance(k, str) for k in state)):
             raise TorchScriptReadError(f"a module with a scripted __setstate__ (its state is a {type(state).__name__}, "
                                        f"which only its code can interpret)")
-        inst.attributes.update(state)
-
-    dispatch[pickle.BUILD[0]] = load_build
 
 
 def _tensors(obj: ScriptObject, prefix: str, out: dict, seen: set) -> None:
