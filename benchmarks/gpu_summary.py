@@ -16,7 +16,7 @@ from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
 
 passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set (docs/performance.md, Threads)
 
-from benchmarks.tables import DIT_NAMES, time_of  # noqa: E402
+from benchmarks.tables import DIT_NAMES, cell_times, naladit_times  # noqa: E402
 
 SWEEPS = ("model_sweep.json", "model_compiled.json", "graphs.json")
 AB_CELL = ("XL/2", 256, 32, "train", "eager")
@@ -31,36 +31,25 @@ def read(folder: Path, name: str) -> dict | None:
         return None
 
 
-def key_of(r) -> tuple:
-    return r["size"], r["resolution"], r["batch"], r["task"], r["mode"]
-
-
 def ratio_lines(data: dict) -> list[str]:
-    """One line per cell both families measured: their times and NaLaDiT / DiT (DiT's first backend)."""
-    rows, lines = data["rows"], []
-    for key in dict.fromkeys(key_of(r) for r in rows):
-        nala = next((time_of(r) for r in rows if key_of(r) == key and r["family"] == "NaLaDiT"), None)
-        dits = [(r["sdpa"], time_of(r)) for r in rows if key_of(r) == key and r["family"] == "DiT"]
-        dit_sdpa, dit = next(((s, t) for s, t in dits if t is not None), (None, None))
-        size, px, batch, task, mode = key
+    """One line per cell: both families' times and NaLaDiT / DiT on DiT's first backend
+    (``tables.cell_times``, as the tables give it)."""
+    dits, cells = cell_times(data)
+    lines = []
+    for (size, px, batch, task, mode), dit, nala, ratio in cells:
         cell = f"{size} {px} px b{batch} {task} {mode}"
-        if nala is None or dit is None:
-            lines.append(f"  {cell}: not compared (NaLaDiT {nala or 'not measured'}, DiT {dit or 'not measured'})")
+        first = dit[0] if dits else None
+        if ratio is None:
+            lines.append(f"  {cell}: not compared (NaLaDiT {nala or 'not measured'}, DiT {first or 'not measured'})")
             continue
-        lines.append(f"  {cell}: NaLaDiT {nala:.2f} ms, {DIT_NAMES.get(dit_sdpa, 'DiT')} {dit:.2f} ms: "
-                     f"NaLaDiT / DiT {nala / dit:.2f}")
+        lines.append(f"  {cell}: NaLaDiT {nala:.2f} ms, {DIT_NAMES[dits[0]]} {first:.2f} ms: NaLaDiT / DiT {ratio:.2f}")
     return lines
 
 
 def ab_lines(folder: Path, sweep: dict | None) -> list[str]:
-    def at_cell(data):
-        if data is None:
-            return None
-        return next((time_of(r) for r in data["rows"] if r["family"] == "NaLaDiT" and key_of(r) == AB_CELL), None)
-
-    new = at_cell(sweep)
-    others = {"old kernels": at_cell(read(folder, "model_ab_baseline.json")),
-              "unfused gated layer": at_cell(read(folder, "model_ab_unfused.json"))}
+    new = naladit_times(sweep).get(AB_CELL)
+    others = {"old kernels": naladit_times(read(folder, "model_ab_baseline.json")).get(AB_CELL),
+              "unfused gated layer": naladit_times(read(folder, "model_ab_unfused.json")).get(AB_CELL)}
     cell = "{} {} px b{} {} {}".format(*AB_CELL)
     if new is None:
         return [f"  A/B {cell}: the new kernels' row was not measured"]

@@ -130,20 +130,38 @@ def profile_tables(data, top=3):
                                        rows, right=(2, 3))
 
 
-def sweep_tables(data, title):
-    meta = data["meta"]
+def cell_key(r) -> tuple:
+    """A sweep row's cell: (size, px, batch, task, mode)."""
+    return r["size"], r["resolution"], r["batch"], r["task"], r["mode"]
+
+
+def cell_times(data) -> tuple[list[str], list[tuple]]:
+    """A sweep's DiT backends (in ``DIT_NAMES`` order) and, per cell in the run's order, (its key,
+    DiT's time on each backend, NaLaDiT's time, NaLaDiT / DiT on the first backend); None where
+    not measured."""
     dits = [s for s in DIT_NAMES if any(r["family"] == "DiT" and r["sdpa"] == s for r in data["rows"])]
-    get = {(r["family"], r["sdpa"], r["size"], r["resolution"], r["batch"], r["task"], r["mode"]): r
-           for r in data["rows"]}
-    rows = []
-    for key in dict.fromkeys((r["size"], r["resolution"], r["batch"], r["task"], r["mode"]) for r in data["rows"]):
+    get = {(r["family"], r["sdpa"], *cell_key(r)): r for r in data["rows"]}
+    cells = []
+    for key in dict.fromkeys(cell_key(r) for r in data["rows"]):
         dit = [time_of(get.get(("DiT", s, *key))) for s in dits]
         nala = time_of(get.get(("NaLaDiT", None, *key)))
+        cells.append((key, dit, nala, nala / dit[0] if nala and dits and dit[0] else None))
+    return dits, cells
+
+
+def naladit_times(data) -> dict[tuple, float | None]:
+    """NaLaDiT's time per cell of a sweep (the model-level A/B's runs time it alone)."""
+    return {} if data is None else {cell_key(r): time_of(r) for r in data["rows"] if r["family"] == "NaLaDiT"}
+
+
+def sweep_tables(data, title):
+    meta = data["meta"]
+    dits, cells = cell_times(data)
+    rows = []
+    for key, dit, nala, ratio in cells:
         if nala is None and all(t is None for t in dit):
             continue
-        ratio = nala / dit[0] if nala and dits and dit[0] else None
-        size, px, batch, task, mode = key
-        rows.append([size, px, batch, task, mode, *(fmt(t, 2) for t in dit), fmt(nala, 2), fmt(ratio, 2)])
+        rows.append([*key, *(fmt(t, 2) for t in dit), fmt(nala, 2), fmt(ratio, 2)])
     header = ["size", "px", "batch", "task", "mode", *(DIT_NAMES[s] for s in dits), "NaLaDiT",
               f"NaLaDiT / {DIT_NAMES[dits[0]] if dits else 'DiT'}"]
     return [caption(f"{title}, {unit(meta)} per call", meta), ""] + table(header, rows, right=(1, 2, *range(5, len(header))))
@@ -190,13 +208,10 @@ RUN_FILES = ("warmup.json", "launch.json", "kernels_fused.json", "kernels_baseli
 def ab_table(sweep, baseline, unfused):
     """The model-level A/B: NaLaDiT's rows of the A/B runs beside its row of the eager sweep (the
     new kernels, gated layers fused), at the cells the A/B runs measured."""
-    def times(data):
-        return {} if data is None else {(r["size"], r["resolution"], r["batch"], r["task"]): time_of(r)
-                                        for r in data["rows"] if r["family"] == "NaLaDiT" and r["mode"] == "eager"}
-    new, old, plain = times(sweep), times(baseline), times(unfused)
-    rows = [[*key, fmt(new.get(key), 2), fmt(old.get(key), 2), fmt(plain.get(key), 2),
+    new, old, plain = naladit_times(sweep), naladit_times(baseline), naladit_times(unfused)
+    rows = [[*key[:4], fmt(new.get(key), 2), fmt(old.get(key), 2), fmt(plain.get(key), 2),
              fmt(new[key] / old[key], 2) if new.get(key) and old.get(key) else "–"]
-            for key in dict.fromkeys([*old, *plain])]
+            for key in dict.fromkeys([*old, *plain]) if key[4] == "eager"]
     meta = (baseline or unfused)["meta"]
     header = ["size", "px", "batch", "task", "new kernels", "old kernels", "unfused layer", "new / old"]
     return [caption(f"Model-level A/B, NaLaDiT eager, {unit(meta)} per step", meta), ""] + table(
