@@ -104,7 +104,7 @@ fi
 # 0. Imports: each module a later stage needs, versions printed; a missing one named with its fix.
 MODELS_OK=1
 stage "imports" 15 "$PY" benchmarks/gpu_imports.py
-[[ "${SUMMARY[-1]}" == "imports: FAILED"* ]] && MODELS_OK=0
+[[ "${SUMMARY[-1]}" == "imports: FAILED"* || "${SUMMARY[-1]}" == "imports: TIME LIMIT"* ]] && MODELS_OK=0
 # model_stage: a stage that imports the models (diffusers); not run where the imports failed.
 model_stage() {
   ((MODELS_OK)) || { SUMMARY+=("$1: not run (the imports stage failed: see its lines)"); return; }
