@@ -111,7 +111,7 @@ class MeanFlow(Transport):
         mixed = self.cfg_omega * v + self.cfg_kappa * cond + (1 - self.cfg_omega - self.cfg_kappa) * uncond
         t_paper = 1 - t
         inside = (~dropped) & (t_paper >= self.cfg_interval[0]) & (t_paper <= self.cfg_interval[1])
-        return torch.where(_expand(inside, x_t), mixed, v)
+        return torch.where(inside.view(-1, *[1] * (x_t.ndim - 1)), mixed, v)
 
     def training_losses(self, model_fn, x1, y, t=None, noise=None, generator=None, r=None):
         """Per-sample ``{"loss": sg(w)·‖u − u_tgt‖², "mse": ‖u − u_tgt‖² / dims}``.

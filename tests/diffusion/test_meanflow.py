@@ -93,6 +93,29 @@ def test_exact_average_velocity_samples_the_data_in_one_step(steps):
     assert ((mean - MU).abs() < 5 * S / 20_000**0.5).all() and ((std / S - 1).abs() < 0.03).all()
 
 
+def test_guidance_in_the_target_mixes_the_velocities_where_the_paper_does():
+    """``guided_velocity`` (Eq. 21): ω v + κ u(·|c) + (1 − ω − κ) u(·|∅) for the samples that
+    keep their class with t_paper in the interval, v itself for the dropped ones and those
+    outside; with a model whose conditional and unconditional outputs are known constants.
+    Then one guided loss through ``training_losses`` (it once failed on a float mask)."""
+    mf = MeanFlow(cfg_omega=1.0, cfg_kappa=0.5, cfg_interval=(0.0, 0.75), null_label=9, drop_prob=0.5)
+    cond, uncond = 3.0, -1.0
+    model_fn = lambda x, t, y, r=None, force_drop_ids=None: torch.where(   # noqa: E731
+        (y == 9).view(-1, 1, 1, 1), torch.full_like(x, uncond), torch.full_like(x, cond))
+    x = torch.zeros(4, 2, 1, 1)
+    v = torch.arange(8.0).view(4, 2, 1, 1)
+    t = torch.tensor([0.9, 0.9, 0.1, 0.9])           # t_paper 0.1, 0.1, 0.9 (outside), 0.1
+    dropped = torch.tensor([False, True, False, False])
+    out = mf.guided_velocity(model_fn, x, t, v, torch.tensor([2, 9, 4, 5]), dropped, 9)
+    mixed = 1.0 * v + 0.5 * cond + (1 - 1.0 - 0.5) * uncond
+    expected = torch.stack([mixed[0], v[1], v[2], mixed[3]])
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    x1 = torch.randn(6, 2, 1, 1, generator=torch.Generator().manual_seed(4))
+    loss = mf.training_losses(exact_model(), x1.double(), torch.tensor([0, 1, 2, 3, 4, 5]),
+                              generator=torch.Generator().manual_seed(5))["loss"]
+    assert loss.shape == (6,) and torch.isfinite(loss).all()
+
+
 def test_meanflow_sampler_refuses_a_plain_transport_model():
     with pytest.raises(ValueError, match="the meanflow sampler takes the average velocity of a MeanFlow model"):
         check_sampler("meanflow", Transport())
