@@ -3,7 +3,7 @@
 Methods, all on DiT-S/2 heads (B=1, 6 heads × 64) unless told otherwise:
 
 * ``nala``        -- ``nala_attention`` with ``impl="auto"``: the fused token-chunked path
-  on CPU, the Triton kernels (``nala_dit/attention/triton_kernels.py``) on CUDA;
+  on CPU, the Triton kernels (``nala_dit/attention/nala/triton/``) on CUDA;
 * ``nala_naive``  -- NaLa written naively, unfused (the default cosine direction,
   concatenated features, a chain of elementwise ops, einsums, autograd saving
   everything; the released code's structure, not its relu_split direction): the

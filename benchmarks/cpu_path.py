@@ -39,7 +39,8 @@ passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set 
 
 import torch  # noqa: E402
 
-import nala_dit.attention.nala as nala  # noqa: E402
+import nala_dit.attention.nala.fused as nala  # noqa: E402
+from nala_dit.attention import nala_attention  # noqa: E402
 from nala_dit.attention import NaLaConfig  # noqa: E402
 
 HEADS, HEAD_DIM = 6, 64
@@ -97,8 +98,8 @@ def chunks_section(tokens: list[int], repeats: int) -> list[dict]:
         for n in tokens:
             g = torch.Generator().manual_seed(n)
             q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, generator=g).requires_grad_() for _ in range(3))
-            calls = {"fwd": lambda: nala.nala_attention(q, k, v, impl="fused"),
-                     "fwd+bwd": lambda: nala.nala_attention(q, k, v, impl="fused").sum().backward()}
+            calls = {"fwd": lambda: nala_attention(q, k, v, impl="fused"),
+                     "fwd+bwd": lambda: nala_attention(q, k, v, impl="fused").sum().backward()}
             for mode, call in calls.items():
                 times = {name: [] for name in policies}
                 for _ in range(repeats):
@@ -120,11 +121,11 @@ def chunks_section(tokens: list[int], repeats: int) -> list[dict]:
 def profile_section(tokens: int, calls: int) -> dict:
     q, k, v = (torch.randn(1, HEADS, tokens, HEAD_DIM) for _ in range(3))
     for _ in range(3):
-        nala.nala_attention(q, k, v, impl="fused")
+        nala_attention(q, k, v, impl="fused")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
-        nala.nala_attention(q, k, v, impl="fused")
+        nala_attention(q, k, v, impl="fused")
     prof.disable()
     stats = pstats.Stats(prof).stats
     total = sum(tt for (_, _, _), (_, _, tt, _, _) in stats.items())

@@ -85,7 +85,7 @@ def methods_for(device):
 
 def triton_variant():
     try:
-        from nala_dit.attention import triton_kernels
+        from nala_dit.attention.nala.triton import launch as triton_kernels
     except Exception:  # noqa: BLE001  (no Triton here)
         return None
     return triton_kernels.VARIANT

@@ -8,7 +8,7 @@ sin/cos/log missing from that list run as software polynomials on the FMA pipes)
 Triton lowers a kernel to PTX without a driver, and its wheel carries ``ptxas``; so the
 CUDA compilation path (which Triton's interpreter skips) can be checked on any machine,
 and block sizes can be chosen so that no kernel spills registers (``_CONFIGS`` in
-``nala_dit/attention/triton_kernels.py`` was). It says nothing about speed.
+``nala_dit/attention/nala/triton/launch.py`` was). It says nothing about speed.
 
     python benchmarks/triton_compile_check.py                        # every variant, sm_90
     python benchmarks/triton_compile_check.py --head-dims 72 --dtypes bf16 --directions cosine
@@ -45,7 +45,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from benchmarks.outputs import new_output  # noqa: E402  (an existing results file is refused)
-from nala_dit.attention import triton_kernels as tn  # noqa: E402
+from nala_dit.attention.nala.triton import launch as tn  # noqa: E402
 
 FLOAT_ARGS = {"power", "offset", "alpha", "norm_eps", "eps", "inv_n"}
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
@@ -93,28 +93,28 @@ def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "f
         base["D"] = head_dim     # the split kernels take D as a constant (vectorised state loads)
     st_c = dict(base, BLOCK_N=st["BLOCK_N"], **tn._tile_args(cfg, "state"), ATOMIC=variant == "fused")
     k = lambda name: tn._kernel_for(name, cfg)  # noqa: E731  (the split forms where D is split)
-    fused = [("forward", k("_forward_kernel"), dict(K=p, V=p, Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f),
+    fused = [("forward", k("forward"), dict(K=p, V=p, Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f),
               dict(base, BLOCK_N=fw["BLOCK_N"], **tn._tile_args(cfg, "forward"),
                    **({"BLOCK_O": out["BLOCK_N"]} if "BA" in cfg else {})), fw)] \
         if variant == "fused" else []
     return fused + [
-        ("state", k("_state_kernel"), dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f),
+        ("state", k("state"), dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f),
          dict(st_c, QUERY=False, DEN=None, DDEN=None), st),
-        ("output", k("_output_kernel"), dict(Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f),
+        ("output", k("output"), dict(Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f),
          dict(base, BLOCK_N=out["BLOCK_N"], **tn._tile_args(cfg, "out")), out),
-        ("dq", k("_dq_kernel"), dict(Q=p, G=p, ScaleP=f, S=f, Z=f, DEN=f, DQ=p, DDEN=f, DU=f),
+        ("dq", k("dq"), dict(Q=p, G=p, ScaleP=f, S=f, Z=f, DEN=f, DQ=p, DDEN=f, DU=f),
          dict(base, BLOCK_N=dq["BLOCK_N"], **tn._tile_args(cfg, "dq", nv=True), NEED_DU=False, DQ_STRIDED=False), dq),
-        ("dstate", k("_state_kernel"), dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f, DEN=f, DDEN=f),
+        ("dstate", k("state"), dict(X=p, V=p, ScaleP=f, S_part=f, Z_part=f, DEN=f, DDEN=f),
          dict(st_c, QUERY=True), st),
-        ("dkv", k("_dkv_kernel"), dict(K=p, V=p, DS=f, DZ=f, DK=p, DV=p),
+        ("dkv", k("dkv"), dict(K=p, V=p, DS=f, DZ=f, DK=p, DV=p),
          dict(base, BLOCK_N=dkv["BLOCK_N"], **tn._tile_args(cfg, "dkv", nv=True), ADD_DV=False), dkv),
     ]
 
 
 def gated_variants(channels: int, dtype: str):
     """(label, kernel, pointer types, constexprs, num_warps) for the gated layer's epilogue
-    kernels (``nala_dit/attention/triton_gated.py``) at hidden size ``channels``."""
-    from nala_dit.attention import triton_gated as tg
+    kernels (``nala_dit/attention/nala/triton/gated.py``) at hidden size ``channels``."""
+    from nala_dit.attention.nala.triton import gated as tg
 
     block_t, block_c, warps = tg._blocks(channels)
     p, f = f"*{dtype}", "*fp32"
@@ -263,8 +263,8 @@ def run_launches(launched: list, channels: int, heads: int, dtype: str = "bf16",
     import torch
 
     from nala_dit.attention.config import NaLaConfig
-    from nala_dit.attention.nala import fused_opts
-    from nala_dit.attention.triton_gated import TritonGatedMiddle
+    from nala_dit.attention.nala.fused import fused_opts
+    from nala_dit.attention.nala.triton.gated import TritonGatedMiddle
 
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     d = channels // heads

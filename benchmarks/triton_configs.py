@@ -1,6 +1,6 @@
 """Time the NaLa Triton kernels under other block sizes than ``launch_config`` picks.
 
-The defaults in ``nala_dit/attention/triton_kernels.py`` were chosen from the compile report
+The defaults in ``nala_dit/attention/nala/triton/launch.py`` were chosen from the compile report
 (``triton_compile_check.py``: no spills, two programs per SM), without timing anything; the
 row ``table: previous`` times the configs from before that choice (``launch_config``'s
 ``{"table": "previous"}``) beside them. This sweep (forward +
@@ -34,7 +34,7 @@ passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE before torch loads, unless set 
 import torch  # noqa: E402
 
 from benchmarks.timing import time_calls  # noqa: E402
-from nala_dit.attention import triton_kernels  # noqa: E402
+from nala_dit.attention.nala.triton import launch as triton_kernels  # noqa: E402
 from tests.utils import rel_rms  # noqa: E402
 
 OPTS = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)

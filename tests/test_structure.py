@@ -19,7 +19,7 @@ HEAVY = ("torch", "diffusers", "accelerate", "torchvision", "torch_fidelity")
 
 
 def _module(path: Path) -> str:
-    """``nala_dit/attention/nala.py`` → ``nala_dit.attention.nala``; a package's
+    """``nala_dit/attention/layers.py`` → ``nala_dit.attention.layers``; a package's
     ``__init__.py`` is the package itself."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

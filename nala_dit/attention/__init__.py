@@ -10,20 +10,13 @@ One concern per file, top (what a model builds) to bottom (the math):
   ReLU / 1+ELU baselines) and ``SoftmaxGatedAttention`` (SDPA softmax), and ``build_attention``;
 * ``recompute.py``: ``GatedMiddle``, the gated layer between its projections as one autograd
   function that keeps only the qkvg projection for backward, and ``gated_tail`` (§4 steps 3–4);
-* ``nala.py``: ``nala_attention``, NaLa in linear time (the fused CPU autograd path, the
-  eager / compiled composition, what ``impl="auto"`` runs, the Triton first-use check);
-* ``tangent.py``: NaLa's forward-mode derivative (``torch.func.jvp``, forward AD) in two
-  linear passes, and the Triton path's autograd function that carries it;
-* ``chunks.py``: the token ranges the CPU passes and the tangent walk;
+* ``nala/``: NaLa as one op -- ``nala_attention`` and every path that computes it (the eager
+  composition, the fused CPU path, the Triton kernels, the forward-mode tangent, the
+  ``torch.library`` custom ops), each named with its file in ``nala/__init__.py``;
 * ``regions.py``: region states (``--nala-regions``): one NaLa state per region of the token
   grid, mixed per query region by learned weights, and their explicit N×N reference;
 * ``context_parallel.py``: one image's tokens over a group of ranks (NaLa's state and the
   softmax keys all-reduced or gathered, LePE's halo rows);
-* ``op.py``, ``triton_op.py``: NaLa's fused CPU path and its Triton path as ``torch.library``
-  custom ops, so ``torch.compile(fullgraph=True)`` traces a block whole;
-* ``triton_gated.py``: the gated layer between its projections on Triton (NaLa, then one
-  epilogue kernel for LePE, LayerNorm and gate; 4 launches forward with the projections);
-* ``triton_kernels.py``: NaLa as Triton GPU kernels (imported only when they run);
 * ``functional.py``: the math as pure functions over ``(B, H, N, D)`` tensors (feature maps,
   the §3 normalisation, the baselines, SDPA softmax, the §7 rotary embedding) and the
   explicit N×N references the tests compare against.

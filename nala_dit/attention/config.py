@@ -27,7 +27,7 @@ DIRECTIONS = ("cosine", "relu_split")
 # over the 2D-wide feature (the default, so configs saved before the option load unchanged);
 # "released" = the NaLa authors' released code (ZacharyMeng/NaLaFormer), docs/NALA_SPEC.md §7.
 ROPE_LAYOUTS = ("halves", "released")
-# What the Triton kernels (attention/triton_kernels.py) take, known here so that nala.py's
+# What the Triton kernels (attention/nala/triton/launch.py) take, known here so that nala/backend.py's
 # dispatch can check a shape without importing Triton: head dims up to 128, and token
 # blocks of 16 on a grid axis that holds at most 65535 of them.
 TRITON_MAX_HEAD_DIM = 128

@@ -8,7 +8,7 @@ the final layer) runs on the rank's rows only; what couples tokens is exchanged:
 
 * NaLa: the state ``[S | z]`` of the rank's keys, divided by the *global* N, summed by one
   all-reduce of H · 2D · (D + 1) numbers per layer (the same at 4K and at 65K tokens); its
-  backward all-reduces the state's gradient (``nala.fused_state`` / ``fused_backward`` take
+  backward all-reduces the state's gradient (``nala/fused.py``'s ``fused_state`` / ``fused_backward`` take
   the shard);
 * region states (``attention/regions.py``): the R² states of the whole grid's regions from
   the rank's keys, all-reduced the same way;

@@ -19,7 +19,7 @@ below (§2, §3, §7) refer to it. Top to bottom:
 * ``saturated_share``: how many tokens sit where the exponent no longer moves.
 
 The fast NaLa paths (``nala_attention``: fused CPU autograd, Triton, eager, compile) are
-in ``nala.py``; the layers in ``layers.py``.
+in ``nala/``; the layers in ``layers.py``.
 
 Every feature map, the key-value state ``S``, the normaliser ``z`` and the division run
 in fp32 whatever the autocast dtype: ``|k|^3`` overflows fp16 at |k| > 40 and
@@ -274,7 +274,7 @@ def under_transform(*tensors) -> bool:
     """Whether any of ``tensors`` is seen through a ``torch.func`` transform (jvp, grad,
     vjp, ...) or carries a forward-mode tangent (``torch.autograd.forward_ad``): then the
     layers run their plain compositions and the attention a path with a forward-mode rule
-    (``tangent.py``). False while ``torch.compile`` traces (the compiled graph keeps its paths)."""
+    (``nala/tangent.py``). False while ``torch.compile`` traces (the compiled graph keeps its paths)."""
     if torch.compiler.is_compiling():
         return False
     return any(isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t)

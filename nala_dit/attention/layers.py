@@ -6,7 +6,7 @@ layer of §4 (``GatedAttention``: qkvg projection, LePE, LayerNorm, gate, output
 projection) with its two kernels -- ``GatedLinearAttention`` (NaLa, ReLU, 1+ELU) and
 ``SoftmaxGatedAttention`` (SDPA softmax) -- and ``build_attention``. Every setting of the
 gated layer is one ``NaLaConfig`` (``config.py``); the functions the layers call live beside
-them in this package (``functional.py``, ``nala.py``, ``regions.py``, ``recompute.py``).
+them in this package (``functional.py``, ``nala/``, ``regions.py``, ``recompute.py``).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from .functional import (
     kernel_features, linear_attention, nala_exponent, nala_features, rope_angles, rope_linear_attention,
     saturated_fraction, softmax_attention,
 )
-from .nala import (
+from .nala.backend import (
     CHECK_TOLERANCE, REPORT, end_if_device_broken, fused_opts, nala_attention, select_nala_impl, triton_available,
     triton_passes_check,
 )
 from .recompute import GatedMiddle, gated_tail
-from .tangent import under_transform
+from .nala.tangent import under_transform
 from .regions import initial_region_logits, region_nala_attention
 
 
@@ -134,7 +134,7 @@ class GatedAttention(nn.Module):
         """Called with the queries of every forward (``record_stats``: the subclass's statistics)."""
 
     def triton_middle(self, qkvg: torch.Tensor, grid) -> torch.Tensor | None:
-        """Steps 2-4 as ``triton_gated.TritonGatedMiddle`` where the subclass runs them
+        """Steps 2-4 as ``nala/triton/gated.py``'s ``TritonGatedMiddle`` where the subclass runs them
         there (NaLa on Triton), else None."""
         return None
 
@@ -156,7 +156,7 @@ class GatedAttention(nn.Module):
             # graph. NaLa runs as it does in eager mode (on the CPU the fused autograd function,
             # which dynamo traces; on CUDA the Triton custom op), and the compiler picks what
             # to recompute. Under torch.func transforms and forward AD too: the fused middles have
-            # no forward-mode rule, the composition's pieces do (NaLa's: ``tangent.py``).
+            # no forward-mode rule, the composition's pieces do (NaLa's: ``nala/tangent.py``).
             o = self.attend(q, k, v, grid).transpose(1, 2).reshape(b, n, c)      # (B, N, C)
             norm = None if self.out_norm is None else (*norm, self.out_norm.eps)
             o = gated_tail(o, parts[2], g, grid, None if self.lepe is None else lepe, norm)
@@ -300,8 +300,8 @@ class GatedLinearAttention(GatedAttention):
         if not (triton_passes_check(qkvg.device, qkvg.dtype, c // h, opts)
                 and gated_triton_passes_check(qkvg.device, qkvg.dtype, c, h, config)):
             return None
-        from .triton_gated import TritonGatedMiddle, split_heads
-        from .triton_kernels import resolve_opts
+        from .nala.triton.gated import TritonGatedMiddle, split_heads
+        from .nala.triton.launch import resolve_opts
 
         # Built once per layer, device and dtype: the resolved options and the constant norm scale.
         key = (qkvg.device, qkvg.dtype, torch.get_float32_matmul_precision())
@@ -339,7 +339,7 @@ GATED_CHECK_GRIDS = ((3, 5), (32, 33))
 
 def gated_triton_passes_check(device: torch.device, dtype: torch.dtype, dim: int, heads: int,
                               config: NaLaConfig) -> bool:
-    """Whether the gated layer's Triton path (``triton_gated.py``) passed its first-use
+    """Whether the gated layer's Triton path (``nala/triton/gated.py``) passed its first-use
     check for this key (run once per process; a failure warns once and the layer keeps
     ``GatedMiddle`` over the NaLa call): a fresh layer of this width on a seeded 3 × 5 grid,
     output and input gradient against its plain composition (``recompute=False``) on each
@@ -363,7 +363,7 @@ def first_use_checks() -> list[dict]:
     largest relative RMS against the eager reference it measured (``max_rel_rms``). The GPU
     benchmarks write it into their JSON, so a run whose kernels fell back to the eager
     composition says so beside its times (``benchmarks/tables.py`` puts it above the tables)."""
-    from . import nala
+    from .nala import backend as nala
 
     rows = [dict(path="NaLa kernels", device=key[0], dtype=str(key[1]).removeprefix("torch."), head_dim=key[2],
                  direction=key[3], result=cause or "passed", max_rel_rms=nala.CHECK_ERRORS.get(key))

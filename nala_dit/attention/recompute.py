@@ -16,7 +16,7 @@ inputs: the qkvg views and the parameters, plus NaLa's small state ``[S | z]``
 ((2, B, H, D, D+1), not per token). Its backward recomputes what is cheap -- NaLa's output
 from the state (one pass over the query chunks, no key pass), the LePE conv, LayerNorm
 and SiLU -- then runs autograd over that short recomputed graph and the fused NaLa
-backward (``nala.fused_backward``). Per token it keeps 4C floats.
+backward (``nala/fused.py``'s ``fused_backward``). Per token it keeps 4C floats.
 
 For other cores (ReLU / 1+ELU, softmax, RoPE, or NaLa on Triton / eager) the attention
 output is an input of the function, computed by the core's own autograd graph, and the
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .context_parallel import shard_of
-from .nala import fused_backward, fused_output, fused_state
+from .nala.fused import fused_backward, fused_output, fused_state
 
 
 def gated_tail(o: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, grid: tuple[int, int] | None,

@@ -45,8 +45,8 @@ from torch.autograd.function import once_differentiable
 from .context_parallel import shard_of
 from .config import EPS, NaLaConfig, check_nala_regions
 from .functional import _check_qkv, _no_autocast, nala_features, nala_similarity_reference
-from .nala import fused_backward, fused_opts, fused_output, fused_state
-from .tangent import under_transform
+from .nala.fused import fused_backward, fused_opts, fused_output, fused_state
+from .nala.tangent import under_transform
 
 REGION_DECAY = 1.0    # ρ_ir = −REGION_DECAY · distance of region centres (in image sides) at initialisation
 
@@ -139,7 +139,7 @@ def region_nala_attention(
     (``NaLaConfig``, keyword ``overrides`` such as ``regions=2``): R and the §2 / §3
     constants. Returns (B, H, N, D) in v's dtype; features, states, mixing and division in
     fp32; no N × N tensor is formed. ``impl``: ``"fused"`` (default) runs the fused passes
-    of ``nala.py`` on the tokens laid out region by region (``_FusedRegionNaLa``: token
+    of ``nala/fused.py`` on the tokens laid out region by region (``_FusedRegionNaLa``: token
     chunks, features recomputed in backward, never stored); ``"eager"`` is plain autograd
     over NaLa's features (``nala_features``), the readable form the tests compare it with.
     """

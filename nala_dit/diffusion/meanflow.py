@@ -16,7 +16,7 @@ the same formula as the paper's in its own time. Training regresses u on that ri
 side with the conditional velocity v_t = α'x₁ + σ'ε in place of v (its mean given z_t) and
 the network's own du/dt, one ``torch.func.jvp`` of the network along the tangent (v, 1) in
 (z, t) with r held, the target detached (stop-gradient, the paper's Eq. 10). NaLa's every
-path has a forward-mode rule for it (``nala_dit/attention/tangent.py``).
+path has a forward-mode rule for it (``nala_dit/attention/nala/tangent.py``).
 
 The network (``DiT(mean_flow=True)``) takes r as a second time, the interval r − t embedded
 as t is (the paper's (t, t − r) embedding, Table 1c), its embedder's output layer

@@ -7,7 +7,7 @@ input, 2 heads, LePE + LayerNorm + gate, recompute on): 63 forward, 140 backward
 
 The targets, for the Triton path on CUDA: at most 5 kernels forward and 15 forward
 + backward per gated layer (softmax attention: 3 / 13; before: 12 / 43). Counted here under
-the interpreter: 4 / 15 (``triton_gated.py``: NaLa's kernel and one epilogue kernel between
+the interpreter: 4 / 15 (``nala/triton/gated.py``: NaLa's kernel and one epilogue kernel between
 the two projections; 5 kernels backward). The NaLa call on the Triton path is counted under ``TRITON_INTERPRET=1`` (a subprocess: Triton
 reads the variable at import), each kernel launch as one and the interpreter's own host copies
 inside a launch not at all; allocations (``empty``) launch nothing and are left out. At
@@ -34,7 +34,7 @@ FORWARD, BACKWARD = 63, 140
 
 TRITON_FORWARD = ["aten.full", "triton._forward_kernel"]
 TRITON_BACKWARD = ["triton._dq_kernel", "triton._state_kernel", "triton._dkv_kernel"]
-# One gated layer on the Triton path (triton_gated.py): 4 forward, 11 backward, 15 in all
+# One gated layer on the Triton path (nala/triton/gated.py): 4 forward, 11 backward, 15 in all
 # (the target: at most 5 / 15; softmax attention 3 / 13). Each Linear is one addmm
 # forward and mm, mm, sum backward.
 LINEAR_BACKWARD = ["aten.mm", "aten.mm", "aten.sum"]
@@ -76,15 +76,21 @@ class CountedKernel:
         return run
 
 
+def count_kernels(tk, current: list) -> None:
+    """Every NaLa kernel of ``tk.KERNELS`` counted into the last mode of ``current``."""
+    for kind, pair in list(tk.KERNELS.items()):
+        pair = tuple(k.kernel if isinstance(k, CountedKernel) else k for k in pair)   # counted once
+        tk.KERNELS[kind] = tuple(CountedKernel(k.__name__, k, lambda: current[-1]) for k in pair)
+
+
 def count_triton_call() -> dict:
     """Under TRITON_INTERPRET=1: what ``nala_attention(impl="triton")`` launches, forward and
     backward from a given output gradient."""
-    import nala_dit.attention.triton_kernels as tk
+    import nala_dit.attention.nala.triton.launch as tk
     from nala_dit.attention import nala_attention
 
     current = []
-    for name in [n for n in dir(tk) if n.endswith(("_kernel", "_kernel_split"))]:
-        setattr(tk, name, CountedKernel(name, getattr(tk, name), lambda: current[-1]))
+    count_kernels(tk, current)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 67, 32, generator=g).requires_grad_() for _ in range(3))
     grad = torch.ones(2, 2, 67, 32)
@@ -131,13 +137,13 @@ def count_triton_layer() -> dict:
     16, a 3 × 5 grid) launches on the Triton path (``triton_gated``), forward and backward;
     the first-use check and the per-layer options are built by a first call, not counted."""
     import nala_dit.attention.layers as layers
-    import nala_dit.attention.triton_gated as tg
-    import nala_dit.attention.triton_kernels as tk
+    import nala_dit.attention.nala.triton.gated as tg
+    import nala_dit.attention.nala.triton.launch as tk
 
     current = []
-    for module in (tk, tg):
-        for name in [n for n in dir(module) if n.endswith(("_kernel", "_kernel_split"))]:
-            setattr(module, name, CountedKernel(name, getattr(module, name), lambda: current[-1]))
+    count_kernels(tk, current)
+    for name in [n for n in dir(tg) if n.endswith("_kernel")]:
+        setattr(tg, name, CountedKernel(name, getattr(tg, name), lambda: current[-1]))
     layers.select_nala_impl = lambda *a: "triton"
     torch.manual_seed(0)
     layer = build_attention("nala", 32, 2)

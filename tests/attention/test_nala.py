@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-import nala_dit.attention.nala as fused
+import nala_dit.attention.nala.fused as fused
 from nala_dit.attention import nala_attention, nala_attention_reference
 from tests.utils import assert_close
 

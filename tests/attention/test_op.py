@@ -1,12 +1,12 @@
-"""NaLa's fused CPU path as the ``nala_dit::nala_fused`` custom op (``attention/op.py``):
+"""NaLa's fused CPU path as the ``nala_dit::nala_fused`` custom op (``attention/nala/op.py``):
 its registered backward against autograd of the eager composition, and a whole NaLaDiT
 block traced by ``torch.compile(fullgraph=True)`` with no graph break."""
 import pytest
 import torch
 
 from nala_dit.attention.config import NaLaConfig
-from nala_dit.attention.nala import _nala_eager, fused_opts, nala_attention
-from nala_dit.attention.op import nala_fused_attention
+from nala_dit.attention.nala.backend import _nala_eager, fused_opts, nala_attention
+from nala_dit.attention.nala.op import nala_fused_attention
 from nala_dit.models.dit import DiTBlock
 
 
@@ -90,7 +90,7 @@ def test_the_op_and_its_fake_refuse_what_the_passes_cannot_run(what):
     torch.compile traces with)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from nala_dit.attention.op import nala_fused
+    from nala_dit.attention.nala.op import nala_fused
 
     q, k, v = (t.detach() for t in qkv())
     opts = fused_opts(NaLaConfig(), q.shape[-1])

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-import nala_dit.attention.nala as fused
+import nala_dit.attention.nala.fused as fused
 from nala_dit.attention import GatedLinearAttention, SoftmaxGatedAttention
 from tests.utils import assert_close, rel_rms
 

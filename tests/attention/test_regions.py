@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import train as train_cli
 from nala_dit.attention import GatedLinearAttention, nala_attention
-from nala_dit.attention.nala import fused_output
+from nala_dit.attention.nala.fused import fused_output
 from nala_dit.attention.regions import (
     initial_region_logits,
     region_attention_reference,

@@ -1,4 +1,4 @@
-"""Forward-mode derivatives through NaLa (``nala_dit/attention/tangent.py``): every path's
+"""Forward-mode derivatives through NaLa (``nala_dit/attention/nala/tangent.py``): every path's
 ``torch.func.jvp`` against the eager composition's (torch's own forward-mode rules) and a
 float64 central finite difference of the quadratic reference; ``torch.func.jvp`` inside
 ``torch.func.grad``; the refusals. fp32 ≤ 1e-5 relative RMS, bf16 inputs ≤ 1e-2 (bf16

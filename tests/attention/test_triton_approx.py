@@ -33,7 +33,7 @@ def _approx_kernel():
     import triton
     import triton.language as tl
 
-    from nala_dit.attention import triton_kernels as tk
+    from nala_dit.attention.nala.triton import features as tk
 
     @triton.jit
     def approx(X, SIN, COS, LOG, n, PREC: tl.constexpr, BLOCK: tl.constexpr):

@@ -1,4 +1,4 @@
-"""The gated NaLa layer in 4 + 5 launches on Triton (``attention/triton_gated.py``; issue
+"""The gated NaLa layer in 4 + 5 launches on Triton (``attention/nala/triton/gated.py``; issue
 53, item 2): the cases in ``tests/attention/triton_gated_cases.py`` run in a subprocess
 under Triton's interpreter (``TRITON_INTERPRET=1`` must be set before the kernels are
 defined): output and every gradient against the plain autograd composition, fp32 and

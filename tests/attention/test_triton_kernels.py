@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import nala_dit.attention.nala as fused
+import nala_dit.attention.nala.backend as backend
+import nala_dit.attention.nala.fused as fused
 from nala_dit.attention import nala_attention, select_nala_impl
 from tests.utils import run_cases_file
 
@@ -69,7 +70,7 @@ def test_cuda_falls_back_to_the_unchunked_composition():
     assert select_nala_impl("cuda", 64, torch.float64, has_triton=True) == "eager"
     assert select_nala_impl("mps", 64, torch.float32, has_triton=True) == "eager"
     # more tokens than the kernels' grid takes: the composition, not an error
-    limit = fused.TRITON_MAX_TOKENS  # 65535 token blocks of 16
+    limit = backend.TRITON_MAX_TOKENS  # 65535 token blocks of 16
     assert select_nala_impl("cuda", 64, torch.bfloat16, True, num_tokens=limit) == "triton"
     assert select_nala_impl("cuda", 64, torch.bfloat16, True, num_tokens=limit + 1) == "eager"
 
@@ -78,9 +79,9 @@ def test_auto_follows_the_selection(monkeypatch):
     """``nala_attention(impl="auto")`` runs whatever ``select_nala_impl`` names."""
     q, k, v = (torch.randn(1, 2, 17, 16) for _ in range(3))
     seen = []
-    monkeypatch.setattr(fused, "select_nala_impl", lambda *a: seen.append(a) or "eager")
+    monkeypatch.setattr(backend, "select_nala_impl", lambda *a: seen.append(a) or "eager")
     out = nala_attention(q, k, v)
-    assert seen == [("cpu", 16, torch.float32, fused.triton_available(), 17)]
+    assert seen == [("cpu", 16, torch.float32, backend.triton_available(), 17)]
     assert torch.equal(out, nala_attention(q, k, v, impl="eager"))
 
 
@@ -160,7 +161,7 @@ def test_programs_per_sm():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 def test_gated_epilogue_kernels_compile_for_hopper_without_spills():
-    """The gated layer's three epilogue kernels (``triton_gated.py``) at S/2's and XL/2's
+    """The gated layer's three epilogue kernels (``nala/triton/gated.py``) at S/2's and XL/2's
     hidden sizes, bf16, sm_90a: no register spills, no local memory, at least one program
     per SM at their warps (measured: 61-169 registers at 8 warps)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -180,7 +181,7 @@ def test_split_head_dim_tiles():
     """Which head dims run as two tiles (lanes [0, BA) and [BA, BA + BB), both powers of
     two, BB ≥ 16) in the fused variant: those where that is narrower than one padded tile.
     XL/2's 72 is 64 + 16 (80 lanes, not 128); powers of two and the baseline keep BD."""
-    from nala_dit.attention.triton_kernels import KINDS, launch_config, split_tiles
+    from nala_dit.attention.nala.triton.launch import KINDS, launch_config, split_tiles
 
     assert split_tiles(72) == (64, 16) and split_tiles(80) == (64, 16) and split_tiles(96) == (64, 32)
     assert split_tiles(40) == (32, 16) and split_tiles(48) == (32, 16)
@@ -199,7 +200,7 @@ def test_previous_launch_configs_stay_reachable():
     """The launch configs before the two-programs-per-SM work, for the GPU sweep's A/B:
     ``{"table": "previous"}`` gives them (no register cap, Triton's stages); the baseline
     variant's are unchanged (the GPU A/B compares against it)."""
-    from nala_dit.attention.triton_kernels import KINDS, launch_config
+    from nala_dit.attention.nala.triton.launch import KINDS, launch_config
 
     def entries(cfg, keys=("BLOCK_N", "BV", "num_warps", "num_stages", "maxnreg")):
         return {kind: tuple(cfg[kind].get(k) for k in keys) for kind in KINDS}
@@ -228,7 +229,7 @@ def test_previous_launch_configs_stay_reachable():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 def test_unsupported_shapes_are_named():
-    from nala_dit.attention.triton_kernels import unsupported_reason
+    from nala_dit.attention.nala.triton.launch import unsupported_reason
 
     assert unsupported_reason(torch.empty(1, 2, 8, 128, device="meta")) is None
     assert "head dim 160" in unsupported_reason(torch.empty(1, 2, 8, 160, device="meta"))
@@ -242,7 +243,7 @@ def test_state_pass_splits(monkeypatch):
     than MIN_SPLIT_TOKENS; the fused variant runs one range (one launch) below
     SHORT_TOKENS and gives every SM of an H100/H200 work at batch 1, N = 1,024, XL/2's 16
     heads; one range on CPU (interpreter)."""
-    from nala_dit.attention import triton_kernels
+    from nala_dit.attention.nala.triton import launch as triton_kernels
 
     props = type("Props", (), {"multi_processor_count": 132})()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
@@ -265,7 +266,7 @@ def test_state_pass_splits(monkeypatch):
 
 
 def _eager_kernel(q, k, v, norm_scale, opts, splits=None):
-    return fused._nala_eager_opts(q, k, v, norm_scale, opts)
+    return backend._nala_eager_opts(q, k, v, norm_scale, opts)
 
 
 def _failing_kernel(q, k, v, norm_scale, opts, splits=None):
@@ -280,10 +281,10 @@ def _wrong_kernel(q, k, v, norm_scale, opts, splits=None):
 def triton_on_cpu(monkeypatch):
     """``impl="auto"`` picks "triton" on this CPU, with a fresh check cache; returns a
     function that installs the kernel the check and the calls will run."""
-    monkeypatch.setattr(fused, "select_nala_impl", lambda *a: "triton")
-    monkeypatch.setattr(fused, "_TRITON_CHECKS", {})
-    monkeypatch.setattr(fused, "CHECK_ERRORS", {})
-    return lambda kernel: monkeypatch.setattr(fused, "_triton_kernel", kernel)
+    monkeypatch.setattr(backend, "select_nala_impl", lambda *a: "triton")
+    monkeypatch.setattr(backend, "_TRITON_CHECKS", {})
+    monkeypatch.setattr(backend, "CHECK_ERRORS", {})
+    return lambda kernel: monkeypatch.setattr(backend, "_triton_kernel", kernel)
 
 
 @pytest.mark.parametrize("kernel,cause", [(_failing_kernel, "RuntimeError: PTX compile failed: ptxas error (injected)"),
@@ -307,7 +308,7 @@ def test_a_broken_kernel_falls_back_once(triton_on_cpu, kernel, cause):
     for msg, direction in zip(messages, ("cosine", "relu_split")):
         assert "\n" not in msg and cause in msg and f"head dim 16, {direction}" in msg
         assert "impl='eager'" in msg and "benchmarks/gpu_check.sh" in msg and "issue" in msg
-    assert fused._TRITON_CHECKS[("cpu", torch.float32, 16, "cosine")].startswith(cause.split(" by")[0])
+    assert backend._TRITON_CHECKS[("cpu", torch.float32, 16, "cosine")].startswith(cause.split(" by")[0])
 
 
 def test_first_use_checks_report_each_key_with_its_result(triton_on_cpu, monkeypatch, recwarn):
@@ -336,9 +337,9 @@ def test_a_passing_kernel_is_used_without_a_warning(triton_on_cpu, recwarn):
     q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
     nala_attention(q, k, v)
     nala_attention(q, k, v)
-    checks = len(fused.CHECK_CASES)
+    checks = len(backend.CHECK_CASES)
     assert len(calls) == checks + 2 and not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
-    assert fused._TRITON_CHECKS == {("cpu", torch.float32, 8, "cosine"): None}
+    assert backend._TRITON_CHECKS == {("cpu", torch.float32, 8, "cosine"): None}
 
 
 def test_the_check_runs_one_and_several_token_ranges(triton_on_cpu, recwarn):
@@ -351,7 +352,7 @@ def test_the_check_runs_one_and_several_token_ranges(triton_on_cpu, recwarn):
     q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
     nala_attention(q, k, v)
     assert seen[:2] == [(67, None), (1031, 3)] and all(n % 2 for n, _ in seen[:2])
-    assert fused.CHECK_ERRORS[("cpu", torch.float32, 8, "cosine")] <= 1e-6
+    assert backend.CHECK_ERRORS[("cpu", torch.float32, 8, "cosine")] <= 1e-6
 
     def wrong_when_split(q, k, v, s, o, splits=None):
         out = _eager_kernel(q, k, v, s, o)
@@ -368,15 +369,15 @@ def test_a_sticky_cuda_fault_ends_the_process_with_one_line(triton_on_cpu, monke
     (no traceback: SystemExit with the message). A device that still works falls back."""
     triton_on_cpu(lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("CUDA error: an illegal memory access was "
                                                                       "encountered\nmore")))
-    monkeypatch.setattr(fused, "device_usable", lambda device: False)
+    monkeypatch.setattr(backend, "device_usable", lambda device: False)
     q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
     with pytest.raises(SystemExit) as ended:
         nala_attention(q, k, v)
     msg = str(ended.value)
     assert "\n" not in msg and "sticky CUDA fault" in msg and "an illegal memory access" in msg
     assert "first-use check (N = 67, one token range, torch.float32, head dim 8, cosine)" in msg
-    monkeypatch.setattr(fused, "device_usable", lambda device: True)
-    monkeypatch.setattr(fused, "_TRITON_CHECKS", {})
+    monkeypatch.setattr(backend, "device_usable", lambda device: True)
+    monkeypatch.setattr(backend, "_TRITON_CHECKS", {})
     with pytest.warns(RuntimeWarning, match="illegal memory access"):
         assert torch.equal(nala_attention(q, k, v), nala_attention(q, k, v, impl="eager"))
 
@@ -405,8 +406,8 @@ def test_grids_fit_cuda_at_every_supported_length():
     after the first ≤ 65,535 (CUDA's limit; the epilogue's token axis was N at widths above
     1,024, so 4096 px failed), the first ≤ 2³¹ − 1; and the element offsets that the kernels
     form in int64 do pass 2³¹ there (the gated stride 4C)."""
-    from nala_dit.attention import triton_gated as tg
-    from nala_dit.attention import triton_kernels as tk
+    from nala_dit.attention.nala.triton import gated as tg
+    from nala_dit.attention.nala.triton import launch as tk
     from nala_dit.attention.config import TRITON_MAX_TOKENS
 
     assert TRITON_MAX_TOKENS == 1_048_560
@@ -442,7 +443,7 @@ def test_the_gated_check_covers_several_ranges_and_ends_on_a_sticky_fault(monkey
     cpu = torch.device("cpu")
     assert layers._check_gated(cpu, torch.float32, 32, 2, NaLaConfig()) == \
         "RuntimeError: CUDA error: unspecified launch failure"
-    monkeypatch.setattr(fused, "device_usable", lambda device: False)
+    monkeypatch.setattr(backend, "device_usable", lambda device: False)
     with pytest.raises(SystemExit) as ended:
         layers._check_gated(cpu, torch.float32, 32, 2, NaLaConfig())
     msg = str(ended.value)

@@ -1,4 +1,4 @@
-"""NaLa's Triton path as the ``nala_dit::nala_triton`` custom op (``attention/triton_op.py``):
+"""NaLa's Triton path as the ``nala_dit::nala_triton`` custom op (``attention/nala/triton_op.py``):
 the cases in ``tests/attention/triton_op_cases.py`` run in a subprocess
 under Triton's interpreter (``TRITON_INTERPRET=1`` must be set before the kernels are
 defined, and would leak into every other test here): the registered backward against

@@ -26,7 +26,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if not INTERPRET and not torch.cuda.is_available():
     pytest.skip("needs CUDA, or TRITON_INTERPRET=1 set before Triton is imported", allow_module_level=True)
 
-from nala_dit.attention import triton_kernels  # noqa: E402  (after the environment check above)
+from nala_dit.attention.nala.triton import launch as triton_kernels  # noqa: E402  (after the environment check above)
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 FP32_TOL = 1e-5
@@ -67,6 +67,20 @@ def compare(q, k, v, tol, splits=None, norm_scale=1.0, variant=None, **kw):
         assert_close(f"grad {name}", g_ref, g.float(), tol)
 
 
+def spy_kernels(monkeypatch, record):
+    """Every kernel of ``triton_kernels.KERNELS`` (padded and split) wrapped so that each
+    launch first calls ``record(kernel name, launch keywords)``."""
+    class Spy:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: record(self.kernel.__name__, kw) or self.kernel[grid](*a, **kw)
+
+    for kind, pair in list(triton_kernels.KERNELS.items()):
+        monkeypatch.setitem(triton_kernels.KERNELS, kind, tuple(Spy(k) for k in pair))
+
+
 def test_kernels_are_interpreted_exactly_when_asked():
     assert triton_kernels.INTERPRETED == INTERPRET
 
@@ -98,10 +112,7 @@ def test_single_launch_and_atomic_paths_are_the_ones_run(monkeypatch):
     """The fused variant runs one forward kernel for one token range and the atomic state
     kernel (no partial buffer, no sum) for several; the baseline runs neither."""
     seen = []
-    for name in ("_forward_kernel", "_state_kernel", "_output_kernel"):
-        kernel = getattr(triton_kernels, name)
-        monkeypatch.setattr(triton_kernels, name, type("Spy", (), {"__getitem__": lambda self, grid, k=kernel, n=name: (
-            lambda *a, **kw: seen.append((n, kw.get("ATOMIC"))) or k[grid](*a, **kw))})())
+    spy_kernels(monkeypatch, lambda name, kw: seen.append((name, kw.get("ATOMIC"))))
     q, k, v = qkv(n=70, d=16)
     opts = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
     runs = {}
@@ -134,12 +145,8 @@ def test_split_head_dims(direction, n, d, splits):
 def test_split_kernels_are_the_ones_run(monkeypatch):
     """D = 72 runs the split-tile kernels in the fused variant (forward and backward, one
     token range and several); the baseline variant and D = 64 run the padded ones."""
-    names = ("_forward_kernel", "_state_kernel", "_output_kernel", "_dq_kernel", "_dkv_kernel")
     seen = []
-    for name in names + tuple(n + "_split" for n in names):
-        kernel = getattr(triton_kernels, name)
-        monkeypatch.setattr(triton_kernels, name, type("Spy", (), {"__getitem__": lambda self, grid, k=kernel, n=name: (
-            lambda *a, **kw: seen.append(n) or k[grid](*a, **kw))})())
+    spy_kernels(monkeypatch, lambda name, kw: seen.append(name))
     opts = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
     for d, variant, splits, split in ((72, "fused", None, True), (72, "fused", 2, True),
                                       (72, "baseline", None, False), (64, "fused", None, False)):

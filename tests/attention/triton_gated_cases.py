@@ -1,4 +1,4 @@
-"""The gated NaLa layer on the Triton path (``attention/triton_gated.py``), run by
+"""The gated NaLa layer on the Triton path (``attention/nala/triton/gated.py``), run by
 ``tests/attention/test_triton_gated.py`` in a subprocess with ``TRITON_INTERPRET=1``, or
 directly on CUDA:
 
@@ -21,8 +21,8 @@ if not INTERPRET and not torch.cuda.is_available():
     pytest.skip("needs CUDA, or TRITON_INTERPRET=1 set before Triton is imported", allow_module_level=True)
 
 import nala_dit.attention.layers as layers  # noqa: E402
-import nala_dit.attention.nala as nala  # noqa: E402
-from nala_dit.attention import triton_gated  # noqa: E402
+import nala_dit.attention.nala.backend as nala  # noqa: E402
+from nala_dit.attention.nala.triton import gated as triton_gated  # noqa: E402
 from nala_dit.attention.layers import GatedLinearAttention  # noqa: E402
 from tests.utils import assert_close  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""NaLa's Triton path as the ``nala_dit::nala_triton`` custom op (``attention/triton_op.py``),
+"""NaLa's Triton path as the ``nala_dit::nala_triton`` custom op (``attention/nala/triton_op.py``),
 run by ``tests/attention/test_triton_op.py`` in a subprocess with ``TRITON_INTERPRET=1``
 (Triton reads it when the kernels are defined), or directly on CUDA:
 
@@ -17,11 +17,11 @@ if not INTERPRET and not torch.cuda.is_available():
     pytest.skip("needs CUDA, or TRITON_INTERPRET=1 set before Triton is imported", allow_module_level=True)
 
 import nala_dit.attention.layers as layers  # noqa: E402
-import nala_dit.attention.nala as nala  # noqa: E402
-from nala_dit.attention import triton_gated, triton_kernels  # noqa: E402
+import nala_dit.attention.nala.backend as nala  # noqa: E402
+from nala_dit.attention.nala.triton import gated as triton_gated, launch as triton_kernels  # noqa: E402
 from nala_dit.attention.config import NaLaConfig  # noqa: E402
-from nala_dit.attention.nala import _nala_eager, fused_opts  # noqa: E402
-from nala_dit.attention.triton_op import nala_triton_attention  # noqa: E402
+from nala_dit.attention.nala.backend import _nala_eager, fused_opts  # noqa: E402
+from nala_dit.attention.nala.triton_op import nala_triton_attention  # noqa: E402
 from nala_dit.models.dit import DiTBlock  # noqa: E402
 from tests.utils import assert_close  # noqa: E402
 

@@ -322,7 +322,7 @@ def test_cpu_path_benchmark_tiny(tmp_path):
     profile's shares partition the time; a count below 1 is refused."""
     import torch
 
-    import nala_dit.attention.nala as nala
+    import nala_dit.attention.nala.fused as nala
     from benchmarks import cpu_path
 
     threads, policy = torch.get_num_threads(), nala._token_chunks

@@ -149,7 +149,7 @@ def test_meanflow_model_starts_as_its_sit_trains_and_samples(name):
     labels = torch.tensor([0, 1, 2, 3])
 
     def grads(impl):
-        import nala_dit.attention.nala as nala
+        import nala_dit.attention.nala.backend as nala
 
         original = nala.select_nala_impl
         nala.select_nala_impl = lambda *a, **k: impl if impl else original(*a, **k)

@@ -16,11 +16,11 @@ sCM-style loss that differentiates through the tangent) works on every path that
 Which path uses what (``nala_attention``):
 
 * ``impl="eager"``/``"compile"``: torch's own forward-mode rules over the composition;
-* ``impl="fused"`` (CPU): ``nala._FusedNaLa`` keeps its fused forward and hand-written
+* ``impl="fused"`` (CPU): ``fused._FusedNaLa`` keeps its fused forward and hand-written
   backward and takes its tangent from ``nala_tangent``;
 * ``impl="triton"``: ``TritonNaLaJvp`` below, the kernels' forward and backward with the
   same tangent (in torch ops on the GPU, not a kernel of its own);
-* the gated layer's fused middle (``recompute.GatedMiddle``, ``triton_gated.TritonGatedMiddle``)
+* the gated layer's fused middle (``recompute.GatedMiddle``, ``triton/gated.py``'s ``TritonGatedMiddle``)
   and region states: under a ``torch.func`` transform or forward-mode AD the layer runs its
   plain composition (the reference), whose NaLa call is one of the paths above;
 * context parallel: refused (the tangent state would need its own all-reduce).
@@ -38,7 +38,7 @@ import math
 import torch
 
 from .chunks import token_chunks
-from .functional import _no_autocast, dual, nala_query_weights, under_transform  # noqa: F401  (re-exported)
+from ..functional import _no_autocast, dual, nala_query_weights, under_transform  # noqa: F401  (re-exported)
 
 FORWARD_OVER_REVERSE_REFUSAL = ("forward-over-reverse derivatives (torch.func.jvp of a gradient) through NaLa's fused "
                                 "and Triton paths are not supported: their backward is once-differentiable; use "
@@ -78,7 +78,7 @@ def _key_features(k: torch.Tensor, opts: dict) -> torch.Tensor:
 
 def _safe(x: torch.Tensor) -> torch.Tensor:
     """x with |x| raised to the smallest normal fp32: a divisor for ∂|x|^λ/∂x = λ|x|^λ/x, whose
-    numerator is exactly 0 where x is (as ``nala._safe_divisor``)."""
+    numerator is exactly 0 where x is (as ``fused._safe_divisor``)."""
     return torch.copysign(x.abs().clamp_min(_TINY), x)
 
 
@@ -131,7 +131,7 @@ def nala_tangent(q, k, v, tangents, opts: dict, norm_scale=None, shard=None, chu
     """The tangent ȯ of ``nala_attention(q, k, v)`` for input tangents ``(q̇, k̇, v̇)`` (None:
     zero), in v's dtype; computed in fp32 (float64 for float64 inputs), in the fused path's
     token ``chunks`` (default ``chunks.token_chunks``: each chunk's features and their tangents
-    stay in cache). ``opts`` as ``nala.fused_opts`` builds them; ``norm_scale`` overrides
+    stay in cache). ``opts`` as ``fused.fused_opts`` builds them; ``norm_scale`` overrides
     ``opts["norm_scale"]`` (a float or a per-head (H,) tensor)."""
     if shard is not None:
         raise ValueError(CONTEXT_PARALLEL_REFUSAL)
@@ -177,13 +177,13 @@ def nala_tangent(q, k, v, tangents, opts: dict, norm_scale=None, shard=None, chu
 
 
 class TritonNaLaJvp(torch.autograd.Function):
-    """The Triton kernels (``triton_kernels.TritonNaLa``'s forward and backward, run with a
+    """The Triton kernels (``triton/launch.py``'s ``TritonNaLa``'s forward and backward, run with a
     plain context object as ``triton_op.py`` does) with a forward-mode rule
     (``nala_tangent``): what ``nala_attention`` runs on the Triton path under a transform."""
 
     @staticmethod
     def forward(q, k, v, scale, opts):
-        from .triton_kernels import TritonNaLa
+        from .triton.launch import TritonNaLa
         from .triton_op import _Ctx
 
         ctx = _Ctx()
@@ -201,7 +201,7 @@ class TritonNaLaJvp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, *_):
-        from .triton_kernels import TritonNaLa, launch_config, num_splits
+        from .triton.launch import TritonNaLa, launch_config, num_splits
         from .triton_op import _Ctx
 
         if in_forward_mode(grad_out):
@@ -237,8 +237,8 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
 
 def triton_jvp_attention(q, k, v, norm_scale: float, opts: dict) -> torch.Tensor:
     """The Triton path with its forward-mode rule (``TritonNaLaJvp``); ``norm_scale`` a float,
-    ``opts`` as ``triton_kernels.nala_attention_triton`` takes them."""
-    from .triton_kernels import resolve_opts
+    ``opts`` as ``triton/launch.py``'s ``nala_attention_triton`` takes them."""
+    from .triton.launch import resolve_opts
 
     scale = torch.full((q.shape[1],), float(norm_scale), device=q.device)
     return TritonNaLaJvp.apply(q, k, v, scale, resolve_opts(q, opts))[0]

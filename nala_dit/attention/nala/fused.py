@@ -1,46 +1,34 @@
-"""``nala_attention``: NaLa in linear time, and the code path that runs it.
+"""NaLa's fused CPU path (``impl="fused"``): the §3 linear form in token chunks, with a
+hand-written backward.
 
 Top to bottom:
 
-* the token chunking of the CPU path (``_token_chunks``, chunks of about 2^16 elements:
-  each elementwise pass stays in the core's L2 cache) and its per-pass scratch
-  (``_Scratch``);
+* the token chunking (``_token_chunks``, chunks of about 2^16 elements: each elementwise
+  pass stays in the core's L2 cache) and its per-pass scratch (``_Scratch``);
 * the chunk-wise feature lifts and their hand-written gradients (``_query_lift``,
   ``_key_lift``, ``_query_grad``, ``_key_grad``): the per-token constants (norm, exponent)
   for all tokens at once (``_token_scales``), the cos/sin halves written in place into
   one 2D-wide scratch block, so each product with the state is one GEMM;
-* ``_FusedNaLa``, the CPU autograd function that saves q, k, v, the small state
-  ``[S | z]`` and the denominator only, and recomputes the features in backward;
-* the readable unchunked composition (``impl="eager"``) and its ``torch.compile``;
-* ``select_nala_impl`` (what ``impl="auto"`` runs per device) and ``nala_attention``;
-* the first-use check of the Triton kernels on CUDA (``triton_passes_check``): once per
-  (device, dtype, head dim, direction) against the eager path, falling back to it with one
-  warning on an error or a mismatch; under ``torch.compile`` it runs while dynamo traces
-  (``_traced_check``), and the kernels run as the custom op of ``triton_op.py``.
-
-The Triton kernels are in ``triton_kernels.py``; the pure math and the N×N references they
-are all tested against in ``functional.py``.
+* the passes ``fused_state``, ``fused_output``, ``fused_backward`` (also what the gated
+  layer's ``recompute.GatedMiddle``, region states and context parallel call);
+* ``_FusedNaLa``, the autograd function that saves q, k, v, the small state ``[S | z]``
+  and the denominator only, and recomputes the features in backward; ``_FusedNaLaJvp``,
+  the same with a forward-mode rule (``tangent.py``);
+* ``fused_opts``: the §2 / §3 constants as these passes and the Triton kernels take them.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import warnings
 from typing import NamedTuple
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from .config import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
-from .config import NaLaConfig
-from .functional import _check_qkv, _no_autocast, nala_features, normalized_linear_attention
+from ..config import NaLaConfig
+from ..functional import _no_autocast
 from .chunks import CHUNK_ELEMENTS, CHUNK_ELEMENTS_GPU, token_chunks
-from .tangent import (CONTEXT_PARALLEL_REFUSAL, FORWARD_OVER_REVERSE_REFUSAL, in_forward_mode, nala_tangent,
-                      triton_jvp_attention, under_transform)
-from .triton_op import nala_triton_attention
-
-NALA_IMPLS = ("auto", "fused", "eager", "compile", "triton")
+from .tangent import FORWARD_OVER_REVERSE_REFUSAL, in_forward_mode, nala_tangent
 
 # Tokens are processed in chunks of about this many elements per (B, H, C, D) slice:
 # the feature maps are per token, so chunking bounds their temporaries (O(chunk), not
@@ -478,258 +466,9 @@ class _FusedNaLaJvp(torch.autograd.Function):
                             chunks=_token_chunks(q.shape, q.device)), None, None
 
 
-def _nala_eager(q, k, v, config: NaLaConfig):
-    """The readable composition: 2D-wide features, then the §3 linear form, autograd."""
-    phi_q, phi_k = nala_features(q, k, config)
-    return normalized_linear_attention(phi_q, phi_k, v, config.eps).to(v.dtype)
-
-
-_compiled_eager = None
-
-
-def _nala_compiled(*args):
-    """``torch.compile`` of the eager composition (inductor fuses the feature maps);
-    built lazily, since compiling takes tens of seconds on a CPU."""
-    global _compiled_eager
-    if _compiled_eager is None:
-        from ..compile_cache import private_compile_cache
-
-        private_compile_cache()   # inductor imports what it cached: only from a folder no one else can write
-        _compiled_eager = torch.compile(_nala_eager, dynamic=True)
-    return _compiled_eager(*args)
-
-
-def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
-def select_nala_impl(device_type: str, head_dim: int, dtype: torch.dtype, has_triton: bool,
-                     num_tokens: int = 0) -> str:
-    """The code path ``impl="auto"`` runs; a pure function of what it is given.
-
-    CPU (and meta, for FLOP counting): the token-chunked fused path. CUDA: the Triton
-    kernels when Triton is installed and takes the shape (head dim ≤ 128, N ≤
-    ``TRITON_MAX_TOKENS``; fp32/bf16/fp16), else the unchunked composition (``"eager"``:
-    a few large kernels). ``torch.compile`` is never picked: on CUDA it needs Triton too,
-    which would have run the kernels.
-    """
-    if device_type in ("cpu", "meta"):
-        return "fused"
-    if (device_type == "cuda" and has_triton and head_dim <= TRITON_MAX_HEAD_DIM
-            and num_tokens <= TRITON_MAX_TOKENS
-            and dtype in (torch.float32, torch.bfloat16, torch.float16)):
-        return "triton"
-    return "eager"
-
-
-def nala_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    config: NaLaConfig | None = None,
-    *,
-    impl: str = "auto",
-    shard=None,
-    **overrides,
-) -> torch.Tensor:
-    """Norm-aware linear attention (NaLa), linear in the number of tokens N.
-
-    q, k, v: ``(B, H, N, D)``. Returns ``(B, H, N, D)`` in v's dtype; everything inside
-    runs in fp32. No N×N tensor is ever formed. ``config`` (``NaLaConfig``) holds the
-    direction map and the §2 / §3 constants; keyword ``overrides`` change single ones
-    (``nala_attention(q, k, v, direction="relu_split", power=2.5)``). ``impl`` picks the
-    code path, all with the same numbers up to fp32 rounding:
-
-    * ``"auto"``: ``select_nala_impl`` for the tensors' device (fused on CPU, Triton on
-      CUDA; the eager composition under ``torch.func.vmap``);
-    * ``"fused"``: token-chunked features, their cos/sin halves written in place into
-      one 2D-wide block (one GEMM per product with the state), and a hand-written
-      backward that saves only q, k, v, the small state and the denominator (features
-      are recomputed);
-    * ``"triton"``: the same algorithm as GPU kernels (``nala_dit/attention/triton_kernels.py``), the
-      features computed in registers; under ``torch.compile`` as the custom op
-      ``nala_dit::nala_triton`` (``triton_op.py``), so the graph does not break there;
-    * ``"eager"``: the readable composition ``nala_features`` → §3, plain autograd;
-    * ``"compile"``: ``torch.compile`` of the eager composition (opt-in; slow to build).
-
-    ``shard`` (context parallel, ``context_parallel.ShardGrid``): q, k, v are this rank's
-    tokens and the state is all-reduced over the ranks. The fused path keeps its passes;
-    every other path runs the eager composition with the all-reduced state
-    (``context_parallel.sharded_linear_attention``: the 2D-wide features are materialised).
-    """
-    _check_qkv(q, k, v)
-    config = NaLaConfig.of(config, **overrides)
-    if impl not in NALA_IMPLS:
-        raise ValueError(f"impl must be one of {NALA_IMPLS}, got {impl!r}")
-    opts = fused_opts(config, q.shape[-1])
-    triton_opts = {k: v for k, v in opts.items() if k != "norm_scale"}   # the kernels take s apart
-    if impl == "auto":
-        impl = select_nala_impl(q.device.type, q.shape[-1], q.dtype, triton_available(), q.shape[-2])
-        if torch._C._functorch.is_batchedtensor(q):  # under torch.func.vmap (compiled too): the fused and
-            impl = "eager"                           # Triton autograd functions have no batching rule
-        if shard is not None and impl != "fused":
-            impl = "eager"
-        if impl == "triton" and not _triton_usable(q, triton_opts):
-            impl = "eager"
-    if shard is not None and under_transform(q, k, v):
-        raise ValueError(CONTEXT_PARALLEL_REFUSAL)
-    if impl == "triton":
-        if torch.compiler.is_compiling():   # the custom op: traced whole, no graph break
-            return nala_triton_attention(q, k, v, opts["norm_scale"], triton_opts)
-        if under_transform(q, k, v):        # torch.func / forward AD: the kernels with a forward-mode rule
-            return triton_jvp_attention(q, k, v, opts["norm_scale"], triton_opts)
-        return _triton_kernel(q, k, v, opts["norm_scale"], triton_opts)
-    if shard is not None and impl != "fused":
-        from .context_parallel import sharded_linear_attention
-
-        phi_q, phi_k = nala_features(q, k, config)
-        return sharded_linear_attention(phi_q, phi_k, v, shard, config.eps).to(v.dtype)
-    if impl == "eager":
-        return _nala_eager(q, k, v, config)
-    if impl == "compile":
-        return _nala_compiled(q, k, v, config)
-    if under_transform(q, k, v):   # torch.func / forward AD: the fused passes with a forward-mode rule
-        return _FusedNaLaJvp.apply(q, k, v, opts, shard)[0]
-    return _FusedNaLa.apply(q, k, v, opts, shard)
-
-
 def fused_opts(config: NaLaConfig, head_dim: int) -> dict:
     """The §2 / §3 constants of ``config`` as the fused passes and the Triton kernels take
     them: plain floats, the norm scale resolved for ``head_dim`` (``NaLaConfig.norm_scale_for``)."""
     return dict(direction=config.direction, power=float(config.power), offset=float(config.offset),
                 norm_scale=config.norm_scale_for(head_dim), alpha=float(config.alpha),
                 norm_eps=float(config.norm_eps), eps=float(config.eps))
-
-
-# ------------------------------------------------------------- first-use check (CUDA)
-# The Triton kernels are compiled for the GPU at hand on first use, so a compiler or driver
-# problem, or a wrong result on an untested architecture, only shows there. ``impl="auto"``
-# therefore runs them once per (device, dtype, head dim, direction) on a small input against
-# the unchunked composition, and on an error or a mismatch falls back to that composition
-# for the rest of the process, with one warning. ``_triton_kernel`` is looked up at call
-# time, so tests inject a failing or a wrong kernel on a CPU.
-
-# The check's inputs, (tokens, token ranges of the state passes): one range (the
-# single-launch forward, as N < 1,024 runs on a GPU) and several (the atomic state passes
-# and the output kernel, as N ≥ 1,024 runs), the token counts odd (a partial block in every
-# kernel). A gated layer's strided specialisations are checked by ``layers._check_gated``.
-CHECK_CASES = ((67, None), (1031, 3))
-CHECK_TOKENS = CHECK_CASES[0][0]
-CHECK_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}   # relative RMS
-REPORT = ("please report it with the output of benchmarks/gpu_check.sh at the nala_dit issue "
-          "tracker (GitHub issues)")
-_TRITON_CHECKS: dict[tuple, str | None] = {}   # key → None (passed) or the cause of the fallback
-CHECK_ERRORS: dict[tuple, float] = {}           # key → the largest relative RMS vs eager the check saw
-
-
-def _triton_kernel(q, k, v, norm_scale, opts, splits=None):
-    from .triton_kernels import nala_attention_triton
-
-    return nala_attention_triton(q, k, v, norm_scale, opts, splits=splits)
-
-
-def device_usable(device: torch.device) -> bool:
-    """Whether ``device`` still runs work: False after a sticky CUDA fault (an illegal
-    address, a launch failure), after which every later CUDA call in the process fails."""
-    if device.type != "cuda":
-        return True
-    try:
-        torch.cuda.synchronize(device)
-        return torch.ones(1, device=device).add_(1).item() == 2.0
-    except Exception:  # noqa: BLE001  (whatever the broken context raises)
-        return False
-
-
-def end_if_device_broken(device: torch.device, what: str, err: BaseException) -> None:
-    """After a kernel error in a first-use check: where the device no longer runs anything,
-    the eager fallback would die in the same process, so end it with one line naming what
-    was running (no traceback)."""
-    if device_usable(device):
-        return
-    first = (str(err).strip().splitlines() or [""])[0][:200]
-    raise SystemExit(f"NaLa: {what} left a sticky CUDA fault on {device} ({type(err).__name__}: {first}); no "
-                     f"later CUDA call in this process can run, the eager fallback included: stopping; {REPORT}")
-
-
-def _triton_usable(q: torch.Tensor, opts: dict) -> bool:
-    """``triton_passes_check`` for q's key. Under ``torch.compile`` the check runs while
-    dynamo traces (``_traced_check``: a constant of the graph, so the trace has no break),
-    on real tensors, once per key and process as in eager mode; a head dim that the
-    compiler keeps symbolic (``dynamic=True``) has no key to check, and takes the eager
-    composition."""
-    if not torch.compiler.is_compiling():
-        return triton_passes_check(q.device, q.dtype, q.shape[-1], opts)
-    head_dim = q.shape[-1]
-    if not isinstance(head_dim, int) or isinstance(head_dim, torch.SymInt):
-        return False
-    return _traced_check(q.device, q.dtype, head_dim, opts["direction"])
-
-
-@torch._dynamo.assume_constant_result
-def _traced_check(device, dtype, head_dim, direction) -> bool:
-    """dynamo runs this at trace time (not traced into) and keeps its result as a constant.
-    Its arguments must be constants, so the check runs with the default §2 constants of
-    ``direction`` (the cache key has none of them; ``dynamic=True`` makes the layer's
-    floats symbolic)."""
-    opts = {k: v for k, v in fused_opts(NaLaConfig(direction=direction), head_dim).items() if k != "norm_scale"}
-    return triton_passes_check(device, dtype, head_dim, opts)
-
-
-@torch.compiler.disable
-def triton_passes_check(device: torch.device, dtype: torch.dtype, head_dim: int, opts: dict) -> bool:
-    """Whether the Triton kernels passed their first-use check for this key (run once, cached)."""
-    key = (str(device), dtype, head_dim, opts["direction"])
-    if key not in _TRITON_CHECKS:
-        _TRITON_CHECKS[key] = cause = _check_triton(device, dtype, head_dim, opts)
-        if cause is not None:
-            warnings.warn(f"NaLa: the Triton kernels failed their first-use check on {device} ({dtype}, head dim "
-                          f"{head_dim}, {opts['direction']}): {cause}; using impl='eager' for the rest of this "
-                          f"process; {REPORT}", RuntimeWarning, stacklevel=3)
-    return _TRITON_CHECKS[key] is None
-
-
-def _check_triton(device, dtype, head_dim, opts) -> str | None:
-    """Outputs and gradients of ``_triton_kernel`` against ``_nala_eager`` on seeded
-    (1, 2, N, head_dim) inputs, one per ``CHECK_CASES`` entry; None when every relative RMS
-    is within ``CHECK_TOLERANCE`` (the largest is kept in ``CHECK_ERRORS``), else the cause
-    in a few words. A kernel error that leaves the device unusable ends the process
-    (``end_if_device_broken``)."""
-    key = (str(device), dtype, head_dim, opts["direction"])
-    tol = CHECK_TOLERANCE.get(dtype, 1e-4)
-    worst = 0.0
-    for n, splits in CHECK_CASES:
-        g = torch.Generator().manual_seed(n)
-        q, k, v, grad = (torch.randn(1, 2, n, head_dim, generator=g).to(device, dtype) for _ in range(4))
-
-        def run(fn, *extra):
-            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            with torch.enable_grad(), _no_autocast(device):
-                out = fn(*leaves, 1.0, opts, *extra)
-                out.backward(grad)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)   # a kernel's fault shows here, inside the check
-            return [out.detach()] + [t.grad for t in leaves]
-
-        ranges = "one token range" if splits is None else f"{splits} token ranges"
-        try:
-            got_all = run(_triton_kernel, splits)
-        except Exception as err:  # a compile or launch error: whatever the kernels raise
-            end_if_device_broken(device, f"the NaLa kernels' first-use check (N = {n}, {ranges}, {dtype}, head dim "
-                                         f"{head_dim}, {opts['direction']})", err)
-            first = (str(err).strip().splitlines() or [""])[0][:200]
-            return f"{type(err).__name__}: {first}"
-        ref_all = run(_nala_eager_opts)
-        for name, got, ref in zip(("output", "dq", "dk", "dv"), got_all, ref_all):
-            if got is None:
-                return f"no gradient {name} from the kernels"
-            ref, got = ref.double(), got.double()
-            err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-            if not err <= tol:   # also catches NaN
-                return f"{name} differs from the eager path by relative RMS {err:.1e} (> {tol:.0e}) at N = {n}"
-            worst = max(worst, err)
-        CHECK_ERRORS[key] = worst
-    return None
-
-
-def _nala_eager_opts(q, k, v, norm_scale, opts):
-    return _nala_eager(q, k, v, NaLaConfig(**opts, norm_scale=norm_scale))

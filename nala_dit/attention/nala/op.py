@@ -1,7 +1,7 @@
 """NaLa's fused CPU path as a ``torch.library`` custom op, so ``torch.compile(...,
 fullgraph=True)`` traces a whole NaLaDiT block without a graph break.
 
-A Python ``autograd.Function`` with a dict of options (``nala._FusedNaLa``) is opaque to
+A Python ``autograd.Function`` with a dict of options (``fused._FusedNaLa``) is opaque to
 dynamo's tracing of the backward and carries non-tensor state; here the same passes
 (``fused_state`` → ``fused_output``; ``fused_backward``) are two ops with plain scalar
 arguments, each with a fake (meta) implementation for tracing, and the backward registered
@@ -12,17 +12,17 @@ with ``register_autograd``:
   denominator ``(B, H, N, 1)`` are returned for the backward (not differentiable);
 * ``nala_dit::nala_fused_backward(q, k, v, state, den, grad_out, ...) → (dq, dk, dv)``.
 
-``nala_fused_attention(q, k, v, opts)`` is the call (``opts`` as ``nala.fused_opts``
+``nala_fused_attention(q, k, v, opts)`` is the call (``opts`` as ``fused.fused_opts``
 builds them). ``nala_attention`` itself keeps ``_FusedNaLa`` (this module sits above
-``nala.py``: packages import without cycles). Context parallel (``shard``) stays on ``_FusedNaLa``: its all-reduce is not an op.
+``fused.py``: packages import without cycles). Context parallel (``shard``) stays on ``_FusedNaLa``: its all-reduce is not an op.
 """
 from __future__ import annotations
 
 import torch
 
-from .config import DIRECTIONS
-from .functional import _check_qkv
-from .nala import fused_backward, fused_output, fused_state
+from ..config import DIRECTIONS
+from ..functional import _check_qkv
+from .fused import fused_backward, fused_output, fused_state
 
 _OPT_NAMES = ("direction", "power", "offset", "norm_scale", "alpha", "norm_eps", "eps")
 

@@ -3,7 +3,7 @@ and five backward, on the Triton kernels (CUDA; the tests run it under Triton's 
 
     qkvg (B, N, 4C) ──NaLa──▶ o (B, N, C) ──epilogue──▶ LayerNorm(o + LePE(v)) ⊙ SiLU(g)
 
-Forward: NaLa's single-launch kernel (or state + output at long N, ``triton_kernels``) reads
+Forward: NaLa's single-launch kernel (or state + output at long N, ``launch.py``) reads
 q, k, v as strided views of ``qkvg`` and writes its output in token layout; one epilogue
 kernel adds the LePE term (5×5 depthwise conv of v on the token grid, bias included),
 applies the output LayerNorm (keeping each token's mean and 1/std) and the SiLU gate, and
@@ -30,7 +30,7 @@ and the LayerNorm statistics (2 floats per token). ``GatedLinearAttention`` runs
 NaLa runs on Triton with LePE, output LayerNorm and gate (the defaults), without RoPE,
 region states or context parallel; any other layer keeps ``recompute.GatedMiddle``.
 Under ``torch.compile`` the layer's plain composition runs instead (NaLa as the custom op
-of ``triton_op.py``, the rest fused by inductor).
+of ``nala/triton_op.py``, the rest fused by inductor).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from .triton_kernels import backward_launch, fit_splits, forward_launch, launch_config, num_splits
+from .launch import backward_launch, fit_splits, forward_launch, launch_config, num_splits
 
 LEPE_SIZE = 5           # the LePE kernel is 5 × 5 (``GatedAttention.lepe``)
 TAPS = LEPE_SIZE * LEPE_SIZE
@@ -235,7 +235,7 @@ class TritonGatedMiddle(torch.autograd.Function):
     """``qkvg`` (B, N, 4C) → ``LayerNorm(NaLa(q, k, v) + LePE(v)) ⊙ SiLU(g)`` (B, N, C); see
     the module doc. ``scale``: NaLa's norm scale, an fp32 (H,) tensor (learned: its
     gradient is returned). ``spec``: heads, grid (h, w), the LayerNorm eps and ``opts``
-    (``triton_kernels.resolve_opts``'s)."""
+    (``launch.resolve_opts``'s)."""
 
     @staticmethod
     def forward(ctx, qkvg, scale, lepe_w, lepe_b, norm_w, norm_b, spec):

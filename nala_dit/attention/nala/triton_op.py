@@ -1,7 +1,7 @@
 """NaLa's Triton path as ``torch.library`` custom ops, so that ``torch.compile(...,
 fullgraph=True)`` traces a NaLaDiT block on a GPU without a graph break (and CUDA graphs
-can cover it); ``nala.nala_attention`` routes its Triton path here while compiling
-(``torch.compiler.is_compiling()``), and keeps ``triton_kernels.TritonNaLa`` in eager mode.
+can cover it); ``backend.nala_attention`` routes its Triton path here while compiling
+(``torch.compiler.is_compiling()``), and keeps ``triton/launch.py``'s ``TritonNaLa`` in eager mode.
 
 * ``nala_dit::nala_triton(q, k, v, scale, direction, power, offset, alpha, norm_eps, eps,
   variant, precision) → (out, state, z, den)``: ``out`` (B, H, N, D) in v's dtype; the
@@ -21,7 +21,7 @@ paths cannot drift; inductor treats the op as opaque (no fusion into the kernels
 costs nothing here: the kernels already fuse the feature maps.
 
 ``variant`` and ``precision`` ("" for the default) are resolved when the op runs, as
-``triton_kernels.nala_attention_triton`` resolves them (the environment's variant; fp32
+``triton/launch.py``'s ``nala_attention_triton`` resolves them (the environment's variant; fp32
 products unless ``torch.set_float32_matmul_precision("high")``), in the forward and again
 in the backward. Nothing here imports Triton until an op runs.
 """
@@ -41,7 +41,7 @@ class _Ctx:
 
 def _resolved(q: torch.Tensor, opts: dict) -> dict:
     """``opts`` with the variant and the product precision filled in (``resolve_opts``)."""
-    from .triton_kernels import resolve_opts
+    from .triton.launch import resolve_opts
 
     return resolve_opts(q, opts)
 
@@ -57,7 +57,7 @@ def _on_device(q: torch.Tensor):
 def nala_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor, direction: str,
                 power: float, offset: float, alpha: float, norm_eps: float, eps: float, variant: str,
                 precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .triton_kernels import TritonNaLa
+    from .triton.launch import TritonNaLa
 
     opts = _resolved(q, dict(zip(_OPT_NAMES, (direction, power, offset, alpha, norm_eps, eps, variant, precision))))
     ctx = _Ctx()
@@ -83,7 +83,7 @@ def nala_triton_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
                          need_scale: bool, direction: str, power: float, offset: float, alpha: float,
                          norm_eps: float, eps: float, variant: str,
                          precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .triton_kernels import TritonNaLa, launch_config, num_splits
+    from .triton.launch import TritonNaLa, launch_config, num_splits
 
     opts = _resolved(q, dict(zip(_OPT_NAMES, (direction, power, offset, alpha, norm_eps, eps, variant, precision))))
     b, h, n, d = q.shape
@@ -128,7 +128,7 @@ nala_triton.register_autograd(_backward, setup_context=_setup_context)
 def nala_triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_scale, opts: dict) -> torch.Tensor:
     """The Triton path through the custom op: ``(B, H, N, D)`` in v's dtype. ``norm_scale``
     a float or a tensor with 1 or H elements (per head; its gradient flows back), ``opts``
-    the §2 constants as ``triton_kernels.nala_attention_triton`` takes them."""
+    the §2 constants as ``triton/launch.py``'s ``nala_attention_triton`` takes them."""
     h = q.shape[1]
     if isinstance(norm_scale, torch.Tensor):
         if norm_scale.numel() not in (1, h):

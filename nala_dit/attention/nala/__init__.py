@@ -1,0 +1,44 @@
+"""NaLa as one op: every path that computes it, and the file that holds each.
+
+The math is ``docs/NALA_SPEC.md``: the feature maps φ_q, φ_k (§2), the normalised linear
+form ``o = φ_qᵀS / (φ_qᵀz + ε)`` with ``S = mean_j φ_k(k_j) v_jᵀ``, ``z = mean_j φ_k(k_j)``
+(§3), the gated layer around it (§4), what the tests hold (§5). Its explicit N×N references
+and the readable composition ``nala_features`` → §3 are ``../functional.py``'s.
+
+One call, ``nala_attention(q, k, v, config, impl=...)`` (``backend.py``), runs one of:
+
+* ``eager`` -- the readable composition under plain autograd (``backend._nala_eager``; the
+  reference, any device; ``impl="compile"`` is its ``torch.compile``);
+* ``fused`` -- the CPU path (``fused.py``): token-chunked feature lifts with a hand-written
+  backward (``_FusedNaLa``) that saves q, k, v, the small state ``[S | z]`` and the
+  denominator only; ``chunks.py`` sizes its token chunks;
+* ``triton`` -- the GPU path (``triton/``): ``features.py`` the ``@triton.jit`` feature maps
+  and their gradients, ``blocks.py`` the loads, stores and products every kernel shares,
+  ``forward.py`` the state and output kernels, ``backward.py`` the dq and dkv kernels,
+  ``launch.py`` the launch configs, grids, launches and the autograd function
+  (``TritonNaLa``), checked on first use against ``eager`` (``backend.triton_passes_check``).
+
+``backend.py`` also picks which (``select_nala_impl``: ``fused`` on CPU, ``triton`` on CUDA
+where Triton takes the shape, else ``eager``). Around that choice:
+
+* the gated layer's fused middle (qkvg → LePE, LayerNorm, gate → projection as one
+  autograd function): on CPU ``../recompute.py``'s ``GatedMiddle`` over ``fused.py``'s
+  passes, on Triton ``triton/gated.py``'s ``TritonGatedMiddle`` (NaLa's kernels and one
+  epilogue kernel); the layer itself is ``../layers.py``'s ``GatedLinearAttention``;
+* region states (``--nala-regions``): ``../regions.py``, over ``fused.py``'s passes;
+* context parallel (one image's tokens over several ranks): ``../context_parallel.py``; the
+  fused passes all-reduce their state (``shard=``), every other path runs the eager
+  composition with the all-reduced state;
+* forward-mode derivatives (``torch.func.jvp``, forward AD): ``tangent.py``, the tangent in
+  two linear passes, used by ``fused._FusedNaLaJvp`` and ``tangent.TritonNaLaJvp``;
+* ``torch.compile``: the ``torch.library`` custom ops ``nala_dit::nala_fused`` (``op.py``,
+  the fused path) and ``nala_dit::nala_triton`` (``triton_op.py``, the Triton path, what
+  ``nala_attention`` runs while dynamo traces), so a block traces with no graph break.
+
+Nothing here imports Triton until a Triton path runs.
+"""
+
+from .backend import NALA_IMPLS, nala_attention, select_nala_impl, triton_available
+from .fused import fused_opts
+
+__all__ = ["NALA_IMPLS", "fused_opts", "nala_attention", "select_nala_impl", "triton_available"]

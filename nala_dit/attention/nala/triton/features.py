@@ -1,0 +1,241 @@
+"""NaLa's feature maps (§2) as ``@triton.jit`` helpers, and their gradients: φ_q and φ_k of
+a block of tokens in registers (norm, exponent ``|q̂|^p``, angle θ = (π/4)·tanh(α x̂), the
+cos/sin halves, ``|k|^λ``), for a head dim in one tile (``_query_features``, ...) and in two
+(``_query_features2``, ...: ``launch.split_tiles``), and the backward through them. The
+MUFU approximations of sin, cos and log are taken in the half-precision mode only."""
+
+import triton
+import triton.language as tl
+
+
+# ------------------------------------------------------------------ feature maps (§2)
+
+
+# Hardware approximations (the MUFU unit: one instruction each) for the feature map's
+# sin, cos and log in the half-precision mode (PREC == "bf16") only; everything else (fp32
+# inputs, the interpreter, which runs no PTX) keeps libdevice's exact functions, which
+# compile to software polynomials and, for sin/cos, a local-memory argument reduction.
+# PTX ISA bounds: sin/cos.approx absolute error ≤ 2^-20.5 on [-π, π] (θ here is within
+# ±π/4); lg2.approx absolute error ≤ 2^-22 on [0.5, 2], relative ≤ 2^-22 elsewhere.
+# bf16 keeps 8 mantissa bits (2^-9 relative rounding): the approximations are ~2^-11 of
+# that. tests/attention/test_triton_approx.py measures each one's worst error on a GPU.
+
+
+@triton.jit
+def _sin(x, PREC: tl.constexpr):
+    if PREC == "bf16":
+        return tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.sin(x)
+
+
+@triton.jit
+def _cos(x, PREC: tl.constexpr):
+    if PREC == "bf16":
+        return tl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.cos(x)
+
+
+@triton.jit
+def _log(x, PREC: tl.constexpr):
+    if PREC == "bf16":
+        return 0.6931471805599453 * tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                               is_pure=True, pack=1)
+    else:
+        return tl.log(x)
+
+
+@triton.jit
+def _tanh(x):
+    # exp(−2|x|) ∈ (0, 1]: no overflow at any |x| (tl has no tanh on every backend).
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _abs_pow(x, p, PREC: tl.constexpr):
+    """|x|^p for p > 0 as exp(p·log|x|), exactly 0 at x = 0 (never log of a signed base)."""
+    ax = tl.abs(x)
+    return tl.where(ax > 0, tl.exp(p * _log(tl.where(ax > 0, ax, 1.0), PREC)), 0.0)
+
+
+@triton.jit
+def _unit(x, norm_eps):
+    norm = tl.sqrt(tl.sum(x * x, 1))                       # (BN,)
+    clamped = tl.maximum(norm, norm_eps)
+    return x / clamped[:, None], norm, clamped
+
+
+@triton.jit
+def _lift(mag, x_hat, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """The two halves of φ: (m cos θ, m sin θ) with θ = (π/4)·tanh(α x̂), or
+    (m·1(x̂>0), m·1(x̂<0)) in the relu_split mode."""
+    if COSINE:
+        theta = 0.7853981633974483 * _tanh(alpha * x_hat)
+        f1 = mag * _cos(theta, PREC)
+        f2 = mag * _sin(theta, PREC)
+    else:
+        f1 = tl.where(x_hat > 0, mag, 0.0)
+        f2 = tl.where(x_hat < 0, mag, 0.0)
+    return f1, f2
+
+
+@triton.jit
+def _query_features(q, scale, power, offset, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """φ_q of §2 for a (BN, BD) fp32 block: a = |q̂|^p with p = λ(τ + tanh(‖q‖/s))."""
+    q_hat, norm, clamped = _unit(q, norm_eps)
+    t_norm = _tanh(norm / scale)
+    p = power * (offset + t_norm)                          # (BN,)
+    a = _abs_pow(q_hat, p[:, None], PREC)
+    f1, f2 = _lift(a, q_hat, alpha, COSINE, PREC)
+    return f1, f2, q_hat, norm, clamped, p, t_norm
+
+
+@triton.jit
+def _key_features(k, power, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """φ_k of §2: b = |k|^λ (norm kept), direction from k̂ = k/‖k‖."""
+    b = _abs_pow(k, power, PREC)
+    if COSINE:
+        k_hat, norm, clamped = _unit(k, norm_eps)
+        f1, f2 = _lift(b, k_hat, alpha, COSINE, PREC)
+    else:
+        f1, f2 = _lift(b, k, alpha, COSINE, PREC)
+    return f1, f2
+
+
+@triton.jit
+def _lift_grad(f1, f2, g1, g2, x_hat, alpha, COSINE: tl.constexpr):
+    """From the halves F = (m c, m s) and their gradient G: m·∂L/∂m = G·F, and
+    ∂L/∂x̂ through θ: (G₂F₁ − G₁F₂)·(π/4)·α·(1 − tanh²(α x̂)) (0 in relu_split)."""
+    m_dm = g1 * f1 + g2 * f2
+    if COSINE:
+        t = _tanh(alpha * x_hat)
+        d_hat = (g2 * f1 - g1 * f2) * ((0.7853981633974483 * alpha) * (1.0 - t * t))
+    else:
+        d_hat = tl.zeros_like(m_dm)
+    return m_dm, d_hat
+
+
+@triton.jit
+def _through_unit(x, x_hat, norm, clamped, d_hat, d_norm, norm_eps):
+    """∂L/∂x for x̂ = x / max(‖x‖, ε), plus an extra ∂L/∂‖x‖ (d_norm)."""
+    d_clamped = -tl.sum(d_hat * x_hat, 1) / clamped
+    # max(·, ε) passes the gradient where ‖x‖ ≥ ε; ∂‖x‖/∂x = x/‖x‖, 0 at x = 0.
+    d_norm = d_norm + tl.where(norm >= norm_eps, d_clamped, 0.0)
+    safe = tl.where(norm == 0, 1.0, norm)
+    return d_hat / clamped[:, None] + (d_norm / safe)[:, None] * x
+
+
+@triton.jit
+def _query_grad(q, f1, f2, g1, g2, q_hat, norm, clamped, p, t_norm, scale, power, alpha,
+                norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """∂L/∂q from ∂L/∂φ_q, and ∂L/∂(‖q‖/s) (for a learned s)."""
+    a_da, d_hat = _lift_grad(f1, f2, g1, g2, q_hat, alpha, COSINE)
+    nonzero = q_hat != 0
+    safe = tl.where(nonzero, q_hat, 1.0)
+    # a = |q̂|^p: ∂a/∂q̂ = p·a/q̂ and ∂a/∂p = a·log|q̂|, both 0 where q̂ = 0 (as torch.pow).
+    d_hat += a_da * p[:, None] / safe
+    d_p = tl.sum(tl.where(nonzero, a_da * _log(tl.abs(safe), PREC), 0.0), 1)
+    d_u = d_p * power * (1.0 - t_norm * t_norm)             # ∂L/∂u, u = ‖q‖/s
+    dq = _through_unit(q, q_hat, norm, clamped, d_hat, d_u / scale, norm_eps)
+    return dq, d_u
+
+
+@triton.jit
+def _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE: tl.constexpr):
+    """∂L/∂k from ∂L/∂φ_k: b = |k|^λ gives λ·b/k (0 at k = 0), θ goes through k̂."""
+    if COSINE:
+        k_hat, norm, clamped = _unit(k, norm_eps)
+        b_db, d_hat = _lift_grad(f1, f2, g1, g2, k_hat, alpha, COSINE)
+        dk = _through_unit(k, k_hat, norm, clamped, d_hat, tl.zeros_like(norm), norm_eps)
+    else:
+        b_db, d_hat = _lift_grad(f1, f2, g1, g2, k, alpha, COSINE)
+        dk = tl.zeros_like(k)
+    return dk + b_db * power / tl.where(k != 0, k, 1.0)
+
+
+# Split head dim (see "Head dims" in the module docstring): a head dim D that is not a
+# power of two runs as two tiles, lanes [0, BA) and [BA, BA + BB) (BA the largest power of
+# two ≤ D, BB ≥ 16 a power of two; D = 72: 64 + 16, 8 masked lanes). Elementwise work is
+# per tile; a row reduction (‖x‖, Σ_d, ...) is the sum of the two tiles' sums.
+
+
+@triton.jit
+def _query_tile(q, clamped, p, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
+    q_hat = q / clamped[:, None]
+    f1, f2 = _lift(_abs_pow(q_hat, p[:, None], PREC), q_hat, alpha, COSINE, PREC)
+    return f1, f2, q_hat
+
+
+@triton.jit
+def _query_features2(qa, qb, scale, power, offset, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """_query_features on the two tiles of a split head dim."""
+    norm = tl.sqrt(tl.sum(qa * qa, 1) + tl.sum(qb * qb, 1))
+    clamped = tl.maximum(norm, norm_eps)
+    t_norm = _tanh(norm / scale)
+    p = power * (offset + t_norm)
+    f1a, f2a, ha = _query_tile(qa, clamped, p, alpha, COSINE, PREC)
+    f1b, f2b, hb = _query_tile(qb, clamped, p, alpha, COSINE, PREC)
+    return f1a, f2a, f1b, f2b, ha, hb, norm, clamped, p, t_norm
+
+
+@triton.jit
+def _key_features2(ka, kb, power, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """_key_features on the two tiles of a split head dim."""
+    ba = _abs_pow(ka, power, PREC)
+    bb = _abs_pow(kb, power, PREC)
+    if COSINE:
+        clamped = tl.maximum(tl.sqrt(tl.sum(ka * ka, 1) + tl.sum(kb * kb, 1)), norm_eps)
+        f1a, f2a = _lift(ba, ka / clamped[:, None], alpha, COSINE, PREC)
+        f1b, f2b = _lift(bb, kb / clamped[:, None], alpha, COSINE, PREC)
+    else:
+        f1a, f2a = _lift(ba, ka, alpha, COSINE, PREC)
+        f1b, f2b = _lift(bb, kb, alpha, COSINE, PREC)
+    return f1a, f2a, f1b, f2b
+
+
+@triton.jit
+def _query_grad_tile(f1, f2, g1, g2, q_hat, p, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """One tile of _query_grad: ∂L/∂q̂ and this tile's part of ∂L/∂p."""
+    a_da, d_hat = _lift_grad(f1, f2, g1, g2, q_hat, alpha, COSINE)
+    nonzero = q_hat != 0
+    safe = tl.where(nonzero, q_hat, 1.0)
+    d_hat += a_da * p[:, None] / safe
+    d_p = tl.sum(tl.where(nonzero, a_da * _log(tl.abs(safe), PREC), 0.0), 1)
+    return d_hat, d_p
+
+
+@triton.jit
+def _key_tile(k, clamped, power, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """φ_k on a chunk of lanes: b = |k|^λ, the direction from k̂ = k / max(‖k‖, ε) (cosine;
+    ``clamped`` spans every lane) or from k (relu_split); also that x̂ (k̂ or k)."""
+    b = _abs_pow(k, power, PREC)
+    if COSINE:
+        h = k / clamped[:, None]
+    else:
+        h = k
+    f1, f2 = _lift(b, h, alpha, COSINE, PREC)
+    return f1, f2, h
+
+
+@triton.jit
+def _key_grad_tile(k, f1, f2, g1, g2, h, clamped, power, alpha, COSINE: tl.constexpr):
+    """∂L/∂k on a chunk of lanes but the unit vector's row term (c·k, see _unit_row_term):
+    λ·b·∂L/∂b / k, plus ∂L/∂k̂ / max(‖k‖, ε) in the cosine mode; and Σ ∂L/∂k̂·k̂ over the chunk."""
+    b_db, d_hat = _lift_grad(f1, f2, g1, g2, h, alpha, COSINE)
+    part = b_db * power / tl.where(k != 0, k, 1.0)
+    if COSINE:
+        part += d_hat / clamped[:, None]
+    return part, tl.sum(d_hat * h, 1)
+
+
+@triton.jit
+def _unit_row_term(norm, clamped, dot_hat, d_norm, norm_eps):
+    """c in ∂L/∂x = ∂L/∂x̂ / max(‖x‖, ε) + c·x for x̂ = x / max(‖x‖, ε) (as _through_unit),
+    from Σ_d ∂L/∂x̂·x̂ over every lane and an extra ∂L/∂‖x‖."""
+    d_norm = d_norm + tl.where(norm >= norm_eps, -dot_hat / clamped, 0.0)
+    return d_norm / tl.where(norm == 0, 1.0, norm)
