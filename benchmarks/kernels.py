@@ -3,8 +3,9 @@
 At each (B, H, N, D) of ``--shapes`` (default: XL/2 heads 16 × 72 and S/2 heads 6 × 64 at
 256, 1,024 and 4,096 tokens, batch filling the GPU), forward and forward + backward:
 
-* ``nala``: ``nala_attention`` (``impl="auto"``: the Triton kernels on CUDA, the variant
-  that ``NALA_TRITON_VARIANT`` selected at import, recorded in the JSON; the fused path on
+* ``nala``: ``nala_attention`` (``impl="auto"``: the Triton kernels on CUDA, the kernels
+  that ``NALA_TRITON_VARIANT`` selects at start (``baseline``: ``benchmarks/baseline_nala.py``),
+  recorded in the JSON; the fused path on
   the CPU), checked first against ``impl="eager"`` (outputs and gradients, relative RMS,
   recorded as ``max_rel_rms_vs_eager``);
 * ``sdpa_cudnn``, ``sdpa_flash``: SDPA forced onto cuDNN and FlashAttention (CUDA);
@@ -50,6 +51,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from benchmarks.attention import DTYPES, MODES, make_inputs, run_once, sdpa_on  # noqa: E402
+from benchmarks.baseline_nala import install_if_asked  # noqa: E402
+
+VARIANT = install_if_asked()   # NALA_TRITON_VARIANT=baseline: the kernels before the rework (the A/B)
 from benchmarks.timing import kernel_ms, time_calls  # noqa: E402
 from nala_dit.attention import first_use_checks, nala_attention  # noqa: E402
 
@@ -84,11 +88,8 @@ def methods_for(device):
 
 
 def triton_variant():
-    try:
-        from nala_dit.attention.nala.triton import launch as triton_kernels
-    except Exception:  # noqa: BLE001  (no Triton here)
-        return None
-    return triton_kernels.VARIANT
+    """The Triton kernels in use ("fused", or "baseline": ``benchmarks/baseline_nala.py``)."""
+    return VARIANT
 
 
 def call_flops(method, shape, mode):

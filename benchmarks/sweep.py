@@ -6,7 +6,8 @@ backward, AdamW) and a sampling forward (``no_grad``), bf16 weights and inputs, 
 
 * ``DiT`` with SDPA forced onto cuDNN (``sdpa=cudnn``) and onto FlashAttention (``flash``)
   (on the CPU: SDPA's own pick, ``default``),
-* ``NaLaDiT`` (NaLa on the Triton kernels on CUDA, ``NALA_TRITON_VARIANT`` at import; its
+* ``NaLaDiT`` (NaLa on the Triton kernels on CUDA, ``NALA_TRITON_VARIANT=baseline``: the
+  kernels before the rework, ``benchmarks/baseline_nala.py``; its
   gated layers fused, or ``--gated-layer unfused``: their plain composition),
 
 in each of ``--modes``: ``eager``; ``default`` (``torch.compile`` through
@@ -51,6 +52,9 @@ import torch  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from benchmarks.attention import DTYPES  # noqa: E402
+from benchmarks.baseline_nala import install_if_asked  # noqa: E402
+
+install_if_asked()   # NALA_TRITON_VARIANT=baseline: the kernels before the rework (the model A/B)
 from benchmarks.launch import SMOKE  # noqa: E402
 from benchmarks.model import make_batch, sample_step, train_step  # noqa: E402
 from benchmarks.timing import time_calls  # noqa: E402

@@ -83,8 +83,17 @@ def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "f
     ``variant`` can launch (the fused variant: the single-launch forward, or the atomic
     state pass + output; the baseline: the partial-sum state pass + output); ``config`` as
     ``launch_config``'s override (``{"table": "previous"}``: the entries before the
-    register work). The launch config is the kind's entry: num_warps, num_stages, maxnreg."""
-    cfg = tn.launch_config(head_dim, config, variant=variant)
+    register work). The launch config is the kind's entry: num_warps, num_stages, maxnreg.
+    The baseline and the previous configs are the kernel module before the rework's
+    (``benchmarks/baseline_nala.py``)."""
+    if variant == "baseline" or config:
+        from benchmarks import baseline_nala_kernels as old
+
+        cfg = old.launch_config(head_dim, config, variant=variant)
+        k = lambda kind: old._kernel_for(f"_{kind}_kernel", cfg)  # noqa: E731  (its kernels by name)
+    else:
+        cfg = tn.launch_config(head_dim)
+        k = lambda kind: tn._kernel_for(kind, cfg)  # noqa: E731  (the split forms where D is split)
     fw, st, out, dq, dkv = (cfg[kind] for kind in tn.KINDS)
     p, f = f"*{dtype}", "*fp32"
     half = "bf16" if variant == "fused" else "tf32"
@@ -92,7 +101,6 @@ def kernel_variants(head_dim: int, dtype: str, direction: str, variant: str = "f
     if "BA" in cfg:
         base["D"] = head_dim     # the split kernels take D as a constant (vectorised state loads)
     st_c = dict(base, BLOCK_N=st["BLOCK_N"], **tn._tile_args(cfg, "state"), ATOMIC=variant == "fused")
-    k = lambda name: tn._kernel_for(name, cfg)  # noqa: E731  (the split forms where D is split)
     fused = [("forward", k("forward"), dict(K=p, V=p, Q=p, ScaleP=f, S=f, Z=f, O=p, DEN=f),
               dict(base, BLOCK_N=fw["BLOCK_N"], **tn._tile_args(cfg, "forward"),
                    **({"BLOCK_O": out["BLOCK_N"]} if "BA" in cfg else {})), fw)] \
@@ -269,7 +277,7 @@ def run_launches(launched: list, channels: int, heads: int, dtype: str = "bf16",
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     d = channels // heads
     opts = {k: v for k, v in fused_opts(NaLaConfig(), d).items() if k != "norm_scale"}
-    opts.update(precision="ieee" if dtype == "fp32" else "bf16", variant="fused")   # resolve_opts on a GPU
+    opts.update(precision="ieee" if dtype == "fp32" else "bf16")   # resolve_opts on a GPU
     for n in lengths:
         gh = int(n ** 0.5)
         grid = (gh, n // gh)
@@ -350,7 +358,7 @@ def main(argv=None):
     parser.add_argument("--dtypes", default="bf16,fp32", type=lambda s: s.split(","))
     parser.add_argument("--directions", default="cosine,relu_split", type=lambda s: s.split(","))
     parser.add_argument("--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200)")
-    parser.add_argument("--variant", default="fused", choices=tn.VARIANTS,
+    parser.add_argument("--variant", default="fused", choices=("fused", "baseline"),
                         help="the kernels to compile (baseline: before the rework; see NALA_TRITON_VARIANT)")
     parser.add_argument("--previous", dest="config", action="store_const", const={"table": "previous"},
                         help="the fused variant's launch configs from before the register work")

@@ -61,10 +61,18 @@ def bench(fn, device):
     return time_calls(fn, device, repeats=2)["wall_ms"]
 
 
-def fwd_bwd(q, k, v, grad, config, variant=None):
+def fwd_bwd(q, k, v, grad, config, variant="fused"):
+    """One forward + backward: the package's kernels, or (``variant`` "baseline", or the launch
+    configs before the register work, ``{"table": "previous"}``) the kernel module before the
+    rework (``benchmarks/baseline_nala.py``)."""
     for t in (q, k, v):
         t.grad = None
-    out = triton_kernels.nala_attention_triton(q, k, v, 1.0, dict(OPTS, variant=variant), config=config)
+    if variant == "baseline" or (config or {}).get("table") == "previous":
+        from benchmarks import baseline_nala_kernels as old
+
+        out = old.nala_attention_triton(q, k, v, 1.0, dict(OPTS, variant=variant), config=config)
+    else:
+        out = triton_kernels.nala_attention_triton(q, k, v, 1.0, OPTS, config=config)
     out.backward(grad)
     return [out.detach().float()] + [t.grad.float() for t in (q, k, v)]
 
@@ -79,8 +87,10 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop after this many seconds (0: no limit)")
     parser.add_argument("--out", default="runs/triton_configs.json", type=new_output)
-    parser.add_argument("--variant", default=triton_kernels.VARIANT, choices=triton_kernels.VARIANTS,
-                        help="the kernels to sweep (default: NALA_TRITON_VARIANT, else fused)")
+    parser.add_argument("--variant", default=os.environ.get("NALA_TRITON_VARIANT", "fused"),
+                        choices=("fused", "baseline"),
+                        help="the kernels to sweep: the package's, or the baseline (benchmarks/baseline_nala.py); "
+                             "default: NALA_TRITON_VARIANT, else fused")
     parser.add_argument("--max-configs", type=int, default=0, help="alternatives tried per head dim (0: all)")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU under TRITON_INTERPRET=1: fp32, B=H=1, 40 tokens, one alternative (tests)")
@@ -105,7 +115,9 @@ def main(argv=None):
         if not args.smoke:   # the per-kernel configs before the two-programs-per-SM work, first
             alternatives.insert(0, dict(table="previous"))
         for config in [None, *alternatives]:
-            label = dict(config or dict(default=triton_kernels.launch_config(d, variant=args.variant)))
+            default = (triton_kernels.launch_config(d) if args.variant == "fused" else
+                       __import__("benchmarks.baseline_nala_kernels", fromlist=["x"]).launch_config(d, None, "baseline"))
+            label = dict(config or dict(default=default))
             if args.budget_s and time.perf_counter() - start > args.budget_s:
                 rows.append(dict(head_dim=d, **label, skipped="budget spent"))
                 continue

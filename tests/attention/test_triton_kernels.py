@@ -31,9 +31,9 @@ def run_cases(env_extra, *pytest_args):
 def test_kernels_under_the_interpreter():
     """fp32 outputs and gradients against the quadratic reference, ≤ 1e-5 relative RMS:
     odd N (1, 17, 1,025 among them), both directions, head dims 24/32/40/48/64/72/96/128
-    (40, 48, 72, 96 as two tiles in the fused variant, padded in the baseline), exact zeros,
-    strided inputs, several token ranges, non-default constants, a per-head norm scale;
-    both kernel variants (fused and baseline)."""
+    (40, 48, 72, 96 as two tiles; padded in the GPU A/B's baseline kernels,
+    ``benchmarks/baseline_nala.py``), exact zeros, strided inputs, several token ranges,
+    non-default constants, a per-head norm scale; the baseline kernels too."""
     stdout = run_cases({"TRITON_INTERPRET": "1"})
     assert " passed" in stdout and "failed" not in stdout
     # Everything except the CUDA-only cases (long N, the autocast layer) ran.
@@ -179,8 +179,9 @@ def test_gated_epilogue_kernels_compile_for_hopper_without_spills():
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 def test_split_head_dim_tiles():
     """Which head dims run as two tiles (lanes [0, BA) and [BA, BA + BB), both powers of
-    two, BB ≥ 16) in the fused variant: those where that is narrower than one padded tile.
-    XL/2's 72 is 64 + 16 (80 lanes, not 128); powers of two and the baseline keep BD."""
+    two, BB ≥ 16): those where that is narrower than one padded tile. XL/2's 72 is 64 + 16
+    (80 lanes, not 128); powers of two and the A/B's baseline kernels keep BD."""
+    from benchmarks import baseline_nala_kernels as baseline
     from nala_dit.attention.nala.triton.launch import KINDS, launch_config, split_tiles
 
     assert split_tiles(72) == (64, 16) and split_tiles(80) == (64, 16) and split_tiles(96) == (64, 32)
@@ -190,16 +191,18 @@ def test_split_head_dim_tiles():
     cfg = launch_config(72)
     assert (cfg["BA"], cfg["BB"], cfg["BD"]) == (64, 16, 128)
     assert all(cfg[kind]["NV"] == 1 for kind in KINDS)                    # every value lane in one program
-    assert "BA" not in launch_config(72, variant="baseline") and "BA" not in launch_config(64)
+    assert "BA" not in baseline.launch_config(72) and "BA" not in launch_config(64)
     assert launch_config(72, dict(BLOCK_N=16, BV=16, num_warps=4))["dq"] == dict(
         BLOCK_N=16, num_warps=4, num_stages=None, maxnreg=None, NV=1, BC=16)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 def test_previous_launch_configs_stay_reachable():
-    """The launch configs before the two-programs-per-SM work, for the GPU sweep's A/B:
-    ``{"table": "previous"}`` gives them (no register cap, Triton's stages); the baseline
-    variant's are unchanged (the GPU A/B compares against it)."""
+    """The launch configs before the two-programs-per-SM work, for the GPU sweep's A/B: the
+    baseline kernel module (``benchmarks/baseline_nala_kernels.py``) gives them as
+    ``{"table": "previous"}`` (no register cap, Triton's stages) and its baseline variant's
+    unchanged; its fused variant's configs are the package's, entry for entry."""
+    from benchmarks import baseline_nala_kernels as old
     from nala_dit.attention.nala.triton.launch import KINDS, launch_config
 
     def entries(cfg, keys=("BLOCK_N", "BV", "num_warps", "num_stages", "maxnreg")):
@@ -208,12 +211,14 @@ def test_previous_launch_configs_stay_reachable():
     before = {64: ((32, 64, 8), (32, 64, 8), (64, 64, 8), (32, 64, 8), (32, 64, 8)),
               72: ((16, None, 8), (16, None, 8), (64, None, 8), (64, None, 8), (64, None, 8))}
     for d, rows in before.items():
-        assert entries(launch_config(d, {"table": "previous"})) == {
+        assert entries(old.launch_config(d, {"table": "previous"}, "fused")) == {
             kind: (*row, None, None) for kind, row in zip(KINDS, rows)}, d
-        assert entries(launch_config(d)) != entries(launch_config(d, {"table": "previous"})), d
+        assert entries(launch_config(d)) != entries(old.launch_config(d, {"table": "previous"}, "fused")), d
+    for d in (16, 24, 32, 40, 48, 64, 72, 96, 120, 128):
+        assert launch_config(d) == old.launch_config(d, None, "fused"), d
     baseline = {64: (64, 64, 8), 72: (32, 64, 8)}                        # state passes; D = 72 padded to 128
     for d, row in baseline.items():
-        cfg = launch_config(d, variant="baseline")
+        cfg = old.launch_config(d)
         assert entries(cfg)["state"] == (*row, None, None) and entries(cfg)["forward"] == entries(cfg)["state"]
         assert all(cfg[kind]["maxnreg"] is None and cfg[kind]["num_stages"] is None for kind in KINDS)
     # The GPU sweep's row for them, as docs/performance.md's table shows it.
@@ -256,10 +261,12 @@ def test_state_pass_splits(monkeypatch):
     assert splits(1023, 16, 1, cuda) == 1                                # short: the single-launch forward
     assert splits(4096, 256 * 16, 2, cuda) == 1                          # B·H already fills the GPU
     assert splits(65536, 6, 1, torch.device("cpu")) == 1
-    # The baseline variant (before the rework): ranges of at least 512 tokens.
-    assert splits(4096, 6, 1, cuda, "baseline") == 8
-    assert splits(1024, 16, 1, cuda, "baseline") == 2
-    assert splits(256, 6, 1, cuda, "baseline") == 1
+    # The A/B's baseline kernels (before the rework): ranges of at least 512 tokens.
+    from benchmarks import baseline_nala_kernels as baseline
+
+    assert baseline.num_splits(4096, 6, 1, cuda) == 8
+    assert baseline.num_splits(1024, 16, 1, cuda) == 2
+    assert baseline.num_splits(256, 6, 1, cuda) == 1
 
 
 # ------------------------------------------------------- first-use check and fallback
@@ -416,7 +423,7 @@ def test_grids_fit_cuda_at_every_supported_length():
         for n in (65_536, TRITON_MAX_TOKENS):
             for b in (1, 32):
                 grids = dict(tg.launch_grids(b, n, c))
-                for splits in (1, n // tk.MIN_SPLIT_TOKENS["fused"]):
+                for splits in (1, n // tk.MIN_SPLIT_TOKENS):
                     grids.update({f"{k} ({splits} ranges)": g for k, g in tk.launch_grids(b, heads, n, cfg, splits).items()})
                 for name, grid in grids.items():
                     assert grid[0] <= 2**31 - 1 and all(axis <= 65_535 for axis in grid[1:]), (c, n, b, name, grid)

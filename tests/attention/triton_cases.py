@@ -26,6 +26,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if not INTERPRET and not torch.cuda.is_available():
     pytest.skip("needs CUDA, or TRITON_INTERPRET=1 set before Triton is imported", allow_module_level=True)
 
+from benchmarks import baseline_nala_kernels as baseline  # noqa: E402  (the GPU A/B's kernels before the rework)
 from nala_dit.attention.nala.triton import launch as triton_kernels  # noqa: E402  (after the environment check above)
 
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -42,14 +43,15 @@ def qkv(b=1, h=2, n=63, d=32, scale=1.0, seed=0, dtype=torch.float32):
 def compare(q, k, v, tol, splits=None, norm_scale=1.0, variant=None, **kw):
     """Triton kernels vs the quadratic reference on the same inputs: outputs and the
     gradients of q, k, v (and of a tensor norm scale) for a random output gradient.
-    ``variant`` picks the kernels (``triton_kernels.VARIANTS``; None: the default)."""
+    ``variant`` "baseline": the GPU A/B's kernels before the rework (``benchmarks/baseline_nala.py``)."""
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     if isinstance(norm_scale, torch.Tensor):
         leaves.append(norm_scale.detach().requires_grad_())
     opts = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
-    opts.update(kw, variant=variant)
+    opts.update(kw)
     scale = leaves[3] if len(leaves) == 4 else norm_scale
-    out = triton_kernels.nala_attention_triton(*leaves[:3], scale, opts, splits=splits)
+    kernels = baseline if variant == "baseline" else triton_kernels
+    out = kernels.nala_attention_triton(*leaves[:3], scale, opts, splits=splits)
     assert out.dtype == v.dtype and out.shape == v.shape
     g_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     grads = torch.autograd.grad(out.float(), leaves, g_out)
@@ -68,8 +70,9 @@ def compare(q, k, v, tol, splits=None, norm_scale=1.0, variant=None, **kw):
 
 
 def spy_kernels(monkeypatch, record):
-    """Every kernel of ``triton_kernels.KERNELS`` (padded and split) wrapped so that each
-    launch first calls ``record(kernel name, launch keywords)``."""
+    """Every kernel of ``triton_kernels.KERNELS`` (padded and split), and the baseline
+    module's (looked up by name there), wrapped so that each launch first calls
+    ``record(kernel name, launch keywords)``."""
     class Spy:
         def __init__(self, kernel):
             self.kernel = kernel
@@ -79,6 +82,8 @@ def spy_kernels(monkeypatch, record):
 
     for kind, pair in list(triton_kernels.KERNELS.items()):
         monkeypatch.setitem(triton_kernels.KERNELS, kind, tuple(Spy(k) for k in pair))
+    for name in [n for n in dir(baseline) if n.endswith(("_kernel", "_kernel_split"))]:
+        monkeypatch.setattr(baseline, name, Spy(getattr(baseline, name)))
 
 
 def test_kernels_are_interpreted_exactly_when_asked():
@@ -97,9 +102,9 @@ def test_fp32_matches_reference(direction, n, d):
       for case in ((1, 72, None), (1, 128, 1), (17, 128, None), (17, 72, 2))],
     ("fused", 1025, 72, None), ("fused", 1025, 72, 4)])
 def test_odd_lengths_and_dit_head_dims(variant, n, d, splits):
-    """N = 1, 17, 1,025 at head dims 72 (XL/2's) and 128, both kernel variants: one token
-    range (the fused variant's single-launch forward) and several (the fused variant's
-    in-kernel atomic reduction; the baseline's partial sums), against the reference.
+    """N = 1, 17, 1,025 at head dims 72 (XL/2's) and 128, the kernels and the A/B's baseline: one
+    token range (the single-launch forward) and several (the in-kernel atomic reduction; the
+    baseline's partial sums), against the reference.
     At N = 1 the output is v·x/(x + ε) with x = φ_q·φ_k: with ε = 1e-6 the gradients of q
     and k are ε-sized differences of terms ~10⁴ times larger, which no fp32 computation
     (the CPU fused path included: 2e-3 to 9e-3 measured) holds to 1e-5; ε = 0.5 makes them
@@ -109,8 +114,8 @@ def test_odd_lengths_and_dit_head_dims(variant, n, d, splits):
 
 
 def test_single_launch_and_atomic_paths_are_the_ones_run(monkeypatch):
-    """The fused variant runs one forward kernel for one token range and the atomic state
-    kernel (no partial buffer, no sum) for several; the baseline runs neither."""
+    """The kernels run one forward kernel for one token range and the atomic state kernel
+    (no partial buffer, no sum) for several; the A/B's baseline runs neither."""
     seen = []
     spy_kernels(monkeypatch, lambda name, kw: seen.append((name, kw.get("ATOMIC"))))
     q, k, v = qkv(n=70, d=16)
@@ -118,8 +123,8 @@ def test_single_launch_and_atomic_paths_are_the_ones_run(monkeypatch):
     runs = {}
     for variant, splits in (("fused", None), ("fused", 3), ("baseline", 3)):
         seen.clear()
-        runs[variant, splits] = triton_kernels.nala_attention_triton(q, k, v, 1.0, dict(opts, variant=variant),
-                                                                     splits=splits)
+        kernels = baseline if variant == "baseline" else triton_kernels
+        runs[variant, splits] = kernels.nala_attention_triton(q, k, v, 1.0, opts, splits=splits)
         runs[variant, splits, "launches"] = list(seen)
     assert runs["fused", None, "launches"] == [("_forward_kernel", None)]
     assert runs["fused", 3, "launches"] == [("_state_kernel", True), ("_output_kernel", None)]
@@ -143,8 +148,8 @@ def test_split_head_dims(direction, n, d, splits):
 
 
 def test_split_kernels_are_the_ones_run(monkeypatch):
-    """D = 72 runs the split-tile kernels in the fused variant (forward and backward, one
-    token range and several); the baseline variant and D = 64 run the padded ones."""
+    """D = 72 runs the split-tile kernels (forward and backward, one token range and
+    several); the A/B's baseline kernels and D = 64 run the padded ones."""
     seen = []
     spy_kernels(monkeypatch, lambda name, kw: seen.append(name))
     opts = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)
@@ -152,7 +157,8 @@ def test_split_kernels_are_the_ones_run(monkeypatch):
                                       (72, "baseline", None, False), (64, "fused", None, False)):
         seen.clear()
         q, k, v = (t.requires_grad_() for t in qkv(h=1, n=20, d=d))
-        out = triton_kernels.nala_attention_triton(q, k, v, 1.0, dict(opts, variant=variant), splits=splits)
+        kernels = baseline if variant == "baseline" else triton_kernels
+        out = kernels.nala_attention_triton(q, k, v, 1.0, opts, splits=splits)
         out.sum().backward()
         assert seen and all(n.endswith("_split") == split for n in seen), (d, variant, splits, seen)
         assert ("_dkv_kernel_split" if split else "_dkv_kernel") in seen

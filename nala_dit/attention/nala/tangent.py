@@ -213,9 +213,9 @@ class TritonNaLaJvp(torch.autograd.Function):
         # the kernels need their storage (this backward is not differentiated further)
         kernel.saved_tensors = tuple(_plain(t) for t in ctx.saved_tensors)
         kernel.needs_input_grad = ctx.needs_input_grad
-        kernel.opts, kernel.cfg, kernel.scale_shape = ctx.opts, launch_config(d, None, ctx.opts["variant"]), ctx.scale_shape
+        kernel.opts, kernel.cfg, kernel.scale_shape = ctx.opts, launch_config(d), ctx.scale_shape
         # the forward's token ranges: the same function of the same shapes and device
-        kernel.splits = num_splits(n, b * h, kernel.cfg["state"]["NV"], q.device, ctx.opts["variant"])
+        kernel.splits = num_splits(n, b * h, kernel.cfg["state"]["NV"], q.device)
         from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
         with torch.no_grad(), temporarily_clear_interpreter_stack():   # plain buffers for the kernels

@@ -4,7 +4,7 @@ can cover it); ``backend.nala_attention`` routes its Triton path here while comp
 (``torch.compiler.is_compiling()``), and keeps ``triton/launch.py``'s ``TritonNaLa`` in eager mode.
 
 * ``nala_dit::nala_triton(q, k, v, scale, direction, power, offset, alpha, norm_eps, eps,
-  variant, precision) → (out, state, z, den)``: ``out`` (B, H, N, D) in v's dtype; the
+  precision) → (out, state, z, den)``: ``out`` (B, H, N, D) in v's dtype; the
   kernels' fp32 state ``(B·H, 2, D, D)``, normaliser ``(B·H, 2, D)`` and per-token
   denominator ``(B·H, N)`` are returned for the backward (not differentiable);
 * ``nala_dit::nala_triton_backward(q, k, v, scale, state, z, den, grad_out, need_scale, ...)
@@ -20,8 +20,8 @@ code itself (``TritonNaLa.forward`` / ``backward`` with a plain context object),
 paths cannot drift; inductor treats the op as opaque (no fusion into the kernels), which
 costs nothing here: the kernels already fuse the feature maps.
 
-``variant`` and ``precision`` ("" for the default) are resolved when the op runs, as
-``triton/launch.py``'s ``nala_attention_triton`` resolves them (the environment's variant; fp32
+``precision`` ("" for the default) is resolved when the op runs, as
+``triton/launch.py``'s ``nala_attention_triton`` resolves it (fp32
 products unless ``torch.set_float32_matmul_precision("high")``), in the forward and again
 in the backward. Nothing here imports Triton until an op runs.
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-_OPT_NAMES = ("direction", "power", "offset", "alpha", "norm_eps", "eps", "variant", "precision")
+_OPT_NAMES = ("direction", "power", "offset", "alpha", "norm_eps", "eps", "precision")
 
 
 class _Ctx:
@@ -40,7 +40,7 @@ class _Ctx:
 
 
 def _resolved(q: torch.Tensor, opts: dict) -> dict:
-    """``opts`` with the variant and the product precision filled in (``resolve_opts``)."""
+    """``opts`` with the product precision filled in (``resolve_opts``)."""
     from .triton.launch import resolve_opts
 
     return resolve_opts(q, opts)
@@ -55,11 +55,11 @@ def _on_device(q: torch.Tensor):
 
 @torch.library.custom_op("nala_dit::nala_triton", mutates_args=())
 def nala_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor, direction: str,
-                power: float, offset: float, alpha: float, norm_eps: float, eps: float, variant: str,
+                power: float, offset: float, alpha: float, norm_eps: float, eps: float,
                 precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from .triton.launch import TritonNaLa
 
-    opts = _resolved(q, dict(zip(_OPT_NAMES, (direction, power, offset, alpha, norm_eps, eps, variant, precision))))
+    opts = _resolved(q, dict(zip(_OPT_NAMES, (direction, power, offset, alpha, norm_eps, eps, precision))))
     ctx = _Ctx()
     with _on_device(q), torch.no_grad():
         out = TritonNaLa.forward(ctx, q, k, v, scale, opts)
@@ -70,7 +70,7 @@ def nala_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.
 
 
 @nala_triton.register_fake
-def _(q, k, v, scale, direction, power, offset, alpha, norm_eps, eps, variant, precision):
+def _(q, k, v, scale, direction, power, offset, alpha, norm_eps, eps, precision):
     b, h, n, d = q.shape
     f32 = dict(dtype=torch.float32)
     return (q.new_empty(b, h, n, d, dtype=v.dtype), q.new_empty(b * h, 2, d, d, **f32),
@@ -81,17 +81,17 @@ def _(q, k, v, scale, direction, power, offset, alpha, norm_eps, eps, variant, p
 def nala_triton_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor,
                          state: torch.Tensor, z: torch.Tensor, den: torch.Tensor, grad_out: torch.Tensor,
                          need_scale: bool, direction: str, power: float, offset: float, alpha: float,
-                         norm_eps: float, eps: float, variant: str,
+                         norm_eps: float, eps: float,
                          precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from .triton.launch import TritonNaLa, launch_config, num_splits
 
-    opts = _resolved(q, dict(zip(_OPT_NAMES, (direction, power, offset, alpha, norm_eps, eps, variant, precision))))
+    opts = _resolved(q, dict(zip(_OPT_NAMES, (direction, power, offset, alpha, norm_eps, eps, precision))))
     b, h, n, d = q.shape
     ctx = _Ctx()
     ctx.saved_tensors = (q, k, v, scale.float().contiguous(), state, z, den)
-    ctx.opts, ctx.cfg = opts, launch_config(d, None, opts["variant"])
+    ctx.opts, ctx.cfg = opts, launch_config(d)
     # the forward's token ranges: the same function of the same shapes and device
-    ctx.splits = num_splits(n, b * h, ctx.cfg["state"]["NV"], q.device, opts["variant"])
+    ctx.splits = num_splits(n, b * h, ctx.cfg["state"]["NV"], q.device)
     ctx.scale_shape, ctx.needs_input_grad = scale.shape, (True, True, True, need_scale)
     with _on_device(q), torch.no_grad():
         dq, dk, dv, d_scale = TritonNaLa.backward(ctx, grad_out)[:4]
@@ -136,5 +136,5 @@ def nala_triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nor
         scale = norm_scale.float().reshape(-1).expand(h)
     else:
         scale = q.new_full((h,), float(norm_scale), dtype=torch.float32)
-    opts = dict(opts, variant=opts.get("variant") or "", precision=opts.get("precision") or "")
+    opts = dict(opts, precision=opts.get("precision") or "")
     return nala_triton(q, k, v, scale, *(opts[name] for name in _OPT_NAMES))[0]

@@ -244,8 +244,8 @@ class TritonGatedMiddle(torch.autograd.Function):
         gh, gw = spec["grid"]
         q, k, v = (split_heads(qkvg, i, h) for i in range(3))
         opts = spec["opts"]
-        cfg = launch_config(c // h, None, opts["variant"])
-        splits = fit_splits(num_splits(n, b * h, cfg["state"]["NV"], qkvg.device, opts["variant"]), n, qkvg)
+        cfg = launch_config(c // h)
+        splits = fit_splits(num_splits(n, b * h, cfg["state"]["NV"], qkvg.device), n, qkvg)
         o = qkvg.new_empty(b, n, c)
         state, z, den = forward_launch(q, k, v, scale, opts, cfg, splits, o.unflatten(-1, (h, c // h)).transpose(1, 2))
         out = qkvg.new_empty(b, n, c)
