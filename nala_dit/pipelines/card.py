@@ -305,7 +305,7 @@ def _body(model, folder, source, kind, id2label, record, grid, vae, sampler, dat
 
 
 def _samples(record: dict, cfg: dict) -> list[str]:
-    """The run's last EMA grid (``write_sample_grid``: 16 samples, class i mod N, DDIM / Heun
+    """The run's last EMA grid (``SampleGrid``: 16 samples, class i mod N, DDIM / Heun
     unless --sample-sampler)."""
     c = _escaped(record["config"])
     sampler = c.get("sample-sampler") or TRAINING_SAMPLERS[cfg["objective"]]

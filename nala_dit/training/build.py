@@ -1,5 +1,5 @@
 """The pieces ``loop.build_run`` builds a run from: where it runs (processes, FSDP, context
-parallel), the micro-batch, the model and what it sees (pixels or latents), the optimizer,
+parallel, the micro-batch: ``run.Placement``), the model and what it sees (pixels or latents), the optimizer,
 the run folder's files and the ``start:`` line."""
 
 from __future__ import annotations
@@ -23,21 +23,25 @@ from . import convert
 from . import repa as repa_lib
 from .config import MODEL_OVERRIDES, TrainConfig, dump_yaml, to_dict
 from .resume import allowed_changes
+from .run import Placement, Weights
 from .sharding import Sharding, fsdp_from_launcher, reshard_after_forward
 
 
-def placement(cfg: TrainConfig, accelerator):
-    """(the FSDP ``Sharding`` or None, the ``ContextParallel`` groups). Context parallel: the P
-    processes of a group hold the same samples (one data rank), so data order, RNG streams
-    and the batch split follow the data rank; each process runs its rows of the token grid
-    (nala_dit/attention/context_parallel.py). FSDP2 (sharding.py): its mesh gives the groups."""
+def placement(cfg: TrainConfig, accelerator) -> Placement:
+    """Where the run runs: FSDP's ``Sharding`` or None, the ``ContextParallel`` groups, the
+    micro-batch. Context parallel: the P processes of a group hold the same samples (one data
+    rank), so data order, RNG streams and the batch split follow the data rank; each process
+    runs its rows of the token grid (nala_dit/attention/context_parallel.py). FSDP2
+    (sharding.py): its mesh gives the groups."""
     from ..attention.context_parallel import ContextParallel
 
+    sharding = None
     if cfg.fsdp or fsdp_from_launcher():
         cfg.fsdp = True
         sharding = Sharding(accelerator.device, cfg.context_parallel, cfg.mixed_precision, reshard_after_forward())
-        return sharding, sharding.context()
-    return None, ContextParallel.from_world(cfg.context_parallel)
+    context = sharding.context() if sharding is not None else ContextParallel.from_world(cfg.context_parallel)
+    return Placement(accelerator, sharding, context,
+                     micro_batch_size(cfg, accelerator.num_processes, context.data_size))
 
 
 def micro_batch_size(cfg: TrainConfig, processes: int, world: int) -> int:
@@ -128,28 +132,29 @@ def build_teacher(cfg: TrainConfig, model, device):
                                   cfg.distill_sigma_weight, device)
 
 
-def build_ema_and_repa(cfg: TrainConfig, model, sharding: Sharding | None, device):
-    """(the EMA, REPA's encoder and projector or None): the EMA a float32 copy of the model;
+def build_weights(cfg: TrainConfig, model, where: Placement) -> Weights:
+    """The model with its EMA, REPA's encoder and projector or None: the EMA a float32 copy of the model;
     REPA's projector trains beside the model, outside it and its EMA (repa.py). FSDP: rank 0's
     initial weights first (DDP broadcasts them when it wraps the model), then each module
     sharded before the optimizer, which holds the sharded parameters."""
+    sharding = where.sharding
     if sharding is not None:
         sharding.broadcast(model)
     ema = copy.deepcopy(model).float().requires_grad_(False)
     encoder = projector = None
     if cfg.repa_encoder:
-        encoder = repa_lib.load_encoder(cfg.repa_encoder).to(device)
+        encoder = repa_lib.load_encoder(cfg.repa_encoder).to(where.device)
         projector = repa_lib.build_projector(model.config.hidden_size, cfg.repa_projector_dim, encoder.dim)
     if sharding is not None:
         if projector is not None:
             sharding.broadcast(projector)
         for module, train in ((model, True), (ema, False), (projector, True)):
             if module is not None:
-                sharding.shard(module.to(device), train)
-    return ema, encoder, projector
+                sharding.shard(module.to(where.device), train)
+    return Weights(model, ema, encoder, projector)
 
 
-def step_model(cfg: TrainConfig, accelerator, context, model, ema, encoder, projector, optimizer, sharding):
+def step_model(cfg: TrainConfig, where: Placement, weights: Weights, optimizer):
     """(the model as a step calls it, the optimizer, REPA's ``Alignment`` or None): context
     parallel (after the EMA copy: the EMA, sample grids on one process, runs whole), compiled,
     REPA-wrapped (one module for DDP: the projector's gradients are all-reduced with the
@@ -157,7 +162,8 @@ def step_model(cfg: TrainConfig, accelerator, context, model, ema, encoder, proj
     EMA is moved to the device."""
     from ..attention.context_parallel import enable, resumable_gradient_sync
 
-    enable(model, context)
+    accelerator, model, projector = where.accelerator, weights.model, weights.projector
+    enable(model, where.context)
     train_model = compile_model(model, in_place=False) if cfg.compile else model
     if cfg.compile:   # compiled at the first step: minutes on a CPU, left out of the ETA (TrainStep)
         accelerator.print(compile_note("step") + "; the rate and ETA leave it out")
@@ -165,11 +171,11 @@ def step_model(cfg: TrainConfig, accelerator, context, model, ema, encoder, proj
     if projector is not None:
         depth = cfg.repa_depth or repa_lib.default_depth(cfg.model)
         train_model = aligned = repa_lib.Aligned(model, train_model, projector, depth)
-        alignment = repa_lib.Alignment(aligned, encoder, cfg.repa_weight, model.patch_size)
-    if sharding is None:
+        alignment = repa_lib.Alignment(aligned, weights.encoder, cfg.repa_weight, model.patch_size)
+    if where.sharding is None:
         train_model, optimizer = accelerator.prepare(train_model, optimizer)
         resumable_gradient_sync(train_model)   # CPU processes: the same gradient sums resumed or not
-    ema.to(accelerator.device)
+    weights.ema.to(accelerator.device)
     return train_model, optimizer, alignment
 
 
@@ -180,10 +186,10 @@ def num_workers(cfg: TrainConfig, accelerator) -> int:
     return default_num_workers(int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes)))
 
 
-def print_start(accelerator, cfg: TrainConfig, model, side: int, micro_batch: int, world: int,
-                sharding: Sharding | None = None) -> None:
+def print_start(cfg: TrainConfig, where: Placement, model, side: int) -> None:
     """The ``start:`` line (rank 0), with context parallel how the token rows split, with FSDP
     how the model is sharded."""
+    accelerator, micro_batch, world = where.accelerator, where.micro_batch, where.world
     device, processes = accelerator.device, accelerator.num_processes
     devices = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     accelerator.print(start_line(processes, accelerator.state.backend, f"{processes}× {devices}",
@@ -196,8 +202,8 @@ def print_start(accelerator, cfg: TrainConfig, model, side: int, micro_batch: in
         accelerator.print(f"context parallel: {cfg.context_parallel} processes per image ({rows} "
                           f"token rows split as {row_split(rows, cfg.context_parallel)}), "
                           f"{world} data-parallel group{'s' if world > 1 else ''} of {micro_batch} images")
-    if sharding is not None:
-        accelerator.print(sharding.describe())
+    if where.sharding is not None:
+        accelerator.print(where.sharding.describe())
 
 
 def attention_path(model_config: dict, device_type: str, precision: str) -> str:

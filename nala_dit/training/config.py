@@ -429,7 +429,7 @@ class TrainConfig(_NaLaFlags):
             self.sample_cfg_scale = parse_cfg_scale(self.sample_cfg_scale)
         except ValueError as err:
             raise ValueError(f"--sample-cfg-scale: {err}") from None
-        # write_sample_grid's sampler (FID's default, ddpm, has ddim's bounds: the chain's length)
+        # SampleGrid's sampler (FID's default, ddpm, has ddim's bounds: the chain's length)
         sampler = self.sample_sampler or TRAINING_SAMPLERS[objective]
         check_steps(sampler, self.sample_steps, self.diffusion_steps if objective == "diffusion" else None,
                     "--sample-steps", chain_flag="--diffusion-steps")

@@ -29,16 +29,14 @@ from ..data.latent_stats import agreed_norm
 from ..progress import restart_rate
 from ..runlock import LOCK_NAME, check_process_count, hold_lock
 from . import convert
-from .build import (build_ema_and_repa, build_model, build_optimizer, build_teacher, checked_space,
-                    load_vae_and_norm, micro_batch_size, num_workers, placement, print_start, step_model,
-                    write_run_files)
+from .build import (build_model, build_optimizer, build_teacher, build_weights, checked_space, load_vae_and_norm,
+                    num_workers, placement, print_start, step_model, write_run_files)
 from .checkpoint import build_objective, source_norm
 from .preempt import Preempted, StopSignals
 from .config import TrainConfig, to_dict
 from .resume import allowed_changes, find_resume, keep_source, resume_run
-from .run import Run
-from .step import (EpochBatches, MicroBatchLoss, StepResult, ema_warning, lr_at, shared_verdicts, step_seed,
-                   to_model_space, update_ema)
+from .run import Logs, Placement, Run, Space, Weights
+from .step import EpochBatches, MicroBatchLoss, StepResult, ema_warning, lr_at, shared_verdicts, step_seed, update_ema
 from .tracking import Logger, LossWindow, NanStreak, progress_values
 from .validation import HeldOutLoss, Periodic, SampleGrid, TrainingFID, heldout_dataset, val_samples_notice
 
@@ -108,10 +106,8 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
     Bad input is refused before anything slow is built, in this order."""
     from accelerate.utils import set_seed
 
-    sharding, context = placement(cfg, accelerator)   # FSDP, context parallel: build.py
-    rank, world, device = context.data_rank, context.data_size, accelerator.device
-    set_seed(cfg.seed + rank)
-    micro_batch = micro_batch_size(cfg, accelerator.num_processes, world)
+    where = placement(cfg, accelerator)   # FSDP, context parallel, the micro-batch: build.py
+    set_seed(cfg.seed + where.rank)
     run_dir = cfg.run_dir()
     resume_from = find_resume(cfg, run_dir, run_dir / "checkpoints", accelerator)
 
@@ -120,110 +116,105 @@ def build_run(cfg: TrainConfig, accelerator) -> Run:
     heldout_data = heldout_dataset(cfg, dataset) if cfg.val_every else None
     if heldout_data is not None and (notice := val_samples_notice(cfg, heldout_data)):
         accelerator.print(notice)
-    fid = TrainingFID(cfg, dataset.num_classes, micro_batch, lockstep=sharding is not None) if cfg.fid_every else None
-    vae, norm = load_vae_and_norm(cfg, dataset, device, accelerator.print)
+    fid = TrainingFID(cfg, dataset.num_classes, where.micro_batch, lockstep=where.sharding is not None) \
+        if cfg.fid_every else None
+    vae, norm = load_vae_and_norm(cfg, dataset, where.device, accelerator.print)
     channels, side = checked_space(cfg, dataset, vae)
 
     # --- model, objective, teacher, EMA, REPA, optimizer ---
     model, init_report, norm = build_run_model(cfg, dataset, channels, side, norm, resume_from, accelerator.print)
     objective = build_objective(dict(model.config), to_dict(cfg))
-    distiller = build_teacher(cfg, model, device)
-    ema, encoder, projector = build_ema_and_repa(cfg, model, sharding, device)
-    optimizer = build_optimizer(cfg, model, projector)
-    print_start(accelerator, cfg, model, side, micro_batch, world, sharding)
+    distiller = build_teacher(cfg, model, where.device)
+    weights = build_weights(cfg, model, where)
+    optimizer = build_optimizer(cfg, model, weights.projector)
+    print_start(cfg, where, model, side)
 
     # --- resume (resume.py) ---
     step, epoch, position, ema_updates = 0, 0, 0, 0
     if resume_from is not None:
-        step, epoch, position, ema_updates, norm = resume_run(resume_from, cfg, accelerator, model, ema, optimizer,
-                                                              norm, world, micro_batch, projector, sharding)
+        step, epoch, position, ema_updates, norm = resume_run(resume_from, cfg, where, weights, optimizer, norm)
     if cfg.grad_checkpointing:
         model.gradient_checkpointing = True
     write_run_files(accelerator, cfg, run_dir, init_report)
+    space = Space(dataset, vae, norm, channels, side)
 
     # --- the model as a step calls it; the step's data and loss; evaluation ---
-    train_model, optimizer, alignment = step_model(cfg, accelerator, context, model, ema, encoder, projector,
-                                                   optimizer, sharding)
-    logger = Logger(run_dir, accelerator, step, cfg.report_to, to_dict(cfg))
-    batches = EpochBatches(dataset, rank, world, cfg.seed, micro_batch, num_workers(cfg, accelerator), device, epoch,
-                           position)
-    to_space = functools.partial(to_model_space, dataset=dataset, vae=vae, norm=norm)
+    train_model, optimizer, alignment = step_model(cfg, where, weights, optimizer)
+    batches = EpochBatches(dataset, where, cfg.seed, num_workers(cfg, accelerator), epoch, position)
     loss = MicroBatchLoss(objective, train_model, model.config.objective == "diffusion", distiller, alignment)
-    evaluations = build_evaluations(cfg, accelerator, heldout_data, fid, objective, to_space, model, ema, vae, norm,
-                                    rank, world, micro_batch, sharding)
-    sample_grid = SampleGrid(ema, objective, cfg, vae, norm, channels, side, dataset.num_classes, run_dir / "samples",
-                             device, write=accelerator.is_main_process)
+    sample_grid = SampleGrid(weights.ema, objective, cfg, space, run_dir / "samples", where.device,
+                             write=accelerator.is_main_process)
     if step == 0:
-        update_ema(ema, model, 0.0)  # EMA starts as a copy of the model (DiT)
-    return Run(cfg=cfg, accelerator=accelerator, run_dir=run_dir, rank=rank, world=world, model=model,
-               train_model=train_model, ema=ema, optimizer=optimizer, batches=batches,
-               to_model=model_input(to_space, cfg.flip, images=alignment is not None), loss=loss, start_step=step,
-               ema_updates=ema_updates, evaluations=evaluations, sample_grid=sample_grid, logger=logger,
-               norm=norm, projector=projector, sharding=sharding,
-               **build_logs(cfg, accelerator, model, step, run_dir, distiller is not None, alignment is not None))
+        update_ema(weights.ema, model, 0.0)  # EMA starts as a copy of the model (DiT)
+    return Run(cfg=cfg, where=where, space=space, weights=weights, train_model=train_model, optimizer=optimizer,
+               batches=batches, to_model=model_input(space, cfg.flip, images=alignment is not None), loss=loss,
+               start_step=step, ema_updates=ema_updates,
+               evaluations=build_evaluations(cfg, where, space, weights, objective, heldout_data, fid),
+               sample_grid=sample_grid, logs=build_logs(cfg, accelerator, model, step, distiller is not None,
+                                                        alignment is not None))
 
 
-def model_input(to_space, flip: bool, images: bool):
+def model_input(space: Space, flip: bool, images: bool):
     """A data batch → (the model's input, its clean images for REPA (``images``), flipped as
     the input, or None)."""
     if images:
-        return functools.partial(to_space, flip=flip, images=True)
+        return functools.partial(space.to_model, flip=flip, images=True)
 
     def to_model(x):
-        return to_space(x, flip=flip), None
+        return space.to_model(x, flip=flip), None
     return to_model
 
 
-def build_evaluations(cfg: TrainConfig, accelerator, heldout_data, fid, objective, to_space, model, ema, vae, norm,
-                      rank: int, world: int, micro_batch: int, sharding) -> list[Periodic]:
+def build_evaluations(cfg: TrainConfig, where: Placement, space: Space, weights: Weights, objective, heldout_data,
+                      fid) -> list[Periodic]:
     """The held-out loss (``--val-every``; its fixed draws made once, the same every time) and
     FID (``--fid-every``) as due every so many steps (validation.py)."""
-    evaluations = []
+    evaluations, accelerator, model, ema = [], where.accelerator, weights.model, weights.ema
     if heldout_data is not None:
-        heldout = HeldOutLoss(heldout_data, objective, functools.partial(to_space, flip=False), rank, world,
-                              cfg.val_samples, 4 * micro_batch, accelerator.device, cfg.context_parallel,
-                              lockstep=sharding is not None)
+        heldout = HeldOutLoss(heldout_data, objective, functools.partial(space.to_model, flip=False), where,
+                              cfg.val_samples, 4 * where.micro_batch, cfg.context_parallel)
         evaluations.append(Periodic(cfg.val_every, lambda: {**heldout(model, accelerator, "val/loss"),
                                                             **heldout(ema, accelerator, "val/ema_loss")}))
     if fid is not None:
-        evaluations.append(Periodic(cfg.fid_every, lambda: fid(ema, objective, vae, norm, accelerator)))
+        evaluations.append(Periodic(cfg.fid_every, lambda: fid(ema, objective, space.vae, space.norm, accelerator)))
     return evaluations
 
 
-def build_logs(cfg: TrainConfig, accelerator, model, step: int, run_dir: Path, distilled: bool, aligned: bool) -> dict:
+def build_logs(cfg: TrainConfig, accelerator, model, step: int, distilled: bool, aligned: bool) -> Logs:
     """The ``Run``'s logging parts: NaLa layers whose exponent statistics are recorded on log
     steps, the progress bar (rank 0), the loss window since the last log step, the streak
     of skipped steps that stops a diverged run."""
     from ..progress import progress_bar
 
     stat_layers = [b.attn for b in model.blocks if hasattr(b.attn, "record_stats")]
-    return dict(stat_layers=stat_layers,
-                progress=progress_bar(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
-                                      desc=f"train {cfg.model}", unit="step"),
+    return Logs(logger=Logger(cfg.run_dir(), accelerator, step, cfg.report_to, to_dict(cfg)),
                 window=LossWindow(accelerator, cfg.global_batch_size, stat_layers, distilled, aligned),
-                nan_streak=NanStreak(cfg.max_nan_steps, step, run_dir / "checkpoints", accelerator.print))
+                nan_streak=NanStreak(cfg.max_nan_steps, step, cfg.run_dir() / "checkpoints", accelerator.print),
+                stat_layers=stat_layers,
+                progress=progress_bar(total=cfg.max_steps, initial=step, disable=not accelerator.is_main_process,
+                                      desc=f"train {cfg.model}", unit="step"))
 
 
 def train_loop(run: Run) -> None:
     """Steps ``run.start_step + 1`` … ``--max-steps``; a stop signal (``preempt.py``) ends
     them at the step every process agreed on, its checkpoint written, with ``Preempted``."""
-    train_step = TrainStep(run)
-    if missing_grid(run) and (run.accelerator.is_main_process or run.sharding):
+    train_step, logs = TrainStep(run), run.logs
+    if missing_grid(run) and (run.where.accelerator.is_main_process or run.where.sharding):
         run.sample_grid(run.start_step)   # the checkpoint's EMA: the grid the step would have written
     run.train_model.train()
     for step in range(run.start_step, run.cfg.max_steps):
         if train_step(step).stop and step + 1 < run.cfg.max_steps:
-            run.progress.close()
-            run.logger.close()
+            logs.progress.close()
+            logs.logger.close()
             again = "the same command" if run.cfg.resume == "auto" else "the same command with --resume auto"
             signal = getattr(run.stop, "name", None) or "a signal to another process"   # the flag is shared
             raise Preempted(f"{signal} at step {step + 1}: wrote checkpoint "
                             f"{run.run_dir / 'checkpoints' / f'{step + 1:07d}'}; run {again} to continue from it")
-    run.progress.close()
+    logs.progress.close()
     if warning := ema_warning(run.cfg.ema_decay, run.cfg.ema_warmup, run.ema_updates):
-        run.accelerator.print(f"warning: {warning}")   # a short run without the warm-up: its EMA is still noise
-    run.logger.close()
-    run.accelerator.end_training()
+        run.where.accelerator.print(f"warning: {warning}")   # a short run without the warm-up: its EMA is still noise
+    logs.logger.close()
+    run.where.accelerator.end_training()
 
 
 def missing_grid(run: Run) -> bool:
@@ -246,11 +237,12 @@ class TrainStep:
 
     def __call__(self, step: int) -> StepResult:
         """From step ``step`` to ``step + 1``."""
-        run, cfg, accelerator, optimizer = self.run, self.run.cfg, self.run.accelerator, self.run.optimizer
-        torch.manual_seed(step_seed(cfg.seed, run.rank, step))
+        run, cfg, accelerator, optimizer = self.run, self.run.cfg, self.run.where.accelerator, self.run.optimizer
+        logs = run.logs
+        torch.manual_seed(step_seed(cfg.seed, run.where.rank, step))
         due = [evaluation for evaluation in run.evaluations if evaluation.due(step + 1)]
         log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps or bool(due)
-        for layer in run.stat_layers:  # NaLa exponent statistics: on log steps only
+        for layer in logs.stat_layers:  # NaLa exponent statistics: on log steps only
             layer.record_stats = log_now
 
         # forward and backward of grad-accum micro-batches; the gradients are all-reduced on the last
@@ -278,28 +270,28 @@ class TrainStep:
             scaler.update()
         optimizer.zero_grad(set_to_none=True)
         if not skipped:  # --ema-warmup counts the EMA's updates: a skipped step is none
-            update_ema(run.ema, run.model, cfg.ema_decay, run.ema_updates if cfg.ema_warmup else None)
+            update_ema(run.weights.ema, run.weights.model, cfg.ema_decay, run.ema_updates if cfg.ema_warmup else None)
             run.ema_updates += 1
         result = StepResult(loss_sum, parts, grad_norm.detach().float(), lr, skipped, stop)
         step += 1
-        run.window.add(result)
-        run.nan_streak.update(step, result, run.progress)  # every process: the skip decision is shared
+        logs.window.add(result)
+        logs.nan_streak.update(step, result, logs.progress)  # every process: the skip decision is shared
 
         # log (with the evaluations due), checkpoint, sample grid
         if log_now:
-            values = run.window.values()
+            values = logs.window.values()
             for evaluation in due:
                 values.update(evaluation.evaluate())
-            run.logger.log(step, values)
-            run.progress.set_postfix(**progress_values(values))
-            run.window.reset()
-        run.progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
+            logs.logger.log(step, values)
+            logs.progress.set_postfix(**progress_values(values))
+            logs.window.reset()
+        logs.progress.update(1)  # after the log step's loss is set: a line printed now shows this step's loss
         if cfg.compile and step == run.start_step + 1:   # this step compiled the model: no step's time
-            restart_rate(run.progress)
+            restart_rate(logs.progress)
         if step % cfg.ckpt_every == 0 or step == cfg.max_steps or stop:  # before the grid: a failed grid loses no steps
             run.save(step)
         if stop:
             return result
-        if cfg.sample_every > 0 and step % cfg.sample_every == 0 and (accelerator.is_main_process or run.sharding):
+        if cfg.sample_every > 0 and step % cfg.sample_every == 0 and (accelerator.is_main_process or run.where.sharding):
             run.sample_grid(step)   # FSDP: every process runs the sharded EMA, the first writes the grid
         return result

@@ -77,18 +77,19 @@ def keep_source(cfg: TrainConfig, model, resume_from: Path, print=print) -> None
         cfg.init_from = recorded
 
 
-def resume_run(resume_from: Path, cfg: TrainConfig, accelerator, model, ema, optimizer, norm, world: int,
-               micro_batch: int, projector=None, sharding=None) -> tuple[int, int, int, int, object]:
+def resume_run(resume_from: Path, cfg: TrainConfig, where, weights, optimizer, norm) -> tuple[int, int, int, int, object]:
     """Restore the checkpoint into this run; (step, epoch, data position, EMA updates so far,
     the latent norm) to continue at (a checkpoint written before the count was stored: one
     update per step). The checkpoint's latent statistics must be this run's, refused before
-    anything is moved. A rollback sets this run's later checkpoints aside."""
+    anything is moved. A rollback sets this run's later checkpoints aside. ``where`` and
+    ``weights``: the run's ``run.Placement`` and ``run.Weights``."""
+    accelerator = where.accelerator
     ckpt = open_checkpoint(resume_from)
     norm = agreed_norm(norm, checkpoint_norm(ckpt), f"checkpoint {resume_from}", cfg.data,
                        "latent-norm" in allowed_changes(cfg), accelerator.print)
-    restore(ckpt, cfg, model, ema, optimizer, world, accelerator.process_index, accelerator.print, projector,
-            sharding)
-    step, epoch, position = ckpt.step, ckpt.state["epoch"], resumed_position(ckpt, micro_batch, accelerator.print)
+    restore(ckpt, cfg, where, weights, optimizer)
+    step, epoch = ckpt.step, ckpt.state["epoch"]
+    position = resumed_position(ckpt, where.micro_batch, accelerator.print)
     ema_updates = ckpt.state.get("ema_updates", step)
     accelerator.print(f"resumed from {ckpt.path} at step {step}")
     if accelerator.is_main_process:
@@ -100,15 +101,17 @@ def resume_run(resume_from: Path, cfg: TrainConfig, accelerator, model, ema, opt
     return step, epoch, position, ema_updates, norm
 
 
-def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int, print=print,
-            projector=None, sharding=None) -> None:
-    """Load a checkpoint into this run after checking it is the same model and objective.
+def restore(ckpt, cfg: TrainConfig, where, weights, optimizer) -> None:
+    """Load a checkpoint into this run (``weights``: model, EMA, projector; the optimizer) after
+    checking it is the same model and objective.
 
     Every setting follows its rule in ``resume_rules.RESUME_RULES``: a changed model or objective
     setting is refused with the list of differences unless named in ``--allow-changes``; the
     others (learning rate, β2, EMA, seed, flips, ...) are this run's, each change printed
     (``resume_announcements``), and the optimizer's are applied to the restored optimizer
     (its saved param groups would otherwise silently win)."""
+    model, ema, projector, sharding = weights.model, weights.ema, weights.projector, where.sharding
+    print, world = where.accelerator.print, where.world
     changes = config_changes(ckpt, to_dict(cfg), dict(model.config))
     allowed = allowed_changes(cfg)
     refused = {k: v for k, v in changes.items() if k not in allowed}
@@ -146,7 +149,7 @@ def restore(ckpt, cfg: TrainConfig, model, ema, optimizer, world: int, rank: int
         print(line)
     for i, group in enumerate(optimizer.param_groups):  # the loop sets each step's lr (--warmup-steps)
         group.update(lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay if i == 0 else 0.0)
-    rng = ckpt.rng_state(rank)
+    rng = ckpt.rng_state(where.accelerator.process_index)
     if rng is not None:
         torch.set_rng_state(rng)
 

@@ -17,7 +17,7 @@ averages over the world, and NaLa's state is all-reduced over ``cp`` only.
 Mixed precision is a policy: ``--mixed-precision bf16`` computes with bf16 copies of the
 weights and reduces gradients in fp32 (``MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32)``); the sharded weights, AdamW and the EMA stay fp32, and NaLa's state and
-normaliser are fp32 whatever the input (``attention/nala.py``).
+normaliser are fp32 whatever the input (``attention/nala/fused.py``).
 
 Why not ``accelerator.prepare``: accelerate 1.15 turns FSDP on only for GPU-like distributed
 types (``AcceleratorState``: ``MULTI_GPU``, ``MULTI_XPU``, ...): on CPU processes (gloo) its

@@ -46,10 +46,10 @@ class EpochBatches:
     dataset's own where it has one (``sampler``: sharded data, ``data/streams.py``), else a
     fixed permutation of the whole dataset per epoch (``datasets.EpochSampler``)."""
 
-    def __init__(self, dataset, rank: int, world: int, seed: int, micro_batch: int, workers: int, device,
-                 epoch: int = 0, position: int = 0):
-        self.dataset, self.rank, self.world, self.seed = dataset, rank, world, seed
-        self.micro_batch, self.workers, self.device = micro_batch, workers, device
+    def __init__(self, dataset, where, seed: int, workers: int, epoch: int = 0, position: int = 0):
+        """``where``: the run's ``run.Placement`` (data rank and size, micro-batch, device)."""
+        self.dataset, self.rank, self.world, self.seed = dataset, where.rank, where.world, seed
+        self.micro_batch, self.workers, self.device = (micro_batch := where.micro_batch), workers, where.device
         self.epoch, self.position = epoch, position
         self.batches = self._loader(epoch, position * micro_batch)
 

@@ -50,35 +50,34 @@ def own_rng(device: torch.device):
         yield
 
 
-def write_sample_grid(model, objective, noise, labels, path: Path, cfg: TrainConfig, vae, scaling,
-                      nrow: int = 8, write: bool = True) -> None:
-    """EMA samples as a PNG grid (fixed noise and labels, so grids are comparable);
-    ``scaling``: the run's ``LatentNorm`` (or a factor), undone before decoding."""
-    was_training = model.training
-    model.eval()
-    gen = torch.Generator(noise.device).manual_seed(cfg.seed)
-    out = generate(model, objective, noise, labels, sampler=training_sampler(cfg, model), num_steps=cfg.sample_steps,
-                   cfg_scale=cfg.sample_cfg_scale, generator=gen)
-    if write:
-        save_grid(data_lib.to_uint8(decode(out.samples, vae, scaling)), path, nrow=nrow)
-    model.train(was_training)
-
-
 class SampleGrid:
     """The EMA's sample grid of a step (``--sample-every``), ``<folder>/<step>.png``: 16
     fixed noises (seeded by ``--seed``) and labels 0, 1, ..., so a run's grids compare."""
 
-    def __init__(self, ema, objective, cfg: TrainConfig, vae, norm, channels: int, side: int, num_classes: int,
-                 folder: Path, device, write: bool = True):
-        self.ema, self.objective, self.cfg, self.vae, self.norm, self.folder = ema, objective, cfg, vae, norm, folder
-        self.write = write   # FSDP: every process samples (the EMA is sharded), one writes
-        self.noise = torch.randn(16, channels, side, side, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
+    def __init__(self, ema, objective, cfg: TrainConfig, space, folder: Path, device, write: bool = True):
+        """``space``: the run's ``run.Space`` (the VAE, the latent norm, the model input's size)."""
+        self.ema, self.objective, self.cfg, self.vae, self.norm = ema, objective, cfg, space.vae, space.norm
+        self.folder, self.write = folder, write   # FSDP: every process samples (the EMA is sharded), one writes
+        shape = (16, space.channels, space.side, space.side)
+        self.noise = torch.randn(shape, generator=torch.Generator().manual_seed(cfg.seed)).to(device)
+        num_classes = space.dataset.num_classes
         self.labels = (torch.arange(16) % num_classes).to(device)
         self.nrow = min(num_classes, 8)
 
     def __call__(self, step: int) -> None:
-        write_sample_grid(self.ema, self.objective, self.noise, self.labels, self.folder / f"{step:07d}.png",
-                          self.cfg, self.vae, self.norm, nrow=self.nrow, write=self.write)
+        """The grid of step ``step``: the fixed noise and labels through the training sampler
+        (``training_sampler``, ``--sample-steps``, ``--sample-cfg-scale``), decoded with the run's
+        latent norm undone, written by one process."""
+        model, cfg = self.ema, self.cfg
+        was_training = model.training
+        model.eval()
+        gen = torch.Generator(self.noise.device).manual_seed(cfg.seed)
+        out = generate(model, self.objective, self.noise, self.labels, sampler=training_sampler(cfg, model),
+                       num_steps=cfg.sample_steps, cfg_scale=cfg.sample_cfg_scale, generator=gen)
+        if self.write:
+            save_grid(data_lib.to_uint8(decode(out.samples, self.vae, self.norm)), self.folder / f"{step:07d}.png",
+                      nrow=self.nrow)
+        model.train(was_training)
 
 
 @dataclasses.dataclass
@@ -153,10 +152,11 @@ class HeldOutLoss:
     scores every world-th of them; ``__call__`` returns the overall and
     per-noise-band means (``NOISE_BANDS``) on every process."""
 
-    def __init__(self, dataset, objective, to_model, rank: int, world: int, count: int, batch_size: int,
-                 device: torch.device, context_parallel: int = 1, lockstep: bool = False):
+    def __init__(self, dataset, objective, to_model, where, count: int, batch_size: int, context_parallel: int = 1):
+        """``where``: the run's ``run.Placement`` (data rank and size, device; FSDP: lockstep)."""
+        rank, world, lockstep = where.rank, where.world, where.sharding is not None
         self.objective, self.batch_size, self.duplicates = objective, batch_size, context_parallel
-        self.dataset, self.to_model, self.device = dataset, to_model, device
+        self.dataset, self.to_model, self.device = dataset, to_model, (device := where.device)
         # ``count`` items spread evenly over the split (a folder is sorted by class), each rank its share
         total = min(count, len(dataset))
         self.items = [k * len(dataset) // total for k in range(rank, total, world)]
@@ -240,7 +240,7 @@ class TrainingFID:
             check_known_weights(found.path, file_sha256(found.path), cfg.allow_unknown_inception_weights)
 
     def settings(self, ema) -> SampleSettings:
-        """The grid's sampler settings (``write_sample_grid``): what the docs and the model card say."""
+        """The grid's sampler settings (``SampleGrid``): what the docs and the model card say."""
         return SampleSettings(training_sampler(self.cfg, ema), self.cfg.sample_steps, self.cfg.sample_cfg_scale)
 
     @torch.no_grad()

@@ -74,6 +74,7 @@ def test_train_compile_goes_through_compile_model(monkeypatch):
     from nala_dit.models.dit import create_model
     from nala_dit.training import build
     from nala_dit.training.config import TrainConfig
+    from nala_dit.training.run import Placement, Weights
 
     calls = []
     monkeypatch.setattr(build, "compile_model", lambda model, **kw: calls.append(kw) or model)
@@ -81,7 +82,8 @@ def test_train_compile_goes_through_compile_model(monkeypatch):
     optimizer = torch.optim.AdamW(model.parameters())
     for compile in (False, True):
         cfg = TrainConfig(model="NaLaDiT-T/2", data="digits", compile=compile)
-        build.step_model(cfg, Accelerator(cpu=True), None, model, copy.deepcopy(model), None, None, optimizer, None)
+        build.step_model(cfg, Placement(Accelerator(cpu=True), None, None, 4), Weights(model, copy.deepcopy(model)),
+                         optimizer)
     assert calls == [dict(in_place=False)]
 
 

@@ -58,3 +58,33 @@ def test_the_resume_rules_are_trainings_and_torch_free():
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     assert imported <= {"__future__", "attention.config"}, imported
+
+
+MAX_PARAMETERS = 7          # the set-up passes bundles (run.py: Placement, Space, Weights, Logs), not long lists
+# Plain values or keyword-only settings, each named at the call: a message's parts, a checkpoint's files
+MANY_PARAMETERS = {"build.py:start_line", "checkpoint.py:save_checkpoint", "sharding.py:Sharding.save"}
+
+
+def _parameters(path: Path):
+    """(qualified name, parameters less self/cls) of every function in ``path``."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                owner = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
+                args = child.args
+                names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+                yield f"{path.name}:{owner}{child.name}", len([n for n in names if n not in ("self", "cls")])
+
+
+def test_training_plumbing_passes_bundles_not_long_argument_lists():
+    """Before the bundles: step_model took 9 arguments, build_evaluations 14, resume_run 11,
+    SampleGrid 11, EpochBatches 9, HeldOutLoss 10, and Run had 20 fields."""
+    import dataclasses
+
+    from nala_dit.training.run import Run
+
+    long = {name: n for path in sorted(TRAINING.glob("*.py")) for name, n in _parameters(path)
+            if n > MAX_PARAMETERS and name not in MANY_PARAMETERS}
+    assert long == {}
+    assert len(dataclasses.fields(Run)) == 15

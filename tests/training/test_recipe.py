@@ -127,13 +127,13 @@ def test_recipe_logs_lr_and_grad_norm_and_resumes_bitwise(tmp_path, capsys):
 
 def poison_batches(monkeypatch, calls):
     """Batches that turn NaN at the data calls in ``calls`` (1-based: one per step here)."""
-    from nala_dit.training import loop as training
+    from nala_dit.training import run as training   # run.Space.to_model: every batch into model space
 
     real, seen = training.to_model_space, []
 
-    def poisoned(x, **kwargs):
+    def poisoned(x, *args, **kwargs):
         seen.append(1)
-        x = real(x, **kwargs)
+        x = real(x, *args, **kwargs)
         return x * float("nan") if len(seen) in calls else x
 
     monkeypatch.setattr(training, "to_model_space", poisoned)
