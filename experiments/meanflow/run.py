@@ -43,6 +43,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+from nala_dit.cli.parse import passive_wait_policy  # noqa: E402
+
+passive_wait_policy()  # OMP_WAIT_POLICY=PASSIVE for the runs it starts, unless set (docs/performance.md, Threads)
 _spec = importlib.util.spec_from_file_location("recipe_study", ROOT / "experiments" / "recipe" / "run.py")
 recipe = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(recipe)   # its reference(), python(), mean_std(), train_argv() and constants
