@@ -3,8 +3,8 @@
 On a terminal it is a tqdm bar. Redirected to a file (SLURM, ``nohup``, CI) a bar writes a
 carriage-return redraw many times a second, tens of KB for a short run, so there it is a
 plain line instead, printed when the count passes each tenth of the total and otherwise
-at most once every ``interval`` seconds (default 60): a run of any length writes at most
-about 10 lines plus one a minute. A transient bar (``leave=False``: the per-batch sampler
+at least and at most once every ``interval`` seconds (default 10, at the next update): a run of
+any length writes about 10 lines plus six a minute, and a log never goes quiet for long. A transient bar (``leave=False``: the per-batch sampler
 steps under a bar over images) prints nothing off a terminal.
 
 ``restart_rate(bar)``: the rate and ETA from here on leave out what came before (a first
@@ -24,7 +24,7 @@ import threading
 import time
 
 # Seconds between plain lines that fall between two tenths of the total (or without a total).
-PLAIN_INTERVAL = 60.0
+PLAIN_INTERVAL = 10.0
 
 
 def progress_bar(iterable=None, *, total=None, desc: str = "", unit: str = "it", initial: int = 0,

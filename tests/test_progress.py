@@ -44,6 +44,16 @@ def test_plain_lines_at_each_tenth_and_every_interval():
     assert len(out.getvalue()) < 30 * 90  # bounded: about 80 bytes a line
 
 
+def test_a_redirected_bar_prints_a_line_every_10_seconds_by_default():
+    """Progress to a file at least every 10 s (a log that stays quiet for a minute looks hung):
+    updates every 3 s with no total print at 12 s and 24 s of 30."""
+    out = io.StringIO()
+    bar = PlainProgress(desc="features", unit="img", file=out, clock=FakeClock(3.0))
+    for _ in range(10):
+        bar.update(1)
+    assert [line.split(",")[0] for line in out.getvalue().splitlines()] == ["features: 4 img", "features: 8 img"]
+
+
 def test_resumed_bar_counts_from_initial_and_close_reports_where_it_stopped():
     out = io.StringIO()
     bar = PlainProgress(total=100, desc="d", initial=50, file=out, interval=1e9, clock=FakeClock(2.0))
