@@ -23,10 +23,9 @@ from .functional import (
     kernel_features, linear_attention, nala_exponent, nala_features, rope_angles, rope_linear_attention,
     saturated_fraction, softmax_attention,
 )
-from .nala.backend import (
-    CHECK_TOLERANCE, REPORT, end_if_device_broken, fused_opts, nala_attention, select_nala_impl, triton_available,
-    triton_passes_check,
-)
+from .config import TRITON_MAX_TOKENS
+from .nala.backend import CHECK_TOLERANCE, REPORT, end_if_device_broken, fused_opts, nala_attention
+from .nala.backend import backend as nala_backend
 from .recompute import GatedMiddle, gated_tail
 from .nala.tangent import under_transform
 from .regions import initial_region_logits, region_nala_attention
@@ -125,18 +124,26 @@ class GatedAttention(nn.Module):
         """Step 2: the kernel on (B, H, N, D) heads; ``grid`` may be a context-parallel shard."""
         raise NotImplementedError
 
-    def fused_core(self, q: torch.Tensor) -> tuple[dict, torch.Tensor | None] | None:
-        """``(opts, learned scale)`` when the kernel runs inside ``GatedMiddle`` (NaLa's fused
-        CPU path, its state saved), else None: the kernel runs outside under autograd."""
-        return None
-
     def observe(self, q: torch.Tensor) -> None:
         """Called with the queries of every forward (``record_stats``: the subclass's statistics)."""
 
-    def triton_middle(self, qkvg: torch.Tensor, grid) -> torch.Tensor | None:
-        """Steps 2-4 as ``nala/triton/gated.py``'s ``TritonGatedMiddle`` where the subclass runs them
-        there (NaLa on Triton), else None."""
-        return None
+    def middle(self, qkvg: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid) -> torch.Tensor:
+        """Steps 2-5 under ``recompute``: the kernel under autograd, then LePE, LayerNorm, gate
+        and projection as ``GatedMiddle``, which saves the kernel's output. A subclass runs
+        more of it inside one function where its kernel allows (``GatedLinearAttention``)."""
+        o = self.attend(q, k, v, grid).transpose(1, 2).flatten(2)                 # (B, N, C)
+        return self._gated_middle(qkvg, grid, o=o)
+
+    def _gated_middle(self, qkvg: torch.Tensor, grid, o=None, opts=None, scale=None) -> torch.Tensor:
+        """``GatedMiddle`` from qkvg with the kernel's output ``o``, or (``opts``) with NaLa's
+        fused passes inside it (its state saved, the output recomputed)."""
+        parts = qkvg.chunk(4 if self.use_gate else 3, dim=-1)
+        spec = dict(heads=self.num_heads, grid=grid, parts=len(parts), opts=opts,
+                    norm_eps=None if self.out_norm is None else self.out_norm.eps)
+        lepe = (self.lepe.weight, self.lepe.bias) if self.lepe is not None else (None, None)
+        norm = (self.out_norm.weight, self.out_norm.bias) if self.out_norm is not None else (None, None)
+        inputs = (qkvg, None, None, None) if o is None else (None, parts[2], parts[3] if self.use_gate else None, o)
+        return GatedMiddle.apply(*inputs, scale, *lepe, *norm, self.proj.weight, self.proj.bias, spec)
 
     def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
         b, n, c = x.shape
@@ -147,9 +154,6 @@ class GatedAttention(nn.Module):
         self.observe(q)
         if self.lepe is not None and (grid is None or grid[0] * grid[1] != n):
             raise ValueError(f"LePE needs the token grid (h, w) with h*w == N={n}, got grid={grid}")
-        g = parts[3] if self.use_gate else None
-        lepe = (self.lepe.weight, self.lepe.bias) if self.lepe is not None else (None, None)
-        norm = (self.out_norm.weight, self.out_norm.bias) if self.out_norm is not None else (None, None)
         if not self.recompute or torch.compiler.is_compiling() or under_transform(x):
             # The plain composition: autograd keeps every intermediate (the reference). Under
             # torch.compile too: GatedMiddle's backward (torch.autograd.grad) would break the
@@ -158,22 +162,11 @@ class GatedAttention(nn.Module):
             # to recompute. Under torch.func transforms and forward AD too: the fused middles have
             # no forward-mode rule, the composition's pieces do (NaLa's: ``nala/tangent.py``).
             o = self.attend(q, k, v, grid).transpose(1, 2).reshape(b, n, c)      # (B, N, C)
-            norm = None if self.out_norm is None else (*norm, self.out_norm.eps)
-            o = gated_tail(o, parts[2], g, grid, None if self.lepe is None else lepe, norm)
+            lepe = None if self.lepe is None else (self.lepe.weight, self.lepe.bias)
+            norm = None if self.out_norm is None else (self.out_norm.weight, self.out_norm.bias, self.out_norm.eps)
+            o = gated_tail(o, parts[2], parts[3] if self.use_gate else None, grid, lepe, norm)
             return self.proj(o)                                       # (B, N, C)
-        middle = self.triton_middle(qkvg, grid)
-        if middle is not None:   # NaLa on Triton: the layer between its projections in 2 + 5 launches
-            return self.proj(middle)
-        spec = dict(heads=h, grid=grid, parts=len(parts),
-                    norm_eps=None if self.out_norm is None else self.out_norm.eps)
-        fused = self.fused_core(q)
-        if fused is not None:
-            spec["opts"], scale = fused
-            return GatedMiddle.apply(qkvg, None, None, None, scale, *lepe, *norm,
-                                     self.proj.weight, self.proj.bias, spec)
-        o = self.attend(q, k, v, grid).transpose(1, 2).reshape(b, n, c)          # (B, N, C)
-        return GatedMiddle.apply(None, parts[2], g, o, None, *lepe, *norm,
-                                 self.proj.weight, self.proj.bias, spec)
+        return self.middle(qkvg, q, k, v, grid)
 
 
 class GatedLinearAttention(GatedAttention):
@@ -226,6 +219,7 @@ class GatedLinearAttention(GatedAttention):
             self.reset_norm_scale()
         if config.regions > 1:
             self.region_logits = nn.Parameter(initial_region_logits(config.regions, num_heads))
+        self._backends: dict = {}       # (device, dtype, N ≤ TRITON_MAX_TOKENS) → (NaLa's path, runs the gated kernels)
         self._triton_specs: dict = {}   # triton_middle's per-(device, dtype) options and scale
 
     @torch.no_grad()
@@ -259,7 +253,7 @@ class GatedLinearAttention(GatedAttention):
             return region_nala_attention(q, k, v, grid, self.region_logits, config)
         if not config.rope:
             if config.kernel == "nala":
-                return nala_attention(q, k, v, config, shard=shard)
+                return nala_attention(q, k, v, config, impl=self.backend(q)[0], shard=shard)
             if shard is not None:
                 return sharded_linear_attention(kernel_features(q, config.kernel), kernel_features(k, config.kernel),
                                                 v, shard, config.eps).to(v.dtype)
@@ -289,23 +283,50 @@ class GatedLinearAttention(GatedAttention):
                 self._stats = torch.stack([p.mean(), p.std(), saturated_fraction(p, self.config.power,
                                                                                  self.config.offset)]).detach()
 
-    def triton_middle(self, qkvg: torch.Tensor, grid) -> torch.Tensor | None:
-        config, c, h = self.config, self.proj.in_features, self.num_heads
-        if not (config.kernel == "nala" and config.lepe and config.gate and config.out_norm and not config.rope
-                and config.regions == 1 and shard_of(grid) is None
-                and select_nala_impl(qkvg.device.type, c // h, qkvg.dtype, triton_available(),
-                                     qkvg.shape[1]) == "triton"):
-            return None
-        opts = {k: v for k, v in fused_opts(config, c // h).items() if k != "norm_scale"}
-        if not (triton_passes_check(qkvg.device, qkvg.dtype, c // h, opts)
-                and gated_triton_passes_check(qkvg.device, qkvg.dtype, c, h, config)):
-            return None
+    def backend(self, q: torch.Tensor) -> tuple[str, bool]:
+        """NaLa's path for queries like q (B, H, N, D) and whether the gated kernels
+        (``TritonGatedMiddle``) run steps 2-4: chosen once per (device, dtype, N ≤
+        ``TRITON_MAX_TOKENS``) by ``nala.backend.backend`` (its Triton first-use check
+        included) and kept; the gated kernels pass their own check
+        (``gated_triton_passes_check``) and need the full §4 layer (LePE, gate, LayerNorm). Under ``torch.compile`` and ``torch.func`` transforms, where
+        checks cannot run, ("auto", False): ``nala_attention`` chooses per trace or call."""
+        if torch.compiler.is_compiling() or under_transform(q):
+            return "auto", False
+        key = (q.device, q.dtype, q.shape[-2] <= TRITON_MAX_TOKENS)
+        if key not in self._backends:
+            config, head_dim = self.config, q.shape[-1]
+            opts = {k: v for k, v in fused_opts(config, head_dim).items() if k != "norm_scale"}
+            impl = nala_backend(q.device, q.dtype, head_dim, q.shape[-2], opts)
+            gated = (impl == "triton" and config.lepe and config.gate and config.out_norm
+                     and gated_triton_passes_check(q.device, q.dtype, self.proj.in_features, self.num_heads, config))
+            self._backends[key] = impl, gated
+        return self._backends[key]
+
+    def middle(self, qkvg: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid) -> torch.Tensor:
+        """NaLa on Triton: steps 2-4 in ``TritonGatedMiddle`` (2 + 5 launches between the
+        projections); on the fused CPU path: NaLa's passes inside ``GatedMiddle`` (its small
+        state saved, not its output); else the base class's."""
+        config = self.config
+        if config.kernel != "nala" or config.rope or config.regions > 1:
+            return super().middle(qkvg, q, k, v, grid)
+        impl, gated = self.backend(q)
+        if gated and shard_of(grid) is None:
+            return self.proj(self.triton_middle(qkvg, grid))
+        if impl == "fused":
+            return self._gated_middle(qkvg, grid, opts=fused_opts(config, q.shape[-1]),
+                                      scale=self.norm_scale() if self.learned_scale else None)
+        return super().middle(qkvg, q, k, v, grid)
+
+    def triton_middle(self, qkvg: torch.Tensor, grid) -> torch.Tensor:
+        """Steps 2-4 as ``nala/triton/gated.py``'s ``TritonGatedMiddle``."""
         from .nala.triton.gated import TritonGatedMiddle, split_heads
         from .nala.triton.launch import resolve_opts
 
+        config, c, h = self.config, self.proj.in_features, self.num_heads
         # Built once per layer, device and dtype: the resolved options and the constant norm scale.
         key = (qkvg.device, qkvg.dtype, torch.get_float32_matmul_precision())
         if key not in self._triton_specs:
+            opts = {k: v for k, v in fused_opts(config, c // h).items() if k != "norm_scale"}
             scale = None if self.learned_scale else torch.full((h,), float(config.norm_scale_for(c // h)),
                                                                 device=qkvg.device)
             self._triton_specs[key] = (dict(heads=h, norm_eps=self.out_norm.eps,
@@ -316,15 +337,6 @@ class GatedLinearAttention(GatedAttention):
         with torch.cuda.device(qkvg.device) if qkvg.device.type == "cuda" else contextlib.nullcontext():
             return TritonGatedMiddle.apply(qkvg, scale, self.lepe.weight, self.lepe.bias, self.out_norm.weight,
                                            self.out_norm.bias, dict(spec, grid=tuple(grid)))
-
-    def fused_core(self, q: torch.Tensor) -> tuple[dict, torch.Tensor | None] | None:
-        config = self.config
-        if not (config.kernel == "nala" and not config.rope and config.regions == 1
-                and select_nala_impl(q.device.type, q.shape[-1], q.dtype, triton_available(),
-                                     q.shape[-2]) == "fused"):
-            return None
-        scale = self.norm_scale() if self.learned_scale else None
-        return fused_opts(config, q.shape[-1]), scale
 
 
 _GATED_CHECKS: dict[tuple, str | None] = {}   # key → None (passed) or the cause of the fallback

@@ -136,7 +136,7 @@ def count_triton_layer() -> dict:
     """Under TRITON_INTERPRET=1: what one gated NaLa layer (default settings, 2 heads of
     16, a 3 × 5 grid) launches on the Triton path (``triton_gated``), forward and backward;
     the first-use check and the per-layer options are built by a first call, not counted."""
-    import nala_dit.attention.layers as layers
+    import nala_dit.attention.nala.backend as backend
     import nala_dit.attention.nala.triton.gated as tg
     import nala_dit.attention.nala.triton.launch as tk
 
@@ -144,7 +144,7 @@ def count_triton_layer() -> dict:
     count_kernels(tk, current)
     for name in [n for n in dir(tg) if n.endswith("_kernel")]:
         setattr(tg, name, CountedKernel(name, getattr(tg, name), lambda: current[-1]))
-    layers.select_nala_impl = lambda *a: "triton"
+    backend.select_nala_impl = lambda *a: "triton"
     torch.manual_seed(0)
     layer = build_attention("nala", 32, 2)
     x = torch.randn(2, 15, 32, requires_grad=True)

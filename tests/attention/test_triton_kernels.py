@@ -444,6 +444,7 @@ def test_the_gated_check_covers_several_ranges_and_ends_on_a_sticky_fault(monkey
 
     (h0, w0), (h1, w1) = layers.GATED_CHECK_GRIDS
     assert h0 * w0 < 1024 <= h1 * w1
+    monkeypatch.setattr(layers.GatedLinearAttention, "backend", lambda self, q: ("triton", True))
     monkeypatch.setattr(layers.GatedLinearAttention, "triton_middle",
                         lambda self, qkvg, grid: (_ for _ in ()).throw(RuntimeError("CUDA error: unspecified launch "
                                                                                      "failure\nmore")))
@@ -489,3 +490,46 @@ def test_every_launched_specialisation_compiles_without_fenced_atomics():
         assert r["ptx_fenced"] == 0 and r["membar"] == 0, (label, r)
         assert r["spill_bytes"] == 0 and r["local"] == 0 and r["programs_per_sm"] >= 2, (label, r)
         assert (r["ptx_atomics"] > 0) == ("ATOMIC=1" in label or "backward_kernel" in label), (label, r)
+
+
+@pytest.mark.parametrize("forced", [None, "eager"])
+def test_each_layer_chooses_once_per_key(monkeypatch, forced):
+    """A tiny NaLaDiT (3 gated NaLa layers): the first forward + backward calls the selection
+    exactly once per layer, the second none (each layer keeps its choice); a new dtype
+    (bf16 autocast) is a new key, once more per layer. Each layer runs what the selection
+    named for its key: ``fused`` on this CPU, or a forced ``eager`` (and then the numbers of
+    the same gradients), never choosing again inside ``nala_attention``."""
+    import nala_dit.attention.recompute as recompute
+    from nala_dit.attention.layers import GatedLinearAttention
+    from nala_dit.models.dit import DiT
+
+    seen = []
+    select = backend.select_nala_impl
+    monkeypatch.setattr(backend, "select_nala_impl", lambda *a: seen.append(a) or (forced or select(*a)))
+    torch.manual_seed(0)
+    model = DiT(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=3, num_heads=2, num_classes=4,
+                attention="nala")
+    layers = [m for m in model.modules() if isinstance(m, GatedLinearAttention)]
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([3.0, 500.0]), torch.tensor([0, 3])
+
+    def step():
+        model.zero_grad()
+        model(x, t, y).square().mean().backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    grads = step()
+    assert len(layers) == 3 and seen == [("cpu", 16, torch.float32, backend.triton_available(), 16)] * 3
+    name = forced or select("cpu", 16, torch.float32, backend.triton_available(), 16)
+    assert name == ("eager" if forced else "fused")
+    assert [layer._backends for layer in layers] == [{(torch.device("cpu"), torch.float32, True): (name, False)}] * 3
+    step()
+    assert len(seen) == 3                                   # the second step chooses nothing
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        step()
+    assert len(seen) == 6 and seen[3:] == [("cpu", 16, torch.bfloat16, backend.triton_available(), 16)] * 3
+    runs, fused_runs = [], []   # the layers run what they chose: the eager composition, or the fused passes
+    eager, fused_state = backend._nala_eager, recompute.fused_state
+    monkeypatch.setattr(backend, "_nala_eager", lambda *a: runs.append(1) or eager(*a))
+    monkeypatch.setattr(recompute, "fused_state", lambda *a: fused_runs.append(1) or fused_state(*a))
+    torch.testing.assert_close(step(), grads, rtol=1e-5, atol=1e-7)
+    assert (len(runs), len(fused_runs)) == ((3, 0) if forced else (0, 3))

@@ -32,9 +32,10 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 @pytest.fixture
 def on_triton(monkeypatch):
-    """What ``impl="auto"`` picks on CUDA, here on the interpreter too; the fused middle's
-    uses counted."""
-    monkeypatch.setattr(layers, "select_nala_impl", lambda *a: "triton")
+    """What ``impl="auto"`` picks on CUDA, here on the interpreter too (for the plain
+    reference layer as well: it runs NaLa on the same kernels); the fused middle's uses
+    counted."""
+    monkeypatch.setattr(nala, "select_nala_impl", lambda *a: "triton")
     monkeypatch.setattr(nala, "_TRITON_CHECKS", {})
     monkeypatch.setattr(layers, "_GATED_CHECKS", {})
     monkeypatch.setattr(layers, "gated_triton_passes_check", lambda *a: True)   # its own tests below
@@ -97,12 +98,11 @@ def test_relu_split(on_triton):
     assert len(on_triton) == 1
 
 
-def test_learned_scale(on_triton, monkeypatch):
-    """The reference runs NaLa on the same Triton kernels (``nala_attention`` forced there):
-    the gradient of s sums per-token terms of both signs, so two fp32 NaLa implementations
-    differ there by up to ~3e-5 relative (measured), while the fused layer and the plain
-    composition over the same kernels agree to rounding."""
-    monkeypatch.setattr(nala, "select_nala_impl", lambda *a: "triton")
+def test_learned_scale(on_triton):
+    """The reference runs NaLa on the same Triton kernels (as every case here: the choice is
+    forced for both layers): the gradient of s sums per-token terms of both signs, so two
+    fp32 NaLa implementations differ there by up to ~3e-5 relative (measured), while the
+    fused layer and the plain composition over the same kernels agree to rounding."""
     fused, plain = layers_pair(32, 2, norm_scale="learned")
     compare(fused, plain, (2, 3))
     assert len(on_triton) == 1
@@ -116,7 +116,7 @@ def test_other_layers_keep_the_unfused_middle(on_triton, overrides):
 
 
 def test_first_use_check_passes_once_per_key(monkeypatch):
-    monkeypatch.setattr(layers, "select_nala_impl", lambda *a: "triton")
+    monkeypatch.setattr(nala, "select_nala_impl", lambda *a: "triton")
     monkeypatch.setattr(layers, "_GATED_CHECKS", {})
     fused, plain = layers_pair(32, 2)
     compare(fused, plain, (2, 3))
@@ -126,7 +126,7 @@ def test_first_use_check_passes_once_per_key(monkeypatch):
 def test_a_wrong_fused_middle_falls_back_once_with_a_warning(monkeypatch):
     """An injected fault (the fused middle's output doubled) fails the first-use check: one
     warning naming the cause, and the layer gives the plain composition's numbers."""
-    monkeypatch.setattr(layers, "select_nala_impl", lambda *a: "triton")
+    monkeypatch.setattr(nala, "select_nala_impl", lambda *a: "triton")
     monkeypatch.setattr(layers, "_GATED_CHECKS", {})
     apply = triton_gated.TritonGatedMiddle.apply
     monkeypatch.setattr(triton_gated.TritonGatedMiddle, "apply", lambda *a: 2 * apply(*a))

@@ -98,8 +98,7 @@ def block_and_inputs():
 def triton_path(monkeypatch):
     """The block's NaLa forced onto the Triton path (what ``impl="auto"`` picks on CUDA),
     eager and compiled, with an empty first-use check cache; the Triton calls counted."""
-    for module in (layers, nala):
-        monkeypatch.setattr(module, "select_nala_impl", lambda *a: "triton")
+    monkeypatch.setattr(nala, "select_nala_impl", lambda *a: "triton")
     monkeypatch.setattr(nala, "_TRITON_CHECKS", {})
     monkeypatch.setattr(layers, "gated_triton_passes_check", lambda *a: True)   # tested in triton_gated_cases.py
     calls = []

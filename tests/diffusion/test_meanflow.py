@@ -153,6 +153,8 @@ def test_meanflow_model_starts_as_its_sit_trains_and_samples(name):
 
         original = nala.select_nala_impl
         nala.select_nala_impl = lambda *a, **k: impl if impl else original(*a, **k)
+        for layer in model.modules():    # each layer keeps its choice: choose again under the new selection
+            getattr(layer, "_backends", {}).clear()
         try:
             model.zero_grad()
             loss = mf.training_losses(model, x1, labels, generator=torch.Generator().manual_seed(4))["loss"].mean()

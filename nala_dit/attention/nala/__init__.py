@@ -18,8 +18,11 @@ One call, ``nala_attention(q, k, v, config, impl=...)`` (``backend.py``), runs o
   ``launch.py`` the launch configs, grids, launches and the autograd function
   (``TritonNaLa``), checked on first use against ``eager`` (``backend.triton_passes_check``).
 
-``backend.py`` also picks which (``select_nala_impl``: ``fused`` on CPU, ``triton`` on CUDA
-where Triton takes the shape, else ``eager``). Around that choice:
+``backend.py`` also picks which (``backend``: ``select_nala_impl``'s ``fused`` on CPU,
+``triton`` on CUDA where Triton takes the shape and the kernels passed their first-use
+check, else ``eager``); ``nala_attention(impl="auto")`` chooses per call, the gated layer
+once per device, dtype and length class (``GatedLinearAttention.backend``), passing
+``impl=`` on. Around that choice:
 
 * the gated layer's fused middle (qkvg → LePE, LayerNorm, gate → projection as one
   autograd function): on CPU ``../recompute.py``'s ``GatedMiddle`` over ``fused.py``'s

@@ -1,7 +1,9 @@
 """``nala_attention``: which of NaLa's paths runs, and the first-use check of the Triton path.
 
 * the readable unchunked composition (``impl="eager"``) and its ``torch.compile``;
-* ``select_nala_impl`` (what ``impl="auto"`` runs per device) and ``nala_attention``;
+* ``select_nala_impl`` (what ``impl="auto"`` runs per device), ``backend`` (that choice with
+  the first-use check folded in: what ``nala_attention`` and the gated layer run) and
+  ``nala_attention``;
 * the first-use check of the Triton kernels on CUDA (``triton_passes_check``): once per
   (device, dtype, head dim, direction) against the eager path, falling back to it with one
   warning on an error or a mismatch; under ``torch.compile`` it runs while dynamo traces
@@ -110,34 +112,52 @@ def nala_attention(
         raise ValueError(f"impl must be one of {NALA_IMPLS}, got {impl!r}")
     opts = fused_opts(config, q.shape[-1])
     triton_opts = {k: v for k, v in opts.items() if k != "norm_scale"}   # the kernels take s apart
-    if impl == "auto":
-        impl = select_nala_impl(q.device.type, q.shape[-1], q.dtype, triton_available(), q.shape[-2])
-        if torch._C._functorch.is_batchedtensor(q):  # under torch.func.vmap (compiled too): the fused and
-            impl = "eager"                           # Triton autograd functions have no batching rule
-        if shard is not None and impl != "fused":
-            impl = "eager"
-        if impl == "triton" and not _triton_usable(q, triton_opts):
-            impl = "eager"
+    if torch._C._functorch.is_batchedtensor(q) and impl in ("auto", "fused", "triton"):
+        impl = "eager"   # under torch.func.vmap (compiled too): the autograd functions have no batching rule
+    impl = backend(q.device, q.dtype, q.shape[-1], q.shape[-2], triton_opts, impl)
     if shard is not None and under_transform(q, k, v):
         raise ValueError(CONTEXT_PARALLEL_REFUSAL)
-    if impl == "triton":
-        if torch.compiler.is_compiling():   # the custom op: traced whole, no graph break
-            return nala_triton_attention(q, k, v, opts["norm_scale"], triton_opts)
-        if under_transform(q, k, v):        # torch.func / forward AD: the kernels with a forward-mode rule
-            return triton_jvp_attention(q, k, v, opts["norm_scale"], triton_opts)
-        return _triton_kernel(q, k, v, opts["norm_scale"], triton_opts)
     if shard is not None and impl != "fused":
         from ..context_parallel import sharded_linear_attention
 
         phi_q, phi_k = nala_features(q, k, config)
         return sharded_linear_attention(phi_q, phi_k, v, shard, config.eps).to(v.dtype)
-    if impl == "eager":
-        return _nala_eager(q, k, v, config)
-    if impl == "compile":
-        return _nala_compiled(q, k, v, config)
+    if impl == "triton":   # compiled: the custom op, traced whole; torch.func / forward AD: with a forward-mode rule
+        kernel = (nala_triton_attention if torch.compiler.is_compiling()
+                  else triton_jvp_attention if under_transform(q, k, v) else _triton_kernel)
+        return kernel(q, k, v, opts["norm_scale"], triton_opts)
+    if impl in ("eager", "compile"):
+        return (_nala_eager if impl == "eager" else _nala_compiled)(q, k, v, config)
     if under_transform(q, k, v):   # torch.func / forward AD: the fused passes with a forward-mode rule
         return _FusedNaLaJvp.apply(q, k, v, opts, shard)[0]
     return _FusedNaLa.apply(q, k, v, opts, shard)
+
+
+def backend(device: torch.device, dtype: torch.dtype, head_dim: int, num_tokens: int, opts: dict,
+            impl: str = "auto") -> str:
+    """The path (``eager``, ``fused``, ``triton``, ``compile``) that ``impl`` names for inputs of this
+    device, dtype, head dim and token count: ``impl`` itself unless "auto"; else
+    ``select_nala_impl``'s choice, where "triton" stands only if the kernels passed their
+    first-use check for this key (``triton_passes_check``), else "eager" (warned once).
+    ``opts``: the kernels' options (``fused_opts`` less ``norm_scale``). The one choice both
+    ``nala_attention`` (per call) and the gated layer (once per device, dtype and length
+    class, ``layers.GatedLinearAttention.backend``) make.
+
+    Under ``torch.compile`` the check runs while dynamo traces (``_traced_check``: a constant
+    of the graph, so the trace has no break), on real tensors, once per key and process as
+    in eager mode; a head dim that the compiler keeps symbolic (``dynamic=True``) has no key
+    to check, and takes the eager composition."""
+    if impl != "auto":
+        return impl
+    impl = select_nala_impl(device.type, head_dim, dtype, triton_available(), num_tokens)
+    if impl != "triton":
+        return impl
+    if not torch.compiler.is_compiling():
+        usable = triton_passes_check(device, dtype, head_dim, opts)
+    else:
+        usable = (isinstance(head_dim, int) and not isinstance(head_dim, torch.SymInt)
+                  and _traced_check(device, dtype, head_dim, opts["direction"]))
+    return "triton" if usable else "eager"
 
 
 # ------------------------------------------------------------- first-use check (CUDA)
@@ -188,20 +208,6 @@ def end_if_device_broken(device: torch.device, what: str, err: BaseException) ->
     first = (str(err).strip().splitlines() or [""])[0][:200]
     raise SystemExit(f"NaLa: {what} left a sticky CUDA fault on {device} ({type(err).__name__}: {first}); no "
                      f"later CUDA call in this process can run, the eager fallback included: stopping; {REPORT}")
-
-
-def _triton_usable(q: torch.Tensor, opts: dict) -> bool:
-    """``triton_passes_check`` for q's key. Under ``torch.compile`` the check runs while
-    dynamo traces (``_traced_check``: a constant of the graph, so the trace has no break),
-    on real tensors, once per key and process as in eager mode; a head dim that the
-    compiler keeps symbolic (``dynamic=True``) has no key to check, and takes the eager
-    composition."""
-    if not torch.compiler.is_compiling():
-        return triton_passes_check(q.device, q.dtype, q.shape[-1], opts)
-    head_dim = q.shape[-1]
-    if not isinstance(head_dim, int) or isinstance(head_dim, torch.SymInt):
-        return False
-    return _traced_check(q.device, q.dtype, head_dim, opts["direction"])
 
 
 @torch._dynamo.assume_constant_result
