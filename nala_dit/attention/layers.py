@@ -12,20 +12,18 @@ them in this package (``functional.py``, ``nala/``, ``regions.py``, ``recompute.
 from __future__ import annotations
 
 import contextlib
-import warnings
 
 import torch
 import torch.nn as nn
 
 from .context_parallel import gathered_softmax, shard_of, sharded_linear_attention
-from .config import ATTENTIONS, LINEAR_KERNELS, NaLaConfig
+from .config import ATTENTIONS, LINEAR_KERNELS, TRITON_MAX_TOKENS, NaLaConfig
 from .functional import (
     kernel_features, linear_attention, nala_exponent, nala_features, rope_angles, rope_linear_attention,
     saturated_fraction, softmax_attention,
 )
-from .config import TRITON_MAX_TOKENS
-from .nala.backend import CHECK_TOLERANCE, REPORT, end_if_device_broken, fused_opts, nala_attention
-from .nala.backend import backend as nala_backend
+from .nala.backend import CHECK_TOLERANCE, check_once, fused_opts, kernel_error, kernel_opts, nala_attention
+from .nala.backend import backend as nala_backend, relative_rms
 from .recompute import GatedMiddle, gated_tail
 from .nala.tangent import under_transform
 from .regions import initial_region_logits, region_nala_attention
@@ -288,15 +286,15 @@ class GatedLinearAttention(GatedAttention):
         (``TritonGatedMiddle``) run steps 2-4: chosen once per (device, dtype, N ≤
         ``TRITON_MAX_TOKENS``) by ``nala.backend.backend`` (its Triton first-use check
         included) and kept; the gated kernels pass their own check
-        (``gated_triton_passes_check``) and need the full §4 layer (LePE, gate, LayerNorm). Under ``torch.compile`` and ``torch.func`` transforms, where
-        checks cannot run, ("auto", False): ``nala_attention`` chooses per trace or call."""
+        (``gated_triton_passes_check``) and need the full §4 layer (LePE, gate, LayerNorm).
+        Under ``torch.compile`` and ``torch.func`` transforms, where checks cannot run,
+        ("auto", False): ``nala_attention`` chooses per trace or call."""
         if torch.compiler.is_compiling() or under_transform(q):
             return "auto", False
         key = (q.device, q.dtype, q.shape[-2] <= TRITON_MAX_TOKENS)
         if key not in self._backends:
-            config, head_dim = self.config, q.shape[-1]
-            opts = {k: v for k, v in fused_opts(config, head_dim).items() if k != "norm_scale"}
-            impl = nala_backend(q.device, q.dtype, head_dim, q.shape[-2], opts)
+            config = self.config
+            impl = nala_backend(q.device, q.dtype, q.shape[-1], q.shape[-2], kernel_opts(config, q.shape[-1]))
             gated = (impl == "triton" and config.lepe and config.gate and config.out_norm
                      and gated_triton_passes_check(q.device, q.dtype, self.proj.in_features, self.num_heads, config))
             self._backends[key] = impl, gated
@@ -326,7 +324,7 @@ class GatedLinearAttention(GatedAttention):
         # Built once per layer, device and dtype: the resolved options and the constant norm scale.
         key = (qkvg.device, qkvg.dtype, torch.get_float32_matmul_precision())
         if key not in self._triton_specs:
-            opts = {k: v for k, v in fused_opts(config, c // h).items() if k != "norm_scale"}
+            opts = kernel_opts(config, c // h)
             scale = None if self.learned_scale else torch.full((h,), float(config.norm_scale_for(c // h)),
                                                                 device=qkvg.device)
             self._triton_specs[key] = (dict(heads=h, norm_eps=self.out_norm.eps,
@@ -356,16 +354,11 @@ def gated_triton_passes_check(device: torch.device, dtype: torch.dtype, dim: int
     ``GatedMiddle`` over the NaLa call): a fresh layer of this width on a seeded 3 × 5 grid,
     output and input gradient against its plain composition (``recompute=False``) on each
     of ``GATED_CHECK_GRIDS``."""
-    key = (str(device), dtype, dim, heads, config)
-    if key not in _GATED_CHECKS:
-        _GATED_CHECKS[key] = None   # while checking, the layer under test takes the fused path
-        _GATED_CHECKS[key] = cause = _check_gated(device, dtype, dim, heads, config)
-        if cause is not None:
-            warnings.warn(f"NaLa: the gated layer's Triton kernels failed their first-use check on {device} "
-                          f"({dtype}, width {dim}, {heads} heads): {cause}; the layer runs NaLa's kernels with "
-                          f"the unfused LePE/LayerNorm/gate for the rest of this process; {REPORT}",
-                          RuntimeWarning, stacklevel=3)
-    return _GATED_CHECKS[key] is None
+    return check_once(_GATED_CHECKS, (str(device), dtype, dim, heads, config),
+                      lambda: _check_gated(device, dtype, dim, heads, config),
+                      f"the gated layer's Triton kernels failed their first-use check on {device} ({dtype}, width "
+                      f"{dim}, {heads} heads)",
+                      "the layer runs NaLa's kernels with the unfused LePE/LayerNorm/gate")
 
 
 def first_use_checks() -> list[dict]:
@@ -408,12 +401,10 @@ def _check_gated(device, dtype, dim, heads, config) -> str | None:
         try:
             got = run(fused)
         except Exception as err:  # a compile or launch error: whatever the kernels raise
-            end_if_device_broken(device, f"the gated layer's first-use check ({grid[0]} × {grid[1]} tokens, {dtype}, "
-                                         f"width {dim}, {heads} heads)", err)
-            first = (str(err).strip().splitlines() or [""])[0][:200]
-            return f"{type(err).__name__}: {first}"
+            return kernel_error(device, f"the gated layer's first-use check ({grid[0]} × {grid[1]} tokens, {dtype}, "
+                                        f"width {dim}, {heads} heads)", err)
         for name, g, r in zip(("output", "input gradient"), got, run(plain)):
-            err = ((g.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+            err = relative_rms(g, r)
             if not err <= tol:   # also catches NaN
                 return (f"{name} differs from the plain composition by relative RMS {err:.1e} (> {tol:.0e}) on "
                         f"{grid[0]} × {grid[1]} tokens")

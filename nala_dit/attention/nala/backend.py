@@ -110,8 +110,7 @@ def nala_attention(
     config = NaLaConfig.of(config, **overrides)
     if impl not in NALA_IMPLS:
         raise ValueError(f"impl must be one of {NALA_IMPLS}, got {impl!r}")
-    opts = fused_opts(config, q.shape[-1])
-    triton_opts = {k: v for k, v in opts.items() if k != "norm_scale"}   # the kernels take s apart
+    opts, triton_opts = fused_opts(config, q.shape[-1]), kernel_opts(config, q.shape[-1])
     if torch._C._functorch.is_batchedtensor(q) and impl in ("auto", "fused", "triton"):
         impl = "eager"   # under torch.func.vmap (compiled too): the autograd functions have no batching rule
     impl = backend(q.device, q.dtype, q.shape[-1], q.shape[-2], triton_opts, impl)
@@ -139,7 +138,7 @@ def backend(device: torch.device, dtype: torch.dtype, head_dim: int, num_tokens:
     device, dtype, head dim and token count: ``impl`` itself unless "auto"; else
     ``select_nala_impl``'s choice, where "triton" stands only if the kernels passed their
     first-use check for this key (``triton_passes_check``), else "eager" (warned once).
-    ``opts``: the kernels' options (``fused_opts`` less ``norm_scale``). The one choice both
+    ``opts``: the kernels' options (``kernel_opts``). The one choice both
     ``nala_attention`` (per call) and the gated layer (once per device, dtype and length
     class, ``layers.GatedLinearAttention.backend``) make.
 
@@ -173,7 +172,6 @@ def backend(device: torch.device, dtype: torch.dtype, head_dim: int, num_tokens:
 # and the output kernel, as N ≥ 1,024 runs), the token counts odd (a partial block in every
 # kernel). A gated layer's strided specialisations are checked by ``layers._check_gated``.
 CHECK_CASES = ((67, None), (1031, 3))
-CHECK_TOKENS = CHECK_CASES[0][0]
 CHECK_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}   # relative RMS
 REPORT = ("please report it with the output of benchmarks/gpu_check.sh at the nala_dit issue "
           "tracker (GitHub issues)")
@@ -199,15 +197,38 @@ def device_usable(device: torch.device) -> bool:
         return False
 
 
-def end_if_device_broken(device: torch.device, what: str, err: BaseException) -> None:
-    """After a kernel error in a first-use check: where the device no longer runs anything,
-    the eager fallback would die in the same process, so end it with one line naming what
-    was running (no traceback)."""
-    if device_usable(device):
-        return
-    first = (str(err).strip().splitlines() or [""])[0][:200]
-    raise SystemExit(f"NaLa: {what} left a sticky CUDA fault on {device} ({type(err).__name__}: {first}); no "
-                     f"later CUDA call in this process can run, the eager fallback included: stopping; {REPORT}")
+def kernel_opts(config: NaLaConfig, head_dim: int) -> dict:
+    """The Triton kernels' options: ``fused_opts`` less the norm scale, which they take apart."""
+    return {k: v for k, v in fused_opts(config, head_dim).items() if k != "norm_scale"}
+
+
+def kernel_error(device: torch.device, what: str, err: BaseException) -> str:
+    """The kernel error ``err`` of a first-use check as a one-line cause; after a sticky CUDA
+    fault, where the eager fallback would die too, the process ends with one line naming ``what``."""
+    cause = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+    if not device_usable(device):
+        raise SystemExit(f"NaLa: {what} left a sticky CUDA fault on {device} ({cause}); no later CUDA call in this "
+                         f"process can run, the eager fallback included: stopping; {REPORT}")
+    return cause
+
+
+def relative_rms(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖got − ref‖ / ‖ref‖ in float64; NaN stays NaN (``not err <= tol`` catches it)."""
+    ref = ref.double()
+    return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check_once(checks: dict, key: tuple, check, what: str, fallback: str) -> bool:
+    """Whether ``check()`` (None, or the cause of a fallback) passed for ``key``: run once per
+    process into ``checks`` (the key reads as passed meanwhile: the gated check runs a layer on
+    the path it checks); a failure warns once: ``what`` failed, the cause, the ``fallback``."""
+    if key not in checks:
+        checks[key] = None
+        checks[key] = cause = check()
+        if cause is not None:
+            warnings.warn(f"NaLa: {what}: {cause}; {fallback} for the rest of this "
+                          f"process; {REPORT}", RuntimeWarning, stacklevel=3)
+    return checks[key] is None
 
 
 @torch._dynamo.assume_constant_result
@@ -216,21 +237,17 @@ def _traced_check(device, dtype, head_dim, direction) -> bool:
     Its arguments must be constants, so the check runs with the default §2 constants of
     ``direction`` (the cache key has none of them; ``dynamic=True`` makes the layer's
     floats symbolic)."""
-    opts = {k: v for k, v in fused_opts(NaLaConfig(direction=direction), head_dim).items() if k != "norm_scale"}
-    return triton_passes_check(device, dtype, head_dim, opts)
+    return triton_passes_check(device, dtype, head_dim, kernel_opts(NaLaConfig(direction=direction), head_dim))
 
 
 @torch.compiler.disable
 def triton_passes_check(device: torch.device, dtype: torch.dtype, head_dim: int, opts: dict) -> bool:
     """Whether the Triton kernels passed their first-use check for this key (run once, cached)."""
-    key = (str(device), dtype, head_dim, opts["direction"])
-    if key not in _TRITON_CHECKS:
-        _TRITON_CHECKS[key] = cause = _check_triton(device, dtype, head_dim, opts)
-        if cause is not None:
-            warnings.warn(f"NaLa: the Triton kernels failed their first-use check on {device} ({dtype}, head dim "
-                          f"{head_dim}, {opts['direction']}): {cause}; using impl='eager' for the rest of this "
-                          f"process; {REPORT}", RuntimeWarning, stacklevel=3)
-    return _TRITON_CHECKS[key] is None
+    return check_once(_TRITON_CHECKS, (str(device), dtype, head_dim, opts["direction"]),
+                      lambda: _check_triton(device, dtype, head_dim, opts),
+                      f"the Triton kernels failed their first-use check on {device} ({dtype}, head dim {head_dim}, "
+                      f"{opts['direction']})",
+                      "using impl='eager'")
 
 
 def _check_triton(device, dtype, head_dim, opts) -> str | None:
@@ -238,7 +255,7 @@ def _check_triton(device, dtype, head_dim, opts) -> str | None:
     (1, 2, N, head_dim) inputs, one per ``CHECK_CASES`` entry; None when every relative RMS
     is within ``CHECK_TOLERANCE`` (the largest is kept in ``CHECK_ERRORS``), else the cause
     in a few words. A kernel error that leaves the device unusable ends the process
-    (``end_if_device_broken``)."""
+    (``kernel_error``)."""
     key = (str(device), dtype, head_dim, opts["direction"])
     tol = CHECK_TOLERANCE.get(dtype, 1e-4)
     worst = 0.0
@@ -259,16 +276,13 @@ def _check_triton(device, dtype, head_dim, opts) -> str | None:
         try:
             got_all = run(_triton_kernel, splits)
         except Exception as err:  # a compile or launch error: whatever the kernels raise
-            end_if_device_broken(device, f"the NaLa kernels' first-use check (N = {n}, {ranges}, {dtype}, head dim "
-                                         f"{head_dim}, {opts['direction']})", err)
-            first = (str(err).strip().splitlines() or [""])[0][:200]
-            return f"{type(err).__name__}: {first}"
+            return kernel_error(device, f"the NaLa kernels' first-use check (N = {n}, {ranges}, {dtype}, head dim "
+                                        f"{head_dim}, {opts['direction']})", err)
         ref_all = run(_nala_eager_opts)
         for name, got, ref in zip(("output", "dq", "dk", "dv"), got_all, ref_all):
             if got is None:
                 return f"no gradient {name} from the kernels"
-            ref, got = ref.double(), got.double()
-            err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            err = relative_rms(got, ref)
             if not err <= tol:   # also catches NaN
                 return f"{name} differs from the eager path by relative RMS {err:.1e} (> {tol:.0e}) at N = {n}"
             worst = max(worst, err)
