@@ -184,12 +184,14 @@ def main(argv=None) -> int:
     work = args.work.resolve()
     out_dir = HERE if work == WORK.resolve() else work
     if args.command == "run":
-        models = args.models.split(",")
+        models, seeds = args.models.split(","), args.seeds.split(",")
         if any(m not in MODELS for m in models):
             parser.error(f"unknown model in {args.models!r}; models: {', '.join(MODELS)}")
+        if not all(s.isdigit() for s in seeds):
+            parser.error(f"--seeds takes comma-separated non-negative integers, got {args.seeds!r}")
         ref, classifier = reference(work)
         steps, samples = (20, 20) if args.quick else (recipe.STEPS, recipe.SAMPLES)
-        cells = [(m, int(s)) for m in models for s in args.seeds.split(",")]
+        cells = [(m, int(s)) for m in models for s in seeds]
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             for line in pool.map(lambda c: run_cell(*c, ref, classifier, work, steps, samples), cells):
                 print(line, flush=True)
