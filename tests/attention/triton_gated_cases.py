@@ -24,6 +24,7 @@ import nala_dit.attention.layers as layers  # noqa: E402
 import nala_dit.attention.nala.backend as nala  # noqa: E402
 from nala_dit.attention.nala.triton import gated as triton_gated  # noqa: E402
 from nala_dit.attention.layers import GatedLinearAttention  # noqa: E402
+from nala_dit.attention.nala.backend import select_nala_impl, triton_available  # noqa: E402  (before any patch)
 from tests.utils import assert_close  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -32,8 +33,8 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 @pytest.fixture
 def on_triton(monkeypatch):
-    """What ``impl="auto"`` picks on CUDA, here on the interpreter too (for the plain
-    reference layer as well: it runs NaLa on the same kernels); the fused middle's uses
+    """What ``impl="auto"`` picks on CUDA, here on the interpreter too, for the layer under
+    test (the plain reference keeps its own choice: ``layers_pair``); the fused middle's uses
     counted."""
     monkeypatch.setattr(nala, "select_nala_impl", lambda *a: "triton")
     monkeypatch.setattr(nala, "_TRITON_CHECKS", {})
@@ -45,7 +46,11 @@ def on_triton(monkeypatch):
     return calls
 
 
-def layers_pair(dim, heads, seed=0, **overrides):
+def layers_pair(dim, heads, seed=0, reference_impl=None, **overrides):
+    """(the layer under test, its plain composition). The plain one runs NaLa on what
+    ``impl="auto"`` picks unpatched (the fused CPU path under the interpreter, the Triton
+    kernels on CUDA), so the Triton layer is held against another implementation of NaLa;
+    ``reference_impl`` names another."""
     torch.manual_seed(seed)
     fused = GatedLinearAttention(dim, heads, **overrides).to(DEVICE)
     for name, p in fused.named_parameters():   # away from the initial values (LayerNorm 1/0, zero biases);
@@ -53,6 +58,8 @@ def layers_pair(dim, heads, seed=0, **overrides):
             torch.nn.init.normal_(p, std=0.3)
     plain = GatedLinearAttention(dim, heads, recompute=False, **overrides).to(DEVICE)
     plain.load_state_dict(fused.state_dict())
+    plain.backend = lambda q: (reference_impl or select_nala_impl(q.device.type, q.shape[-1], q.dtype,
+                                                                  triton_available(), q.shape[-2]), False)
     return fused, plain
 
 
@@ -99,11 +106,11 @@ def test_relu_split(on_triton):
 
 
 def test_learned_scale(on_triton):
-    """The reference runs NaLa on the same Triton kernels (as every case here: the choice is
-    forced for both layers): the gradient of s sums per-token terms of both signs, so two
-    fp32 NaLa implementations differ there by up to ~3e-5 relative (measured), while the
-    fused layer and the plain composition over the same kernels agree to rounding."""
-    fused, plain = layers_pair(32, 2, norm_scale="learned")
+    """The reference runs NaLa on the same Triton kernels (``reference_impl``): the gradient
+    of s sums per-token terms of both signs, so two fp32 NaLa implementations differ there by
+    up to ~3e-5 relative (measured), while the fused layer and the plain composition over the
+    same kernels agree to rounding."""
+    fused, plain = layers_pair(32, 2, reference_impl="triton", norm_scale="learned")
     compare(fused, plain, (2, 3))
     assert len(on_triton) == 1
 
