@@ -1,6 +1,7 @@
-"""NaLa's fused CPU path as the ``nala_dit::nala_fused`` custom op (``attention/nala/op.py``):
-its registered backward against autograd of the eager composition, and a whole NaLaDiT
-block traced by ``torch.compile(fullgraph=True)`` with no graph break."""
+"""NaLa's fused CPU path as the ``nala_dit::nala_fused`` custom op (``attention/nala/op.py``,
+what ``nala_attention`` runs on the CPU while dynamo traces): its registered backward against
+autograd of the eager composition, and a whole NaLaDiT block traced by
+``torch.compile(fullgraph=True)`` with no graph break and NaLa as that one op."""
 import pytest
 import torch
 
@@ -73,6 +74,8 @@ def test_compiled_block_has_no_graph_break_and_matches_eager():
     explain = torch._dynamo.explain(block)(x, c, (4, 4))
     assert explain.graph_break_count == 0, explain.break_reasons
     assert explain.graph_count == 1
+    nala_ops = [n.target for n in explain.graphs[0].graph.nodes if "nala_dit" in str(n.target)]
+    assert nala_ops == [torch.ops.nala_dit.nala_fused.default]   # NaLa is the custom op, once per block
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
     want = block(x, c, (4, 4))
     got = compiled(x, c, (4, 4))

@@ -13,8 +13,11 @@ with ``register_autograd``:
 * ``nala_dit::nala_fused_backward(q, k, v, state, den, grad_out, ...) → (dq, dk, dv)``.
 
 ``nala_fused_attention(q, k, v, opts)`` is the call (``opts`` as ``fused.fused_opts``
-builds them). ``nala_attention`` itself keeps ``_FusedNaLa`` (this module sits above
-``fused.py``: packages import without cycles). Context parallel (``shard``) stays on ``_FusedNaLa``: its all-reduce is not an op.
+builds them): what ``nala_attention`` runs on the fused path while dynamo traces, so the
+graph holds one opaque op per NaLa call, not the token chunks' hundreds of ops. In eager
+mode ``nala_attention`` runs ``fused._FusedNaLa`` (the same passes); context parallel
+(``shard``: its all-reduce is not an op) and forward-mode transforms stay on the autograd
+functions.
 """
 from __future__ import annotations
 
