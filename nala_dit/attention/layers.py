@@ -155,9 +155,8 @@ class GatedAttention(nn.Module):
         if not self.recompute or torch.compiler.is_compiling() or under_transform(x):
             # The plain composition: autograd keeps every intermediate (the reference). Under
             # torch.compile too: GatedMiddle's backward (torch.autograd.grad) would break the
-            # graph. NaLa runs as it does in eager mode (on the CPU the fused autograd function,
-            # which dynamo traces; on CUDA the Triton custom op), and the compiler picks what
-            # to recompute. Under torch.func transforms and forward AD too: the fused middles have
+            # graph. NaLa runs as a custom op (``nala/op.py`` on the CPU, ``nala/triton_op.py``
+            # on CUDA), and the compiler picks what to recompute. Under torch.func transforms and forward AD too: the fused middles have
             # no forward-mode rule, the composition's pieces do (NaLa's: ``nala/tangent.py``).
             o = self.attend(q, k, v, grid).transpose(1, 2).reshape(b, n, c)      # (B, N, C)
             lepe = None if self.lepe is None else (self.lepe.weight, self.lepe.bias)
