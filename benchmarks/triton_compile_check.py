@@ -16,6 +16,12 @@ and block sizes can be chosen so that no kernel spills registers (``_CONFIGS`` i
     python benchmarks/triton_compile_check.py --previous             # the launch configs before two programs per SM
     python benchmarks/triton_compile_check.py --gated 384,1152       # the gated layer's epilogue kernels
 
+Under the GPU machines' Triton (3.6; the venv's is newer), with that wheel's own ptxas and
+nvdisasm (the ``--out`` JSON's meta names the three versions):
+
+    bash benchmarks/triton_version_env.sh 3.6.0       # once: runs/triton-3.6.0/site
+    PYTHONPATH=runs/triton-3.6.0/site python benchmarks/triton_compile_check.py --launches 384/6,1152/16
+
 ``tests/attention/test_triton_kernels.py`` (``test_kernels_compile_for_hopper``) runs it for
 head dim 72 (bf16, cosine) and holds what its docstring lists (wgmma, the MUFU operations, no
 local-memory traffic but dq's small spill).
@@ -343,6 +349,14 @@ def launched_report(launched, arch: int = 90) -> list[tuple[str, dict]]:
     return rows
 
 
+def tool_version(tool: Path) -> str:
+    """The CUDA release of one of Triton's bundled tools (``V12.8.93``): Triton 3.6 and 3.8
+    ship different ptxas and nvdisasm, which the committed reports record."""
+    out = subprocess.run([str(tool), "--version"], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"\bV(\d+\.\d+\.\d+)", out)
+    return f"V{found.group(1)}" if found else out.strip().splitlines()[-1]
+
+
 def format_row(r: dict) -> str:
     mufu = " ".join(f"{op}:{n}" for op, n in r["mufu"].items()) or "-"
     return (f"registers {r['registers']:>3}  spills {r['spill_bytes']} B  shared {r['shared_bytes'] // 1024:>3} KB  "
@@ -388,8 +402,9 @@ def main(argv=None):
             meta = dict(command="python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None
                                                                                      else sys.argv[1:])]),
                         arch=f"sm_{args.arch}a" if args.arch == 90 else f"sm_{args.arch}", triton=triton.__version__,
-                        torch=torch.__version__, how="compiled through the real launch functions with a stand-in "
-                        "driver (no GPU); SASS from Triton's nvdisasm")
+                        torch=torch.__version__, ptxas=tool_version(PTXAS), nvdisasm=tool_version(NVDISASM),
+                        how="compiled through the real launch functions with a stand-in driver (no GPU); SASS from "
+                        "Triton's nvdisasm")
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str))
         return
