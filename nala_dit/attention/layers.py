@@ -155,8 +155,9 @@ class GatedAttention(nn.Module):
         if not self.recompute or torch.compiler.is_compiling() or under_transform(x):
             # The plain composition: autograd keeps every intermediate (the reference). Under
             # torch.compile too: GatedMiddle's backward (torch.autograd.grad) would break the
-            # graph. NaLa runs as a custom op (``nala/op.py`` on the CPU, ``nala/triton_op.py``
-            # on CUDA), and the compiler picks what to recompute. Under torch.func transforms and forward AD too: the fused middles have
+            # graph. NaLa runs as in eager mode (the fused autograd function on the CPU, which
+            # dynamo traces; the custom op of ``nala/triton_op.py`` on CUDA), and the compiler
+            # picks what to recompute. Under torch.func transforms and forward AD too: the fused middles have
             # no forward-mode rule, the composition's pieces do (NaLa's: ``nala/tangent.py``).
             o = self.attend(q, k, v, grid).transpose(1, 2).reshape(b, n, c)      # (B, N, C)
             lepe = None if self.lepe is None else (self.lepe.weight, self.lepe.bias)

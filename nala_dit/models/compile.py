@@ -1,8 +1,8 @@
 """``torch.compile`` of a model, in one place for ``sample.py --compile`` / ``--cuda-graphs``,
 the NaLa pipelines' ``compile()`` and ``train.py --compile``.
 
-NaLa traces whole under the compiler (``attention/nala/op.py`` on the CPU, ``attention/nala/triton_op.py``
-on the GPU: custom ops, no graph break), so a NaLaDiT compiles into one graph as DiT does.
+NaLa traces whole under the compiler (on the CPU its fused autograd function, on the GPU the
+custom op of ``attention/nala/triton_op.py``: no graph break), so a NaLaDiT compiles into one graph as DiT does.
 ``mode="reduce-overhead"`` is inductor's CUDA-graph trees: each input shape is captured
 once and replayed at every later call (a sampler step), the host's launch cost gone;
 where capture is not possible inductor itself runs that graph without CUDA graphs and

@@ -1,6 +1,6 @@
 """``sample.py --compile``: the model compiled in place (``nn.Module.compile``), the
 source's model keeping its class. Tracing itself is held by
-tests/attention/test_op.py (a NaLaDiT block with fullgraph=True, zero graph breaks)."""
+tests/attention/test_compiled_block.py (a NaLaDiT block with fullgraph=True, zero graph breaks)."""
 from types import SimpleNamespace
 
 import torch

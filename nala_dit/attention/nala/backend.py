@@ -21,7 +21,6 @@ from ..config import TRITON_MAX_HEAD_DIM, TRITON_MAX_TOKENS
 from ..config import NaLaConfig
 from ..functional import _check_qkv, _no_autocast, nala_features, normalized_linear_attention
 from .fused import _FusedNaLa, _FusedNaLaJvp, fused_opts
-from .op import nala_fused_attention
 from .tangent import CONTEXT_PARALLEL_REFUSAL, triton_jvp_attention, under_transform
 from .triton_op import nala_triton_attention
 
@@ -130,8 +129,6 @@ def nala_attention(
         return (_nala_eager if impl == "eager" else _nala_compiled)(q, k, v, config)
     if under_transform(q, k, v):   # torch.func / forward AD: the fused passes with a forward-mode rule
         return _FusedNaLaJvp.apply(q, k, v, opts, shard)[0]
-    if torch.compiler.is_compiling() and shard is None:   # compiled: the custom op, traced whole
-        return nala_fused_attention(q, k, v, opts)
     return _FusedNaLa.apply(q, k, v, opts, shard)
 
 
