@@ -159,7 +159,7 @@ def _dq_kernel_split(
     q_base = Q + _head_offset(bh, H, sq_b, sq_h) + row0 * sq_n
     scale = tl.load(ScaleP + bh % H)
     norm, clamped = _row_norm2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, norm_eps)
-    t_norm = _tanh(norm / scale)
+    t_norm = _tanh(norm / scale, "ieee")
     p = power * (offset + t_norm)
     sum_fg = tl.zeros((BLOCK_N,), dtype=tl.float32)     # Σ φ·((g/den) Sᵀ)
     dp_g = tl.zeros((BLOCK_N,), dtype=tl.float32)       # ∂L/∂p, (g/den) Sᵀ part

@@ -2,7 +2,7 @@
 a block of tokens in registers (norm, exponent ``|q̂|^p``, angle θ = (π/4)·tanh(α x̂), the
 cos/sin halves, ``|k|^λ``), for a head dim in one tile (``_query_features``, ...) and in two
 (``_query_features2``, ...: ``launch.split_tiles``), and the backward through them. The
-MUFU approximations of sin, cos and log are taken in the half-precision mode only."""
+MUFU approximations of sin, cos, log and θ's tanh are taken in the half-precision mode only."""
 
 import triton
 import triton.language as tl
@@ -12,13 +12,23 @@ import triton.language as tl
 
 
 # Hardware approximations (the MUFU unit: one instruction each) for the feature map's
-# sin, cos and log in the half-precision mode (PREC == "bf16") only; everything else (fp32
-# inputs, the interpreter, which runs no PTX) keeps libdevice's exact functions, which
-# compile to software polynomials and, for sin/cos, a local-memory argument reduction.
+# sin, cos, log and the angle's tanh in the half-precision mode (PREC == "bf16") only;
+# everything else (fp32 inputs, the interpreter, which runs no PTX) keeps the exact
+# functions: libdevice's software polynomials (for sin/cos with a local-memory argument
+# reduction), and _tanh's exp and IEEE division.
 # PTX ISA bounds: sin/cos.approx absolute error ≤ 2^-20.5 on [-π, π] (θ here is within
-# ±π/4); lg2.approx absolute error ≤ 2^-22 on [0.5, 2], relative ≤ 2^-22 elsewhere.
-# bf16 keeps 8 mantissa bits (2^-9 relative rounding): the approximations are ~2^-11 of
-# that. tests/attention/test_triton_approx.py measures each one's worst error on a GPU.
+# ±π/4); lg2.approx absolute error ≤ 2^-22 on [0.5, 2], relative ≤ 2^-22 elsewhere;
+# tanh.approx (sm_75+) relative error about 2^-11 (measured by others: 1.1e-5, "about 16
+# bits", https://stackoverflow.com/questions/41251698; the bound is what is held here).
+# bf16 keeps 8 mantissa bits (2^-9 relative rounding): sin, cos and lg2 are ~2^-11 of
+# that. tanh's is not: in θ = (π/4)·tanh(α x̂) it is ≤ (π/4)·2^-11 ≈ 3.8e-4 absolute, so
+# the halves m·cos θ and m·sin θ move by ≤ 3.8e-4·m, a fifth of bf16's rounding of m
+# (2^-9 ≈ 2e-3). Two tanh stay exact in every mode (PREC "ieee" at the call):
+# the per-token tanh(‖q‖/s) of the exponent p = λ(τ + t) (an error λ·2^-11 in p is
+# |ln q̂|·λ·2^-11 ≈ 3e-3 relative in |q̂|^p at |q̂| ≈ 0.12, over bf16's rounding; one per
+# token, no time to save), and the derivative's 1 − tanh²(α x̂) (cancellation: at α x̂ = 3
+# it is 0.0099, which an error of 2^-11 in tanh moves by 10 %).
+# tests/attention/test_triton_approx.py measures each one's worst error on a GPU.
 
 
 @triton.jit
@@ -49,11 +59,15 @@ def _log(x, PREC: tl.constexpr):
 
 
 @triton.jit
-def _tanh(x):
-    # exp(−2|x|) ∈ (0, 1]: no overflow at any |x| (tl has no tanh on every backend).
-    e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0, -t, t)
+def _tanh(x, PREC: tl.constexpr):
+    if PREC == "bf16":
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        # exp(−2|x|) ∈ (0, 1]: no overflow at any |x| (tl has no tanh on every backend).
+        e = tl.exp(-2.0 * tl.abs(x))
+        t = (1.0 - e) / (1.0 + e)
+        return tl.where(x < 0, -t, t)
 
 
 @triton.jit
@@ -75,7 +89,7 @@ def _lift(mag, x_hat, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
     """The two halves of φ: (m cos θ, m sin θ) with θ = (π/4)·tanh(α x̂), or
     (m·1(x̂>0), m·1(x̂<0)) in the relu_split mode."""
     if COSINE:
-        theta = 0.7853981633974483 * _tanh(alpha * x_hat)
+        theta = 0.7853981633974483 * _tanh(alpha * x_hat, PREC)
         f1 = mag * _cos(theta, PREC)
         f2 = mag * _sin(theta, PREC)
     else:
@@ -88,7 +102,7 @@ def _lift(mag, x_hat, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
 def _query_features(q, scale, power, offset, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
     """φ_q of §2 for a (BN, BD) fp32 block: a = |q̂|^p with p = λ(τ + tanh(‖q‖/s))."""
     q_hat, norm, clamped = _unit(q, norm_eps)
-    t_norm = _tanh(norm / scale)
+    t_norm = _tanh(norm / scale, "ieee")
     p = power * (offset + t_norm)                          # (BN,)
     a = _abs_pow(q_hat, p[:, None], PREC)
     f1, f2 = _lift(a, q_hat, alpha, COSINE, PREC)
@@ -113,7 +127,7 @@ def _lift_grad(f1, f2, g1, g2, x_hat, alpha, COSINE: tl.constexpr):
     ∂L/∂x̂ through θ: (G₂F₁ − G₁F₂)·(π/4)·α·(1 − tanh²(α x̂)) (0 in relu_split)."""
     m_dm = g1 * f1 + g2 * f2
     if COSINE:
-        t = _tanh(alpha * x_hat)
+        t = _tanh(alpha * x_hat, "ieee")
         d_hat = (g2 * f1 - g1 * f2) * ((0.7853981633974483 * alpha) * (1.0 - t * t))
     else:
         d_hat = tl.zeros_like(m_dm)
@@ -176,7 +190,7 @@ def _query_features2(qa, qb, scale, power, offset, alpha, norm_eps, COSINE: tl.c
     """_query_features on the two tiles of a split head dim."""
     norm = tl.sqrt(tl.sum(qa * qa, 1) + tl.sum(qb * qb, 1))
     clamped = tl.maximum(norm, norm_eps)
-    t_norm = _tanh(norm / scale)
+    t_norm = _tanh(norm / scale, "ieee")
     p = power * (offset + t_norm)
     f1a, f2a, ha = _query_tile(qa, clamped, p, alpha, COSINE, PREC)
     f1b, f2b, hb = _query_tile(qb, clamped, p, alpha, COSINE, PREC)

@@ -320,7 +320,7 @@ def _output_block2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, s_base
     The features in chunks of BC lanes (a loop), each meeting its BC rows of S: one
     chunk's features live at a time."""
     norm, clamped = _row_norm2(q_base, sq_n, sq_d, offs_n, n_mask, offs_a, offs_b, D, norm_eps)
-    p = power * (offset + _tanh(norm / scale))
+    p = power * (offset + _tanh(norm / scale, "ieee"))
     s2 = s_base + D * D
     num_a = tl.zeros((BLOCK_N, BA), dtype=tl.float32)
     num_b = tl.zeros((BLOCK_N, BB), dtype=tl.float32)

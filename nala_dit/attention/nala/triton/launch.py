@@ -104,7 +104,7 @@ _CONFIGS = {  # BD: (BLOCK_N, BV, warps) for the state passes (forward too), the
     16: _by_kind((64, 16, 4), (64, 16, 4), (32, 16, 4)),
     32: _by_kind((64, 32, 4), (64, 32, 4), (32, 32, 8)),
     64: dict(forward=(32, 64, 8, None, 128), state=(32, 64, 8, None, None), out=(64, 64, 8, None, 128),
-             dq=(16, 64, 8, None, None), dkv=(16, 32, 8, None, None)),
+             dq=(16, 64, 8, None, 128), dkv=(16, 32, 8, None, None)),
     128: _by_kind((32, 64, 8), (32, 128, 8), (16, 32, 8)),
 }
 _SPLIT_CONFIGS = dict(forward=(16, 4, None, None), state=(16, 4, None, None), out=(64, 8, None, 128),
