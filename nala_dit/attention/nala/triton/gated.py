@@ -57,7 +57,7 @@ def _lepe(V, s_n, LW, offs_t, offs_c, t_mask, c_mask, GH, GW, SIGN: tl.constexpr
     row = offs_t // GW
     col = offs_t % GW
     acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
-    for tap in tl.static_range(25):
+    for tap in tl.range(0, 25):   # not unrolled: 25 blocks of loads in flight took 140-255 registers
         r = row + SIGN * (tap // 5 - 2)
         c = col + SIGN * (tap % 5 - 2)
         ok = t_mask & (r >= 0) & (r < GH) & (c >= 0) & (c < GW)
@@ -186,7 +186,7 @@ def _lepe_backward_kernel(
         tl.store(DQKVG + b * sd_b + 2 * C + offs_t.to(tl.int64)[:, None] * sd_n + offs_c[None, :],
                  d_v.to(DQKVG.dtype.element_ty), mask=t_mask[:, None] & c_mask[None, :])
     v_base = QKVG + b * s_b + 2 * C
-    for tap in tl.static_range(25):
+    for tap in tl.range(0, 25):
         acc = tl.zeros((BLOCK_C,), dtype=tl.float32)
         for t in tl.range(0, TOKENS, BLOCK_T, num_stages=1):
             offs_t = t0 + t + tl.arange(0, BLOCK_T)
@@ -224,8 +224,10 @@ def launch_grids(b: int, n: int, c: int) -> dict[str, tuple[int, ...]]:
 def _blocks(c: int) -> tuple[int, int, int]:
     """(BLOCK_T, BLOCK_C, num_warps): every channel of a token in one program (LayerNorm
     reduces over C), about 2,048 values per block, 8 values per thread. Compiled for sm_90a
-    (``benchmarks/triton_compile_check.py --gated``), at C = 384 (S) and 1,152 (XL) no kernel
-    spills (61-169 registers); 4,096 values at 8 warps spilled in the LePE backward."""
+    (``benchmarks/triton_compile_check.py --gated``, Triton 3.6 and 3.8, bf16 and fp16), at
+    C = 384 (S), 1,152 (XL) and 2,240 (H) no kernel spills (48-107 registers: the LePE taps
+    run as a loop, not unrolled; unrolled, their loads took 138-255 registers in fp16 and under
+    Triton 3.6, one program per SM, and spilled up to 364 B)."""
     block_c = triton.next_power_of_2(c)
     block_t = max(1, min(16, 2048 // block_c))
     return block_t, block_c, max(2, min(16, block_t * block_c // 256))
