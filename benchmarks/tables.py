@@ -178,7 +178,7 @@ def block_tables(data):
         elif "table" in r:   # launch_config(d, {"table": "previous"}): the configs before the register work
             rows.append([f"{r['table']} (launch_config)", "", "", fmt(r["ms"]), fmt(r["ms"] / default, 2) if default else "–"])
         else:
-            rows.append([r["BLOCK_N"], r["BV"], r["num_warps"], fmt(r["ms"]), fmt(r["ms"] / default, 2) if default else "–"])
+            rows.append([r["BLOCK_N"], r.get("BV", ""), r["num_warps"], fmt(r["ms"]), fmt(r["ms"] / default, 2) if default else "–"])
     shape = data["shape"]
     head = (f"**Block sizes**, head dim {', '.join(sorted({str(r['head_dim']) for r in data['rows']}))}, "
             f"B {shape['batch']}, H {shape['heads']}, N {shape['tokens']}, {data['dtype']}, {data['mode']}, "

@@ -4,7 +4,7 @@ The defaults in ``nala_dit/attention/nala/triton/launch.py`` were chosen from th
 (``triton_compile_check.py``: no spills, two programs per SM), without timing anything; the
 row ``table: previous`` times the configs from before that choice (``launch_config``'s
 ``{"table": "previous"}``) beside them. This sweep (forward +
-backward, bf16 inputs, one (B, H, N, D) per head dim) says whether another (BLOCK_N, BV,
+backward, bf16 inputs, one (B, H, N, D) per head dim) says whether another (BLOCK_N,
 num_warps) is faster; each configuration's output and gradients are checked against the
 defaults' first, so a configuration that computes something else is reported, not timed.
 On CUDA the time is ``triton.testing.do_bench``'s (CUDA events, median); ``--smoke`` runs the
@@ -41,14 +41,14 @@ OPTS = dict(direction="cosine", power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6
 
 
 def candidates(head_dim):
-    bd = triton_kernels.launch_config(head_dim)["BD"]
+    cfg = triton_kernels.launch_config(head_dim)
+    lanes = cfg["BA"] + cfg["BB"]                # the head dim's two tiles
     out = []
     for block_n in (32, 64, 128):
-        for bv in sorted({min(bd, 32), min(bd, 64), bd}):
-            for warps in (4, 8):
-                if block_n * bd > 64 * 128:     # (BLOCK_N × BD) blocks past 8K elements spill
-                    continue
-                out.append(dict(BLOCK_N=block_n, BV=bv, num_warps=warps))
+        for warps in (4, 8):
+            if block_n * lanes > 64 * 128:      # (BLOCK_N × lanes) blocks past 8K elements spill
+                continue
+            out.append(dict(BLOCK_N=block_n, num_warps=warps))
     return out
 
 

@@ -78,9 +78,9 @@ class CountedKernel:
 
 def count_kernels(tk, current: list) -> None:
     """Every NaLa kernel of ``tk.KERNELS`` counted into the last mode of ``current``."""
-    for kind, pair in list(tk.KERNELS.items()):
-        pair = tuple(k.kernel if isinstance(k, CountedKernel) else k for k in pair)   # counted once
-        tk.KERNELS[kind] = tuple(CountedKernel(k.__name__, k, lambda: current[-1]) for k in pair)
+    for kind, k in list(tk.KERNELS.items()):
+        k = k.kernel if isinstance(k, CountedKernel) else k   # counted once
+        tk.KERNELS[kind] = CountedKernel(k.__name__, k, lambda: current[-1])
 
 
 def count_triton_call() -> dict:

@@ -219,7 +219,7 @@ def test_block_size_sweep_runs_under_the_interpreter(tmp_path):
         assert r["max_rel_rms_vs_default"] < 1e-5 and r["ms"] > 0
     lines = tables.block_tables(data)
     assert lines[4].startswith("| default (launch_config) |") and lines[4].endswith(" | 1.00 |")
-    assert lines[5].startswith(f"| 32 | 32 | 4 | {data['rows'][1]['ms']:.3f} |")
+    assert lines[5].startswith(f"| 32 |  | 4 | {data['rows'][1]['ms']:.3f} |")     # BV: the runs before the tiles
 
 
 def test_tables_from_the_smoke_run(smoke):

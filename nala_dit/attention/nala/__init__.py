@@ -16,7 +16,8 @@ One call, ``nala_attention(q, k, v, config, impl=...)`` (``backend.py``), runs o
   and their gradients, ``blocks.py`` the loads, stores and products every kernel shares,
   ``forward.py`` the state and output kernels, ``backward.py`` the dq and dkv kernels,
   ``launch.py`` the launch configs, grids, launches and the autograd function
-  (``TritonNaLa``), checked on first use against ``eager`` (``backend.triton_passes_check``).
+  (``TritonNaLa``), checked on first use against ``eager`` (``backend.triton_passes_check``);
+  ``triton/README.md`` says how the kernels work;
 
 ``backend.py`` also picks which (``backend``: ``select_nala_impl``'s ``fused`` on CPU,
 ``triton`` on CUDA where Triton takes the shape and the kernels passed their first-use

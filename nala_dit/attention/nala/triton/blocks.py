@@ -86,7 +86,7 @@ def _put_vec(base, offs, D, x, ATOMIC: tl.constexpr):
 
 
 @triton.jit
-def _row_norm2(base, s_n, s_d, offs_n, n_mask, offs_a, offs_b, D, norm_eps):
+def _row_norm(base, s_n, s_d, offs_n, n_mask, offs_a, offs_b, D, norm_eps):
     """‖x‖ over both tiles of a (BN, D) slice, and max(‖x‖, ε)."""
     xa = _load_block(base, s_n, s_d, offs_n, offs_a, n_mask, offs_a < D)
     xb = _load_block(base, s_n, s_d, offs_n, offs_b, n_mask, offs_b < D)

@@ -1,8 +1,8 @@
 """NaLa's feature maps (§2) as ``@triton.jit`` helpers, and their gradients: φ_q and φ_k of
 a block of tokens in registers (norm, exponent ``|q̂|^p``, angle θ = (π/4)·tanh(α x̂), the
-cos/sin halves, ``|k|^λ``), for a head dim in one tile (``_query_features``, ...) and in two
-(``_query_features2``, ...: ``launch.split_tiles``), and the backward through them. The
-MUFU approximations of sin, cos, log and θ's tanh are taken in the half-precision mode only."""
+cos/sin halves, ``|k|^λ``) for a head dim in two tiles (``launch.split_tiles``) or a chunk
+of lanes (``_query_tile``, ...), and the backward through them. The MUFU approximations
+of sin, cos, log and θ's tanh are taken in the half-precision mode only."""
 
 import triton
 import triton.language as tl
@@ -78,13 +78,6 @@ def _abs_pow(x, p, PREC: tl.constexpr):
 
 
 @triton.jit
-def _unit(x, norm_eps):
-    norm = tl.sqrt(tl.sum(x * x, 1))                       # (BN,)
-    clamped = tl.maximum(norm, norm_eps)
-    return x / clamped[:, None], norm, clamped
-
-
-@triton.jit
 def _lift(mag, x_hat, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
     """The two halves of φ: (m cos θ, m sin θ) with θ = (π/4)·tanh(α x̂), or
     (m·1(x̂>0), m·1(x̂<0)) in the relu_split mode."""
@@ -95,29 +88,6 @@ def _lift(mag, x_hat, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
     else:
         f1 = tl.where(x_hat > 0, mag, 0.0)
         f2 = tl.where(x_hat < 0, mag, 0.0)
-    return f1, f2
-
-
-@triton.jit
-def _query_features(q, scale, power, offset, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
-    """φ_q of §2 for a (BN, BD) fp32 block: a = |q̂|^p with p = λ(τ + tanh(‖q‖/s))."""
-    q_hat, norm, clamped = _unit(q, norm_eps)
-    t_norm = _tanh(norm / scale, "ieee")
-    p = power * (offset + t_norm)                          # (BN,)
-    a = _abs_pow(q_hat, p[:, None], PREC)
-    f1, f2 = _lift(a, q_hat, alpha, COSINE, PREC)
-    return f1, f2, q_hat, norm, clamped, p, t_norm
-
-
-@triton.jit
-def _key_features(k, power, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
-    """φ_k of §2: b = |k|^λ (norm kept), direction from k̂ = k/‖k‖."""
-    b = _abs_pow(k, power, PREC)
-    if COSINE:
-        k_hat, norm, clamped = _unit(k, norm_eps)
-        f1, f2 = _lift(b, k_hat, alpha, COSINE, PREC)
-    else:
-        f1, f2 = _lift(b, k, alpha, COSINE, PREC)
     return f1, f2
 
 
@@ -134,48 +104,9 @@ def _lift_grad(f1, f2, g1, g2, x_hat, alpha, COSINE: tl.constexpr):
     return m_dm, d_hat
 
 
-@triton.jit
-def _through_unit(x, x_hat, norm, clamped, d_hat, d_norm, norm_eps):
-    """∂L/∂x for x̂ = x / max(‖x‖, ε), plus an extra ∂L/∂‖x‖ (d_norm)."""
-    d_clamped = -tl.sum(d_hat * x_hat, 1) / clamped
-    # max(·, ε) passes the gradient where ‖x‖ ≥ ε; ∂‖x‖/∂x = x/‖x‖, 0 at x = 0.
-    d_norm = d_norm + tl.where(norm >= norm_eps, d_clamped, 0.0)
-    safe = tl.where(norm == 0, 1.0, norm)
-    return d_hat / clamped[:, None] + (d_norm / safe)[:, None] * x
-
-
-@triton.jit
-def _query_grad(q, f1, f2, g1, g2, q_hat, norm, clamped, p, t_norm, scale, power, alpha,
-                norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
-    """∂L/∂q from ∂L/∂φ_q, and ∂L/∂(‖q‖/s) (for a learned s)."""
-    a_da, d_hat = _lift_grad(f1, f2, g1, g2, q_hat, alpha, COSINE)
-    nonzero = q_hat != 0
-    safe = tl.where(nonzero, q_hat, 1.0)
-    # a = |q̂|^p: ∂a/∂q̂ = p·a/q̂ and ∂a/∂p = a·log|q̂|, both 0 where q̂ = 0 (as torch.pow).
-    d_hat += a_da * p[:, None] / safe
-    d_p = tl.sum(tl.where(nonzero, a_da * _log(tl.abs(safe), PREC), 0.0), 1)
-    d_u = d_p * power * (1.0 - t_norm * t_norm)             # ∂L/∂u, u = ‖q‖/s
-    dq = _through_unit(q, q_hat, norm, clamped, d_hat, d_u / scale, norm_eps)
-    return dq, d_u
-
-
-@triton.jit
-def _key_grad(k, f1, f2, g1, g2, power, alpha, norm_eps, COSINE: tl.constexpr):
-    """∂L/∂k from ∂L/∂φ_k: b = |k|^λ gives λ·b/k (0 at k = 0), θ goes through k̂."""
-    if COSINE:
-        k_hat, norm, clamped = _unit(k, norm_eps)
-        b_db, d_hat = _lift_grad(f1, f2, g1, g2, k_hat, alpha, COSINE)
-        dk = _through_unit(k, k_hat, norm, clamped, d_hat, tl.zeros_like(norm), norm_eps)
-    else:
-        b_db, d_hat = _lift_grad(f1, f2, g1, g2, k, alpha, COSINE)
-        dk = tl.zeros_like(k)
-    return dk + b_db * power / tl.where(k != 0, k, 1.0)
-
-
-# Split head dim (see "Head dims" in the module docstring): a head dim D that is not a
-# power of two runs as two tiles, lanes [0, BA) and [BA, BA + BB) (BA the largest power of
-# two ≤ D, BB ≥ 16 a power of two; D = 72: 64 + 16, 8 masked lanes). Elementwise work is
-# per tile; a row reduction (‖x‖, Σ_d, ...) is the sum of the two tiles' sums.
+# The head dim runs as two tiles, lanes [0, BA) and [BA, BA + BB) (``launch.split_tiles``;
+# D = 72: 64 + 16, 8 masked lanes): elementwise work is per tile (or per chunk of lanes); a
+# row reduction (‖x‖, Σ_d, ...) is the sum of the tiles' sums.
 
 
 @triton.jit
@@ -186,8 +117,8 @@ def _query_tile(q, clamped, p, alpha, COSINE: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _query_features2(qa, qb, scale, power, offset, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
-    """_query_features on the two tiles of a split head dim."""
+def _query_features(qa, qb, scale, power, offset, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """φ_q of §2 on the two tiles of a (BN, D) fp32 block: a = |q̂|^p with p = λ(τ + tanh(‖q‖/s))."""
     norm = tl.sqrt(tl.sum(qa * qa, 1) + tl.sum(qb * qb, 1))
     clamped = tl.maximum(norm, norm_eps)
     t_norm = _tanh(norm / scale, "ieee")
@@ -198,8 +129,8 @@ def _query_features2(qa, qb, scale, power, offset, alpha, norm_eps, COSINE: tl.c
 
 
 @triton.jit
-def _key_features2(ka, kb, power, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
-    """_key_features on the two tiles of a split head dim."""
+def _key_features(ka, kb, power, alpha, norm_eps, COSINE: tl.constexpr, PREC: tl.constexpr):
+    """φ_k of §2 on the two tiles: b = |k|^λ (norm kept), direction from k̂ = k/‖k‖."""
     ba = _abs_pow(ka, power, PREC)
     bb = _abs_pow(kb, power, PREC)
     if COSINE:
@@ -249,7 +180,8 @@ def _key_grad_tile(k, f1, f2, g1, g2, h, clamped, power, alpha, COSINE: tl.const
 
 @triton.jit
 def _unit_row_term(norm, clamped, dot_hat, d_norm, norm_eps):
-    """c in ∂L/∂x = ∂L/∂x̂ / max(‖x‖, ε) + c·x for x̂ = x / max(‖x‖, ε) (as _through_unit),
-    from Σ_d ∂L/∂x̂·x̂ over every lane and an extra ∂L/∂‖x‖."""
+    """c in ∂L/∂x = ∂L/∂x̂ / max(‖x‖, ε) + c·x for x̂ = x / max(‖x‖, ε), from Σ_d ∂L/∂x̂·x̂
+    over every lane and an extra ∂L/∂‖x‖: max(·, ε) passes the gradient where ‖x‖ ≥ ε;
+    ∂‖x‖/∂x = x/‖x‖, 0 at x = 0."""
     d_norm = d_norm + tl.where(norm >= norm_eps, -dot_hat / clamped, 0.0)
     return d_norm / tl.where(norm == 0, 1.0, norm)

@@ -1,55 +1,6 @@
-"""NaLa's Triton path: launch configs, grids, the launches, and the autograd function.
-
-The kernels (``forward.py``, ``backward.py``, their helpers ``features.py`` and
-``blocks.py``) follow fused bidirectional linear attention: the state is a sum over all
-tokens, so the forward is two passes and the backward three, each a kernel:
-
-1. ``state``    φ_k(k) in registers, ``[S | z]`` halves accumulated in fp32 over a token
-                range; several ranges per head run in parallel and add their sums into one
-                zeroed fp32 state with atomic adds (no partial buffers, no reduction launch);
-2. ``output``   φ_q(q) in registers, ``o = φ_qᵀS / (φ_qᵀz + ε)``; keeps the per-token
-                denominator (one fp32 per token) for the backward;
-   ``forward``  1 and 2 as one launch where one token range per head suffices (N <
-                ``SHORT_TOKENS``): the state of one value tile stays in registers between
-                the two loops and is stored once;
-3. ``dq``       ∂L/∂φ_q = (g/den) Sᵀ + (∂L/∂den) zᵀ, then ∂L/∂q through the feature map;
-                keeps ∂L/∂den (one fp32 per token);
-4. ``state``    again with queries (QUERY=True): ∂L/∂[S | z] = Σ_i φ_q(q_i) [g_i/den_i | ∂L/∂den_i];
-5. ``dkv``      ∂L/∂v = φ_k ∂L/∂S, ∂L/∂φ_k = v ∂L/∂Sᵀ + ∂L/∂z, then ∂L/∂k.
-
-``KERNELS`` maps each kind to its two forms: padded (the head dim as one power-of-two tile)
-and split (``split_tiles``: a D that is no power of two as two tiles, XL/2's 72 as 64 + 16,
-80 lanes of which 8 are masked, where padding to 128 took 1.78× the elementwise and 3.16×
-the matrix work; a state half is then four tile-pair blocks). Launches per call: forward 1
-(short N) or 3 (``zeros``, state, output); backward 3 (short N) or 4 (with one ``zeros``).
-Token ranges are ≥ 64 tokens, so at N ≥ 1,024 the state passes run B·H·16 programs or more.
-The atomic sums make the state's last bits depend on the order the ranges finish in (fp32,
-relative ~1e-7).
-
-Inputs and outputs are read and written through their strides (``forward_launch``,
-``backward_launch``): the gated layer (``gated.py``) hands in q, k, v as views of its qkvg
-projection and buffers in token layout for the output and for dq, dk, dv, and the dkv kernel
-adds ∂L/∂v to what its buffer holds (``ADD_DV``: the LePE term's gradient).
-
-Saved for the backward: q, k, v, the state (2 × D × (D+1) per head) and the denominator;
-the 2D-wide features are recomputed in registers in every pass, never written to memory.
-
-Precision: loads are cast to fp32; features, state, normaliser and division are fp32; only
-stores cast to the tensor's dtype (spec §3 "Precision"). Products (``blocks._dot``): exact
-fp32 (``ieee``) for fp32 inputs, TF32 where torch allows it
-(``set_float32_matmul_precision("high")``); bf16 operands with fp32 accumulation for bf16 /
-fp16 inputs, where sin, cos and log are also the MUFU approximations (``features._sin``);
-the interpreter gets the same rounding with exact functions (``bf16_exact``). Measured
-against the fp32 reference (interpreter, N = 129, D = 64 and 72): relative RMS 2.8e-3 to
-3.6e-3 for the output and the gradients, inside the 1e-2 budget of half inputs.
-
-The kernels run on CUDA and, for the tests, on CPU tensors under Triton's interpreter
-(``TRITON_INTERPRET=1`` set before this module is imported). The launch configs
-(``_CONFIGS``, ``_SPLIT_CONFIGS``) were chosen by the compile report
-(``benchmarks/triton_compile_check.py``: registers, spills, programs per SM for sm_90a, no
-GPU; its figures in ``benchmarks/results/triton_launches_sm90.json``), not timed on a GPU.
-The kernels before that work are ``benchmarks/baseline_nala/`` (the A/B).
-"""
+"""NaLa's Triton path: launch configs, grids, the launches, and the autograd function
+``TritonNaLa``. How the kernels work (passes, tiles, precision, why these configs):
+``README.md`` beside this file; the kernels are ``forward.py`` and ``backward.py``."""
 
 from __future__ import annotations
 
@@ -58,9 +9,8 @@ import triton
 from torch.autograd.function import once_differentiable
 
 from ...config import TRITON_MAX_HEAD_DIM as MAX_HEAD_DIM, TRITON_MAX_TOKENS
-from .backward import _dkv_kernel, _dkv_kernel_split, _dq_kernel, _dq_kernel_split
-from .forward import (_forward_kernel, _forward_kernel_split, _output_kernel, _output_kernel_split, _state_kernel,
-                      _state_kernel_split)
+from .backward import _dkv_kernel, _dq_kernel
+from .forward import _forward_kernel, _output_kernel, _state_kernel
 
 
 def unsupported_reason(q: torch.Tensor) -> str | None:
@@ -80,78 +30,54 @@ def unsupported_reason(q: torch.Tensor) -> str | None:
 INTERPRETED = "Interpreted" in type(_output_kernel).__name__
 
 
-# Launch configurations, one per kind of kernel (``KINDS``): the single-launch forward
-# ("forward"), the state passes ("state": forward and backward), the output ("out"), dq
-# ("dq") and dk/dv ("dkv"). Each entry (BLOCK_N, BV, num_warps, num_stages, maxnreg) for a
-# padded head dim BD (power of two), or (BLOCK_N, num_warps, num_stages, maxnreg) for a
-# split one (``_SPLIT_CONFIGS``, one program covering every value lane); num_stages None:
-# Triton's default (3), maxnreg None: no register cap (else ptxas's ``.maxnreg``; the
-# compile test holds that none spills). BV < BD: the output and forward kernels take the
-# value tiles on a grid axis (φ computed once per tile), dq and dkv loop over them. D = 64
-# and 72 reach two programs per SM with no spill (bf16/fp16, sm_90a); fp32 inputs with
-# exact products spill at D ≥ 64 (not a target). Output, dq and dkv of a split dim take the
-# feature lanes in chunks of ``SPLIT_CHUNK``.
+# Launch configurations, one per kind of kernel: the single-launch forward ("forward"), the
+# state passes ("state": forward and backward), the output ("out"), dq ("dq") and dk/dv
+# ("dkv"). Each entry (BLOCK_N, num_warps, num_stages, maxnreg); num_stages None: Triton's
+# default (3), maxnreg None: no register cap. Chosen by the compile report (README.md,
+# "Launch configs"); the figures per kernel are in benchmarks/results/triton_launches_sm90.json.
 KINDS = ("forward", "state", "out", "dq", "dkv")
-
-
-def _by_kind(state, out, bwd):
-    """A three-group entry (state, output, dq/dkv) as one entry per kind, no cap."""
-    return dict(forward=(*state, None, None), state=(*state, None, None), out=(*out, None, None),
-                dq=(*bwd, None, None), dkv=(*bwd, None, None))
-
-
-_CONFIGS = {  # BD: (BLOCK_N, BV, warps) for the state passes (forward too), the output, dq and dkv
-    16: _by_kind((64, 16, 4), (64, 16, 4), (32, 16, 4)),
-    32: _by_kind((64, 32, 4), (64, 32, 4), (32, 32, 8)),
-    64: dict(forward=(32, 64, 8, None, 128), state=(32, 64, 8, None, None), out=(64, 64, 8, None, 128),
-             dq=(16, 64, 8, None, 128), dkv=(16, 32, 8, None, None)),
-    128: _by_kind((32, 64, 8), (32, 128, 8), (16, 32, 8)),
-}
-_SPLIT_CONFIGS = dict(forward=(16, 4, None, None), state=(16, 4, None, None), out=(64, 8, None, 128),
-                      dq=(64, 8, None, 128), dkv=(64, 8, 1, 128))
+_CONFIGS = dict(forward=(16, 4, None, None), state=(16, 4, None, None), out=(64, 8, None, 128),
+                dq=(64, 8, None, 128), dkv=(64, 8, 1, 128))
+# Feature lanes per chunk of the output, dq and dkv kernels (BC): 16 on a GPU (registers).
 SPLIT_CHUNK = 16
+# Under the interpreter, which has no registers and whose time goes by the number of block
+# operations, the feature chunks are the wider tile (BA lanes: D = 64 and 72 in 2 chunks,
+# not 4 and 5) and the state passes take 64 tokens at a time, not 16 (``override``
+# {"BC": 16, "BLOCK_N": 16} runs the GPU's sizes there; the tests do).
+INTERPRETER_STATE_TOKENS = 64
 
 
-def split_tiles(head_dim: int) -> tuple[int, int] | None:
-    """(BA, BB) for a head dim that runs as two tiles, lanes [0, BA) and [BA, BA + BB):
-    BA the largest power of two ≤ D, BB the power of two (≥ 16, what tl.dot needs) that
-    covers the rest; None where that is no narrower than one padded tile (powers of two,
-    D < 32, D just under a power of two such as 120)."""
-    if head_dim < 32:
-        return None
-    ba = 1 << (head_dim.bit_length() - 1)
-    bb = max(16, triton.next_power_of_2(head_dim - ba)) if head_dim > ba else 0
-    return (ba, bb) if bb and ba + bb < triton.next_power_of_2(head_dim) else None
+def split_tiles(head_dim: int) -> tuple[int, int]:
+    """(BA, BB): the head dim as two tiles, lanes [0, BA) and [BA, BA + BB), both powers of
+    two ≥ 16 (what tl.dot needs), BA ≥ BB, BA + BB ≥ D with the fewest padded lanes: 72 →
+    (64, 16), 64 → (32, 32), 128 → (64, 64), D ≤ 32 → (16, 16)."""
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim {head_dim} outside [1, {MAX_HEAD_DIM}]")
+    tiles = [(ba, bb) for ba in (16, 32, 64) for bb in (16, 32, 64) if bb <= ba and ba + bb >= head_dim]
+    return min(tiles, key=sum)
 
 
 def launch_config(head_dim: int, override: dict | None = None) -> dict:
-    """Launch configuration per kind of kernel (``KINDS``) for a head dim: BD is D padded to
-    a power of two (≥ 16, what tl.dot needs), then ``_CONFIGS``; a D that ``split_tiles``
-    splits runs as two tiles (BA, BB; ``_SPLIT_CONFIGS``, one value tile, feature chunks of
-    BC). ``override``: its BLOCK_N, BV, num_warps replace every kind's values (block-size
-    sweeps; BV is unused where split), with Triton's default stages and no register cap."""
+    """Launch configuration per kind of kernel (``KINDS``) for a head dim: its tiles (BA, BB;
+    ``split_tiles``), then ``_CONFIGS`` (one program covers every value lane: NV = 1; feature
+    chunks of BC, ``SPLIT_CHUNK``). ``override``: its BLOCK_N and num_warps replace every
+    kind's values (block-size sweeps), with Triton's default stages and no register cap; its
+    BC the chunk; any other key is ignored."""
     override = dict(override or {})
-    bd = max(16, triton.next_power_of_2(head_dim))
-    cfg = dict(BD=bd)
-    tiles = split_tiles(head_dim)
-    if tiles:
-        cfg.update(BA=tiles[0], BB=tiles[1])
-        for kind in KINDS:
-            block_n, warps, stages, maxnreg = _SPLIT_CONFIGS[kind]
-            sub = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
-            if override:
-                sub.update({k: v for k, v in override.items() if k != "BV"}, num_stages=None, maxnreg=None)
-            sub["NV"] = 1
-            if kind != "state":
-                sub["BC"] = SPLIT_CHUNK
-            cfg[kind] = sub
-        return cfg
+    ba, bb = split_tiles(head_dim)
+    chunk = override.pop("BC", None) or (max(SPLIT_CHUNK, ba) if INTERPRETED else SPLIT_CHUNK)
+    override = {k: v for k, v in override.items() if k in ("BLOCK_N", "num_warps")}
+    cfg = dict(BA=ba, BB=bb)
     for kind in KINDS:
-        block_n, bv, warps, stages, maxnreg = _CONFIGS[bd][kind]
-        sub = dict(BLOCK_N=block_n, BV=bv, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
+        block_n, warps, stages, maxnreg = _CONFIGS[kind]
+        if INTERPRETED and kind in ("forward", "state"):
+            block_n = max(block_n, INTERPRETER_STATE_TOKENS)
+        sub = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
         if override:
             sub.update(override, num_stages=None, maxnreg=None)
-        sub["NV"] = bd // sub["BV"]
+        sub["NV"] = 1
+        if kind != "state":
+            sub["BC"] = chunk
         cfg[kind] = sub
     return cfg
 
@@ -165,7 +91,7 @@ def _compile_opts(sub: dict) -> dict:
 # be one token block (64): N = 1,024 gives 16 ranges per head, B·H·16 programs (H = 16: 256).
 MIN_SPLIT_TOKENS = 64
 # Below this many tokens the forward is one launch (state + output in one program per
-# head and value tile) whatever the GPU's size: the call is launch-bound there.
+# head) whatever the GPU's size: the call is launch-bound there.
 SHORT_TOKENS = 1024
 
 
@@ -203,31 +129,20 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     return tuple(t.stride())
 
 
-# Every kernel a launch runs, by kind: (its padded form, its split form). Launches look the
-# kernel up here when they run, so a test can wrap an entry.
-KERNELS = {
-    "state": (_state_kernel, _state_kernel_split),
-    "forward": (_forward_kernel, _forward_kernel_split),
-    "output": (_output_kernel, _output_kernel_split),
-    "dq": (_dq_kernel, _dq_kernel_split),
-    "dkv": (_dkv_kernel, _dkv_kernel_split),
-}
+# Every kernel a launch runs, by kind. Launches look the kernel up here when they run, so a
+# test can wrap an entry.
+KERNELS = dict(state=_state_kernel, forward=_forward_kernel, output=_output_kernel, dq=_dq_kernel, dkv=_dkv_kernel)
 
 
 def _kernel_for(kind: str, cfg: dict):
-    """The kernel of ``kind`` (a key of ``KERNELS``) for a launch config: its split form
-    where the head dim is split."""
-    return KERNELS[kind]["BA" in cfg]
+    """The kernel of ``kind`` (a key of ``KERNELS``); ``cfg`` (``launch_config``'s) picks none."""
+    return KERNELS[kind]
 
 
 def _tile_args(cfg: dict, group: str, nv: bool = False) -> dict:
-    """The head-dim constexprs of a kernel: BA, BB (split) or BD, BV (and NV)."""
-    if "BA" in cfg:
-        return dict(BA=cfg["BA"], BB=cfg["BB"], **({"BC": cfg[group]["BC"]} if "BC" in cfg[group] else {}))
-    args = dict(BD=cfg["BD"], BV=cfg[group]["BV"])
-    if nv:
-        args["NV"] = cfg[group]["NV"]
-    return args
+    """The head-dim constexprs of a kernel of ``group`` (a kind): BA, BB, and BC where it
+    takes feature chunks (``nv`` is for the compile report's calls: no kernel takes NV)."""
+    return dict(BA=cfg["BA"], BB=cfg["BB"], **({"BC": cfg[group]["BC"]} if "BC" in cfg[group] else {}))
 
 
 def _ranges(n: int, splits: int, block_n: int) -> tuple[int, int]:
@@ -241,11 +156,11 @@ def launch_grids(b: int, h: int, n: int, cfg: dict, splits: int) -> dict[str, tu
     ``splits`` token ranges, as the launches use them: ``forward`` (the single launch, where
     it runs), ``state`` (both state passes), ``output``, ``dq``, ``dkv``. Axes after the first
     stay within CUDA's 65,535 up to ``TRITON_MAX_TOKENS`` (token blocks of ≥ 16)."""
-    grids = dict(state=(b * h, _ranges(n, splits, cfg["state"]["BLOCK_N"])[1], cfg["state"]["NV"]),
-                 output=(b * h, triton.cdiv(n, cfg["out"]["BLOCK_N"]), cfg["out"]["NV"]),
+    grids = dict(state=(b * h, _ranges(n, splits, cfg["state"]["BLOCK_N"])[1]),
+                 output=(b * h, triton.cdiv(n, cfg["out"]["BLOCK_N"])),
                  dq=(b * h, triton.cdiv(n, cfg["dq"]["BLOCK_N"])), dkv=(b * h, triton.cdiv(n, cfg["dkv"]["BLOCK_N"])))
     if splits == 1:
-        grids["forward"] = (b * h, cfg["forward"]["NV"])
+        grids["forward"] = (b * h,)
     return grids
 
 
@@ -262,7 +177,7 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     buf = (x.new_zeros if atomic else x.new_empty)(b * h * 2 * d * (d + 1), dtype=torch.float32)
     s_part = buf[:b * h * 2 * d * d].view(b * h, 2, d, d)
     z_part = buf[b * h * 2 * d * d:].view(b * h, 2, d)
-    _kernel_for("state", cfg)[(b * h, splits, st["NV"])](   # launch_grids' "state"
+    _kernel_for("state", cfg)[(b * h, splits)](   # launch_grids' "state"
         x, w, scale, s_part, z_part, *_strides(x), *_strides(w),
         h, n, d, per_split, splits, 1.0 / n,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
@@ -281,7 +196,7 @@ def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: to
     den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
     cosine = opts["direction"] == "cosine"
     if splits == 1:
-        # One launch: state and output per (head, value tile); the state kept for the backward.
+        # One launch: state and output per head; the state kept for the backward.
         state = torch.empty(b * h, 2, d, d, device=q.device, dtype=torch.float32)
         z = torch.empty(b * h, 2, d, device=q.device, dtype=torch.float32)
         fc = cfg["forward"]
@@ -289,7 +204,7 @@ def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: to
             k, v, q, scale32, state, z, out, den, *_strides(k), *_strides(v), *_strides(q), *_strides(out),
             h, n, d, 1.0 / n, opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
             COSINE=cosine, BLOCK_N=fc["BLOCK_N"], **_tile_args(cfg, "forward"), PREC=opts["precision"],
-            **_compile_opts(fc), **({"BLOCK_O": cfg["out"]["BLOCK_N"]} if "BA" in cfg else {}),
+            BLOCK_O=cfg["out"]["BLOCK_N"], **_compile_opts(fc),
         )
         return state, z, den
     state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
@@ -319,14 +234,14 @@ def backward_launch(q, k, v, scale32, state, z, den, grad_out, opts: dict, cfg: 
         q, grad_out, scale32, state, z, den, dq, d_den, d_u,
         *_strides(q), *_strides(grad_out), *_strides(dq), h, n, d,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
-        COSINE=cosine, BLOCK_N=dqc["BLOCK_N"], **_tile_args(cfg, "dq", nv=True),
+        COSINE=cosine, BLOCK_N=dqc["BLOCK_N"], **_tile_args(cfg, "dq"),
         PREC=opts["precision"], NEED_DU=need_scale, DQ_STRIDED=not dq.is_contiguous(), **_compile_opts(dqc),
     )
     d_state, d_z = _state_pass(q, grad_out, scale32, opts, cfg, splits, query=True, den=den, d_den=d_den)
     _kernel_for("dkv", cfg)[grids["dkv"]](
         k, v, d_state, d_z, dk, dv, *_strides(k), *_strides(v), *_strides(dk), *_strides(dv), h, n, d,
         opts["power"], opts["alpha"], opts["norm_eps"],
-        COSINE=cosine, BLOCK_N=dkvc["BLOCK_N"], **_tile_args(cfg, "dkv", nv=True),
+        COSINE=cosine, BLOCK_N=dkvc["BLOCK_N"], **_tile_args(cfg, "dkv"),
         PREC=opts["precision"], ADD_DV=add_dv, **_compile_opts(dkvc),
     )
     return d_u if need_scale else None
@@ -396,7 +311,7 @@ def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = 
                           config: dict | None = None) -> torch.Tensor:
     """Run the kernels: ``norm_scale`` a float or a tensor with 1 or H elements (per head);
     ``opts`` the §2 constants as ``nala/fused.py``'s ``_FusedNaLa`` takes them. ``splits`` overrides
-    the number of token ranges of the state passes (tests), ``config`` (BLOCK_N, BV,
+    the number of token ranges of the state passes (tests), ``config`` (BLOCK_N,
     num_warps) the block sizes of every kernel (block-size sweeps, ``launch_config``)."""
     opts = resolve_opts(q, opts)
     h = q.shape[1]
