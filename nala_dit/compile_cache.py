@@ -5,7 +5,7 @@ same graph, imports it from there. Its default is ``$TMPDIR/torchinductor_<user>
 shared temporary folder, made with the umask's mode, never checked for owner or mode; a
 file edited there (or a folder another local user made first) is code that the next
 ``--compile`` runs. ``private_compile_cache`` runs before every compile in this package
-(``models/compile.py``, ``impl="compile"`` in ``attention/nala/backend.py``, the CIFAR-10 speedrun):
+(``models/compile.py``, the CIFAR-10 speedrun, ``benchmarks/attention.py --compile``):
 
 * ``TORCHINDUCTOR_CACHE_DIR`` unset: ``$XDG_CACHE_HOME/nala_dit/torchinductor`` (else
   ``~/.cache/nala_dit/torchinductor``), made with mode 0700, and the variable set to it;

@@ -144,19 +144,6 @@ def test_unknown_impl_is_named():
         nala_attention(q, k, v, impl="cuda")
 
 
-RELU_SPLIT_COMPILE = pytest.mark.skipif(
-    os.environ.get("NALA_TEST_COMPILE") != "1",
-    reason="another 30 s of inductor compile on a 2-core CPU (the cosine case runs in the full tier); "
-           "set NALA_TEST_COMPILE=1")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("direction", ["cosine", pytest.param("relu_split", marks=RELU_SPLIT_COMPILE)])
-def test_compile_matches_reference(direction):
-    """``impl="compile"`` (inductor's loops of the composition, about 30 s to build here)."""
-    compare("compile", *qkv(n=63, d=24), FP32_TOL, direction=direction)
-
-
 def test_fused_path_runs_one_gemm_per_product_and_chunk(monkeypatch):
     """The features are built in place as one 2D-wide block, so every product with the
     state (or its gradient) is a single GEMM per token chunk: forward, the state and the

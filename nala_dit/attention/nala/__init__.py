@@ -8,7 +8,7 @@ and the readable composition ``nala_features`` → §3 are ``../functional.py``'
 One call, ``nala_attention(q, k, v, config, impl=...)`` (``backend.py``), runs one of:
 
 * ``eager`` -- the readable composition under plain autograd (``backend._nala_eager``; the
-  reference, any device; ``impl="compile"`` is its ``torch.compile``);
+  reference, any device);
 * ``fused`` -- the CPU path (``fused.py``): token-chunked feature lifts with a hand-written
   backward (``_FusedNaLa``) that saves q, k, v, the small state ``[S | z]`` and the
   denominator only; ``chunks.py`` sizes its token chunks;

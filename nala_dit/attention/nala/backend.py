@@ -1,6 +1,6 @@
 """``nala_attention``: which of NaLa's paths runs, and the first-use check of the Triton path.
 
-* the readable unchunked composition (``impl="eager"``) and its ``torch.compile``;
+* the readable unchunked composition (``impl="eager"``);
 * ``select_nala_impl`` (what ``impl="auto"`` runs per device), ``backend`` (that choice with
   the first-use check folded in: what ``nala_attention`` and the gated layer run) and
   ``nala_attention``;
@@ -24,28 +24,13 @@ from .fused import _FusedNaLa, _FusedNaLaJvp, fused_opts
 from .tangent import CONTEXT_PARALLEL_REFUSAL, triton_jvp_attention, under_transform
 from .triton_op import nala_triton_attention
 
-NALA_IMPLS = ("auto", "fused", "eager", "compile", "triton")
+NALA_IMPLS = ("auto", "fused", "eager", "triton")
 
 
 def _nala_eager(q, k, v, config: NaLaConfig):
     """The readable composition: 2D-wide features, then the §3 linear form, autograd."""
     phi_q, phi_k = nala_features(q, k, config)
     return normalized_linear_attention(phi_q, phi_k, v, config.eps).to(v.dtype)
-
-
-_compiled_eager = None
-
-
-def _nala_compiled(*args):
-    """``torch.compile`` of the eager composition (inductor fuses the feature maps);
-    built lazily, since compiling takes tens of seconds on a CPU."""
-    global _compiled_eager
-    if _compiled_eager is None:
-        from ...compile_cache import private_compile_cache
-
-        private_compile_cache()   # inductor imports what it cached: only from a folder no one else can write
-        _compiled_eager = torch.compile(_nala_eager, dynamic=True)
-    return _compiled_eager(*args)
 
 
 def triton_available() -> bool:
@@ -98,8 +83,7 @@ def nala_attention(
     * ``"triton"``: the same algorithm as GPU kernels (``nala/triton/``), the
       features computed in registers; under ``torch.compile`` as the custom op
       ``nala_dit::nala_triton`` (``triton_op.py``), so the graph does not break there;
-    * ``"eager"``: the readable composition ``nala_features`` → §3, plain autograd;
-    * ``"compile"``: ``torch.compile`` of the eager composition (opt-in; slow to build).
+    * ``"eager"``: the readable composition ``nala_features`` → §3, plain autograd.
 
     ``shard`` (context parallel, ``context_parallel.ShardGrid``): q, k, v are this rank's
     tokens and the state is all-reduced over the ranks. The fused path keeps its passes;
@@ -125,8 +109,8 @@ def nala_attention(
         kernel = (nala_triton_attention if torch.compiler.is_compiling()
                   else triton_jvp_attention if under_transform(q, k, v) else _triton_kernel)
         return kernel(q, k, v, opts["norm_scale"], triton_opts)
-    if impl in ("eager", "compile"):
-        return (_nala_eager if impl == "eager" else _nala_compiled)(q, k, v, config)
+    if impl == "eager":
+        return _nala_eager(q, k, v, config)
     if under_transform(q, k, v):   # torch.func / forward AD: the fused passes with a forward-mode rule
         return _FusedNaLaJvp.apply(q, k, v, opts, shard)[0]
     return _FusedNaLa.apply(q, k, v, opts, shard)
@@ -134,7 +118,7 @@ def nala_attention(
 
 def backend(device: torch.device, dtype: torch.dtype, head_dim: int, num_tokens: int, opts: dict,
             impl: str = "auto") -> str:
-    """The path (``eager``, ``fused``, ``triton``, ``compile``) that ``impl`` names for inputs of this
+    """The path (``eager``, ``fused``, ``triton``) that ``impl`` names for inputs of this
     device, dtype, head dim and token count: ``impl`` itself unless "auto"; else
     ``select_nala_impl``'s choice, where "triton" stands only if the kernels passed their
     first-use check for this key (``triton_passes_check``), else "eager" (warned once).
