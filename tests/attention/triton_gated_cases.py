@@ -93,6 +93,28 @@ def test_fp32_matches_the_plain_composition(on_triton, grid, heads, dim):
     assert len(on_triton) == 1
 
 
+def test_several_token_ranges_add_into_the_buffer_the_last_epilogue_zeroed(on_triton, monkeypatch):
+    """Three token ranges (as N ≥ 1,024 runs on a GPU) on 12 × 17 tokens: the first call zeroes
+    its state buffer, the second adds into the one the first's epilogue zeroed, a third of
+    another batch size zeroes its own; each equals the plain composition."""
+    monkeypatch.setattr(triton_gated, "num_splits", lambda *a: 3)
+    monkeypatch.setattr(triton_gated, "_ZEROED", {})
+    take, taken = triton_gated._take_zeroed, []
+
+    def taking(*args):
+        buf = take(*args)
+        taken.append(None if buf is None else (buf.numel(), bool(buf.any())))
+        return buf
+
+    monkeypatch.setattr(triton_gated, "_take_zeroed", taking)
+    fused, plain = layers_pair(32, 2)
+    for batch in (2, 2, 1):
+        compare(fused, plain, (12, 17), batch=batch)
+    assert len(on_triton) == 3
+    # (numel, any nonzero) of the buffer each forward took: the second call's, zeroed by the first's epilogue
+    assert taken == [None, (2 * 2 * 2 * 16 * 17, False), None]
+
+
 def test_head_dim_64_bf16_autocast(on_triton):
     fused, plain = layers_pair(128, 2)
     compare(fused, plain, (3, 4), torch.bfloat16)

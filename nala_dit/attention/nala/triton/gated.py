@@ -8,7 +8,7 @@ q, k, v as strided views of ``qkvg`` and writes its output in token layout; one 
 kernel adds the LePE term (5×5 depthwise conv of v on the token grid, bias included),
 applies the output LayerNorm (keeping each token's mean and 1/std) and the SiLU gate, and
 zeroes the fp32 buffer that the backward adds the parameter gradients into (so that
-needs no launch of its own). With the two projections: 4 launches (softmax attention: 3).
+needs no launch of its own). With the two projections: 4 launches at N < 1,024.
 
 Backward, into ONE ``(B, N, 4C)`` gradient buffer (no ``cat``):
 
@@ -22,8 +22,10 @@ Backward, into ONE ``(B, N, 4C)`` gradient buffer (no ``cat``):
 3. NaLa's three kernels: dq and dk into their columns, dv *added* to the LePE term's.
 
 With the projections' six (two GEMMs and a bias sum each): 11 backward, 15 in all at one
-token range (the target: at most 5 / 15; softmax attention: 3 / 13). At long N the
-state passes split the tokens and add each zeroed buffer (one ``zeros`` launch each pass).
+token range (softmax attention: 3 / 13). At N ≥ 1,024 (several token ranges) the state and
+output kernels launch apart, 5 forward and 16 in all: each state pass adds into a buffer an
+earlier kernel of ours zeroed (the forward's: the previous gated forward's epilogue, kept
+per stream in ``_ZEROED``; the backward's: the norm backward), not a fill launch of its own.
 
 Saved for the backward: ``qkvg``, NaLa's output (C per token), its state and denominator,
 and the LayerNorm statistics (2 floats per token). ``GatedLinearAttention`` runs this when
@@ -40,7 +42,8 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from .launch import backward_launch, fit_splits, forward_launch, launch_config, num_splits
+from .launch import (atomic_state, backward_launch, fit_splits, forward_launch, launch_config, num_splits,
+                     state_numel)
 
 LEPE_SIZE = 5           # the LePE kernel is 5 × 5 (``GatedAttention.lepe``)
 TAPS = LEPE_SIZE * LEPE_SIZE
@@ -90,13 +93,22 @@ def _normalised(QKVG, O, LW, LB, MEAN, RSTD, b, offs_t, offs_c, t_mask, c_mask, 
 
 
 @triton.jit
+def _zero(BUF, n, BLOCK_C: tl.constexpr):
+    """BUF[0:n] = 0, fp32, shared out among the grid's programs (no launch of its own)."""
+    offs = tl.arange(0, BLOCK_C)
+    for start in range(tl.program_id(0) * BLOCK_C, n, tl.num_programs(0) * BLOCK_C):
+        tl.store(BUF + start + offs, tl.zeros((BLOCK_C,), dtype=tl.float32), mask=start + offs < n)
+
+
+@triton.jit
 def _epilogue_kernel(
-    QKVG, O, LW, LB, NW, NB, OUT, MEAN, RSTD, ACC,
-    N, C, GH, GW, s_b, s_n, n_acc, norm_eps, t_blocks,
-    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, ZERO_ACC: tl.constexpr,
+    QKVG, O, LW, LB, NW, NB, OUT, MEAN, RSTD, ACC, ZEROED,
+    N, C, GH, GW, s_b, s_n, n_acc, n_zeroed, norm_eps, t_blocks,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """out = LayerNorm(o + LePE(v)) ⊙ SiLU(g) for BLOCK_T tokens × all C channels; the
-    token's mean and 1/std stored; with ZERO_ACC the programs zero ACC between them.
+    token's mean and 1/std stored; the programs zero ACC[:n_acc] and ZEROED[:n_zeroed]
+    between them (the parameter gradients' accumulator, the next call's state buffer).
     Grid: (B · t_blocks,), t_blocks = ⌈N / BLOCK_T⌉ (one axis: ≤ 2³¹ − 1 programs, where a
     token axis of its own passes CUDA's 65,535 at N > 65,535 with BLOCK_T = 1). O, OUT:
     contiguous (B, N, C); QKVG: (B, N, 4C) by strides."""
@@ -119,23 +131,21 @@ def _epilogue_kernel(
     tl.store(OUT + (b * N + offs_t)[:, None] * C + offs_c[None, :], out.to(OUT.dtype.element_ty), mask=mask)
     tl.store(MEAN + b * N + offs_t, mean, mask=t_mask)
     tl.store(RSTD + b * N + offs_t, rstd, mask=t_mask)
-    if ZERO_ACC:
-        pid = tl.program_id(0)
-        step = tl.num_programs(0) * BLOCK_C
-        for start in range(pid * BLOCK_C, n_acc, step):
-            tl.store(ACC + start + offs_c, tl.zeros((BLOCK_C,), dtype=tl.float32), mask=start + offs_c < n_acc)
+    _zero(ACC, n_acc, BLOCK_C)
+    _zero(ZEROED, n_zeroed, BLOCK_C)
 
 
 @triton.jit
 def _norm_backward_kernel(
-    QKVG, O, LW, LB, NW, NB, DOUT, MEAN, RSTD, DO, DQKVG, ACC,
-    N, C, GH, GW, s_b, s_n, sdo_b, sdo_n, sd_b, sd_n, t_blocks,
+    QKVG, O, LW, LB, NW, NB, DOUT, MEAN, RSTD, DO, DQKVG, ACC, ZEROED,
+    N, C, GH, GW, s_b, s_n, sdo_b, sdo_n, sd_b, sd_n, t_blocks, n_zeroed,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """The gate's and LayerNorm's backward for a token block: ∂L/∂g into DQKVG's g columns,
     ∂L/∂o (fp32) into DO, the LayerNorm weight / bias and LePE bias gradients added to ACC
     (relaxed atomics: no memory fence; a loop over more tokens per program keeps the 25
-    LePE weights live across it and spills). Grid: (B · t_blocks,) as the epilogue's."""
+    LePE weights live across it and spills); ZEROED[:n_zeroed] zeroed between the programs
+    (NaLa's query state pass adds into it). Grid: (B · t_blocks,) as the epilogue's."""
     b = (tl.program_id(0) // t_blocks).to(tl.int64)
     offs_t = (tl.program_id(0) % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_c = tl.arange(0, BLOCK_C)
@@ -162,6 +172,7 @@ def _norm_backward_kernel(
     d_o = tl.where(mask, rstd[:, None] * (d_hat - m1[:, None] - x_hat * m2[:, None]), 0.0)
     tl.store(DO + (b * N + offs_t)[:, None] * C + offs_c[None, :], d_o, mask=mask)
     tl.atomic_add(ACC + 25 * C + offs_c, tl.sum(d_o, 0), mask=c_mask, sem="relaxed")
+    _zero(ZEROED, n_zeroed, BLOCK_C)
 
 
 @triton.jit
@@ -248,18 +259,23 @@ class TritonGatedMiddle(torch.autograd.Function):
         opts = spec["opts"]
         cfg = launch_config(c // h)
         splits = fit_splits(num_splits(n, b * h, cfg["state"]["NV"], qkvg.device), n, qkvg)
+        atomic, numel = atomic_state(n, splits, cfg), state_numel(b, h, c // h)
         o = qkvg.new_empty(b, n, c)
-        state, z, den = forward_launch(q, k, v, scale, opts, cfg, splits, o.unflatten(-1, (h, c // h)).transpose(1, 2))
+        state, z, den = forward_launch(q, k, v, scale, opts, cfg, splits, o.unflatten(-1, (h, c // h)).transpose(1, 2),
+                                       zeroed=_take_zeroed(qkvg.device, numel) if atomic else None)
         out = qkvg.new_empty(b, n, c)
         mean, rstd = (qkvg.new_empty(b * n, dtype=torch.float32) for _ in range(2))
         grads = any(ctx.needs_input_grad[i] for i in (0, 2, 3, 4, 5))
         acc = qkvg.new_empty(ACC_PER_CHANNEL * c if grads else 1, dtype=torch.float32)
+        following = qkvg.new_empty(numel if atomic else 1, dtype=torch.float32)
         block_t, block_c, warps = _blocks(c)
         _epilogue_kernel[launch_grids(b, n, c)["epilogue"]](
-            qkvg, o, lepe_w, lepe_b, norm_w, norm_b, out, mean, rstd, acc,
-            n, c, gh, gw, qkvg.stride(0), qkvg.stride(1), acc.numel(), spec["norm_eps"], triton.cdiv(n, block_t),
-            BLOCK_T=block_t, BLOCK_C=block_c, ZERO_ACC=grads, num_warps=warps,
+            qkvg, o, lepe_w, lepe_b, norm_w, norm_b, out, mean, rstd, acc, following,
+            n, c, gh, gw, qkvg.stride(0), qkvg.stride(1), acc.numel() if grads else 0, numel if atomic else 0,
+            spec["norm_eps"], triton.cdiv(n, block_t), BLOCK_T=block_t, BLOCK_C=block_c, num_warps=warps,
         )
+        if atomic:   # zeroed by the epilogue launched above: the next several-range call's state adds into it
+            _ZEROED[_stream_key(qkvg.device)] = following
         ctx.spec, ctx.cfg, ctx.splits = spec, cfg, splits
         ctx.save_for_backward(qkvg, o, scale, state, z, den, mean, rstd, acc, lepe_w, lepe_b, norm_w, norm_b)
         return out
@@ -276,11 +292,13 @@ class TritonGatedMiddle(torch.autograd.Function):
         d_o = qkvg.new_empty(b, n, c, dtype=torch.float32)
         block_t, block_c, warps = _blocks(c)
         grids, ranges = launch_grids(b, n, c), triton.cdiv(n, TOKENS)
+        atomic, numel = atomic_state(n, ctx.splits, ctx.cfg), state_numel(b, h, c // h)
+        d_state = qkvg.new_empty(numel if atomic else 1, dtype=torch.float32)   # zeroed by the norm backward
         _norm_backward_kernel[grids["norm_backward"]](
-            qkvg, o, lepe_w, lepe_b, norm_w, norm_b, d_out, mean, rstd, d_o, d_qkvg, acc,
+            qkvg, o, lepe_w, lepe_b, norm_w, norm_b, d_out, mean, rstd, d_o, d_qkvg, acc, d_state,
             n, c, gh, gw, qkvg.stride(0), qkvg.stride(1), d_out.stride(0), d_out.stride(1),
-            d_qkvg.stride(0), d_qkvg.stride(1), triton.cdiv(n, block_t), BLOCK_T=block_t, BLOCK_C=block_c,
-            num_warps=warps,
+            d_qkvg.stride(0), d_qkvg.stride(1), triton.cdiv(n, block_t), numel if atomic else 0,
+            BLOCK_T=block_t, BLOCK_C=block_c, num_warps=warps,
         )
         _lepe_backward_kernel[grids["lepe_backward"]](
             qkvg, lepe_w, d_o, d_qkvg, acc, n, c, gh, gw, qkvg.stride(0), qkvg.stride(1),
@@ -291,12 +309,31 @@ class TritonGatedMiddle(torch.autograd.Function):
         q, k, v = (split_heads(qkvg, i, h) for i in range(3))
         dq, dk, dv = (split_heads(d_qkvg, i, h) for i in range(3))
         d_u = backward_launch(q, k, v, scale, state, z, den, d_o.unflatten(-1, (h, c // h)).transpose(1, 2),
-                              spec["opts"], ctx.cfg, ctx.splits, dq, dk, dv, need_scale, add_dv=True)
+                              spec["opts"], ctx.cfg, ctx.splits, dq, dk, dv, need_scale, add_dv=True,
+                              zeroed=d_state if atomic else None)
         d_scale = d_u.view(b, h, n).sum((0, 2)) if need_scale else None
         params = (lepe_w, lepe_b, norm_w, norm_b)
         pieces = acc.split([TAPS * c, c, c, c]) if acc.numel() > 1 else [None] * 4
         d_params = [None if piece is None else piece.view_as(p).to(p.dtype) for piece, p in zip(pieces, params)]
         return d_qkvg, d_scale, *d_params, None
+
+
+# Several token ranges (N ≥ 1,024 on a GPU) add NaLa's state into a zeroed buffer. Each gated
+# forward's epilogue zeroes the buffer the next one takes (per device and stream, the launch
+# order there being the order the kernels run in), so no forward launches a fill of its own;
+# the first call, or a call of another size, zeroes one (``_state_pass``). Held: one state
+# buffer per stream (B·H·2·D·(D+1) fp32: 21 MB at XL/2, batch 32).
+_ZEROED: dict[tuple, torch.Tensor] = {}
+
+
+def _stream_key(device: torch.device) -> tuple:
+    return (str(device), torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None)
+
+
+def _take_zeroed(device: torch.device, numel: int) -> torch.Tensor | None:
+    """The zeroed state buffer an earlier forward's epilogue left for this stream, if it has ``numel``."""
+    buf = _ZEROED.pop(_stream_key(device), None)
+    return buf if buf is not None and buf.numel() == numel else None
 
 
 def split_heads(t: torch.Tensor, part: int, heads: int) -> torch.Tensor:

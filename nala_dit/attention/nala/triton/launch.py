@@ -164,17 +164,29 @@ def launch_grids(b: int, h: int, n: int, cfg: dict, splits: int) -> dict[str, tu
     return grids
 
 
-def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
+def atomic_state(n: int, splits: int, cfg: dict) -> bool:
+    """Whether the state passes add several token ranges into a zeroed buffer."""
+    return _ranges(n, splits, cfg["state"]["BLOCK_N"])[1] > 1
+
+
+def state_numel(b: int, h: int, d: int) -> int:
+    """fp32 numbers of one state pass's buffer: ``[S | z]`` halves of every head."""
+    return b * h * 2 * d * (d + 1)
+
+
+def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None, zeroed=None):
     """Launch the state kernel over ``splits`` token ranges, which add their sums atomically
     into one zeroed state (one range writes it). Returns ``(S, z)``: (B·H, 2, D, D) and
-    (B·H, 2, D), fp32, means over the N tokens."""
+    (B·H, 2, D), fp32, means over the N tokens. ``zeroed``: a buffer of ``state_numel``
+    that an earlier launch zeroed (the gated layer's epilogue kernels), else one is zeroed here."""
     b, h, n, d = x.shape
     st = cfg["state"]
     block_n = st["BLOCK_N"]
     per_split, splits = _ranges(n, splits, block_n)                     # whole blocks
     atomic = splits > 1
     # One buffer holds both, S then z, each contiguous: zeroed (one launch) where ranges add.
-    buf = (x.new_zeros if atomic else x.new_empty)(b * h * 2 * d * (d + 1), dtype=torch.float32)
+    buf = (x.new_empty(state_numel(b, h, d), dtype=torch.float32) if not atomic else
+           zeroed if zeroed is not None else x.new_zeros(state_numel(b, h, d), dtype=torch.float32))
     s_part = buf[:b * h * 2 * d * d].view(b * h, 2, d, d)
     z_part = buf[b * h * 2 * d * d:].view(b * h, 2, d)
     _kernel_for("state", cfg)[(b * h, splits)](   # launch_grids' "state"
@@ -188,10 +200,10 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None):
     return s_part, z_part
 
 
-def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: torch.Tensor):
+def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: torch.Tensor, zeroed=None):
     """The forward's launches: ``out`` (B, H, N, D), any strides (a gated layer passes its
     token-layout buffer), gets NaLa's output. Returns what the backward needs: the state
-    ``(S, z)`` and the denominator, fp32."""
+    ``(S, z)`` and the denominator, fp32. ``zeroed``: as ``_state_pass``'s."""
     b, h, n, d = q.shape
     den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
     cosine = opts["direction"] == "cosine"
@@ -207,7 +219,7 @@ def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: to
             BLOCK_O=cfg["out"]["BLOCK_N"], **_compile_opts(fc),
         )
         return state, z, den
-    state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False)
+    state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False, zeroed=zeroed)
     oc = cfg["out"]
     _kernel_for("output", cfg)[launch_grids(b, h, n, cfg, splits)["output"]](
         q, scale32, state, z, out, den, *_strides(q), *_strides(out), h, n, d,
@@ -220,7 +232,7 @@ def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: to
 
 def backward_launch(q, k, v, scale32, state, z, den, grad_out, opts: dict, cfg: dict, splits: int,
                     dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, need_scale: bool = False,
-                    add_dv: bool = False):
+                    add_dv: bool = False, zeroed=None):
     """The backward's launches into ``dq``, ``dk``, ``dv`` (B, H, N, D), any strides; with
     ``add_dv`` ∂L/∂v is added to what ``dv`` holds. Returns ∂L/∂s per token, (B·H, N), when
     ``need_scale``, else None."""
@@ -237,7 +249,8 @@ def backward_launch(q, k, v, scale32, state, z, den, grad_out, opts: dict, cfg: 
         COSINE=cosine, BLOCK_N=dqc["BLOCK_N"], **_tile_args(cfg, "dq"),
         PREC=opts["precision"], NEED_DU=need_scale, DQ_STRIDED=not dq.is_contiguous(), **_compile_opts(dqc),
     )
-    d_state, d_z = _state_pass(q, grad_out, scale32, opts, cfg, splits, query=True, den=den, d_den=d_den)
+    d_state, d_z = _state_pass(q, grad_out, scale32, opts, cfg, splits, query=True, den=den, d_den=d_den,
+                               zeroed=zeroed)
     _kernel_for("dkv", cfg)[grids["dkv"]](
         k, v, d_state, d_z, dk, dv, *_strides(k), *_strides(v), *_strides(dk), *_strides(dv), h, n, d,
         opts["power"], opts["alpha"], opts["norm_eps"],
