@@ -5,7 +5,7 @@ For P = 1, 2, 4 processes (gloo, one thread each), the trainer's code path in fr
 DiT block, the rest in the root unit) for the model and the fp32 EMA, ``build_optimizer``
 (AdamW over ``param_groups``), ``Sharding.clip``; DDP is torch's ``DistributedDataParallel``
 (what ``accelerator.prepare`` wraps a model in) with the trainer's CPU gradient hook
-(``context_parallel.resumable_gradient_sync``), and no wrapper at P = 1 (as accelerate).
+(``training/sharding.py``'s ``resumable_gradient_sync``), and no wrapper at P = 1 (as accelerate).
 One step = forward of a micro-batch, mean-square loss, backward, clip, AdamW step,
 ``zero_grad``, ``update_ema``: the training step of ``loop.TrainStep`` without the data.
 
@@ -174,7 +174,7 @@ def _build(mode: str, procs: int, cfg: dict):
     import torch
 
     import nala_dit.training.sharding as sharding_lib
-    from nala_dit.attention.context_parallel import resumable_gradient_sync
+    from nala_dit.training.sharding import resumable_gradient_sync
     from nala_dit.models.dit import create_model
     from nala_dit.training.build import build_optimizer
 

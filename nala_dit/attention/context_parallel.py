@@ -34,10 +34,6 @@ needs an all-reduce of its small state, LePE a halo, and DDP (which the trainer 
 keeps working beside a group of our own. One group is made even when P is the whole
 world, so the layers' collectives never interleave with DDP's on one process group.
 
-Resume. ``resumable_gradient_sync`` makes DDP's gradient all-reduce over CPU processes
-independent of its buckets, so a resumed run of 3 or more processes (context parallel or
-not) continues bit for bit.
-
 The model hook is ``DiT.context_parallel`` (``enable`` sets it): the model's forward asks
 it for its rows (``shard``: the latent's and the position table's, and the grid the blocks
 run on) and for the whole output (``gather``). ``WHOLE_GRID``, the default, keeps the whole
@@ -353,34 +349,3 @@ def exchanged_numbers(kind: str, tokens: int, hidden: int, heads: int, rows: int
     if kind == "softmax":
         return 2 * (tokens // 2) * hidden
     raise ValueError(f"kind must be 'nala' or 'softmax', got {kind!r}")
-
-
-def resumable_gradient_sync(model) -> bool:
-    """Make a DDP model's gradient all-reduce give the same sums after a resume as in an
-    uninterrupted run (gloo, i.e. CPU processes; True when the hook was registered).
-
-    DDP all-reduces gradients in buckets: one bucket in registration order on a model's
-    first iteration, then buckets rebuilt in the order backward produced the gradients.
-    A resumed run's first step therefore reduces with another bucket layout than the
-    uninterrupted run's step there, and with 3 or more processes the ring's order of
-    additions for an element follows its place in the bucket (2 processes only ever add
-    a + b): 4 processes were 5e-6 to 1.3e-5 apart after 12 steps. This hook all-reduces
-    each parameter's gradient on its own, so every element's sum depends only on the
-    parameter, whatever the buckets. NCCL (GPUs) keeps DDP's own bucketed all-reduce:
-    GPU runs are not bitwise anyway, and one collective per tensor would cost time there."""
-    if not isinstance(model, torch.nn.parallel.DistributedDataParallel) or \
-            dist.get_backend(model.process_group) != "gloo":
-        return False
-
-    def per_tensor(group, bucket):
-        buffer = bucket.buffer()
-        buffer.div_(group.size())  # DDP's own hook: the mean over processes
-        works = [dist.all_reduce(grad, group=group, async_op=True) for grad in bucket.gradients()]
-        for work in works:
-            work.wait()
-        done = torch.futures.Future()
-        done.set_result(buffer)
-        return done
-
-    model.register_comm_hook(model.process_group, per_tensor)
-    return True

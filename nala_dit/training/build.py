@@ -160,7 +160,8 @@ def step_model(cfg: TrainConfig, where: Placement, weights: Weights, optimizer):
     REPA-wrapped (one module for DDP: the projector's gradients are all-reduced with the
     model's), prepared by accelerate for DDP (FSDP's units already reduce-scatter); then the
     EMA is moved to the device."""
-    from ..attention.context_parallel import enable, resumable_gradient_sync
+    from ..attention.context_parallel import enable
+    from .sharding import resumable_gradient_sync
 
     accelerator, model, projector = where.accelerator, weights.model, weights.projector
     enable(model, where.context)

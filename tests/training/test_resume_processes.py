@@ -3,7 +3,7 @@
 DDP reduces a model's first iteration in one bucket in registration order, later ones in
 buckets rebuilt in backward's order; a resumed run's first step is a first iteration, and
 with 4 processes gloo's ring adds an element's four terms in an order that follows its place
-in the bucket. ``checkpoint.resumable_gradient_sync`` all-reduces each gradient on its own."""
+in the bucket. ``training/sharding.py``'s ``resumable_gradient_sync`` all-reduces each gradient on its own."""
 
 import os
 from pathlib import Path
@@ -44,7 +44,7 @@ def _grads(fn, module, rank: int, step: int) -> list[torch.Tensor]:
 def _worker(rank, world, port, path):
     """The gradients of step 2 in a run that went through step 1 (rebuilt buckets) and in a
     run resumed at step 2 (a first iteration), with DDP's own all-reduce and with the hook."""
-    from nala_dit.attention.context_parallel import resumable_gradient_sync
+    from nala_dit.training.sharding import resumable_gradient_sync
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -86,7 +86,7 @@ def test_the_hook_gives_ddp_its_gradients_in_one_process(tmp_path):
     ones bit for bit, on its first iteration (one bucket) and after the rebuild."""
     import copy
 
-    from nala_dit.attention.context_parallel import resumable_gradient_sync
+    from nala_dit.training.sharding import resumable_gradient_sync
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

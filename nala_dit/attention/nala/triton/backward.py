@@ -30,10 +30,9 @@ def _dq_kernel(
 ):
     """∂L/∂q for one token block, and ∂L/∂den (for the state gradient). With num = φ_qᵀS
     and den = φ_qᵀz + ε: ∂L/∂num = g/den, ∂L/∂den = −(g/den)·num/den, ∂L/∂φ_q = (g/den) Sᵀ
-    + (∂L/∂den) zᵀ. DQ through its strides where DQ_STRIDED, else contiguous with constant
-    strides. The feature lanes in chunks of BC (loops): one
-    chunk's features and ∂L/∂φ live at a time. Two passes over the chunks. ∂L/∂q is linear
-    in ∂L/∂φ = (g/den) Sᵀ + ∂L/∂den·zᵀ, so the first pass takes the row sums that need
+    + (∂L/∂den) zᵀ. DQ through its strides where DQ_STRIDED, else contiguous. The feature
+    lanes in chunks of BC: one chunk's features and ∂L/∂φ live at a time, in two passes. ∂L/∂q
+    is linear in ∂L/∂φ = (g/den) Sᵀ + ∂L/∂den·zᵀ, so the first pass takes the row sums that need
     ∂L/∂den (∂L/∂p, Σ ∂L/∂q̂·q̂) as their (g/den) Sᵀ part plus ∂L/∂den times their zᵀ
     part, beside ∂L/∂den itself; the second computes ∂L/∂q per chunk (features and the
     products again). Grid: (B·H, token blocks)."""
@@ -82,13 +81,9 @@ def _dq_kernel(
     d_u = (dp_g + d_den * dp_z) * power * (1.0 - t_norm * t_norm)
     c = _unit_row_term(norm, clamped, dot_g + d_den * dot_z, d_u / scale, norm_eps)
     if DQ_STRIDED:
-        dq_base = DQ + _head_offset(bh, H, sdq_b, sdq_h) + row0 * sdq_n
-        sdq_nn = sdq_n
-        sdq_dd = sdq_d
+        dq_base, sdq_nn, sdq_dd = DQ + _head_offset(bh, H, sdq_b, sdq_h) + row0 * sdq_n, sdq_n, sdq_d
     else:
-        dq_base = DQ + (bh * N + row0) * D
-        sdq_nn = D
-        sdq_dd = 1
+        dq_base, sdq_nn, sdq_dd = DQ + (bh * N + row0) * D, D, 1
     for c0 in range(0, D, BC):
         offs_c = c0 + tl.arange(0, BC)
         c_mask = offs_c < D
