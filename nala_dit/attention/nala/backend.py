@@ -74,16 +74,11 @@ def nala_attention(
     (``nala_attention(q, k, v, direction="relu_split", power=2.5)``). ``impl`` picks the
     code path, all with the same numbers up to fp32 rounding:
 
-    * ``"auto"``: ``select_nala_impl`` for the tensors' device (fused on CPU, Triton on
-      CUDA; the eager composition under ``torch.func.vmap``);
-    * ``"fused"``: token-chunked features, their cos/sin halves written in place into
-      one 2D-wide block (one GEMM per product with the state), and a hand-written
-      backward that saves only q, k, v, the small state and the denominator (features
-      are recomputed);
-    * ``"triton"``: the same algorithm as GPU kernels (``nala/triton/``), the
-      features computed in registers; under ``torch.compile`` as the custom op
-      ``nala_dit::nala_triton`` (``triton_op.py``), so the graph does not break there;
-    * ``"eager"``: the readable composition ``nala_features`` → §3, plain autograd.
+    * ``"auto"``: ``backend``'s choice for the device (fused on CPU, Triton on CUDA);
+    * ``"fused"``: the CPU path (``fused.py``: token chunks, a hand-written backward);
+    * ``"triton"``: the GPU kernels (``triton/``; compiled: the custom op of ``triton_op.py``);
+    * ``"eager"``: the readable composition ``nala_features`` → §3, plain autograd (also
+      what runs under ``torch.func.vmap``).
 
     ``shard`` (context parallel, ``context_parallel.ShardGrid``): q, k, v are this rank's
     tokens and the state is all-reduced over the ranks. The fused path keeps its passes;
