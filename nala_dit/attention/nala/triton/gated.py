@@ -26,7 +26,9 @@ token range (the target: at most 5 / 15; softmax attention: 3 / 13). At long N t
 state passes split the tokens and add each zeroed buffer (one ``zeros`` launch each pass).
 
 Saved for the backward: ``qkvg``, NaLa's output (C per token), its state and denominator,
-and the LayerNorm statistics (2 floats per token). ``GatedLinearAttention`` runs this when
+the LayerNorm statistics (2 floats per token) and, where NaLa keeps them (``spec["opts"]``'s
+``keep_features``, the layer's ``keep_features``; bf16 / fp16 only), φ_q and φ_k (2 · 2D bf16
+per token and head). ``GatedLinearAttention`` runs this when
 NaLa runs on Triton with LePE, output LayerNorm and gate (the defaults), without RoPE,
 region states or context parallel; any other layer keeps ``recompute.GatedMiddle``.
 Under ``torch.compile`` the layer's plain composition runs instead (NaLa as the custom op
@@ -40,7 +42,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from .launch import backward_launch, fit_splits, forward_launch, launch_config, num_splits
+from .launch import backward_launch, feature_buffers, fit_splits, forward_launch, launch_config, num_splits
 
 LEPE_SIZE = 5           # the LePE kernel is 5 × 5 (``GatedAttention.lepe``)
 TAPS = LEPE_SIZE * LEPE_SIZE
@@ -247,7 +249,9 @@ class TritonGatedMiddle(torch.autograd.Function):
         cfg = launch_config(c // h)
         splits = fit_splits(num_splits(n, b * h, cfg["state"]["NV"], qkvg.device), n, qkvg)
         o = qkvg.new_empty(b, n, c)
-        state, z, den = forward_launch(q, k, v, scale, opts, cfg, splits, o.unflatten(-1, (h, c // h)).transpose(1, 2))
+        features = feature_buffers(q, opts, any(ctx.needs_input_grad[:6]))
+        state, z, den = forward_launch(q, k, v, scale, opts, cfg, splits, o.unflatten(-1, (h, c // h)).transpose(1, 2),
+                                       features)
         out = qkvg.new_empty(b, n, c)
         mean, rstd = (qkvg.new_empty(b * n, dtype=torch.float32) for _ in range(2))
         grads = any(ctx.needs_input_grad[i] for i in (0, 2, 3, 4, 5))
@@ -259,13 +263,14 @@ class TritonGatedMiddle(torch.autograd.Function):
             BLOCK_T=block_t, BLOCK_C=block_c, ZERO_ACC=grads, num_warps=warps,
         )
         ctx.spec, ctx.cfg, ctx.splits = spec, cfg, splits
-        ctx.save_for_backward(qkvg, o, scale, state, z, den, mean, rstd, acc, lepe_w, lepe_b, norm_w, norm_b)
+        ctx.save_for_backward(qkvg, o, scale, state, z, den, mean, rstd, acc, lepe_w, lepe_b, norm_w, norm_b,
+                              *(features or ()))
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_out):
-        qkvg, o, scale, state, z, den, mean, rstd, acc, lepe_w, lepe_b, norm_w, norm_b = ctx.saved_tensors
+        qkvg, o, scale, state, z, den, mean, rstd, acc, lepe_w, lepe_b, norm_w, norm_b, *features = ctx.saved_tensors
         spec = ctx.spec
         b, n, c4 = qkvg.shape
         c, h = c4 // 4, spec["heads"]
@@ -289,7 +294,8 @@ class TritonGatedMiddle(torch.autograd.Function):
         q, k, v = (split_heads(qkvg, i, h) for i in range(3))
         dq, dk, dv = (split_heads(d_qkvg, i, h) for i in range(3))
         d_u = backward_launch(q, k, v, scale, state, z, den, d_o.unflatten(-1, (h, c // h)).transpose(1, 2),
-                              spec["opts"], ctx.cfg, ctx.splits, dq, dk, dv, need_scale, add_dv=True)
+                              spec["opts"], ctx.cfg, ctx.splits, dq, dk, dv, need_scale, add_dv=True,
+                              features=tuple(features) or None)
         d_scale = d_u.view(b, h, n).sum((0, 2)) if need_scale else None
         params = (lepe_w, lepe_b, norm_w, norm_b)
         pieces = acc.split([TAPS * c, c, c, c]) if acc.numel() > 1 else [None] * 4
