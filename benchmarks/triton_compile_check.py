@@ -135,10 +135,10 @@ def gated_variants(channels: int, dtype: str):
     blocks = dict(BLOCK_T=block_t, BLOCK_C=block_c)
     params = dict(LW=f, LB=f, NW=f, NB=f)
     return [
-        ("epilogue", tg._epilogue_kernel, dict(QKVG=p, O=p, OUT=p, MEAN=f, RSTD=f, ACC=f, **params),
-         dict(blocks, ZERO_ACC=True), warps),
+        ("epilogue", tg._epilogue_kernel, dict(QKVG=p, O=p, OUT=p, MEAN=f, RSTD=f, ACC=f, ZEROED=f, **params),
+         blocks, warps),
         ("norm_bwd", tg._norm_backward_kernel, dict(QKVG=p, O=p, DOUT=p, MEAN=f, RSTD=f, DO=f, DQKVG=p, ACC=f,
-                                                    **params), blocks, warps),
+                                                    ZEROED=f, **params), blocks, warps),
         ("lepe_bwd", tg._lepe_backward_kernel, dict(QKVG=p, LW=f, DO=f, DQKVG=p, ACC=f),
          dict(BLOCK_T=tg.LEPE_BLOCK_T, BLOCK_C=tg.LEPE_BLOCK_C, TOKENS=tg.TOKENS), tg.LEPE_WARPS),
     ]
@@ -312,7 +312,7 @@ def run_launches(launched: list, channels: int, heads: int, dtype: str = "bf16",
             launched[i] = (f"{'NaLa' if i < mid else 'gated'} N={n}: {name}", grid, kernel)
 
 
-SPECIALISING = ("QUERY", "ATOMIC", "NEED_DU", "DQ_STRIDED", "ADD_DV", "ZERO_ACC")
+SPECIALISING = ("QUERY", "ATOMIC", "NEED_DU", "DQ_STRIDED", "ADD_DV", "KEEP")
 
 
 def launched_report(launched, arch: int = 90) -> list[tuple[str, dict]]:

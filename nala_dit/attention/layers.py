@@ -187,13 +187,19 @@ class GatedLinearAttention(GatedAttention):
     query region by the learned non-negative weights ``exp(region_logits)`` (parameter
     ``blocks.{i}.attn.region_logits``, (H, R², R²); ``regions.py``). R = 1 has no such
     parameter and runs plain NaLa, bit for bit.
+
+    ``keep_features`` (default True): on the Triton path with bf16 / fp16 inputs NaLa's
+    kernels store φ_q and φ_k (2 · 2D bf16 per token and head) for the backward instead of
+    recomputing them there; False trades that memory for the recomputation
+    (``nala/triton/README.md``, "Kept features").
     """
 
     KERNELS = LINEAR_KERNELS
 
     def __init__(self, dim: int, num_heads: int, config: NaLaConfig | None = None, *, recompute: bool = True,
-                 **overrides):
+                 keep_features: bool = True, **overrides):
         super().__init__(dim, num_heads, config, recompute=recompute, **overrides)
+        self.keep_features = keep_features
         config = self.config
         head_dim = dim // num_heads
         if config.rope and head_dim % 2:
@@ -322,14 +328,16 @@ class GatedLinearAttention(GatedAttention):
 
         config, c, h = self.config, self.proj.in_features, self.num_heads
         # Built once per layer, device and dtype: the resolved options and the constant norm scale.
-        key = (qkvg.device, qkvg.dtype, torch.get_float32_matmul_precision())
+        key = (qkvg.device, qkvg.dtype, torch.get_float32_matmul_precision(), self.keep_features)
         if key not in self._triton_specs:
-            opts = kernel_opts(config, c // h)
+            opts = dict(kernel_opts(config, c // h), keep_features=self.keep_features)
             scale = None if self.learned_scale else torch.full((h,), float(config.norm_scale_for(c // h)),
                                                                 device=qkvg.device)
             self._triton_specs[key] = (dict(heads=h, norm_eps=self.out_norm.eps,
                                             opts=resolve_opts(split_heads(qkvg, 0, h), opts)), scale)
         spec, scale = self._triton_specs[key]
+        if not torch.is_grad_enabled():   # no backward will run (sampling): NaLa keeps no features
+            spec = dict(spec, opts=dict(spec["opts"], keep_features=False))
         if self.learned_scale:
             scale = self.log_norm_scale.float().exp()
         with torch.cuda.device(qkvg.device) if qkvg.device.type == "cuda" else contextlib.nullcontext():

@@ -6,6 +6,7 @@ into every other test): the cases run in a subprocess with the variable set.
 """
 
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -37,7 +38,7 @@ def test_kernels_under_the_interpreter():
     stdout = run_cases({"TRITON_INTERPRET": "1"})
     assert " passed" in stdout and "failed" not in stdout
     # Everything except the CUDA-only cases (long N, the autocast layer) ran.
-    assert "42 passed" in stdout, stdout[-2000:]
+    assert "43 passed" in stdout, stdout[-2000:]
 
 
 @pytest.mark.skipif(not (HAS_TRITON and torch.cuda.is_available()), reason="needs CUDA and Triton")
@@ -135,6 +136,60 @@ def test_kernels_compile_for_hopper():
                 assert (r["hgmma"] > 0) == (label not in mma_sync[d]), case
             for label in ("output", "dq", "dkv"):
                 assert rows[label]["hmma"] == 0, (d, dtype, label, rows[label])     # no mma.sync fallback
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_features_are_kept_for_bf16_products_only():
+    """``keep_features`` (default on) keeps φ_q and φ_k where the products are bf16 (bf16 and
+    fp16 inputs, the interpreter's ``bf16_exact``), never for fp32 inputs (TF32 or exact
+    products); the buffers are (B·H, N, 2D) bf16, for fp16 inputs too."""
+    from nala_dit.attention.nala.triton.launch import feature_buffers, keeps_features
+
+    for precision, keep in (("bf16", True), ("bf16_exact", True), ("tf32", False), ("ieee", False)):
+        assert keeps_features(dict(precision=precision)) is keep
+        assert keeps_features(dict(precision=precision, keep_features=False)) is False
+    q = torch.empty(2, 3, 5, 72, dtype=torch.float16)
+    phi_q, phi_k = feature_buffers(q, dict(precision="bf16"))
+    assert phi_q.shape == phi_k.shape == (6, 5, 144) and phi_q.dtype == phi_k.dtype == torch.bfloat16
+    assert feature_buffers(q, dict(precision="bf16", keep_features=False)) is None
+    assert feature_buffers(q, dict(precision="bf16"), backward=False) is None      # no gradient: none written
+    assert feature_buffers(q.float(), dict(precision="tf32")) is None
+
+
+def test_kept_features_evaluate_fewer_feature_maps():
+    """The committed compile report (``benchmarks/results/triton_launches_sm90.json``, sm_90a,
+    bf16) has both backward forms: the gated layer's launches keep the features (the default),
+    NaLa alone is launched without feature buffers and recomputes them. Counted there, per
+    kernel and width (S/2 and XL/2), in MUFU operations: the recomputing dq, query state pass
+    and dkv evaluate the feature map (sin, cos, log, exp); with kept features the query state
+    pass evaluates nothing of it, dkv only tanh(α k̂) (exp), dq tanh and log|q̂| but no sin or
+    cos and fewer log and exp; the forward kernels, which store them, evaluate φ."""
+    rows = json.loads((ROOT / "benchmarks" / "results" / "triton_launches_sm90.json").read_text())["rows"]
+    feature_ops = {"SIN", "COS", "LG2", "EX2"}
+
+    def row(width, who, n, kernel, query=None):
+        found = [r for r in rows if r["width"] == width and r["dtype"] == "bf16"
+                 and r["specialisation"].split()[:3] == [who, f"N={n}:", kernel]
+                 and (query is None or f"QUERY={query}" in r["specialisation"])]
+        assert len(found) == 1, (width, who, n, kernel, found)
+        return found[0]["mufu"]
+
+    for width in (384, 1152):
+        recomputed = {k: row(width, "NaLa", 256, f"_{k}_kernel") for k in ("dq", "dkv")}
+        kept = {k: row(width, "gated", 256, f"_{k}_kernel") for k in ("dq", "dkv")}
+        for n in (256, 1056):
+            recomputed[f"dstate {n}"] = row(width, "NaLa", n, "_state_kernel", query=1)
+            kept[f"dstate {n}"] = row(width, "gated", n, "_state_kernel", query=1)
+        for name, mufu in recomputed.items():
+            assert feature_ops <= set(mufu), (width, name, mufu)
+        for n in (256, 1056):
+            assert not feature_ops & set(kept[f"dstate {n}"]), (width, n, kept)
+        assert not {"SIN", "COS", "LG2"} & set(kept["dkv"]) and kept["dkv"]["EX2"] > 0, (width, kept["dkv"])
+        assert not {"SIN", "COS"} & set(kept["dq"]), (width, kept["dq"])
+        for op in ("LG2", "EX2"):
+            assert 0 < kept["dq"][op] < recomputed["dq"][op], (width, op, kept["dq"], recomputed["dq"])
+        assert feature_ops <= set(row(width, "gated", 256, "_forward_kernel")), width
+        assert feature_ops <= set(row(width, "gated", 1056, "_output_kernel")), width
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")

@@ -31,13 +31,18 @@ DEVICE = "cpu" if INTERPRET else "cuda"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
+# NaLa's first-use checks (real kernels, 67 and 1,031 tokens) under the patched selection:
+# once per key for this module, as a process runs them, not once per test.
+_NALA_CHECKS: dict = {}
+
+
 @pytest.fixture
 def on_triton(monkeypatch):
     """What ``impl="auto"`` picks on CUDA, here on the interpreter too, for the layer under
     test (the plain reference keeps its own choice: ``layers_pair``); the fused middle's uses
     counted."""
     monkeypatch.setattr(nala, "select_nala_impl", lambda *a: "triton")
-    monkeypatch.setattr(nala, "_TRITON_CHECKS", {})
+    monkeypatch.setattr(nala, "_TRITON_CHECKS", _NALA_CHECKS)
     monkeypatch.setattr(layers, "_GATED_CHECKS", {})
     monkeypatch.setattr(layers, "gated_triton_passes_check", lambda *a: True)   # its own tests below
     calls = []
@@ -115,10 +120,20 @@ def test_several_token_ranges_add_into_the_buffer_the_last_epilogue_zeroed(on_tr
     assert taken == [None, (2 * 2 * 2 * 16 * 17, False), None]
 
 
-def test_head_dim_64_bf16_autocast(on_triton):
-    fused, plain = layers_pair(128, 2)
-    compare(fused, plain, (3, 4), torch.bfloat16)
-    assert len(on_triton) == 1
+@pytest.mark.parametrize("dim,grid,keep_features", [(128, (3, 4), True), (32, (2, 3), False)])
+def test_bf16_autocast(on_triton, monkeypatch, dim, grid, keep_features):
+    """bf16 autocast, head dims 64 and 16: NaLa's kernels store φ_q and φ_k for the backward
+    (the default) or, with the layer's ``keep_features=False``, recompute them."""
+    kept, buffers = [], triton_gated.feature_buffers
+
+    def spy(*args):
+        out = buffers(*args)
+        kept.append(out is not None)
+        return out
+    monkeypatch.setattr(triton_gated, "feature_buffers", spy)
+    fused, plain = layers_pair(dim, 2, keep_features=keep_features)
+    compare(fused, plain, grid, torch.bfloat16)
+    assert len(on_triton) == 1 and kept == [keep_features]
 
 
 def test_relu_split(on_triton):

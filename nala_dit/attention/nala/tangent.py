@@ -241,4 +241,5 @@ def triton_jvp_attention(q, k, v, norm_scale: float, opts: dict) -> torch.Tensor
     from .triton.launch import resolve_opts
 
     scale = torch.full((q.shape[1],), float(norm_scale), device=q.device)
-    return TritonNaLaJvp.apply(q, k, v, scale, resolve_opts(q, opts))[0]
+    # the forward's outputs are its saved state only: the backward recomputes the features
+    return TritonNaLaJvp.apply(q, k, v, scale, resolve_opts(q, dict(opts, keep_features=False)))[0]

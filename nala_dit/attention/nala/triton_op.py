@@ -59,7 +59,9 @@ def nala_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.
                 precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from .triton.launch import TritonNaLa
 
-    opts = _resolved(q, dict(zip(_OPT_NAMES, (direction, power, offset, alpha, norm_eps, eps, precision))))
+    # The op returns the state only: its backward recomputes the features (keep_features off).
+    opts = _resolved(q, dict(zip(_OPT_NAMES, (direction, power, offset, alpha, norm_eps, eps, precision)),
+                             keep_features=False))
     ctx = _Ctx()
     with _on_device(q), torch.no_grad():
         out = TritonNaLa.forward(ctx, q, k, v, scale, opts)

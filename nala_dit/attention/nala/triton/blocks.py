@@ -1,6 +1,7 @@
 """The ``@triton.jit`` helpers every NaLa kernel shares: rounding and products of fp32 blocks
-in each precision (``_dot``), masked loads and stores of token blocks, a head's offset, and
-the blocks of a state half of a split head dim (``_s_block``, ``_put_block``)."""
+in each precision (``_dot``), masked loads and stores of token blocks, a head's offset, the
+blocks of a state half (``_s_block``, ``_put_block``) and the kept features
+(``_put_features``, ``_load_features``)."""
 
 import triton
 import triton.language as tl
@@ -103,3 +104,28 @@ def _store_tile(base, s_n, s_d, offs_n, offs_d, N, D, x, ADD: tl.constexpr = Fal
     if ADD:
         x += tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
     tl.store(ptr, x.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _put_features(f_base, D: tl.constexpr, offs_n, n_mask, offs_c, f1, f2, PREC: tl.constexpr):
+    """A token block's φ halves on lanes offs_c into a (N, 2D) bf16 feature row buffer (f1
+    at [0, D), f2 at [D, 2D)); ``f_base`` points at the block's first token. Rounded as
+    ``_dot`` rounds its operands in ``PREC`` (the interpreter's cast would truncate), so
+    the products see the same numbers stored or not."""
+    if PREC == "bf16_exact":
+        f1 = _round_bf16(f1)
+        f2 = _round_bf16(f2)
+    ptr = f_base + offs_n[:, None] * (2 * D) + offs_c[None, :]
+    mask = n_mask[:, None] & (offs_c < D)[None, :]
+    tl.store(ptr, f1.to(f_base.dtype.element_ty), mask=mask)
+    tl.store(ptr + D, f2.to(f_base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_features(f_base, D: tl.constexpr, offs_n, n_mask, offs_c):
+    """_put_features' halves back, fp32 (0 outside N and D)."""
+    ptr = f_base + offs_n[:, None] * (2 * D) + offs_c[None, :]
+    mask = n_mask[:, None] & (offs_c < D)[None, :]
+    f1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    f2 = tl.load(ptr + D, mask=mask, other=0.0).to(tl.float32)
+    return f1, f2

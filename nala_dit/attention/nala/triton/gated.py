@@ -28,7 +28,9 @@ earlier kernel of ours zeroed (the forward's: the previous gated forward's epilo
 per stream in ``_ZEROED``; the backward's: the norm backward), not a fill launch of its own.
 
 Saved for the backward: ``qkvg``, NaLa's output (C per token), its state and denominator,
-and the LayerNorm statistics (2 floats per token). ``GatedLinearAttention`` runs this when
+the LayerNorm statistics (2 floats per token) and, where NaLa keeps them (``spec["opts"]``'s
+``keep_features``, the layer's ``keep_features``; bf16 / fp16 only), φ_q and φ_k (2 · 2D bf16
+per token and head). ``GatedLinearAttention`` runs this when
 NaLa runs on Triton with LePE, output LayerNorm and gate (the defaults), without RoPE,
 region states or context parallel; any other layer keeps ``recompute.GatedMiddle``.
 Under ``torch.compile`` the layer's plain composition runs instead (NaLa as the custom op
@@ -42,8 +44,8 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from .launch import (atomic_state, backward_launch, fit_splits, forward_launch, launch_config, num_splits,
-                     state_numel)
+from .launch import (atomic_state, backward_launch, feature_buffers, fit_splits, forward_launch, launch_config,
+                     num_splits, state_numel)
 
 LEPE_SIZE = 5           # the LePE kernel is 5 × 5 (``GatedAttention.lepe``)
 TAPS = LEPE_SIZE * LEPE_SIZE
@@ -261,8 +263,9 @@ class TritonGatedMiddle(torch.autograd.Function):
         splits = fit_splits(num_splits(n, b * h, cfg["state"]["NV"], qkvg.device), n, qkvg)
         atomic, numel = atomic_state(n, splits, cfg), state_numel(b, h, c // h)
         o = qkvg.new_empty(b, n, c)
+        features = feature_buffers(q, opts, any(ctx.needs_input_grad[:6]))
         state, z, den = forward_launch(q, k, v, scale, opts, cfg, splits, o.unflatten(-1, (h, c // h)).transpose(1, 2),
-                                       zeroed=_take_zeroed(qkvg.device, numel) if atomic else None)
+                                       features, zeroed=_take_zeroed(qkvg.device, numel) if atomic else None)
         out = qkvg.new_empty(b, n, c)
         mean, rstd = (qkvg.new_empty(b * n, dtype=torch.float32) for _ in range(2))
         grads = any(ctx.needs_input_grad[i] for i in (0, 2, 3, 4, 5))
@@ -277,13 +280,14 @@ class TritonGatedMiddle(torch.autograd.Function):
         if atomic:   # zeroed by the epilogue launched above: the next several-range call's state adds into it
             _ZEROED[_stream_key(qkvg.device)] = following
         ctx.spec, ctx.cfg, ctx.splits = spec, cfg, splits
-        ctx.save_for_backward(qkvg, o, scale, state, z, den, mean, rstd, acc, lepe_w, lepe_b, norm_w, norm_b)
+        ctx.save_for_backward(qkvg, o, scale, state, z, den, mean, rstd, acc, lepe_w, lepe_b, norm_w, norm_b,
+                              *(features or ()))
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_out):
-        qkvg, o, scale, state, z, den, mean, rstd, acc, lepe_w, lepe_b, norm_w, norm_b = ctx.saved_tensors
+        qkvg, o, scale, state, z, den, mean, rstd, acc, lepe_w, lepe_b, norm_w, norm_b, *features = ctx.saved_tensors
         spec = ctx.spec
         b, n, c4 = qkvg.shape
         c, h = c4 // 4, spec["heads"]
@@ -310,7 +314,7 @@ class TritonGatedMiddle(torch.autograd.Function):
         dq, dk, dv = (split_heads(d_qkvg, i, h) for i in range(3))
         d_u = backward_launch(q, k, v, scale, state, z, den, d_o.unflatten(-1, (h, c // h)).transpose(1, 2),
                               spec["opts"], ctx.cfg, ctx.splits, dq, dk, dv, need_scale, add_dv=True,
-                              zeroed=d_state if atomic else None)
+                              features=tuple(features) or None, zeroed=d_state if atomic else None)
         d_scale = d_u.view(b, h, n).sum((0, 2)) if need_scale else None
         params = (lepe_w, lepe_b, norm_w, norm_b)
         pieces = acc.split([TAPS * c, c, c, c]) if acc.numel() > 1 else [None] * 4

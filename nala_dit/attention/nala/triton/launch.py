@@ -139,10 +139,13 @@ def _kernel_for(kind: str, cfg: dict):
     return KERNELS[kind]
 
 
-def _tile_args(cfg: dict, group: str, nv: bool = False) -> dict:
-    """The head-dim constexprs of a kernel of ``group`` (a kind): BA, BB, and BC where it
-    takes feature chunks (``nv`` is for the compile report's calls: no kernel takes NV)."""
-    return dict(BA=cfg["BA"], BB=cfg["BB"], **({"BC": cfg[group]["BC"]} if "BC" in cfg[group] else {}))
+def _tile_args(cfg: dict, group: str, nv: bool = False, keep: bool = False) -> dict:
+    """The constexprs that shape a kernel of ``group`` (a kind): its tiles BA, BB, its
+    feature chunk BC (where it takes chunks) and KEEP (``keep``: the features kept, stored
+    by the forward kernels and read by the backward ones; off by default, as the compile
+    report's per-head-dim rows compile them). ``nv`` is for the compile report's calls: no
+    kernel takes NV."""
+    return dict(BA=cfg["BA"], BB=cfg["BB"], **({"BC": cfg[group]["BC"]} if "BC" in cfg[group] else {}), KEEP=keep)
 
 
 def _ranges(n: int, splits: int, block_n: int) -> tuple[int, int]:
@@ -174,11 +177,13 @@ def state_numel(b: int, h: int, d: int) -> int:
     return b * h * 2 * d * (d + 1)
 
 
-def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None, zeroed=None):
+def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None, zeroed=None,
+                features=None):
     """Launch the state kernel over ``splits`` token ranges, which add their sums atomically
     into one zeroed state (one range writes it). Returns ``(S, z)``: (B·H, 2, D, D) and
     (B·H, 2, D), fp32, means over the N tokens. ``zeroed``: a buffer of ``state_numel``
-    that an earlier launch zeroed (the gated layer's epilogue kernels), else one is zeroed here."""
+    that an earlier launch zeroed (the gated layer's epilogue kernels), else one is zeroed here.
+    ``features``: φ of x's tokens, (B·H, N, 2D), written (keys) or read (queries)."""
     b, h, n, d = x.shape
     st = cfg["state"]
     block_n = st["BLOCK_N"]
@@ -194,19 +199,23 @@ def _state_pass(x, w, scale, opts, cfg, splits, query, den=None, d_den=None, zer
         h, n, d, per_split, splits, 1.0 / n,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
         QUERY=query, COSINE=opts["direction"] == "cosine",
-        BLOCK_N=block_n, **_tile_args(cfg, "state"), PREC=opts["precision"],
-        DEN=den, DDEN=d_den, ATOMIC=atomic, **_compile_opts(st),
+        BLOCK_N=block_n, **_tile_args(cfg, "state", keep=features is not None), PREC=opts["precision"],
+        DEN=den, DDEN=d_den, ATOMIC=atomic, F=features, **_compile_opts(st),
     )
     return s_part, z_part
 
 
-def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: torch.Tensor, zeroed=None):
+def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: torch.Tensor,
+                   features: tuple[torch.Tensor, torch.Tensor] | None = None, zeroed=None):
     """The forward's launches: ``out`` (B, H, N, D), any strides (a gated layer passes its
     token-layout buffer), gets NaLa's output. Returns what the backward needs: the state
-    ``(S, z)`` and the denominator, fp32. ``zeroed``: as ``_state_pass``'s."""
+    ``(S, z)`` and the denominator, fp32. ``features``: buffers (φ_q, φ_k) of
+    ``feature_buffers`` that the kernels fill (kept for the backward), or None; ``zeroed``:
+    as ``_state_pass``'s."""
     b, h, n, d = q.shape
     den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
     cosine = opts["direction"] == "cosine"
+    phi_q, phi_k = features if features is not None else (None, None)
     if splits == 1:
         # One launch: state and output per head; the state kept for the backward.
         state = torch.empty(b * h, 2, d, d, device=q.device, dtype=torch.float32)
@@ -215,28 +224,32 @@ def forward_launch(q, k, v, scale32, opts: dict, cfg: dict, splits: int, out: to
         _kernel_for("forward", cfg)[launch_grids(b, h, n, cfg, splits)["forward"]](
             k, v, q, scale32, state, z, out, den, *_strides(k), *_strides(v), *_strides(q), *_strides(out),
             h, n, d, 1.0 / n, opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
-            COSINE=cosine, BLOCK_N=fc["BLOCK_N"], **_tile_args(cfg, "forward"), PREC=opts["precision"],
-            BLOCK_O=cfg["out"]["BLOCK_N"], **_compile_opts(fc),
+            COSINE=cosine, BLOCK_N=fc["BLOCK_N"], **_tile_args(cfg, "forward", keep=features is not None),
+            PREC=opts["precision"], BLOCK_O=cfg["out"]["BLOCK_N"], FQ=phi_q, FK=phi_k, **_compile_opts(fc),
         )
         return state, z, den
-    state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False, zeroed=zeroed)
+    state, z = _state_pass(k, v, scale32, opts, cfg, splits, query=False, features=phi_k, zeroed=zeroed)
     oc = cfg["out"]
     _kernel_for("output", cfg)[launch_grids(b, h, n, cfg, splits)["output"]](
         q, scale32, state, z, out, den, *_strides(q), *_strides(out), h, n, d,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"], opts["eps"],
-        COSINE=cosine, BLOCK_N=oc["BLOCK_N"], **_tile_args(cfg, "out"),
-        PREC=opts["precision"], **_compile_opts(oc),
+        COSINE=cosine, BLOCK_N=oc["BLOCK_N"], **_tile_args(cfg, "out", keep=features is not None),
+        PREC=opts["precision"], F=phi_q, **_compile_opts(oc),
     )
     return state, z, den
 
 
 def backward_launch(q, k, v, scale32, state, z, den, grad_out, opts: dict, cfg: dict, splits: int,
                     dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, need_scale: bool = False,
-                    add_dv: bool = False, zeroed=None):
+                    add_dv: bool = False, features: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    zeroed=None):
     """The backward's launches into ``dq``, ``dk``, ``dv`` (B, H, N, D), any strides; with
     ``add_dv`` ∂L/∂v is added to what ``dv`` holds. Returns ∂L/∂s per token, (B·H, N), when
-    ``need_scale``, else None."""
+    ``need_scale``, else None. ``features``: the forward's (φ_q, φ_k), read instead of
+    computed (only the chain rule's parts are), or None (recomputed)."""
     b, h, n, d = q.shape
+    phi_q, phi_k = features if features is not None else (None, None)
+    keep = features is not None
     cosine = opts["direction"] == "cosine"
     d_den = torch.empty(b * h, n, device=q.device, dtype=torch.float32)
     d_u = torch.empty(b * h, n, device=q.device, dtype=torch.float32) if need_scale else d_den
@@ -246,18 +259,46 @@ def backward_launch(q, k, v, scale32, state, z, den, grad_out, opts: dict, cfg: 
         q, grad_out, scale32, state, z, den, dq, d_den, d_u,
         *_strides(q), *_strides(grad_out), *_strides(dq), h, n, d,
         opts["power"], opts["offset"], opts["alpha"], opts["norm_eps"],
-        COSINE=cosine, BLOCK_N=dqc["BLOCK_N"], **_tile_args(cfg, "dq"),
-        PREC=opts["precision"], NEED_DU=need_scale, DQ_STRIDED=not dq.is_contiguous(), **_compile_opts(dqc),
+        COSINE=cosine, BLOCK_N=dqc["BLOCK_N"], **_tile_args(cfg, "dq", keep=keep),
+        PREC=opts["precision"], NEED_DU=need_scale, DQ_STRIDED=not dq.is_contiguous(), F=phi_q,
+        **_compile_opts(dqc),
     )
     d_state, d_z = _state_pass(q, grad_out, scale32, opts, cfg, splits, query=True, den=den, d_den=d_den,
-                               zeroed=zeroed)
+                               features=phi_q, zeroed=zeroed)
     _kernel_for("dkv", cfg)[grids["dkv"]](
         k, v, d_state, d_z, dk, dv, *_strides(k), *_strides(v), *_strides(dk), *_strides(dv), h, n, d,
         opts["power"], opts["alpha"], opts["norm_eps"],
-        COSINE=cosine, BLOCK_N=dkvc["BLOCK_N"], **_tile_args(cfg, "dkv"),
-        PREC=opts["precision"], ADD_DV=add_dv, **_compile_opts(dkvc),
+        COSINE=cosine, BLOCK_N=dkvc["BLOCK_N"], **_tile_args(cfg, "dkv", keep=keep),
+        PREC=opts["precision"], ADD_DV=add_dv, F=phi_k, **_compile_opts(dkvc),
     )
     return d_u if need_scale else None
+
+
+# Products whose operands are bf16 (bf16 and fp16 inputs; "bf16_exact" is the interpreter's
+# form): the features enter every product as bf16, so a bf16 copy of them is all the
+# products need. Kept, they cost 2 · 2D · 2 B per token and head (XL/2, 256 px, batch 32:
+# 2.0 GiB per step) and save the backward's 6 of 8 evaluations of φ; switch them off
+# (opts["keep_features"] = False) where activation memory limits the batch: README.md,
+# "Kept features".
+HALF_PRECISIONS = ("bf16", "bf16_exact")
+
+
+def keeps_features(opts: dict) -> bool:
+    """Whether a call with these (resolved) options keeps the features: ``keep_features``
+    (default True) and bf16 products. See README.md, "Kept features"."""
+    return bool(opts.get("keep_features", True)) and opts["precision"] in HALF_PRECISIONS
+
+
+def feature_buffers(q: torch.Tensor, opts: dict, backward: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(φ_q, φ_k) buffers, (B·H, N, 2D) bf16 each (halves [cos | sin]), where the call keeps
+    the features (``keeps_features``) and a backward will run (``backward``: a call without
+    gradients writes none; under ``torch.no_grad`` the callers switch ``keep_features``
+    off), else None. bf16 for fp16 inputs too: φ_k =
+    |k|^λ·(…) passes fp16's range at |k| > 40 (λ = 3), and the products round φ to bf16 anyway."""
+    if not (backward and keeps_features(opts)):
+        return None
+    b, h, n, d = q.shape
+    return tuple(torch.empty(b * h, n, 2 * d, device=q.device, dtype=torch.bfloat16) for _ in range(2))
 
 
 class TritonNaLa(torch.autograd.Function):
@@ -274,21 +315,23 @@ class TritonNaLa(torch.autograd.Function):
         splits = fit_splits(splits, n, q, k, v)
         scale32 = scale.detach().to(device=q.device, dtype=torch.float32).contiguous()
         out = torch.empty(b, h, n, d, device=q.device, dtype=v.dtype)
-        state, z, den = forward_launch(q, k, v, scale32, opts, cfg, splits, out)
+        # (a plain context, the custom op's or the forward-mode path's, keeps none: see README.md)
+        features = feature_buffers(q, opts, any(getattr(ctx, "needs_input_grad", (False,))[:4]))
+        state, z, den = forward_launch(q, k, v, scale32, opts, cfg, splits, out, features)
         ctx.opts, ctx.cfg, ctx.splits = opts, cfg, splits
         ctx.scale_shape = scale.shape
-        ctx.save_for_backward(q, k, v, scale32, state, z, den)
+        ctx.save_for_backward(q, k, v, scale32, state, z, den, *(features or ()))
         return out
 
     @staticmethod
     @once_differentiable  # the kernels' backward is not itself differentiable
     def backward(ctx, grad_out):
-        q, k, v, scale32, state, z, den = ctx.saved_tensors
+        q, k, v, scale32, state, z, den, *features = ctx.saved_tensors
         b, h, n, d = q.shape
         need_scale = ctx.needs_input_grad[3]
         dq, dk, dv = (torch.empty(b, h, n, d, device=q.device, dtype=t.dtype) for t in (q, k, v))
         d_u = backward_launch(q, k, v, scale32, state, z, den, grad_out, ctx.opts, ctx.cfg, ctx.splits,
-                              dq, dk, dv, need_scale)
+                              dq, dk, dv, need_scale, features=tuple(features) or None)
         d_scale = None
         if need_scale:
             d_scale = d_u.view(b, h, n).sum((0, 2)).reshape(ctx.scale_shape)
@@ -323,10 +366,14 @@ def resolve_opts(q: torch.Tensor, opts: dict) -> dict:
 def nala_attention_triton(q, k, v, norm_scale, opts: dict, splits: int | None = None,
                           config: dict | None = None) -> torch.Tensor:
     """Run the kernels: ``norm_scale`` a float or a tensor with 1 or H elements (per head);
-    ``opts`` the §2 constants as ``nala/fused.py``'s ``_FusedNaLa`` takes them. ``splits`` overrides
+    ``opts`` the §2 constants as ``nala/fused.py``'s ``_FusedNaLa`` takes them, and
+    optionally ``keep_features`` (default True: bf16 / fp16 inputs store φ_q and φ_k for the
+    backward; False recomputes them, ``keeps_features``). ``splits`` overrides
     the number of token ranges of the state passes (tests), ``config`` (BLOCK_N,
     num_warps) the block sizes of every kernel (block-size sweeps, ``launch_config``)."""
     opts = resolve_opts(q, opts)
+    if not torch.is_grad_enabled():   # no backward will run (sampling): no features to keep
+        opts["keep_features"] = False
     h = q.shape[1]
     if isinstance(norm_scale, torch.Tensor):
         if norm_scale.numel() not in (1, h):
