@@ -1,44 +1,7 @@
-"""Context parallel: one image's token grid split by rows over P processes.
-
-World = data-parallel groups × P. Each group of P consecutive ranks (``rank // P`` is the
-data-parallel index, ``rank % P`` the rank inside the group) holds the same samples and
-splits their token grid by rows (``row_split``: the first ``h mod P`` ranks get one row
-more; P > h is an error). Everything per token (patch embedding, MLPs, adaLN modulation,
-the final layer) runs on the rank's rows only; what couples tokens is exchanged:
-
-* NaLa: the state ``[S | z]`` of the rank's keys, divided by the *global* N, summed by one
-  all-reduce of H · 2D · (D + 1) numbers per layer (the same at 4K and at 65K tokens); its
-  backward all-reduces the state's gradient (``nala/fused.py``'s ``fused_state`` / ``fused_backward`` take
-  the shard);
-* region states (``attention/regions.py``): the R² states of the whole grid's regions from
-  the rank's keys, all-reduced the same way;
-* the depthwise convs (LePE 5×5, Mix-FFN 3×3): ⌊k/2⌋ halo rows from each neighbour,
-  point to point (``ShardGrid.halo``: a rank sends only the rows its neighbours read, so
-  the bytes per rank do not grow with P); the backward sends the halo rows' gradient back
-  to their owners;
-* softmax layers: keys and values gathered along tokens (``ShardGrid.gather``): O(N · C)
-  per layer;
-* the output: gathered to the whole image on every rank, so the loss is the mean over the
-  whole image's tokens, as one process computes it.
-
-Gradients. Every rank computes the same loss L from the gathered output; the exchanges'
-backwards sum over the group (all-reduce), so the ranks' gradients add up to
-P · ∂L/∂θ for every parameter and replicated input, and their *mean* over the group is
-∂L/∂θ: exactly what DDP's averaging over the world (data-parallel groups × P) makes of
-them. A 1-process run of the same global batch gets the same gradient.
-
-Groups. The groups are built here with ``torch.distributed.new_group`` on the processes
-accelerate (or torchrun) started, not with accelerate's ``ParallelismConfig(cp_size=...)``:
-that one wraps torch's ring ``context_parallel`` for SDPA and expects FSDP2, while NaLa
-needs an all-reduce of its small state, LePE a halo, and DDP (which the trainer uses)
-keeps working beside a group of our own. One group is made even when P is the whole
-world, so the layers' collectives never interleave with DDP's on one process group.
-
-The model hook is ``DiT.context_parallel`` (``enable`` sets it): the model's forward asks
-it for its rows (``shard``: the latent's and the position table's, and the grid the blocks
-run on) and for the whole output (``gather``). ``WHOLE_GRID``, the default, keeps the whole
-grid; a ``ContextParallel`` group gives the rank's rows and a ``ShardGrid`` instead of the
-``(h, w)`` grid; a layer asks ``shard_of(grid)``.
+"""Context parallel: one image's token grid split by rows over P processes, the layers
+exchanging only what couples tokens (NaLa's small state by all-reduce, conv halos point to
+point, softmax's keys and values by gather). The layout, the exchanges, why the gradients
+equal one process's, and the model hook: ``README.md`` in this folder ("Context parallel").
 """
 
 from __future__ import annotations

@@ -1,37 +1,7 @@
-"""Region states: NaLa with one key-value state per region of the token grid.
-
-One global state ``S = (1/N) Σ_j φ_k(k_j) v_jᵀ`` has rank ≤ 2D however many tokens it
-averages, so every query reads the same small summary of thousands of tokens (MHLA's
-"global context collapse": MHLA, arXiv 2601.07832). Region states restore rank:
-
-* the h × w token grid is cut into R × R regions; region ``(a, b)`` holds the rows
-  ``[⌊a·h/R⌋, ⌊(a+1)·h/R⌋)`` and the columns ``[⌊b·w/R⌋, ⌊(b+1)·w/R⌋)`` (``region_bounds``:
-  sides that R does not divide get bands that differ by at most one row or column; R may
-  not exceed either side, so no region is empty); regions are numbered ``a·R + b``;
-* region r keeps its own state and normaliser on NaLa's mean scale,
-  ``S_r = (1/N) Σ_{j∈r} φ_k(k_j) v_jᵀ`` and ``z_r = (1/N) Σ_{j∈r} φ_k(k_j)`` (so Σ_r S_r = S);
-* a query in region i reads the states mixed by non-negative weights ``w_ir`` (per head):
-  ``o = φ_q·(Σ_r w_ir S_r) / (φ_q·(Σ_r w_ir z_r) + ε)``.
-
-Equivalently (the N × N reference, ``region_attention_reference``): NaLa's similarity
-``φ_q(q_i)·φ_k(k_j)`` multiplied by ``w[region(i), region(j)]``, normalised per row as in
-spec §3. Every row stays non-negative and sums to 1 within ε; with all ``w = 1`` the layer
-is plain NaLa exactly. Cost: the states are R² × 2D × (D+1) per head and the mixing R⁴ ×
-2D × (D+1), independent of N; the token passes are those of plain NaLa, so the whole is
-linear in N.
-
-The weights are ``w = exp(ρ)`` with the parameter ``ρ`` (``region_logits``, (H, R², R²)).
-A fresh layer starts from the regions' distance, ``ρ_ir = −‖c_i − c_r‖ · REGION_DECAY`` with
-``c`` the region centres in fractions of the image side (``initial_region_logits``): own region
-1, a neighbour at R = 2 e^{-1/2} ≈ 0.61, the far corner at R = 4 e^{-1.06} ≈ 0.35; local
-regions count more and every region still contributes.
-
-Changing R or the grid when fine-tuning (``remap_region_logits``): regions are fractions of
-the image, so at another grid size with the same R the logits keep their meaning and are
-copied as they are. At a new R each new region pair takes the logits of the old regions that
-contain the new regions' centres; when the new R is a multiple of the old one (R = 1 → 2 →
-4, plain NaLa being R = 1 with ρ = 0), every new region lies inside one old region and the
-fine-tuned model starts as exactly the function it was converted from.
+"""Region states: NaLa with one key-value state per region of the token grid (R × R regions,
+their states mixed per query region by learned non-negative weights ``exp(region_logits)``),
+linear in N; R = 1 is plain NaLa. The construction, the initial weights and the fine-tuning
+rule across R: ``README.md`` in this folder ("Region states").
 """
 
 from __future__ import annotations
@@ -133,7 +103,7 @@ def region_nala_attention(
     impl: str = "fused",
     **overrides,
 ) -> torch.Tensor:
-    """NaLa with R × R region states mixed by ``exp(logits)`` (see the module doc).
+    """NaLa with R × R region states mixed by ``exp(logits)`` (README.md, "Region states").
 
     q, k, v: (B, H, N, D) on the row-major ``grid``; ``logits``: (H, R², R²); ``config``
     (``NaLaConfig``, keyword ``overrides`` such as ``regions=2``): R and the §2 / §3

@@ -1,9 +1,8 @@
 """NaLa as one op: every path that computes it, and the file that holds each.
 
-The math is ``docs/NALA_SPEC.md``: the feature maps φ_q, φ_k (§2), the normalised linear
-form ``o = φ_qᵀS / (φ_qᵀz + ε)`` with ``S = mean_j φ_k(k_j) v_jᵀ``, ``z = mean_j φ_k(k_j)``
-(§3), the gated layer around it (§4), what the tests hold (§5). Its explicit N×N references
-and the readable composition ``nala_features`` → §3 are ``../functional.py``'s.
+The math: ``docs/NALA_SPEC.md`` (§2 the feature maps, §3 the linear form, §4 the gated layer)
+and this folder's ``README.md``; the N×N references and the readable composition
+``nala_features`` → §3: ``../functional.py``.
 
 One call, ``nala_attention(q, k, v, config, impl=...)`` (``backend.py``), runs one of:
 

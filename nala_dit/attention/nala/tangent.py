@@ -1,34 +1,7 @@
-"""Forward-mode derivatives (JVP) of NaLa: the tangent of the §3 linear form in linear time.
-
-With φ_q, φ_k the 2D-wide feature maps (§2), ``S = mean_j φ_k(k_j) v_jᵀ`` and
-``z = mean_j φ_k(k_j)``, NaLa is ``o = num / den`` with ``num = φ_qᵀS`` and
-``den = φ_qᵀz + ε``. Given tangents (q̇, k̇, v̇), the feature tangents φ̇_q, φ̇_k are per
-token (written out: ``_query_tangent``, ``_key_tangent``), and
-
-    Ṡ = mean_j (φ̇_k v_jᵀ + φ_k v̇_jᵀ),    ż = mean_j φ̇_k              (pass over the keys)
-    ȯ = (φ̇_qᵀS + φ_qᵀṠ − o · (φ̇_qᵀz + φ_qᵀż)) / den                 (pass over the queries)
-
-two linear passes, no N × N anything (softmax attention's tangent needs the N × N
-weights or a flash-style kernel of its own). Everything here is plain torch ops, so the
-tangent is itself differentiable: ``torch.func.jvp`` inside ``torch.func.grad`` (an
-sCM-style loss that differentiates through the tangent) works on every path that uses it.
-
-Which path uses what (``nala_attention``):
-
-* ``impl="eager"``/``"compile"``: torch's own forward-mode rules over the composition;
-* ``impl="fused"`` (CPU): ``fused._FusedNaLa`` keeps its fused forward and hand-written
-  backward and takes its tangent from ``nala_tangent``;
-* ``impl="triton"``: ``TritonNaLaJvp`` below, the kernels' forward and backward with the
-  same tangent (in torch ops on the GPU, not a kernel of its own);
-* the gated layer's fused middle (``recompute.GatedMiddle``, ``triton/gated.py``'s ``TritonGatedMiddle``)
-  and region states: under a ``torch.func`` transform or forward-mode AD the layer runs its
-  plain composition (the reference), whose NaLa call is one of the paths above;
-* context parallel: refused (the tangent state would need its own all-reduce).
-
-Orders: ``torch.func.jvp``, ``torch.func.grad`` / ``vjp`` of a function that calls
-``torch.func.jvp`` (reverse over forward), and ``torch.autograd.forward_ad`` on every path;
-forward over reverse (a ``jvp`` of a ``grad``) on the eager composition only: the fused
-and Triton backwards are once-differentiable and say so.
+"""Forward-mode derivatives (JVP) of NaLa: the tangent of the §3 linear form in two linear
+passes (``nala_tangent``), and ``TritonNaLaJvp``, the Triton path with it. The derivation,
+which path takes its tangent from where, and the orders each supports: ``README.md`` in this
+folder ("Forward-mode derivatives").
 """
 
 from __future__ import annotations

@@ -64,8 +64,7 @@ def _dq_kernel(
     ∂L/∂den (∂L/∂p, Σ ∂L/∂q̂·q̂) as their (g/den) Sᵀ part plus ∂L/∂den times their zᵀ
     part, beside ∂L/∂den itself; the second computes ∂L/∂q per chunk (features and the
     products again). KEEP: φ_q read from F (the forward's, (B·H, N, 2D)); what the chain
-    rule adds (the norm, the exponent, tanh(α q̂), log|q̂|) computed here. Grid: (B·H,
-    token blocks)."""
+    rule adds (the norm, the exponent, tanh(α q̂), log|q̂|) computed here. Grid: (B·H, blocks)."""
     bh = tl.program_id(0).to(tl.int64)
     row0 = (tl.program_id(1) * BLOCK_N).to(tl.int64)   # the block's first token: int64 base offsets
     n_left = N - tl.program_id(1) * BLOCK_N

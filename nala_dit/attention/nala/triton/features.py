@@ -11,24 +11,8 @@ import triton.language as tl
 # ------------------------------------------------------------------ feature maps (§2)
 
 
-# Hardware approximations (the MUFU unit: one instruction each) for the feature map's
-# sin, cos, log and the angle's tanh in the half-precision mode (PREC == "bf16") only;
-# everything else (fp32 inputs, the interpreter, which runs no PTX) keeps the exact
-# functions: libdevice's software polynomials (for sin/cos with a local-memory argument
-# reduction), and _tanh's exp and IEEE division.
-# PTX ISA bounds: sin/cos.approx absolute error ≤ 2^-20.5 on [-π, π] (θ here is within
-# ±π/4); lg2.approx absolute error ≤ 2^-22 on [0.5, 2], relative ≤ 2^-22 elsewhere;
-# tanh.approx (sm_75+) relative error about 2^-11 (measured by others: 1.1e-5, "about 16
-# bits", https://stackoverflow.com/questions/41251698; the bound is what is held here).
-# bf16 keeps 8 mantissa bits (2^-9 relative rounding): sin, cos and lg2 are ~2^-11 of
-# that. tanh's is not: in θ = (π/4)·tanh(α x̂) it is ≤ (π/4)·2^-11 ≈ 3.8e-4 absolute, so
-# the halves m·cos θ and m·sin θ move by ≤ 3.8e-4·m, a fifth of bf16's rounding of m
-# (2^-9 ≈ 2e-3). Two tanh stay exact in every mode (PREC "ieee" at the call):
-# the per-token tanh(‖q‖/s) of the exponent p = λ(τ + t) (an error λ·2^-11 in p is
-# |ln q̂|·λ·2^-11 ≈ 3e-3 relative in |q̂|^p at |q̂| ≈ 0.12, over bf16's rounding; one per
-# token, no time to save), and the derivative's 1 − tanh²(α x̂) (cancellation: at α x̂ = 3
-# it is 0.0099, which an error of 2^-11 in tanh moves by 10 %).
-# tests/attention/test_triton_approx.py measures each one's worst error on a GPU.
+# The MUFU approximations (sin, cos, lg2, θ's tanh) in the half-precision mode only, and why
+# their errors fit bf16's budget: README.md, "Precision".
 
 
 @triton.jit

@@ -1,40 +1,11 @@
-"""The gated NaLa layer between its projections (spec §4 steps 2-4) in four launches forward
-and five backward, on the Triton kernels (CUDA; the tests run it under Triton's interpreter).
+"""The gated NaLa layer between its projections (spec §4 steps 2-4) on the Triton kernels:
 
     qkvg (B, N, 4C) ──NaLa──▶ o (B, N, C) ──epilogue──▶ LayerNorm(o + LePE(v)) ⊙ SiLU(g)
 
-Forward: NaLa's single-launch kernel (or state + output at long N, ``launch.py``) reads
-q, k, v as strided views of ``qkvg`` and writes its output in token layout; one epilogue
-kernel adds the LePE term (5×5 depthwise conv of v on the token grid, bias included),
-applies the output LayerNorm (keeping each token's mean and 1/std) and the SiLU gate, and
-zeroes the fp32 buffer that the backward adds the parameter gradients into (so that
-needs no launch of its own). With the two projections: 4 launches at N < 1,024.
-
-Backward, into ONE ``(B, N, 4C)`` gradient buffer (no ``cat``):
-
-1. ``_norm_backward``: the LePE term recomputed, the gate's gradient stored into the
-   buffer's g columns, LayerNorm backward to ∂L/∂o (fp32, NaLa's output gradient), the
-   LayerNorm weight and bias and the LePE bias gradients added (relaxed fp32 atomics: no
-   memory fence);
-2. ``_lepe_backward``: ∂L/∂v of the LePE term (the transposed conv: the same taps,
-   mirrored) into the buffer's v columns, the LePE weight's gradient summed likewise and
-   added;
-3. NaLa's three kernels: dq and dk into their columns, dv *added* to the LePE term's.
-
-With the projections' six (two GEMMs and a bias sum each): 11 backward, 15 in all at one
-token range (softmax attention: 3 / 13). At N ≥ 1,024 (several token ranges) the state and
-output kernels launch apart, 5 forward and 16 in all: each state pass adds into a buffer an
-earlier kernel of ours zeroed (the forward's: the previous gated forward's epilogue, kept
-per stream in ``_ZEROED``; the backward's: the norm backward), not a fill launch of its own.
-
-Saved for the backward: ``qkvg``, NaLa's output (C per token), its state and denominator,
-the LayerNorm statistics (2 floats per token) and, where NaLa keeps them (``spec["opts"]``'s
-``keep_features``, the layer's ``keep_features``; bf16 / fp16 only), φ_q and φ_k (2 · 2D bf16
-per token and head). ``GatedLinearAttention`` runs this when
-NaLa runs on Triton with LePE, output LayerNorm and gate (the defaults), without RoPE,
-region states or context parallel; any other layer keeps ``recompute.GatedMiddle``.
-Under ``torch.compile`` the layer's plain composition runs instead (NaLa as the custom op
-of ``nala/triton_op.py``, the rest fused by inductor).
+``TritonGatedMiddle``: forward NaLa's kernels and one epilogue kernel; backward
+``_norm_backward``, ``_lepe_backward`` and NaLa's three kernels, into one (B, N, 4C) gradient
+buffer. 4 launches forward and 15 in all with the projections, 5 / 16 at N ≥ 1,024. How it
+works, what it saves and when it runs: ``README.md`` ("The gated layer") in this folder.
 """
 
 from __future__ import annotations
@@ -248,7 +219,7 @@ def _blocks(c: int) -> tuple[int, int, int]:
 
 class TritonGatedMiddle(torch.autograd.Function):
     """``qkvg`` (B, N, 4C) → ``LayerNorm(NaLa(q, k, v) + LePE(v)) ⊙ SiLU(g)`` (B, N, C); see
-    the module doc. ``scale``: NaLa's norm scale, an fp32 (H,) tensor (learned: its
+    README.md, "The gated layer". ``scale``: NaLa's norm scale, an fp32 (H,) tensor (learned: its
     gradient is returned). ``spec``: heads, grid (h, w), the LayerNorm eps and ``opts``
     (``launch.resolve_opts``'s)."""
 
@@ -322,11 +293,8 @@ class TritonGatedMiddle(torch.autograd.Function):
         return d_qkvg, d_scale, *d_params, None
 
 
-# Several token ranges (N ≥ 1,024 on a GPU) add NaLa's state into a zeroed buffer. Each gated
-# forward's epilogue zeroes the buffer the next one takes (per device and stream, the launch
-# order there being the order the kernels run in), so no forward launches a fill of its own;
-# the first call, or a call of another size, zeroes one (``_state_pass``). Held: one state
-# buffer per stream (B·H·2·D·(D+1) fp32: 21 MB at XL/2, batch 32).
+# The zeroed state buffer each gated forward's epilogue leaves for the next several-range
+# forward on its device and stream (README.md, "The gated layer"): one per stream, 21 MB at XL/2, batch 32.
 _ZEROED: dict[tuple, torch.Tensor] = {}
 
 

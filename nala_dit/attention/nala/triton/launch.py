@@ -40,10 +40,8 @@ _CONFIGS = dict(forward=(16, 4, None, None), state=(16, 4, None, None), out=(64,
                 dq=(64, 8, None, 128), dkv=(64, 8, 1, 128))
 # Feature lanes per chunk of the output, dq and dkv kernels (BC): 16 on a GPU (registers).
 SPLIT_CHUNK = 16
-# Under the interpreter, which has no registers and whose time goes by the number of block
-# operations, the feature chunks are the wider tile (BA lanes: D = 64 and 72 in 2 chunks,
-# not 4 and 5) and the state passes take 64 tokens at a time, not 16 (``override``
-# {"BC": 16, "BLOCK_N": 16} runs the GPU's sizes there; the tests do).
+# Under the interpreter (no registers; its time goes by block operations): chunks of BA lanes
+# and 64 tokens per state block (README.md, "Launch configs").
 INTERPRETER_STATE_TOKENS = 64
 
 
