@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 NALA = Path(__file__).resolve().parents[2] / "nala_dit" / "attention" / "nala"
-FILES = {"backend.py", "chunks.py", "fused.py", "op.py", "tangent.py", "triton_op.py", "triton/backward.py",
+FILES = {"backend.py", "chunks.py", "fused.py", "tangent.py", "triton_op.py", "triton/backward.py",
          "triton/blocks.py", "triton/features.py", "triton/forward.py", "triton/gated.py", "triton/launch.py"}
 
 
