@@ -11,6 +11,7 @@ import pytest
 from tests.utils import run_cases_file
 
 
+@pytest.mark.slow   # about 35 s: the interpreter runs every program in Python, first-use checks included
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed (pip install triton)")
 def test_triton_op_under_the_interpreter():
     stdout = run_cases_file("tests/attention/triton_op_cases.py", {"TRITON_INTERPRET": "1"})
