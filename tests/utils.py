@@ -166,6 +166,20 @@ def count_dit_builds(monkeypatch) -> list:
     return built
 
 
+def record_results(monkeypatch, module, name: str, note) -> list:
+    """``module.name`` wrapped so that every call also appends ``note(its result)`` to the
+    returned list (the call itself unchanged)."""
+    real, seen = getattr(module, name), []
+
+    def recording(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(note(out))
+        return out
+
+    monkeypatch.setattr(module, name, recording)
+    return seen
+
+
 def run_cases_file(path: str, env: dict, *pytest_args) -> str:
     """``python -m pytest path`` in a subprocess with ``env`` added (e.g. ``TRITON_INTERPRET=1``,
     which Triton reads when the kernels are defined and which would leak into every other test

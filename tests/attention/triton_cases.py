@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from nala_dit.attention import nala_attention, nala_attention_reference
-from tests.utils import assert_close, rel_rms
+from tests.utils import assert_close, record_results, rel_rms
 
 pytest.importorskip("triton", reason="Triton is not installed")
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -308,13 +308,7 @@ def test_kept_features_match_recomputed_ones(monkeypatch, d, direction, n, split
     take the chain rule's elementwise terms from the rounded φ (2.4e-3 to 2.9e-3 apart,
     measured); both within the bf16 budget of the fp32 reference. Under ``torch.no_grad`` no
     features are written (no backward will read them)."""
-    kept, buffers = [], triton_kernels.feature_buffers
-
-    def spy(*args):
-        out = buffers(*args)
-        kept.append(out is not None)
-        return out
-    monkeypatch.setattr(triton_kernels, "feature_buffers", spy)
+    kept = record_results(monkeypatch, triton_kernels, "feature_buffers", lambda out: out is not None)
     leaves = [t.requires_grad_() for t in qkv(n=n, d=d, seed=d, dtype=torch.bfloat16)]
     g_out = torch.randn(leaves[0].shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     opts = dict(direction=direction, power=3.0, offset=0.5, alpha=20.0, norm_eps=1e-6, eps=1e-6)

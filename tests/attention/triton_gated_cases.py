@@ -25,7 +25,7 @@ import nala_dit.attention.nala.backend as nala  # noqa: E402
 from nala_dit.attention.nala.triton import gated as triton_gated  # noqa: E402
 from nala_dit.attention.layers import GatedLinearAttention  # noqa: E402
 from nala_dit.attention.nala.backend import select_nala_impl, triton_available  # noqa: E402  (before any patch)
-from tests.utils import assert_close  # noqa: E402
+from tests.utils import assert_close, record_results  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
@@ -104,14 +104,8 @@ def test_several_token_ranges_add_into_the_buffer_the_last_epilogue_zeroed(on_tr
     another batch size zeroes its own; each equals the plain composition."""
     monkeypatch.setattr(triton_gated, "num_splits", lambda *a: 3)
     monkeypatch.setattr(triton_gated, "_ZEROED", {})
-    take, taken = triton_gated._take_zeroed, []
-
-    def taking(*args):
-        buf = take(*args)
-        taken.append(None if buf is None else (buf.numel(), bool(buf.any())))
-        return buf
-
-    monkeypatch.setattr(triton_gated, "_take_zeroed", taking)
+    taken = record_results(monkeypatch, triton_gated, "_take_zeroed",
+                           lambda buf: None if buf is None else (buf.numel(), bool(buf.any())))
     fused, plain = layers_pair(32, 2)
     for batch in (2, 2, 1):
         compare(fused, plain, (5, 13), batch=batch)
@@ -124,13 +118,7 @@ def test_several_token_ranges_add_into_the_buffer_the_last_epilogue_zeroed(on_tr
 def test_bf16_autocast(on_triton, monkeypatch, dim, grid, keep_features):
     """bf16 autocast, head dims 64 and 16: NaLa's kernels store φ_q and φ_k for the backward
     (the default) or, with the layer's ``keep_features=False``, recompute them."""
-    kept, buffers = [], triton_gated.feature_buffers
-
-    def spy(*args):
-        out = buffers(*args)
-        kept.append(out is not None)
-        return out
-    monkeypatch.setattr(triton_gated, "feature_buffers", spy)
+    kept = record_results(monkeypatch, triton_gated, "feature_buffers", lambda out: out is not None)
     fused, plain = layers_pair(dim, 2, keep_features=keep_features)
     compare(fused, plain, grid, torch.bfloat16)
     assert len(on_triton) == 1 and kept == [keep_features]
